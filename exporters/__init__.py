@@ -1,0 +1,1 @@
+"""exporters package of torchlean-bridge."""

@@ -1,0 +1,1 @@
+"""importers package of torchlean-bridge."""

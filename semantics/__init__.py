@@ -1,0 +1,1 @@
+"""semantics package of torchlean-bridge."""

@@ -1,0 +1,155 @@
+"""Structural and shape validation with TorchLean's message templates (spec sections 4.4-4.6).
+
+``check_well_formed`` (ids, arity, parents below) then ``check_shapes`` (every declared shape and
+element type equals the rule's result). Where TorchLean returns a bare rule message we prefix the
+node: ``IR graph: node 7: add: shape mismatch: [2, 3] vs [3]``. The collecting mode reports every
+problem once: a node whose parent is already broken is skipped, not re-reported as a cascade.
+"""
+
+from __future__ import annotations
+
+from .errors import GraphError, ShapeRuleError
+from .graph import Graph, Node
+from .ops import Shape, fmt_shape, numel
+
+__all__ = ["check", "check_well_formed", "check_shapes", "infer_shapes", "DEFAULT_MAX_ELEMENTS",
+           "check_size"]
+
+DEFAULT_MAX_ELEMENTS = 2 ** 31
+
+
+def _err(node: Node | None, message: str) -> GraphError:
+    return GraphError(message, node=node.id if node else None, op=node.kind if node else None,
+                      source=str(node.source) if node is not None and node.source else None)
+
+
+def check_size(shape: Shape, limit: int, where: str) -> None:
+    """Refuse a declared shape before anything of that size could be allocated."""
+    n = numel(shape)
+    if n > limit:
+        raise GraphError(f"{where}: declared shape {fmt_shape(shape)} has {n} elements, "
+                         f"above the limit of {limit} (raise max_elements to allow it)")
+
+
+def _structure_errors(g: Graph) -> tuple[list[GraphError], set[int]]:
+    errors: list[GraphError] = []
+    broken: set[int] = set()
+    for i, n in enumerate(g.nodes):
+        if n.id != i:
+            errors.append(_err(n, f"IR graph: id discipline violated at index {i}: nodes[{i}].id = {n.id}"))
+            broken.add(i)
+            continue
+        spec = n.spec
+        if spec is None:
+            errors.append(_err(n, f"IR graph: node {i}: unknown op kind `{n.kind}`"))
+            broken.add(i)
+            continue
+        k = len(n.parents)
+        if k < spec.min_parents or (spec.max_parents is not None and k > spec.max_parents):
+            errors.append(_err(n, f"IR graph: node {i}: bad parent count for {n.kind}: expected "
+                                  f"{spec.arity_text()}, got {k} ({n.summary()})"))
+            broken.add(i)
+            continue
+        for p in n.parents:
+            if not p < i:
+                errors.append(_err(n, f"IR graph: node {i}: parent id {p} is not < {i} ({n.summary()})"))
+                broken.add(i)
+                break
+    errors.extend(_interface_errors(g))
+    return errors, broken
+
+
+def _interface_errors(g: Graph) -> list[GraphError]:
+    errors = []
+    for role, ids in (("input", g.inputs), ("output", g.outputs)):
+        for nid in ids:
+            if not 0 <= nid < len(g.nodes):
+                errors.append(GraphError(f"IR graph: node id out of bounds: {nid}", node=nid))
+            elif role == "input" and g.nodes[nid].kind != "input":
+                errors.append(GraphError(f"IR graph: input id {nid} designates `{g.nodes[nid].kind}`, not `input`",
+                                         node=nid))
+    declared = {n.id for n in g.nodes if n.kind == "input"}
+    missing = sorted(declared - set(g.inputs))
+    if missing:
+        errors.append(GraphError(f"IR graph: input nodes {missing} are not listed among the graph inputs"))
+    if not g.outputs:
+        errors.append(GraphError("IR graph: graph has no outputs"))
+    return errors
+
+
+def _infer_node(n: Node, parent_shapes: list[Shape]) -> Shape:
+    return tuple(n.spec.infer(n.attrs, parent_shapes, n.out_shape))
+
+
+def _shape_errors(g: Graph, broken: set[int], max_elements: int) -> tuple[list[GraphError], list[Shape | None]]:
+    errors: list[GraphError] = []
+    inferred: list[Shape | None] = [None] * len(g.nodes)
+    for i, n in enumerate(g.nodes):
+        if i in broken:
+            continue
+        if any(p in broken for p in n.parents):
+            broken.add(i)
+            continue
+        parents = [g.nodes[p].out_shape for p in n.parents]
+        try:
+            check_size(n.out_shape, max_elements, f"IR graph: node {i}")
+            shape = _infer_node(n, parents)
+            dtype = n.spec.element_type(n.attrs, [g.nodes[p].dtype for p in n.parents], n.dtype)
+        except ShapeRuleError as e:
+            errors.append(_err(n, f"IR graph: node {i}: {e.message}"))
+            broken.add(i)
+            continue
+        except GraphError as e:
+            errors.append(_err(n, e.message))
+            broken.add(i)
+            continue
+        inferred[i] = shape
+        if shape != n.out_shape:
+            errors.append(_err(n, f"IR graph: node {i}: outShape mismatch: inferred={fmt_shape(shape)}, "
+                                  f"declared={fmt_shape(n.out_shape)} ({n.summary()})"))
+            broken.add(i)
+        elif dtype != n.dtype:
+            errors.append(_err(n, f"IR graph: node {i}: element type mismatch: inferred={dtype}, "
+                                  f"declared={n.dtype} ({n.summary()})"))
+            broken.add(i)
+    return errors, inferred
+
+
+def check_well_formed(g: Graph, collect: bool = False) -> list[GraphError]:
+    errors, _ = _structure_errors(g)
+    if errors and not collect:
+        raise errors[0]
+    return errors
+
+
+def check_shapes(g: Graph, collect: bool = False, max_elements: int = DEFAULT_MAX_ELEMENTS) -> list[GraphError]:
+    """Shape check; assumes (and re-checks) well-formedness so it never indexes out of range."""
+    structural, broken = _structure_errors(g)
+    if structural and not collect:
+        raise structural[0]
+    errors, _ = _shape_errors(g, broken, max_elements)
+    if errors and not collect:
+        raise errors[0]
+    return errors
+
+
+def check(g: Graph, collect: bool = False, max_elements: int = DEFAULT_MAX_ELEMENTS) -> list[GraphError]:
+    """Well-formedness then shapes. Raises the first problem, or returns all of them with collect."""
+    structural, broken = _structure_errors(g)
+    if structural and not collect:
+        raise structural[0]
+    shape_errors, _ = _shape_errors(g, broken, max_elements)
+    if shape_errors and not collect:
+        raise shape_errors[0]
+    return structural + shape_errors
+
+
+def infer_shapes(g: Graph) -> list[Shape]:
+    """The shapes the rules infer for every node; raises on the first problem."""
+    structural, broken = _structure_errors(g)
+    if structural:
+        raise structural[0]
+    errors, inferred = _shape_errors(g, broken, DEFAULT_MAX_ELEMENTS)
+    if errors:
+        raise errors[0]
+    return [s for s in inferred if s is not None]

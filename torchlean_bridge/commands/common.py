@@ -1,0 +1,55 @@
+"""What several commands share: reading a bundle or graph, progress display, numpy inputs."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..errors import BridgeError
+
+__all__ = ["read_bundle", "read_array", "progress", "format_vector"]
+
+
+def read_bundle(path: str) -> Bundle:
+    """A bundle folder, or a single torchlean.ir.v1 document (payload inline or absent)."""
+    from exporters.folder import load
+    return load(Path(path))
+
+
+def read_array(path: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise BridgeError(f"cannot read array {path}: {e}") from None
+
+
+def format_vector(a: Any, digits: int = 6) -> str:
+    """The seed's value-table formatting: ``[0.027540, -0.014730]``, scalars bare."""
+    arr = np.asarray(a)
+    if arr.ndim == 0:
+        return f"{float(arr):.{digits}f}"
+    return "[" + ", ".join(f"{float(v):.{digits}f}" for v in arr.reshape(-1)) + "]"
+
+
+@contextmanager
+def progress(total: int | None, description: str, quiet: bool = False) -> Iterator[Any]:
+    """A rich progress bar on a terminal; silent when piped or quiet. Yields ``advance(n=1)``."""
+    if quiet or not sys.stderr.isatty():
+        yield lambda n=1: None
+        return
+    from rich.progress import Progress
+    with Progress(transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)
+
+
+def iterate(items: Iterable[Any], total: int | None, description: str, quiet: bool = False) -> Iterator[Any]:
+    with progress(total, description, quiet) as advance:
+        for item in items:
+            yield item
+            advance()

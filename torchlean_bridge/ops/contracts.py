@@ -1,0 +1,220 @@
+"""Shared shape arithmetic: the one place where broadcast, matmul, window and axis rules live.
+
+Shape inference (the registry's rules), evaluation and the importers all call these functions, so
+the shape a rule promises and the shape an evaluator produces cannot disagree (TorchLean's
+``NN/IR/OpContracts.lean`` plays the same role). Every failure raises ``ShapeRuleError`` with the
+bare TorchLean rule message.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..errors import ShapeRuleError
+
+__all__ = [
+    "Shape",
+    "fmt_shape",
+    "fmt_array",
+    "numel",
+    "broadcast_shapes",
+    "can_broadcast_to",
+    "matmul_dims",
+    "window_out_dim",
+    "v1_pool_out_dim",
+    "conv_out_shape",
+    "reduce_shape",
+    "concat_shape",
+    "slice_extent",
+    "check_axis",
+]
+
+Shape = tuple[int, ...]
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
+    """Lean's ``repr`` of a ``List Nat``: ``[1, 4]``, scalar ``[]``."""
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def fmt_array(values: Sequence[int]) -> str:
+    """Lean's ``repr`` of an ``Array Nat``: ``#[1, 0]``."""
+    return "#[" + ", ".join(str(int(v)) for v in values) + "]"
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+def check_axis(axis: int, rank: int) -> None:
+    """TorchLean's shared axis guard (softmax, layernorm, concat, conv, batch norm)."""
+    if not 0 <= axis < rank:
+        raise ShapeRuleError(f"invalid axis {axis} for rank {rank}")
+
+
+def _broadcast_dim(a: int, b: int) -> int | None:
+    if a == b:
+        return a
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    return None
+
+
+def broadcast_shapes(a: Shape, b: Shape, op: str = "broadcast") -> Shape:
+    """NumPy right-aligned broadcasting of two shapes (used by importers and ext ops)."""
+    rank = max(len(a), len(b))
+    pa = (1,) * (rank - len(a)) + tuple(a)
+    pb = (1,) * (rank - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(pa, pb):
+        d = _broadcast_dim(x, y)
+        if d is None:
+            raise ShapeRuleError(f"{op}: shapes {fmt_shape(a)} and {fmt_shape(b)} do not broadcast")
+        out.append(d)
+    return tuple(out)
+
+
+def can_broadcast_to(src: Shape, dst: Shape) -> bool:
+    """``broadcast_to`` legality: right-aligned, each source extent equal or 1 (1 may go to 0)."""
+    if len(src) > len(dst):
+        return False
+    padded = (1,) * (len(dst) - len(src)) + tuple(src)
+    return all(s == d or s == 1 for s, d in zip(padded, dst))
+
+
+def matmul_dims(left: Shape, right: Shape) -> Shape:
+    """``torch.matmul`` shape rule, TorchLean's ``OpContracts.matmulDims``."""
+    if len(left) == 0 or len(right) == 0:
+        raise ShapeRuleError(
+            f"matmul: expected non-scalar inputs, got {fmt_shape(left)} and {fmt_shape(right)}")
+    if len(left) == 1 and len(right) == 1:
+        if left[0] != right[0]:
+            raise ShapeRuleError(f"matmul: inner dims mismatch: {left[0]} vs {right[0]}")
+        return ()
+    if len(left) == 1:
+        if left[0] != right[-2]:
+            raise ShapeRuleError(f"matmul: inner dims mismatch: {left[0]} vs {right[-2]}")
+        return tuple(right[:-2]) + (right[-1],)
+    if len(right) == 1:
+        if left[-1] != right[0]:
+            raise ShapeRuleError(f"matmul: inner dims mismatch: {left[-1]} vs {right[0]}")
+        return tuple(left[:-1])
+    if left[-1] != right[-2]:
+        raise ShapeRuleError(f"matmul: inner dims mismatch: {left[-1]} vs {right[-2]}")
+    lb, rb = tuple(left[:-2]), tuple(right[:-2])
+    rank = max(len(lb), len(rb))
+    pl = (1,) * (rank - len(lb)) + lb
+    pr = (1,) * (rank - len(rb)) + rb
+    batch = []
+    for x, y in zip(pl, pr):
+        d = _broadcast_dim(x, y)
+        if d is None:
+            raise ShapeRuleError(f"matmul: incompatible batch dimensions {x} and {y}")
+        batch.append(d)
+    return tuple(batch) + (left[-2], right[-1])
+
+
+def window_out_dim(size: int, kernel: int, stride: int, pad_before: int, pad_after: int,
+                   dilation: int = 1, ceil_mode: bool = False) -> int | None:
+    """Sliding-window output extent; None when the window does not fit the padded input."""
+    eff = dilation * (kernel - 1) + 1
+    span = size + pad_before + pad_after
+    if span < eff:
+        return None
+    if not ceil_mode:
+        return (span - eff) // stride + 1
+    out = -(-(span - eff) // stride) + 1
+    # PyTorch/ONNX rule: the last window must start inside the input or left padding.
+    if (out - 1) * stride >= size + pad_before:
+        out -= 1
+    return out
+
+
+def v1_pool_out_dim(size: int, kernel: int, stride: int, pad: int) -> int:
+    """TorchLean's ``poolOutDim``: 0 for empty input, zero kernel or pad > kernel // 2."""
+    if size == 0 or kernel == 0 or pad > kernel // 2:
+        return 0
+    if size + 2 * pad < kernel:
+        return 0
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride: Sequence[int],
+                   padding: Sequence[int], padding_after: Sequence[int], dilation: Sequence[int],
+                   groups: int, channel_axis: int, in_channels: int, out_channels: int,
+                   tag: str = "conv") -> Shape:
+    """``OpContracts.inferConvConfigOutShape``, checks in TorchLean's order."""
+    if in_channels <= 0:
+        raise ShapeRuleError(f"{tag}: inChannels must be > 0")
+    if out_channels <= 0:
+        raise ShapeRuleError(f"{tag}: outChannels must be > 0")
+    if groups <= 0:
+        raise ShapeRuleError(f"{tag}: groups must be > 0")
+    if in_channels % groups:
+        raise ShapeRuleError(f"{tag}: in_channels={in_channels} is not divisible by groups={groups}")
+    if out_channels % groups:
+        raise ShapeRuleError(f"{tag}: out_channels={out_channels} is not divisible by groups={groups}")
+    check_axis(channel_axis, len(p))
+    if p[channel_axis] != in_channels:
+        raise ShapeRuleError(f"{tag}: input-channel mismatch: op={in_channels} vs input={p[channel_axis]}")
+    n_spatial = len(p) - channel_axis - 1
+    if len(kernel) != n_spatial or spatial_rank != n_spatial:
+        raise ShapeRuleError(f"{tag}: kernel rank {len(kernel)} does not match the {n_spatial} "
+                             f"spatial axes after channel axis {channel_axis}")
+    out = []
+    for k in range(n_spatial):
+        axis = channel_axis + 1 + k
+        if kernel[k] <= 0:
+            raise ShapeRuleError(f"{tag}: axis {axis} kernel must be > 0")
+        if stride[k] <= 0:
+            raise ShapeRuleError(f"{tag}: axis {axis} stride must be > 0")
+        if dilation[k] <= 0:
+            raise ShapeRuleError(f"{tag}: axis {axis} dilation must be > 0")
+        size = p[axis]
+        d = window_out_dim(size, kernel[k], stride[k], padding[k], padding_after[k], dilation[k])
+        if d is None:
+            eff = dilation[k] * (kernel[k] - 1) + 1
+            raise ShapeRuleError(
+                f"{tag}: axis {axis} window does not fit padded input: input={size}, "
+                f"padding=({padding[k]}, {padding_after[k]}), effectiveKernel={eff}")
+        out.append(d)
+    return tuple(p[:channel_axis]) + (out_channels,) + tuple(out)
+
+
+def reduce_shape(p: Shape, axes: Sequence[int], keepdim: bool, tag: str) -> Shape:
+    """Multi-axis reduction shape; axes must be distinct and in range."""
+    for a in axes:
+        if not 0 <= a < len(p):
+            raise ShapeRuleError(f"{tag}: reduction axis {a} is outside rank {len(p)}")
+    if len(set(axes)) != len(axes):
+        raise ShapeRuleError(f"{tag}: reduction axes contain duplicates")
+    if keepdim:
+        return tuple(1 if i in axes else d for i, d in enumerate(p))
+    return tuple(d for i, d in enumerate(p) if i not in axes)
+
+
+def concat_shape(shapes: Sequence[Shape], axis: int) -> Shape:
+    """TorchLean's concat rule: same rank, axis in range, equal non-axis extents."""
+    first = shapes[0]
+    if any(len(s) != len(first) for s in shapes):
+        raise ShapeRuleError("concat: rank mismatch")
+    check_axis(axis, len(first))
+    total = 0
+    for s in shapes:
+        for i, (e, a) in enumerate(zip(first, s)):
+            if i != axis and e != a:
+                raise ShapeRuleError(f"concat: non-axis dim mismatch at axis {i}: expected {e}, got {a}")
+        total += s[axis]
+    return tuple(first[:axis]) + (total,) + tuple(first[axis + 1:])
+
+
+def slice_extent(size: int, start: int, end: int, step: int) -> int:
+    """Extent of ``range(start, end, step)`` over normalized, clamped bounds (step > 0)."""
+    if step <= 0:
+        raise ShapeRuleError(f"slice: step must be > 0, got {step}")
+    if not (0 <= start <= size and 0 <= end <= size):
+        raise ShapeRuleError(f"slice: bounds [{start}, {end}) outside extent {size}")
+    return max(0, -(-(end - start) // step))

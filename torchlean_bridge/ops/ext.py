@@ -1,0 +1,264 @@
+"""The ``ext`` dialect: ops real models need and ``torchlean.ir.v1`` lacks.
+
+They are never replaced by numerically different v1 expansions. An ext op whose meaning is *exactly*
+a v1 op (squeeze/unsqueeze are reshapes, expand is broadcast_to, a pool with v1 geometry is a v1
+pool) carries a ``v1_rewrite`` that the torchlean.ir.v1 writer applies; every other ext op blocks
+v1 export and is listed by name. Binary elementwise ops take equal shapes, as in v1: importers make
+broadcasting explicit with ``broadcast_to``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from ..errors import ShapeRuleError
+from .contracts import (Shape, can_broadcast_to, check_axis, fmt_shape, reduce_shape, slice_extent,
+                        v1_pool_out_dim, window_out_dim)
+from .registry import BOOL, ELEMENT_TYPES, FLOAT, INT64, Attr, OpSpec, register, same_as_parent
+from .v1 import _axis_keep, _identity, _same_shape
+
+A = Mapping[str, Any]
+P = Sequence[Shape]
+DT = Sequence[str]
+
+# -- elementwise ------------------------------------------------------------------------------
+
+for _k in ("div", "prelu"):
+    register(OpSpec(_k, "ext", 2, 2, _same_shape(_k)))
+
+_UNARY = {
+    "neg": (), "erf": (), "silu": (), "rsqrt": (), "softsign": (), "sign": (), "floor": (),
+    "ceil": (), "log1p": (), "hardswish": (), "mish": (), "tan": (),
+    "pow": (Attr("exponent", "float"),),
+    "gelu": (Attr("approximate", "str", "none", choices=("none", "tanh")),),
+    "leaky_relu": (Attr("negative_slope", "float", 0.01),),
+    "elu": (Attr("alpha", "float", 1.0),),
+    "selu": (),
+    "celu": (Attr("alpha", "float", 1.0),),
+    "hardsigmoid": (Attr("alpha", "float", 1.0 / 6.0), Attr("beta", "float", 0.5)),
+    "clamp": (Attr("min", "opt_float", None), Attr("max", "opt_float", None)),
+}
+for _k, _attrs in _UNARY.items():
+    register(OpSpec(_k, "ext", 1, 1, _identity, attrs=_attrs))
+
+register(OpSpec("log_softmax", "ext", 1, 1, _axis_keep, attrs=(Attr("axis", "nat"),)))
+
+
+def _compare_dtype(attrs: A, parents: DT, declared: str) -> str:
+    if parents[0] != parents[1]:
+        raise ShapeRuleError(f"comparison of {parents[0]} with {parents[1]}")
+    return BOOL
+
+
+for _k in ("eq", "ne", "lt", "le", "gt", "ge"):
+    register(OpSpec(_k, "ext", 2, 2, _same_shape(_k), dtype=_compare_dtype, doc="elementwise, bool result"))
+
+
+def _bool_only(kind: str):
+    def rule(attrs: A, parents: DT, declared: str) -> str:
+        if any(p != BOOL for p in parents):
+            raise ShapeRuleError(f"{kind}: expected bool operands, got {', '.join(parents)}")
+        return BOOL
+    return rule
+
+
+for _k in ("logical_and", "logical_or"):
+    register(OpSpec(_k, "ext", 2, 2, _same_shape(_k), dtype=_bool_only(_k)))
+register(OpSpec("logical_not", "ext", 1, 1, _identity, dtype=_bool_only("logical_not")))
+
+
+def _where_shape(attrs: A, p: P, d: Shape) -> Shape:
+    if not (p[0] == p[1] == p[2]):
+        raise ShapeRuleError(f"where: shape mismatch: {fmt_shape(p[0])}, {fmt_shape(p[1])}, {fmt_shape(p[2])}")
+    return p[0]
+
+
+def _where_dtype(attrs: A, parents: DT, declared: str) -> str:
+    if parents[0] != BOOL:
+        raise ShapeRuleError(f"where: condition has element type {parents[0]}, expected bool")
+    if parents[1] != parents[2]:
+        raise ShapeRuleError(f"where: branches differ in element type: {parents[1]} vs {parents[2]}")
+    return parents[1]
+
+
+register(OpSpec("where", "ext", 3, 3, _where_shape, dtype=_where_dtype,
+                doc="parents (condition: bool, x, y), all one shape"))
+
+
+def _cast_dtype(attrs: A, parents: DT, declared: str) -> str:
+    return attrs["dtype"]
+
+
+register(OpSpec("cast", "ext", 1, 1, _identity, attrs=(Attr("dtype", "str", choices=ELEMENT_TYPES),),
+                dtype=_cast_dtype, doc="element-type conversion (float -> int64 truncates toward zero)"))
+
+# -- indexing and data movement ---------------------------------------------------------------
+
+
+def _gather(attrs: A, p: P, d: Shape) -> Shape:
+    data, idx, ax = p[0], p[1], attrs["axis"]
+    check_axis(ax, len(data))
+    return tuple(data[:ax]) + tuple(idx) + tuple(data[ax + 1:])
+
+
+def _gather_dtype(attrs: A, parents: DT, declared: str) -> str:
+    if parents[1] != INT64:
+        raise ShapeRuleError(f"gather: indices have element type {parents[1]}, expected int64")
+    return parents[0]
+
+
+register(OpSpec("gather", "ext", 2, 2, _gather, attrs=(Attr("axis", "nat"),), dtype=_gather_dtype,
+                doc="numpy.take(data, indices, axis); embedding is gather on axis 0"))
+
+
+def _slice(attrs: A, p: P, d: Shape) -> Shape:
+    s = list(p[0])
+    axes, starts, ends, steps = attrs["axes"], attrs["starts"], attrs["ends"], attrs["steps"]
+    if not len(axes) == len(starts) == len(ends) == len(steps):
+        raise ShapeRuleError("slice: axes, starts, ends and steps must have equal lengths")
+    if len(set(axes)) != len(axes):
+        raise ShapeRuleError("slice: axes contain duplicates")
+    for ax, st, en, sp in zip(axes, starts, ends, steps):
+        check_axis(ax, len(s))
+        s[ax] = slice_extent(p[0][ax], st, en, sp)
+    return tuple(s)
+
+
+register(OpSpec("slice", "ext", 1, 1, _slice,
+                attrs=(Attr("axes", "nats"), Attr("starts", "nats"), Attr("ends", "nats"), Attr("steps", "nats")),
+                dtype=same_as_parent, doc="x[start:end:step] per listed axis; bounds normalized and clamped"))
+
+
+def _pad(attrs: A, p: P, d: Shape) -> Shape:
+    before, after = attrs["pads_before"], attrs["pads_after"]
+    if len(before) != len(p[0]) or len(after) != len(p[0]):
+        raise ShapeRuleError(f"pad: expected {len(p[0])} pads per side, got {len(before)} and {len(after)}")
+    return tuple(s + b + a for s, b, a in zip(p[0], before, after))
+
+
+register(OpSpec("pad", "ext", 1, 1, _pad,
+                attrs=(Attr("pads_before", "nats"), Attr("pads_after", "nats"), Attr("value", "float", 0.0)),
+                dtype=same_as_parent, doc="constant padding on every axis"))
+
+
+def _to_reshape(attrs: A, p: P, d: Shape) -> tuple[str, dict]:
+    return "reshape", {"in_shape": tuple(p[0]), "out_shape": tuple(d)}
+
+
+def _squeeze(attrs: A, p: P, d: Shape) -> Shape:
+    for ax in attrs["axes"]:
+        check_axis(ax, len(p[0]))
+        if p[0][ax] != 1:
+            raise ShapeRuleError(f"squeeze: axis {ax} has extent {p[0][ax]}, expected 1")
+    return tuple(e for i, e in enumerate(p[0]) if i not in attrs["axes"])
+
+
+def _unsqueeze(attrs: A, p: P, d: Shape) -> Shape:
+    axes = attrs["axes"]
+    rank = len(p[0]) + len(axes)
+    if len(set(axes)) != len(axes) or any(a >= rank for a in axes):
+        raise ShapeRuleError(f"unsqueeze: invalid axes {fmt_shape(axes)} for output rank {rank}")
+    src = iter(p[0])
+    return tuple(1 if i in axes else next(src) for i in range(rank))
+
+
+register(OpSpec("squeeze", "ext", 1, 1, _squeeze, attrs=(Attr("axes", "nats"),), dtype=same_as_parent,
+                v1_rewrite=_to_reshape, doc="exactly a v1 reshape"))
+register(OpSpec("unsqueeze", "ext", 1, 1, _unsqueeze, attrs=(Attr("axes", "nats"),), dtype=same_as_parent,
+                v1_rewrite=_to_reshape, doc="axes index the output; exactly a v1 reshape"))
+
+
+def _expand(attrs: A, p: P, d: Shape) -> Shape:
+    dst = tuple(attrs["to_shape"])
+    if not can_broadcast_to(p[0], dst):
+        raise ShapeRuleError(f"expand: invalid broadcast from {fmt_shape(p[0])} to {fmt_shape(dst)}")
+    return dst
+
+
+register(OpSpec("expand", "ext", 1, 1, _expand, attrs=(Attr("to_shape", "shape"),), dtype=same_as_parent,
+                v1_rewrite=lambda a, p, d: ("broadcast_to", {"from_shape": tuple(p[0]), "to_shape": tuple(d)}),
+                doc="exactly a v1 broadcast_to"))
+
+# -- reductions -------------------------------------------------------------------------------
+
+REDUCE_ATTRS = (Attr("axes", "nats"), Attr("keepdim", "bool", False))
+
+
+def _reduce(tag: str):
+    def rule(attrs: A, p: P, d: Shape) -> Shape:
+        return reduce_shape(p[0], attrs["axes"], attrs["keepdim"], tag)
+    return rule
+
+
+for _k, _wire in (("reduce_sum_axes", "reduce_sum"), ("reduce_mean_axes", "reduce_mean")):
+    register(OpSpec(_k, "v1-wire", 1, 1, _reduce(_wire), attrs=REDUCE_ATTRS,
+                    doc=f"TorchLean's wire form `{_wire}` with axes/keepdim (lowered by its importer)"))
+
+for _k in ("reduce_max", "reduce_min", "reduce_prod"):
+    register(OpSpec(_k, "ext", 1, 1, _reduce(_k), attrs=REDUCE_ATTRS))
+
+
+def _arg_reduce(attrs: A, p: P, d: Shape) -> Shape:
+    ax = attrs["axis"]
+    check_axis(ax, len(p[0]))
+    if p[0][ax] == 0:
+        raise ShapeRuleError(f"invalid or empty reduction axis {ax} for shape {fmt_shape(p[0])}")
+    return reduce_shape(p[0], (ax,), attrs["keepdim"], "argmax")
+
+
+for _k in ("argmax", "argmin"):
+    register(OpSpec(_k, "ext", 1, 1, _arg_reduce, attrs=(Attr("axis", "nat"), Attr("keepdim", "bool", False)),
+                    dtype=lambda a, parents, d: INT64, doc="index of the first extremum, int64"))
+
+# -- general pooling --------------------------------------------------------------------------
+
+POOL_ND_ATTRS = (Attr("spatial_rank", "nat"), Attr("kernel", "nats", length_of="spatial_rank"),
+                 Attr("stride", "nats", length_of="spatial_rank"),
+                 Attr("padding", "nats", length_of="spatial_rank"),
+                 Attr("padding_after", "nats", length_of="spatial_rank"),
+                 Attr("dilation", "nats", length_of="spatial_rank"),
+                 Attr("ceil_mode", "bool", False), Attr("count_include_pad", "bool", True))
+
+
+def _pool_nd(tag: str):
+    def rule(attrs: A, p: P, d: Shape) -> Shape:
+        s, r = p[0], attrs["spatial_rank"]
+        if r <= 0 or r > len(s):
+            raise ShapeRuleError(f"{tag}: spatial rank {r} invalid for input rank {len(s)}")
+        if any(k == 0 for k in attrs["kernel"]) or any(k == 0 for k in attrs["stride"]) \
+                or any(k == 0 for k in attrs["dilation"]):
+            raise ShapeRuleError(f"{tag}: kernel, stride and dilation extents must be nonzero")
+        lead, spatial = tuple(s[:len(s) - r]), s[len(s) - r:]
+        out = []
+        for i in range(r):
+            o = window_out_dim(spatial[i], attrs["kernel"][i], attrs["stride"][i], attrs["padding"][i],
+                               attrs["padding_after"][i], attrs["dilation"][i], attrs["ceil_mode"])
+            if o is None or o <= 0:
+                raise ShapeRuleError(f"{tag}: window does not fit axis {len(lead) + i} of extent {spatial[i]}")
+            out.append(o)
+        return lead + tuple(out)
+    return rule
+
+
+def _pool_v1_rewrite(v1_kind: str):
+    def rewrite(attrs: A, p: P, d: Shape) -> tuple[str, dict] | None:
+        r = attrs["spatial_rank"]
+        spatial = p[0][len(p[0]) - r:]
+        same = (tuple(attrs["padding"]) == tuple(attrs["padding_after"]) and all(x == 1 for x in attrs["dilation"])
+                and (v1_kind == "max_pool" or attrs["count_include_pad"] or not any(attrs["padding"])))
+        v1_out = tuple(v1_pool_out_dim(spatial[i], attrs["kernel"][i], attrs["stride"][i], attrs["padding"][i])
+                       for i in range(r))
+        if not same or v1_out != tuple(d[len(d) - r:]):
+            return None
+        return v1_kind, {k: attrs[k] for k in ("spatial_rank", "kernel", "stride", "padding")}
+    return rewrite
+
+
+register(OpSpec("max_pool_nd", "ext", 1, 1, _pool_nd("max_pool_nd"), attrs=POOL_ND_ATTRS,
+                v1_rewrite=_pool_v1_rewrite("max_pool"),
+                doc="max pooling with dilation, asymmetric padding and ceil mode (padded cells ignored)"))
+register(OpSpec("avg_pool_nd", "ext", 1, 1, _pool_nd("avg_pool_nd"), attrs=POOL_ND_ATTRS,
+                v1_rewrite=_pool_v1_rewrite("avg_pool"),
+                doc="average pooling; count_include_pad chooses the divisor (PyTorch/ONNX meaning)"))
+
+assert FLOAT == "float"

@@ -1,0 +1,477 @@
+"""torchlean.ir.v1 JSON reader and writer (spec sections 1, 3.2 and 4.1-4.3).
+
+Reading follows TorchLean's importer stage by stage (document shape, raw-id discipline, op kinds
+and attributes) with its exact messages, and never lets a KeyError or TypeError escape. Our
+extensions are read too unless ``strict=True``: ext op kinds, several inputs (``input_ids``),
+element types (``dtype``) and provenance (``source``); TorchLean ignores unknown fields.
+
+Raw ids equal our ids: a multi-axis or keepdim ``reduce_sum``/``reduce_mean`` becomes one
+``reduce_*_axes`` node instead of TorchLean's lowered chain, so nothing is renumbered.
+
+Writing is deterministic (sorted keys, one node per line, shortest round-trip floats, plain
+integers, never NaN or Infinity): the same graph gives byte-identical text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .check import DEFAULT_MAX_ELEMENTS
+from .errors import BridgeError, WireError
+from .graph import Graph, Node, Source
+from .ops import ELEMENT_TYPES, FLOAT, REGISTRY, Attr, OpSpec, fmt_shape, numel
+from .payload import Payload
+
+__all__ = ["FORMAT", "load_graph", "parse_document", "loads_document", "dump_graph", "graph_to_wire",
+           "dumps_document", "read_tensor"]
+
+FORMAT = "torchlean.ir.v1"
+PREFIX = "PyTorch graph import: "
+_WIRE_REDUCTIONS = {"reduce_sum": "reduce_sum_axes", "reduce_mean": "reduce_mean_axes"}
+_AXES_TO_WIRE = {v: k for k, v in _WIRE_REDUCTIONS.items()}
+# payload fields that live inline in a TorchLean node, per kind (spec 3.2), in our role names
+_INLINE_ROLES = {
+    "linear": {"weight": "weight", "bias": "bias"},
+    "conv": {"weight": "weight", "bias": "bias"},
+    "layernorm": {"gamma": "weight", "beta": "bias"},
+    "batch_norm_eval": {"gamma": "weight", "beta": "bias", "mean": "running_mean", "var": "running_var"},
+}
+
+
+def _fail(msg: str, node: int | None = None) -> WireError:
+    return WireError(PREFIX + msg, node=node)
+
+
+def _render(value: Any) -> str:
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_nat(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _nat(v: Any, ctx: str) -> int:
+    if _is_nat(v):
+        return v
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        raise _fail(f"{ctx}: expected natural number, got {_render(v)}")
+    raise _fail(f"{ctx}: expected natural number, got {_render(v)}")
+
+
+def _field(obj: Mapping[str, Any], key: str, ctx: str) -> Any:
+    if key not in obj:
+        raise _fail(f"{ctx}: missing field `{key}`")
+    return obj[key]
+
+
+def _array(v: Any, ctx: str) -> list:
+    if not isinstance(v, list):
+        raise _fail(f"{ctx}: expected array, got {_render(v)}")
+    return v
+
+
+def _nats(v: Any, ctx: str) -> tuple[int, ...]:
+    return tuple(_nat(x, ctx) for x in _array(v, ctx))
+
+
+def _shape(v: Any, ctx: str, max_elements: int) -> tuple[int, ...]:
+    s = _nats(v, ctx)
+    if numel(s) > max_elements:
+        raise _fail(f"{ctx}: declared shape {fmt_shape(s)} has {numel(s)} elements, above the limit of "
+                    f"{max_elements}")
+    return s
+
+
+def _number(v: Any, ctx: str) -> float:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    raise _fail(f"{ctx}: expected number, got {_render(v)}")
+
+
+def _decode_attr(a: Attr, v: Any, ctx: str, max_elements: int) -> Any:
+    k = a.kind
+    if k == "nat":
+        return _nat(v, ctx)
+    if k == "nats":
+        return _nats(v, ctx)
+    if k == "shape":
+        return _shape(v, ctx, max_elements)
+    if k == "shapes":
+        return tuple(_shape(s, ctx, max_elements) for s in _array(v, ctx))
+    if k == "int":
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        raise _fail(f"{ctx}: expected integer, got {_render(v)}")
+    if k == "ints":
+        return tuple(_decode_attr(Attr(a.name, "int"), x, ctx, max_elements) for x in _array(v, ctx))
+    if k == "bool":
+        if isinstance(v, bool):
+            return v
+        raise _fail(f"{ctx}: expected boolean, got {_render(v)}")
+    if k == "bools":
+        return tuple(_decode_attr(Attr(a.name, "bool"), x, ctx, max_elements) for x in _array(v, ctx))
+    if k == "float":
+        return _number(v, ctx)
+    if k == "opt_float":
+        return None if v is None else _number(v, ctx)
+    if k == "str":
+        if not isinstance(v, str):
+            raise _fail(f"{ctx}: expected string, got {_render(v)}")
+        if a.choices and v not in a.choices:
+            raise _fail(f"{ctx}: expected one of {', '.join(a.choices)}, got {_render(v)}")
+        return v
+    raise AssertionError(k)
+
+
+def _decode_attrs(spec: OpSpec, raw: Mapping[str, Any], nid: int, max_elements: int) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    for a in spec.attrs:
+        ctx = f"node[{nid}].{a.name}"
+        if a.name not in raw:
+            if a.required:
+                raise _fail(f"node[{nid}]: missing field `{a.name}`", nid)
+            continue
+        attrs[a.name] = _decode_attr(a, raw[a.name], ctx, max_elements)
+    for a in spec.attrs:
+        if a.length_of and a.name in attrs:
+            want, got = attrs[a.length_of], len(attrs[a.name])
+            if got != want:
+                raise _fail(f"node[{nid}].{a.name}: expected {want} entries, got {got}", nid)
+    return attrs
+
+
+def read_tensor(value: Any, shape: Sequence[int], ctx: str) -> np.ndarray:
+    """TorchLean's ``parseTensor``: nested lists exactly matching ``shape``, finite numbers."""
+    shape = tuple(shape)
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (ValueError, TypeError, OverflowError):
+        raise _fail(f"{ctx}: tensor does not match {fmt_shape(shape)}") from None
+    if arr.shape != shape:
+        raise _fail(f"{ctx}: tensor does not match {fmt_shape(shape)}")
+    if not np.all(np.isfinite(arr)):
+        raise _fail(f"{ctx}: tensor contains NaN or Infinity")
+    return arr
+
+
+def loads_document(text: str | bytes) -> Any:
+    """``json.loads`` that rejects NaN/Infinity and turns every failure into a WireError."""
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        return json.loads(text, parse_constant=no_constants)
+    except RecursionError:
+        raise _fail("document is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _fail(f"invalid JSON: {e}") from None
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+def _stage_a(doc: Any, max_elements: int) -> tuple[Any, list[dict], list]:
+    if not isinstance(doc, dict):
+        raise _fail(f"root: expected object, got {_render(doc)}")
+    fmt = _field(doc, "format", "root")
+    if not isinstance(fmt, str):
+        raise _fail(f"root.format: expected string, got {_render(fmt)}")
+    if fmt != FORMAT:
+        raise _fail(f"unsupported format `{fmt}` (expected `{FORMAT}`)")
+    _nat(_field(doc, "input_id", "root"), "root.input_id")
+    outputs = _array(_field(doc, "output_ids", "root"), "root.output_ids")
+    for o in outputs:
+        _nat(o, "root.output_ids")
+    if not outputs:
+        raise _fail("root.output_ids must contain at least one output")
+    nodes = _array(_field(doc, "nodes", "root"), "root.nodes")
+    parsed = []
+    for raw in nodes:
+        if not isinstance(raw, dict):
+            raise _fail(f"node: expected object, got {_render(raw)}")
+        nid = _nat(_field(raw, "id", "node"), "node.id")
+        ctx = f"node[{nid}]"
+        parents = _nats(_field(raw, "parents", ctx), f"{ctx}.parents")
+        kind = _field(raw, "kind", ctx)
+        if not isinstance(kind, str):
+            raise _fail(f"{ctx}.kind: expected string, got {_render(kind)}")
+        vk = raw.get("value_kind", "tensor")
+        if vk != "tensor":
+            if vk == "tuple":
+                raise _fail(f"{ctx}: tuple-valued nodes (`{kind}`) are not supported; export the model with "
+                            f"tensor outputs", nid)
+            raise _fail(f"{ctx}: unsupported value_kind `{_render(vk) if not isinstance(vk, str) else vk}`", nid)
+        shape = _shape(_field(raw, "shape", ctx), f"{ctx}.shape", max_elements)
+        parsed.append({"id": nid, "parents": parents, "kind": kind, "shape": shape, "raw": raw})
+    return doc, parsed, outputs
+
+
+def _stage_b(doc: dict, parsed: list[dict], outputs: list, strict: bool) -> tuple[list[int], list[int]]:
+    if not parsed:
+        raise _fail("graph contains no nodes")
+    for i, n in enumerate(parsed):
+        if n["id"] != i:
+            raise _fail(f"raw id discipline violated at index {i}: nodes[{i}].id = {n['id']}")
+        for p in n["parents"]:
+            if not p < i:
+                raise _fail(f"node[{i}]: parent id {p} is not < {i}", i)
+    input_nodes = [n["id"] for n in parsed if n["kind"] == "input"]
+    if not strict and "input_ids" in doc:
+        inputs = list(_nats(doc["input_ids"], "root.input_ids"))
+    else:
+        if len(input_nodes) != 1:
+            raise _fail(f"expected exactly one input node, got {len(input_nodes)}")
+        inputs = [doc["input_id"]]
+    for nid in inputs + list(outputs):
+        if nid >= len(parsed):
+            raise _fail(f"raw node id {nid} out of bounds")
+    for nid in inputs:
+        if parsed[nid]["kind"] != "input":
+            raise _fail(f"input_id {nid} designates `{parsed[nid]['kind']}`, not `input`")
+    return inputs, list(outputs)
+
+
+def _reduction(n: dict, parsed: list[dict], max_elements: int) -> tuple[str, dict]:
+    nid, raw = n["id"], n["raw"]
+    ctx = f"node[{nid}]"
+    if len(n["parents"]) != 1:
+        raise _fail(f"{ctx}: reduction expects one tensor parent", nid)
+    pshape = parsed[n["parents"][0]]["shape"]
+    axes = _nats(_field(raw, "axes", ctx), f"{ctx}.axes")
+    keepdim = _field(raw, "keepdim", ctx)
+    if not isinstance(keepdim, bool):
+        raise _fail(f"{ctx}.keepdim: expected boolean, got {_render(keepdim)}", nid)
+    for a in axes:
+        if a >= len(pshape):
+            raise _fail(f"{ctx}: reduction axis is outside rank {len(pshape)}", nid)
+    if len(set(axes)) != len(axes):
+        raise _fail(f"{ctx}: reduction axes contain duplicates", nid)
+    computed = tuple(1 if i in axes else d for i, d in enumerate(pshape)) if keepdim else \
+        tuple(d for i, d in enumerate(pshape) if i not in axes)
+    if computed != n["shape"]:
+        raise _fail(f"{ctx}: reduction shape mismatch: computed {fmt_shape(computed)}, "
+                    f"declared {fmt_shape(n['shape'])}", nid)
+    if len(axes) == 1 and not keepdim:
+        return n["kind"], {"axis": axes[0]}
+    return _WIRE_REDUCTIONS[n["kind"]], {"axes": tuple(axes), "keepdim": keepdim}
+
+
+def _stage_c(parsed: list[dict], strict: bool, max_elements: int) -> list[Node]:
+    nodes = []
+    for n in parsed:
+        nid, kind, raw = n["id"], n["kind"], n["raw"]
+        ctx = f"node[{nid}]"
+        if kind in _WIRE_REDUCTIONS:
+            kind, attrs = _reduction(n, parsed, max_elements)
+        else:
+            spec = REGISTRY.get(kind)
+            if spec is None or spec.dialect == "v1-wire" or (strict and spec.dialect != "v1"):
+                raise _fail(f"{ctx}: unsupported TorchLean IR op kind `{kind}`", nid)
+            if strict and kind == "custom":
+                raise _fail(f"{ctx}: custom computations need a checked Lean body", nid)
+            if strict and kind == "hard_masked_softmax":
+                raise _fail(f"{ctx}: `hard_masked_softmax` has no artifact encoding for its mask yet", nid)
+            attrs = _decode_attrs(spec, raw, nid, max_elements)
+        dtype = raw.get("dtype", FLOAT)
+        if strict:
+            dtype = FLOAT
+        elif dtype not in ELEMENT_TYPES:
+            raise _fail(f"{ctx}.dtype: expected one of {', '.join(ELEMENT_TYPES)}, got {_render(dtype)}", nid)
+        source = None
+        if not strict and isinstance(raw.get("source"), dict):
+            source = Source.from_json(raw["source"])
+        elif isinstance(raw.get("debug_target"), str) or isinstance(raw.get("onnx_name"), str):
+            source = Source(framework="torchlean", name=raw.get("onnx_name"),
+                            target=raw.get("debug_target") or raw.get("onnx_op_type"))
+        nodes.append(Node(nid, n["parents"], kind, n["shape"], attrs, dtype=dtype, source=source))
+    return nodes
+
+
+def _inline_payload(parsed: list[dict], nodes: list[Node]) -> Payload:
+    """TorchLean's ``parsePayload``: linear, conv, const values, layernorm, batch_norm_eval."""
+    payload = Payload()
+    for n, node in zip(parsed, nodes):
+        raw, nid, kind = n["raw"], n["id"], node.kind
+        ctx = f"node[{nid}]"
+        if kind == "const" and "values" in raw:
+            vals = read_tensor(_array(raw["values"], f"{ctx}.values"), (numel(node.out_shape),), f"{ctx}.values")
+            payload.set(nid, "values", vals.reshape(node.out_shape))
+        elif kind == "linear" and ("weight" in raw or "out_dim" in raw):
+            out_dim = _nat(_field(raw, "out_dim", ctx), f"{ctx}.out_dim")
+            in_dim = _nat(_field(raw, "in_dim", ctx), f"{ctx}.in_dim")
+            payload.set(nid, "weight", read_tensor(_field(raw, "weight", ctx), (out_dim, in_dim), f"{ctx}.weight"))
+            payload.set(nid, "bias", read_tensor(_field(raw, "bias", ctx), (out_dim,), f"{ctx}.bias"))
+        elif kind == "conv" and "weight" in raw:
+            a = node.attrs
+            if a["in_channels"] == 0:
+                raise _fail(f"{ctx}: convolution input channels must be nonzero", nid)
+            dense = read_tensor(raw["weight"], (a["out_channels"], a["in_channels"], *a["kernel"]), f"{ctx}.weight")
+            g, og, ig = a["groups"], a["out_channels"] // max(a["groups"], 1), a["in_channels"] // max(a["groups"], 1)
+            grouped = np.concatenate([dense[i * og:(i + 1) * og, i * ig:(i + 1) * ig] for i in range(g)], axis=0) \
+                if g > 1 else dense
+            payload.set(nid, "weight", grouped)
+            payload.set(nid, "bias", read_tensor(_field(raw, "bias", ctx), (a["out_channels"],), f"{ctx}.bias"))
+        elif kind in ("layernorm", "batch_norm_eval") and any(k in raw for k in _INLINE_ROLES[kind]):
+            if kind == "layernorm":
+                shape = tuple(parsed[n["parents"][0]]["shape"][node.attrs["axis"]:]) if n["parents"] else ()
+            else:
+                shape = (_nat(_field(raw, "channels", ctx), f"{ctx}.channels"),)
+            for field, role in _INLINE_ROLES[kind].items():
+                payload.set(nid, role, read_tensor(_field(raw, field, ctx), shape, f"{ctx}.{field}"))
+    return payload
+
+
+def parse_document(doc: Any, *, strict: bool = False,
+                   max_elements: int = DEFAULT_MAX_ELEMENTS) -> tuple[Graph, Payload]:
+    """A wire document (already decoded JSON) to a graph and its inline payload (maybe empty)."""
+    doc, parsed, outputs = _stage_a(doc, max_elements)
+    inputs, outputs = _stage_b(doc, parsed, outputs, strict)
+    nodes = _stage_c(parsed, strict, max_elements)
+    payload = _inline_payload(parsed, nodes)
+    return Graph(nodes, inputs, outputs), payload
+
+
+def load_graph(source: Any, *, strict: bool = False, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Graph:
+    """Parse a torchlean.ir.v1 document (path, JSON text, bytes or dict) and check its structure."""
+    from .check import check_well_formed
+    doc = _read_source(source)
+    g, _ = parse_document(doc, strict=strict, max_elements=max_elements)
+    check_well_formed(g)
+    return g
+
+
+def _read_source(source: Any) -> Any:
+    if isinstance(source, dict):
+        return source
+    if isinstance(source, (bytes, bytearray)):
+        return loads_document(bytes(source))
+    if isinstance(source, str) and source.lstrip().startswith("{"):
+        return loads_document(source)
+    try:
+        with open(source, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BridgeError(f"cannot read graph document {source}: {e.strerror or e}") from None
+    return loads_document(data)
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+def _encode_attr(a: Attr, v: Any) -> Any:
+    if v is None:
+        return None
+    if a.kind in ("nats", "ints", "shape", "bools"):
+        return list(v)
+    if a.kind == "shapes":
+        return [list(s) for s in v]
+    if a.kind in ("float", "opt_float"):
+        f = float(v)
+        if not math.isfinite(f):
+            raise BridgeError(f"attribute {a.name} = {v} cannot be written as JSON")
+        return f
+    return v
+
+
+def _tensor_json(a: np.ndarray) -> Any:
+    a = np.asarray(a, dtype=np.float64)
+    if not np.all(np.isfinite(a)):
+        raise BridgeError("payload tensor contains NaN or Infinity, which JSON cannot hold")
+    return a.tolist()
+
+
+def _node_wire(node: Node, g: Graph, payload: Payload | None, include_source: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {"id": node.id, "kind": node.kind, "parents": list(node.parents),
+                         "shape": list(node.out_shape)}
+    spec = node.spec
+    if node.kind in ("reduce_sum", "reduce_mean"):
+        d.update(axes=[node.attrs["axis"]], keepdim=False)
+    elif node.kind in _AXES_TO_WIRE:
+        d.update(kind=_AXES_TO_WIRE[node.kind], axes=list(node.attrs["axes"]), keepdim=node.attrs["keepdim"])
+    elif spec is not None:
+        for a in spec.attrs:
+            if a.name in node.attrs:
+                v = _encode_attr(a, node.attrs[a.name])
+                if v is not None:
+                    d[a.name] = v
+    if node.dtype != FLOAT:
+        d["dtype"] = node.dtype
+    if include_source and node.source is not None and node.source.to_json():
+        d["source"] = node.source.to_json()
+    if payload is not None:
+        d.update(_inline_fields(node, g, payload))
+    return d
+
+
+def _inline_fields(node: Node, g: Graph, payload: Payload) -> dict[str, Any]:
+    rec = payload.record(node.id)
+    if not rec:
+        return {}
+    kind, a = node.kind, node.attrs
+    if kind == "const":
+        return {"values": _tensor_json(rec["values"].reshape(-1))}
+    if kind == "linear":
+        w = rec["weight"]
+        return {"out_dim": int(w.shape[0]), "in_dim": int(w.shape[1]), "weight": _tensor_json(w),
+                "bias": _tensor_json(rec["bias"])}
+    if kind == "conv":
+        w = np.asarray(rec["weight"], dtype=np.float64)
+        g_, og, ig = a["groups"], a["out_channels"] // a["groups"], a["in_channels"] // a["groups"]
+        dense = np.zeros((a["out_channels"], a["in_channels"], *a["kernel"]))
+        for i in range(g_):
+            dense[i * og:(i + 1) * og, i * ig:(i + 1) * ig] = w[i * og:(i + 1) * og]
+        pshape = g.nodes[node.parents[0]].out_shape
+        return {"weight": _tensor_json(dense), "bias": _tensor_json(rec["bias"]),
+                "input_spatial": list(pshape[a["channel_axis"] + 1:])}
+    if kind in _INLINE_ROLES:
+        out: dict[str, Any] = {}
+        if kind == "batch_norm_eval":
+            out["channels"] = a["channels"]
+        for field, role in _INLINE_ROLES[kind].items():
+            if role in rec:
+                out[field] = _tensor_json(rec[role])
+            elif kind == "layernorm":
+                shape = g.nodes[node.parents[0]].out_shape[a["axis"]:]
+                out[field] = _tensor_json(np.ones(shape) if role == "weight" else np.zeros(shape))
+        return out
+    return {}
+
+
+def graph_to_wire(g: Graph, payload: Payload | None = None, *, include_source: bool = True) -> dict[str, Any]:
+    """The wire document: nodes only, or with payload inline (TorchLean's own importer form)."""
+    doc: dict[str, Any] = {"format": FORMAT, "input_id": g.inputs[0] if g.inputs else 0,
+                           "output_ids": list(g.outputs)}
+    if len(g.inputs) != 1:
+        doc["input_ids"] = list(g.inputs)
+    doc["nodes"] = [_node_wire(n, g, payload, include_source) for n in g.nodes]
+    return doc
+
+
+def dump_graph(g: Graph, *, include_source: bool = True) -> dict[str, Any]:
+    """Wire dict, nodes only (no tensors)."""
+    return graph_to_wire(g, None, include_source=include_source)
+
+
+def dumps_document(doc: Mapping[str, Any]) -> str:
+    """Deterministic text: root keys sorted, one node per line, trailing newline."""
+    def enc(v: Any) -> str:
+        return json.dumps(v, sort_keys=True, allow_nan=False, ensure_ascii=True)
+
+    root = {k: v for k, v in doc.items() if k != "nodes"}
+    lines = ["{"]
+    for k in sorted(root):
+        lines.append(f"  {enc(k)}: {enc(root[k])},")
+    lines.append('  "nodes": [')
+    nodes = doc.get("nodes", [])
+    for i, n in enumerate(nodes):
+        lines.append("    " + enc(n) + ("," if i + 1 < len(nodes) else ""))
+    lines.append("  ]")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,368 @@
+"""Checkpoints: named tensors from safetensors, PyTorch, ONNX or TorchLean state-dict JSON files.
+
+A ``Checkpoint`` is a read-only mapping ``key -> numpy array``. Nothing in a file is silently
+dropped or converted: entries that are not tensors, integer and bool tensors, widened bfloat16 and
+NaN/Inf values are all listed in ``checkpoint.findings`` (kinds ``non_tensor``, ``integer``,
+``bool``, ``widened``, ``non_finite``, ``unsupported``, ``prefix``, ``wrapper``).
+
+Safety: PyTorch files are read only through ``torch.load(weights_only=True)``; a pickle that
+would construct arbitrary objects (and so could run code) is refused with ``CheckpointError``.
+safetensors files are memory-mapped and each tensor is read on first access, so shapes and dtypes
+of a large file are known without reading its data.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from torchlean_bridge.errors import CheckpointError
+from torchlean_bridge.report import Finding
+
+__all__ = ["Checkpoint", "load_checkpoint", "as_checkpoint", "FORMATS"]
+
+FORMATS = ("safetensors", "torch", "onnx", "torchlean-json", "mapping")
+
+# safetensors dtype tag -> numpy dtype (BF16 has none: widened exactly to float32 and reported)
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "U16": np.uint16, "U32": np.uint32,
+              "U64": np.uint64, "BOOL": np.bool_}
+
+_WRAPPERS = ("state_dict", "model_state_dict")
+
+
+class Checkpoint(Mapping[str, np.ndarray]):
+    """Read-only ``key -> ndarray`` with per-key shape/dtype known up front and load notes.
+
+    ``findings`` lists what loading noticed; for lazily read files (safetensors) the NaN/Inf scan
+    reads each tensor once, the first time ``findings`` is asked for.
+    """
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, np.dtype],
+                 read: Callable[[str], np.ndarray], *, source: str = "<memory>", format: str = "mapping",
+                 findings: list[Finding] | None = None, metadata: Mapping[str, Any] | None = None) -> None:
+        self._shapes = {k: tuple(int(d) for d in s) for k, s in shapes.items()}
+        self._dtypes = {k: np.dtype(d) for k, d in dtypes.items()}
+        self._read = read
+        self.source = source
+        self.format = format
+        self.metadata = dict(metadata or {})
+        self._findings = list(findings or [])
+        self._findings.extend(_element_type_findings(self._dtypes))
+        self._scanned = False
+
+    # -- mapping --------------------------------------------------------------------------------
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._shapes:
+            raise KeyError(key)
+        arr = self._read(key).view()  # a view: the flag must not change the caller's own array
+        arr.flags.writeable = False
+        return arr
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._shapes
+
+    # -- metadata without reading data ----------------------------------------------------------
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self._shapes[key]
+
+    def dtype(self, key: str) -> np.dtype:
+        return self._dtypes[key]
+
+    def num_parameters(self) -> int:
+        return sum(int(np.prod(s, dtype=np.int64)) for s in self._shapes.values())
+
+    @property
+    def findings(self) -> list[Finding]:
+        if not self._scanned:
+            self._findings.extend(_non_finite_findings(self))
+            self._scanned = True
+        return list(self._findings)
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.format}, {self.source}, {len(self)} tensors, {self.num_parameters()} values)"
+
+
+# -- findings shared by every format -------------------------------------------------------------
+def _element_type_findings(dtypes: Mapping[str, np.dtype]) -> list[Finding]:
+    out = []
+    for key, dt in dtypes.items():
+        if dt.kind in "iu":
+            out.append(Finding("integer", f"`{key}` is an integer tensor ({dt}); kept as is", keys=(key,),
+                               data={"dtype": str(dt)}, severity="info"))
+        elif dt.kind == "b":
+            out.append(Finding("bool", f"`{key}` is a bool tensor; kept as is", keys=(key,), severity="info"))
+    return out
+
+
+def _non_finite_findings(ckpt: Checkpoint) -> list[Finding]:
+    out = []
+    for key in ckpt:
+        if ckpt.dtype(key).kind != "f":
+            continue
+        a = ckpt[key]
+        nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+        if nan or inf:
+            out.append(Finding("non_finite", f"`{key}` holds {nan} NaN and {inf} Inf value(s) of {a.size}",
+                               keys=(key,), data={"nan": nan, "inf": inf, "size": int(a.size)},
+                               severity="warning"))
+    return out
+
+
+def _strip(keys: list[str], prefix: str | None, source: str) -> tuple[dict[str, str], list[Finding]]:
+    """new key -> original key; stripping that would merge two keys is an error."""
+    if not prefix:
+        return {k: k for k in keys}, []
+    renamed: dict[str, str] = {}
+    stripped = 0
+    for k in keys:
+        new = k[len(prefix):] if k.startswith(prefix) else k
+        stripped += new != k
+        if new in renamed:
+            raise CheckpointError(f"checkpoint {source}: stripping `{prefix}` makes `{renamed[new]}` and `{k}` "
+                                  f"the same key `{new}`; load with strip_prefix=None")
+        renamed[new] = k
+    notes = [Finding("prefix", f"stripped the prefix `{prefix}` from {stripped} key(s)",
+                     data={"prefix": prefix, "count": stripped}, severity="info")] if stripped else []
+    return renamed, notes
+
+
+def _eager(arrays: dict[str, np.ndarray], source: str, fmt: str, findings: list[Finding],
+           strip_prefix: str | None, metadata: Mapping[str, Any] | None = None) -> Checkpoint:
+    renamed, notes = _strip(list(arrays), strip_prefix, source)
+    data = {new: arrays[old] for new, old in renamed.items()}
+    return Checkpoint({k: a.shape for k, a in data.items()}, {k: a.dtype for k, a in data.items()},
+                      lambda k: data[k], source=source, format=fmt, findings=findings + notes, metadata=metadata)
+
+
+# -- safetensors -----------------------------------------------------------------------------------
+def _load_safetensors(path: Path, strip_prefix: str | None) -> Checkpoint:
+    from safetensors import SafetensorError, safe_open
+    source = str(path)
+    try:
+        with safe_open(source, framework="numpy") as f:
+            keys = list(f.keys())
+            info = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in keys}
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read safetensors checkpoint {source}: {e}") from None
+    findings: list[Finding] = []
+    dtypes: dict[str, np.dtype] = {}
+    for k, (shape, tag) in info.items():
+        if tag == "BF16":
+            dtypes[k] = np.dtype(np.float32)
+            findings.append(Finding("widened", f"`{k}` is bfloat16; widened exactly to float32", keys=(k,),
+                                    severity="info"))
+        elif tag in _ST_DTYPES:
+            dtypes[k] = np.dtype(_ST_DTYPES[tag])
+        else:
+            findings.append(Finding("unsupported", f"`{k}` has element type {tag}, which has no numpy "
+                                    f"equivalent; not loaded", keys=(k,), severity="warning"))
+    renamed, notes = _strip([k for k in keys if k in dtypes], strip_prefix, source)
+
+    def read(key: str) -> np.ndarray:
+        original = renamed[key]
+        try:
+            if info[original][1] == "BF16":
+                with safe_open(source, framework="pt") as f:
+                    return f.get_tensor(original).float().numpy()
+            with safe_open(source, framework="numpy") as f:
+                return f.get_tensor(original)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"cannot read tensor `{original}` from {source}: {e}") from None
+
+    return Checkpoint({new: info[old][0] for new, old in renamed.items()},
+                      {new: dtypes[old] for new, old in renamed.items()}, read, source=source,
+                      format="safetensors", findings=findings + notes, metadata=metadata)
+
+
+# -- PyTorch ---------------------------------------------------------------------------------------
+def _tensor_to_numpy(key: str, value: Any, findings: list[Finding]) -> np.ndarray | None:
+    import torch
+    if value.is_quantized or value.is_complex() or value.layout != torch.strided:
+        findings.append(Finding("unsupported", f"`{key}` is a {value.dtype} {value.layout} tensor; not loaded",
+                                keys=(key,), severity="warning"))
+        return None
+    value = value.detach().cpu()
+    if value.dtype == torch.bfloat16:
+        findings.append(Finding("widened", f"`{key}` is bfloat16; widened exactly to float32", keys=(key,),
+                                severity="info"))
+        value = value.float()
+    return value.numpy()
+
+
+def _state_dict_arrays(obj: Any, source: str) -> tuple[dict[str, np.ndarray], list[Finding]]:
+    """Unwrap ``{"state_dict": ...}``/``{"model_state_dict": ...}``; tensors out, everything else noted."""
+    import torch
+    findings: list[Finding] = []
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"checkpoint {source}: expected a state_dict (a mapping of names to tensors), "
+                              f"got {type(obj).__name__}; save `model.state_dict()` instead of the model")
+    for wrapper in _WRAPPERS:
+        if isinstance(obj.get(wrapper), Mapping):
+            others = sorted(str(k) for k in obj if k != wrapper)
+            findings.append(Finding("wrapper", f"unwrapped `{wrapper}`" + (
+                f"; other top-level entries not read: {', '.join(others)}" if others else ""),
+                data={"wrapper": wrapper, "ignored": others}, severity="info"))
+            obj = obj[wrapper]
+            break
+    arrays: dict[str, np.ndarray] = {}
+    for key, value in obj.items():
+        key = str(key)
+        if isinstance(value, torch.Tensor):
+            arr = _tensor_to_numpy(key, value, findings)
+            if arr is not None:
+                arrays[key] = arr
+        else:
+            findings.append(Finding("non_tensor", f"`{key}` is a {type(value).__name__}, not a tensor; not loaded",
+                                    keys=(key,), severity="warning"))
+    return arrays, findings
+
+
+def _unpickler_reason(message: str) -> str:
+    """The one informative sentence of torch's long weights-only refusal (what it refused)."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    for i, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            reason = line.split("WeightsUnpickler error:", 1)[1].strip() or (lines[i + 1] if i + 1 < len(lines) else "")
+        elif "unsupported" in line.lower():
+            reason = line
+        else:
+            continue
+        return re.split(r"\.(?:\s|$)", reason, maxsplit=1)[0]
+    return "the weights-only unpickler refused it"
+
+
+def _load_torch(path: Path, strip_prefix: str | None) -> Checkpoint:
+    import pickle
+
+    import torch
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols before refusing; the refusal says it all
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = _unpickler_reason(str(e))
+        raise CheckpointError(
+            f"refused to load {path}: it is not a weights-only file (its pickle would construct objects "
+            f"or run code that torch.load(weights_only=True) does not allow: {first}). Re-save it with "
+            f"torch.save(model.state_dict(), ...) or convert it to safetensors") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        raise CheckpointError(f"cannot read PyTorch checkpoint {path}: {e}") from None
+    arrays, findings = _state_dict_arrays(obj, str(path))
+    return _eager(arrays, str(path), "torch", findings, strip_prefix)
+
+
+# -- ONNX --------------------------------------------------------------------------------------------
+def _load_onnx(path: Path, strip_prefix: str | None) -> Checkpoint:
+    import onnx
+    from onnx import numpy_helper
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:  # onnx raises DecodeError, OSError, ValueError ... depending on the damage
+        raise CheckpointError(f"cannot read ONNX model {path}: {e}") from None
+    arrays: dict[str, np.ndarray] = {}
+    findings: list[Finding] = []
+    for init in model.graph.initializer:
+        try:
+            arrays[init.name] = numpy_helper.to_array(init, base_dir=str(path.parent))
+        except (ValueError, TypeError, OSError) as e:
+            findings.append(Finding("unsupported", f"initializer `{init.name}` cannot be read: {e}",
+                                    keys=(init.name,), severity="warning"))
+    return _eager(arrays, str(path), "onnx", findings, strip_prefix)
+
+
+# -- TorchLean state-dict JSON (spec 3.3) -------------------------------------------------------------
+_JSON_DTYPES = {"torch.int64": np.int64, "torch.int32": np.int32, "torch.bool": np.bool_}
+
+
+def _load_torchlean_json(path: Path, strip_prefix: str | None) -> Checkpoint:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read JSON checkpoint {path}: {e}") from None
+    if not isinstance(doc, dict):
+        raise CheckpointError("PyTorch import: expected a JSON object `{...}` or a wrapper `{ \"params\": {...} }`.")
+    params = doc.get("params", doc) if isinstance(doc.get("params"), dict) else doc
+    meta = doc.get("meta", {}) if isinstance(doc.get("meta"), dict) else {}
+    arrays: dict[str, np.ndarray] = {}
+    findings: list[Finding] = []
+    for key, value in params.items():
+        if key == "meta" and params is doc:
+            continue
+        info = meta.get(key, {}) if isinstance(meta.get(key), dict) else {}
+        dtype = _JSON_DTYPES.get(info.get("dtype"), np.float64)
+        try:
+            arr = np.asarray(value, dtype=dtype)
+        except (ValueError, TypeError):
+            findings.append(Finding("non_tensor", f"`{key}` is not a rectangular array of numbers; not loaded",
+                                    keys=(key,), severity="warning"))
+            continue
+        if "shape" in info and list(info["shape"]) != list(arr.shape):
+            if arr.size == int(np.prod(info["shape"], dtype=np.int64)):
+                arr = arr.reshape(info["shape"])
+            else:
+                findings.append(Finding("non_tensor", f"`{key}`: meta shape {info['shape']} does not match the "
+                                        f"data's {list(arr.shape)}; not loaded", keys=(key,), severity="warning"))
+                continue
+        arrays[key] = arr
+    return _eager(arrays, str(path), "torchlean-json", findings, strip_prefix)
+
+
+# -- entry points -----------------------------------------------------------------------------------
+_LOADERS = {"safetensors": _load_safetensors, "torch": _load_torch, "onnx": _load_onnx,
+            "torchlean-json": _load_torchlean_json}
+_SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".ckpt": "torch",
+             ".tar": "torch", ".onnx": "onnx", ".json": "torchlean-json"}
+
+
+def _sniff(path: Path) -> str:
+    """The format from the suffix, else from the first bytes (zip = torch, JSON header = safetensors)."""
+    if path.suffix.lower() in _SUFFIXES:
+        return _SUFFIXES[path.suffix.lower()]
+    head = path.open("rb").read(16)
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        return "torch"
+    if len(head) > 9 and head[8:9] == b"{":
+        return "safetensors"
+    if head.lstrip()[:1] == b"{":
+        return "torchlean-json"
+    raise CheckpointError(f"cannot tell the format of {path}: use a .safetensors, .pt/.pth/.bin, .onnx or "
+                          f".json file")
+
+
+def load_checkpoint(path: str | Path, strip_prefix: str | None = "module.", format: str | None = None) -> Checkpoint:
+    """Open a checkpoint file; ``strip_prefix`` (default ``module.``, from DataParallel) is removed."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no such checkpoint file: {path}")
+    fmt = format or _sniff(path)
+    if fmt not in _LOADERS:
+        raise CheckpointError(f"unknown checkpoint format `{fmt}`; expected one of {', '.join(_LOADERS)}")
+    return _LOADERS[fmt](path, strip_prefix)
+
+
+def as_checkpoint(obj: Any, strip_prefix: str | None = "module.") -> Checkpoint:
+    """A Checkpoint from a path, a Checkpoint, or an in-memory mapping (e.g. ``module.state_dict()``)."""
+    if isinstance(obj, Checkpoint):
+        return obj
+    if isinstance(obj, (str, Path)):
+        return load_checkpoint(obj, strip_prefix)
+    if isinstance(obj, Mapping):
+        if any(not isinstance(v, np.ndarray) for v in obj.values()):
+            arrays, findings = _state_dict_arrays(obj, "<state_dict>")
+        else:
+            arrays, findings = {str(k): v for k, v in obj.items()}, []
+        return _eager(arrays, "<state_dict>", "mapping", findings, strip_prefix)
+    raise CheckpointError(f"expected a checkpoint path, Checkpoint or mapping of tensors, got {type(obj).__name__}")

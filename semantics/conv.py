@@ -1,0 +1,114 @@
+"""Convolution and pooling through strided views: im2col + one BLAS matmul, window offsets.
+
+Convolution follows TorchLean's ``conv`` (spec section 2.2): axes before ``channel_axis`` are
+independent batch axes, grouped weights ``[out, in/groups, *kernel]``, per-axis stride, dilation
+and asymmetric zero padding. The columns are gathered with ``sliding_window_view`` and contracted
+with a (batched over groups) matrix product, so the work is BLAS, not Python.
+
+Pooling acts on the trailing ``spatial_rank`` axes. Windows are visited by kernel offset (a loop
+over the ``prod(kernel)`` offsets, each a whole-array strided slice), which also gives the spec's
+row-major accumulation order for average pooling; large windows use a single view reduction.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+__all__ = ["conv_nd", "pool_nd", "window_counts"]
+
+# above this many kernel offsets, reduce over a window view instead of looping over offsets
+_OFFSET_LOOP_LIMIT = 64
+
+
+def _pad_spatial(x: np.ndarray, before: Sequence[int], after: Sequence[int], value: float) -> np.ndarray:
+    if not any(before) and not any(after):
+        return x
+    lead = x.ndim - len(before)
+    widths = [(0, 0)] * lead + list(zip(before, after))
+    return np.pad(x, widths, constant_values=value)
+
+
+def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis: int, stride: Sequence[int],
+            padding: Sequence[int], padding_after: Sequence[int], dilation: Sequence[int], groups: int,
+            out_spatial: Sequence[int]) -> np.ndarray:
+    """``x`` is ``lead ++ [C] ++ spatial``; the result is ``lead ++ [out] ++ out_spatial``."""
+    lead = x.shape[:channel_axis]
+    c_in, spatial = x.shape[channel_axis], x.shape[channel_axis + 1:]
+    r = len(spatial)
+    n = math.prod(lead)
+    out_c, kernel = weight.shape[0], weight.shape[2:]
+    g, cg, og = groups, c_in // groups, out_c // groups
+    k, length = math.prod(kernel), math.prod(out_spatial)
+    xp = _pad_spatial(x.reshape((n, c_in) + spatial), padding, padding_after, 0.0)
+    if all(kk == 1 for kk in kernel):
+        view = xp[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s)
+                                                     for o, s in zip(out_spatial, stride))]
+        cols = view.reshape(n, g, cg, length)
+    else:
+        eff = tuple(d * (kk - 1) + 1 for d, kk in zip(dilation, kernel))
+        win = sliding_window_view(xp, eff, axis=tuple(range(2, 2 + r)))
+        win = win[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s)
+                                                     for o, s in zip(out_spatial, stride))
+                  + tuple(slice(None, None, d) for d in dilation)]
+        # [n, C, *out, *k] -> [n, C, *k, *out] -> [n, g, cg*k, L]: the im2col copy
+        perm = (0, 1) + tuple(range(2 + r, 2 + 2 * r)) + tuple(range(2, 2 + r))
+        cols = win.transpose(perm).reshape(n, g, cg * k, length)
+    y = np.matmul(weight.reshape(g, og, cg * k), cols)  # [n, g, og, L]
+    y = y.reshape((n, out_c, length))
+    y += bias.reshape(out_c, 1)
+    return y.reshape(lead + (out_c,) + tuple(out_spatial))
+
+
+def window_counts(size: int, kernel: int, stride: int, pad_before: int, dilation: int, out: int,
+                  lo: int, hi: int) -> np.ndarray:
+    """Per output position along one axis: how many window cells fall in ``[lo, hi)`` (input coords)."""
+    starts = np.arange(out) * stride - pad_before
+    cells = starts[:, None] + np.arange(kernel)[None, :] * dilation
+    return ((cells >= lo) & (cells < hi)).sum(axis=1)
+
+
+def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+            padding_after: Sequence[int], dilation: Sequence[int], out_spatial: Sequence[int],
+            divisor: np.ndarray | float | None = None) -> np.ndarray:
+    """Max (padded cells ignored) or sum-then-divide pooling over the trailing axes.
+
+    ``divisor`` (average mode) is a scalar or an array broadcasting over ``out_spatial``. Windows
+    reaching past the padded input (ceil mode) see extra padding cells, ignored or counted as 0.
+    """
+    r = len(kernel)
+    spatial = x.shape[x.ndim - r:]
+    if any(o == 0 for o in out_spatial):
+        return np.zeros(x.shape[:x.ndim - r] + tuple(out_spatial), x.dtype)
+    extra = [max(0, (o - 1) * s + d * (kk - 1) + 1 - (n + pb + pa))
+             for o, s, d, kk, n, pb, pa in zip(out_spatial, stride, dilation, kernel, spatial, padding, padding_after)]
+    fill = -np.inf if mode == "max" else 0.0
+    xp = _pad_spatial(x, padding, [pa + e for pa, e in zip(padding_after, extra)], fill)
+    lead = (Ellipsis,)
+    if math.prod(kernel) <= _OFFSET_LOOP_LIMIT:
+        acc = None
+        for offs in itertools.product(*(range(kk) for kk in kernel)):
+            cell = xp[lead + tuple(slice(f * d, f * d + (o - 1) * s + 1, s)
+                                   for f, d, o, s in zip(offs, dilation, out_spatial, stride))]
+            if acc is None:
+                acc = cell.copy()
+            elif mode == "max":
+                np.maximum(acc, cell, out=acc)
+            else:
+                np.add(acc, cell, out=acc)
+    else:
+        eff = tuple(d * (kk - 1) + 1 for d, kk in zip(dilation, kernel))
+        axes = tuple(range(xp.ndim - r, xp.ndim))
+        win = sliding_window_view(xp, eff, axis=axes)
+        win = win[lead + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out_spatial, stride))
+                  + tuple(slice(None, None, d) for d in dilation)]
+        red_axes = tuple(range(win.ndim - r, win.ndim))
+        acc = win.max(axis=red_axes) if mode == "max" else win.sum(axis=red_axes)
+    if mode == "max":
+        return acc
+    acc /= np.asarray(divisor, acc.dtype)
+    return acc

@@ -1,0 +1,136 @@
+"""The reference evaluator: TorchLean's ``Graph.denoteAll`` over a float domain.
+
+Nodes are evaluated left to right in one loop (no recursion, so depth is unlimited); each node's
+value comes from ``FLOAT_RULES[kind]``. Without ``all_nodes`` a value is dropped right after its
+last reader, so memory follows the live frontier, not the graph. ``float64`` is the reference
+(TorchLean computes in binary64); ``float32`` mirrors PyTorch/onnxruntime (payload and inputs in
+binary32, binary32 BLAS). Every failure is an ``EvalError`` naming the node.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from torchlean_bridge.check import check as check_graph
+from torchlean_bridge.errors import BridgeError, EvalError
+from torchlean_bridge.graph import Graph, Node
+from torchlean_bridge.ops import BOOL, INT64, fmt_shape
+from torchlean_bridge.payload import Payload
+
+from .float_rules import FLOAT_RULES
+from .records import fail
+
+__all__ = ["evaluate", "eval_node", "denote_all", "denote", "as_array", "DTYPES"]
+
+DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
+_RESULT_KINDS = {INT64: np.dtype(np.int64), BOOL: np.dtype(bool)}
+
+
+def _domain(dtype: str | np.dtype) -> np.dtype:
+    key = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if key not in DTYPES:
+        raise BridgeError(f"IR eval: unsupported dtype {dtype!r} (use float64 or float32)")
+    return DTYPES[key]
+
+
+def as_array(value: Any) -> np.ndarray:
+    """numpy arrays as they are; torch tensors (duck-typed, torch is never imported) via numpy."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _inputs(g: Graph, inputs: Any) -> list[np.ndarray]:
+    if isinstance(inputs, (list, tuple)):
+        arrays = [as_array(x) for x in inputs]
+    else:
+        arrays = [as_array(inputs)]
+    if len(arrays) != len(g.inputs):
+        raise EvalError(f"IR eval: expected {len(g.inputs)} input(s), got {len(arrays)}")
+    return arrays
+
+
+def eval_node(node: Node, parent_values: Sequence[np.ndarray], record: Any, dtype: str | np.dtype = "float64"
+              ) -> np.ndarray:
+    """One node's value from its parents' values and its payload record (``{role: ndarray}``).
+
+    For an ``input`` node, ``parent_values`` is ``[the caller's array]``. The result has the
+    node's declared shape and element type (float results in the domain ``dtype``).
+    """
+    dt = _domain(dtype)
+    rule = FLOAT_RULES.get(node.kind)
+    if rule is None:
+        raise fail(node, f"IR eval: node {node.id}: unknown op kind `{node.kind}`")
+    try:
+        with np.errstate(all="ignore"):
+            value = np.asarray(rule(node, parent_values, record or {}, dt))
+    except BridgeError:
+        raise
+    except (ValueError, TypeError, IndexError, ArithmeticError) as e:
+        raise fail(node, f"IR eval: node {node.id}: {node.kind}: {e} ({node.summary()})") from None
+    if value.shape != node.out_shape:
+        raise fail(node, f"IR eval: node {node.id}: produced shape mismatch: produced={fmt_shape(value.shape)}, "
+                         f"declared={fmt_shape(node.out_shape)} ({node.summary()})")
+    want = _RESULT_KINDS.get(node.dtype, dt)
+    return value if value.dtype == want else value.astype(want)
+
+
+def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", all_nodes: bool = False,
+             check: bool = True) -> list[np.ndarray]:
+    """Outputs in ``g.outputs`` order, or with ``all_nodes`` one value per node id.
+
+    ``inputs``: arrays or torch tensors in ``g.inputs`` order (one array for a one-input graph).
+    ``check`` validates structure and shapes first (TorchLean's ``denoteAll`` checks well-formedness;
+    we check shapes too, so a rule never sees operands its contract does not admit).
+    """
+    dt = _domain(dtype)
+    if check:
+        check_graph(g)
+    payload = payload if payload is not None else Payload()
+    arrays = _inputs(g, inputs)
+    position = {nid: k for k, nid in enumerate(g.inputs)}
+    values: list[np.ndarray | None] = [None] * len(g.nodes)
+    frees: list[list[int]] = [[] for _ in g.nodes]
+    if not all_nodes:
+        for nid, last in enumerate(g.last_use()):
+            if last < len(g.nodes):
+                frees[last].append(nid)
+    for node in g.nodes:
+        if node.kind == "input":
+            if node.id not in position:
+                raise fail(node, f"IR eval: node {node.id}: input node is not listed among the graph inputs")
+            parents = [arrays[position[node.id]]]
+        else:
+            parents = [_parent(g, node, p, values) for p in node.parents]
+        values[node.id] = eval_node(node, parents, payload.record(node.id), dt)
+        for dead in frees[node.id]:
+            values[dead] = None
+    if all_nodes:
+        return values  # type: ignore[return-value]
+    out = []
+    for o in g.outputs:
+        if not 0 <= o < len(values):
+            raise EvalError(f"IR eval: outputId out of bounds: {o}")
+        out.append(values[o])
+    return out
+
+
+def _parent(g: Graph, node: Node, p: int, values: list[np.ndarray | None]) -> np.ndarray:
+    value = values[p] if 0 <= p < len(values) else None
+    if value is None:
+        available = sum(v is not None for v in values)
+        raise fail(node, f"IR eval: node {node.id}: parent {p} has not been evaluated "
+                         f"(available values: {available}) ({node.summary()})")
+    return value
+
+
+def denote_all(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64") -> list[np.ndarray]:
+    """TorchLean's ``Graph.denoteAll``: the whole value table."""
+    return evaluate(g, payload, inputs, dtype=dtype, all_nodes=True)
+
+
+def denote(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64") -> list[np.ndarray]:
+    """TorchLean's ``Graph.denote``: the outputs."""
+    return evaluate(g, payload, inputs, dtype=dtype)

@@ -1,0 +1,107 @@
+"""Elementwise interval arithmetic with outward rounding (the building blocks of every rule).
+
+Each function takes and returns boxes ``(lo, hi)`` of float64 arrays of one shape and encloses the
+exact real result for every real point of the operand boxes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .interval_round import Box, clean, down, up
+
+__all__ = ["point", "hull", "add", "sub", "neg", "mul", "scale", "add_const", "div", "inv", "square",
+           "abs_box", "max_box", "min_box", "relu_box", "contains_zero"]
+
+
+def point(x: np.ndarray) -> Box:
+    x = np.asarray(x, dtype=np.float64)
+    return x, x
+
+
+def hull(a: Box, b: Box) -> Box:
+    return np.minimum(a[0], b[0]), np.maximum(a[1], b[1])
+
+
+def add(a: Box, b: Box) -> Box:
+    with np.errstate(all="ignore"):
+        return clean(down(a[0] + b[0]), up(a[1] + b[1]))
+
+
+def sub(a: Box, b: Box) -> Box:
+    with np.errstate(all="ignore"):
+        return clean(down(a[0] - b[1]), up(a[1] - b[0]))
+
+
+def neg(a: Box) -> Box:
+    return -a[1], -a[0]
+
+
+def mul(a: Box, b: Box) -> Box:
+    """Product by the four endpoint products (0 * inf counts as 0: operands are real numbers)."""
+    with np.errstate(all="ignore"):
+        p = [np.nan_to_num(x * y, nan=0.0, posinf=np.inf, neginf=-np.inf)
+             for x in a for y in b]
+        lo = np.minimum(np.minimum(p[0], p[1]), np.minimum(p[2], p[3]))
+        hi = np.maximum(np.maximum(p[0], p[1]), np.maximum(p[2], p[3]))
+        return down(lo), up(hi)
+
+
+def scale(a: Box, k) -> Box:
+    """Multiplication by exact float constants k (broadcastable)."""
+    k = np.asarray(k, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        x, y = a[0] * k, a[1] * k
+        x = np.where(k == 0, 0.0, x)
+        y = np.where(k == 0, 0.0, y)
+        return down(np.minimum(x, y)), up(np.maximum(x, y))
+
+
+def add_const(a: Box, k) -> Box:
+    k = np.asarray(k, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        return clean(down(a[0] + k), up(a[1] + k))
+
+
+def contains_zero(a: Box) -> np.ndarray:
+    return (a[0] <= 0) & (a[1] >= 0)
+
+
+def inv(a: Box) -> Box:
+    """1 / a for boxes not containing 0 (callers check and raise)."""
+    with np.errstate(all="ignore"):
+        return down(1.0 / a[1]), up(1.0 / a[0])
+
+
+def div(a: Box, b: Box) -> Box:
+    """a / b by the four endpoint quotients, for b not containing 0 (callers check and raise)."""
+    with np.errstate(all="ignore"):
+        q = [x / y for x in a for y in b]
+        lo = np.minimum(np.minimum(q[0], q[1]), np.minimum(q[2], q[3]))
+        hi = np.maximum(np.maximum(q[0], q[1]), np.maximum(q[2], q[3]))
+        return clean(down(lo), up(hi))
+
+
+def abs_box(a: Box) -> Box:
+    lo, hi = a
+    m = np.maximum(-lo, hi)
+    return np.where(lo > 0, lo, np.where(hi < 0, -hi, 0.0)), m
+
+
+def square(a: Box) -> Box:
+    """x * x with the dependency kept: never negative."""
+    m_lo, m_hi = abs_box(a)
+    with np.errstate(all="ignore"):
+        return np.maximum(down(m_lo * m_lo), 0.0), up(m_hi * m_hi)
+
+
+def max_box(a: Box, b: Box) -> Box:
+    return np.maximum(a[0], b[0]), np.maximum(a[1], b[1])
+
+
+def min_box(a: Box, b: Box) -> Box:
+    return np.minimum(a[0], b[0]), np.minimum(a[1], b[1])
+
+
+def relu_box(a: Box) -> Box:
+    return np.maximum(a[0], 0.0), np.maximum(a[1], 0.0)

@@ -1,0 +1,252 @@
+"""Reference semantics on the seed chapter: value table, payload and partiality messages, the CLI."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import torchlean_bridge as tlb
+from semantics.evaluate import eval_node, evaluate
+from semantics.float_random import splitmix64, uniform_bits
+from torchlean_bridge.cli import main
+from torchlean_bridge.commands.common import format_vector
+from torchlean_bridge.errors import EvalError
+from torchlean_bridge.graph import Graph, Node
+from torchlean_bridge.payload import Payload
+from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle, seed_mlp_graph, seed_mlp_payload
+from tests.conftest import FIXTURES
+
+# the chapter's value table (executable-graph-types-and-lowering.txt, "A Heterogeneous Value Table")
+SEED_TABLE = ["[0.300000, -0.200000, 0.100000, 0.400000]",
+              "[0.107000, -0.017000, 0.004000, 0.081000, -0.003000]",
+              "[0.107000, 0.000000, 0.004000, 0.081000, 0.000000]",
+              "[0.027540, -0.014730, 0.014910]", "0.027720", "0.027713"]
+
+LOG_MESSAGE = ("IR eval: log: input contains values <= 0 (or NaN); use `safe_log`, "
+               "which is log(softplus(x) + eps)")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_seed_value_table_matches_the_chapter(dtype):
+    table = tlb.evaluate(seed_mlp_graph(), seed_mlp_payload(), SEED_X0, dtype=dtype, all_nodes=True)
+    assert [format_vector(v) for v in table] == SEED_TABLE
+    assert all(v.dtype == np.dtype(dtype) for v in table)
+
+
+def test_float64_and_float32_agree_to_six_decimals_and_outputs_are_the_last_row():
+    out64 = tlb.evaluate(seed_mlp_graph(), seed_mlp_payload(), SEED_X0)
+    out32 = tlb.evaluate(seed_mlp_graph(), seed_mlp_payload(), [SEED_X0], dtype="float32")
+    assert len(out64) == 1 and out64[0].shape == ()
+    assert format_vector(out64[0]) == format_vector(out32[0]) == "0.027713"
+    assert abs(float(out64[0]) - math.tanh(0.02772)) < 1e-6
+
+
+def test_torch_tensor_inputs_are_accepted():
+    torch = pytest.importorskip("torch")
+    out = tlb.evaluate(seed_mlp_graph(), seed_mlp_payload(), torch.tensor(SEED_X0))
+    assert format_vector(out[0]) == "0.027713"
+
+
+def test_swapped_linear_payload_keys_fail_with_the_chapter_message():
+    p = seed_mlp_payload()
+    swapped = Payload({1: p.record(3), 3: p.record(1)})
+    with pytest.raises(EvalError) as e:
+        tlb.evaluate(seed_mlp_graph(), swapped, SEED_X0)
+    assert str(e.value) == "IR eval: linear 1: declared outShape mismatch: [5] vs expected [3]"
+    assert e.value.node == 1 and e.value.op == "linear"
+
+
+def test_missing_payloads_and_const_length():
+    with pytest.raises(EvalError, match=r"^IR eval: missing linear payload for node 1$"):
+        tlb.evaluate(seed_mlp_graph(), Payload(), SEED_X0)
+    g = Graph([Node(0, [], "input", [3]), Node(1, [], "const", [3]), Node(2, [0, 1], "add", [3])],
+              outputs=[2])
+    with pytest.raises(EvalError, match=r"^IR eval: missing const payload for node 1$"):
+        tlb.evaluate(g, Payload(), np.zeros(3))
+    with pytest.raises(EvalError, match=r"^IR eval: const 1: flat length mismatch: have 4, expected 3$"):
+        tlb.evaluate(g, Payload({1: {"values": np.zeros(4)}}), np.zeros(3))
+    out = tlb.evaluate(g, Payload({1: {"values": np.array([1.0, 2.0, 3.0])}}), np.ones(3))
+    assert out[0].tolist() == [2.0, 3.0, 4.0]
+
+
+def test_input_shape_and_element_type_are_checked():
+    with pytest.raises(EvalError, match=r"^IR eval: shape mismatch: expected \[4\], got \[1, 4\]$"):
+        tlb.evaluate(seed_mlp_graph(), seed_mlp_payload(), SEED_X0[None])
+    with pytest.raises(EvalError, match="element type mismatch: expected float, got int64"):
+        tlb.evaluate(seed_mlp_graph(), seed_mlp_payload(), np.arange(4))
+    with pytest.raises(EvalError, match="expected 1 input"):
+        tlb.evaluate(seed_mlp_graph(), seed_mlp_payload(), [SEED_X0, SEED_X0])
+
+
+def _unary_graph(kind: str, n: int = 3) -> Graph:
+    return Graph([Node(0, [], "input", [n]), Node(1, [0], kind, [n])])
+
+
+def test_log_of_non_positive_values_fails_with_the_spec_message():
+    for bad in ([1.0, 0.0, 2.0], [1.0, -1.0, 2.0], [1.0, np.nan, 2.0]):
+        with pytest.raises(EvalError) as e:
+            tlb.evaluate(_unary_graph("log"), None, np.array(bad))
+        assert str(e.value) == LOG_MESSAGE
+        assert e.value.node == 1 and e.value.op == "log"
+    assert tlb.evaluate(_unary_graph("log"), None, np.array([1.0, math.e, 2.0]))[0][1] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kind, bad", [("sqrt", [-1.0, 1.0, 4.0]), ("rsqrt", [0.0, 1.0, 4.0]),
+                                       ("inv", [0.0, 1.0, 2.0]), ("log1p", [-1.0, 0.0, 1.0])])
+def test_partial_unary_ops_name_the_node_instead_of_returning_nan(kind, bad):
+    with pytest.raises(EvalError, match=rf"^IR eval: node 1: {kind}: ") as e:
+        tlb.evaluate(_unary_graph(kind), None, np.array(bad))
+    assert e.value.node == 1
+
+
+def test_pow_nan_division_by_zero_and_gather_range_fail():
+    g = Graph([Node(0, [], "input", [2]), Node(1, [0], "pow", [2], {"exponent": 0.5})])
+    with pytest.raises(EvalError, match=r"^IR eval: node 1: pow: negative base"):
+        tlb.evaluate(g, None, np.array([-4.0, 4.0]))
+    assert tlb.evaluate(g, None, np.array([9.0, 4.0]))[0].tolist() == [3.0, 2.0]
+    g = Graph([Node(0, [], "input", [2]), Node(1, [], "input", [2]), Node(2, [0, 1], "div", [2])])
+    with pytest.raises(EvalError, match=r"^IR eval: node 2: div: division by zero"):
+        tlb.evaluate(g, None, [np.ones(2), np.array([1.0, 0.0])])
+    g = Graph([Node(0, [], "input", [3, 2]), Node(1, [], "input", [2], dtype="int64"),
+               Node(2, [0, 1], "gather", [2, 2], {"axis": 0})])
+    with pytest.raises(EvalError, match=r"^IR eval: node 2: gather: index 3 out of range for axis 0"):
+        tlb.evaluate(g, None, [np.zeros((3, 2)), np.array([0, 3])])
+
+
+def test_custom_has_no_checked_body():
+    g = Graph([Node(0, [], "input", [2]),
+               Node(1, [0], "custom", [2], {"name": "f", "input_shapes": [[2]], "output_shape": [2]})])
+    with pytest.raises(EvalError, match=r"^IR eval: custom f: "):
+        tlb.evaluate(g, None, np.zeros(2))
+
+
+def test_values_are_dropped_after_their_last_use():
+    """Without all_nodes only the outputs survive; with it every node id has its value."""
+    import gc
+    import weakref
+    g, p = seed_mlp_graph(), seed_mlp_payload()
+    refs = []
+    orig = eval_node
+
+    def spy(node, parents, record, dtype):
+        v = orig(node, parents, record, dtype)
+        refs.append(weakref.ref(v))
+        return v
+
+    import semantics.evaluate as ev
+    ev.eval_node = spy
+    try:
+        out = ev.evaluate(g, p, SEED_X0.copy())
+    finally:
+        ev.eval_node = orig
+    gc.collect()
+    alive = [r() is not None for r in refs]
+    assert alive == [False, False, False, False, False, True]
+    assert out[0] is refs[-1]()
+
+
+def test_splitmix64_stream_matches_the_reference_constants():
+    # splitmix64 from state 0: first outputs 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4 (Vigna's reference)
+    z = splitmix64(np.array([0, 0x9E3779B97F4A7C15], dtype=np.uint64))
+    assert [hex(int(v)) for v in z] == ["0xe220a8397b1dcdaf", "0x6e789e6aa1b965f4"]
+    # the node's key is mix(seed + node index); entry k uses mix(key + k) mod 2^32
+    key = int(splitmix64(np.array([7 + 2], dtype=np.uint64))[0])
+    want = [int(splitmix64(np.array([(key + k) % 2**64], dtype=np.uint64))[0]) & 0xFFFFFFFF for k in range(5)]
+    assert uniform_bits(7, 2, 5).tolist() == want
+
+
+def test_rand_uniform_and_bernoulli_mask_follow_the_stream():
+    g = Graph([Node(0, [], "input", []), Node(1, [], "rand_uniform", [2, 3], {"seed": 11}),
+               Node(2, [0], "bernoulli_mask", [2, 3], {"seed": 11})], outputs=[1, 2])
+    u, m = tlb.evaluate(g, None, np.array(0.5))
+    assert u.tolist() == (uniform_bits(11, 1, 6) / 2**32).reshape(2, 3).tolist()
+    assert m.tolist() == (0.5 > uniform_bits(11, 2, 6) / 2**32).astype(float).reshape(2, 3).tolist()
+    assert (tlb.evaluate(g, None, np.array(0.0))[1] == 0).all()
+    assert (tlb.evaluate(g, None, np.array(1.0))[1] == 1).all()
+
+
+def test_softplus_is_sign_branched_and_batch_norm_clamps_variance():
+    x = np.array([-800.0, -1.0, 0.0, 1.0, 800.0])
+    y = tlb.evaluate(_unary_graph("softplus", 5), None, x)[0]
+    assert y.tolist() == [0.0, math.log(1 + math.exp(-1.0)), math.log(2.0),
+                          1.0 + math.log(1 + math.exp(-1.0)), 800.0]
+    g = Graph([Node(0, [], "input", [2, 2]),
+               Node(1, [0], "batch_norm_eval", [2, 2], {"channel_axis": 1, "channels": 2, "eps": 0.25})])
+    rec = {"weight": np.array([2.0, 3.0]), "bias": np.array([1.0, -1.0]),
+           "running_mean": np.array([1.0, 0.0]), "running_var": np.array([-5.0, 0.75])}
+    y = tlb.evaluate(g, Payload({1: rec}), np.array([[2.0, 1.0], [0.0, -1.0]]))[0]
+    assert y.tolist() == [[(2 - 1) / 0.5 * 2 + 1, 1 / 1.0 * 3 - 1], [(0 - 1) / 0.5 * 2 + 1, -1 / 1.0 * 3 - 1]]
+
+
+def test_batch_norm_and_conv_payload_mismatches():
+    g = Graph([Node(0, [], "input", [1, 2]),
+               Node(1, [0], "batch_norm_eval", [1, 2], {"channel_axis": 1, "channels": 2})])
+    rec = {r: np.zeros(3) for r in ("weight", "bias", "running_mean", "running_var")}
+    with pytest.raises(EvalError, match=r"^IR eval: batch_norm_eval 1: payload and node channel counts differ$"):
+        tlb.evaluate(g, Payload({1: rec}), np.zeros((1, 2)))
+    with pytest.raises(EvalError, match=r"^IR eval: missing batch_norm_eval payload for node 1$"):
+        tlb.evaluate(g, None, np.zeros((1, 2)))
+    conv = {"spatial_rank": 1, "kernel": [3], "stride": [1], "padding": [1], "padding_after": [1],
+            "dilation": [1], "groups": 2, "channel_axis": 0, "in_channels": 4, "out_channels": 2}
+    g = Graph([Node(0, [], "input", [4, 5]), Node(1, [0], "conv", [2, 5], conv)])
+    dense = {"weight": np.zeros((2, 4, 3)), "bias": np.zeros(2)}
+    with pytest.raises(EvalError, match=r"^IR eval: conv 1: payload does not match the node configuration"):
+        tlb.evaluate(g, Payload({1: dense}), np.zeros((4, 5)))
+    with pytest.raises(EvalError, match=r"^IR eval: missing conv payload for node 1$"):
+        tlb.evaluate(g, None, np.zeros((4, 5)))
+
+
+def test_layernorm_payload_shape_is_checked_against_the_suffix():
+    g = Graph([Node(0, [], "input", [2, 3, 4]), Node(1, [0], "layernorm", [2, 3, 4], {"axis": 1})])
+    with pytest.raises(EvalError, match=r"^IR eval: node 1: layernorm payload shape \[4, 3\] does not match "
+                                        r"normalized suffix \[3, 4\]$"):
+        tlb.evaluate(g, Payload({1: {"weight": np.ones((4, 3))}}), np.zeros((2, 3, 4)))
+    with pytest.raises(EvalError, match=r"^IR eval: node 1: layernorm payload has inconsistent suffix size$"):
+        tlb.evaluate(g, Payload({1: {"weight": np.ones(5)}}), np.zeros((2, 3, 4)))
+
+
+def test_check_flag_and_all_nodes_table():
+    g = seed_mlp_graph()
+    table = tlb.evaluate(g, seed_mlp_payload(), SEED_X0, all_nodes=True, check=False)
+    assert [v.shape for v in table] == [n.out_shape for n in g.nodes]
+    bad = Graph(list(g.nodes[:2]) + [g.nodes[2].with_(out_shape=(4,))] + list(g.nodes[3:]), g.inputs, g.outputs)
+    with pytest.raises(tlb.BridgeError, match=r"^IR graph: node 2: outShape mismatch"):
+        tlb.evaluate(bad, seed_mlp_payload(), SEED_X0)
+    with pytest.raises(EvalError, match=r"^IR eval: node 2: produced shape mismatch: produced=\[5\], declared=\[4\]"):
+        tlb.evaluate(bad, seed_mlp_payload(), SEED_X0, check=False)
+
+
+# -- CLI --------------------------------------------------------------------------------------
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_eval_prints_the_seed_table(capsys, tmp_path):
+    x = tmp_path / "x.npy"
+    np.save(x, SEED_X0)
+    bundle = FIXTURES / "seed_mlp.json"
+    code, out, _ = _run(capsys, "eval", str(bundle), "--input", str(x), "--all-nodes")
+    assert code == 0
+    assert out.splitlines() == [f"node {i}: {v}" for i, v in enumerate(SEED_TABLE)]
+    code, out, _ = _run(capsys, "eval", str(bundle), "--input", str(x), "--dtype", "float32")
+    assert code == 0 and out == "node 5: 0.027713\n"
+    code, out, _ = _run(capsys, "eval", str(bundle), "--input", str(x), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["nodes"][0]["id"] == 5 and abs(doc["nodes"][0]["value"] - 0.027713) < 1e-6
+
+
+def test_cli_eval_on_a_saved_bundle_and_bad_input(capsys, tmp_path):
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    x, bad = tmp_path / "x.npy", tmp_path / "bad.npy"
+    np.save(x, SEED_X0)
+    np.save(bad, np.zeros(3))
+    code, out, _ = _run(capsys, "eval", str(tmp_path / "b"), "--input", str(x))
+    assert code == 0 and out == "node 5: 0.027713\n"
+    code, _, err = _run(capsys, "eval", str(tmp_path / "b"), "--input", str(bad))
+    assert code == 2 and "IR eval: shape mismatch: expected [4], got [3]" in err
+    code, _, err = _run(capsys, "eval", str(tmp_path / "b"), "--input", str(tmp_path / "missing.npy"))
+    assert code == 2 and "cannot read array" in err

@@ -212,6 +212,7 @@ def bind_checkpoint(bundle: Bundle, ckpt: Any, strict: bool = True) -> tuple[Bun
     report = BindingReport(title=f"binding {ckpt.source}: {len(slots)} slots, {slots.num_parameters} parameters")
     report.extend(f for f in ckpt.findings if f.kind != "non_finite")  # non-finite values are judged per slot
 
+    changes: dict[tuple[str, str], list[str]] = {}  # (bundle dtype, checkpoint dtype) -> keys
     slot_ids = {(s.node, s.role) for s in slots}
     for b in bundle.roles.bindings():
         if (b.node, b.role) not in slot_ids:
@@ -253,12 +254,13 @@ def bind_checkpoint(bundle: Bundle, ckpt: Any, strict: bool = True) -> tuple[Bun
             report.add(Finding("non_finite", f"`{key}` for {slot.where()} holds {nan} NaN and {inf} Inf value(s)",
                                node=slot.node, keys=(key,), data={"nan": nan, "inf": inf}))
         if previous is not None and previous.dtype != array.dtype:
-            report.add(Finding("dtype_change", f"`{key}`: {slot.where()} was {previous.dtype} in the bundle, the "
-                                               f"checkpoint holds {array.dtype} (kept as {array.dtype})",
-                               node=slot.node, keys=(key,), severity="info",
-                               data={"before": str(previous.dtype), "after": str(array.dtype)}))
+            changes.setdefault((str(previous.dtype), str(array.dtype)), []).append(key)
         payload.set(slot.node, slot.role, array)
 
+    for (before, after), keys in changes.items():
+        report.add(Finding("dtype_change", f"{len(keys)} tensor(s) were {before} in the bundle and are {after} in "
+                                           f"the checkpoint (kept as {after}): {', '.join(dict.fromkeys(keys))}",
+                           keys=tuple(dict.fromkeys(keys)), severity="info", data={"before": before, "after": after}))
     known_unused = set(bundle.report.get("unused_tensors", ()))
     for key in ckpt:
         if key in bundle.roles:

@@ -109,6 +109,6 @@ class Report:
         errors = len(self.errors)
         status = "OK" if self.ok else f"FAILED ({errors} error{'s' if errors != 1 else ''})"
         lines = [f"{self.title}: {status}"]
-        for f in self.findings:
+        for f in sorted(self.findings, key=lambda f: SEVERITIES.index(f.severity)):  # errors first, stable
             lines.append(f"  [{f.severity}] {f.kind}: {f.message}")
         return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""The state one ONNX import carries: known values, the graph builder, and helpers handlers share.
+
+An ONNX tensor name resolves to either an IR node id (a value computed from the inputs) or a
+``Const`` (a value known at import time: an initializer, a ``Constant`` node, or something folded
+from them). A ``Const`` remembers which initializer it came from and the role transform that turns
+that initializer into it, so a weight reached through ``Transpose``/``Reshape``/``Cast`` is still
+bound in the role map with the exact transform.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from torchlean_bridge.errors import BridgeError, UnsupportedError
+from torchlean_bridge.graph import Source
+from torchlean_bridge.ops import Shape
+
+from .builder import GraphBuilder
+
+__all__ = ["Const", "OnnxContext", "NodeUnsupported", "compose_transform", "Value", "attr_value",
+           "unsupported_error"]
+
+
+class NodeUnsupported(BridgeError):
+    """A handler cannot lower this node exactly (collected, reported with all others at once)."""
+
+
+@dataclass(frozen=True)
+class Const:
+    """A tensor known at import time; ``key``/``transform`` say which initializer it is."""
+
+    value: np.ndarray
+    key: str | None = None
+    transform: str | None = None
+    folded: bool = False
+    initializer: bool = True  # False for a weight carried by a ``Constant`` node (bound only as a parameter)
+
+    def derived(self, value: np.ndarray, step: str | None) -> "Const":
+        """The result of a layout-only op on this constant: same key, one more transform step."""
+        if self.key is None or step is None:
+            return Const(value, folded=True)
+        return Const(value, self.key, compose_transform(self.transform, step), True, self.initializer)
+
+
+Value = int | Const
+
+
+def compose_transform(first: str | None, step: str) -> str:
+    """Append a transform step; consecutive reshapes collapse into the last one."""
+    if not first:
+        return step
+    steps = first.split(";")
+    if step.startswith("reshape:") and steps[-1].startswith("reshape:"):
+        steps[-1] = step
+    else:
+        steps.append(step)
+    return ";".join(steps)
+
+
+def attr_value(node: Any, name: str, default: Any = None) -> Any:
+    """An ONNX node attribute as a Python value (lists for repeated fields, str for strings)."""
+    from onnx import helper
+    for a in node.attribute:
+        if a.name == name:
+            v = helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                return v.decode()
+            if isinstance(v, list):
+                return [x.decode() if isinstance(x, bytes) else x for x in v]
+            return v
+    return default
+
+
+class OnnxContext:
+    """Values by ONNX name, the builder, the opset, and helpers for handlers."""
+
+    def __init__(self, builder: GraphBuilder, opset: int, declared_shapes: dict[str, Shape],
+                 consumers: dict[str, int]) -> None:
+        self.b = builder
+        self.opset = opset
+        self.values: dict[str, Value] = {}
+        self.declared = declared_shapes
+        self.consumers = consumers
+        self._materialized: dict[str, int] = {}
+        self.node: Any = None  # the ONNX node being lowered
+        self.used_keys: set[str] = set()
+        self.fusable_linear: dict[int, str] = {}  # bias-free linear node -> the ONNX tensor it computes
+
+    def consumer_count(self, name: str) -> int:
+        """How many node inputs and graph outputs read an ONNX tensor."""
+        return self.consumers.get(name, 0)
+
+    def retag(self, nid: int, tensor: str | None = None) -> None:
+        """Record on IR node ``nid`` the ONNX tensor whose value it produces."""
+        node = self.b.nodes[nid]
+        src = node.source or self.source
+        self.b.nodes[nid] = node.with_(source=replace(src, tensor=tensor or self.node.output[0]))
+
+    # -- the node being lowered ---------------------------------------------------------------
+    @property
+    def source(self) -> Source:
+        n = self.node
+        return Source(framework="onnx", name=n.name or None, target=n.op_type)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return attr_value(self.node, name, default)
+
+    def fail(self, reason: str) -> NodeUnsupported:
+        return NodeUnsupported(reason)
+
+    # -- inputs -------------------------------------------------------------------------------
+    def has_input(self, i: int) -> bool:
+        return len(self.node.input) > i and self.node.input[i] != ""
+
+    def const(self, i: int) -> Const | None:
+        """Input ``i`` if it is known at import time."""
+        if not self.has_input(i):
+            return None
+        v = self.values[self.node.input[i]]
+        return v if isinstance(v, Const) else None
+
+    def static(self, i: int, what: str) -> np.ndarray:
+        """Input ``i`` that must be known at import time (shapes, axes, pads...)."""
+        c = self.const(i)
+        if c is None:
+            raise self.fail(f"input {i} ({what}) must be a constant known at import time")
+        return c.value
+
+    def ints(self, i: int, what: str) -> list[int] | None:
+        if not self.has_input(i):
+            return None
+        return [int(v) for v in np.asarray(self.static(i, what)).reshape(-1)]
+
+    def operand(self, i: int) -> int:
+        """Input ``i`` as an IR node id; a constant becomes a (shared) ``const`` node."""
+        return self.tensor(self.node.input[i])
+
+    def tensor(self, name: str) -> int:
+        v = self.values[name]
+        if isinstance(v, int):
+            return v
+        if name not in self._materialized:
+            key = v.key if v.initializer else None
+            if key is not None:
+                self.used_keys.add(key)
+            self._materialized[name] = self.b.const(v.value, key=key, transform=v.transform if key else None,
+                                                    source=Source(framework="onnx", name=name, tensor=name),
+                                                    folded=v.folded)
+        return self._materialized[name]
+
+    def operands(self) -> list[int]:
+        return [self.operand(i) for i in range(len(self.node.input)) if self.node.input[i] != ""]
+
+    def shape(self, i: int) -> Shape:
+        v = self.values[self.node.input[i]]
+        return tuple(v.value.shape) if isinstance(v, Const) else self.b.shape(v)
+
+    def rank(self, i: int) -> int:
+        return len(self.shape(i))
+
+    def dtype(self, i: int) -> str:
+        from .builder import element_type_of
+        v = self.values[self.node.input[i]]
+        return element_type_of(v.value) if isinstance(v, Const) else self.b.dtype(v)
+
+    def axis(self, axis: int, rank: int) -> int:
+        """A possibly negative ONNX axis made non-negative (and checked)."""
+        a = axis + rank if axis < 0 else axis
+        if not 0 <= a < rank:
+            raise self.fail(f"axis {axis} is out of range for rank {rank}")
+        return a
+
+    # -- payload ------------------------------------------------------------------------------
+    def param(self, nid: int, role: str, i: int, reshape_to: Sequence[int] | None = None,
+              transpose: bool = False) -> None:
+        """Store constant input ``i`` as payload ``role`` of node ``nid``, bound to its initializer."""
+        c = self.const(i)
+        if c is None:
+            raise self.fail(f"input {i} ({role}) must be an initializer")
+        self.param_const(nid, role, c, reshape_to, transpose)
+
+    def param_const(self, nid: int, role: str, c: Const, reshape_to: Sequence[int] | None = None,
+                    transpose: bool = False) -> None:
+        value, transform = c.value, c.transform
+        if transpose:
+            value = value.T
+            transform = compose_transform(transform, "transpose")
+        if reshape_to is not None and tuple(value.shape) != tuple(reshape_to):
+            value = value.reshape(tuple(reshape_to))
+            transform = compose_transform(transform, "reshape:" + ",".join(map(str, reshape_to)))
+        if value.dtype.kind == "f" and value.dtype != np.float64 and value.dtype != np.float32:
+            value = value.astype(np.float32)
+            transform = compose_transform(transform, "cast:float32")
+        if c.key is not None:
+            self.used_keys.add(c.key)
+        self.b.param(nid, role, np.ascontiguousarray(value), key=c.key, transform=transform if c.key else None)
+
+    def add(self, kind: str, parents: Sequence[int], attrs: dict | None = None, **kw: Any) -> int:
+        return self.b.add(kind, parents, attrs, source=self.source, **kw)
+
+    def elementwise(self, kind: str, operands: Sequence[int]) -> int:
+        return self.b.elementwise(kind, operands, source=self.source)
+
+    def scalar(self, value: float, dtype: Any = np.float32) -> int:
+        """A folded scalar constant (alpha/beta factors, divisors)."""
+        return self.b.const(np.asarray(value, dtype=dtype), source=self.source, folded=True)
+
+
+def unsupported_error(items: list[dict], opset: int) -> UnsupportedError:
+    lines = [f"  {it['op']} (node `{it['name']}`, opset {opset}): {it['reason']}" for it in items]
+    ops = sorted({it["op"] for it in items})
+    return UnsupportedError(f"ONNX import: {len(items)} node(s) cannot be lowered ({', '.join(ops)}):\n"
+                            + "\n".join(lines), items=items)

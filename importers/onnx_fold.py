@@ -1,0 +1,72 @@
+"""Import-time constant folding for ONNX: anything that does not depend on a graph input.
+
+A node whose inputs are all known is computed with onnx's reference evaluator (so every op and
+opset folds with onnx's own semantics: Shape arithmetic, Range, ConstantOfShape, Cast...).
+``Shape``/``Size`` fold from static shapes even when their input is computed. Layout-only ops on an
+initializer keep the initializer's name and append the matching role transform, so a weight
+reached through ``Transpose`` or ``Reshape`` is still bound exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .onnx_context import Const, OnnxContext, attr_value
+
+__all__ = ["NONDETERMINISTIC", "fold_node", "fold_shape"]
+
+NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                              "Multinomial", "Bernoulli"})
+_RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+def _run_reference(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+    evaluator = ReferenceEvaluator(node, opsets={"": opset})
+    return [np.asarray(v) for v in evaluator.run(None, feeds)]
+
+
+def _layout_step(node: Any, data: Const, result: np.ndarray) -> str | None:
+    """The role-transform step a layout-only op applies to its data input, else None."""
+    op = node.op_type
+    if op == "Transpose":
+        perm = attr_value(node, "perm") or list(range(data.value.ndim))[::-1]
+        return "transpose" if list(perm) == [1, 0] else "permute:" + ",".join(map(str, perm))
+    if op in _RESHAPES:
+        return "reshape:" + ",".join(map(str, result.shape))
+    if op == "Cast":
+        return f"cast:{result.dtype.name}"
+    return None
+
+
+def fold_node(ctx: OnnxContext, node: Any) -> list[Const]:
+    """Values of every output of a node whose inputs are all constants."""
+    inputs = [ctx.values[n] if n else None for n in node.input]
+    if node.op_type in ("Identity", "Dropout") and isinstance(inputs[0], Const):
+        outs = [inputs[0]]
+        if len(node.output) > 1:
+            outs.append(Const(np.ones(inputs[0].value.shape, dtype=bool), folded=True))
+        return outs
+    feeds = {n: v.value for n, v in zip(node.input, inputs) if n}
+    results = _run_reference(node, ctx.opset, feeds)
+    if node.op_type == "Constant":
+        return [Const(results[0], key=node.output[0], initializer=False)]
+    data = inputs[0] if inputs else None
+    if isinstance(data, Const) and data.key is not None and len(results) == 1:
+        step = _layout_step(node, data, results[0])
+        if step is not None:
+            return [data.derived(results[0], step)]
+    return [Const(r, folded=True) for r in results]
+
+
+def fold_shape(ctx: OnnxContext, node: Any) -> list[Const] | None:
+    """``Shape``/``Size`` of a computed tensor: its static shape is known at import time."""
+    if node.op_type not in ("Shape", "Size"):
+        return None
+    shape = ctx.shape(0)
+    if node.op_type == "Size":
+        return [Const(np.asarray(int(np.prod(shape)), dtype=np.int64), folded=True)]
+    start, end = attr_value(node, "start", 0), attr_value(node, "end")
+    return [Const(np.asarray(shape[slice(start, end)], dtype=np.int64), folded=True)]

@@ -1,0 +1,221 @@
+"""ONNX elementwise, activation, comparison and reduction ops (opset-aware lowering functions).
+
+Each handler reads the node being lowered from the context and returns one value per ONNX output.
+Broadcasting is made explicit through ``GraphBuilder.elementwise``; attribute-vs-input forms
+(``Clip`` min/max, reduction ``axes``) follow the opset that introduced them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from torchlean_bridge.ops import BOOL, FLOAT, INT64
+
+from .onnx_context import OnnxContext, Value
+
+__all__ = ["HANDLERS", "EMITS", "onnx_element_type"]
+
+Handler = Callable[[OnnxContext], list[Value]]
+
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul_elem", "Div": "div",
+           "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt", "GreaterOrEqual": "ge",
+           "And": "logical_and", "Or": "logical_or"}
+
+_UNARY = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+          "Abs": "abs", "Neg": "neg", "Reciprocal": "inv", "Sin": "sin", "Cos": "cos", "Tan": "tan", "Erf": "erf",
+          "Softplus": "softplus", "Softsign": "softsign", "Sign": "sign", "Floor": "floor", "Ceil": "ceil",
+          "HardSwish": "hardswish", "Mish": "mish", "Not": "logical_not"}
+
+# ONNX TensorProto element types -> our element types
+_FLOATS, _INTS = {1, 10, 11, 16}, {2, 3, 4, 5, 6, 7, 12, 13}
+SELU_ALPHA, SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
+
+
+def onnx_element_type(elem_type: int) -> str | None:
+    if elem_type in _FLOATS:
+        return FLOAT
+    if elem_type in _INTS:
+        return INT64
+    if elem_type == 9:
+        return BOOL
+    return None
+
+
+def _binary(kind: str) -> Handler:
+    def lower(ctx: OnnxContext) -> list[Value]:
+        if kind == "add":
+            fused = _fuse_linear_bias(ctx)
+            if fused is not None:
+                return [fused]
+        return [ctx.elementwise(kind, [ctx.operand(0), ctx.operand(1)])]
+    return lower
+
+
+def _fuse_linear_bias(ctx: OnnxContext) -> int | None:
+    """``MatMul`` (already a bias-free ``linear``) followed by ``Add`` of a per-output vector."""
+    for lin_i, bias_i in ((0, 1), (1, 0)):
+        name = ctx.node.input[lin_i]
+        nid = ctx.values.get(name)
+        bias = ctx.const(bias_i)
+        if not isinstance(nid, int) or ctx.fusable_linear.get(nid) != name or bias is None:
+            continue
+        out = ctx.b.shape(nid)
+        n = out[-1]
+        bshape = tuple(bias.value.shape)
+        if bias.value.size != n or len(bshape) > len(out) or any(d != 1 for d in bshape[:-1]) \
+                or (bshape and bshape[-1] != n) or bias.value.dtype.kind != "f":
+            continue
+        if ctx.consumer_count(name) != 1:
+            continue
+        ctx.param_const(nid, "bias", bias, reshape_to=(n,))
+        del ctx.fusable_linear[nid]
+        ctx.retag(nid)
+        return nid
+    return None
+
+
+def _unary(kind: str) -> Handler:
+    def lower(ctx: OnnxContext) -> list[Value]:
+        return [ctx.add(kind, [ctx.operand(0)])]
+    return lower
+
+
+def _activation(kind: str, **onnx_attrs: tuple[str, float]) -> Handler:
+    """Unary op with float attributes: ``ir_attr=(onnx_attr, onnx_default)``."""
+    def lower(ctx: OnnxContext) -> list[Value]:
+        attrs = {ir: float(ctx.attr(name, default)) for ir, (name, default) in onnx_attrs.items()}
+        return [ctx.add(kind, [ctx.operand(0)], attrs)]
+    return lower
+
+
+def _selu(ctx: OnnxContext) -> list[Value]:
+    alpha, gamma = ctx.attr("alpha", SELU_ALPHA), ctx.attr("gamma", SELU_GAMMA)
+    if not (np.isclose(alpha, SELU_ALPHA, rtol=1e-6) and np.isclose(gamma, SELU_GAMMA, rtol=1e-6)):
+        raise ctx.fail(f"Selu with alpha={alpha}, gamma={gamma} (only the standard constants are supported)")
+    return [ctx.add("selu", [ctx.operand(0)])]
+
+
+def _gelu(ctx: OnnxContext) -> list[Value]:
+    return [ctx.add("gelu", [ctx.operand(0)], {"approximate": ctx.attr("approximate", "none")})]
+
+
+def _prelu(ctx: OnnxContext) -> list[Value]:
+    return [ctx.elementwise("prelu", [ctx.operand(0), ctx.operand(1)])]
+
+
+def _pow(ctx: OnnxContext) -> list[Value]:
+    exp = ctx.const(1)
+    if exp is None or exp.value.size == 0 or not np.all(exp.value == exp.value.reshape(-1)[0]):
+        raise ctx.fail("the exponent must be a constant with a single value")
+    out_shape = np.broadcast_shapes(ctx.shape(0), tuple(exp.value.shape))
+    x = ctx.b.broadcast(ctx.operand(0), out_shape, ctx.source)
+    return [ctx.add("pow", [x], {"exponent": float(exp.value.reshape(-1)[0])})]
+
+
+def _variadic(kind: str, mean: bool = False) -> Handler:
+    """``Sum``/``Max``/``Min``/``Mean`` over several inputs: a left fold, then ``/ n`` for Mean."""
+    def lower(ctx: OnnxContext) -> list[Value]:
+        ops = ctx.operands()
+        if len(ops) == 1 and not mean:
+            return [ctx.values[ctx.node.input[0]]]
+        acc = ops[0]
+        for o in ops[1:]:
+            acc = ctx.elementwise(kind, [acc, o])
+        if mean and len(ops) > 1:
+            acc = ctx.elementwise("div", [acc, ctx.scalar(float(len(ops)))])
+        return [acc]
+    return lower
+
+
+def _clip(ctx: OnnxContext) -> list[Value]:
+    if ctx.opset < 11:
+        lo, hi = ctx.attr("min"), ctx.attr("max")
+    else:
+        lo = float(np.asarray(ctx.static(1, "min")).reshape(-1)[0]) if ctx.has_input(1) else None
+        hi = float(np.asarray(ctx.static(2, "max")).reshape(-1)[0]) if ctx.has_input(2) else None
+    lo = None if lo is None or lo <= -3.4e38 else float(lo)
+    hi = None if hi is None or hi >= 3.4e38 else float(hi)
+    if lo is None and hi is None:
+        return [ctx.values[ctx.node.input[0]]]
+    return [ctx.add("clamp", [ctx.operand(0)], {"min": lo, "max": hi})]
+
+
+def _where(ctx: OnnxContext) -> list[Value]:
+    return [ctx.elementwise("where", [ctx.operand(0), ctx.operand(1), ctx.operand(2)])]
+
+
+def _cast(ctx: OnnxContext) -> list[Value]:
+    target = onnx_element_type(int(ctx.attr("to")))
+    if target is None:
+        raise ctx.fail(f"cast to ONNX element type {ctx.attr('to')}")
+    if ctx.dtype(0) == target:
+        return [ctx.values[ctx.node.input[0]]]
+    return [ctx.add("cast", [ctx.operand(0)], {"dtype": target})]
+
+
+# -- reductions -------------------------------------------------------------------------------
+
+_REDUCE = {"ReduceSum": ("reduce_sum", 13), "ReduceMean": ("reduce_mean", 18), "ReduceMax": ("reduce_max", 18),
+           "ReduceMin": ("reduce_min", 18), "ReduceProd": ("reduce_prod", 18)}
+
+
+def _reduce(op: str) -> Handler:
+    kind, axes_input_since = _REDUCE[op]
+
+    def lower(ctx: OnnxContext) -> list[Value]:
+        rank = ctx.rank(0)
+        axes = ctx.ints(1, "axes") if ctx.opset >= axes_input_since else ctx.attr("axes")
+        keep = bool(ctx.attr("keepdims", 1))
+        if not axes:
+            if ctx.opset >= axes_input_since and ctx.attr("noop_with_empty_axes", 0):
+                return [ctx.values[ctx.node.input[0]]]
+            axes = list(range(rank))
+        axes = sorted(ctx.axis(a, rank) for a in axes)
+        if not axes:
+            return [ctx.values[ctx.node.input[0]]]
+        x = ctx.operand(0)
+        if kind in ("reduce_sum", "reduce_mean") and len(axes) == 1 and not keep:
+            return [ctx.add(kind, [x], {"axis": axes[0]})]
+        wire_kind = kind + "_axes" if kind in ("reduce_sum", "reduce_mean") else kind
+        return [ctx.add(wire_kind, [x], {"axes": tuple(axes), "keepdim": keep})]
+    return lower
+
+
+def _arg(kind: str) -> Handler:
+    def lower(ctx: OnnxContext) -> list[Value]:
+        if ctx.attr("select_last_index", 0):
+            raise ctx.fail("select_last_index=1")
+        axis = ctx.axis(int(ctx.attr("axis", 0)), ctx.rank(0))
+        return [ctx.add(kind, [ctx.operand(0)], {"axis": axis, "keepdim": bool(ctx.attr("keepdims", 1))})]
+    return lower
+
+
+HANDLERS: dict[str, Handler] = {
+    **{op: _binary(kind) for op, kind in _BINARY.items()},
+    **{op: _unary(kind) for op, kind in _UNARY.items()},
+    "LeakyRelu": _activation("leaky_relu", negative_slope=("alpha", 0.01)),
+    "Elu": _activation("elu", alpha=("alpha", 1.0)),
+    "Celu": _activation("celu", alpha=("alpha", 1.0)),
+    "HardSigmoid": _activation("hardsigmoid", alpha=("alpha", 0.2), beta=("beta", 0.5)),
+    "Selu": _selu,
+    "Gelu": _gelu,
+    "PRelu": _prelu,
+    "Pow": _pow,
+    "Max": _variadic("max_elem"),
+    "Min": _variadic("min_elem"),
+    "Sum": _variadic("add"),
+    "Mean": _variadic("add", mean=True),
+    "Clip": _clip,
+    "Where": _where,
+    "Cast": _cast,
+    **{op: _reduce(op) for op in _REDUCE},
+    "ArgMax": _arg("argmax"),
+    "ArgMin": _arg("argmin"),
+}
+
+EMITS = frozenset({*_BINARY.values(), *_UNARY.values(), "leaky_relu", "elu", "celu", "hardsigmoid", "selu",
+                   "gelu", "prelu", "pow", "max_elem", "min_elem", "clamp", "where", "cast", "reduce_sum",
+                   "reduce_mean", "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min",
+                   "reduce_prod", "argmax", "argmin", "broadcast_to", "const", "linear"})

@@ -1,0 +1,287 @@
+"""ONNX layer ops: Gemm/MatMul, Conv, normalizations, pooling, softmax, Einsum.
+
+``Gemm`` and ``MatMul`` with a 2-D initializer become ``linear`` when that is exact (the weight's
+layout change is recorded as a role transform); anything else stays ``matmul`` plus explicit
+scaling. Pools become the v1 kinds when the registry's ``v1_rewrite`` says the geometry is exactly
+representable, else the ``*_pool_nd`` ext kinds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from torchlean_bridge.ops import REGISTRY
+
+from .onnx_context import Const, OnnxContext, Value
+
+__all__ = ["HANDLERS", "EMITS"]
+
+Handler = Callable[[OnnxContext], list[Value]]
+
+
+# -- Gemm / MatMul ----------------------------------------------------------------------------
+
+def _linear(ctx: OnnxContext, x: int, weight: Const, transpose: bool) -> int:
+    """A ``linear`` node from a 2-D weight (``transpose``: stored [in, out]); zero bias, unbound."""
+    w = weight.value.T if transpose else weight.value
+    out = ctx.b.shape(x)[:-1] + (w.shape[0],)
+    nid = ctx.add("linear", [x], shape=out)
+    ctx.param_const(nid, "weight", weight, transpose=transpose)
+    ctx.b.param(nid, "bias", np.zeros(w.shape[0], dtype=ctx.b.payload.get(nid, "weight").dtype))
+    return nid
+
+
+def _gemm(ctx: OnnxContext) -> list[Value]:
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    trans_a, trans_b = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
+    weight, bias = ctx.const(1), ctx.const(2)
+    n = ctx.shape(1)[0 if trans_b else 1]
+    bias_is_vector = bias is not None and bias.value.size == n and tuple(bias.value.shape) in ((n,), (1, n))
+    if not trans_a and alpha == 1.0 and weight is not None and weight.value.ndim == 2 \
+            and weight.value.dtype.kind == "f" and (not ctx.has_input(2) or (bias_is_vector and beta == 1.0)):
+        nid = _linear(ctx, ctx.operand(0), weight, transpose=not trans_b)
+        if ctx.has_input(2):
+            ctx.param_const(nid, "bias", bias, reshape_to=(n,))
+        else:
+            ctx.fusable_linear[nid] = ctx.node.output[0]
+        return [nid]
+    a, b = ctx.operand(0), ctx.operand(1)
+    if trans_a:
+        a = ctx.add("transpose", [a], {"axis1": 0, "axis2": 1})
+    if trans_b:
+        b = ctx.add("transpose", [b], {"axis1": 0, "axis2": 1})
+    y = ctx.add("matmul", [a, b])
+    if alpha != 1.0:
+        y = ctx.elementwise("mul_elem", [y, ctx.scalar(alpha)])
+    if ctx.has_input(2) and beta != 0.0:
+        c = ctx.operand(2)
+        if beta != 1.0:
+            c = ctx.elementwise("mul_elem", [c, ctx.scalar(beta)])
+        y = ctx.elementwise("add", [y, c])
+    return [y]
+
+
+def _matmul(ctx: OnnxContext) -> list[Value]:
+    weight = ctx.const(1)
+    if weight is not None and weight.value.ndim == 2 and weight.value.dtype.kind == "f" and ctx.rank(0) >= 1 \
+            and ctx.const(0) is None:
+        nid = _linear(ctx, ctx.operand(0), weight, transpose=True)
+        ctx.fusable_linear[nid] = ctx.node.output[0]
+        return [nid]
+    return [ctx.add("matmul", [ctx.operand(0), ctx.operand(1)])]
+
+
+# -- convolution and pooling geometry ----------------------------------------------------------
+
+def _window_pads(ctx: OnnxContext, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
+                 dilations: list[int]) -> tuple[list[int], list[int]]:
+    """Explicit ``pads`` or the ones ``auto_pad`` implies, as (before, after)."""
+    r = len(spatial)
+    auto = ctx.attr("auto_pad", "NOTSET")
+    if auto in ("NOTSET", ""):
+        pads = list(ctx.attr("pads") or [0] * (2 * r))
+        return pads[:r], pads[r:]
+    if auto == "VALID":
+        return [0] * r, [0] * r
+    before, after = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+        total = max(0, (-(-size // s) - 1) * s + d * (k - 1) + 1 - size)
+        small, large = total // 2, total - total // 2
+        before.append(large if auto == "SAME_LOWER" else small)
+        after.append(small if auto == "SAME_LOWER" else large)
+    return before, after
+
+
+def _conv(ctx: OnnxContext) -> list[Value]:
+    weight = ctx.const(1)
+    if weight is None:
+        raise ctx.fail("the weight must be an initializer")
+    xs = ctx.shape(0)
+    r = len(xs) - 2
+    if r < 1:
+        raise ctx.fail(f"input rank {len(xs)} (expected batch, channels and spatial axes)")
+    kernel = list(ctx.attr("kernel_shape") or weight.value.shape[2:])
+    strides = list(ctx.attr("strides") or [1] * r)
+    dilations = list(ctx.attr("dilations") or [1] * r)
+    before, after = _window_pads(ctx, xs[2:], kernel, strides, dilations)
+    out_channels = int(weight.value.shape[0])
+    attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
+             "padding_after": tuple(after), "dilation": tuple(dilations), "groups": int(ctx.attr("group", 1)),
+             "channel_axis": 1, "in_channels": xs[1], "out_channels": out_channels}
+    nid = ctx.add("conv", [ctx.operand(0)], attrs)
+    ctx.param_const(nid, "weight", weight)
+    if ctx.has_input(2):
+        ctx.param(nid, "bias", 2)
+    else:
+        ctx.b.param(nid, "bias", np.zeros(out_channels, dtype=ctx.b.payload.get(nid, "weight").dtype))
+    return [nid]
+
+
+def _pool(kind: str) -> Handler:
+    def lower(ctx: OnnxContext) -> list[Value]:
+        if len(ctx.node.output) > 1 and ctx.node.output[1] and ctx.consumer_count(ctx.node.output[1]):
+            raise ctx.fail("the Indices output is not supported")
+        if int(ctx.attr("storage_order", 0)):
+            raise ctx.fail("storage_order=1")
+        xs = ctx.shape(0)
+        kernel = list(ctx.attr("kernel_shape"))
+        r = len(kernel)
+        strides = list(ctx.attr("strides") or [1] * r)
+        dilations = list(ctx.attr("dilations") or [1] * r)
+        before, after = _window_pads(ctx, xs[len(xs) - r:], kernel, strides, dilations)
+        attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
+                 "padding_after": tuple(after), "dilation": tuple(dilations),
+                 "ceil_mode": bool(ctx.attr("ceil_mode", 0)),
+                 "count_include_pad": bool(ctx.attr("count_include_pad", 0)) or kind == "max_pool"}
+        nd = f"{kind}_nd"
+        out = tuple(REGISTRY[nd].infer(attrs, [xs], ()))
+        declared = ctx.declared.get(ctx.node.output[0])
+        if declared is not None and declared != out:
+            raise ctx.fail(f"output shape {list(declared)} differs from the window rule's {list(out)}")
+        rewrite = REGISTRY[nd].v1_rewrite(attrs, [xs], out)
+        x = ctx.operand(0)
+        if rewrite is not None:
+            return [ctx.add(rewrite[0], [x], rewrite[1])]
+        return [ctx.add(nd, [x], attrs)]
+    return lower
+
+
+def _global_pool(kind: str) -> Handler:
+    def lower(ctx: OnnxContext) -> list[Value]:
+        axes = tuple(range(2, ctx.rank(0)))
+        return [ctx.add(kind, [ctx.operand(0)], {"axes": axes, "keepdim": True})]
+    return lower
+
+
+# -- normalization ----------------------------------------------------------------------------
+
+def _unused_outputs(ctx: OnnxContext, what: str) -> None:
+    for name in ctx.node.output[1:]:
+        if name and ctx.consumer_count(name):
+            raise ctx.fail(f"the {what} outputs are only produced in training")
+
+
+def _batch_norm(ctx: OnnxContext) -> list[Value]:
+    if int(ctx.attr("training_mode", 0)) or not int(ctx.attr("spatial", 1)):
+        raise ctx.fail("training mode or spatial=0")
+    _unused_outputs(ctx, "running/saved statistics")
+    xs = ctx.shape(0)
+    if len(xs) < 2:
+        raise ctx.fail(f"input rank {len(xs)}")
+    nid = ctx.add("batch_norm_eval", [ctx.operand(0)],
+                  {"channel_axis": 1, "channels": xs[1], "eps": float(ctx.attr("epsilon", 1e-5))})
+    for i, role in enumerate(("weight", "bias", "running_mean", "running_var"), start=1):
+        ctx.param(nid, role, i, reshape_to=(xs[1],))
+    return [nid]
+
+
+def _trivial(c: Const | None, fill: float) -> bool:
+    """A ``Constant``-node scale/bias that is all ones/zeros: the layernorm default, not a weight."""
+    return c is not None and not c.initializer and bool(np.all(c.value == fill))
+
+
+def _layer_norm(ctx: OnnxContext) -> list[Value]:
+    _unused_outputs(ctx, "Mean/InvStdDev")
+    xs = ctx.shape(0)
+    axis = ctx.axis(int(ctx.attr("axis", -1)), len(xs))
+    nid = ctx.add("layernorm", [ctx.operand(0)], {"axis": axis, "eps": float(ctx.attr("epsilon", 1e-5))})
+    suffix = xs[axis:]
+    for i, role, fill in ((1, "weight", 1.0), (2, "bias", 0.0)):
+        c = ctx.const(i)
+        if ctx.has_input(i) and c is None:
+            raise ctx.fail(f"the {role} must be an initializer")
+        if c is None or _trivial(c, fill):
+            continue
+        if c.value.size != math.prod(suffix):
+            raise ctx.fail(f"{role} shape {list(c.value.shape)} does not cover the normalized shape {list(suffix)}")
+        ctx.param_const(nid, role, c, reshape_to=suffix)
+    return [nid]
+
+
+def _instance_norm(ctx: OnnxContext) -> list[Value]:
+    """Per-(sample, channel) normalization = ``layernorm`` over the spatial axes, then scale and shift."""
+    xs = ctx.shape(0)
+    if len(xs) < 3:
+        raise ctx.fail(f"input rank {len(xs)}")
+    y = ctx.add("layernorm", [ctx.operand(0)], {"axis": 2, "eps": float(ctx.attr("epsilon", 1e-5))})
+    per_channel = (xs[1],) + (1,) * (len(xs) - 2)
+    step = "reshape:" + ",".join(map(str, per_channel))
+    for i, kind in ((1, "mul_elem"), (2, "add")):
+        c = ctx.const(i)
+        if c is None:
+            raise ctx.fail("scale and bias must be initializers")
+        name = f"{ctx.node.output[0]}::{'scale' if i == 1 else 'bias'}"
+        ctx.values[name] = c.derived(c.value.reshape(per_channel), step)
+        y = ctx.elementwise(kind, [y, ctx.tensor(name)])
+    return [y]
+
+
+# -- softmax ----------------------------------------------------------------------------------
+
+def _softmax(kind: str) -> Handler:
+    def lower(ctx: OnnxContext) -> list[Value]:
+        xs = ctx.shape(0)
+        rank = len(xs)
+        if ctx.opset >= 13:
+            return [ctx.add(kind, [ctx.operand(0)], {"axis": ctx.axis(int(ctx.attr("axis", -1)), rank)})]
+        axis = ctx.axis(int(ctx.attr("axis", 1)), rank)
+        if axis == rank - 1:
+            return [ctx.add(kind, [ctx.operand(0)], {"axis": axis})]
+        flat = ctx.b.reshape(ctx.operand(0), (math.prod(xs[:axis]), math.prod(xs[axis:])), ctx.source)
+        y = ctx.add(kind, [flat], {"axis": 1})
+        return [ctx.b.reshape(y, xs, ctx.source)]
+    return lower
+
+
+# -- Einsum -----------------------------------------------------------------------------------
+
+def _einsum(ctx: OnnxContext) -> list[Value]:
+    """Two-operand contractions without repeated or operand-only summed letters, as one matmul."""
+    eq = str(ctx.attr("equation")).replace(" ", "")
+    if "->" not in eq or "..." in eq or len(ctx.node.input) != 2:
+        raise ctx.fail(f"equation `{eq}` (only explicit two-operand contractions are supported)")
+    lhs, out = eq.split("->")
+    a, b = lhs.split(",")
+    if any(len(set(t)) != len(t) for t in (a, b, out)) or any(c not in a + b for c in out) \
+            or any(c not in b and c not in out for c in a) or any(c not in a and c not in out for c in b):
+        raise ctx.fail(f"equation `{eq}` is not a plain contraction")
+    batch = [c for c in out if c in a and c in b]
+    left = [c for c in out if c in a and c not in b]
+    right = [c for c in out if c in b and c not in a]
+    summed = [c for c in a if c in b and c not in out]
+    sa, sb = dict(zip(a, ctx.shape(0))), dict(zip(b, ctx.shape(1)))
+    if any(sa[c] != sb[c] for c in batch + summed):
+        raise ctx.fail(f"equation `{eq}`: operand extents disagree")
+
+    def arrange(nid: int, letters: str, order: list[str], shape: tuple[int, ...]) -> int:
+        perm = tuple(letters.index(c) for c in order)
+        if perm != tuple(range(len(perm))):
+            nid = ctx.add("permute", [nid], {"perm": perm})
+        return ctx.b.reshape(nid, shape, ctx.source)
+
+    nb = tuple(sa[c] for c in batch)
+    m, k, n = (math.prod(sa[c] for c in left), math.prod(sa[c] for c in summed), math.prod(sb[c] for c in right))
+    x = arrange(ctx.operand(0), a, batch + left + summed, nb + (m, k))
+    y = arrange(ctx.operand(1), b, batch + summed + right, nb + (k, n))
+    z = ctx.add("matmul", [x, y])
+    natural = batch + left + right
+    z = ctx.b.reshape(z, nb + tuple(sa[c] for c in left) + tuple(sb[c] for c in right), ctx.source)
+    perm = tuple(natural.index(c) for c in out)
+    if perm != tuple(range(len(perm))):
+        z = ctx.add("permute", [z], {"perm": perm})
+    return [z]
+
+
+HANDLERS: dict[str, Handler] = {
+    "Gemm": _gemm, "MatMul": _matmul, "Conv": _conv, "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"),
+    "GlobalAveragePool": _global_pool("reduce_mean_axes"), "GlobalMaxPool": _global_pool("reduce_max"),
+    "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
+    "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "Einsum": _einsum,
+}
+
+EMITS = frozenset({"linear", "matmul", "transpose", "mul_elem", "add", "broadcast_to", "const", "conv", "max_pool",
+                   "avg_pool", "max_pool_nd", "avg_pool_nd", "reduce_mean_axes", "reduce_max", "batch_norm_eval",
+                   "layernorm", "softmax", "log_softmax", "reshape", "permute"})

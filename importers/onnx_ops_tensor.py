@@ -1,0 +1,211 @@
+"""ONNX data-movement ops: reshape family, transpose, concat/split/slice, gather, expand, pad, aliases.
+
+Shape-like operands (target shapes, axes, starts/ends, pads) must be known at import time; they
+are read as constants (the importer folds shape subgraphs first). Attribute forms of older opsets
+(``Squeeze``/``Unsqueeze``/``Split`` axes before 13, ``Slice`` before 10, ``Pad`` before 11) are
+handled next to the input forms.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from torchlean_bridge.ops.contracts import broadcast_shapes
+
+from .onnx_context import Const, OnnxContext, Value
+
+__all__ = ["HANDLERS", "EMITS"]
+
+Handler = Callable[[OnnxContext], list[Value]]
+
+
+def _alias(ctx: OnnxContext) -> list[Value]:
+    return [ctx.values[ctx.node.input[0]]]
+
+
+def _dropout(ctx: OnnxContext) -> list[Value]:
+    """Inference-mode dropout: the identity; the mask output (if any) is all true."""
+    if ctx.opset >= 12 and ctx.has_input(2) and bool(np.asarray(ctx.static(2, "training_mode")).reshape(-1)[0]):
+        raise ctx.fail("training_mode=1")
+    if ctx.opset < 7 and ctx.attr("is_test", 0) == 0:
+        raise ctx.fail("is_test=0 (training)")
+    outs: list[Value] = [ctx.values[ctx.node.input[0]]]
+    if len(ctx.node.output) > 1:
+        outs.append(Const(np.ones(ctx.shape(0), dtype=bool), folded=True))
+    return outs
+
+
+def _reshape_target(ctx: OnnxContext, shape: list[int], allowzero: bool) -> tuple[int, ...]:
+    src = ctx.shape(0)
+    out = [src[i] if d == 0 and not allowzero else d for i, d in enumerate(shape)]
+    if out.count(-1) > 1:
+        raise ctx.fail(f"target shape {shape} has several -1 entries")
+    if -1 in out:
+        known = math.prod(d for d in out if d != -1)
+        if known == 0 or math.prod(src) % known:
+            raise ctx.fail(f"cannot reshape {list(src)} to {shape}")
+        out[out.index(-1)] = math.prod(src) // known
+    if math.prod(out) != math.prod(src) or any(d < 0 for d in out):
+        raise ctx.fail(f"cannot reshape {list(src)} to {shape}")
+    return tuple(out)
+
+
+def _reshape(ctx: OnnxContext) -> list[Value]:
+    shape = ctx.ints(1, "shape") if ctx.opset >= 5 else list(ctx.attr("shape"))
+    target = _reshape_target(ctx, shape, bool(ctx.attr("allowzero", 0)))
+    return [ctx.b.reshape(ctx.operand(0), target, ctx.source)]
+
+
+def _flatten(ctx: OnnxContext) -> list[Value]:
+    s = ctx.shape(0)
+    axis = int(ctx.attr("axis", 1))
+    axis = axis + len(s) if axis < 0 else axis
+    if not 0 <= axis <= len(s):
+        raise ctx.fail(f"axis {axis} out of range for rank {len(s)}")
+    return [ctx.b.reshape(ctx.operand(0), (math.prod(s[:axis]), math.prod(s[axis:])), ctx.source)]
+
+
+def _transpose(ctx: OnnxContext) -> list[Value]:
+    rank = ctx.rank(0)
+    perm = ctx.attr("perm") or list(range(rank))[::-1]
+    if list(perm) == list(range(rank)):
+        return _alias(ctx)
+    return [ctx.add("permute", [ctx.operand(0)], {"perm": tuple(perm)})]
+
+
+def _squeeze(ctx: OnnxContext) -> list[Value]:
+    s = ctx.shape(0)
+    axes = ctx.ints(1, "axes") if ctx.opset >= 13 else ctx.attr("axes")
+    axes = sorted(ctx.axis(a, len(s)) for a in axes) if axes else [i for i, d in enumerate(s) if d == 1]
+    if not axes:
+        return _alias(ctx)
+    return [ctx.add("squeeze", [ctx.operand(0)], {"axes": tuple(axes)})]
+
+
+def _unsqueeze(ctx: OnnxContext) -> list[Value]:
+    axes = ctx.ints(1, "axes") if ctx.opset >= 13 else ctx.attr("axes")
+    rank = ctx.rank(0) + len(axes)
+    return [ctx.add("unsqueeze", [ctx.operand(0)], {"axes": tuple(sorted(ctx.axis(a, rank) for a in axes))})]
+
+
+def _concat(ctx: OnnxContext) -> list[Value]:
+    names = [n for n in ctx.node.input if n]
+    shapes = [ctx.shape(i) for i in range(len(ctx.node.input)) if ctx.node.input[i]]
+    axis = ctx.axis(int(ctx.attr("axis")), len(shapes[0]))
+    keep = [i for i, s in enumerate(shapes) if s[axis] != 0] or [0]
+    if len(keep) == 1:
+        return [ctx.values[names[keep[0]]]]
+    return [ctx.add("concat", [ctx.tensor(names[i]) for i in keep], {"axis": axis})]
+
+
+def _slice_node(ctx: OnnxContext, x: int, axes: list[int], starts: list[int], ends: list[int],
+                steps: list[int]) -> int:
+    return ctx.add("slice", [x], {"axes": tuple(axes), "starts": tuple(starts), "ends": tuple(ends),
+                                  "steps": tuple(steps)})
+
+
+def _split(ctx: OnnxContext) -> list[Value]:
+    s = ctx.shape(0)
+    axis = ctx.axis(int(ctx.attr("axis", 0)), len(s))
+    n_out = len(ctx.node.output)
+    sizes = ctx.ints(1, "split") if ctx.opset >= 13 else ctx.attr("split")
+    if not sizes:
+        parts = int(ctx.attr("num_outputs", n_out))
+        chunk = -(-s[axis] // parts)
+        sizes = [min(chunk, s[axis] - i * chunk) for i in range(parts)]
+    if sum(sizes) != s[axis] or len(sizes) != n_out:
+        raise ctx.fail(f"split sizes {sizes} do not partition extent {s[axis]} into {n_out} outputs")
+    x, outs, start = ctx.operand(0), [], 0
+    for size in sizes:
+        if size == s[axis]:
+            outs.append(x)
+        else:
+            outs.append(_slice_node(ctx, x, [axis], [start], [start + size], [1]))
+        start += size
+    return outs
+
+
+def _slice(ctx: OnnxContext) -> list[Value]:
+    s = ctx.shape(0)
+    if ctx.opset < 10:
+        starts, ends, axes = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes")
+        steps = None
+    else:
+        starts, ends = ctx.ints(1, "starts"), ctx.ints(2, "ends")
+        axes, steps = ctx.ints(3, "axes"), ctx.ints(4, "steps")
+    axes = list(axes) if axes else list(range(len(starts)))
+    steps = list(steps) if steps else [1] * len(starts)
+    na, ns, ne, nst = [], [], [], []
+    for ax, st, en, sp in zip(axes, starts, ends, steps):
+        ax = ctx.axis(ax, len(s))
+        if sp <= 0:
+            raise ctx.fail(f"step {sp} on axis {ax} (only positive steps are supported)")
+        dim = s[ax]
+        st = min(max(st + dim if st < 0 else st, 0), dim)
+        en = min(max(en + dim if en < 0 else en, 0), dim)
+        en = max(en, st)
+        if (st, en, sp) == (0, dim, 1):
+            continue
+        na.append(ax), ns.append(st), ne.append(en), nst.append(sp)
+    if not na:
+        return _alias(ctx)
+    order = sorted(range(len(na)), key=lambda i: na[i])
+    return [_slice_node(ctx, ctx.operand(0), *([lst[i] for i in order] for lst in (na, ns, ne, nst)))]
+
+
+def _gather(ctx: OnnxContext) -> list[Value]:
+    s = ctx.shape(0)
+    axis = ctx.axis(int(ctx.attr("axis", 0)), len(s))
+    idx = ctx.const(1)
+    if idx is not None:
+        vals = np.asarray(idx.value).astype(np.int64)
+        if np.any((vals < -s[axis]) | (vals >= s[axis])):
+            raise ctx.fail(f"index out of range for extent {s[axis]}")
+        vals = np.where(vals < 0, vals + s[axis], vals)
+        ind = ctx.b.const(vals, source=ctx.source, folded=True)
+    else:
+        ind = ctx.operand(1)
+    return [ctx.add("gather", [ctx.operand(0), ind], {"axis": axis})]
+
+
+def _expand(ctx: OnnxContext) -> list[Value]:
+    target = broadcast_shapes(ctx.shape(0), tuple(ctx.ints(1, "shape")), "Expand")
+    if target == ctx.shape(0):
+        return _alias(ctx)
+    return [ctx.add("expand", [ctx.operand(0)], {"to_shape": target})]
+
+
+def _pad(ctx: OnnxContext) -> list[Value]:
+    mode = ctx.attr("mode", "constant")
+    if mode != "constant":
+        raise ctx.fail(f"mode={mode} (only constant padding is supported)")
+    rank = ctx.rank(0)
+    if ctx.opset < 11:
+        pads, value = list(ctx.attr("pads")), float(ctx.attr("value", 0.0))
+        axes = list(range(rank))
+    else:
+        pads = ctx.ints(1, "pads")
+        value = float(np.asarray(ctx.static(2, "constant_value")).reshape(-1)[0]) if ctx.has_input(2) else 0.0
+        axes = [ctx.axis(a, rank) for a in ctx.ints(3, "axes")] if ctx.has_input(3) else list(range(rank))
+    if len(pads) != 2 * len(axes) or any(p < 0 for p in pads):
+        raise ctx.fail(f"pads {pads} (negative pads are not supported)")
+    before, after = [0] * rank, [0] * rank
+    for i, ax in enumerate(axes):
+        before[ax], after[ax] = pads[i], pads[i + len(axes)]
+    if not any(before) and not any(after):
+        return _alias(ctx)
+    return [ctx.add("pad", [ctx.operand(0)], {"pads_before": tuple(before), "pads_after": tuple(after),
+                                              "value": value})]
+
+
+HANDLERS: dict[str, Handler] = {
+    "Identity": _alias, "Dropout": _dropout, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
+    "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split, "Slice": _slice,
+    "Gather": _gather, "Expand": _expand, "Pad": _pad,
+}
+
+EMITS = frozenset({"reshape", "permute", "squeeze", "unsqueeze", "concat", "slice", "gather", "expand", "pad",
+                   "const"})

@@ -243,7 +243,8 @@ class OnnxRuntimeRunner(_OnnxRunner):
         self.names = [o.name for o in self.session.get_outputs()]
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
-        return dict(zip(self.names, (np.asarray(v) for v in self.session.run(None, self._feed(inputs)))))
+        feeds = self._feed(inputs)
+        return {**feeds, **dict(zip(self.names, (np.asarray(v) for v in self.session.run(None, feeds))))}
 
 
 class OnnxReferenceRunner(_OnnxRunner):
@@ -258,7 +259,8 @@ class OnnxReferenceRunner(_OnnxRunner):
         self.names = list(self.evaluator.output_names)
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
-        return dict(zip(self.names, (np.asarray(v) for v in self.evaluator.run(None, self._feed(inputs)))))
+        feeds = self._feed(inputs)
+        return {**feeds, **dict(zip(self.names, (np.asarray(v) for v in self.evaluator.run(None, feeds))))}
 
 
 def reference_parameters(reference: Any) -> Mapping[str, np.ndarray]:

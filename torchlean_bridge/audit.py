@@ -200,6 +200,23 @@ def _scale(ref: list[list[np.ndarray]]) -> float:
     return max([1.0, *peaks])
 
 
+def _vector(a: np.ndarray) -> str:
+    return "[" + ", ".join(_fmt(float(v)) for v in a.reshape(-1)) + "]"
+
+
+def _worst_case(labelled: list[tuple[str, Case]], ours: list[list[np.ndarray]] | None,
+                ref: list[list[np.ndarray]]) -> str:
+    """Where the error is largest, with both values when the output is small enough to read."""
+    if ours is None:
+        return ""
+    errors = [_max_error([o], [r]) for o, r in zip(ours, ref)]
+    k = int(np.argmax(errors))
+    text = f"; worst on {labelled[k][0]}"
+    if len(ours[k]) == 1 and ours[k][0].size <= 8:
+        text += f": ours {_vector(ours[k][0])}, reference {_vector(ref[k][0])}"
+    return text
+
+
 def _candidates(groups: list[AmbiguityGroup], squares: list[str]) -> list[Exchange]:
     out = [Exchange(a, b) for g in groups for i, a in enumerate(g.keys) for b in g.keys[i + 1:]]
     return out + [Exchange(k) for k in squares]
@@ -236,10 +253,12 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")))
         return report
 
-    cases = _given_cases(g, inputs)
+    labelled = [(f"input {k}", case) for k, case in enumerate(_given_cases(g, inputs))]
     if _is_module(reference):
         from .diff import make_inputs
-        cases += [case for _, case in make_inputs(g, samples, seed)]
+        labelled += make_inputs(g, samples, seed)
+    cases = [case for _, case in labelled]
+    if _is_module(reference):
         ref = _aligned(g, _module_outputs(reference, cases), "the reference module")
         what = f"the reference module {type(reference).__name__}"
     else:
@@ -285,7 +304,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
         return report
 
     report.add(Finding("mismatch", f"outputs disagree with {what}: max error {_fmt(before)} on {len(cases)} "
-                                   f"input(s)", data={"max_error": before, "limit": limit}))
+                                   f"input(s){_worst_case(labelled, base_outputs, ref)}",
+                       data={"max_error": before, "limit": limit}))
     steps, current, error = _search(evaluator, tensors, candidates, first_errors, ref, before, limit, max_steps)
     report.error_after = error
     if error <= limit:

@@ -1,0 +1,387 @@
+"""Interval bound propagation (IBP) over the IR: a sound float64 box for every node.
+
+``interval_bounds(g, payload, lower, upper)`` returns one ``(lo, hi)`` pair per node whose
+endpoints enclose the node's *exact real* value for every real input in the box: every operation is
+outward rounded (see ``interval_round``), library transcendentals are widened by their error bound.
+The rules are tight where it is cheap to be: affine ops in center-radius form (exact ranges before
+rounding), monotone functions at the endpoints, gelu/silu/mish/sin/cos through their true extrema,
+per-entry exact softmax ranges. ``INTERVAL_RULES`` is keyed by op kind and covers every op of the
+registry; the ops listed in ``NO_RULE`` raise ``IntervalError`` naming the node.
+
+Element types: int64 and bool values are boxes too (float64 endpoints; bools as 0/1). Ops that
+need exact integers (gather indices) demand point boxes. Domain violations (log at <= 0, division
+by a box containing 0) raise ``IntervalError`` naming the node, never return NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from torchlean_bridge.check import check
+from torchlean_bridge.errors import BridgeError, IntervalError
+from torchlean_bridge.graph import Graph, Node
+from torchlean_bridge.ops import BOOL, INT64, REGISTRY, fmt_shape
+from torchlean_bridge.payload import Payload, payload_errors
+
+from . import interval_arith as ia
+from .conv import window_counts
+from .float_rules import FLOAT_RULES
+from .interval_affine import avg_pool_box, batch_norm_box, conv_box, linear_box, matmul_box, mean_box
+from .interval_nonlinear import (arg_extremum_box, layernorm_box, log_softmax_box, mse_box, prod_box,
+                                 softmax_box)
+from .interval_round import Box, sum_bounds
+from .interval_unary import UNARY_RULES, DomainError, log_at, monotone, softplus_at
+from .records import batch_norm_record, const_values, conv_record, layernorm_record, linear_record
+
+__all__ = ["interval_bounds", "INTERVAL_RULES", "NO_RULE", "IntervalRule", "input_boxes"]
+
+Record = Mapping[str, np.ndarray]
+IntervalRule = Callable[[Node, Sequence[Box], Record], Box]
+F64 = np.dtype(np.float64)
+
+INTERVAL_RULES: dict[str, IntervalRule] = {}
+
+# ops without a rule, and why
+NO_RULE = {
+    "custom": "a custom node's body is a checked Lean program that is not part of the bundle",
+}
+
+
+def rule(*kinds: str):
+    def register(fn: IntervalRule) -> IntervalRule:
+        for k in kinds:
+            INTERVAL_RULES[k] = fn
+        return fn
+    return register
+
+
+def _float_rule_on_ends(kind: str) -> IntervalRule:
+    """Data movement and monotone ops: the float semantics applied to lo and to hi."""
+    fn = FLOAT_RULES[kind]
+
+    def run(node: Node, ps: Sequence[Box], rec: Record) -> Box:
+        lo = fn(node, [p[0] for p in ps], rec, F64)
+        hi = fn(node, [p[1] for p in ps], rec, F64)
+        return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    return run
+
+
+for _k in ("detach", "permute", "transpose", "broadcast_to", "expand", "reshape", "flatten", "squeeze",
+           "unsqueeze", "concat", "slice", "pad", "max_elem", "min_elem", "max_pool", "max_pool_nd",
+           "reduce_max", "reduce_min", "relu", "floor", "ceil", "sign", "clamp"):
+    INTERVAL_RULES[_k] = _float_rule_on_ends(_k)
+
+
+def _unary(kind: str) -> IntervalRule:
+    fn = UNARY_RULES[kind]
+    return lambda node, ps, rec: fn(ps[0], node.attrs)
+
+
+for _k in UNARY_RULES:
+    if _k not in INTERVAL_RULES:
+        INTERVAL_RULES[_k] = _unary(_k)
+
+# -- leaves -----------------------------------------------------------------------------------
+
+
+@rule("const")
+def _const(node, ps, rec):
+    return ia.point(const_values(node, rec).astype(np.float64))
+
+
+@rule("rand_uniform")
+def _rand_uniform(node, ps, rec):
+    return np.zeros(node.out_shape), np.ones(node.out_shape)
+
+
+@rule("bernoulli_mask")
+def _bernoulli_mask(node, ps, rec):
+    q_lo, q_hi = ps[0]
+    lo = np.full(node.out_shape, 1.0 if q_lo >= 1 else 0.0)
+    hi = np.full(node.out_shape, 0.0 if q_hi <= 0 else 1.0)
+    return lo, hi
+
+# -- elementwise arithmetic -------------------------------------------------------------------
+
+
+INTERVAL_RULES["add"] = lambda node, ps, rec: ia.add(ps[0], ps[1])
+INTERVAL_RULES["sub"] = lambda node, ps, rec: ia.sub(ps[0], ps[1])
+INTERVAL_RULES["mul_elem"] = lambda node, ps, rec: ia.mul(ps[0], ps[1])
+
+
+@rule("div")
+def _div(node, ps, rec):
+    if np.any(ia.contains_zero(ps[1])):
+        raise DomainError("div: the denominator's box contains 0")
+    return ia.div(ps[0], ps[1])
+
+
+@rule("prelu")
+def _prelu(node, ps, rec):
+    x, slope = ps
+    negative = np.minimum(x[0], 0.0), np.minimum(x[1], 0.0)
+    return ia.add(ia.relu_box(x), ia.mul(negative, slope))
+
+
+@rule("safe_log")
+def _safe_log(node, ps, rec):
+    x, eps = ps
+    s = monotone(softplus_at, x)
+    arg = ia.add(s, (np.broadcast_to(eps[0], s[0].shape), np.broadcast_to(eps[1], s[1].shape)))
+    if np.any(arg[0] <= 0):
+        raise DomainError("safe_log: softplus(x) + eps may be <= 0 (eps box reaches 0 or below)")
+    return monotone(log_at, arg)
+
+# -- comparisons and logic (bool boxes: lo = surely true, hi = possibly true) ------------------
+
+
+def _bools(surely: np.ndarray, possibly: np.ndarray) -> Box:
+    return surely.astype(np.float64), possibly.astype(np.float64)
+
+
+_COMPARE = {
+    "lt": lambda a, b: (a[1] < b[0], a[0] < b[1]),
+    "le": lambda a, b: (a[1] <= b[0], a[0] <= b[1]),
+    "gt": lambda a, b: (a[0] > b[1], a[1] > b[0]),
+    "ge": lambda a, b: (a[0] >= b[1], a[1] >= b[0]),
+    "eq": lambda a, b: ((a[0] == a[1]) & (b[0] == b[1]) & (a[0] == b[0]), (a[0] <= b[1]) & (b[0] <= a[1])),
+    "ne": lambda a, b: ((a[1] < b[0]) | (b[1] < a[0]), ~((a[0] == a[1]) & (b[0] == b[1]) & (a[0] == b[0]))),
+}
+for _k, _fn in _COMPARE.items():
+    INTERVAL_RULES[_k] = (lambda f: lambda node, ps, rec: _bools(*f(ps[0], ps[1])))(_fn)
+
+INTERVAL_RULES["logical_and"] = lambda node, ps, rec: ia.min_box(ps[0], ps[1])
+INTERVAL_RULES["logical_or"] = lambda node, ps, rec: ia.max_box(ps[0], ps[1])
+INTERVAL_RULES["logical_not"] = lambda node, ps, rec: (1.0 - ps[0][1], 1.0 - ps[0][0])
+
+
+@rule("where")
+def _where(node, ps, rec):
+    (c_lo, c_hi), x, y = ps
+    lo = np.where(c_lo >= 1, x[0], np.where(c_hi <= 0, y[0], np.minimum(x[0], y[0])))
+    hi = np.where(c_lo >= 1, x[1], np.where(c_hi <= 0, y[1], np.maximum(x[1], y[1])))
+    return lo, hi
+
+
+@rule("cast")
+def _cast(node, ps, rec):
+    (lo, hi), target = ps[0], node.attrs["dtype"]
+    if target == BOOL:
+        return _bools(~ia.contains_zero((lo, hi)), ~((lo == 0) & (hi == 0)))
+    if target == INT64:
+        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+            raise DomainError("cast: an unbounded box cannot be converted to int64")
+        return np.trunc(lo), np.trunc(hi)
+    return lo, hi
+
+
+@rule("gather")
+def _gather(node, ps, rec):
+    data, (i_lo, i_hi) = ps
+    if not np.array_equal(i_lo, i_hi):
+        raise DomainError("gather: indices must be exact (a point box), got a box of width "
+                          f"{float(np.max(i_hi - i_lo))}")
+    return _float_rule_on_ends("gather")(node, [data, (i_lo.astype(np.int64), i_hi.astype(np.int64))], rec)
+
+# -- reductions -------------------------------------------------------------------------------
+
+
+@rule("sum")
+def _sum(node, ps, rec):
+    lo, hi = ps[0]
+    if lo.ndim == 0:
+        return lo, hi
+    return sum_bounds(lo, hi, tuple(range(lo.ndim)))
+
+
+INTERVAL_RULES["reduce_sum"] = lambda node, ps, rec: sum_bounds(*ps[0], node.attrs["axis"])
+INTERVAL_RULES["reduce_mean"] = lambda node, ps, rec: mean_box(ps[0], node.attrs["axis"])
+
+
+def _axes_rule(fn: Callable[[Box, tuple[int, ...]], Box], empty_ok: bool) -> IntervalRule:
+    def run(node, ps, rec):
+        axes, box = tuple(node.attrs["axes"]), ps[0]
+        if not axes:
+            return box
+        if not empty_ok and any(box[0].shape[a] == 0 for a in axes):
+            raise DomainError(f"{node.kind}: reduction over an empty axis of shape {fmt_shape(box[0].shape)}")
+        lo, hi = fn(box, axes)
+        if node.attrs["keepdim"]:
+            lo, hi = np.expand_dims(lo, axes), np.expand_dims(hi, axes)
+        return lo, hi
+    return run
+
+
+INTERVAL_RULES["reduce_sum_axes"] = _axes_rule(lambda b, axes: sum_bounds(b[0], b[1], axes), True)
+INTERVAL_RULES["reduce_mean_axes"] = _axes_rule(mean_box, False)
+
+
+@rule("reduce_prod")
+def _reduce_prod(node, ps, rec):
+    axes = tuple(node.attrs["axes"])
+    return ps[0] if not axes else prod_box(ps[0], axes, node.attrs["keepdim"])
+
+
+INTERVAL_RULES["argmax"] = lambda node, ps, rec: arg_extremum_box(ps[0], node.attrs["axis"],
+                                                                 node.attrs["keepdim"], largest=True)
+INTERVAL_RULES["argmin"] = lambda node, ps, rec: arg_extremum_box(ps[0], node.attrs["axis"],
+                                                                 node.attrs["keepdim"], largest=False)
+INTERVAL_RULES["mse_loss"] = lambda node, ps, rec: mse_box(ps[0], ps[1])
+
+# -- normalization and softmax ----------------------------------------------------------------
+
+INTERVAL_RULES["softmax"] = lambda node, ps, rec: softmax_box(ps[0], node.attrs["axis"])
+INTERVAL_RULES["log_softmax"] = lambda node, ps, rec: log_softmax_box(ps[0], node.attrs["axis"])
+
+
+@rule("hard_masked_softmax")
+def _hard_masked_softmax(node, ps, rec):
+    allowed = np.asarray(node.attrs["allowed"], dtype=bool).reshape(ps[0][0].shape)
+    return softmax_box(ps[0], ps[0][0].ndim - 1, allowed)
+
+
+@rule("layernorm")
+def _layernorm(node, ps, rec):
+    gamma, beta = layernorm_record(node, rec, ps[0][0].shape)
+    return layernorm_box(ps[0], node.attrs["axis"], node.attrs["eps"], gamma, beta)
+
+
+@rule("batch_norm_eval")
+def _batch_norm_eval(node, ps, rec):
+    p = batch_norm_record(node, rec)
+    return batch_norm_box(ps[0], p._asdict(), node.attrs["channel_axis"], node.attrs["eps"])
+
+# -- affine maps and pooling ------------------------------------------------------------------
+
+
+@rule("linear")
+def _linear(node, ps, rec):
+    w, b = linear_record(node, rec, ps[0][0].shape)
+    return linear_box(ps[0], w, b)
+
+
+@rule("conv")
+def _conv(node, ps, rec):
+    w, b = conv_record(node, rec)
+    return conv_box(ps[0], w, b, node.attrs, node.out_shape)
+
+
+INTERVAL_RULES["matmul"] = lambda node, ps, rec: matmul_box(ps[0], ps[1])
+
+
+def _out_spatial(node: Node) -> tuple[int, ...]:
+    return tuple(node.out_shape[len(node.out_shape) - node.attrs["spatial_rank"]:])
+
+
+@rule("avg_pool")
+def _avg_pool(node, ps, rec):
+    return avg_pool_box(ps[0], node.attrs, _out_spatial(node), float(math.prod(node.attrs["kernel"])))
+
+
+@rule("avg_pool_nd")
+def _avg_pool_nd(node, ps, rec):
+    """Divisor per window as PyTorch/ONNX: cells inside the padded input, or inside the input."""
+    a, x = node.attrs, ps[0][0]
+    r, out = a["spatial_rank"], _out_spatial(node)
+    spatial = x.shape[x.ndim - r:]
+    divisor = np.ones((), np.int64)
+    for i in range(r):
+        lo, hi = (-a["padding"][i], spatial[i] + a["padding_after"][i]) if a["count_include_pad"] else (0, spatial[i])
+        counts = window_counts(spatial[i], a["kernel"][i], a["stride"][i], a["padding"][i], a["dilation"][i],
+                               out[i], lo, hi)
+        divisor = np.multiply.outer(divisor, counts)
+    if np.any(divisor == 0):
+        raise DomainError("avg_pool_nd: a pooling window lies entirely in the padding")
+    return avg_pool_box(ps[0], a, out, divisor.astype(np.float64))
+
+
+def _no_rule(node, ps, rec):
+    raise DomainError(f"no interval rule for {node.kind}: {NO_RULE[node.kind]}")
+
+
+for _k in NO_RULE:
+    INTERVAL_RULES[_k] = _no_rule
+
+_missing = sorted(set(REGISTRY) - set(INTERVAL_RULES) - {"input"})
+assert not _missing, f"ops without an interval rule: {_missing}"
+
+# -- the driver -------------------------------------------------------------------------------
+
+
+def _error(node: Node, message: str) -> IntervalError:
+    return IntervalError(f"interval: node {node.id} ({node.kind}): {message}", node=node.id, op=node.kind,
+                         source=str(node.source) if node.source else None)
+
+
+def _as_list(value: Any, n: int, what: str) -> list[np.ndarray]:
+    if n == 1 and not isinstance(value, (list, tuple)):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        raise IntervalError(f"interval: expected {n} {what} array(s), one per graph input")
+    return [np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v) for v in value]
+
+
+def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
+    """The seeded boxes of the graph inputs, checked: shape, order, finiteness, point int/bool boxes."""
+    los, his = _as_list(lower, len(g.inputs), "lower"), _as_list(upper, len(g.inputs), "upper")
+    boxes = {}
+    for nid, lo, hi in zip(g.inputs, los, his):
+        node = g.nodes[nid]
+        for name, arr in (("lower", lo), ("upper", hi)):
+            if tuple(arr.shape) != tuple(node.out_shape):
+                raise _error(node, f"{name} bound has shape {fmt_shape(arr.shape)}, expected {fmt_shape(node.out_shape)}")
+            if arr.dtype.kind not in "fiub":
+                raise _error(node, f"{name} bound has element type {arr.dtype}, expected numbers")
+        lo, hi = lo.astype(np.float64), hi.astype(np.float64)
+        if np.any(np.isnan(lo)) or np.any(np.isnan(hi)):
+            raise _error(node, "bounds contain NaN")
+        if np.any(lo > hi):
+            k = int(np.argmax((lo > hi).reshape(-1)))
+            raise _error(node, f"lower bound exceeds upper bound at flat index {k}: "
+                               f"{lo.reshape(-1)[k]!r} > {hi.reshape(-1)[k]!r}")
+        if node.dtype in (INT64, BOOL) and not np.array_equal(lo, hi):
+            raise _error(node, f"{node.dtype} inputs need a point box (lower == upper)")
+        if node.dtype == BOOL and not np.all((lo == 0) | (lo == 1)):
+            raise _error(node, "bool inputs must be 0 or 1")
+        if node.dtype == INT64 and not np.all(lo == np.trunc(lo)):
+            raise _error(node, "int64 inputs must be integers")
+        boxes[nid] = lo, hi
+    return boxes
+
+
+def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any) -> list[Box]:
+    """One ``(lo, hi)`` pair of float64 arrays per node (the node's shape), outward rounded.
+
+    ``lower``/``upper``: one array each for a one-input graph, or lists in ``g.inputs`` order.
+    """
+    check(g)
+    payload = payload if payload is not None else Payload()
+    problems = payload_errors(g, payload)
+    if problems:
+        raise problems[0]
+    seeds = input_boxes(g, lower, upper)
+    boxes: list[Box | None] = [None] * len(g.nodes)
+    for node in g.nodes:
+        if node.kind == "input":
+            if node.id not in seeds:
+                raise _error(node, "input node is not listed among the graph inputs")
+            boxes[node.id] = seeds[node.id]
+            continue
+        parents = [boxes[p] for p in node.parents]
+        try:
+            with np.errstate(all="ignore"):
+                lo, hi = INTERVAL_RULES[node.kind](node, parents, payload.record(node.id))
+        except BridgeError:
+            raise
+        except (DomainError, ArithmeticError) as e:
+            raise _error(node, str(e)) from None
+        lo = np.asarray(lo, dtype=np.float64)
+        hi = np.asarray(hi, dtype=np.float64)
+        if lo.shape != node.out_shape or hi.shape != node.out_shape:
+            raise _error(node, f"rule produced shape {fmt_shape(lo.shape)}, declared {fmt_shape(node.out_shape)}")
+        boxes[node.id] = lo, hi
+    return boxes  # type: ignore[return-value]
+

@@ -263,7 +263,7 @@ def test_lowering_helpers_share_a_name_but_only_the_last_holds_its_value():
     c = b.const(np.ones(1), source={"name": "_tensor_constant0"})
     out = b.elementwise("add", [x, c], source={"name": "add"})
     g = b.finish([out]).graph
-    matched, unmatched = match_nodes(g, "torch")
+    matched, unmatched = match_nodes(g, "fx")
     broadcast = next(n.id for n in g.nodes if n.kind == "broadcast_to")
     assert matched[out] == "add" and "part of the lowering of add" in unmatched[broadcast]
 

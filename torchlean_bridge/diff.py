@@ -125,15 +125,24 @@ def _given_inputs(g: Graph, inputs: Any) -> list[tuple[str, list[np.ndarray]]]:
 
 # -- matching ---------------------------------------------------------------------------------
 
+# which recorded provenance a runner's keys are: Source.framework values accepted, and the field
+_PROVENANCE = {"fx": ({"fx", "torch"}, "name"), "export": ({"export", "torch"}, "name"),
+               "onnx": ({"onnx"}, "tensor")}
+
+
 def _source_key(node: Node, framework: str) -> str | None:
+    frameworks, field_name = _PROVENANCE[framework]
     src = node.source
-    if src is None:
+    if src is None or src.framework not in frameworks:
         return None
-    return src.tensor if framework == "onnx" else src.name
+    return getattr(src, field_name)
 
 
 def match_nodes(g: Graph, framework: str) -> tuple[dict[int, str], dict[int, str]]:
     """IR node -> framework key through provenance, and the reason each other node has none.
+
+    ``framework`` is ``fx``, ``export`` (keys: node names) or ``onnx`` (keys: tensor names); only
+    provenance recorded by that framework's import counts, so equal spellings never match by accident.
 
     When several IR nodes carry one key (an importer lowered one framework op into several IR
     nodes), the last of them produces the framework's value; the others have no counterpart.
@@ -147,7 +156,8 @@ def match_nodes(g: Graph, framework: str) -> tuple[dict[int, str], dict[int, str
     for n in g.nodes:
         key = _source_key(n, framework)
         if key is None:
-            unmatched[n.id] = "no provenance for this framework"
+            origin = n.source.framework if n.source and n.source.framework else "unknown origin"
+            unmatched[n.id] = f"no {framework} provenance ({origin} node)"
         elif owner[key] != n.id:
             unmatched[n.id] = f"part of the lowering of {key} (node {owner[key]} holds its value)"
         else:
@@ -364,10 +374,10 @@ def _oracle(bundle: Bundle, against: str, module: Any, onnx_model: Any,
         import torch.fx
         from torch.export import ExportedProgram
         if isinstance(module, ExportedProgram):
-            return R.TorchExportRunner(module, example), "torch"
+            return R.TorchExportRunner(module, example), "export"
         if isinstance(module, torch.fx.GraphModule) or bundle.report.get("framework") != "export":
-            return R.TorchFXRunner(module), "torch"
-        return R.TorchExportRunner(module, example, decompose=bool(bundle.report.get("decomposed"))), "torch"
+            return R.TorchFXRunner(module), "fx"
+        return R.TorchExportRunner(module, example, decompose=bool(bundle.report.get("decomposed"))), "export"
     if onnx_model is None:
         from exporters.onnx import to_onnx_model
         onnx_model = to_onnx_model(bundle, expose_all_nodes=True)

@@ -106,6 +106,9 @@ class OnnxContext:
         return Source(framework="onnx", name=n.name or None, target=n.op_type)
 
     def attr(self, name: str, default: Any = None) -> Any:
+        """An attribute, or the default; float defaults are rounded to binary32 like stored ONNX floats."""
+        if isinstance(default, float):
+            default = float(np.float32(default))
         return attr_value(self.node, name, default)
 
     def fail(self, reason: str) -> NodeUnsupported:

@@ -35,31 +35,39 @@ def _linear(ctx: OnnxContext, x: int, weight: Const, transpose: bool) -> int:
 
 
 def _gemm(ctx: OnnxContext) -> list[Value]:
+    """``alpha * A' B' + beta * C``: a ``linear`` when B is a 2-D initializer, scaled and shifted after."""
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
     trans_a, trans_b = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
     weight, bias = ctx.const(1), ctx.const(2)
     n = ctx.shape(1)[0 if trans_b else 1]
-    bias_is_vector = bias is not None and bias.value.size == n and tuple(bias.value.shape) in ((n,), (1, n))
-    if not trans_a and alpha == 1.0 and weight is not None and weight.value.ndim == 2 \
-            and weight.value.dtype.kind == "f" and (not ctx.has_input(2) or (bias_is_vector and beta == 1.0)):
-        nid = _linear(ctx, ctx.operand(0), weight, transpose=not trans_b)
-        if ctx.has_input(2):
-            ctx.param_const(nid, "bias", bias, reshape_to=(n,))
-        else:
-            ctx.fusable_linear[nid] = ctx.node.output[0]
-        return [nid]
-    a, b = ctx.operand(0), ctx.operand(1)
+    a = ctx.operand(0)
     if trans_a:
-        a = ctx.add("transpose", [a], {"axis1": 0, "axis2": 1})
-    if trans_b:
-        b = ctx.add("transpose", [b], {"axis1": 0, "axis2": 1})
-    y = ctx.add("matmul", [a, b])
+        a = ctx.add("permute", [a], {"perm": (1, 0)})
+    if weight is not None and weight.value.ndim == 2 and weight.value.dtype.kind == "f":
+        y = _linear(ctx, a, weight, transpose=not trans_b)
+        bias_is_vector = bias is not None and bias.value.size == n and tuple(bias.value.shape) in ((n,), (1, n))
+        if alpha == 1.0 and bias_is_vector and beta == 1.0:
+            ctx.param_const(y, "bias", bias, reshape_to=(n,))
+            return [y]
+        if alpha == 1.0 and not ctx.has_input(2):
+            ctx.fusable_linear[y] = ctx.node.output[0]
+            return [y]
+    else:
+        b = ctx.operand(1)
+        if trans_b:
+            b = ctx.add("permute", [b], {"perm": (1, 0)})
+        y = ctx.add("matmul", [a, b])
     if alpha != 1.0:
         y = ctx.elementwise("mul_elem", [y, ctx.scalar(alpha)])
     if ctx.has_input(2) and beta != 0.0:
-        c = ctx.operand(2)
-        if beta != 1.0:
-            c = ctx.elementwise("mul_elem", [c, ctx.scalar(beta)])
+        if bias is not None and beta != 1.0:  # beta * C folded, as onnxruntime computes it (binary32)
+            name = f"{ctx.node.output[0]}::beta_c"
+            ctx.values[name] = Const((bias.value * bias.value.dtype.type(beta)).astype(bias.value.dtype), folded=True)
+            c = ctx.tensor(name)
+        else:
+            c = ctx.operand(2)
+            if beta != 1.0:
+                c = ctx.elementwise("mul_elem", [c, ctx.scalar(beta)])
         y = ctx.elementwise("add", [y, c])
     return [y]
 
@@ -282,6 +290,6 @@ HANDLERS: dict[str, Handler] = {
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "Einsum": _einsum,
 }
 
-EMITS = frozenset({"linear", "matmul", "transpose", "mul_elem", "add", "broadcast_to", "const", "conv", "max_pool",
+EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "max_pool",
                    "avg_pool", "max_pool_nd", "avg_pool_nd", "reduce_mean_axes", "reduce_max", "batch_norm_eval",
                    "layernorm", "softmax", "log_softmax", "reshape", "permute"})

@@ -1,0 +1,683 @@
+"""Differential tests: every op's float semantics against PyTorch, over random shapes and attributes.
+
+Each case draws shapes, attributes and values with hypothesis, builds a one-op graph, evaluates it
+in float64 and float32, and compares with the same PyTorch computation in torch.float64 and
+torch.float32. An entry passes when ``|ours - torch| <= rtol * (|torch| + floor)``:
+* ``rtol`` is 1e-12 for float64 and 1e-5 for float32 unless a case states otherwise;
+* ``floor`` is 0 (pure entrywise relative error) for ops computed entry by entry, and
+  ``max|torch|`` (normwise relative error) for ops that accumulate (sums, products, matmul, conv,
+  normalizations) or whose formula cancels, each with its reason in ``why``.
+Integer and boolean results must be equal. PyTorch has no dilated average pooling, so avg_pool_nd
+is compared with dilation 1; asymmetric padding is applied explicitly with F.pad.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from semantics.evaluate import evaluate
+from torchlean_bridge.graph import Graph, Node
+from torchlean_bridge.ops import REGISTRY
+from torchlean_bridge.payload import Payload
+
+RTOL64, RTOL32 = 1e-12, 1e-5
+
+
+class Draw:
+    """Hypothesis choices for structure; one numpy generator (seeded by hypothesis) for values."""
+
+    def __init__(self, data: st.DataObject) -> None:
+        self.data = data
+        self.rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+
+    def int(self, lo: int, hi: int) -> int:
+        return self.data.draw(st.integers(lo, hi))
+
+    def choice(self, options: list) -> Any:
+        return self.data.draw(st.sampled_from(options))
+
+    def bool(self) -> bool:
+        return self.data.draw(st.booleans())
+
+    def shape(self, min_rank: int = 1, max_rank: int = 4, min_dim: int = 1, max_dim: int = 5) -> tuple:
+        return tuple(self.int(min_dim, max_dim) for _ in range(self.int(min_rank, max_rank)))
+
+    def normal(self, shape: tuple, scale: float | None = None) -> np.ndarray:
+        scale = self.choice([0.1, 1.0, 3.0]) if scale is None else scale
+        return self.rng.standard_normal(shape) * scale
+
+    def subset(self, items: range) -> tuple:
+        return tuple(i for i in items if self.bool())
+
+
+@dataclass
+class Example:
+    attrs: dict
+    inputs: list  # numpy arrays: float64, int64 or bool
+    reference: Callable  # (torch inputs, torch payload) -> torch tensor
+    payload: dict | None = None  # role -> float64 array (the reference also sees "domain": torch dtype)
+    out_shape: tuple = ()  # the declaration, for rules that read it (linear)
+
+
+@dataclass
+class Case:
+    kind: str
+    gen: Callable[[Draw], Example]
+    norm: bool = False
+    why: str = ""
+    rtol32: float = RTOL32
+    rtol64: float = RTOL64
+    examples: int = 12
+
+
+CASES: list[Case] = []
+
+
+def case(kind: str, *, norm: bool = False, why: str = "", rtol32: float = RTOL32, examples: int = 12):
+    def register(gen: Callable[[Draw], Example]) -> Callable:
+        CASES.append(Case(kind, gen, norm, why, rtol32, RTOL64, examples))
+        return gen
+    return register
+
+
+def _element_type(a: np.ndarray) -> str:
+    return {"b": "bool", "i": "int64"}.get(a.dtype.kind, "float")
+
+
+def _in_domain(a: np.ndarray, dtype: str) -> np.ndarray:
+    return a.astype(dtype) if a.dtype.kind == "f" else a
+
+
+def run_case(c: Case, ex: Example) -> None:
+    nodes = [Node(i, [], "input", x.shape, dtype=_element_type(x)) for i, x in enumerate(ex.inputs)]
+    k = len(nodes)
+    probe = Node(k, range(k), c.kind, ex.out_shape, ex.attrs)
+    spec = REGISTRY[c.kind]
+    shape = spec.infer(probe.attrs, [x.shape for x in ex.inputs], probe.out_shape)
+    etype = spec.element_type(probe.attrs, [n.dtype for n in nodes], "float")
+    g = Graph(nodes + [probe.with_(out_shape=shape, dtype=etype)], outputs=[k])
+    payload = Payload({k: ex.payload}) if ex.payload else None
+    for dtype, rtol in (("float64", c.rtol64), ("float32", c.rtol32)):
+        xs = [_in_domain(x, dtype) for x in ex.inputs]
+        ours = evaluate(g, payload, xs, dtype=dtype)[0]
+        tp = {r: torch.from_numpy(a.astype(dtype)) for r, a in (ex.payload or {}).items()}
+        tp["domain"] = getattr(torch, dtype)
+        ref = ex.reference([torch.from_numpy(np.array(x)) for x in xs], tp).detach().numpy()
+        compare(ours, ref, rtol, c.norm, f"{c.kind} {dtype}")
+
+
+def compare(ours: np.ndarray, ref: np.ndarray, rtol: float, norm: bool, what: str) -> None:
+    assert ours.shape == ref.shape, f"{what}: shape {ours.shape} vs torch {ref.shape}"
+    if ref.dtype.kind != "f":
+        assert ours.dtype.kind == ref.dtype.kind, f"{what}: element type {ours.dtype} vs torch {ref.dtype}"
+        np.testing.assert_array_equal(ours, ref, err_msg=what)
+        return
+    assert ours.dtype == ref.dtype, f"{what}: dtype {ours.dtype} vs torch {ref.dtype}"
+    a, b = ours.astype(np.float64), ref.astype(np.float64)
+    assert np.array_equal(np.isfinite(a), np.isfinite(b)), what
+    fin = np.isfinite(b)
+    floor = float(np.max(np.abs(b[fin]), initial=0.0)) if norm else 0.0
+    err = np.abs(a[fin] - b[fin])
+    bound = rtol * (np.abs(b[fin]) + floor)
+    worst = int(np.argmax(err - bound)) if err.size else 0
+    assert np.all(err <= bound), (f"{what}: |ours - torch| = {err[worst]:.3g} > {bound[worst]:.3g} "
+                                  f"(ours {a[fin][worst]!r}, torch {b[fin][worst]!r})")
+
+
+# -- elementwise unary ------------------------------------------------------------------------
+
+def _unary(kind: str, torch_fn: Callable, values: Callable[[Draw, tuple], np.ndarray] | None = None,
+           attrs: Callable[[Draw], dict] | None = None, **opts) -> None:
+    def gen(d: Draw) -> Example:
+        shape = d.shape()
+        x = values(d, shape) if values else d.normal(shape)
+        a = attrs(d) if attrs else {}
+        return Example(a, [x], lambda t, p: torch_fn(t[0], a))
+    case(kind, **opts)(gen)
+
+
+def _positive(d: Draw, shape: tuple) -> np.ndarray:
+    return np.exp(d.normal(shape, 1.5))
+
+
+def _nonzero(d: Draw, shape: tuple) -> np.ndarray:
+    x = d.normal(shape)
+    return np.where(np.abs(x) < 1e-3, 1.0, x)
+
+
+def _integers(d: Draw, shape: tuple) -> np.ndarray:
+    return d.rng.integers(-2, 3, shape).astype(np.float64)
+
+
+_unary("abs", lambda x, a: torch.abs(x))
+_unary("neg", lambda x, a: torch.neg(x))
+_unary("sign", lambda x, a: torch.sign(x), values=lambda d, s: np.concatenate([_integers(d, s), d.normal(s)]))
+_unary("floor", lambda x, a: torch.floor(x))
+_unary("ceil", lambda x, a: torch.ceil(x))
+_unary("sin", lambda x, a: torch.sin(x))
+_unary("cos", lambda x, a: torch.cos(x))
+_unary("tan", lambda x, a: torch.tan(x), values=lambda d, s: d.rng.uniform(-1.4, 1.4, s))
+_unary("exp", lambda x, a: torch.exp(x))
+_unary("tanh", lambda x, a: torch.tanh(x))
+_unary("relu", lambda x, a: torch.relu(x))
+_unary("sigmoid", lambda x, a: torch.sigmoid(x))
+_unary("softplus", lambda x, a: F.softplus(x), norm=True,
+       why="the spec's log(1 + exp(-|x|)) loses the tail PyTorch's log1p keeps: absolute error ~ eps")
+_unary("sqrt", lambda x, a: torch.sqrt(x), values=_positive)
+_unary("rsqrt", lambda x, a: torch.rsqrt(x), values=_positive)
+_unary("inv", lambda x, a: torch.reciprocal(x), values=_nonzero)
+_unary("log", lambda x, a: torch.log(x), values=_positive, norm=True,
+       why="log near 1 is ill-conditioned (relative error of the result ~ eps / |log x|)")
+_unary("log1p", lambda x, a: torch.log1p(x), values=lambda d, s: np.expm1(d.normal(s)))
+_unary("erf", lambda x, a: torch.erf(x))
+_unary("silu", lambda x, a: F.silu(x))
+_unary("softsign", lambda x, a: F.softsign(x))
+_unary("hardswish", lambda x, a: F.hardswish(x), values=lambda d, s: d.rng.uniform(-5, 5, s))
+_unary("mish", lambda x, a: F.mish(x))
+_unary("selu", lambda x, a: F.selu(x))
+_unary("gelu", lambda x, a: F.gelu(x, approximate=a["approximate"]), norm=True,
+       attrs=lambda d: {"approximate": d.choice(["none", "tanh"])},
+       why="1 + erf(x/sqrt 2) and 1 + tanh(...) cancel for negative x")
+_unary("leaky_relu", lambda x, a: F.leaky_relu(x, a["negative_slope"]),
+       attrs=lambda d: {"negative_slope": d.choice([0.01, 0.2, 1.5])})
+_unary("elu", lambda x, a: F.elu(x, a["alpha"]), attrs=lambda d: {"alpha": d.choice([1.0, 0.5, 2.0])})
+_unary("celu", lambda x, a: F.celu(x, a["alpha"]), attrs=lambda d: {"alpha": d.choice([1.0, 0.5, 2.0])})
+_unary("hardsigmoid", lambda x, a: (F.hardsigmoid(x) if a["alpha"] == 1 / 6 and a["beta"] == 0.5
+                                    else torch.clamp(x * a["alpha"] + a["beta"], 0, 1)),
+       values=lambda d, s: d.rng.uniform(-5, 5, s), norm=True,
+       attrs=lambda d: dict(zip(("alpha", "beta"), d.choice([(1 / 6, 0.5), (0.2, 0.5)]))),
+       why="PyTorch computes relu6(x + 3) / 6, ONNX alpha * x + beta: they round differently near 0")
+_unary("clamp", lambda x, a: x if a["min"] is None and a["max"] is None else torch.clamp(x, a["min"], a["max"]),
+       attrs=lambda d: {"min": d.choice([None, -1.0, 0.0]), "max": d.choice([None, 0.5, 2.0])})
+
+
+@case("pow", norm=False)
+def _pow(d: Draw) -> Example:
+    e = d.choice([2.0, 3.0, -1.0, -2.0, 0.5, 1.5, 0.0])
+    shape = d.shape()
+    x = _nonzero(d, shape) if float(e).is_integer() else _positive(d, shape)
+    return Example({"exponent": e}, [x], lambda t, p: torch.pow(t[0], e))
+
+
+# -- elementwise binary -----------------------------------------------------------------------
+
+def _binary(kind: str, torch_fn: Callable, second: Callable[[Draw, tuple], np.ndarray] | None = None,
+            first: Callable[[Draw, tuple], np.ndarray] | None = None, **opts) -> None:
+    def gen(d: Draw) -> Example:
+        shape = d.shape()
+        x = first(d, shape) if first else d.normal(shape)
+        y = second(d, shape) if second else d.normal(shape)
+        return Example({}, [x, y], lambda t, p: torch_fn(t[0], t[1]))
+    case(kind, **opts)(gen)
+
+
+_binary("add", torch.add)
+_binary("sub", torch.sub)
+_binary("mul_elem", torch.mul)
+_binary("max_elem", torch.maximum, first=_integers, second=_integers)
+_binary("min_elem", torch.minimum)
+_binary("div", torch.div, second=_nonzero)
+_binary("mse_loss", F.mse_loss, norm=True, why="a sum")
+
+
+@case("safe_log", norm=True, why="softplus tail as in softplus, and log near 1")
+def _safe_log(d: Draw) -> Example:
+    x, eps = d.normal(d.shape()), np.array(d.choice([1e-6, 1e-3, 0.5]))
+    return Example({}, [x, eps], lambda t, p: torch.log(F.softplus(t[0]) + t[1]))
+
+
+@case("prelu")
+def _prelu(d: Draw) -> Example:
+    shape = d.shape(min_rank=2)
+    w = d.normal((shape[1],))
+    slope = np.broadcast_to(w.reshape((1, -1) + (1,) * (len(shape) - 2)), shape).copy()
+    return Example({}, [d.normal(shape), slope], lambda t, p: F.prelu(t[0], t[1][(0, slice(None)) + (0,) * (len(shape) - 2)]))
+
+
+for _kind, _fn in (("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", torch.le), ("gt", torch.gt),
+                   ("ge", torch.ge)):
+    def _compare_gen(d: Draw, fn=_fn) -> Example:
+        shape = d.shape()
+        x, y = _integers(d, shape), _integers(d, shape)
+        if d.bool():
+            x, y = x.astype(np.int64), y.astype(np.int64)
+        return Example({}, [x, y], lambda t, p: fn(t[0], t[1]))
+    case(_kind)(_compare_gen)
+
+for _kind, _fn in (("logical_and", torch.logical_and), ("logical_or", torch.logical_or)):
+    def _logic_gen(d: Draw, fn=_fn) -> Example:
+        shape = d.shape()
+        return Example({}, [d.rng.random(shape) < 0.5, d.rng.random(shape) < 0.5], lambda t, p: fn(t[0], t[1]))
+    case(_kind)(_logic_gen)
+
+
+@case("logical_not")
+def _logical_not(d: Draw) -> Example:
+    return Example({}, [d.rng.random(d.shape()) < 0.5], lambda t, p: torch.logical_not(t[0]))
+
+
+@case("where")
+def _where(d: Draw) -> Example:
+    shape = d.shape()
+    x, y = d.normal(shape), d.normal(shape)
+    if d.bool():
+        x, y = x.astype(np.int64), y.astype(np.int64)
+    return Example({}, [d.rng.random(shape) < 0.5, x, y], lambda t, p: torch.where(t[0], t[1], t[2]))
+
+
+@case("cast")
+def _cast(d: Draw) -> Example:
+    shape = d.shape()
+    source, target = d.choice([("float", "int64"), ("float", "bool"), ("int64", "float"), ("bool", "float"),
+                               ("bool", "int64"), ("float", "float")])
+    x = {"float": d.normal(shape, 3.0), "int64": d.rng.integers(-5, 5, shape),
+         "bool": d.rng.random(shape) < 0.5}[source]
+    if source == "float" and target == "bool":
+        x = np.where(d.rng.random(shape) < 0.3, 0.0, x)
+    to = {"int64": torch.int64, "bool": torch.bool}
+    return Example({"dtype": target}, [x], lambda t, p: t[0].to(to.get(target, p["domain"])))
+
+
+# -- data movement ----------------------------------------------------------------------------
+
+@case("permute")
+def _permute(d: Draw) -> Example:
+    shape = d.shape()
+    perm = tuple(int(i) for i in d.rng.permutation(len(shape)))
+    return Example({"perm": perm}, [d.normal(shape)], lambda t, p: torch.permute(t[0], perm))
+
+
+@case("transpose")
+def _transpose(d: Draw) -> Example:
+    shape = d.shape()
+    a1, a2 = d.int(0, len(shape) - 1), d.int(0, len(shape) - 1)
+    return Example({"axis1": a1, "axis2": a2}, [d.normal(shape)], lambda t, p: torch.transpose(t[0], a1, a2))
+
+
+@case("detach")
+def _detach(d: Draw) -> Example:
+    return Example({}, [d.normal(d.shape())], lambda t, p: t[0].detach())
+
+
+def _broadcast_pair(d: Draw) -> tuple[tuple, tuple]:
+    to = d.shape(min_rank=0)
+    keep = d.int(0, len(to))
+    src = tuple(1 if d.bool() else e for e in to[len(to) - keep:])
+    return src, to
+
+
+@case("broadcast_to")
+def _broadcast_to(d: Draw) -> Example:
+    src, to = _broadcast_pair(d)
+    return Example({"from_shape": src, "to_shape": to}, [d.normal(src)], lambda t, p: torch.broadcast_to(t[0], to))
+
+
+@case("expand")
+def _expand(d: Draw) -> Example:
+    src, to = _broadcast_pair(d)
+    return Example({"to_shape": to}, [d.normal(src)], lambda t, p: t[0].expand(to))
+
+
+@case("reshape")
+def _reshape(d: Draw) -> Example:
+    shape = d.shape(min_rank=0)
+    out = tuple(reversed(shape)) + ((1,) if d.bool() else ())
+    return Example({"in_shape": shape, "out_shape": out}, [d.normal(shape)], lambda t, p: torch.reshape(t[0], out))
+
+
+@case("flatten")
+def _flatten(d: Draw) -> Example:
+    shape = d.shape(min_rank=0)
+    return Example({"value_shape": shape}, [d.normal(shape)], lambda t, p: torch.flatten(t[0]))
+
+
+@case("concat")
+def _concat(d: Draw) -> Example:
+    shape = d.shape()
+    axis = d.int(0, len(shape) - 1)
+    parts = []
+    for _ in range(d.int(2, 4)):
+        s = list(shape)
+        s[axis] = d.int(0, 4)
+        parts.append(d.normal(tuple(s)))
+    return Example({"axis": axis}, parts, lambda t, p: torch.cat(t, axis))
+
+
+@case("slice")
+def _slice(d: Draw) -> Example:
+    shape = d.shape()
+    axes = d.subset(range(len(shape)))
+    starts, ends, steps = [], [], []
+    for ax in axes:
+        s = d.int(0, shape[ax])
+        starts.append(s)
+        ends.append(d.int(s, shape[ax]))
+        steps.append(d.int(1, 3))
+    index = [slice(None)] * len(shape)
+    for ax, s, e, st_ in zip(axes, starts, ends, steps):
+        index[ax] = slice(s, e, st_)
+    return Example({"axes": axes, "starts": starts, "ends": ends, "steps": steps}, [d.normal(shape)],
+                   lambda t, p: t[0][tuple(index)])
+
+
+@case("pad")
+def _pad(d: Draw) -> Example:
+    shape = d.shape()
+    before = [d.int(0, 2) for _ in shape]
+    after = [d.int(0, 2) for _ in shape]
+    value = d.choice([0.0, -1.5])
+    torch_pads = [v for b, a in zip(reversed(before), reversed(after)) for v in (b, a)]
+    return Example({"pads_before": before, "pads_after": after, "value": value}, [d.normal(shape)],
+                   lambda t, p: F.pad(t[0], torch_pads, value=value))
+
+
+@case("squeeze")
+def _squeeze(d: Draw) -> Example:
+    shape = tuple(1 if d.bool() else e for e in d.shape())
+    axes = tuple(i for i in d.subset(range(len(shape))) if shape[i] == 1)
+    return Example({"axes": axes}, [d.normal(shape)], lambda t, p: torch.squeeze(t[0], axes) if axes else t[0])
+
+
+@case("unsqueeze")
+def _unsqueeze(d: Draw) -> Example:
+    shape = d.shape(min_rank=0, max_rank=3)
+    n_new = d.int(1, 2)
+    axes = tuple(sorted(int(a) for a in d.rng.choice(len(shape) + n_new, n_new, replace=False)))
+
+    def ref(t, p):
+        y = t[0]
+        for a in axes:
+            y = torch.unsqueeze(y, a)
+        return y
+    return Example({"axes": axes}, [d.normal(shape)], ref)
+
+
+@case("gather")
+def _gather(d: Draw) -> Example:
+    shape = d.shape()
+    axis = d.int(0, len(shape) - 1)
+    idx = d.rng.integers(0, shape[axis], d.shape(min_rank=0, max_rank=2))
+    out = shape[:axis] + idx.shape + shape[axis + 1:]
+    data = d.normal(shape) if d.bool() else d.rng.integers(-9, 9, shape)
+    return Example({"axis": axis}, [data, idx],
+                   lambda t, p: torch.index_select(t[0], axis, t[1].reshape(-1)).reshape(out))
+
+
+# -- reductions -------------------------------------------------------------------------------
+
+@case("sum", norm=True, why="a sum")
+def _sum(d: Draw) -> Example:
+    return Example({}, [d.normal(d.shape(min_rank=0))], lambda t, p: torch.sum(t[0]))
+
+
+for _kind, _fn in (("reduce_sum", torch.sum), ("reduce_mean", torch.mean)):
+    def _reduce_gen(d: Draw, fn=_fn) -> Example:
+        shape = d.shape()
+        axis = d.int(0, len(shape) - 1)
+        return Example({"axis": axis}, [d.normal(shape)], lambda t, p: fn(t[0], axis))
+    case(_kind, norm=True, why="a sum")(_reduce_gen)
+
+
+def _prod(x: torch.Tensor, axes: tuple, keepdim: bool) -> torch.Tensor:
+    for a in sorted(axes, reverse=True):
+        x = torch.prod(x, a, keepdim=keepdim)
+    return x
+
+
+for _kind, _fn, _values in (
+        ("reduce_sum_axes", lambda x, ax, k: torch.sum(x, ax, keepdim=k), None),
+        ("reduce_mean_axes", lambda x, ax, k: torch.mean(x, ax, keepdim=k), None),
+        ("reduce_max", lambda x, ax, k: torch.amax(x, ax, keepdim=k), None),
+        ("reduce_min", lambda x, ax, k: torch.amin(x, ax, keepdim=k), None),
+        ("reduce_prod", _prod, lambda d, s: 1 + d.normal(s, 0.3))):
+    def _axes_gen(d: Draw, fn=_fn, values=_values) -> Example:
+        shape = d.shape()
+        axes, keep = d.subset(range(len(shape))), d.bool()
+        x = values(d, shape) if values else d.normal(shape)
+        return Example({"axes": axes, "keepdim": keep}, [x], lambda t, p: fn(t[0], axes, keep) if axes else t[0])
+    case(_kind, norm=True, why="sums and products accumulate")(_axes_gen)
+
+for _kind, _fn in (("argmax", torch.argmax), ("argmin", torch.argmin)):
+    def _arg_gen(d: Draw, fn=_fn) -> Example:
+        shape = d.shape()
+        axis, keep = d.int(0, len(shape) - 1), d.bool()
+        x = _integers(d, shape) if d.bool() else d.normal(shape)  # ties: the first index wins
+        return Example({"axis": axis, "keepdim": keep}, [x], lambda t, p: fn(t[0], axis, keepdim=keep))
+    case(_kind)(_arg_gen)
+
+
+# -- softmax and normalization ----------------------------------------------------------------
+
+@case("softmax")
+def _softmax(d: Draw) -> Example:
+    shape = d.shape()
+    axis = d.int(0, len(shape) - 1)
+    return Example({"axis": axis}, [d.normal(shape)], lambda t, p: torch.softmax(t[0], axis))
+
+
+@case("log_softmax", norm=True, why="log-probabilities near 0 cancel")
+def _log_softmax(d: Draw) -> Example:
+    shape = d.shape()
+    axis = d.int(0, len(shape) - 1)
+    return Example({"axis": axis}, [d.normal(shape)], lambda t, p: torch.log_softmax(t[0], axis))
+
+
+@case("hard_masked_softmax")
+def _hard_masked_softmax(d: Draw) -> Example:
+    shape = d.shape()
+    allowed = d.rng.random(shape) < 0.6
+
+    def ref(t, p):
+        mask = torch.from_numpy(allowed)
+        return torch.nan_to_num(torch.softmax(t[0].masked_fill(~mask, -math.inf), -1), nan=0.0)
+    return Example({"mask_shape": shape, "allowed": tuple(bool(v) for v in allowed.reshape(-1))},
+                   [d.normal(shape)], ref)
+
+
+@case("layernorm", norm=True, why="mean and variance are sums")
+def _layernorm(d: Draw) -> Example:
+    shape = d.shape()
+    axis, eps = d.int(0, len(shape) - 1), d.choice([1e-5, 1e-3])
+    suffix = shape[axis:]
+    payload = {}
+    if d.bool():
+        payload["weight"] = d.normal(suffix)
+    if d.bool():
+        payload["bias"] = d.normal(suffix)
+    return Example({"axis": axis, "eps": eps}, [d.normal(shape) + d.choice([0.0, 5.0])],
+                   lambda t, p: F.layer_norm(t[0], suffix, p.get("weight"), p.get("bias"), eps), payload=payload)
+
+
+@case("batch_norm_eval", norm=True, why="(x - mean) cancels")
+def _batch_norm_eval(d: Draw) -> Example:
+    shape = d.shape()
+    axis, eps = d.int(0, len(shape) - 1), d.choice([1e-5, 0.1])
+    c = shape[axis]
+    payload = {"weight": d.normal((c,)), "bias": d.normal((c,)), "running_mean": d.normal((c,)),
+               "running_var": np.exp(d.normal((c,)))}
+
+    def ref(t, p):
+        x = t[0].reshape(math.prod(shape[:axis]), c, -1)
+        y = F.batch_norm(x, p["running_mean"], p["running_var"], p["weight"], p["bias"], False, 0.0, eps)
+        return y.reshape(shape)
+    return Example({"channel_axis": axis, "channels": c, "eps": eps}, [d.normal(shape)], ref, payload)
+
+
+# -- affine maps ------------------------------------------------------------------------------
+
+@case("matmul", norm=True, why="dot products", examples=20)
+def _matmul(d: Draw) -> Example:
+    m, n, p = d.int(1, 5), d.int(1, 6), d.int(1, 5)
+    batch = d.shape(min_rank=0, max_rank=2)
+    lb = tuple(1 if d.bool() else e for e in batch)[d.int(0, len(batch)):]
+    rb = tuple(1 if d.bool() else e for e in batch)[d.int(0, len(batch)):]
+    left = d.choice([(n,), lb + (m, n)])
+    right = d.choice([(n,), rb + (n, p)])
+    return Example({}, [d.normal(left), d.normal(right)], lambda t, q: torch.matmul(t[0], t[1]))
+
+
+@case("linear", norm=True, why="dot products")
+def _linear(d: Draw) -> Example:
+    lead, n_in, n_out = d.shape(min_rank=0, max_rank=3), d.int(1, 8), d.int(1, 8)
+    payload = {"weight": d.normal((n_out, n_in)), "bias": d.normal((n_out,))}
+    return Example({}, [d.normal(lead + (n_in,))], lambda t, p: F.linear(t[0], p["weight"], p["bias"]),
+                   payload, out_shape=lead + (n_out,))
+
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+@case("conv", norm=True, why="dot products", examples=30)
+def _conv(d: Draw) -> Example:
+    r = d.int(1, 3)
+    groups = d.int(1, 3)
+    cin, cout = groups * d.int(1, 2), groups * d.int(1, 2)
+    kernel = [d.int(1, 3) for _ in range(r)]
+    stride = [d.int(1, 2) for _ in range(r)]
+    dilation = [d.int(1, 2) for _ in range(r)]
+    before = [d.int(0, 2) for _ in range(r)]
+    after = [d.int(0, 2) for _ in range(r)]
+    spatial = [max(d.int(1, 6), dl * (k - 1) + 1 - b - a) for k, dl, b, a in zip(kernel, dilation, before, after)]
+    lead = d.shape(min_rank=0, max_rank=2, max_dim=2)
+    shape = lead + (cin, *spatial)
+    attrs = {"spatial_rank": r, "kernel": kernel, "stride": stride, "padding": before, "padding_after": after,
+             "dilation": dilation, "groups": groups, "channel_axis": len(lead), "in_channels": cin,
+             "out_channels": cout}
+    payload = {"weight": d.normal((cout, cin // groups, *kernel)), "bias": d.normal((cout,))}
+    pads = [v for b, a in zip(reversed(before), reversed(after)) for v in (b, a)]
+
+    def ref(t, p):
+        x = F.pad(t[0].reshape((-1, cin, *spatial)), pads)
+        y = _CONV[r](x, p["weight"], p["bias"], stride=stride, dilation=dilation, groups=groups)
+        return y.reshape(lead + tuple(y.shape[1:]))
+    return Example(attrs, [d.normal(shape)], ref, payload)
+
+
+# -- pooling ----------------------------------------------------------------------------------
+
+_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def _pool_input(d: Draw, kernel: list, padding: list, dilation: list, fit_unpadded: bool = False
+                ) -> tuple[tuple, tuple]:
+    """Leading axes and a spatial extent the window fits (PyTorch's avg_pool3d wants it unpadded)."""
+    lead = d.shape(min_rank=0, max_rank=2, max_dim=3)
+    spatial = tuple(max(d.int(1, 7), dl * (k - 1) + 1 - (0 if fit_unpadded else 2 * p))
+                    for k, p, dl in zip(kernel, padding, dilation))
+    return lead, spatial
+
+
+def _as_batch(x: torch.Tensor, lead: tuple, spatial: tuple) -> torch.Tensor:
+    return x.reshape((-1,) + spatial)  # unbatched (C, *spatial) form with C = prod(lead) (or 1)
+
+
+@case("max_pool", examples=20)
+def _max_pool(d: Draw) -> Example:
+    r = d.int(1, 3)
+    kernel = [d.int(1, 3) for _ in range(r)]
+    stride = [d.int(1, 3) for _ in range(r)]
+    padding = [d.int(0, k // 2) for k in kernel]
+    lead, spatial = _pool_input(d, kernel, padding, [1] * r)
+
+    def ref(t, p):
+        y = _MAX_POOL[r](_as_batch(t[0], lead, spatial), kernel, stride, padding)
+        return y.reshape(lead + tuple(y.shape[1:]))
+    return Example({"spatial_rank": r, "kernel": kernel, "stride": stride, "padding": padding},
+                   [d.normal(lead + spatial)], ref)
+
+
+@case("avg_pool", norm=True, why="a window sum", examples=20)
+def _avg_pool(d: Draw) -> Example:
+    r = d.int(1, 3)
+    kernel = [d.int(1, 3) for _ in range(r)]
+    stride = [d.int(1, 3) for _ in range(r)]
+    padding = [d.int(0, k // 2) for k in kernel]
+    lead, spatial = _pool_input(d, kernel, padding, [1] * r, fit_unpadded=True)
+
+    def ref(t, p):
+        y = _AVG_POOL[r](_as_batch(t[0], lead, spatial), kernel, stride, padding, count_include_pad=True)
+        return y.reshape(lead + tuple(y.shape[1:]))
+    return Example({"spatial_rank": r, "kernel": kernel, "stride": stride, "padding": padding},
+                   [d.normal(lead + spatial)], ref)
+
+
+def _pool_nd_attrs(d: Draw, with_dilation: bool) -> dict:
+    r = d.int(1, 3)
+    kernel = [d.int(1, 3) for _ in range(r)]
+    ceil_mode = d.bool()
+    before = [d.int(0, k // 2) for k in kernel]
+    after = before if ceil_mode or d.bool() else [d.int(0, k // 2) for k in kernel]  # asymmetric: no ceil
+    return {"spatial_rank": r, "kernel": kernel, "stride": [d.int(1, 3) for _ in range(r)], "padding": before,
+            "padding_after": after, "dilation": [d.int(1, 2) if with_dilation else 1 for _ in range(r)],
+            "ceil_mode": ceil_mode, "count_include_pad": d.bool()}
+
+
+def _torch_pads(a: dict) -> list:
+    return [v for b, e in zip(reversed(a["padding"]), reversed(a["padding_after"])) for v in (b, e)]
+
+
+@case("max_pool_nd", examples=30)
+def _max_pool_nd(d: Draw) -> Example:
+    a = _pool_nd_attrs(d, with_dilation=True)
+    r = a["spatial_rank"]
+    lead, spatial = _pool_input(d, a["kernel"], a["padding"], a["dilation"])
+
+    def ref(t, p):
+        x = _as_batch(t[0], lead, spatial)
+        if a["padding"] == a["padding_after"]:
+            y = _MAX_POOL[r](x, a["kernel"], a["stride"], a["padding"], a["dilation"], ceil_mode=a["ceil_mode"])
+        else:
+            y = _MAX_POOL[r](F.pad(x, _torch_pads(a), value=-math.inf), a["kernel"], a["stride"], 0, a["dilation"])
+        return y.reshape(lead + tuple(y.shape[1:]))
+    return Example(a, [d.normal(lead + spatial)], ref)
+
+
+@case("avg_pool_nd", norm=True, why="a window sum", examples=30)
+def _avg_pool_nd(d: Draw) -> Example:
+    a = _pool_nd_attrs(d, with_dilation=False)
+    r = a["spatial_rank"]
+    lead, spatial = _pool_input(d, a["kernel"], a["padding"], a["dilation"], fit_unpadded=True)
+
+    def ref(t, p):
+        x = _as_batch(t[0], lead, spatial)
+        if a["padding"] == a["padding_after"]:
+            y = _AVG_POOL[r](x, a["kernel"], a["stride"], a["padding"], ceil_mode=a["ceil_mode"],
+                             count_include_pad=a["count_include_pad"])
+        else:  # explicit asymmetric zero padding; without count_include_pad divide by the real cells
+            pads = _torch_pads(a)
+            y = _AVG_POOL[r](F.pad(x, pads), a["kernel"], a["stride"])
+            if not a["count_include_pad"]:
+                y = y / _AVG_POOL[r](F.pad(torch.ones_like(x), pads), a["kernel"], a["stride"])
+        return y.reshape(lead + tuple(y.shape[1:]))
+    return Example(a, [d.normal(lead + spatial)], ref)
+
+
+# -- the tests --------------------------------------------------------------------------------
+
+# ops whose meaning is TorchLean's own (no PyTorch counterpart): tested in test_semantics.py
+NOT_IN_TORCH = {"input", "const", "custom", "rand_uniform", "bernoulli_mask"}
+
+
+def test_every_registered_op_has_a_differential_case():
+    covered = {c.kind for c in CASES}
+    assert sorted(set(REGISTRY) - covered - NOT_IN_TORCH) == []
+
+
+@pytest.mark.parametrize("c", CASES, ids=[c.kind for c in CASES])
+def test_op_agrees_with_torch(c: Case):
+    @settings(max_examples=c.examples, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(data=st.data())
+    def check(data):
+        run_case(c, c.gen(Draw(data)))
+    check()

@@ -1,0 +1,104 @@
+"""Bundles as one torchlean.ir.v1 document in exactly the form TorchLean's importer accepts.
+
+Ext ops whose registry entry has an exact ``v1_rewrite`` (squeeze/unsqueeze -> reshape, expand ->
+broadcast_to, pools with v1 geometry) are rewritten; ``wire.graph_to_wire`` then writes payload
+fields inline (spec 3.2: grouped conv weights expanded dense, reductions as ``axes``/``keepdim``).
+Anything TorchLean cannot take (other ext ops, several inputs, int64/bool values, kinds its
+importer rejects, payloads that do not fit) is refused with every blocking node listed at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torchlean_bridge.bundle import Bundle
+from torchlean_bridge.errors import ExportError
+from torchlean_bridge.fileio import atomic_write_text
+from torchlean_bridge.graph import Graph, Node
+from torchlean_bridge.ops import FLOAT
+from torchlean_bridge.payload import payload_errors
+from torchlean_bridge.wire import dumps_document, graph_to_wire
+
+from .payload_safetensors import write_payload
+
+__all__ = ["export_torchlean", "torchlean_blocking_nodes", "to_v1_graph", "payload_file_for"]
+
+_IMPORTER_REJECTS = {"custom": "custom computations need a checked Lean body",
+                     "hard_masked_softmax": "TorchLean's importer has no encoding for the mask"}
+
+
+def _rewrite(g: Graph, node: Node) -> Node | None:
+    """The node in v1 form: itself, its exact v1 rewrite, or None when it has none."""
+    spec = node.spec
+    if spec is None:
+        return None
+    if spec.is_v1:
+        return node
+    if spec.v1_rewrite is None:
+        return None
+    parent_shapes = [g.nodes[p].out_shape for p in node.parents]
+    rewritten = spec.v1_rewrite(node.attrs, parent_shapes, node.out_shape)
+    if rewritten is None:
+        return None
+    kind, attrs = rewritten
+    return Node(node.id, node.parents, kind, node.out_shape, attrs, dtype=node.dtype, source=node.source)
+
+
+def torchlean_blocking_nodes(bundle: Bundle) -> list[dict[str, Any]]:
+    """Every node that keeps the bundle out of torchlean.ir.v1, with the reason (empty when none)."""
+    g = bundle.graph
+    blocking: list[dict[str, Any]] = []
+
+    def block(node: Node, reason: str) -> None:
+        blocking.append({"id": node.id, "kind": node.kind, "source": str(node.source) if node.source else None,
+                         "reason": reason})
+
+    for nid in g.inputs[1:]:
+        block(g.nodes[nid], f"graph input #{list(g.inputs).index(nid) + 1}: TorchLean graphs have exactly one input")
+    for node in g.nodes:
+        if node.kind in _IMPORTER_REJECTS:
+            block(node, _IMPORTER_REJECTS[node.kind])
+        elif _rewrite(g, node) is None:
+            block(node, "ext op without an exact torchlean.ir.v1 form")
+        elif node.dtype != FLOAT:
+            block(node, f"element type {node.dtype} (torchlean.ir.v1 is float-only)")
+    return blocking
+
+
+def to_v1_graph(bundle: Bundle) -> Graph:
+    """The graph with every ext node in its v1 form; ExportError listing every blocking node."""
+    blocking = torchlean_blocking_nodes(bundle)
+    if blocking:
+        lines = [f"  node {b['id']}: {b['kind']}" + (f" ({b['source']})" if b["source"] else "") + f": {b['reason']}"
+                 for b in blocking]
+        raise ExportError(f"torchlean.ir.v1 export: {len(blocking)} node(s) block the export:\n" + "\n".join(lines),
+                          node=blocking[0]["id"], op=blocking[0]["kind"])
+    g = bundle.graph
+    nodes = [_rewrite(g, n) for n in g.nodes]
+    return Graph([n for n in nodes if n is not None], g.inputs, g.outputs)
+
+
+def payload_file_for(file: str | Path) -> Path:
+    """Where a document written without inline payload keeps its tensors: ``NAME.payload.safetensors``."""
+    path = Path(file)
+    return path.with_name(path.stem + ".payload.safetensors")
+
+
+def export_torchlean(bundle: Bundle, file: str | Path | None, inline_payload: bool = True) -> dict[str, Any]:
+    """Write (atomically, when ``file`` is given) and return the torchlean.ir.v1 document.
+
+    Without ``inline_payload`` the document holds nodes only and the payload goes to
+    ``payload_file_for(file)`` (safetensors, ``"<node id>.<role>"`` keys, sha256 per tensor).
+    """
+    g = to_v1_graph(bundle)
+    problems = payload_errors(g, bundle.payload)
+    if problems:
+        raise ExportError("torchlean.ir.v1 export: the payload does not fit the graph:\n"
+                          + "\n".join(f"  {p.message}" for p in problems), node=problems[0].node)
+    doc = graph_to_wire(g, bundle.payload if inline_payload else None)
+    if file is not None:
+        atomic_write_text(file, dumps_document(doc))
+        if not inline_payload:
+            write_payload(bundle.payload, payload_file_for(file))
+    return doc

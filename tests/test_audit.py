@@ -1,0 +1,259 @@
+"""Mapping audits: swapped tensors that pass every key and shape check are found and named."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from exporters.folder import save
+from importers.builder import GraphBuilder
+from importers.checkpoints import load_checkpoint
+from torchlean_bridge.audit import audit
+from torchlean_bridge.seed import BIAS_PAIR, bias_pair_bundle
+
+SEED_FACTORY = '''
+import torch, torch.nn as nn
+
+def make():
+    same = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+    with torch.no_grad():
+        same[0].weight.copy_(torch.eye(3))
+        same[2].weight.copy_(torch.eye(3))
+        same[0].bias.copy_(torch.tensor([-1.0, 0.0, 0.0]))
+        same[2].bias.copy_(torch.tensor([1.0, 0.0, 0.0]))
+    return same
+'''
+
+
+def seed_module() -> nn.Module:
+    namespace: dict = {}
+    exec(SEED_FACTORY, namespace)
+    return namespace["make"]()
+
+
+def swapped(state_dict, a, b):
+    sd = {k: v.clone() for k, v in state_dict.items()}
+    sd[a], sd[b] = sd[b].clone(), sd[a].clone()
+    return sd
+
+
+def kinds(report, kind):
+    return [f for f in report.findings if f.kind == kind]
+
+
+@pytest.fixture
+def seed_files(tmp_path):
+    """The chapter's swapped state_dict, saved as safetensors and as a weights-only .pt file."""
+    from safetensors.torch import save_file
+    same = seed_module()
+    sd = swapped(same.state_dict(), "0.bias", "2.bias")
+    save_file(sd, str(tmp_path / "swapped.safetensors"))
+    torch.save(sd, tmp_path / "swapped.pt")
+    return same, sd, tmp_path
+
+
+def test_seed_swap_passes_load_state_dict(seed_files):
+    same, sd, _ = seed_files
+    z = torch.zeros(3)
+    assert same(z).tolist() == [1.0, 0.0, 0.0]
+    assert str(same.load_state_dict(sd)) == "<All keys matched successfully>"
+    assert same(z).tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("name", ["swapped.safetensors", "swapped.pt"])
+def test_seed_swap_is_named_on_the_zero_input(seed_files, name):
+    same, _, tmp_path = seed_files
+    ckpt = load_checkpoint(tmp_path / name)
+    report = audit(bias_pair_bundle(), ckpt, reference=same, inputs=[np.zeros(3)], samples=0)
+    assert not report.ok
+    assert [f.message for f in report.swaps] == ["swap 0.bias <-> 2.bias: max error 1.000000 -> 0.000000"]
+    assert report.swaps[0].keys == ("0.bias", "2.bias")
+    (mismatch,) = kinds(report, "mismatch")
+    assert mismatch.message.endswith("ours [0.000000, 0.000000, 0.000000], reference [1.000000, 0.000000, 0.000000]")
+
+
+def test_seed_swap_is_found_with_the_default_inputs(seed_files):
+    same, _, tmp_path = seed_files
+    report = audit(bias_pair_bundle(), load_checkpoint(tmp_path / "swapped.safetensors"), reference=same)
+    assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")]
+    assert report.error_after == 0.0 and report.inputs_used == 5
+    # identity weights in both layers: no input can tell them apart, and the report says so
+    assert [f.keys for f in kinds(report, "indistinguishable")] == [("0.weight", "2.weight")]
+    assert "identical tensors" in kinds(report, "indistinguishable")[0].message
+
+
+def test_golden_outputs_reference():
+    sd = swapped({k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, "0.bias", "2.bias")
+    report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3))
+    assert [f.message for f in report.swaps] == ["swap 0.bias <-> 2.bias: max error 1.000000 -> 0.000000"]
+
+
+def test_correct_checkpoint_agrees_and_is_ok(seed_files):
+    same, _, _ = seed_files
+    report = audit(bias_pair_bundle(), same.state_dict(), reference=same)
+    assert report.ok and report.swaps == [] and report.error_before == 0.0
+    assert kinds(report, "agreement")
+
+
+def test_a_swap_the_inputs_cannot_see_is_reported():
+    """ReLU(x + b1) + b2 on a large positive input is x + b1 + b2: symmetric in the two biases."""
+    sd = dict(BIAS_PAIR, **{"0.bias": np.array([1.0, 2.0, 3.0]), "2.bias": np.array([4.0, 5.0, 6.0])})
+    x = np.full(3, 10.0)
+    golden = [x + sd["0.bias"] + sd["2.bias"]]
+    report = audit(bias_pair_bundle(), sd, reference=golden, inputs=[x])
+    assert report.ok
+    (f,) = [f for f in kinds(report, "indistinguishable") if f.keys == ("0.bias", "2.bias")]
+    assert f.message == "swap 0.bias <-> 2.bias changes no output on the 1 input(s) used: these inputs cannot " \
+                        "tell them apart"
+
+
+def test_transposed_square_weight_is_named():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    sd = {k: v.clone() for k, v in net.state_dict().items()}
+    sd["0.weight"] = sd["0.weight"].T.contiguous()
+    gb = GraphBuilder("builder")
+    x = gb.input([3])
+    h = gb.add("linear", [x], shape=[3])
+    gb.param(h, "weight", np.zeros((3, 3)), key="0.weight")
+    gb.param(h, "bias", np.zeros(3), key="0.bias")
+    y = gb.add("linear", [gb.add("relu", [h])], shape=[2])
+    gb.param(y, "weight", np.zeros((2, 3)), key="2.weight")
+    gb.param(y, "bias", np.zeros(2), key="2.bias")
+    report = audit(gb.finish([y]), sd, reference=net)
+    assert [(f.kind, f.keys) for f in report.swaps] == [("transpose", ("0.weight",))]
+    assert report.swaps[0].message.startswith("transpose 0.weight: max error ")
+    assert report.swaps[0].message.endswith(" -> 0.000000")
+
+
+def cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.ReLU(), nn.Conv2d(2, 2, 3, padding=1))
+
+
+def cnn_bundle():
+    """The CNN above as IR (two conv nodes of identical geometry), keys bound as its state_dict."""
+    conv = {"spatial_rank": 2, "kernel": (3, 3), "stride": (1, 1), "padding": (1, 1), "padding_after": (1, 1),
+            "dilation": (1, 1), "groups": 1, "channel_axis": 1, "in_channels": 2, "out_channels": 2}
+    gb = GraphBuilder("builder")
+    x = gb.input([1, 2, 5, 5])
+    c1 = gb.add("conv", [x], conv)
+    gb.param(c1, "weight", np.zeros((2, 2, 3, 3)), key="0.weight")
+    gb.param(c1, "bias", np.zeros(2), key="0.bias")
+    c2 = gb.add("conv", [gb.add("relu", [c1])], conv)
+    gb.param(c2, "weight", np.zeros((2, 2, 3, 3)), key="2.weight")
+    gb.param(c2, "bias", np.zeros(2), key="2.bias")
+    return gb.finish([c2])
+
+
+def test_cnn_with_exchanged_conv_weights(tmp_path):
+    from safetensors.torch import save_file
+    net = cnn()
+    sd = swapped(net.state_dict(), "0.weight", "2.weight")
+    assert str(cnn().load_state_dict(sd)) == "<All keys matched successfully>"
+    save_file(sd, str(tmp_path / "cnn.safetensors"))
+    report = audit(cnn_bundle(), load_checkpoint(tmp_path / "cnn.safetensors"), reference=net)
+    assert [f.keys for f in report.swaps] == [("0.weight", "2.weight")]
+    assert report.error_before > 0.1 and report.error_after < 1e-12
+
+
+def test_two_independent_exchanges_are_both_found():
+    net = cnn()
+    sd = swapped(swapped(net.state_dict(), "0.weight", "2.weight"), "0.bias", "2.bias")
+    report = audit(cnn_bundle(), sd, reference=net)
+    assert sorted(f.keys for f in report.swaps) == [("0.bias", "2.bias"), ("0.weight", "2.weight")]
+    assert report.error_after < 1e-12
+    before, after = zip(*[(f.data["error_before"], f.data["error_after"]) for f in report.swaps])
+    assert before[1] == after[0]  # the steps chain: each starts where the previous one ended
+
+
+def test_a_wrong_value_is_not_blamed_on_a_swap():
+    net = cnn()
+    sd = {k: v.clone() for k, v in net.state_dict().items()}
+    sd["2.bias"] += 1.0
+    report = audit(cnn_bundle(), sd, reference=net)
+    assert not report.ok and report.swaps == []
+    assert kinds(report, "unresolved")
+
+
+def onnx_mlp(tmp_path, name, w1, b1, w2, b2):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W1", "B1"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("Gemm", ["r", "W2", "B2"], ["y"], transB=1)], "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(a.astype(np.float32), n) for a, n in
+         ((w1, "W1"), (b1, "B1"), (w2, "W2"), (b2, "B2"))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, tmp_path / name)
+    return tmp_path / name
+
+
+def test_onnx_model_with_exchanged_initializers(tmp_path):
+    import onnxruntime as ort
+
+    import torchlean_bridge as tlb
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((4, 4)), rng.standard_normal((4, 4))
+    b1, b2 = rng.standard_normal(4), rng.standard_normal(4)
+    good = onnx_mlp(tmp_path, "good.onnx", w1, b1, w2, b2)
+    bad = onnx_mlp(tmp_path, "bad.onnx", w2, b1, w1, b2)  # W1 and W2 exchanged
+    bundle = tlb.import_onnx(good)
+    session = ort.InferenceSession(str(good), providers=["CPUExecutionProvider"])
+    inputs = [[rng.standard_normal((1, 4)).astype(np.float32).astype(np.float64)] for _ in range(3)]
+    golden = [session.run(None, {"x": case[0].astype(np.float32)}) for case in inputs]
+    report = audit(bundle, load_checkpoint(bad), reference=golden, inputs=inputs, tolerance=1e-5)
+    assert [f.keys for f in report.swaps] == [("W1", "W2")]
+    assert report.error_after < 1e-5 * max(1.0, np.abs(golden).max())
+    assert audit(bundle, load_checkpoint(good), reference=golden, inputs=inputs, tolerance=1e-5).ok
+
+
+def test_no_reference_checks_only_the_binding():
+    report = audit(bias_pair_bundle(), BIAS_PAIR)
+    assert report.ok and kinds(report, "no_reference") and report.swaps == []
+    assert [f.keys for f in kinds(report, "ambiguity")] == [("0.weight", "2.weight"), ("0.bias", "2.bias")]
+
+
+def test_golden_outputs_need_their_inputs():
+    with pytest.raises(Exception, match="need the inputs"):
+        audit(bias_pair_bundle(), BIAS_PAIR, reference=[np.zeros(3)])
+
+
+def test_audit_command(seed_files, capsys):
+    from torchlean_bridge.cli import main
+
+    def run_cli(*args):
+        status = main(["audit", *map(str, args)])
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, status, out.out, out.err)
+
+    same, _, tmp_path = seed_files
+    save(bias_pair_bundle(), tmp_path / "bundle")
+    (tmp_path / "ref.py").write_text(SEED_FACTORY)
+    np.save(tmp_path / "zero.npy", np.zeros(3))
+    torch.save(same.state_dict(), tmp_path / "right.pt")
+
+    out = run_cli(tmp_path / "bundle", "--checkpoint", tmp_path / "swapped.pt", "--reference",
+                  f"{tmp_path / 'ref.py'}:make", "--input", tmp_path / "zero.npy", "--samples", "0")
+    assert out.returncode == 1, out.stderr
+    assert "swap 0.bias <-> 2.bias: max error 1.000000 -> 0.000000" in out.stdout
+
+    out = run_cli(tmp_path / "bundle", "--checkpoint", tmp_path / "swapped.safetensors", "--reference",
+                  f"{tmp_path / 'ref.py'}:make", "--json")
+    assert out.returncode == 1
+    doc = json.loads(out.stdout)
+    assert doc["ok"] is False and doc["swaps"] == [["0.bias", "2.bias"]]
+
+    out = run_cli(tmp_path / "bundle", "--checkpoint", tmp_path / "right.pt", "--reference",
+                  f"{tmp_path / 'ref.py'}:make")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "outputs agree with the reference module Sequential" in out.stdout
+
+    out = run_cli(tmp_path / "bundle", "--checkpoint", tmp_path / "missing.pt")
+    assert out.returncode == 2 and "no such checkpoint file" in out.stderr

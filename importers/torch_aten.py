@@ -1,0 +1,129 @@
+"""The ATen dispatch table of the torch.export importer: overload name -> lowering.
+
+Covers the overloads ``torch.export`` emits as is and the core ATen set ``run_decompositions()``
+produces (``convolution``, ``native_layer_norm``, ``_native_batch_norm_legit_no_training``,
+``addmm``, ``view``, ``expand``, ``clone``, ``alias``, ...). Arguments arrive positionally in schema
+order; a keyword ``self`` is renamed ``input`` before the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import torch_nn as N
+from . import torch_ops as T
+from .torch_common import Lowering
+
+__all__ = ["ATEN", "aten_lowering"]
+
+ATEN: dict[str, Lowering] = {}
+
+
+def _reg(names: str, fn: Lowering) -> None:
+    for name in names.split():
+        ATEN[f"aten.{name}"] = fn
+
+
+_reg("add.Tensor add.Scalar add_.Tensor", T.add)
+_reg("sub.Tensor sub.Scalar", T.sub)
+_reg("rsub.Tensor rsub.Scalar", T.rsub)
+_reg("mul.Tensor mul.Scalar", T.mul)
+_reg("div.Tensor div.Scalar div.Tensor_mode div.Scalar_mode true_divide.Tensor", T.div)
+_reg("pow.Tensor_Scalar pow.Tensor_Tensor", T.pow_)
+_reg("square.default", T.square)
+_reg("maximum.default", T.maximum)
+_reg("minimum.default", T.minimum)
+for _k in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _reg(f"{_k}.Tensor {_k}.Scalar", T.compare(_k))
+_reg("logical_and.default __and__.Tensor bitwise_and.Tensor", T.logical("logical_and"))
+_reg("logical_or.default __or__.Tensor bitwise_or.Tensor", T.logical("logical_or"))
+_reg("logical_not.default bitwise_not.default", T.logical_not)
+_reg("where.self where.ScalarOther where.ScalarSelf where.Scalar", T.where)
+_reg("masked_fill.Scalar masked_fill.Tensor", T.masked_fill)
+
+for _name, _kind in T.UNARY.items():
+    _reg(f"{_name}.default {_name}_.default", T.unary(_kind))
+_reg("gelu.default", T.gelu)
+_reg("leaky_relu.default", T.leaky_relu)
+_reg("elu.default", T.elu)
+_reg("celu.default", T.celu)
+_reg("softplus.default", T.softplus)
+_reg("hardtanh.default hardtanh_.default", T.hardtanh)
+_reg("relu6.default", T.relu6)
+_reg("hardsigmoid.default", T.hardsigmoid)
+_reg("clamp.default clamp.Tensor", T.clamp)
+_reg("clamp_min.default", lambda cx, input, min: T.clamp(cx, input, min, None))
+_reg("clamp_max.default", lambda cx, input, max: T.clamp(cx, input, None, max))
+
+_reg("sum.default sum.dim_IntList", T.reduce_sum)
+_reg("mean.default mean.dim", T.reduce_mean)
+_reg("amax.default", T.reduce_max)
+_reg("amin.default", T.reduce_min)
+_reg("max.default max.dim", T.max_or_min("max"))
+_reg("min.default min.dim", T.max_or_min("min"))
+_reg("argmax.default", T.argmax)
+_reg("argmin.default", T.argmin)
+_reg("any.dim any.dims any.default", T.any_all("max"))
+_reg("all.dim all.dims all.default", T.any_all("min"))
+_reg("softmax.int _softmax.default", T.softmax("softmax"))
+_reg("log_softmax.int _log_softmax.default", T.softmax("log_softmax"))
+_reg("_safe_softmax.default", T.softmax("softmax"))
+
+_reg("view.default reshape.default _unsafe_view.default", T.reshape)
+_reg("permute.default", T.permute)
+_reg("transpose.int", T.transpose)
+_reg("t.default numpy_T.default", T.t)
+_reg("unsqueeze.default", T.unsqueeze)
+_reg("squeeze.default squeeze.dim squeeze.dims", T.squeeze)
+_reg("flatten.using_ints", T.flatten)
+_reg("unflatten.int", T.unflatten)
+_reg("expand.default", T.expand)
+_reg("expand_as.default", T.expand_as)
+_reg("view_as.default reshape_as.default", T.view_as)
+_reg("cat.default concat.default", T.cat)
+_reg("stack.default", T.stack)
+_reg("slice.Tensor", T.slice_)
+_reg("narrow.default", T.narrow)
+_reg("select.int", T.select)
+_reg("split.Tensor split_with_sizes.default split.sizes", T.split)
+_reg("chunk.default", T.chunk)
+_reg("unbind.int", T.unbind)
+_reg("index.Tensor", T.index)
+_reg("index_select.default", T.index_select)
+_reg("constant_pad_nd.default", T.constant_pad_nd)
+_reg("pad.default", T.pad)
+_reg("repeat.default", T.repeat)
+_reg("contiguous.default clone.default alias.default detach.default lift_fresh_copy.default "
+     "_assert_tensor_metadata.default", T.identity)
+_reg("dropout.default feature_dropout.default alpha_dropout.default", T.dropout)
+_reg("native_dropout.default", lambda cx, input, p, train=False: (T.dropout(cx, input, p, bool(train)), None))
+_reg("to.dtype to.dtype_layout to.device to.other _to_copy.default type_as.default", T.to)
+_reg("zeros_like.default new_zeros.default", T.like(0))
+_reg("ones_like.default new_ones.default", T.like(1))
+_reg("full_like.default new_full.default", T.like(None))
+_reg("sym_size.int", T.size)
+
+_reg("linear.default", N.linear)
+_reg("addmm.default", N.addmm)
+_reg("mm.default bmm.default matmul.default", N.matmul)
+_reg("baddbmm.default", N.baddbmm)
+_reg("einsum.default", lambda cx, equation, tensors, path=None: N.einsum(cx, equation, *tensors))
+_reg("conv1d.default conv2d.default conv3d.default conv1d.padding conv2d.padding conv3d.padding", N.conv)
+_reg("convolution.default _convolution.default", N.convolution)
+_reg("batch_norm.default", N.batch_norm)
+_reg("_native_batch_norm_legit_no_training.default", N.batch_norm_no_training)
+_reg("native_batch_norm.default _native_batch_norm_legit.default", N.native_batch_norm)
+_reg("layer_norm.default", N.layer_norm)
+_reg("native_layer_norm.default", N.native_layer_norm)
+for _r in (1, 2, 3):
+    _reg(f"max_pool{_r}d.default", N.max_pool(_r))
+    _reg(f"max_pool{_r}d_with_indices.default", N.max_pool_with_indices(_r))
+    _reg(f"avg_pool{_r}d.default", N.avg_pool(_r))
+    _reg(f"adaptive_avg_pool{_r}d.default _adaptive_avg_pool{_r}d.default", N.adaptive_pool("avg", _r))
+    _reg(f"adaptive_max_pool{_r}d.default", N.adaptive_pool("max", _r, with_indices=True))
+_reg("embedding.default", N.embedding)
+_reg("scaled_dot_product_attention.default", N.scaled_dot_product_attention)
+
+
+def aten_lowering(target: Any) -> Lowering | None:
+    return ATEN.get(str(target))

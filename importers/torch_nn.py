@@ -1,0 +1,342 @@
+"""Lowerings of the layers with parameters or geometry: linear algebra, convolution, normalization,
+pooling, embedding and attention. Shared by the FX module/function tables and the ATen table.
+
+State_dict tensors go into the node's payload, bound to their key with the transform that turns
+the stored tensor into the payload tensor (``addmm(b, x, W.t())`` is ``linear`` with ``W`` itself;
+GPT-2's ``Conv1D`` weight ``[in, out]`` is bound with ``transpose``). Missing optional parameters
+(no bias, no affine) get the op's neutral values, unbound.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from torchlean_bridge.ops import BOOL, FLOAT, INT64
+from torchlean_bridge.ops.contracts import v1_pool_out_dim, window_out_dim
+
+from . import torch_ops as T
+from .torch_common import Known, Lowerer, NotLowerable, Sym, normalize_axis, prod
+
+Cx = Lowerer
+
+
+def _param(cx: Cx, v: Any, what: str) -> Known:
+    if not isinstance(v, Known):
+        raise NotLowerable(f"{what} is computed from the inputs; only import-time tensors can be payload")
+    return v
+
+
+def _zeros(n: int) -> np.ndarray:
+    return np.zeros((n,), dtype=np.float32)
+
+
+def _ones(n: int) -> np.ndarray:
+    return np.ones((n,), dtype=np.float32)
+
+
+# -- linear algebra -------------------------------------------------------------------------------
+def linear(cx: Cx, input: Any, weight: Any, bias: Any = None, *, weight_transposed: bool = False) -> Any:
+    """``linear`` when the weight is an import-time matrix; otherwise matmul (+ add)."""
+    if not isinstance(weight, Known) or weight.tensor.dim() != 2 or cx.rank(input) < 1 \
+            or (bias is not None and not isinstance(bias, Known)):
+        w = weight if weight_transposed else T.t(cx, weight)
+        out = matmul(cx, input, w)
+        return out if bias is None else T.add(cx, out, bias)
+    out_dim = weight.shape[1] if weight_transposed else weight.shape[0]
+    if bias is not None and tuple(bias.shape) != (out_dim,):
+        if prod(bias.shape) != out_dim:
+            return T.add(cx, linear(cx, input, weight, None, weight_transposed=weight_transposed), bias)
+        bias = T.reshape(cx, bias, [out_dim])
+    x = cx.node(input, "float")
+    out = cx.add("linear", [x], shape=cx.shape(input)[:-1] + (out_dim,))
+    cx.bind_param(out.nid, "weight", weight, transpose=weight_transposed)
+    if bias is None:
+        cx.builder.param(out.nid, "bias", _zeros(out_dim))
+    else:
+        cx.bind_param(out.nid, "bias", bias)
+    return out
+
+
+def addmm(cx: Cx, input: Any, mat1: Any, mat2: Any, beta: float = 1, alpha: float = 1) -> Any:
+    """``beta*input + alpha*(mat1 @ mat2)``; with a known ``mat2`` and bias it is ``linear``."""
+    if beta == 1 and alpha == 1 and isinstance(mat2, Known) and isinstance(input, Known) \
+            and prod(input.shape) == mat2.shape[1]:
+        return linear(cx, mat1, mat2, input, weight_transposed=True)
+    out = matmul(cx, mat1, mat2)
+    if alpha != 1:
+        out = T.mul(cx, out, alpha)
+    return T.add(cx, out, input if beta == 1 else T.mul(cx, input, beta))
+
+
+def matmul(cx: Cx, input: Any, other: Any) -> Sym:
+    return cx.add("matmul", [cx.node(input, FLOAT), cx.node(other, FLOAT)])
+
+
+def baddbmm(cx: Cx, input: Any, batch1: Any, batch2: Any, beta: float = 1, alpha: float = 1) -> Any:
+    out = matmul(cx, batch1, batch2)
+    if alpha != 1:
+        out = T.mul(cx, out, alpha)
+    return T.add(cx, out, input if beta == 1 else T.mul(cx, input, beta))
+
+
+def einsum(cx: Cx, equation: str, *operands: Any) -> Any:
+    """A plain contraction of one or two operands: permute/reshape/matmul/reduce_sum, exact."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    eq = equation.replace(" ", "")
+    if "." in eq:
+        raise NotLowerable("einsum with ellipsis")
+    lhs, _, out = eq.partition("->")
+    specs = lhs.split(",")
+    if not _:
+        counts = {c: lhs.count(c) for c in lhs if c != ","}
+        out = "".join(sorted(c for c, n in counts.items() if n == 1))
+    if any(len(set(s)) != len(s) for s in specs) or len(specs) != len(operands) or len(specs) > 2:
+        raise NotLowerable(f"einsum `{equation}` is not a plain contraction of one or two operands")
+    dims = {}
+    for s, op in zip(specs, operands):
+        for c, d in zip(s, cx.shape(op)):
+            if dims.setdefault(c, d) != d:
+                raise NotLowerable(f"einsum `{equation}`: index {c} has extents {dims[c]} and {d}")
+    # sum away indices that appear in one operand only and not in the output
+    ops = []
+    for s, op in zip(specs, operands):
+        others = "".join(x for x in specs if x is not s)
+        gone = [i for i, c in enumerate(s) if c not in out and c not in others]
+        if gone:
+            op = T.reduce_sum(cx, op, gone, False)
+            s = "".join(c for i, c in enumerate(s) if i not in gone)
+        ops.append((s, op))
+    if len(ops) == 1:
+        s, op = ops[0]
+        return T.permute(cx, op, [s.index(c) for c in out])
+    (sa, a), (sb, b) = ops
+    batch = [c for c in out if c in sa and c in sb]
+    left = [c for c in sa if c in out and c not in sb]
+    right = [c for c in sb if c in out and c not in sa]
+    contract = [c for c in sa if c in sb and c not in out]
+    a = T.permute(cx, a, [sa.index(c) for c in batch + left + contract])
+    b = T.permute(cx, b, [sb.index(c) for c in batch + contract + right])
+    size = lambda cs: prod(dims[c] for c in cs)  # noqa: E731
+    bshape = [dims[c] for c in batch]
+    a = T.reshape(cx, a, bshape + [size(left), size(contract)])
+    b = T.reshape(cx, b, bshape + [size(contract), size(right)])
+    res = T.reshape(cx, matmul(cx, a, b), bshape + [dims[c] for c in left + right])
+    order = batch + left + right
+    return T.permute(cx, res, [order.index(c) for c in out])
+
+
+# -- convolution ----------------------------------------------------------------------------------
+def _tuple(v: Any, n: int) -> list[int]:
+    if isinstance(v, int):
+        return [v] * n
+    v = [int(x) for x in v]
+    return v * n if len(v) == 1 else v
+
+
+def conv(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
+         dilation: Any = 1, groups: int = 1) -> Sym:
+    w = _param(cx, weight, "convolution weight")
+    r = w.tensor.dim() - 2
+    stride, dilation = _tuple(stride, r), _tuple(dilation, r)
+    kernel = list(w.shape[2:])
+    if padding == "valid":
+        before = after = [0] * r
+    elif padding == "same":
+        total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+        before = [t_ // 2 for t_ in total]
+        after = [t_ - b for t_, b in zip(total, before)]
+    else:
+        before = after = _tuple(padding, r)
+    channel_axis = cx.rank(input) - r - 1
+    if channel_axis not in (0, 1):
+        raise NotLowerable(f"conv{r}d input of rank {cx.rank(input)}")
+    attrs = {"spatial_rank": r, "kernel": kernel, "stride": stride, "padding": before, "padding_after": after,
+             "dilation": dilation, "groups": int(groups), "channel_axis": channel_axis,
+             "in_channels": w.shape[1] * int(groups), "out_channels": w.shape[0]}
+    out = cx.add("conv", [cx.node(input, FLOAT)], attrs)
+    cx.bind_param(out.nid, "weight", w)
+    if bias is None:
+        cx.builder.param(out.nid, "bias", _zeros(w.shape[0]))
+    else:
+        cx.bind_param(out.nid, "bias", _param(cx, bias, "convolution bias"))
+    return out
+
+
+def convolution(cx: Cx, input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
+                transposed: bool, output_padding: Any, groups: int) -> Sym:
+    if transposed:
+        raise NotLowerable("transposed convolution has no IR op")
+    return conv(cx, input, weight, bias, stride, padding, dilation, groups)
+
+
+# -- normalization --------------------------------------------------------------------------------
+def batch_norm(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+               training: bool, momentum: float = 0.1, eps: float = 1e-5, *_: Any) -> Sym:
+    if training:
+        raise NotLowerable("batch norm in training mode uses batch statistics; call model.eval() first")
+    if running_mean is None or running_var is None:
+        raise NotLowerable("batch norm without running statistics (track_running_stats=False) normalizes "
+                           "with batch statistics; not an eval-mode layer")
+    axis = 1 if cx.rank(input) >= 2 else 0
+    c = cx.shape(input)[axis]
+    out = cx.add("batch_norm_eval", [cx.node(input, FLOAT)], {"channel_axis": axis, "channels": c,
+                                                              "eps": float(eps)})
+    for role, v, default in (("weight", weight, _ones), ("bias", bias, _zeros),
+                             ("running_mean", running_mean, None), ("running_var", running_var, None)):
+        if v is None:
+            cx.builder.param(out.nid, role, default(c))
+        else:
+            cx.bind_param(out.nid, role, _param(cx, v, f"batch norm {role}"))
+    return out
+
+
+def batch_norm_no_training(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                           momentum: float, eps: float) -> tuple[Any, None, None]:
+    """aten._native_batch_norm_legit_no_training: (out, save_mean, save_rstd); only out is data."""
+    return batch_norm(cx, input, weight, bias, running_mean, running_var, False, momentum, eps), None, None
+
+
+def native_batch_norm(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                      training: bool, momentum: float, eps: float) -> tuple[Any, None, None]:
+    return batch_norm(cx, input, weight, bias, running_mean, running_var, training, momentum, eps), None, None
+
+
+def layer_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None,
+               eps: float = 1e-5, *_: Any) -> Sym:
+    ns = [int(d) for d in ([normalized_shape] if isinstance(normalized_shape, int) else normalized_shape)]
+    s = cx.shape(input)
+    axis = len(s) - len(ns)
+    if axis < 0 or list(s[axis:]) != ns:
+        raise NotLowerable(f"layer norm over {ns} does not match the input's trailing shape {list(s)}")
+    out = cx.add("layernorm", [cx.node(input, FLOAT)], {"axis": axis, "eps": float(eps)})
+    for role, v in (("weight", weight), ("bias", bias)):
+        if v is not None:
+            cx.bind_param(out.nid, role, _param(cx, v, f"layer norm {role}"))
+    return out
+
+
+def native_layer_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any, bias: Any,
+                      eps: float) -> tuple[Any, None, None]:
+    return layer_norm(cx, input, normalized_shape, weight, bias, eps), None, None
+
+
+# -- pooling ----------------------------------------------------------------------------------------
+def _pool_geometry(cx: Cx, input: Any, r: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any):
+    k = _tuple(kernel_size, r)
+    st = _tuple(stride, r) if stride not in (None, [], ()) else list(k)
+    return k, st, _tuple(padding, r), _tuple(dilation, r)
+
+
+def max_pool(r: int):
+    def lower(cx: Cx, input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+              ceil_mode: bool = False, return_indices: bool = False) -> Sym:
+        if return_indices:
+            raise NotLowerable("max pooling with return_indices")
+        return _pool(cx, "max", r, input, *_pool_geometry(cx, input, r, kernel_size, stride, padding, dilation),
+                     ceil_mode, True)
+    return lower
+
+
+def max_pool_with_indices(r: int):
+    def lower(cx: Cx, *args: Any, **kwargs: Any) -> tuple[Any, None]:
+        return max_pool(r)(cx, *args, **kwargs), None
+    return lower
+
+
+def avg_pool(r: int):
+    def lower(cx: Cx, input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+              count_include_pad: bool = True, divisor_override: Any = None) -> Sym:
+        if divisor_override is not None:
+            raise NotLowerable("average pooling with divisor_override")
+        return _pool(cx, "avg", r, input, *_pool_geometry(cx, input, r, kernel_size, stride, padding, 1),
+                     ceil_mode, bool(count_include_pad))
+    return lower
+
+
+def _pool(cx: Cx, which: str, r: int, input: Any, kernel: list[int], stride: list[int], padding: list[int],
+          dilation: list[int], ceil_mode: bool, count_include_pad: bool) -> Sym:
+    spatial = cx.shape(input)[-r:]
+    exact_v1 = all(d == 1 for d in dilation) and (which == "max" or count_include_pad or not any(padding))
+    if exact_v1:
+        torch_out = [window_out_dim(spatial[i], kernel[i], stride[i], padding[i], padding[i], 1, ceil_mode)
+                     for i in range(r)]
+        v1_out = [v1_pool_out_dim(spatial[i], kernel[i], stride[i], padding[i]) for i in range(r)]
+        exact_v1 = torch_out == v1_out
+    x = cx.node(input, FLOAT)
+    if exact_v1:
+        return cx.add(f"{which}_pool", [x], {"spatial_rank": r, "kernel": kernel, "stride": stride,
+                                             "padding": padding})
+    return cx.add(f"{which}_pool_nd", [x], {"spatial_rank": r, "kernel": kernel, "stride": stride,
+                                            "padding": padding, "padding_after": padding, "dilation": dilation,
+                                            "ceil_mode": bool(ceil_mode),
+                                            "count_include_pad": bool(count_include_pad)})
+
+
+def adaptive_pool(which: str, r: int, with_indices: bool = False):
+    """Adaptive pooling whose output size divides the input size: a fixed window."""
+
+    def lower(cx: Cx, input: Any, output_size: Any, return_indices: bool = False) -> Any:
+        if return_indices:
+            raise NotLowerable("adaptive max pooling with return_indices")
+        spatial = cx.shape(input)[-r:]
+        outs = [spatial[i] if o is None else int(o) for i, o in enumerate(_tuple_or_none(output_size, r))]
+        if any(o <= 0 or s % o for s, o in zip(spatial, outs)):
+            raise NotLowerable(f"adaptive pooling from {list(spatial)} to {outs} is not a fixed window "
+                               "(output size must divide the input size)")
+        k = [s // o for s, o in zip(spatial, outs)]
+        out = _pool(cx, which, r, input, k, k, [0] * r, [1] * r, False, True)
+        return (out, None) if with_indices else out
+
+    return lower
+
+
+def _tuple_or_none(v: Any, n: int) -> list[Any]:
+    if v is None or isinstance(v, int):
+        return [v] * n
+    v = list(v)
+    return v * n if len(v) == 1 else v
+
+
+# -- embedding and attention ------------------------------------------------------------------------
+def embedding(cx: Cx, weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+              sparse: bool = False) -> Sym:
+    """An embedding lookup is ``gather`` on axis 0 of the table (int64 indices)."""
+    if cx.etype(indices) != INT64:
+        raise NotLowerable(f"embedding indices have element type {cx.etype(indices)}, expected int64")
+    return cx.add("gather", [cx.node(weight, FLOAT), cx.node(indices, INT64)], {"axis": 0})
+
+
+def scaled_dot_product_attention(cx: Cx, query: Any, key: Any, value: Any, attn_mask: Any = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Sym:
+    """PyTorch's math definition: softmax(q k^T * scale + mask) v, with -inf where a bool mask is False."""
+    if dropout_p:
+        raise NotLowerable(f"attention dropout_p={dropout_p}; call model.eval() (dropout must be 0)")
+    qs, ks = cx.shape(query), cx.shape(key)
+    if enable_gqa and qs[-3] != ks[-3]:
+        raise NotLowerable("grouped-query attention (enable_gqa with fewer key/value heads)")
+    L, S = qs[-2], ks[-2]
+    factor = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
+    scores = matmul(cx, query, T.transpose(cx, key, -2, -1))
+    scores = T.mul(cx, scores, factor)
+    if is_causal:
+        if attn_mask is not None:
+            raise NotLowerable("attention with both attn_mask and is_causal")
+        attn_mask = Known(torch.ones(L, S, dtype=torch.bool).tril(), folded=True)
+    if attn_mask is not None:
+        mask = cx.known(attn_mask)
+        if cx.etype(attn_mask) == BOOL:
+            if mask is not None and not bool(mask.any(-1).all()):
+                raise NotLowerable("attention mask blocks every key of some query (PyTorch returns zeros there, "
+                                   "softmax would be undefined)")
+            scores = T.where(cx, attn_mask, scores, float("-inf"))
+        else:
+            scores = T.add(cx, scores, attn_mask)
+    probs = T.softmax("softmax")(cx, scores, -1)
+    return matmul(cx, probs, value)
+

@@ -200,3 +200,14 @@ def test_module_prefix_from_data_parallel(tmp_path, strip):
     torch.save({"module." + k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, tmp_path / "dp.pt")
     ckpt = load_checkpoint(tmp_path / "dp.pt", strip_prefix="module." if strip else None)
     assert bind_checkpoint(bias_pair_bundle(), ckpt)[1].ok is strip
+
+
+def test_public_names_work_even_after_the_submodules_are_imported():
+    import torchlean_bridge as tlb
+    import torchlean_bridge.abi  # noqa: F401  (rebinds the package attribute to the module)
+    import torchlean_bridge.audit  # noqa: F401
+    b = bias_pair_bundle()
+    assert tlb.abi(b).shapes == [[3, 3], [3], [3, 3], [3]]
+    b2, report = tlb.bind_checkpoint(b, BIAS_PAIR)
+    assert report.ok and b2 == b
+    assert tlb.audit(b, BIAS_PAIR, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3)).ok

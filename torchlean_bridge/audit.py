@@ -14,6 +14,8 @@ inputs (identical tensors, or a difference the inputs never excite) is reported 
 from __future__ import annotations
 
 import copy
+import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -21,6 +23,7 @@ import numpy as np
 
 from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint, square_matrix_keys
 from .bundle import Bundle
+from .check import check
 from .errors import BridgeError
 from .graph import Graph
 from .payload import Payload, payload_errors
@@ -116,10 +119,14 @@ def _module_outputs(module: Any, cases: list[Case]) -> list[list[np.ndarray]]:
     trusted = copy.deepcopy(module).double().eval()
     out = []
     with torch.no_grad():
-        for case in cases:
+        for k, case in enumerate(cases):
             args = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64 if x.dtype.kind == "f" else x.dtype))
                     for x in case]
-            out.append(_flat_outputs(trusted(*args)))
+            try:
+                out.append(_flat_outputs(trusted(*args)))
+            except Exception as e:  # the user's module: any failure is reported as bad input, not a traceback
+                raise BridgeError(f"audit: the reference module failed on input set {k} (run in float64): "
+                                  f"{type(e).__name__}: {e}") from None
     return out
 
 
@@ -166,7 +173,8 @@ class _Evaluator:
         self.cases = cases
 
     def payload(self, tensors: dict[str, np.ndarray], changed: Sequence[str]) -> Payload:
-        payload = self.bundle.payload.copy()
+        base = self.bundle.payload  # shared arrays, new records: nothing here writes into an array
+        payload = Payload({n: base.record(n) for n in base.nodes()})
         for key in changed:
             for slot in self.slots.for_key(key):
                 payload.set(slot.node, slot.role, apply_transform(slot.transform, tensors[key]))
@@ -253,10 +261,11 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")))
         return report
 
-    labelled = [(f"input {k}", case) for k, case in enumerate(_given_cases(g, inputs))]
+    check(g)  # once here: candidates are then evaluated without re-checking the graph
+    labelled = [(f"the given input {k}", case) for k, case in enumerate(_given_cases(g, inputs))]
     if _is_module(reference):
         from .diff import make_inputs
-        labelled += make_inputs(g, samples, seed)
+        labelled += [(f"the {label} input", case) for label, case in make_inputs(g, samples, seed)]
     cases = [case for _, case in labelled]
     if _is_module(reference):
         ref = _aligned(g, _module_outputs(reference, cases), "the reference module")
@@ -347,3 +356,15 @@ def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: l
             trial = ex.apply(current)
             errors[ex] = _max_error(evaluator.outputs(evaluator.payload(trial, sorted(changed | set(ex.keys)))), ref)
     return steps, current, error
+
+
+class _CallableModule(types.ModuleType):
+    """``tlb.audit`` names both this module and the public function: importing the submodule makes
+    Python rebind the package attribute ``torchlean_bridge.audit`` to the module, so the module
+    itself calls the function (the same arrangement as ``torchlean_bridge.diff``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> AuditReport:
+        return audit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -177,8 +177,7 @@ def test_swapped_biases_are_caught_at_the_first_and_both_keys_named(net):
     report = tlb.diff(bad, against="torch", module=m)
     assert _first(report) == fc1
     assert "fc1.bias" in report.first_divergence.keys
-    swaps = {f.keys for f in report.of_kind("parameter-mismatch")}
-    assert swaps == {("fc1.bias", "fc2.bias"), ("fc2.bias", "fc1.bias")}
+    assert [f.keys for f in report.of_kind("parameter-mismatch")] == [("fc1.bias", "fc2.bias")]
     by_node = {r.node: r.status for r in report.nodes}
     assert by_node[fc2] == "downstream"
     assert "fc1.bias and fc2.bias look exchanged" in str(report)

@@ -405,6 +405,7 @@ def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
             findings.append(Finding("parameter-mismatch", f"{b.key}: cannot apply transform {b.transform!r}: {e}",
                                     node=b.node, keys=(b.key,)))
     candidates = list(expected.values())
+    named_pairs: set[frozenset[str]] = set()
     for (nid, role), (key, want) in expected.items():
         have = bundle.payload.get(nid, role)
         if have is None:
@@ -414,9 +415,12 @@ def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
             continue
         twins = [k for k, v in candidates if k != key and v.shape == have.shape
                  and np.allclose(have, v, rtol=4 * EPS32, atol=TINY, equal_nan=True)]
+        if twins and frozenset((key, twins[0])) in named_pairs:
+            continue  # the exchange was reported from the other side
         if twins:
-            msg = (f"node {nid} `{role}` (bound to {key}) holds the reference's {twins[0]}, "
-                   f"not its {key}: {key} and {twins[0]} look exchanged")
+            named_pairs.add(frozenset((key, twins[0])))
+            msg = (f"{key} and {twins[0]} look exchanged: node {nid} `{role}` (bound to {key}) holds the "
+                   f"reference's {twins[0]}")
         elif have.shape != want.shape:
             msg = f"node {nid} `{role}` (bound to {key}) has shape {list(have.shape)}, reference {list(want.shape)}"
         else:

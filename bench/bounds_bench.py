@@ -1,0 +1,178 @@
+"""IBP speed and tightness: our ``interval_bounds`` against auto_LiRPA's IBP (a benchmark peer only).
+
+Models: a 784-1024-1024-10 MLP (batch 1 and 64) and a small CNN (3x32x32: conv 16 k3, relu,
+conv 32 k3 stride 2, relu, flatten, linear 10). For each: median wall time of our propagation
+(float64, outward rounded, every node's box kept) and of auto_LiRPA's
+``compute_bounds(method="IBP")`` (float32, round-to-nearest), their ratio, and the output bound
+widths side by side.
+
+auto_LiRPA is optional: install it for this script only (``pip install --no-deps
+/work/peers/auto_LiRPA`` plus appdirs, graphviz, ...), or it is picked up from
+/work/peers/auto_LiRPA if that checkout exists. Without it the peer column is skipped.
+
+Run: ``python bench/bounds_bench.py [--repeat N] [--eps R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import torchlean_bridge as tlb  # noqa: E402
+from torchlean_bridge.bundle import Bundle  # noqa: E402
+
+PEER_CHECKOUT = Path("/work/peers/auto_LiRPA")
+
+
+def load_peer() -> Any | None:
+    try:
+        import auto_LiRPA  # noqa: F401
+    except ImportError:
+        if PEER_CHECKOUT.exists():
+            sys.path.insert(0, str(PEER_CHECKOUT))
+        try:
+            import auto_LiRPA  # noqa: F401,F811
+        except ImportError as e:
+            print(f"auto_LiRPA is not importable ({e}); install it with `pip install --no-deps "
+                  f"{PEER_CHECKOUT}` to compare. Showing our figures only.")
+            return None
+    import auto_LiRPA
+    return auto_LiRPA
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(32 * 14 * 14, 10))
+
+
+def build_ir(model: nn.Sequential, x: torch.Tensor) -> Bundle:
+    """Our IR of the model: the fx importer when it exists, else the shared builder from the weights."""
+    try:
+        return tlb.import_fx(model, (x,))
+    except (ImportError, AttributeError):
+        pass
+    from importers.builder import GraphBuilder
+    b = GraphBuilder("builder")
+    nid = b.input(tuple(x.shape))
+    shape = tuple(x.shape)
+    for name, m in model.named_children():
+        if isinstance(m, nn.Linear):
+            shape = shape[:-1] + (m.out_features,)
+            nid = b.add("linear", [nid], shape=shape)
+            b.param(nid, "weight", m.weight.detach().double().numpy(), key=f"{name}.weight")
+            b.param(nid, "bias", m.bias.detach().double().numpy(), key=f"{name}.bias")
+        elif isinstance(m, nn.Conv2d):
+            attrs = dict(spatial_rank=2, kernel=list(m.kernel_size), stride=list(m.stride), padding=list(m.padding),
+                         padding_after=list(m.padding), dilation=list(m.dilation), groups=m.groups,
+                         channel_axis=1, in_channels=m.in_channels, out_channels=m.out_channels)
+            nid = b.add("conv", [nid], attrs)
+            b.param(nid, "weight", m.weight.detach().double().numpy(), key=f"{name}.weight")
+            b.param(nid, "bias", m.bias.detach().double().numpy(), key=f"{name}.bias")
+            shape = b.shape(nid)
+        elif isinstance(m, nn.ReLU):
+            nid = b.add("relu", [nid])
+        elif isinstance(m, nn.Flatten):
+            nid = b.reshape(nid, (shape[0], int(np.prod(shape[1:]))))
+            shape = b.shape(nid)
+        else:
+            raise TypeError(f"bench builder: no lowering for {type(m).__name__}")
+    return b.finish([nid])
+
+
+def median_times(fns: list[Callable[[], Any]], repeat: int) -> list[float]:
+    """Median wall time of each function; runs are interleaved so both sides see the same machine load
+    (the benchmark host is shared)."""
+    for fn in fns:
+        fn()  # warm-up (first-call allocation, auto_LiRPA's lazy setup)
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
+
+
+def _peer_bounds(model: nn.Module, x: torch.Tensor, eps: float) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    from auto_LiRPA import BoundedModule, BoundedTensor
+    from auto_LiRPA.perturbations import PerturbationLpNorm
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bounded = BoundedModule(model, torch.empty_like(x), device="cpu", verbose=False)
+    bx = BoundedTensor(x, PerturbationLpNorm(norm=np.inf, eps=eps))
+
+    def compute() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return bounded.compute_bounds(x=(bx,), method="IBP")
+    return compute
+
+
+def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: int, peer: Any | None) -> None:
+    model.eval()
+    bundle = build_ir(model, x)
+    c = x.double().numpy()
+    lower, upper = c - eps, c + eps
+
+    def ours() -> list:
+        return tlb.interval_bounds(bundle.graph, bundle.payload, lower, upper)
+
+    out = bundle.graph.outputs[0]
+    lo, hi = ours()[out]
+    our_width = hi - lo
+    if peer is None:
+        (t_ours,) = median_times([ours], repeat)
+        print(f"{name:<24} ours {t_ours * 1e3:8.2f} ms   output width mean {our_width.mean():.9g}")
+        return
+    theirs = _peer_bounds(model, x, eps)
+    t_ours, t_theirs = median_times([ours, theirs], repeat)
+    lb, ub = theirs()
+    width32 = (ub - lb).double().numpy()
+    # the same model in float64 through auto_LiRPA: the exact IBP widths up to binary64 rounding
+    lb64, ub64 = _peer_bounds(model.double(), x.double(), eps)()
+    model.float()
+    width64 = (ub64 - lb64).numpy()
+    print(f"{name:<24} ours {t_ours * 1e3:8.2f} ms   auto_LiRPA {t_theirs * 1e3:8.2f} ms   "
+          f"ratio ours/theirs {t_ours / t_theirs:5.2f}")
+    print(f"{'':<24} output width mean: ours {our_width.mean():.12g}   auto_LiRPA float32 {width32.mean():.12g}   "
+          f"auto_LiRPA float64 {width64.mean():.12g}")
+    print(f"{'':<24} max relative excess of our width: over float32 {_excess(our_width, width32):.2g}, "
+          f"over float64 {_excess(our_width, width64):.2g} (our outward rounding)")
+
+
+def _excess(ours: np.ndarray, theirs: np.ndarray) -> float:
+    return float(np.max((ours - theirs) / np.maximum(np.abs(theirs), 1e-300)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--eps", type=float, default=0.01)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    peer = load_peer()
+    print(f"IBP, l-inf radius {args.eps}, median of {args.repeat} runs; torch threads {torch.get_num_threads()}")
+    net = mlp()
+    for batch in (1, 64):
+        run_case(f"MLP 784-1024-1024-10 b{batch}", net, torch.rand(batch, 784), args.eps, args.repeat, peer)
+    run_case("CNN 3x32x32 b1", cnn(), torch.rand(1, 3, 32, 32), args.eps, args.repeat, peer)
+
+
+if __name__ == "__main__":
+    main()

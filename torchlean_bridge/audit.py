@@ -315,7 +315,11 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     report.add(Finding("mismatch", f"outputs disagree with {what}: max error {_fmt(before)} on {len(cases)} "
                                    f"input(s){_worst_case(labelled, base_outputs, ref)}",
                        data={"max_error": before, "limit": limit}))
-    steps, current, error = _search(evaluator, tensors, candidates, first_errors, ref, before, limit, max_steps)
+    suspects = _suspects(reference, tensors, ckpt)
+    searched = [ex for ex in candidates if set(ex.keys) <= suspects]
+    steps, error = _search(evaluator, tensors, searched, {ex: first_errors[ex] for ex in searched
+                                                                  if ex in first_errors},
+                                    ref, before, limit, max_steps)
     report.error_after = error
     if error <= limit:
         for ex, err_in, err_out in steps:
@@ -331,9 +335,26 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     return report
 
 
+def _suspects(reference: Any, tensors: dict[str, np.ndarray], ckpt: Any) -> set[str]:
+    """Keys whose tensor may be misplaced: all of them, unless the reference module's own state_dict
+    names the same keys, in which case only those whose value differs from the trusted one (an
+    exchange must move both of its tensors away from their trusted values). This only narrows the
+    search; agreement is still decided by evaluating the graph."""
+    if not _is_module(reference):
+        return set(tensors)
+    from importers.checkpoints import as_checkpoint
+    trusted = as_checkpoint(reference.state_dict(), strip_prefix="module.")
+    suspects = set()
+    for key, value in tensors.items():
+        if key not in trusted or trusted.shape(key) != value.shape \
+                or not np.array_equal(np.asarray(trusted[key], np.float64), np.asarray(value, np.float64)):
+            suspects.add(key)
+    return suspects
+
+
 def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: list[Exchange],
             first_errors: dict[Exchange, float], ref: list[list[np.ndarray]], error: float, limit: float,
-            max_steps: int) -> tuple[list[tuple[Exchange, float, float]], dict[str, np.ndarray], float]:
+            max_steps: int) -> tuple[list[tuple[Exchange, float, float]], float]:
     """Greedy: apply the exchange that lowers the error most, until agreement or no improvement."""
     steps: list[tuple[Exchange, float, float]] = []
     current, changed = tensors, set()
@@ -355,7 +376,7 @@ def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: l
                 continue
             trial = ex.apply(current)
             errors[ex] = _max_error(evaluator.outputs(evaluator.payload(trial, sorted(changed | set(ex.keys)))), ref)
-    return steps, current, error
+    return steps, error
 
 
 class _CallableModule(types.ModuleType):

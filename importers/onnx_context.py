@@ -48,16 +48,16 @@ class Const:
 Value = int | Const
 
 
-def compose_transform(first: str | None, step: str) -> str:
-    """Append a transform step; consecutive reshapes collapse into the last one."""
-    if not first:
-        return step
-    steps = first.split(";")
-    if step.startswith("reshape:") and steps[-1].startswith("reshape:"):
+def compose_transform(first: str | None, step: str) -> str | None:
+    """Append a transform step; consecutive reshapes collapse, two transposes cancel."""
+    steps = first.split(";") if first else []
+    if steps and step == "transpose" and steps[-1] == "transpose":
+        steps.pop()
+    elif steps and step.startswith("reshape:") and steps[-1].startswith("reshape:"):
         steps[-1] = step
     else:
         steps.append(step)
-    return ";".join(steps)
+    return ";".join(steps) or None
 
 
 def attr_value(node: Any, name: str, default: Any = None) -> Any:

@@ -22,7 +22,20 @@ NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike
 _RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
+def _squeeze_axes(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[int] | None:
+    if opset >= 13:
+        return [int(a) for a in feeds[node.input[1]].reshape(-1)] if len(node.input) > 1 and node.input[1] else None
+    return attr_value(node, "axes")
+
+
 def _run_reference(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnx's reference implementation; (Un)squeeze directly (the reference fails on opset < 13 forms)."""
+    if node.op_type in ("Squeeze", "Unsqueeze"):
+        x = feeds[node.input[0]]
+        axes = _squeeze_axes(node, opset, feeds)
+        if node.op_type == "Squeeze":
+            return [np.squeeze(x, axis=tuple(axes)) if axes else np.squeeze(x)]
+        return [np.expand_dims(x, tuple(axes))]
     from onnx.reference import ReferenceEvaluator
     evaluator = ReferenceEvaluator(node, opsets={"": opset})
     return [np.asarray(v) for v in evaluator.run(None, feeds)]

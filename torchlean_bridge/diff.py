@@ -27,7 +27,7 @@ from .report import Finding, Report
 from .roles import apply_transform
 
 __all__ = ["diff", "DiffReport", "NodeDiff", "make_inputs", "match_nodes", "ulp_distance",
-           "feeding_keys", "AGAINST"]
+           "feeding_keys", "provenance", "AGAINST"]
 
 AGAINST = ("torch", "onnxruntime", "reference-evaluator")
 
@@ -365,8 +365,9 @@ class DiffReport(Report):
 # -- the engine -------------------------------------------------------------------------------
 
 def _oracle(bundle: Bundle, against: str, module: Any, onnx_model: Any,
-            example: list[np.ndarray]) -> tuple[Any, str]:
-    """The runner to compare with, and the provenance field its keys correspond to."""
+            example: list[np.ndarray]) -> tuple[Any, str | dict[int, str]]:
+    """The runner to compare with, and how its keys match nodes: a provenance tag (``fx``, ``export``,
+    ``onnx``) or, for our own ONNX export, the exact node -> tensor map the exporter made."""
     from . import diff_runners as R
     if against == "torch":
         if module is None:
@@ -378,11 +379,16 @@ def _oracle(bundle: Bundle, against: str, module: Any, onnx_model: Any,
         if isinstance(module, torch.fx.GraphModule) or bundle.report.get("framework") != "export":
             return R.TorchFXRunner(module), "fx"
         return R.TorchExportRunner(module, example, decompose=bool(bundle.report.get("decomposed"))), "export"
-    if onnx_model is None:
-        from exporters.onnx import to_onnx_model
-        onnx_model = to_onnx_model(bundle, expose_all_nodes=True)
     runner_cls = R.OnnxRuntimeRunner if against == "onnxruntime" else R.OnnxReferenceRunner
-    return runner_cls(onnx_model), "onnx"
+    if onnx_model is not None:
+        return runner_cls(onnx_model), "onnx"
+    from exporters.onnx import to_onnx_model
+    own = to_onnx_model(bundle, expose_all_nodes=True)  # graph output i is node i's value
+    names = {i: o.name for i, o in enumerate(own.graph.output)}
+    runner = runner_cls(own)
+    runner.name += " (our ONNX export)"
+    runner.output_keys = [names[o] for o in bundle.graph.outputs]
+    return runner, names
 
 
 def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
@@ -449,7 +455,12 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     title = f"diff against {oracle.name}"
     report = DiffReport(title=title, against=oracle.name, inputs=[label for label, _ in sets])
 
-    matched, unmatched = match_nodes(g, framework) if per_node else ({}, {})
+    if not per_node:
+        matched, unmatched = {}, {}
+    elif isinstance(framework, dict):
+        matched, unmatched = dict(framework), {}
+    else:
+        matched, unmatched = match_nodes(g, framework)
     rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
     outs = [NodeDiff(o, g.nodes[o].kind, str(k), str(g.nodes[o].source or ""), output=j)
             for j, (o, k) in enumerate(zip(g.outputs, oracle.output_keys))]
@@ -515,9 +526,19 @@ def _classify(g: Graph, rows: dict[int, NodeDiff]) -> None:
             tainted[n.id] = upstream
 
 
-def _describe(r: NodeDiff, g: Graph) -> str:
-    src = f", {r.source}" if r.source else ""
-    return f"node {r.node} ({g.nodes[r.node].kind}{src})"
+def provenance(node: Node) -> str:
+    """Where a node came from, short: ``fx l2 (torch.nn.modules.linear.Linear) in l2``."""
+    src = node.source
+    if src is None:
+        return ""
+    parts = [src.framework, src.name or src.tensor, src.target and f"({src.target})",
+             src.module and f"in {src.module}"]
+    return " ".join(p for p in parts if p)
+
+
+def _describe(nid: int, g: Graph) -> str:
+    where = provenance(g.nodes[nid])
+    return f"node {nid} ({g.nodes[nid].kind}{', ' + where if where else ''})"
 
 
 def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff], outs: list[NodeDiff],
@@ -528,14 +549,14 @@ def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff],
         what = r.problem or (f"max abs error {_fmt(r.max_abs)} > budget {_fmt(r.budget)} "
                              f"({_fmt(r.max_ulp)} float32 ulps)")
         f = report.add(Finding(
-            "divergence", f"{_describe(r, g)} vs {r.counterpart}: {what} on {r.diverged_on}"
+            "divergence", f"{_describe(r.node, g)} vs {r.counterpart}: {what} on {r.diverged_on}"
                           + (f"; checkpoint keys feeding it: {', '.join(keys)}" if keys else ""),
             node=r.node, keys=tuple(keys), data=r.to_json()))
         if report.first_divergence is None:
             report.first_divergence = f
     for r in (r for r in outs if r.status == "diverged"):
         what = r.problem or f"max abs error {_fmt(r.max_abs)} > budget {_fmt(r.budget)}"
-        f = report.add(Finding("output-divergence", f"output {r.output} ({_describe(r, g)}): {what} on {r.diverged_on}",
+        f = report.add(Finding("output-divergence", f"output {r.output} ({_describe(r.node, g)}): {what} on {r.diverged_on}",
                                node=r.node, keys=tuple(feeding_keys(bundle, r.node)), data=r.to_json()))
         if report.first_divergence is None:
             report.first_divergence = f

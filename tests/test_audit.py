@@ -257,3 +257,25 @@ def test_audit_command(seed_files, capsys):
 
     out = run_cli(tmp_path / "bundle", "--checkpoint", tmp_path / "missing.pt")
     assert out.returncode == 2 and "no such checkpoint file" in out.stderr
+
+
+def test_fx_imported_cnn_with_batchnorm_and_exchanged_conv_weights(tmp_path):
+    import torchlean_bridge as tlb
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1),
+                        nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)).eval()
+    with torch.no_grad():
+        net[1].running_mean.uniform_(-0.5, 0.5)
+        net[1].running_var.uniform_(0.5, 1.5)
+    bundle = tlb.import_fx(net, (torch.randn(1, 3, 6, 6),))
+    torch.save(swapped(net.state_dict(), "3.weight", "5.weight"), tmp_path / "cnn.pt")
+    report = audit(bundle, load_checkpoint(tmp_path / "cnn.pt"), reference=net)
+    assert [f.message.split(":")[0] for f in report.swaps] == ["swap 3.weight <-> 5.weight"]
+    assert report.error_after < 1e-12
+    # BatchNorm's step counter is an integer buffer the graph never reads: listed, not an error
+    assert [f.severity for f in kinds(report, "unused")] == ["info"]
+    assert [g.keys for g in tlb.abi(bundle).ambiguity_groups()] == [
+        ("0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var", "3.bias", "5.bias"),
+        ("3.weight", "5.weight")]
+    clean = audit(bundle, net.state_dict(), reference=net)
+    assert clean.ok, str(clean)

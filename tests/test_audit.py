@@ -259,6 +259,7 @@ def test_audit_command(seed_files, capsys):
     assert out.returncode == 2 and "no such checkpoint file" in out.stderr
 
 
+@pytest.mark.slow  # the first torch.fx import costs ~10 s; the audit itself ~1.5 s
 def test_fx_imported_cnn_with_batchnorm_and_exchanged_conv_weights(tmp_path):
     import torchlean_bridge as tlb
     torch.manual_seed(0)

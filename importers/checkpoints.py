@@ -24,9 +24,7 @@ import numpy as np
 from torchlean_bridge.errors import CheckpointError
 from torchlean_bridge.report import Finding
 
-__all__ = ["Checkpoint", "load_checkpoint", "as_checkpoint", "FORMATS"]
-
-FORMATS = ("safetensors", "torch", "onnx", "torchlean-json", "mapping")
+__all__ = ["Checkpoint", "load_checkpoint", "as_checkpoint"]
 
 # safetensors dtype tag -> numpy dtype (BF16 has none: widened exactly to float32 and reported)
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
@@ -39,8 +37,8 @@ _WRAPPERS = ("state_dict", "model_state_dict")
 class Checkpoint(Mapping[str, np.ndarray]):
     """Read-only ``key -> ndarray`` with per-key shape/dtype known up front and load notes.
 
-    ``findings`` lists what loading noticed; for lazily read files (safetensors) the NaN/Inf scan
-    reads each tensor once, the first time ``findings`` is asked for.
+    ``notes`` lists what loading noticed without reading tensor data; ``findings`` adds the NaN/Inf
+    scan, which for lazily read files (safetensors) reads each tensor once, when first asked for.
     """
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, np.dtype],
@@ -82,6 +80,10 @@ class Checkpoint(Mapping[str, np.ndarray]):
 
     def num_parameters(self) -> int:
         return sum(int(np.prod(s, dtype=np.int64)) for s in self._shapes.values())
+
+    @property
+    def notes(self) -> list[Finding]:
+        return [f for f in self._findings if f.kind != "non_finite"]
 
     @property
     def findings(self) -> list[Finding]:

@@ -14,7 +14,7 @@ from . import torch_nn as N
 from . import torch_ops as T
 from .torch_common import Lowering
 
-__all__ = ["ATEN", "aten_lowering"]
+__all__ = ["ATEN", "aten_lowering", "is_inplace_overload"]
 
 ATEN: dict[str, Lowering] = {}
 
@@ -126,4 +126,19 @@ _reg("scaled_dot_product_attention.default", N.scaled_dot_product_attention)
 
 
 def aten_lowering(target: Any) -> Lowering | None:
-    return ATEN.get(str(target))
+    """The lowering of an overload; an in-place ``aten.X_.overload`` lowers as ``aten.X.overload``
+    (the lowerer rebinds the mutated operand to the result)."""
+    name = str(target)
+    lower = ATEN.get(name)
+    if lower is None and is_inplace_overload(target):
+        _, packet, overload = name.split(".", 2)
+        lower = ATEN.get(f"aten.{packet[:-1]}.{overload}")
+    return lower
+
+
+def is_inplace_overload(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return bool(alias is not None and alias.is_write and not schema.arguments[0].kwarg_only)

@@ -163,14 +163,20 @@ _TORCH_DIR = str(torch.__file__).rsplit("/", 1)[0]
 
 
 def source_line(stack_trace: str | None) -> str | None:
-    """``file.py:12`` of the innermost frame outside torch itself (the user's model code)."""
+    """``file.py:12`` of the innermost frame of model code.
+
+    User code wins; inside ``torch.nn`` containers the library module's own line is the source;
+    frames of the tracing machinery (``torch/fx``, ``torch/_*``, ``torch/export``) never are.
+    """
     if not stack_trace:
         return None
     frames = _FRAME.findall(stack_trace)
-    if not frames:
-        return None
     user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
-    path, line = (user or frames)[-1]
+    library = [f for f in frames if f[0].startswith(_TORCH_DIR + "/nn/")]
+    chosen = (user or library)
+    if not chosen:
+        return None
+    path, line = chosen[-1]
     return f"{path}:{line}"
 
 
@@ -360,13 +366,16 @@ class Lowerer:
         if node.op == "call_function" and node.target in (operator.iadd, operator.isub, operator.imul,
                                                           operator.itruediv):
             return True
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            from .torch_aten import is_inplace_overload
+            return is_inplace_overload(node.target)
         return bool(node.kwargs.get("inplace")) if node.op != "call_module" else False
 
     def depends(self, graph: torch.fx.Graph, seeds: set[torch.fx.Node]) -> set[torch.fx.Node]:
-        """Every node reachable from ``seeds`` through data edges."""
+        """Nodes whose value (statically) depends on ``seeds``; shape queries return plain numbers."""
         out = set(seeds)
         for n in graph.nodes:
-            if any(a in out for a in n.all_input_nodes):
+            if not is_shape_query(n) and any(a in out for a in n.all_input_nodes):
                 out.add(n)
         return out
 
@@ -385,7 +394,12 @@ class Lowerer:
         self.raise_problems("unsupported targets")
 
     def foldable_target(self, node: torch.fx.Node) -> bool:
-        name = target_name(node).lower()
+        """Deterministic, side-effect free, and (for modules) without state_dict tensors."""
+        if node.op == "call_module":
+            module = self.submodule(node)
+            if module is None or any(True for _ in module.state_dict()):
+                return False
+        name = target_name(node, self.submodule(node)).lower()
         return not any(b in name for b in FOLD_BLOCKLIST)
 
     def run(self, graph: torch.fx.Graph, dynamic_seeds: set[torch.fx.Node]) -> list[Any]:
@@ -407,7 +421,7 @@ class Lowerer:
             if n.op == "placeholder":
                 continue  # bound by the importer before run()
             try:
-                self.run_node(n, dynamic)
+                self.run_node(n)
             except (NotLowerable, BridgeError) as e:
                 self.problem(n, e.message if isinstance(e, BridgeError) else str(e))
                 poisoned.add(n)
@@ -420,7 +434,7 @@ class Lowerer:
     def _lookup(self, v: Any) -> Any:
         return self.env[v] if isinstance(v, torch.fx.Node) else v
 
-    def run_node(self, n: torch.fx.Node, dynamic: set[torch.fx.Node]) -> None:
+    def run_node(self, n: torch.fx.Node) -> None:
         self.current = n
         info = self.describe(n)
         self.current_source = Source(framework=self.framework, target=info["target"], module=info["module"],
@@ -431,7 +445,9 @@ class Lowerer:
         args = _map_values(n.args, self._lookup)
         kwargs = _map_values(dict(n.kwargs), self._lookup)
         first = len(self.builder.nodes)
-        if n not in dynamic and self.foldable_target(n) and not self._touches_pinned(args, kwargs):
+        leaves = flat_values([args, kwargs])
+        if self.foldable_target(n) and not any(isinstance(v, Sym) or isinstance(v, Known) and v.pinned
+                                               for v in leaves):
             result = self.fold(n, args, kwargs)
         else:
             lower = self.resolve(n)
@@ -445,9 +461,6 @@ class Lowerer:
 
     def call(self, n: torch.fx.Node, lower: Lowering, args: Any, kwargs: dict[str, Any]) -> Any:
         return lower(self, *args, **kwargs)
-
-    def _touches_pinned(self, args: Any, kwargs: Any) -> bool:
-        return any(isinstance(v, Known) and v.pinned for v in flat_values([args, kwargs]))
 
     def fold(self, n: torch.fx.Node, args: Any, kwargs: dict[str, Any]) -> Any:
         """Run the framework's own op on import-time values; tensors become folded Knowns."""
@@ -520,6 +533,17 @@ class Lowerer:
         if unused:
             bundle.report["unused_tensors"] = sorted(set(bundle.report.get("unused_tensors", [])) | set(unused))
         return bundle
+
+
+def is_shape_query(node: torch.fx.Node) -> bool:
+    """``x.size()``, ``x.shape``, ``x.dim()``, ``sym_size``: the answer is a number, not data."""
+    if node.op == "call_method":
+        return node.target in ("size", "dim", "numel")
+    if node.op == "call_function":
+        if node.target is getattr:
+            return len(node.args) > 1 and node.args[1] in ("shape", "ndim", "dtype", "device")
+        return str(node.target).startswith("aten.sym_size")
+    return False
 
 
 def check_static(shape: Iterable[Any], what: str) -> tuple[int, ...]:

@@ -202,7 +202,7 @@ def _dropout(cx: Cx, m: nn.Module, path: str, x: Any) -> Any:
 
 def _simple(fn: Lowering, *attrs: str) -> ModuleLowering:
     """A parameter-free module: its hyper-parameters passed to a functional lowering."""
-    return lambda cx, m, path, x: fn(cx, x, *(getattr(m, a) for a in attrs))
+    return lambda cx, m, path, x: fn(cx, x, *(getattr(m, a, None) for a in attrs))
 
 
 MODULES: dict[type, ModuleLowering] = {

@@ -28,6 +28,7 @@ TINY = 2.0 ** -1074     # smallest subnormal: absolute error of one product that
 LIB_ULPS = 4            # assumed maximal error of a library transcendental, in ulps
 
 _NEG, _POS = -np.inf, np.inf
+_MAX = np.finfo(np.float64).max
 
 
 def down(x: np.ndarray) -> np.ndarray:
@@ -58,8 +59,12 @@ def lib_bounds(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> Box:
     """Enclosure of a library function's exact value at the points x (``LIB_ULPS`` assumption)."""
     with np.errstate(all="ignore"):
         y = fn(x)
-        step = (2 * LIB_ULPS) * np.abs(np.spacing(y))
-        return down(y - step), up(y + step)
+        # an overflowed result still bounds from one side; from the other, start at the largest float
+        finite = np.where(np.isinf(y), np.copysign(_MAX, y), y)
+        step = (2 * LIB_ULPS) * np.abs(np.spacing(finite))
+        lo = np.where(y == _NEG, _NEG, down(finite - step))
+        hi = np.where(y == _POS, _POS, up(finite + step))
+        return clean(lo, hi)
 
 
 def sum_nonneg_bounds(total: np.ndarray, n: int) -> Box:

@@ -42,7 +42,8 @@ def test_safetensors_is_lazy_and_exact(tmp_path, net):
     ckpt._read = lambda k: reads.append(k) or original(k)
     assert ckpt.shape("0.weight") == (4, 3) and ckpt.dtype("1.num_batches_tracked") == np.int64
     assert ckpt.num_parameters() == sum(v.numel() for v in net.state_dict().values())
-    assert reads == []  # shapes, dtypes and totals come from the header alone
+    assert [f.kind for f in ckpt.notes] == ["integer"]
+    assert reads == []  # shapes, dtypes, totals and notes come from the header alone
     assert_same_as(ckpt, net.state_dict())
     assert "0.weight" in reads
 

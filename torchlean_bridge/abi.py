@@ -212,7 +212,7 @@ def bind_checkpoint(bundle: Bundle, ckpt: Any, strict: bool = True) -> tuple[Bun
     keyed = "error" if strict else "warning"
     payload = bundle.payload.copy()
     report = BindingReport(title=f"binding {ckpt.source}: {len(slots)} slots, {slots.num_parameters} parameters")
-    report.extend(f for f in ckpt.findings if f.kind != "non_finite")  # non-finite values are judged per slot
+    report.extend(ckpt.notes)  # NaN/Inf are judged per slot below, on the tensors actually bound
 
     changes: dict[tuple[str, str], list[str]] = {}  # (bundle dtype, checkpoint dtype) -> keys
     slot_ids = {(s.node, s.role) for s in slots}

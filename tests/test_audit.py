@@ -195,7 +195,7 @@ def onnx_mlp(tmp_path, name, w1, b1, w2, b2):
     return tmp_path / name
 
 
-def test_onnx_model_with_exchanged_initializers(tmp_path):
+def test_onnx_model_with_exchanged_initializers(tmp_path, capsys):
     import onnxruntime as ort
 
     import torchlean_bridge as tlb
@@ -212,6 +212,16 @@ def test_onnx_model_with_exchanged_initializers(tmp_path):
     assert [f.keys for f in report.swaps] == [("W1", "W2")]
     assert report.error_after < 1e-5 * max(1.0, np.abs(golden).max())
     assert audit(bundle, load_checkpoint(good), reference=golden, inputs=inputs, tolerance=1e-5).ok
+
+    # the same through the command line: the .onnx file itself is the checkpoint, golden outputs from onnxruntime
+    from torchlean_bridge.cli import main
+    save(bundle, tmp_path / "bundle")
+    np.save(tmp_path / "x.npy", inputs[0][0])
+    np.save(tmp_path / "y.npy", golden[0][0])
+    args = ["audit", str(tmp_path / "bundle"), "--checkpoint", str(bad), "--input", str(tmp_path / "x.npy"),
+            "--golden", str(tmp_path / "y.npy"), "--tolerance", "1e-5"]
+    assert main(args) == 1
+    assert "swap W1 <-> W2: max error " in capsys.readouterr().out
 
 
 def test_no_reference_checks_only_the_binding():

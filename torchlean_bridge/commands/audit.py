@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..errors import BridgeError
 from ..fileio import atomic_write_text
 from .common import read_array, read_bundle
 
@@ -21,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=".safetensors, .pt/.pth (weights-only), .onnx (its initializers) or TorchLean .json")
     p.add_argument("--reference", metavar="FILE.py:FACTORY",
                    help="zero-argument factory returning the nn.Module with the trusted weights")
+    p.add_argument("--golden", action="append", default=[], metavar="FILE.npy",
+                   help="trusted outputs for the --input arrays, one per graph output (instead of --reference)")
     p.add_argument("--input", action="append", default=[], metavar="FILE.npy",
                    help="one array per graph input, in order (repeat the option)")
     p.add_argument("--samples", type=int, default=5, help="generated input sets with --reference (default 5)")
@@ -39,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from ..audit import audit
     bundle = read_bundle(args.bundle)
     ckpt = load_checkpoint(args.checkpoint, strip_prefix=None if args.keep_prefix else "module.")
-    reference = None
+    if args.reference and args.golden:
+        raise BridgeError("audit: give --reference or --golden, not both")
+    reference = [read_array(p) for p in args.golden] or None
     if args.reference:
         from .diff import load_factory
         reference = load_factory(args.reference)

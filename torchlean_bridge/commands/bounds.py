@@ -32,10 +32,11 @@ def _box_text(lo: np.ndarray, hi: np.ndarray) -> str:
     return f"{format_vector(np.atleast_1d(lo))} .. {format_vector(np.atleast_1d(hi))}"
 
 
-def _json_list(a: np.ndarray) -> list:
-    """JSON has no Infinity: unbounded ends become the strings "inf" / "-inf"."""
+def _json_array(a: np.ndarray) -> object:
+    """Nested lists (a bare number for a scalar); JSON has no Infinity: unbounded ends become the
+    strings "inf" / "-inf"."""
     flat = [v if math.isfinite(v) else ("inf" if v > 0 else "-inf") for v in a.reshape(-1).tolist()]
-    return flat
+    return np.array(flat, dtype=object).reshape(a.shape).tolist() if a.ndim else flat[0]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
             failure = e
     if args.json:
         doc = {"radius": args.radius,
-               "nodes": [{"id": n.id, "kind": n.kind, "shape": list(n.out_shape), "lo": _json_list(boxes[n.id][0]),
-                          "hi": _json_list(boxes[n.id][1])} for n in g],
+               "nodes": [{"id": n.id, "kind": n.kind, "shape": list(n.out_shape), "lo": _json_array(boxes[n.id][0]),
+                          "hi": _json_array(boxes[n.id][1])} for n in g],
                "containment": (report.to_json() if report else None) if failure is None
                else {"ok": False, "node": failure.node, "message": str(failure)}}
         print(json.dumps(doc, allow_nan=False))

@@ -264,11 +264,13 @@ class OnnxReferenceRunner(_OnnxRunner):
 
 
 def reference_parameters(reference: Any) -> Mapping[str, np.ndarray]:
-    """The named tensors a reference holds: a module's state_dict, or an ONNX model's initializers."""
+    """The named tensors a reference holds: the state_dict of a module or an exported program, or an
+    ONNX model's initializers."""
     if reference is None:
         return {}
-    if hasattr(reference, "state_dict") and callable(reference.state_dict):
-        return {k: v for k, v in ((k, _to_numpy(t)) for k, t in reference.state_dict().items()) if v is not None}
+    if hasattr(reference, "state_dict"):
+        state = reference.state_dict() if callable(reference.state_dict) else reference.state_dict
+        return {k: v for k, v in ((k, _to_numpy(t)) for k, t in state.items()) if v is not None}
     from onnx import numpy_helper
     return {t.name: numpy_helper.to_array(t) for t in onnx_model_proto(reference).graph.initializer}
 

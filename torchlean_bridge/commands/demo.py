@@ -88,7 +88,8 @@ def torch_onnx_bytes(module: Any, example: np.ndarray) -> bytes:
 
 # -- part 1: the seed MLP -------------------------------------------------------------------------
 
-def capture_and_import(module: Any, out: Path, quiet: bool) -> dict[str, Bundle]:
+def capture_and_import(module: Any, out: Path, quiet: bool) -> tuple[dict[str, Bundle], Any]:
+    """The three imports, and the ExportedProgram (exported once; the diff runs the same program)."""
     import torch
     from importers.fx import import_fx
     from importers.onnx import import_onnx
@@ -97,7 +98,8 @@ def capture_and_import(module: Any, out: Path, quiet: bool) -> dict[str, Bundle]
     x0 = torch.tensor(SEED_X0, dtype=torch.float32)
     onnx_file = out / "seed_mlp.torch.onnx"
     onnx_file.write_bytes(torch_onnx_bytes(module, SEED_X0))
-    steps = {"fx": lambda: import_fx(module, (x0,)), "export": lambda: import_export(module, (x0,)),
+    program = torch.export.export(module, (x0,))
+    steps = {"fx": lambda: import_fx(module, (x0,)), "export": lambda: import_export(program),
              "onnx": lambda: import_onnx(onnx_file)}
     bundles = {}
     for name in iterate(steps, len(steps), "importing", quiet):
@@ -107,7 +109,7 @@ def capture_and_import(module: Any, out: Path, quiet: bool) -> dict[str, Bundle]
         print(f"{name:>6}: {len(b.graph)} IR nodes, {b.payload.num_parameters()} parameters, "
               f"keys {', '.join(b.roles)}; check: well formed and well shaped")
     print(f"(torch.onnx.export wrote {onnx_file})")
-    return bundles
+    return bundles, program
 
 
 def show_listing_and_values(b: Bundle) -> None:
@@ -119,7 +121,7 @@ def show_listing_and_values(b: Bundle) -> None:
         print(f"node {i}: {format_vector(v)}")
 
 
-def show_agreement(bundles: dict[str, Bundle], module: Any, onnx_file: Path, quiet: bool) -> None:
+def show_agreement(bundles: dict[str, Bundle], module: Any, program: Any, onnx_file: Path, quiet: bool) -> None:
     from semantics.evaluate import evaluate
     from ..diff import diff, make_inputs
     section("4. the three imports agree with each other, with PyTorch and with onnxruntime")
@@ -131,7 +133,7 @@ def show_agreement(bundles: dict[str, Bundle], module: Any, onnx_file: Path, qui
         print(f"{a} vs {b}: outputs differ by at most {worst:.1e} on {len(cases)} inputs (x0, normal, uniform, "
               f"zeros, edge)")
     checks = [("fx import", bundles["fx"], "torch", {"module": module}),
-              ("export import", bundles["export"], "torch", {"module": module}),
+              ("export import", bundles["export"], "torch", {"module": program}),
               ("onnx import", bundles["onnx"], "onnxruntime", {"onnx_model": onnx_file}),
               ("onnx import", bundles["onnx"], "reference-evaluator", {"onnx_model": onnx_file})]
     for label, bundle, against, kw in iterate(checks, len(checks), "diffing", quiet):
@@ -147,6 +149,8 @@ def show_bounds(b: Bundle) -> None:
     lo, hi = SEED_X0 - RADIUS, SEED_X0 + RADIUS
     for i, (low, high) in enumerate(interval_bounds(b.graph, b.payload, lo, hi)):
         print(f"node {i}: {format_vector(np.atleast_1d(low))} .. {format_vector(np.atleast_1d(high))}")
+    print("(tanh is monotone, so node 5's box is the image of node 4's; the chapter's Float instance "
+          "prints the global [-1, 1])")
     check_containment(b.graph, b.payload, lo, hi, samples=50, seed=0)
     print("sampled containment: 50 seeded points of the ball evaluated; every node's value lies in its box")
 
@@ -211,9 +215,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"torchlean-bridge demo: artefacts go to {out}/")
     module = seed_module()
-    bundles = capture_and_import(module, out, args.quiet)
+    bundles, program = capture_and_import(module, out, args.quiet)
     show_listing_and_values(bundles["fx"])
-    show_agreement(bundles, module, out / "seed_mlp.torch.onnx", args.quiet)
+    show_agreement(bundles, module, program, out / "seed_mlp.torch.onnx", args.quiet)
     show_bounds(bundles["fx"])
     write_exports(bundles["fx"], out)
     swapped_biases(out)

@@ -211,3 +211,13 @@ def test_public_names_work_even_after_the_submodules_are_imported():
     b2, report = tlb.bind_checkpoint(b, BIAS_PAIR)
     assert report.ok and b2 == b
     assert tlb.audit(b, BIAS_PAIR, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3)).ok
+
+
+def test_tied_keys_saved_twice_must_agree():
+    g = Graph([Node(0, [], "input", [3]), Node(1, [0], "linear", [3])])
+    b = Bundle(g, roles=RoleMap([Binding("embed.weight", 1, "weight"), Binding("head.weight", 1, "weight"),
+                                 Binding("head.bias", 1, "bias")]))
+    w = np.eye(3)
+    assert bind_checkpoint(b, {"embed.weight": w, "head.weight": w, "head.bias": np.zeros(3)})[1].ok
+    _, report = bind_checkpoint(b, {"embed.weight": w, "head.weight": 2 * w, "head.bias": np.zeros(3)})
+    assert [f.keys for f in kinds(report, "tied")] == [("embed.weight", "head.weight")] and not report.ok

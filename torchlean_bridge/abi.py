@@ -263,6 +263,7 @@ def bind_checkpoint(bundle: Bundle, ckpt: Any, strict: bool = True) -> tuple[Bun
         report.add(Finding("dtype_change", f"{len(keys)} tensor(s) were {before} in the bundle and are {after} in "
                                            f"the checkpoint (kept as {after}): {', '.join(dict.fromkeys(keys))}",
                            keys=tuple(dict.fromkeys(keys)), severity="info", data={"before": before, "after": after}))
+    report.extend(_alias_findings(bundle, slots, ckpt, payload))
     known_unused = set(bundle.report.get("unused_tensors", ()))
     for key in ckpt:
         if key in bundle.roles:
@@ -285,6 +286,23 @@ def bind_checkpoint(bundle: Bundle, ckpt: Any, strict: bool = True) -> tuple[Bun
                                            f"{', '.join(squares)}", keys=tuple(squares), severity="info"))
     bound = Bundle(bundle.graph, payload, bundle.roles, {**bundle.report, "checkpoint": ckpt.source})
     return bound, report
+
+
+def _alias_findings(bundle: Bundle, slots: ABI, ckpt: Any, payload: Any) -> list[Finding]:
+    """Further keys bound to an already keyed slot (tied weights saved twice) must hold the same values."""
+    by_slot = {(s.node, s.role): s for s in slots}
+    out = []
+    for b in bundle.roles.bindings():
+        slot = by_slot.get((b.node, b.role))
+        if slot is None or slot.key is None or b.key == slot.key or b.key not in ckpt or slot.key not in ckpt:
+            continue
+        mine = apply_transform(b.transform, ckpt[b.key]) if transform_shape(b.transform, ckpt.shape(b.key)) \
+            == slot.shape else None
+        if mine is None or not np.array_equal(mine, payload.get(slot.node, slot.role), equal_nan=True):
+            out.append(Finding("tied", f"`{b.key}` and `{slot.key}` are bound to the same {slot.where()} (tied "
+                                       f"weights) but hold different values; `{slot.key}` was used",
+                               node=slot.node, keys=(slot.key, b.key)))
+    return out
 
 
 def format_abi(slots: ABI) -> str:

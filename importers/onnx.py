@@ -23,7 +23,7 @@ from torchlean_bridge.ops import fmt_shape
 from . import onnx_ops_math, onnx_ops_nn, onnx_ops_tensor
 from .builder import GraphBuilder
 from .onnx_context import Const, NodeUnsupported, OnnxContext, unsupported_error
-from .onnx_fold import NONDETERMINISTIC, fold_node, fold_shape
+from .onnx_fold import LAYOUT_OPS, NONDETERMINISTIC, fold_node, fold_shape
 from .onnx_ops_math import onnx_element_type
 
 __all__ = ["import_onnx", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
@@ -228,7 +228,8 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
     if node.domain not in ("", "ai.onnx"):
         raise NodeUnsupported(f"custom domain `{node.domain}`")
     inputs = [ctx.values[n] for n in node.input if n]
-    if all(isinstance(v, Const) for v in inputs) and node.op_type not in NONDETERMINISTIC:
+    if all(isinstance(v, Const) for v in inputs) and node.op_type not in NONDETERMINISTIC \
+            and not _reads_parameter(node, inputs):
         try:
             return fold_node(ctx, node)
         except Exception as e:  # noqa: BLE001 - the reference evaluator raises assorted errors
@@ -246,6 +247,12 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
         if name and isinstance(value, int) and value >= start:
             ctx.retag(value, name)
     return outs
+
+
+def _reads_parameter(node: Any, inputs: list) -> bool:
+    """Computing on a float initializer (not just relayouting it) stays in the graph, keeping it bound."""
+    return node.op_type in HANDLERS and node.op_type not in LAYOUT_OPS and any(
+        v.key is not None and v.initializer and v.value.dtype.kind == "f" for v in inputs)
 
 
 def _shape_mismatch(ctx: OnnxContext, node: Any) -> str | None:

@@ -15,11 +15,13 @@ import numpy as np
 
 from .onnx_context import Const, OnnxContext, attr_value
 
-__all__ = ["NONDETERMINISTIC", "fold_node", "fold_shape"]
+__all__ = ["NONDETERMINISTIC", "LAYOUT_OPS", "fold_node", "fold_shape"]
 
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                               "Multinomial", "Bernoulli"})
 _RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+# ops that only move or retype a tensor: folding them keeps the initializer's binding (with a transform)
+LAYOUT_OPS = _RESHAPES | {"Transpose", "Cast", "Identity", "Dropout"}
 
 
 def _squeeze_axes(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[int] | None:

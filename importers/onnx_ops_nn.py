@@ -246,41 +246,51 @@ def _softmax(kind: str) -> Handler:
 
 # -- Einsum -----------------------------------------------------------------------------------
 
+def _sum_letters(ctx: OnnxContext, nid: int, letters: str, drop: set[str]) -> tuple[int, str]:
+    """Sum out the axes named by ``drop``; returns the node and its remaining letters."""
+    axes = tuple(i for i, c in enumerate(letters) if c in drop)
+    if not axes:
+        return nid, letters
+    if len(axes) == 1:
+        nid = ctx.add("reduce_sum", [nid], {"axis": axes[0]})
+    else:
+        nid = ctx.add("reduce_sum_axes", [nid], {"axes": axes, "keepdim": False})
+    return nid, "".join(c for c in letters if c not in drop)
+
+
+def _permute_letters(ctx: OnnxContext, nid: int, letters: str, order: str) -> int:
+    perm = tuple(letters.index(c) for c in order)
+    return nid if perm == tuple(range(len(perm))) else ctx.add("permute", [nid], {"perm": perm})
+
+
 def _einsum(ctx: OnnxContext) -> list[Value]:
-    """Two-operand contractions without repeated or operand-only summed letters, as one matmul."""
+    """Explicit one- or two-operand equations without repeated letters: sums, permutes, one matmul."""
     eq = str(ctx.attr("equation")).replace(" ", "")
-    if "->" not in eq or "..." in eq or len(ctx.node.input) != 2:
-        raise ctx.fail(f"equation `{eq}` (only explicit two-operand contractions are supported)")
-    lhs, out = eq.split("->")
-    a, b = lhs.split(",")
-    if any(len(set(t)) != len(t) for t in (a, b, out)) or any(c not in a + b for c in out) \
-            or any(c not in b and c not in out for c in a) or any(c not in a and c not in out for c in b):
-        raise ctx.fail(f"equation `{eq}` is not a plain contraction")
+    terms = eq.split("->")[0].split(",") if "->" in eq else []
+    out = eq.split("->")[1] if "->" in eq else ""
+    if not terms or "..." in eq or len(terms) != len(ctx.node.input) or len(terms) > 2 \
+            or any(len(set(t)) != len(t) for t in (*terms, out)) or any(c not in "".join(terms) for c in out):
+        raise ctx.fail(f"equation `{eq}` (only explicit one- or two-operand contractions are supported)")
+    if len(terms) == 1:
+        x, letters = _sum_letters(ctx, ctx.operand(0), terms[0], set(terms[0]) - set(out))
+        return [_permute_letters(ctx, x, letters, out)]
+    a, b = terms
+    sa, sb = dict(zip(a, ctx.shape(0))), dict(zip(b, ctx.shape(1)))
+    if any(sa[c] != sb[c] for c in set(a) & set(b)):
+        raise ctx.fail(f"equation `{eq}`: operand extents disagree")
+    x, a = _sum_letters(ctx, ctx.operand(0), a, set(a) - set(b) - set(out))
+    y, b = _sum_letters(ctx, ctx.operand(1), b, set(b) - set(a) - set(out))
     batch = [c for c in out if c in a and c in b]
     left = [c for c in out if c in a and c not in b]
     right = [c for c in out if c in b and c not in a]
     summed = [c for c in a if c in b and c not in out]
-    sa, sb = dict(zip(a, ctx.shape(0))), dict(zip(b, ctx.shape(1)))
-    if any(sa[c] != sb[c] for c in batch + summed):
-        raise ctx.fail(f"equation `{eq}`: operand extents disagree")
-
-    def arrange(nid: int, letters: str, order: list[str], shape: tuple[int, ...]) -> int:
-        perm = tuple(letters.index(c) for c in order)
-        if perm != tuple(range(len(perm))):
-            nid = ctx.add("permute", [nid], {"perm": perm})
-        return ctx.b.reshape(nid, shape, ctx.source)
-
     nb = tuple(sa[c] for c in batch)
     m, k, n = (math.prod(sa[c] for c in left), math.prod(sa[c] for c in summed), math.prod(sb[c] for c in right))
-    x = arrange(ctx.operand(0), a, batch + left + summed, nb + (m, k))
-    y = arrange(ctx.operand(1), b, batch + summed + right, nb + (k, n))
+    x = ctx.b.reshape(_permute_letters(ctx, x, a, "".join(batch + left + summed)), nb + (m, k), ctx.source)
+    y = ctx.b.reshape(_permute_letters(ctx, y, b, "".join(batch + summed + right)), nb + (k, n), ctx.source)
     z = ctx.add("matmul", [x, y])
-    natural = batch + left + right
     z = ctx.b.reshape(z, nb + tuple(sa[c] for c in left) + tuple(sb[c] for c in right), ctx.source)
-    perm = tuple(natural.index(c) for c in out)
-    if perm != tuple(range(len(perm))):
-        z = ctx.add("permute", [z], {"perm": perm})
-    return [z]
+    return [_permute_letters(ctx, z, "".join(batch + left + right), out)]
 
 
 HANDLERS: dict[str, Handler] = {
@@ -292,4 +302,5 @@ HANDLERS: dict[str, Handler] = {
 
 EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "max_pool",
                    "avg_pool", "max_pool_nd", "avg_pool_nd", "reduce_mean_axes", "reduce_max", "batch_norm_eval",
-                   "layernorm", "softmax", "log_softmax", "reshape", "permute"})
+                   "layernorm", "softmax", "log_softmax", "reshape", "permute", "reduce_sum",
+                   "reduce_sum_axes"})

@@ -171,6 +171,25 @@ def _gather(ctx: OnnxContext) -> list[Value]:
     return [ctx.add("gather", [ctx.operand(0), ind], {"axis": axis})]
 
 
+def _gather_nd(ctx: OnnxContext) -> list[Value]:
+    """``GatherND`` with constant indices: a ``gather`` on the flattened leading axes (exact)."""
+    if int(ctx.attr("batch_dims", 0)):
+        raise ctx.fail("batch_dims > 0")
+    idx = ctx.const(1)
+    if idx is None:
+        raise ctx.fail("the indices must be constant")
+    s = ctx.shape(0)
+    ind = np.asarray(idx.value).astype(np.int64)
+    r = ind.shape[-1]
+    lead = np.asarray(s[:r], dtype=np.int64)
+    if np.any((ind < -lead) | (ind >= lead)):
+        raise ctx.fail(f"index out of range for extents {list(s[:r])}")
+    flat = np.ravel_multi_index(tuple(np.where(ind < 0, ind + lead, ind).reshape(-1, r).T), s[:r])
+    data = ctx.b.reshape(ctx.operand(0), (math.prod(s[:r]),) + tuple(s[r:]), ctx.source)
+    flat_idx = ctx.b.const(flat.reshape(ind.shape[:-1]).astype(np.int64), source=ctx.source, folded=True)
+    return [ctx.add("gather", [data, flat_idx], {"axis": 0})]
+
+
 def _expand(ctx: OnnxContext) -> list[Value]:
     target = broadcast_shapes(ctx.shape(0), tuple(ctx.ints(1, "shape")), "Expand")
     if target == ctx.shape(0):
@@ -204,7 +223,7 @@ def _pad(ctx: OnnxContext) -> list[Value]:
 HANDLERS: dict[str, Handler] = {
     "Identity": _alias, "Dropout": _dropout, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split, "Slice": _slice,
-    "Gather": _gather, "Expand": _expand, "Pad": _pad,
+    "Gather": _gather, "GatherND": _gather_nd, "Expand": _expand, "Pad": _pad,
 }
 
 EMITS = frozenset({"reshape", "permute", "squeeze", "unsqueeze", "concat", "slice", "gather", "expand", "pad",

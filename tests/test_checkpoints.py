@@ -42,19 +42,21 @@ def test_safetensors_is_lazy_and_exact(tmp_path, net):
     ckpt._read = lambda k: reads.append(k) or original(k)
     assert ckpt.shape("0.weight") == (4, 3) and ckpt.dtype("1.num_batches_tracked") == np.int64
     assert ckpt.num_parameters() == sum(v.numel() for v in net.state_dict().values())
-    assert [f.kind for f in ckpt.notes] == ["integer"]
+    assert [f.kind for f in ckpt.notes] == ["integer"]  # num_batches_tracked
     assert reads == []  # shapes, dtypes, totals and notes come from the header alone
     assert_same_as(ckpt, net.state_dict())
     assert "0.weight" in reads
 
 
-def test_integer_tensors_are_reported_and_kept(tmp_path, net):
+def test_integer_and_bool_tensors_are_reported_and_kept(tmp_path, net):
     from safetensors.torch import save_file
-    save_file(net.state_dict(), str(tmp_path / "w.safetensors"))
+    save_file({**net.state_dict(), "mask": torch.tensor([True, False])}, str(tmp_path / "w.safetensors"))
     ckpt = load_checkpoint(tmp_path / "w.safetensors")
     ints = kinds(ckpt, "integer")
     assert [f.keys for f in ints] == [("1.num_batches_tracked",)]
     assert ckpt["1.num_batches_tracked"].dtype == np.int64
+    assert [f.keys for f in kinds(ckpt, "bool")] == [("mask",)]
+    assert ckpt["mask"].tolist() == [True, False]
 
 
 def test_checkpoint_is_a_read_only_mapping(tmp_path, net):

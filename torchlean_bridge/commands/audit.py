@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=5, help="generated input sets with --reference (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
     p.add_argument("--tolerance", type=float, default=1e-6,
-                   help="agreement: max |ours - reference| <= tolerance * max(1, max |reference|)")
+                   help="agreement: max |ours - reference| <= tolerance * max(1, max |reference|); the default "
+                        "1e-6 suits --reference (run in float64); float32 --golden outputs need about 1e-5")
     p.add_argument("--no-strict", action="store_true", help="missing and unexpected keys are warnings, not errors")
     p.add_argument("--keep-prefix", action="store_true", help="do not strip a leading `module.` from keys")
     p.add_argument("--json", nargs="?", const="-", metavar="REPORT.json",

@@ -500,18 +500,11 @@ def _out_spatial(node: Node) -> tuple[int, ...]:
     return tuple(node.out_shape[len(node.out_shape) - node.attrs["spatial_rank"]:])
 
 
-def _check_max_windows(node: Node, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    if np.any(np.isneginf(y)) and not np.any(np.isneginf(x)):
-        raise domain_error(node, "a pooling window lies entirely in the padding")
-    return y
-
-
 @rule("max_pool")
 def _max_pool(node, xs, rec, dt):
     a, r = node.attrs, node.attrs["spatial_rank"]
-    y = pool_nd(xs[0], mode="max", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
-                padding_after=a["padding"], dilation=(1,) * r, out_spatial=_out_spatial(node))
-    return _check_max_windows(node, xs[0], y)
+    return pool_nd(xs[0], mode="max", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
+                   padding_after=a["padding"], dilation=(1,) * r, out_spatial=_out_spatial(node))
 
 
 @rule("avg_pool")
@@ -524,10 +517,10 @@ def _avg_pool(node, xs, rec, dt):
 
 @rule("max_pool_nd")
 def _max_pool_nd(node, xs, rec, dt):
+    """A window made only of padding (possible with dilation) gives -inf, as in PyTorch and ONNX."""
     a = node.attrs
-    y = pool_nd(xs[0], mode="max", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
-                padding_after=a["padding_after"], dilation=a["dilation"], out_spatial=_out_spatial(node))
-    return _check_max_windows(node, xs[0], y)
+    return pool_nd(xs[0], mode="max", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
+                   padding_after=a["padding_after"], dilation=a["dilation"], out_spatial=_out_spatial(node))
 
 
 @rule("avg_pool_nd")

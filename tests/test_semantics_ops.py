@@ -66,6 +66,7 @@ class Example:
     reference: Callable  # (torch inputs, torch payload) -> torch tensor
     payload: dict | None = None  # role -> float64 array (the reference also sees "domain": torch dtype)
     out_shape: tuple = ()  # the declaration, for rules that read it (linear)
+    rtol32: float | None = None  # an example-specific float32 tolerance (conditioning it states)
 
 
 @dataclass
@@ -106,7 +107,7 @@ def run_case(c: Case, ex: Example) -> None:
     etype = spec.element_type(probe.attrs, [n.dtype for n in nodes], "float")
     g = Graph(nodes + [probe.with_(out_shape=shape, dtype=etype)], outputs=[k])
     payload = Payload({k: ex.payload}) if ex.payload else None
-    for dtype, rtol in (("float64", c.rtol64), ("float32", c.rtol32)):
+    for dtype, rtol in (("float64", c.rtol64), ("float32", ex.rtol32 or c.rtol32)):
         xs = [_in_domain(x, dtype) for x in ex.inputs]
         ours = evaluate(g, payload, xs, dtype=dtype)[0]
         tp = {r: torch.from_numpy(a.astype(dtype)) for r, a in (ex.payload or {}).items()}
@@ -229,9 +230,11 @@ _binary("div", torch.div, second=_nonzero)
 _binary("mse_loss", F.mse_loss, norm=True, why="a sum")
 
 
-@case("safe_log", norm=True, why="softplus tail as in softplus, and log near 1")
+@case("safe_log", norm=True, rtol32=1e-3,
+      why="the spec's log(1 + exp(x)) has absolute error ~eps, relative eps/softplus(x): in binary32 "
+          "with x >= -9 that is up to 1e-3 before the log")
 def _safe_log(d: Draw) -> Example:
-    x, eps = d.normal(d.shape()), np.array(d.choice([1e-6, 1e-3, 0.5]))
+    x, eps = np.clip(d.normal(d.shape()), -9, 9), np.array(d.choice([1e-6, 1e-3, 0.5]))
     return Example({}, [x, eps], lambda t, p: torch.log(F.softplus(t[0]) + t[1]))
 
 
@@ -493,8 +496,11 @@ def _layernorm(d: Draw) -> Example:
         payload["weight"] = d.normal(suffix)
     if d.bool():
         payload["bias"] = d.normal(suffix)
-    return Example({"axis": axis, "eps": eps}, [d.normal(shape) + d.choice([0.0, 5.0])],
-                   lambda t, p: F.layer_norm(t[0], suffix, p.get("weight"), p.get("bias"), eps), payload=payload)
+    scale, offset = d.choice([0.1, 1.0, 3.0]), d.choice([0.0, 5.0])
+    # x - mean cancels when |mean| >> std: binary32 error grows like eps * |mean| / std
+    return Example({"axis": axis, "eps": eps}, [d.normal(shape, scale) + offset],
+                   lambda t, p: F.layer_norm(t[0], suffix, p.get("weight"), p.get("bias"), eps), payload=payload,
+                   rtol32=RTOL32 * max(1.0, offset / scale))
 
 
 @case("batch_norm_eval", norm=True, why="(x - mean) cancels")
@@ -568,12 +574,12 @@ _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
-def _pool_input(d: Draw, kernel: list, padding: list, dilation: list, fit_unpadded: bool = False
+def _pool_input(d: Draw, kernel: list, before: list, after: list, dilation: list, fit_unpadded: bool = False
                 ) -> tuple[tuple, tuple]:
     """Leading axes and a spatial extent the window fits (PyTorch's avg_pool3d wants it unpadded)."""
     lead = d.shape(min_rank=0, max_rank=2, max_dim=3)
-    spatial = tuple(max(d.int(1, 7), dl * (k - 1) + 1 - (0 if fit_unpadded else 2 * p))
-                    for k, p, dl in zip(kernel, padding, dilation))
+    spatial = tuple(max(d.int(1, 7), dl * (k - 1) + 1 - (0 if fit_unpadded else b + a))
+                    for k, b, a, dl in zip(kernel, before, after, dilation))
     return lead, spatial
 
 
@@ -587,7 +593,7 @@ def _max_pool(d: Draw) -> Example:
     kernel = [d.int(1, 3) for _ in range(r)]
     stride = [d.int(1, 3) for _ in range(r)]
     padding = [d.int(0, k // 2) for k in kernel]
-    lead, spatial = _pool_input(d, kernel, padding, [1] * r)
+    lead, spatial = _pool_input(d, kernel, padding, padding, [1] * r)
 
     def ref(t, p):
         y = _MAX_POOL[r](_as_batch(t[0], lead, spatial), kernel, stride, padding)
@@ -602,7 +608,7 @@ def _avg_pool(d: Draw) -> Example:
     kernel = [d.int(1, 3) for _ in range(r)]
     stride = [d.int(1, 3) for _ in range(r)]
     padding = [d.int(0, k // 2) for k in kernel]
-    lead, spatial = _pool_input(d, kernel, padding, [1] * r, fit_unpadded=True)
+    lead, spatial = _pool_input(d, kernel, padding, padding, [1] * r, fit_unpadded=True)
 
     def ref(t, p):
         y = _AVG_POOL[r](_as_batch(t[0], lead, spatial), kernel, stride, padding, count_include_pad=True)
@@ -630,7 +636,7 @@ def _torch_pads(a: dict) -> list:
 def _max_pool_nd(d: Draw) -> Example:
     a = _pool_nd_attrs(d, with_dilation=True)
     r = a["spatial_rank"]
-    lead, spatial = _pool_input(d, a["kernel"], a["padding"], a["dilation"])
+    lead, spatial = _pool_input(d, a["kernel"], a["padding"], a["padding_after"], a["dilation"])
 
     def ref(t, p):
         x = _as_batch(t[0], lead, spatial)
@@ -646,7 +652,7 @@ def _max_pool_nd(d: Draw) -> Example:
 def _avg_pool_nd(d: Draw) -> Example:
     a = _pool_nd_attrs(d, with_dilation=False)
     r = a["spatial_rank"]
-    lead, spatial = _pool_input(d, a["kernel"], a["padding"], a["dilation"], fit_unpadded=True)
+    lead, spatial = _pool_input(d, a["kernel"], a["padding"], a["padding_after"], a["dilation"], fit_unpadded=True)
 
     def ref(t, p):
         x = _as_batch(t[0], lead, spatial)

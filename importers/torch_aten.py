@@ -24,7 +24,7 @@ def _reg(names: str, fn: Lowering) -> None:
         ATEN[f"aten.{name}"] = fn
 
 
-_reg("add.Tensor add.Scalar add_.Tensor", T.add)
+_reg("add.Tensor add.Scalar", N.add)
 _reg("sub.Tensor sub.Scalar", T.sub)
 _reg("rsub.Tensor rsub.Scalar", T.rsub)
 _reg("mul.Tensor mul.Scalar", T.mul)

@@ -226,6 +226,8 @@ class Lowerer:
         self.current_source: Source | None = None
         self.module_prefix = ""  # set while inlining a submodule's exported program
         self.unused_keys: set[str] = set()
+        # matmul nodes with an import-time right operand: (fx node, input, weight), for x @ W + b
+        self.linear_candidates: dict[int, tuple[torch.fx.Node, Any, Known]] = {}
 
     # -- provenance -----------------------------------------------------------------------------
     def describe(self, node: torch.fx.Node) -> dict[str, Any]:
@@ -576,21 +578,35 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def bind_aliases(bundle: Bundle, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Tied parameters: a state_dict key sharing storage with a bound key gets the same bindings."""
+    """Tied parameters: keys sharing one tensor are bound to every use of that tensor.
+
+    torch.export names a tied tensor once, FX by whichever attribute the code read; either way each
+    key of the tie ends up with one binding per use, so ``roles.uses(key)`` lists all of them and
+    both importers give the same role map.
+    """
     from torchlean_bridge.roles import Binding, RoleMap
-    bound = {k: state_dict[k] for k in bundle.roles if k in state_dict}
-    extra = []
+    groups: list[list[str]] = []
     for key, tensor in state_dict.items():
-        if key in bundle.roles or not isinstance(tensor, torch.Tensor):
+        if not isinstance(tensor, torch.Tensor):
             continue
-        twin = next((k for k, t in bound.items() if _same_tensor(t, tensor)), None)
-        if twin is not None:
-            extra += [Binding(key, b.node, b.role, b.transform) for b in bundle.roles.uses(twin)]
-    if extra:
-        bundle.roles = RoleMap(bundle.roles.bindings() + extra)
-        aliased = {b.key for b in extra}
-        unused = [k for k in bundle.report.get("unused_tensors", []) if k not in aliased]
-        if unused:
-            bundle.report["unused_tensors"] = unused
+        group = next((g for g in groups if _same_tensor(state_dict[g[0]], tensor)), None)
+        if group is None:
+            groups.append([key])
         else:
-            bundle.report.pop("unused_tensors", None)
+            group.append(key)
+    tied = [g for g in groups if len(g) > 1 and any(k in bundle.roles for k in g)]
+    if not tied:
+        return
+    members = {k for g in tied for k in g}
+    bindings = [b for b in bundle.roles.bindings() if b.key not in members]
+    for group in tied:
+        uses = sorted({(b.node, b.role, b.transform) for k in group for b in bundle.roles.uses(k)},
+                      key=lambda u: (u[0], u[1], u[2] or ""))
+        bindings += [Binding(k, node, role, transform) for k in group for node, role, transform in uses]
+    bundle.roles = RoleMap(bindings)
+    unused = [k for k in bundle.report.get("unused_tensors", []) if k not in members]
+    if unused:
+        bundle.report["unused_tensors"] = unused
+    else:
+        bundle.report.pop("unused_tensors", None)
+    bundle.report["tied_tensors"] = [sorted(g) for g in tied]

@@ -28,7 +28,7 @@ ModuleLowering = Callable[..., Any]
 
 # -- functions -------------------------------------------------------------------------------------
 FUNCTIONS: dict[Any, Lowering] = {
-    operator.add: T.add, operator.iadd: T.add, operator.sub: T.sub, operator.isub: T.sub,
+    operator.add: N.add, operator.iadd: N.add, operator.sub: T.sub, operator.isub: T.sub,
     operator.mul: T.mul, operator.imul: T.mul, operator.truediv: T.div, operator.itruediv: T.div,
     operator.pow: T.pow_, operator.matmul: N.matmul, operator.getitem: T.getitem,
     operator.neg: T.unary("neg"), operator.eq: T.compare("eq"), operator.ne: T.compare("ne"),
@@ -45,7 +45,7 @@ def _fn(names: str, fn: Lowering, *namespaces: Any) -> None:
                 FUNCTIONS[getattr(ns, name)] = fn
 
 
-_fn("add", T.add)
+_fn("add", N.add)
 _fn("sub subtract", T.sub)
 _fn("rsub", T.rsub)
 _fn("mul multiply", T.mul)
@@ -139,7 +139,7 @@ FUNCTIONS[F.embedding] = _f_embedding
 
 # -- methods ---------------------------------------------------------------------------------------
 METHODS: dict[str, Lowering] = {
-    "add": T.add, "sub": T.sub, "rsub": T.rsub, "mul": T.mul, "div": T.div, "true_divide": T.div,
+    "add": N.add, "sub": T.sub, "rsub": T.rsub, "mul": T.mul, "div": T.div, "true_divide": T.div,
     "pow": T.pow_, "square": T.square, "matmul": N.matmul, "mm": N.matmul, "bmm": N.matmul,
     "maximum": T.maximum, "minimum": T.minimum,
     "eq": T.compare("eq"), "ne": T.compare("ne"), "lt": T.compare("lt"), "le": T.compare("le"),

@@ -6,6 +6,8 @@ torch, onnx or safetensors is imported lazily on first use, so ``import torchlea
 
 from __future__ import annotations
 
+import sys
+import types
 from importlib import import_module
 from typing import Any
 
@@ -42,6 +44,23 @@ _LAZY = {
 __all__ = ["Node", "Graph", "Source", "Payload", "RoleMap", "Binding", "Bundle", "BridgeError", "load_graph",
            "dump_graph", "check", "check_well_formed", "check_shapes", "infer_shapes", "listing", "to_dot",
            *_LAZY]
+
+
+# public functions that share their name with the module defining them (abi, audit, diff)
+_SHADOWED = frozenset(name for name, module in _LAZY.items() if module == f"{__name__}.{name}")
+
+
+class _Package(types.ModuleType):
+    """Keeps ``tlb.abi`` the function: importing the submodule ``torchlean_bridge.abi`` makes Python
+    set the package attribute to the module, which would shadow the public name."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -22,8 +22,6 @@ share shape and dtype, so exchanging them passes every key and shape check.
 
 from __future__ import annotations
 
-import sys
-import types
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -324,15 +322,3 @@ def format_abi(slots: ABI) -> str:
     if squares:
         lines.append(f"square matrices (a transpose passes the shape check): {', '.join(squares)}")
     return "\n".join(lines)
-
-
-class _CallableModule(types.ModuleType):
-    """``tlb.abi`` names both this module and the public function: importing the submodule makes
-    Python rebind the package attribute ``torchlean_bridge.abi`` to the module, so the module itself
-    calls the function (the same arrangement as ``torchlean_bridge.diff``)."""
-
-    def __call__(self, bundle: Bundle) -> ABI:
-        return abi(bundle)
-
-
-sys.modules[__name__].__class__ = _CallableModule

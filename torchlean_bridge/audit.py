@@ -14,8 +14,6 @@ inputs (identical tensors, or a difference the inputs never excite) is reported 
 from __future__ import annotations
 
 import copy
-import sys
-import types
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -377,15 +375,3 @@ def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: l
             trial = ex.apply(current)
             errors[ex] = _max_error(evaluator.outputs(evaluator.payload(trial, sorted(changed | set(ex.keys)))), ref)
     return steps, error
-
-
-class _CallableModule(types.ModuleType):
-    """``tlb.audit`` names both this module and the public function: importing the submodule makes
-    Python rebind the package attribute ``torchlean_bridge.audit`` to the module, so the module
-    itself calls the function (the same arrangement as ``torchlean_bridge.diff``)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> AuditReport:
-        return audit(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -7,6 +7,7 @@ or unreadable input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import import_module
 from typing import Sequence
@@ -63,3 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader (e.g. `| head`) went away: stop quietly, as Unix tools do
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0

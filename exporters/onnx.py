@@ -160,8 +160,10 @@ class OnnxWriter:
                 return payload, []  # not invertible without the original: store the payload as is
         return x, steps
 
-    def payload_input(self, node: Node, role: str, allow_transposed: bool = False) -> tuple[str, bool]:
-        """Name of a tensor equal to payload ``role`` (or its transpose, when allowed and cheaper)."""
+    def payload_input(self, node: Node, role: str, allow_transposed: bool = False,
+                      allow_leading_ones: bool = False) -> tuple[str, bool]:
+        """Name of a tensor equal to payload ``role``; when allowed, its transpose or the same values
+        with leading 1-axes (what ``Gemm`` and broadcasting ``Add`` read directly)."""
         value = self.bundle.payload.get(node.id, role)
         binding = next((b for b in self.bundle.roles.for_node(node.id) if b.role == role), None)
         if binding is None:
@@ -170,6 +172,9 @@ class OnnxWriter:
         transposed = False
         if allow_transposed and steps and steps[-1] == "transpose":
             steps, transposed = steps[:-1], True
+        if allow_leading_ones and len(steps) == 1 and steps[0].startswith("reshape:") \
+                and x.shape[x.ndim - value.ndim:] == value.shape and all(d == 1 for d in x.shape[:x.ndim - value.ndim]):
+            steps = []
         name = self.initializer(binding.key, x)
         for s in steps:
             op, _, arg = s.partition(":")
@@ -261,7 +266,7 @@ def _linear(w: OnnxWriter, node: Node) -> None:
     rank = len(w.g.nodes[node.parents[0]].out_shape)
     weight, transposed = w.payload_input(node, "weight", allow_transposed=True)
     with_bias = w.has_role(node, "bias", zero_default=True)
-    bias = [w.payload_input(node, "bias")[0]] if with_bias else []
+    bias = [w.payload_input(node, "bias", allow_leading_ones=True)[0]] if with_bias else []
     if rank == 2:
         w.emit("Gemm", [x, weight, *bias], w.out(node), node, transB=0 if transposed else 1)
         return

@@ -155,7 +155,9 @@ def match_nodes(g: Graph, framework: str) -> tuple[dict[int, str], dict[int, str
     matched, unmatched = {}, {}
     for n in g.nodes:
         key = _source_key(n, framework)
-        if key is None:
+        if key is None and n.source is not None and n.source.framework in _PROVENANCE[framework][0]:
+            unmatched[n.id] = "inserted by the importer: the framework has no value for it"
+        elif key is None:
             origin = n.source.framework if n.source and n.source.framework else "unknown origin"
             unmatched[n.id] = f"no {framework} provenance ({origin} node)"
         elif owner[key] != n.id:
@@ -377,7 +379,14 @@ def _oracle(bundle: Bundle, against: str, module: Any, onnx_model: Any,
         if isinstance(module, ExportedProgram):
             return R.TorchExportRunner(module, example), "export"
         if isinstance(module, torch.fx.GraphModule) or bundle.report.get("framework") != "export":
-            return R.TorchFXRunner(module), "fx"
+            runner = R.TorchFXRunner(module)
+            if not runner.traced:  # the FX importer lowers such a module through torch.export: so do we
+                try:
+                    runner = R.TorchExportRunner(module, example)
+                    runner.name = "torch (export; symbolic tracing fails on this module)"
+                except BridgeError:
+                    pass  # outputs only
+            return runner, "fx"
         return R.TorchExportRunner(module, example, decompose=bool(bundle.report.get("decomposed"))), "export"
     runner_cls = R.OnnxRuntimeRunner if against == "onnxruntime" else R.OnnxReferenceRunner
     if onnx_model is not None:
@@ -462,11 +471,7 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     else:
         matched, unmatched = match_nodes(g, framework)
     rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
-    outs = [NodeDiff(o, g.nodes[o].kind, str(k), str(g.nodes[o].source or ""), output=j)
-            for j, (o, k) in enumerate(zip(g.outputs, oracle.output_keys))]
-    if len(oracle.output_keys) != len(g.outputs):
-        report.add(Finding("output-count", f"the graph has {len(g.outputs)} output(s), {oracle.name} has "
-                                           f"{len(oracle.output_keys)}"))
+    outs: list[NodeDiff] = []
     compared, produced = 0, set()
     for label, arrays in sets:
         try:
@@ -483,6 +488,8 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
             raise
         except Exception as e:  # the oracle's own failure on this input
             raise BridgeError(f"{oracle.name} failed on {label}: {type(e).__name__}: {e}") from None
+        if compared == 0:  # the oracle knows its output keys after one run
+            outs = _output_rows(g, oracle, report)
         compared += 1
         produced.update(theirs)
         for row in outs:
@@ -511,6 +518,15 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     if against == "torch" or onnx_model is not None:
         report.extend(_parameter_findings(bundle, module if against == "torch" else onnx_model))
     return report
+
+
+def _output_rows(g: Graph, oracle: Any, report: DiffReport) -> list[NodeDiff]:
+    """One row per model output, paired by position with the oracle's outputs."""
+    if len(oracle.output_keys) != len(g.outputs):
+        report.add(Finding("output-count", f"the graph has {len(g.outputs)} output(s), {oracle.name} has "
+                                           f"{len(oracle.output_keys)}"))
+    return [NodeDiff(o, g.nodes[o].kind, str(k), str(g.nodes[o].source or ""), output=j)
+            for j, (o, k) in enumerate(zip(g.outputs, oracle.output_keys))]
 
 
 def _classify(g: Graph, rows: dict[int, NodeDiff]) -> None:

@@ -105,24 +105,43 @@ def _output_names(graph_module: Any) -> list[str]:
 
 
 class TorchFXRunner(Runner):
-    """PyTorch eager, node by node through ``torch.fx.symbolic_trace`` (or the GraphModule given)."""
+    """PyTorch eager, node by node through ``torch.fx.symbolic_trace`` (or the GraphModule given).
+
+    A module symbolic tracing cannot handle (the importer then inlined it another way) runs as a
+    whole: only its outputs (keys ``output:0``, ...) can be compared.
+    """
 
     name = "torch (fx)"
 
     def __init__(self, module: Any) -> None:
+        import torch
         import torch.fx
-        self.module = module if isinstance(module, torch.fx.GraphModule) else torch.fx.symbolic_trace(module)
-        self.module.eval()
-        self.float_dtype = _float_dtype_of(self.module)
+        self.float_dtype = _float_dtype_of(module)
         self.input_precision = np.float64 if self.float_dtype == torch.float64 else np.float32
-        self.output_keys = _output_names(self.module)
+        self.traced = True
+        if isinstance(module, torch.fx.GraphModule):
+            self.module = module
+        else:
+            try:
+                self.module = torch.fx.symbolic_trace(module)
+            except Exception:  # tracing raises whatever the model code raises
+                self.module, self.traced = module, False
+                self.name = "torch (eager, outputs only)"
+        self.module.eval()
+        self.output_keys = _output_names(self.module) if self.traced else []
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         import torch
+        import torch.utils._pytree as pytree
         record: dict[str, np.ndarray] = {}
+        args = _torch_inputs(inputs, self.float_dtype)
         with torch.no_grad():
-            _recording_interpreter(self.module, record).run(*_torch_inputs(inputs, self.float_dtype))
-        return record
+            if self.traced:
+                _recording_interpreter(self.module, record).run(*args)
+                return record
+            leaves = [_to_numpy(v) for v in pytree.tree_leaves(self.module(*args))]
+        self.output_keys = [f"output:{k}" for k in range(len(leaves))]
+        return {key: v for key, v in zip(self.output_keys, leaves) if v is not None}
 
 
 class TorchExportRunner(Runner):

@@ -51,6 +51,9 @@ def payload_from_file(path: str | Path, verify: bool = True) -> Payload:
             hashes = json.loads(meta.get(_META_KEY, "{}"))
         except ValueError:
             raise BridgeError(f"payload {path}: corrupt hash metadata") from None
+        unlisted = sorted(set(tensors) - set(hashes)) if _META_KEY in meta else []
+        if unlisted:
+            raise BridgeError(f"payload {path}: tensors without a recorded sha256 (added after writing): {unlisted}")
         for k, a in tensors.items():
             if k in hashes and hashes[k] != tensor_sha256(a):
                 raise BridgeError(f"payload {path}: tensor `{k}` does not match its recorded sha256 "

@@ -12,8 +12,6 @@ evaluation of the same node is a real divergence.
 from __future__ import annotations
 
 import math
-import sys
-import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
@@ -583,14 +581,3 @@ def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff],
                                              f"{listed}{more}", severity="info",
                            data={str(k): v for k, v in sorted(unmatched.items())}))
 
-
-class _CallableModule(types.ModuleType):
-    """``tlb.diff`` names both this module and the public function: importing the submodule makes
-    Python rebind the package attribute ``torchlean_bridge.diff`` to the module, so the module
-    itself calls the function."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> DiffReport:
-        return diff(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

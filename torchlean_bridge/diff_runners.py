@@ -41,15 +41,18 @@ class EvaluatorRunner(Runner):
 
     def __init__(self, bundle: Bundle, dtype: str) -> None:
         from semantics.evaluate import evaluate
+        from .check import check
+        check(bundle.graph)  # once, not on every input set
         self._evaluate = evaluate
-        self.bundle = bundle
+        self.graph = bundle.graph
+        self.payload = bundle.payload.astype(dtype)  # converted once, not on every input set
         self.dtype = dtype
         self.name = f"ours ({dtype})"
         self.output_keys = list(bundle.graph.outputs)
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
-        table = self._evaluate(self.bundle.graph, self.bundle.payload, list(inputs), dtype=self.dtype,
-                               all_nodes=True)
+        table = self._evaluate(self.graph, self.payload, list(inputs), dtype=self.dtype, all_nodes=True,
+                               check=False)
         return {i: np.asarray(v) for i, v in enumerate(table)}
 
 

@@ -83,6 +83,8 @@ class TorchLowerer(Lowerer):
         for part in target.split("."):
             value = getattr(value, part)
         if isinstance(value, torch.Tensor):
+            if target.startswith("_tensor_constant"):  # a literal tensor FX lifted while tracing
+                return Known(value.detach(), folded=True)
             return self.known_tensor(".".join(p for p in (self.module_prefix, target) if p), value)
         if isinstance(value, torch.nn.Module):
             raise NotLowerable("a submodule used as a value (higher-order op)")

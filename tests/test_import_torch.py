@@ -1,0 +1,120 @@
+"""Every zoo model through torch.fx and torch.export (as is and decomposed to core ATen).
+
+Each import must validate, evaluate in float32 within 1e-5 (relative to the output's scale) of
+the module's own float32 output, and in float64 within 1e-12 of the module run in float64 (the
+lowering is the op's exact meaning, not an approximation). FX and torch.export bundles of one
+model agree on outputs and on the role map's keys, which cover the whole state_dict.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import torchlean_bridge as tlb
+from tests.model_zoo import CASES, cases
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+# decomposition is slow (~1-5 s a model); these representative cases run it in the fast suite
+DECOMPOSED_FAST = ("functional_mlp", "cnn2d", "mha_seq_first", "sdpa_causal", "norm_head")
+
+
+def _flat(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for o in out for t in _flat(o)]
+
+
+@functools.lru_cache(maxsize=None)
+def reference(name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The module's outputs in float32 and, for the same weights, in float64."""
+    module, inputs = CASES[name].make()
+    with torch.no_grad():
+        ref32 = [t.numpy() for t in _flat(module(*inputs))]
+        m64 = copy.deepcopy(module).double()
+        ref64 = [t.numpy() for t in _flat(m64(*(x.double() if x.is_floating_point() else x for x in inputs)))]
+    return ref32, ref64
+
+
+@functools.lru_cache(maxsize=None)
+def imported(name: str, via: str) -> tlb.Bundle:
+    module, inputs = CASES[name].make()
+    if via == "fx":
+        return tlb.import_fx(module, inputs)
+    return tlb.import_export(module, inputs, decompose=via == "decomposed")
+
+
+def inputs_of(name: str) -> list[np.ndarray]:
+    return [x.numpy() for x in CASES[name].make()[1]]
+
+
+def scaled_error(got: np.ndarray, want: np.ndarray) -> float:
+    assert got.shape == want.shape
+    if want.size == 0:
+        return 0.0
+    return float(np.max(np.abs(got.astype(np.float64) - want)) / max(1.0, float(np.max(np.abs(want)))))
+
+
+def check_bundle(name: str, via: str) -> None:
+    b = imported(name, via)
+    assert tlb.check(b.graph) == []
+    ref32, ref64 = reference(name)
+    out32 = tlb.evaluate(b.graph, b.payload, inputs_of(name), dtype="float32")
+    out64 = tlb.evaluate(b.graph, b.payload, inputs_of(name), dtype="float64")
+    assert len(out32) == len(ref32)
+    for got, want in zip(out32, ref32):
+        assert got.dtype == want.dtype or want.dtype.kind != "f"
+        assert scaled_error(got, want) <= 1e-5
+    for got, want in zip(out64, ref64):
+        assert scaled_error(got, want) <= 1e-12
+    # the role map binds every state_dict key the computation reads (constants may be bound too);
+    # the rest are reported unused
+    module = CASES[name].make()[0]
+    keys = set(module.state_dict())
+    unused = set(b.report.get("unused_tensors", []))
+    assert keys <= set(b.roles) | unused and not unused & set(b.roles)
+    assert all(k.endswith("num_batches_tracked") or k.startswith("model.pooler.") for k in unused)
+
+
+FAST = [c.name for c in cases(slow=False)]
+
+
+@pytest.mark.parametrize("name", [c.name for c in cases(importer="fx", slow=False)])
+def test_fx_import_matches_module(name):
+    check_bundle(name, "fx")
+
+
+@pytest.mark.parametrize("name", [c.name for c in cases(importer="export", slow=False)])
+def test_export_import_matches_module(name):
+    check_bundle(name, "export")
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=() if n in DECOMPOSED_FAST else pytest.mark.slow)
+    for n in (c.name for c in cases(importer="export"))])
+def test_decomposed_export_import_matches_module(name):
+    check_bundle(name, "decomposed")
+
+
+@pytest.mark.parametrize("name", [c.name for c in cases(importer="fx", slow=False) if c.export])
+def test_fx_and_export_agree(name):
+    fx, ex = imported(name, "fx"), imported(name, "export")
+    assert set(fx.roles) == set(ex.roles)
+    xs = inputs_of(name)
+    for a, b in zip(tlb.evaluate(fx.graph, fx.payload, xs), tlb.evaluate(ex.graph, ex.payload, xs)):
+        assert scaled_error(a, b) <= 1e-12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["hf_bert", "hf_gpt2"])
+def test_transformers_models_through_export(name):
+    check_bundle(name, "export")
+    b = imported(name, "export")
+    assert b.summary()["parameters"] > 10_000
+    assert {"linear", "layernorm", "gather", "softmax"} <= set(b.graph.ops_used())

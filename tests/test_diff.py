@@ -343,3 +343,23 @@ def test_cli_diff_exit_codes_table_and_json(net, tmp_path, capsys):
     assert main(["diff", str(tmp_path / "good"), "--against", "torch"]) == 2  # no reference
     assert "needs --reference" in capsys.readouterr().err
     assert main(["diff", str(tmp_path / "good"), "--against", "torch", "--reference", "nowhere.py:f"]) == 2
+
+
+class Log(nn.Module):
+    def forward(self, x):
+        return torch.log(x)
+
+
+def test_inputs_outside_our_domain_are_skipped_and_reported():
+    """log of a non-positive value is undefined in our semantics (an error, never NaN)."""
+    b = GraphBuilder("fx")
+    x = b.input([8], source={"name": "x"})
+    bundle = b.finish([b.add("log", [x], source={"name": "log"})])
+    report = tlb.diff(bundle, against="torch", module=Log(), random=3)  # normal, uniform, zeros
+    assert not report.ok and report.of_kind("no-inputs")
+    assert len(report.of_kind("input-skipped")) == 3
+    assert all(f.severity == "warning" and f.node == 1 for f in report.of_kind("input-skipped"))
+    positive, mixed = np.linspace(0.5, 4.0, 8), np.linspace(-1.0, 2.0, 8)
+    report = tlb.diff(bundle, against="torch", module=Log(), inputs=[[positive], [mixed]])
+    assert report.ok and report.inputs == ["input 0", "input 1"]
+    assert [f.message.split(":")[0] for f in report.of_kind("input-skipped")] == ["input 1"]

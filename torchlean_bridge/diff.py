@@ -469,8 +469,34 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     else:
         matched, unmatched = match_nodes(g, framework)
     rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
+    outs, produced = _run_all(g, sets, (ours64, ours32), oracle, rows, matched, report, advance)
+    if produced is None:
+        report.add(Finding("no-inputs", "no input set could be compared (our evaluation was undefined on all)"))
+
+    for nid, key in matched.items():
+        if produced is not None and key not in produced:
+            unmatched[nid] = f"{key} is not among {oracle.name}'s values"
+    for nid, reason in unmatched.items():
+        rows[nid].status, rows[nid].counterpart, rows[nid].problem = "no counterpart", None, reason
+    _classify(g, rows)
+    for row in outs:
+        row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
+    report.nodes = list(rows.values())
+    report.outputs = outs
+    _add_findings(report, bundle, rows, outs, unmatched)
+    if against == "torch" or onnx_model is not None:
+        report.extend(_parameter_findings(bundle, module if against == "torch" else onnx_model))
+    return report
+
+
+def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any, Any], oracle: Any,
+             rows: dict[int, NodeDiff], matched: dict[int, str], report: DiffReport,
+             advance: Callable[[], None] | None) -> tuple[list[NodeDiff], set | None]:
+    """Run every input set through our two precisions and the oracle, folding each comparison into
+    the rows; returns the output rows and the keys the oracle produced (None when nothing ran)."""
+    ours64, ours32 = ours
     outs: list[NodeDiff] = []
-    compared, produced = 0, set()
+    produced: set | None = None
     for label, arrays in sets:
         try:
             ref, low = ours64.run(arrays), ours32.run(arrays)
@@ -486,9 +512,8 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
             raise
         except Exception as e:  # the oracle's own failure on this input
             raise BridgeError(f"{oracle.name} failed on {label}: {type(e).__name__}: {e}") from None
-        if compared == 0:  # the oracle knows its output keys after one run
-            outs = _output_rows(g, oracle, report)
-        compared += 1
+        if produced is None:  # the oracle knows its output keys after one run
+            outs, produced = _output_rows(g, oracle, report), set()
         produced.update(theirs)
         for row in outs:
             _compare(row, label, theirs.get(row.counterpart), ref[row.node], low[row.node],
@@ -499,23 +524,7 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
                          g.nodes[nid].dtype != "float")
         if advance:
             advance()
-    if compared == 0:
-        report.add(Finding("no-inputs", "no input set could be compared (our evaluation was undefined on all)"))
-
-    for nid, key in matched.items():
-        if compared and key not in produced:
-            unmatched[nid] = f"{key} is not among {oracle.name}'s values"
-    for nid, reason in unmatched.items():
-        rows[nid].status, rows[nid].counterpart, rows[nid].problem = "no counterpart", None, reason
-    _classify(g, rows)
-    for row in outs:
-        row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
-    report.nodes = list(rows.values())
-    report.outputs = outs
-    _add_findings(report, bundle, rows, outs, unmatched)
-    if against == "torch" or onnx_model is not None:
-        report.extend(_parameter_findings(bundle, module if against == "torch" else onnx_model))
-    return report
+    return outs, produced
 
 
 def _output_rows(g: Graph, oracle: Any, report: DiffReport) -> list[NodeDiff]:

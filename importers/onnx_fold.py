@@ -30,14 +30,23 @@ def _squeeze_axes(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[i
     return attr_value(node, "axes")
 
 
+def _gather_elements(node: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    data, idx = feeds[node.input[0]], feeds[node.input[1]].astype(np.int64)
+    axis = int(attr_value(node, "axis", 0)) % data.ndim
+    return np.take_along_axis(data, np.where(idx < 0, idx + data.shape[axis], idx), axis)
+
+
 def _run_reference(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """onnx's reference implementation; (Un)squeeze directly (the reference fails on opset < 13 forms)."""
+    """onnx's reference implementation, except where it fails on valid input: (Un)squeeze in their
+    opset < 13 attribute forms and GatherElements, computed here directly."""
     if node.op_type in ("Squeeze", "Unsqueeze"):
         x = feeds[node.input[0]]
         axes = _squeeze_axes(node, opset, feeds)
         if node.op_type == "Squeeze":
             return [np.squeeze(x, axis=tuple(axes)) if axes else np.squeeze(x)]
         return [np.expand_dims(x, tuple(axes))]
+    if node.op_type == "GatherElements":
+        return [_gather_elements(node, feeds)]
     from onnx.reference import ReferenceEvaluator
     evaluator = ReferenceEvaluator(node, opsets={"": opset})
     return [np.asarray(v) for v in evaluator.run(None, feeds)]

@@ -1,0 +1,356 @@
+"""Soundness (and tightness where the rule promises exactness) of the tensor-level interval rules.
+
+Affine rules are checked against exact rational arithmetic at box corners and interior points; the
+center-radius form gives each output's exact range, so the boxes must also be tight to 1e-12.
+Softmax, log_softmax, layernorm and batch norm are checked against mpmath at 60 digits. The
+remaining ops (data movement, pooling, reductions, logic, casts, random) are checked on small
+graphs by ``check_containment`` (corners, center and uniform points, evaluated by the float
+evaluator in float64 and float32).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import mpmath as mp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import torchlean_bridge as tlb
+from importers.builder import GraphBuilder
+from semantics.interval import INTERVAL_RULES
+from torchlean_bridge.graph import Node
+from torchlean_bridge.ops.contracts import conv_out_shape
+
+mp.mp.dps = 60
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+WEIGHT = st.one_of(st.floats(-2, 2), st.sampled_from([0.0, 1.0, -1.0, 1e-300, 3e8]))
+
+
+def frac(a: np.ndarray) -> np.ndarray:
+    return np.vectorize(Fraction, otypes=[object])(np.asarray(a, dtype=np.float64))
+
+
+@st.composite
+def box(draw, shape, scale: float = 4.0):
+    n = math.prod(shape)
+    center = np.array(draw(st.lists(st.floats(-scale, scale), min_size=n, max_size=n))).reshape(shape)
+    radius = np.array(draw(st.lists(st.one_of(st.just(0.0), st.floats(0, 1)), min_size=n, max_size=n))).reshape(shape)
+    return center - radius, center + radius
+
+
+def points(lo: np.ndarray, hi: np.ndarray, rng: np.random.Generator, n: int = 6) -> list[np.ndarray]:
+    out = [lo, hi, lo * 0.5 + hi * 0.5]
+    for _ in range(n):
+        out.append(np.where(rng.random(lo.shape) < 0.5, lo, hi))
+        out.append(np.clip(lo + rng.random(lo.shape) * (hi - lo), lo, hi))
+    return out
+
+
+def assert_encloses(out, exact_values, tight: bool = False):
+    """Every exact value inside the box; with ``tight``, the box ends are attained up to 1e-12."""
+    lo, hi = frac(out[0]), frac(out[1])
+    vmin = vmax = None
+    for v in exact_values:
+        assert np.all(lo <= v) and np.all(v <= hi), (out, v)
+        vmin = v if vmin is None else np.minimum(vmin, v)
+        vmax = v if vmax is None else np.maximum(vmax, v)
+    if tight:
+        scale = 1 + max(float(np.max(np.abs(out[0]), initial=0)), float(np.max(np.abs(out[1]), initial=0)))
+        below = np.asarray(vmin - lo, dtype=object).astype(float)
+        above = np.asarray(hi - vmax, dtype=object).astype(float)
+        assert np.all(below <= 1e-12 * scale) and np.all(above <= 1e-12 * scale), (below, above)
+
+
+def all_corners(lo: np.ndarray, hi: np.ndarray):
+    """Every corner of the box (only the entries with lo < hi vary)."""
+    free = np.flatnonzero((hi > lo).reshape(-1))
+    for bits in itertools.product((0, 1), repeat=len(free)):
+        x = lo.copy().reshape(-1)
+        x[free[np.array(bits, bool)]] = hi.reshape(-1)[free[np.array(bits, bool)]]
+        yield x.reshape(lo.shape)
+
+# -- affine ------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(st.integers(1, 3), st.integers(1, 3), st.data())
+def test_linear_is_exact_range_up_to_rounding(n_in, n_out, data):
+    w = np.array(data.draw(st.lists(WEIGHT, min_size=n_in * n_out, max_size=n_in * n_out))).reshape(n_out, n_in)
+    b = np.array(data.draw(st.lists(WEIGHT, min_size=n_out, max_size=n_out)))
+    lo, hi = data.draw(box((2, n_in)))
+    node = Node(1, [0], "linear", (2, n_out))
+    out = INTERVAL_RULES["linear"](node, [(lo, hi)], {"weight": w, "bias": b})
+    exact = [frac(x) @ frac(w).T + frac(b) for x in all_corners(lo, hi)]
+    assert_encloses(out, exact, tight=True)
+
+
+MATMUL_SHAPES = [((3,), (3,)), ((2, 3), (3,)), ((3,), (3, 2)), ((2, 3), (3, 4)), ((2, 1, 3), (3, 2)),
+                 ((2, 2, 3), (1, 3, 2))]
+
+
+@pytest.mark.parametrize("constant", ["left", "right", "neither"])
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES, ids=str)
+def test_matmul_encloses_exact_products(shapes, constant):
+    rng = np.random.default_rng(len(shapes[0]) * 7 + len(shapes[1]))
+    la, lb = rng.normal(size=shapes[0]), rng.normal(size=shapes[1])
+    ra = rng.random(shapes[0]) * (constant != "left")
+    rb = rng.random(shapes[1]) * (constant != "right")
+    a, b = (la - ra, la + ra), (lb - rb, lb + rb)
+    out_shape = np.matmul(la, lb).shape
+    out = INTERVAL_RULES["matmul"](Node(2, [0, 1], "matmul", out_shape), [a, b], {})
+    assert out[0].shape == out_shape
+    exact = [np.asarray(np.matmul(frac(x), frac(y)), dtype=object) for x in points(*a, rng, 3)
+             for y in points(*b, rng, 3)]
+    assert_encloses(out, exact)
+    # center-radius with a constant operand, and 4 products per term otherwise (each output's terms
+    # use distinct variables), both give the exact range: the ends are attained at corners
+    free = la.size * (constant != "left") + lb.size * (constant != "right")
+    if free <= 10:
+        corners = [np.matmul(frac(x), frac(y)) for x in all_corners(*a) for y in all_corners(*b)]
+        assert_encloses(out, [np.asarray(c, dtype=object) for c in corners], tight=True)
+
+
+def conv_reference(x, w, b, attrs, out_shape):
+    """Direct loops in exact arithmetic: TorchLean's conv forward (spec 2.2)."""
+    ca, groups = attrs["channel_axis"], attrs["groups"]
+    lead = x.shape[:ca]
+    cin, cout = attrs["in_channels"], attrs["out_channels"]
+    cg, og = cin // groups, cout // groups
+    spatial_out = out_shape[ca + 1:]
+    out = np.empty(out_shape, dtype=object)
+    for li in itertools.product(*(range(d) for d in lead)):
+        for oc in range(cout):
+            g = oc // og
+            for pos in itertools.product(*(range(d) for d in spatial_out)):
+                acc = Fraction(0)
+                for j in range(cg):
+                    for k in itertools.product(*(range(d) for d in attrs["kernel"])):
+                        q = [o * s + kk * d - p for o, s, kk, d, p in
+                             zip(pos, attrs["stride"], k, attrs["dilation"], attrs["padding"])]
+                        if all(0 <= qq < n for qq, n in zip(q, x.shape[ca + 1:])):
+                            acc += x[li + (g * cg + j,) + tuple(q)] * w[(oc, j) + k]
+                out[li + (oc,) + pos] = acc + b[oc]
+    return out
+
+
+@SETTINGS
+@given(st.data())
+def test_conv_grouped_dilated_padded_any_channel_axis(data):
+    rank = data.draw(st.integers(1, 2))
+    ca = data.draw(st.integers(0, 1))
+    groups = data.draw(st.integers(1, 2))
+    cin, cout = groups * data.draw(st.integers(1, 2)), groups * data.draw(st.integers(1, 2))
+    kernel = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+    attrs = dict(spatial_rank=rank, kernel=kernel, stride=[data.draw(st.integers(1, 2)) for _ in range(rank)],
+                 padding=[data.draw(st.integers(0, 1)) for _ in range(rank)],
+                 padding_after=[data.draw(st.integers(0, 1)) for _ in range(rank)],
+                 dilation=[data.draw(st.integers(1, 2)) for _ in range(rank)], groups=groups, channel_axis=ca,
+                 in_channels=cin, out_channels=cout)
+    in_shape = (2,) * ca + (cin,) + tuple(data.draw(st.integers(3, 4)) for _ in range(rank))
+    out_shape = conv_out_shape(in_shape, **attrs)
+    w = np.array(data.draw(st.lists(WEIGHT, min_size=cout * (cin // groups) * math.prod(kernel),
+                                    max_size=cout * (cin // groups) * math.prod(kernel))))
+    w = w.reshape((cout, cin // groups) + tuple(kernel))
+    b = np.array(data.draw(st.lists(WEIGHT, min_size=cout, max_size=cout)))
+    lo, hi = data.draw(box(in_shape))
+    out = INTERVAL_RULES["conv"](Node(1, [0], "conv", out_shape, attrs), [(lo, hi)], {"weight": w, "bias": b})
+    rng = np.random.default_rng(0)
+    exact = [conv_reference(frac(x), frac(w), frac(b), attrs, out_shape) for x in points(lo, hi, rng, 2)]
+    assert_encloses(out, exact)
+
+
+def test_batch_norm_any_channel_axis():
+    rng = np.random.default_rng(1)
+    x_lo = rng.normal(size=(2, 3, 4))
+    x_hi = x_lo + rng.random((2, 3, 4))
+    rec = {"weight": rng.normal(size=3), "bias": rng.normal(size=3), "running_mean": rng.normal(size=3),
+           "running_var": np.array([0.5, 0.0, 2.0])}
+    node = Node(1, [0], "batch_norm_eval", (2, 3, 4), {"channel_axis": 1, "channels": 3, "eps": 1e-5})
+    lo, hi = INTERVAL_RULES["batch_norm_eval"](node, [(x_lo, x_hi)], rec)
+    for x in points(x_lo, x_hi, rng, 3):
+        for idx in np.ndindex(x.shape):
+            c = idx[1]
+            v = ((mp.mpf(x[idx]) - mp.mpf(rec["running_mean"][c])) / mp.sqrt(mp.mpf(rec["running_var"][c]) + mp.mpf(1e-5))
+                 * mp.mpf(rec["weight"][c]) + mp.mpf(rec["bias"][c]))
+            assert mp.mpf(lo[idx]) <= v <= mp.mpf(hi[idx])
+
+# -- softmax family and layernorm --------------------------------------------------------------
+
+
+def mp_softmax(row):
+    e = [mp.exp(mp.mpf(v)) for v in row]
+    s = sum(e)
+    return [x / s for x in e]
+
+
+@SETTINGS
+@given(st.data())
+def test_softmax_log_softmax_exact_per_entry_ranges(data):
+    n = data.draw(st.integers(1, 4))
+    lo, hi = data.draw(box((2, n), scale=30.0))
+    sm = INTERVAL_RULES["softmax"](Node(1, [0], "softmax", (2, n), {"axis": 1}), [(lo, hi)], {})
+    ls = INTERVAL_RULES["log_softmax"](Node(1, [0], "log_softmax", (2, n), {"axis": 1}), [(lo, hi)], {})
+    rng = np.random.default_rng(n)
+    for x in points(lo, hi, rng, 3):
+        for r in range(2):
+            p = mp_softmax(x[r])
+            for i in range(n):
+                assert mp.mpf(sm[0][r, i]) <= p[i] <= mp.mpf(sm[1][r, i])
+                assert mp.mpf(ls[0][r, i]) <= mp.log(p[i]) <= mp.mpf(ls[1][r, i])
+    # tightness: entry i's lower end is attained at (lo_i, hi_j for j != i)
+    for r in range(2):
+        for i in range(n):
+            x = hi[r].copy()
+            x[i] = lo[r, i]
+            assert float(mp_softmax(x)[i]) - sm[0][r, i] <= 1e-12
+
+
+def test_hard_masked_softmax_blocks_and_encloses():
+    lo = np.array([[0.0, 1.0, -1.0], [2.0, 0.0, 0.0]])
+    hi = lo + np.array([[0.5, 0.1, 2.0], [0.0, 0.3, 1.0]])
+    allowed = (True, False, True, False, False, False)
+    node = Node(1, [0], "hard_masked_softmax", (2, 3), {"mask_shape": (2, 3), "allowed": allowed})
+    out_lo, out_hi = INTERVAL_RULES["hard_masked_softmax"](node, [(lo, hi)], {})
+    assert out_lo[0, 1] == out_hi[0, 1] == 0 and np.all(out_hi[1] == 0)
+    for x in all_corners(lo[0, [0, 2]], hi[0, [0, 2]]):
+        p = mp_softmax(x)
+        assert mp.mpf(out_lo[0, 0]) <= p[0] <= mp.mpf(out_hi[0, 0])
+        assert mp.mpf(out_lo[0, 2]) <= p[1] <= mp.mpf(out_hi[0, 2])
+
+
+@SETTINGS
+@given(st.integers(1, 4), st.data())
+def test_layernorm_encloses(e, data):
+    lo, hi = data.draw(box((2, e), scale=10.0))
+    gamma = np.array(data.draw(st.lists(st.floats(-2, 2), min_size=e, max_size=e)))
+    beta = np.array(data.draw(st.lists(st.floats(-2, 2), min_size=e, max_size=e)))
+    node = Node(1, [0], "layernorm", (2, e), {"axis": 1, "eps": 1e-5})
+    out = INTERVAL_RULES["layernorm"](node, [(lo, hi)], {"weight": gamma, "bias": beta})
+    for x in points(lo, hi, np.random.default_rng(e), 3):
+        for r in range(2):
+            row = [mp.mpf(v) for v in x[r]]
+            mean = sum(row) / e
+            var = sum((v - mean) ** 2 for v in row) / e
+            for i in range(e):
+                y = (row[i] - mean) / mp.sqrt(var + mp.mpf(1e-5)) * mp.mpf(gamma[i]) + mp.mpf(beta[i])
+                assert mp.mpf(out[0][r, i]) <= y <= mp.mpf(out[1][r, i])
+
+# -- reductions with exact references ----------------------------------------------------------
+
+
+@SETTINGS
+@given(st.data())
+def test_sums_means_products_and_mse(data):
+    lo, hi = data.draw(box((2, 3), scale=1e3))
+    t_lo, t_hi = data.draw(box((2, 3)))
+    rules = {
+        "sum": (Node(1, [0], "sum", ()), lambda x: np.array(x.sum())),
+        "reduce_sum": (Node(1, [0], "reduce_sum", (2,), {"axis": 1}), lambda x: x.sum(axis=1)),
+        "reduce_mean": (Node(1, [0], "reduce_mean", (3,), {"axis": 0}), lambda x: x.sum(axis=0) / 2),
+        "reduce_mean_axes": (Node(1, [0], "reduce_mean_axes", (1, 1), {"axes": (0, 1), "keepdim": True}),
+                             lambda x: np.array([[x.sum() / 6]], dtype=object)),
+        "reduce_prod": (Node(1, [0], "reduce_prod", (2, 1), {"axes": (1,), "keepdim": True}),
+                        lambda x: np.prod(x, axis=1, keepdims=True)),
+    }
+    rng = np.random.default_rng(0)
+    pts = points(lo, hi, rng, 3)
+    for kind, (node, ref) in rules.items():
+        out = INTERVAL_RULES[kind](node, [(lo, hi)], {})
+        assert_encloses(out, [ref(frac(x)) for x in pts])
+    out = INTERVAL_RULES["mse_loss"](Node(2, [0, 1], "mse_loss", ()), [(lo, hi), (t_lo, t_hi)], {})
+    assert_encloses(out, [np.array(((frac(x) - frac(t)) ** 2).sum() / 6) for x in pts
+                          for t in points(t_lo, t_hi, rng, 1)])
+
+# -- the remaining ops on small graphs, through sampled containment ----------------------------
+
+
+def _graph_case(name: str):
+    b = GraphBuilder("builder")
+    x = b.input((2, 3, 4))
+    pool = dict(spatial_rank=2, kernel=[2, 3], stride=[1, 2], padding=[1, 1])
+    pool_nd = dict(spatial_rank=2, kernel=[2, 2], stride=[2, 1], padding=[1, 0], padding_after=[0, 1],
+                   dilation=[1, 2], ceil_mode=True, count_include_pad=False)
+    if name == "movement":
+        p = b.add("permute", [x], {"perm": [2, 0, 1]})
+        t = b.add("transpose", [p], {"axis1": 0, "axis2": 2})
+        r = b.add("reshape", [t], {"in_shape": [3, 2, 4], "out_shape": [6, 4]})
+        s = b.add("slice", [r], {"axes": [0, 1], "starts": [1, 0], "ends": [6, 4], "steps": [2, 3]})
+        u = b.add("unsqueeze", [s], {"axes": [0]})
+        q = b.add("squeeze", [u], {"axes": [0]})
+        e = b.add("expand", [b.add("unsqueeze", [q], {"axes": [0]})], {"to_shape": [2, 3, 2]})
+        c = b.add("concat", [e, b.add("detach", [e])], {"axis": 2})
+        pad = b.add("pad", [c], {"pads_before": [0, 1, 0], "pads_after": [1, 0, 2], "value": -0.5})
+        out = b.add("flatten", [pad], {"value_shape": [3, 4, 6]})
+    elif name == "pooling":
+        outs = [b.add("max_pool", [x], pool), b.add("avg_pool", [x], pool),
+                b.add("max_pool_nd", [x], pool_nd), b.add("avg_pool_nd", [x], pool_nd)]
+        flat = [b.add("flatten", [o], {"value_shape": list(b.shape(o))}) for o in outs]
+        out = b.add("concat", flat, {"axis": 0})
+    elif name == "reductions":
+        mx = b.add("reduce_max", [x], {"axes": [1, 2], "keepdim": False})
+        mn = b.add("reduce_min", [x], {"axes": [0], "keepdim": True})
+        am = b.add("argmax", [x], {"axis": 2, "keepdim": False})
+        an = b.add("argmin", [x], {"axis": 1, "keepdim": True})
+        s = b.add("reduce_sum_axes", [x], {"axes": [0, 2], "keepdim": False})
+        out = b.add("concat", [b.add("cast", [am], {"dtype": "float"}),
+                               b.add("reshape", [b.add("cast", [an], {"dtype": "float"})],
+                                     {"in_shape": [2, 1, 4], "out_shape": [2, 4]})], {"axis": 1})
+        out = b.add("concat", [b.add("flatten", [out], {"value_shape": [2, 7]}),
+                               mx, s, b.add("flatten", [mn], {"value_shape": [1, 3, 4]})], {"axis": 0})
+    elif name == "logic":
+        y = b.input((2, 3, 4))
+        lt, ge = b.add("lt", [x, y]), b.add("ge", [x, y])
+        eq, ne = b.add("eq", [x, x]), b.add("ne", [x, y])
+        both = b.add("logical_and", [lt, b.add("logical_not", [eq])])
+        either = b.add("logical_or", [ge, ne])
+        w = b.add("where", [both, x, y])
+        v = b.add("where", [either, b.add("max_elem", [x, y]), b.add("min_elem", [x, y])])
+        ints = b.add("cast", [b.add("mul_elem", [x, b.const(np.full((2, 3, 4), 3.0))])], {"dtype": "int64"})
+        flags = b.add("cast", [x], {"dtype": "bool"})
+        out = b.add("add", [b.add("add", [w, v]), b.add("add", [b.add("cast", [ints], {"dtype": "float"}),
+                                                                  b.add("cast", [flags], {"dtype": "float"})])])
+    elif name == "misc":
+        q = b.const(np.array(0.7))
+        mask = b.add("bernoulli_mask", [q], {"seed": 3}, shape=(2, 3, 4))
+        noise = b.add("rand_uniform", [], {"seed": 5}, shape=(2, 3, 4))
+        eps = b.const(np.array(1e-3))
+        sl = b.add("safe_log", [x, eps])
+        pr = b.add("prelu", [x, b.const(np.full((2, 3, 4), -0.25))])
+        steps = b.add("add", [b.add("sign", [x]), b.add("add", [b.add("floor", [x]), b.add("ceil", [x])])])
+        bn = b.add("broadcast_to", [b.const(np.array([1.0, 2.0, 3.0, 4.0]))], {"from_shape": [4], "to_shape": [2, 3, 4]})
+        out = b.add("add", [b.add("add", [b.add("mul_elem", [mask, noise]), sl]),
+                            b.add("add", [b.add("sub", [pr, steps]), b.add("div", [x, bn])])])
+    return b.finish([out])
+
+
+@pytest.mark.parametrize("name", ["movement", "pooling", "reductions", "logic", "misc"])
+def test_graph_ops_contain_sampled_evaluations(name):
+    bundle = _graph_case(name)
+    g = bundle.graph
+    rng = np.random.default_rng(11)
+    lows, highs = [], []
+    for nid in g.inputs:
+        c = rng.normal(size=g[nid].out_shape) * 2
+        r = rng.random(g[nid].out_shape) * 0.3
+        lows.append(c - r)
+        highs.append(c + r)
+    report = tlb.check_containment(g, bundle.payload, lows, highs, samples=24, seed=1)
+    assert report.samples >= 24 and report.max_excess["float64"] <= 1e-10
+
+
+def test_movement_and_monotone_ops_are_exact_at_the_ends():
+    bundle = _graph_case("pooling")
+    lo = np.random.default_rng(2).normal(size=(2, 3, 4))
+    hi = lo + 0.25
+    boxes = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi)
+    from semantics.evaluate import evaluate
+    max_pool_node = next(n for n in bundle.graph if n.kind == "max_pool")
+    v_lo = evaluate(bundle.graph, bundle.payload, lo, all_nodes=True)[max_pool_node.id]
+    v_hi = evaluate(bundle.graph, bundle.payload, hi, all_nodes=True)[max_pool_node.id]
+    np.testing.assert_array_equal(boxes[max_pool_node.id][0], v_lo)
+    np.testing.assert_array_equal(boxes[max_pool_node.id][1], v_hi)

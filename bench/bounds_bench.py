@@ -38,19 +38,18 @@ PEER_CHECKOUT = Path("/work/peers/auto_LiRPA")
 
 
 def load_peer() -> Any | None:
-    try:
-        import auto_LiRPA  # noqa: F401
-    except ImportError:
-        if PEER_CHECKOUT.exists():
-            sys.path.insert(0, str(PEER_CHECKOUT))
+    """auto_LiRPA if installed (or from its checkout), else None with a message saying how to get it."""
+    for attempt in range(2):
         try:
-            import auto_LiRPA  # noqa: F401,F811
+            import auto_LiRPA
+            return auto_LiRPA
         except ImportError as e:
-            print(f"auto_LiRPA is not importable ({e}); install it with `pip install --no-deps "
-                  f"{PEER_CHECKOUT}` to compare. Showing our figures only.")
-            return None
-    import auto_LiRPA
-    return auto_LiRPA
+            reason = e
+        if attempt == 0 and PEER_CHECKOUT.exists():
+            sys.path.insert(0, str(PEER_CHECKOUT))
+    print(f"auto_LiRPA is not importable ({reason}); install it with `pip install --no-deps {PEER_CHECKOUT}` "
+          f"(plus appdirs, graphviz) to compare. Showing our figures only.")
+    return None
 
 
 def mlp() -> nn.Module:

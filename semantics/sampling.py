@@ -43,15 +43,17 @@ class ContainmentReport:
     samples: int
     corners: int
     nodes: int
-    max_excess: dict[str, float] = field(default_factory=dict)  # largest excursion beyond a box, per dtype
+    # per dtype, the largest excursion of a sampled value beyond its exact-real box (0 when every
+    # value is inside); only rounding-sized excursions are accepted (see RTOL)
+    max_slack: dict[str, float] = field(default_factory=dict)
     tolerance: dict[str, float] = field(default_factory=lambda: dict(RTOL))
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": True, "samples": self.samples, "corners": self.corners, "nodes": self.nodes,
-                "max_excess": self.max_excess, "tolerance": self.tolerance}
+                "max_slack": self.max_slack, "tolerance": self.tolerance}
 
     def __str__(self) -> str:
-        excess = ", ".join(f"{k} {v:.3g}" for k, v in self.max_excess.items())
+        excess = ", ".join(f"{k} {v:.3g}" for k, v in self.max_slack.items())
         return (f"containment: {self.samples} samples ({self.corners} corners) x {self.nodes} nodes inside "
                 f"their boxes; largest excursion beyond a box (rounding allowance): {excess}")
 
@@ -144,4 +146,4 @@ def check_containment(g: Graph, payload: Payload | None, lower: Any, upper: Any,
                         f"sample input: {_describe(point)}", node=node.id, op=node.kind)
                 if beyond.size:
                     excess[dtype] = max(excess[dtype], float(np.max(beyond, initial=0.0)))
-    return ContainmentReport(samples=len(points), corners=corners, nodes=len(g.nodes), max_excess=excess)
+    return ContainmentReport(samples=len(points), corners=corners, nodes=len(g.nodes), max_slack=excess)

@@ -340,7 +340,7 @@ def test_graph_ops_contain_sampled_evaluations(name):
         lows.append(c - r)
         highs.append(c + r)
     report = tlb.check_containment(g, bundle.payload, lows, highs, samples=24, seed=1)
-    assert report.samples >= 24 and report.max_excess["float64"] <= 1e-10
+    assert report.samples >= 24 and report.max_slack["float64"] <= 1e-10
 
 
 def test_movement_and_monotone_ops_are_exact_at_the_ends():

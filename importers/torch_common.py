@@ -459,6 +459,10 @@ class Lowerer:
         self.finish_node(n, result, first)
         self.env[n] = result
         if self.is_inplace(n) and isinstance(n.args[0], torch.fx.Node):
+            target = self.env[n.args[0]]
+            if isinstance(target, Known) and target.key:
+                raise NotLowerable(f"in-place update of `{target.key}`: the model mutates its parameters or "
+                                   "buffers; import a forward that leaves its state unchanged")
             self.env[n.args[0]] = result
 
     def call(self, n: torch.fx.Node, lower: Lowering, args: Any, kwargs: dict[str, Any]) -> Any:

@@ -73,6 +73,7 @@ def test_demo_catches_the_swapped_biases(demo):
     report = json.loads((out / "bias_pair_diff.json").read_text())
     assert report["ok"] is False and report["first_divergence"]["node"] == 1
     assert "0.bias" in report["first_divergence"]["keys"]
+    assert report["first_divergence"]["data"]["suspects"] == [["0.bias", "2.bias"]]
 
 
 def test_demo_writes_its_artefacts(demo):

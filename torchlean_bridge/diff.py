@@ -483,9 +483,10 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
     report.nodes = list(rows.values())
     report.outputs = outs
-    _add_findings(report, bundle, rows, outs, unmatched)
-    if against == "torch" or onnx_model is not None:
-        report.extend(_parameter_findings(bundle, module if against == "torch" else onnx_model))
+    reference = module if against == "torch" else onnx_model
+    parameters = _parameter_findings(bundle, reference) if reference is not None else []
+    _add_findings(report, bundle, rows, outs, unmatched, parameters)
+    report.extend(parameters)
     return report
 
 
@@ -565,16 +566,18 @@ def _describe(nid: int, g: Graph) -> str:
 
 
 def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff], outs: list[NodeDiff],
-                  unmatched: dict[int, str]) -> None:
+                  unmatched: dict[int, str], parameters: list[Finding]) -> None:
     g = bundle.graph
     for r in (r for r in rows.values() if r.status == "diverged"):
         keys = feeding_keys(bundle, r.node)
         what = r.problem or (f"max abs error {_fmt(r.max_abs)} > budget {_fmt(r.budget)} "
                              f"({_fmt(r.max_ulp)} float32 ulps)")
+        suspects = [p for p in parameters if p.keys and p.keys[0] in keys]
         f = report.add(Finding(
             "divergence", f"{_describe(r.node, g)} vs {r.counterpart}: {what} on {r.diverged_on}"
-                          + (f"; checkpoint keys feeding it: {', '.join(keys)}" if keys else ""),
-            node=r.node, keys=tuple(keys), data=r.to_json()))
+                          + (f"; checkpoint keys feeding it: {', '.join(keys)}" if keys else "")
+                          + "".join(f"; suspect: {p.message}" for p in suspects),
+            node=r.node, keys=tuple(keys), data={**r.to_json(), "suspects": [list(p.keys) for p in suspects]}))
         if report.first_divergence is None:
             report.first_divergence = f
     for r in (r for r in outs if r.status == "diverged"):

@@ -43,7 +43,8 @@ def section(title: str) -> None:
 def _ulps(report: Any) -> str:
     matched = [r for r in report.nodes if r.status != "no counterpart"]
     worst = max((r.max_ulp for r in matched + report.outputs), default=0.0)
-    return f"{len(matched)} of {len(report.nodes)} nodes matched, at most {worst:.0f} float32 ulps apart"
+    return (f"{len(matched)} of {len(report.nodes)} nodes matched, at most {worst:.0f} float32 "
+            f"ulp{'' if worst == 1 else 's'} apart")
 
 
 # -- the models -----------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Convolution follows TorchLean's ``conv`` (spec section 2.2): axes before ``channel_axis`` are
 independent batch axes, grouped weights ``[out, in/groups, *kernel]``, per-axis stride, dilation
-and asymmetric zero padding. The columns are gathered with ``sliding_window_view`` and contracted
-with a (batched over groups) matrix product, so the work is BLAS, not Python.
+and asymmetric zero padding. The columns are gathered with one strided copy per kernel offset
+(rows stay contiguous, unlike a transposed window view) and contracted with a matrix product
+batched over groups, so the work is BLAS, not Python.
 
 Pooling acts on the trailing ``spatial_rank`` axes. Windows are visited by kernel offset (a loop
 over the ``prod(kernel)`` offsets, each a whole-array strided slice), which also gives the spec's
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -24,13 +26,32 @@ __all__ = ["conv_nd", "pool_nd", "window_counts"]
 # above this many kernel offsets, reduce over a window view instead of looping over offsets
 _OFFSET_LOOP_LIMIT = 64
 
+# the im2col matrix is rebuilt for every convolution and dies inside it: reusing one buffer per
+# thread avoids paying fresh-page faults on megabytes each time (it keeps the largest one alive)
+_WORKSPACE = threading.local()
+
+
+def _workspace(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    buf = getattr(_WORKSPACE, "buffer", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = _WORKSPACE.buffer = np.empty(max(nbytes, 1), np.uint8)
+    return buf[:nbytes].view(dtype).reshape(shape)
+
 
 def _pad_spatial(x: np.ndarray, before: Sequence[int], after: Sequence[int], value: float) -> np.ndarray:
     if not any(before) and not any(after):
         return x
     lead = x.ndim - len(before)
-    widths = [(0, 0)] * lead + list(zip(before, after))
-    return np.pad(x, widths, constant_values=value)
+    shape = x.shape[:lead] + tuple(n + b + a for n, b, a in zip(x.shape[lead:], before, after))
+    out = np.full(shape, value, dtype=x.dtype)
+    out[(Ellipsis,) + tuple(slice(b, b + n) for b, n in zip(before, x.shape[lead:]))] = x
+    return out
+
+
+def _window(offs: Sequence[int], dilation: Sequence[int], out: Sequence[int], stride: Sequence[int]) -> tuple:
+    """The input cells kernel offset ``offs`` meets, for every output position (a strided slice)."""
+    return tuple(slice(f * d, f * d + (o - 1) * s + 1, s) for f, d, o, s in zip(offs, dilation, out, stride))
 
 
 def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis: int, stride: Sequence[int],
@@ -45,19 +66,14 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
     g, cg, og = groups, c_in // groups, out_c // groups
     k, length = math.prod(kernel), math.prod(out_spatial)
     xp = _pad_spatial(x.reshape((n, c_in) + spatial), padding, padding_after, 0.0)
-    if all(kk == 1 for kk in kernel):
-        view = xp[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s)
-                                                     for o, s in zip(out_spatial, stride))]
-        cols = view.reshape(n, g, cg, length)
-    else:
-        eff = tuple(d * (kk - 1) + 1 for d, kk in zip(dilation, kernel))
-        win = sliding_window_view(xp, eff, axis=tuple(range(2, 2 + r)))
-        win = win[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * s + 1, s)
-                                                     for o, s in zip(out_spatial, stride))
-                  + tuple(slice(None, None, d) for d in dilation)]
-        # [n, C, *out, *k] -> [n, C, *k, *out] -> [n, g, cg*k, L]: the im2col copy
-        perm = (0, 1) + tuple(range(2 + r, 2 + 2 * r)) + tuple(range(2, 2 + r))
-        cols = win.transpose(perm).reshape(n, g, cg * k, length)
+    every = (slice(None), slice(None))
+    if k == 1 and tuple(xp.shape[2:]) == tuple(out_spatial):  # pointwise: the input is its own column matrix
+        cols = xp.reshape(n, g, cg, length)
+    else:  # im2col: one strided whole-array copy per kernel offset, into [n, C, *k, *out]
+        cols = _workspace((n, c_in) + tuple(kernel) + tuple(out_spatial), x.dtype)
+        for offs in itertools.product(*(range(kk) for kk in kernel)):
+            cols[every + offs] = xp[every + _window(offs, dilation, out_spatial, stride)]
+        cols = cols.reshape(n, g, cg * k, length)
     y = np.matmul(weight.reshape(g, og, cg * k), cols)  # [n, g, og, L]
     y = y.reshape((n, out_c, length))
     y += bias.reshape(out_c, 1)
@@ -92,8 +108,7 @@ def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence
     if math.prod(kernel) <= _OFFSET_LOOP_LIMIT:
         acc = None
         for offs in itertools.product(*(range(kk) for kk in kernel)):
-            cell = xp[lead + tuple(slice(f * d, f * d + (o - 1) * s + 1, s)
-                                   for f, d, o, s in zip(offs, dilation, out_spatial, stride))]
+            cell = xp[lead + _window(offs, dilation, out_spatial, stride)]
             if acc is None:
                 acc = cell.copy()
             elif mode == "max":

@@ -292,10 +292,12 @@ def _gelu(node, xs, rec, dt):
     x = xs[0]
     if node.attrs["approximate"] == "tanh":
         return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
-    return x * (0.5 * (1 + erf(x * _SQRT_HALF).astype(dt)))
+    return x * (0.5 * (1 + erf(x * _SQRT_HALF, dt)))
 
 
-unary("erf", lambda x: erf(x).astype(x.dtype))
+@rule("erf")
+def _erf(node, xs, rec, dt):
+    return erf(xs[0], dt)
 unary("silu", lambda x: x * sigmoid(x))
 unary("softsign", lambda x: x / (1 + np.abs(x)))
 unary("hardswish", lambda x: x * np.clip(x + 3, 0, 6) / 6)

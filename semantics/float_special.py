@@ -1,57 +1,72 @@
-"""Special functions numpy lacks, vectorized and accurate to a few ulps in binary64: ``erf``.
+"""Special functions numpy lacks, vectorized: ``erf`` in binary64 and binary32.
 
-``erf`` (exact GELU) must agree with PyTorch's float64 within 1e-12 relative, with no per-element
-Python. Two classical expansions, both free of cancellation in their ranges:
-* ``|x| < 3``: ``erf(x) = 2/sqrt(pi) * exp(-x^2) * sum_n 2^n x^(2n+1) / (2n+1)!!`` (positive terms);
-* ``3 <= |x| < 6``: ``erf(x) = 1 - erfc(x)`` with Laplace's continued fraction for ``erfc``
-  evaluated bottom-up (``erfc(3) ~ 2e-5``, so its relative error is damped by that factor);
-* ``|x| >= 6``: ``erfc(x) < 2.2e-17``, below half an ulp of 1, so ``erf(x) = sign(x)``.
+``erf`` (exact GELU) must agree with PyTorch within 1e-12 relative in float64 and 1e-5 in float32,
+fast, with no per-element Python. It is one piecewise Taylor table, evaluated by Horner's rule with
+per-element coefficient rows (no masks, no branches):
+* interval 0 is ``[0, w)``, expanded at 0 (the odd Maclaurin series, constant term exactly 0), so
+  tiny inputs keep full relative accuracy;
+* interval k >= 1 is ``[k w, (k+1) w)``, expanded at its centre ``c``, with coefficients from
+  ``erf^(n)(c) = 2/sqrt(pi) (-1)^(n-1) H_(n-1)(c) exp(-c^2)`` (Hermite polynomials evaluated exactly
+  at the dyadic centre, then rounded once; ``erf(c)`` from libm);
+* ``|x| >= 6`` uses the constant row 1: ``erfc(6) < 2.2e-17`` is below half an ulp of 1.
+Binary64 uses w = 1/8 and degree 13 (measured max relative error 2.3e-16 against math.erf);
+binary32 evaluates in float32 with degree 7 (1.5e-7, about one ulp). NaN propagates.
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+from typing import NamedTuple
 
 import numpy as np
 
 __all__ = ["erf"]
 
+_WIDTH, _LARGE = 0.125, 6.0
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-_SERIES_LIMIT, _ONE_LIMIT = 3.0, 6.0
-_CF_TERMS = 60
 
 
-def _erf_series(x: np.ndarray) -> np.ndarray:
-    x2 = x * x
-    term = x.copy()
-    total = x.copy()
-    n = 0
-    while True:
-        n += 1
-        term *= 2.0 * x2 / (2 * n + 1)
-        total += term
-        if n % 8 == 0 and not np.any(np.abs(term) > 1e-17 * np.abs(total)):
-            break
-    return _TWO_OVER_SQRT_PI * np.exp(-x2) * total
+class _Table(NamedTuple):
+    centres: np.ndarray  # [intervals + 1]
+    rows: np.ndarray  # [degree + 1, intervals + 1]: one contiguous row per order, lowest first
 
 
-def _erfc_cf(x: np.ndarray) -> np.ndarray:
-    """``erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))`` for x >= 3."""
-    tail = np.zeros_like(x)
-    for k in range(_CF_TERMS, 0, -1):
-        tail = (0.5 * k) / (x + tail)
-    return np.exp(-x * x) / math.sqrt(math.pi) / (x + tail)
+def _hermite_values(x: Fraction, count: int) -> list[Fraction]:
+    """Physicists' Hermite polynomials ``H_0 .. H_(count-1)`` at ``x``, exactly."""
+    h = [Fraction(1), 2 * x]
+    while len(h) < count:
+        n = len(h) - 1
+        h.append(2 * x * h[n] - 2 * n * h[n - 1])
+    return h[:count]
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    """The error function in binary64 (input converted to float64)."""
-    x = np.asarray(x, dtype=np.float64)
+def _table(degree: int, dtype: type) -> _Table:
+    centres = [0.0] + [(k + 0.5) * _WIDTH for k in range(1, round(_LARGE / _WIDTH))]
+    rows = []
+    for c in centres:
+        hermite = _hermite_values(Fraction(c), degree)
+        scale = _TWO_OVER_SQRT_PI * math.exp(-c * c)
+        rows.append([math.erf(c)] + [float((-1) ** (n - 1) * hermite[n - 1] / math.factorial(n)) * scale
+                                     for n in range(1, degree + 1)])
+    rows.append([1.0] + [0.0] * degree)
+    centres.append(_LARGE)
+    return _Table(np.array(centres, dtype), np.array(rows, dtype).T.copy())
+
+
+_TABLES = {np.dtype(np.float64): _table(13, np.float64), np.dtype(np.float32): _table(7, np.float32)}
+
+
+def erf(x: np.ndarray, dtype: np.dtype | type = np.float64) -> np.ndarray:
+    """The error function, computed in ``dtype`` (float64 or float32)."""
+    table = _TABLES[np.dtype(dtype)]
+    x = np.asarray(x, dtype=dtype)
     ax = np.abs(x)
-    out = np.sign(x)  # |x| >= 6, and NaN stays NaN
-    small = ax < _SERIES_LIMIT
-    if small.any():
-        out[small] = _erf_series(x[small])
-    mid = (ax >= _SERIES_LIMIT) & (ax < _ONE_LIMIT)
-    if mid.any():
-        out[mid] = np.sign(x[mid]) * (1.0 - _erfc_cf(ax[mid]))
-    return out
+    last = len(table.centres) - 1
+    index = np.fmin(ax * (1 / _WIDTH), last).astype(np.intp)  # NaN -> the last row; t keeps the NaN
+    t = np.minimum(ax, _LARGE) - table.centres[index]
+    acc = table.rows[-1][index]
+    for row in table.rows[-2::-1]:
+        acc *= t
+        acc += row[index]
+    return np.copysign(acc, x)

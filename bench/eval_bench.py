@@ -1,0 +1,198 @@
+"""Evaluator speed against onnxruntime and onnx's ReferenceEvaluator (a benchmark, not a test).
+
+Builds three models in code (a ResNet-style CNN at batch 1 x 3x224x224, a 4-layer MLP at batch 64 and
+width 1024, a transformer encoder at sequence 128 and width 256), exports each to ONNX, imports it
+with ``torchlean_bridge.import_onnx``, checks that all runners agree, and prints per model the median
+wall time of several runs in one process: our float32 and float64 evaluation, onnxruntime, and the
+ReferenceEvaluator, with the ratios ours/onnxruntime and ReferenceEvaluator/ours.
+
+    python bench/eval_bench.py [--runs 7] [--models cnn,mlp,transformer] [--threads N]
+
+``--threads`` fixes the BLAS thread count (OpenBLAS/OpenMP, set before numpy loads) and
+onnxruntime's intra-op threads to the same number, so both sides get the same cores; runners are
+interleaved round by round so background load affects them alike.
+
+Targets (issue 3): float32 within 2x of onnxruntime on the CNN and MLP, >= 10x faster than the
+ReferenceEvaluator on all three, float64 within 3x of onnxruntime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def resnet_cnn():
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 7, 2, 3, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+        Block(32, 32, 1), Block(32, 64, 2), Block(64, 128, 2), Block(128, 256, 2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 1000))
+    _randomize_batch_norm(model)
+    return model, torch.randn(1, 3, 224, 224)
+
+
+def mlp():
+    import torch
+    from torch import nn
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
+    return model, torch.randn(64, 1024)
+
+
+def transformer():
+    """Two post-norm encoder layers (4 heads, GELU feed-forward), written out with Linear/LayerNorm/softmax
+    (the TorchScript exporter cannot export nn.TransformerEncoderLayer's attention in this torch)."""
+    import torch
+    from torch import nn
+
+    class EncoderLayer(nn.Module):
+        def __init__(self, d: int, heads: int, ff: int) -> None:
+            super().__init__()
+            self.heads, self.scale = heads, (d // heads) ** -0.5
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.ff1, self.ff2 = nn.Linear(d, ff), nn.Linear(ff, d)
+            self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+
+        def forward(self, x):
+            b, s, d = x.shape
+            q, k, v = (t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2)
+                       for t in self.qkv(x).split(d, dim=-1))
+            attention = torch.softmax(q @ k.transpose(-2, -1) * self.scale, dim=-1)
+            y = (attention @ v).transpose(1, 2).reshape(b, s, d)
+            x = self.norm1(x + self.proj(y))
+            return self.norm2(x + self.ff2(torch.nn.functional.gelu(self.ff1(x))))
+
+    model = nn.Sequential(EncoderLayer(256, 4, 1024), EncoderLayer(256, 4, 1024))
+    return model, torch.randn(1, 128, 256)
+
+
+def _randomize_batch_norm(model) -> None:
+    import torch
+    from torch import nn
+    g = torch.Generator().manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+
+
+MODELS: dict[str, Callable] = {"cnn": resnet_cnn, "mlp": mlp, "transformer": transformer}
+
+
+def export_onnx(model, example) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    with torch.no_grad():
+        torch.onnx.export(model.eval(), (example,), buf, input_names=["x"], output_names=["y"], opset_version=17,
+                          dynamo=False)
+    return buf.getvalue()
+
+
+def median_times(runners: dict[str, Callable[[], object]], runs: dict[str, int]) -> dict[str, float]:
+    """Median wall time per runner; one warm-up each, then rounds that interleave the runners."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for fn in runners.values():
+        fn()
+    for r in range(max(runs.values())):
+        for name, fn in runners.items():
+            if r < runs[name]:
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def bench_model(name: str, runs: int, threads: int | None) -> dict[str, float]:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+
+    import torchlean_bridge as tlb
+
+    model, example = MODELS[name]()
+    proto = onnx.load_from_string(export_onnx(model, example))
+    bundle = tlb.import_onnx(proto)
+    x = example.numpy()
+    g, payload = bundle.graph, bundle.payload
+
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    reference = ReferenceEvaluator(proto)
+
+    # like an onnxruntime session, convert the weights to the evaluation domain once, up front
+    p32, p64 = payload.astype("float32"), payload.astype("float64")
+    ours32 = tlb.evaluate(g, p32, x, dtype="float32")[0]
+    ours64 = tlb.evaluate(g, p64, x, dtype="float64")[0]
+    ort_out = session.run(None, {"x": x})[0]
+    scale = float(np.max(np.abs(ort_out)))
+    err32 = float(np.max(np.abs(ours32 - ort_out))) / scale
+    err64 = float(np.max(np.abs(ours64 - ort_out))) / scale
+
+    t = median_times({"ours32": lambda: tlb.evaluate(g, p32, x, dtype="float32", check=False),
+                      "ours64": lambda: tlb.evaluate(g, p64, x, dtype="float64", check=False),
+                      "ort": lambda: session.run(None, {"x": x}),
+                      "ref": lambda: reference.run(None, {"x": x})},
+                     {"ours32": runs, "ours64": runs, "ort": runs, "ref": max(1, runs // 3)})
+    return {**t, "err32": err32, "err64": err64, "nodes": len(g)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=7, help="timed runs per runner (median reported)")
+    parser.add_argument("--models", default="cnn,mlp,transformer")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="BLAS and onnxruntime intra-op threads (default: each library's own choice)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        if "numpy" in sys.modules:
+            raise SystemExit("--threads must be applied before numpy is imported")
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(args.threads)
+    header = (f"{'model':<12}{'nodes':>6}{'ours f32':>11}{'ours f64':>11}{'ort':>10}{'ref eval':>11}"
+              f"{'f32/ort':>9}{'f64/ort':>9}{'ref/f32':>9}{'ref/f64':>9}{'err f32':>10}{'err f64':>10}")
+    print(header)
+    for name in args.models.split(","):
+        r = bench_model(name, args.runs, args.threads)
+        ms = {k: r[k] * 1e3 for k in ("ours32", "ours64", "ort", "ref")}
+        print(f"{name:<12}{r['nodes']:>6}{ms['ours32']:>9.1f}ms{ms['ours64']:>9.1f}ms{ms['ort']:>8.1f}ms"
+              f"{ms['ref']:>9.1f}ms{r['ours32'] / r['ort']:>9.2f}{r['ours64'] / r['ort']:>9.2f}"
+              f"{r['ref'] / r['ours32']:>9.1f}{r['ref'] / r['ours64']:>9.1f}{r['err32']:>10.1e}{r['err64']:>10.1e}",
+              flush=True)
+    print(f"times: median wall clock (threads: {args.threads or 'library default'}); "
+          "err: max |ours - onnxruntime| / max |onnxruntime|")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -20,7 +20,7 @@ import torchlean_bridge as tlb  # noqa: E402
 from importers.builder import GraphBuilder  # noqa: E402
 from torchlean_bridge.bundle import Bundle  # noqa: E402
 from torchlean_bridge.diff import make_inputs, match_nodes, ulp_distance  # noqa: E402
-from torchlean_bridge.graph import Graph, Node, Source  # noqa: E402
+from torchlean_bridge.graph import Graph, Source  # noqa: E402
 from torchlean_bridge.seed import SEED_WEIGHTS, SEED_X0, seed_mlp_bundle  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 

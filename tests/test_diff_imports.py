@@ -4,7 +4,6 @@ onnxruntime and onnx's ReferenceEvaluator, node by node through the provenance t
 import io
 import warnings
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -58,13 +58,21 @@ def import_fx(module_or_graph_module: torch.nn.Module, example_inputs: Sequence[
         outputs = flat_values(result)
         cx.raise_problems("nodes could not be lowered")
     else:
-        gm = module if isinstance(module, torch.fx.GraphModule) else trace(module)
+        before = {k: v.clone() for k, v in module.state_dict().items()}
         try:
+            gm = module if isinstance(module, torch.fx.GraphModule) else trace(module)
             with torch.no_grad():
                 ShapeProp(gm).propagate(*args)
+        except BridgeError:
+            raise
         except Exception as e:  # noqa: BLE001 - the model's own error on these inputs
             raise BridgeError(f"fx import: running the traced model on the example inputs failed: "
                               f"{type(e).__name__}: {e}"[:500]) from None
+        finally:
+            changed = _restore(module, before)
+        if changed:
+            raise BridgeError(f"fx import: the forward pass mutates {', '.join(changed)} (FX would bake one "
+                              "update into the trace); import a forward that leaves its buffers unchanged")
         cx = TorchLowerer("fx", root=gm, state_dict_keys=keys, max_elements=max_elements)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         seeds = set()
@@ -82,6 +90,15 @@ def import_fx(module_or_graph_module: torch.nn.Module, example_inputs: Sequence[
     bundle = cx.finish(outputs, {"framework": "fx", "model": type(module).__name__})
     bind_aliases(bundle, module.state_dict())
     return bundle
+
+
+def _restore(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> list[str]:
+    """Put back any state the trace changed; returns the keys that changed."""
+    state = module.state_dict()
+    changed = [k for k, v in before.items() if k in state and not torch.equal(state[k], v)]
+    if changed:
+        module.load_state_dict(before, strict=False)
+    return changed
 
 
 def _input(cx: TorchLowerer, name: str, value: Any) -> Any:

@@ -556,12 +556,9 @@ def check_static(shape: Iterable[Any], what: str) -> tuple[int, ...]:
     """Concrete ints or a clear error for symbolic (dynamic) dimensions."""
     out = []
     for d in shape:
-        if not isinstance(d, int):
-            try:
-                d = int(d)
-            except Exception:  # noqa: BLE001 - any symbolic int refuses conversion
-                raise BridgeError(f"{what}: dimension {d} is dynamic; export with static shapes "
-                                  "(no dynamic_shapes=/Dim) so every extent is a number") from None
+        if isinstance(d, torch.SymInt) or not isinstance(d, int):
+            raise BridgeError(f"{what}: dimension {d} is dynamic; export with static shapes "
+                              "(no dynamic_shapes=/Dim) so every extent is a number")
         out.append(d)
     return tuple(out)
 

@@ -126,7 +126,8 @@ def test_seed_mlp_agrees_with_torch_at_every_node():
     assert report.ok and report.first_divergence is None, str(report)
     assert [r.counterpart for r in report.nodes] == ["x", "l1", "relu", "l2", "sum_1", "tanh"]
     assert all(r.status == "ok" for r in report.nodes + report.outputs)
-    assert report.inputs == ["normal", "uniform", "zeros", "edge", "normal", "uniform"]
+    assert report.inputs == ["input 0 (normal)", "input 1 (uniform)", "input 2 (zeros)", "input 3 (edge)",
+                             "input 4 (normal)", "input 5 (uniform)"]
     # float32 PyTorch against the float64 reference: a few float32 ulps, far inside the budgets
     assert max(r.max_ulp for r in report.nodes) <= 16
     assert all(r.max_abs <= r.budget for r in report.nodes)
@@ -299,7 +300,9 @@ def test_report_json_and_table(net):
     assert doc["ok"] is False and doc["first_divergence"]["node"] == ids["norm"]
     assert {"node", "op", "counterpart", "max_abs", "max_rel", "max_ulp", "budget", "status"} <= set(doc["nodes"][0])
     text = str(report)
-    assert f"node {ids['norm']}" in text and "diverged on normal" in text and "downstream" in text
+    assert f"node {ids['norm']}" in text and "diverged on input 0 (normal)" in text and "downstream" in text
+    many = tlb.diff(bundle, against="torch", module=m, random=9)
+    assert "9 input set(s): 4 normal, 3 uniform, 1 zeros, 1 edge;" in many.summary()
 
 
 def test_given_inputs_are_checked():

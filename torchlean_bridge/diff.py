@@ -347,7 +347,12 @@ class DiffReport(Report):
             verdict = "FAILED"
         else:
             verdict = "agree"
-        return (f"{self.title}: {verdict}\n  {len(self.inputs)} input set(s): {', '.join(self.inputs)}; "
+        if len(self.inputs) <= 6:
+            listed = ", ".join(self.inputs)
+        else:  # counts per kind, e.g. "23 normal, 23 uniform, 1 zeros, 1 edge"
+            kinds = [label.partition("(")[2].rstrip(")") or "given" for label in self.inputs]
+            listed = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+        return (f"{self.title}: {verdict}\n  {len(self.inputs)} input set(s): {listed}; "
                 f"budget per node = max({SAFETY:g} x our float32 gap, {FLOOR_ULPS} float32 ulps)")
 
     def render(self, all_nodes: bool = True) -> str:
@@ -455,7 +460,11 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         raise BridgeError(f"diff: unknown oracle {against!r}; expected one of {', '.join(AGAINST)}")
     from . import diff_runners as R
     g = bundle.graph
-    sets = _given_inputs(g, inputs) if inputs is not None else make_inputs(g, max(int(random), 1), seed)
+    if inputs is not None:
+        sets = _given_inputs(g, inputs)
+    else:
+        generated = make_inputs(g, max(int(random), 1), seed)
+        sets = [(f"input {k} ({kind})", arrays) for k, (kind, arrays) in enumerate(generated)]
     ours64, ours32 = R.EvaluatorRunner(bundle, "float64"), R.EvaluatorRunner(bundle, "float32")
     oracle, framework = _oracle(bundle, against, module, onnx_model, sets[0][1])
     sets = [(label, oracle.rounded(arrays)) for label, arrays in sets]

@@ -320,7 +320,8 @@ class DiffReport(Report):
 
     def table(self, all_nodes: bool = True) -> str:
         """Rows for the outputs and the nodes (all of them, or just the divergent ones)."""
-        head = f"{'':>9}  {'op':<14} {'counterpart':<24} {'max abs':>9} {'max rel':>9} {'ulps':>9} {'budget':>9}  status"
+        head = (f"{'':>9}  {'op':<14} {'counterpart':<24} {'max abs':>9} {'max rel':>9} {'ulps':>9} "
+                f"{'budget':>9}  status")
         lines = [head]
 
         def line(label: str, r: NodeDiff) -> str:
@@ -591,7 +592,8 @@ def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff],
             report.first_divergence = f
     for r in (r for r in outs if r.status == "diverged"):
         what = r.problem or f"max abs error {_fmt(r.max_abs)} > budget {_fmt(r.budget)}"
-        f = report.add(Finding("output-divergence", f"output {r.output} ({_describe(r.node, g)}): {what} on {r.diverged_on}",
+        f = report.add(Finding("output-divergence",
+                               f"output {r.output} ({_describe(r.node, g)}): {what} on {r.diverged_on}",
                                node=r.node, keys=tuple(feeding_keys(bundle, r.node)), data=r.to_json()))
         if report.first_divergence is None:
             report.first_divergence = f

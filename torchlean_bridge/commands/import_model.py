@@ -99,9 +99,9 @@ def import_source(args: argparse.Namespace) -> Bundle:
         from importers.onnx import import_onnx
         shapes = [parse_input_shape(s)[0] for s in args.input_shape] or None
         return import_onnx(args.source, shapes)
+    model = load_factory(args.source)
     if not args.input_shape:
         raise BridgeError("a PyTorch SOURCE needs example inputs: give --input-shape once per input (e.g. 1,4)")
-    model = load_factory(args.source)
     inputs = example_inputs(args.input_shape)
     if args.via == "fx":
         from importers.fx import import_fx

@@ -37,8 +37,9 @@ def _elem_type(dtype: str) -> int:
 
 
 def _as_onnx_array(a: np.ndarray) -> np.ndarray:
+    """Payload tensors in the model's element types: float32, int64, bool."""
     a = np.asarray(a)
-    if a.dtype.kind == "f" and a.dtype not in (np.float32, np.float16):
+    if a.dtype.kind == "f" and a.dtype != np.float32:
         return a.astype(np.float32)
     if a.dtype.kind in "iu":
         return a.astype(np.int64)

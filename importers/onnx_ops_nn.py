@@ -227,6 +227,32 @@ def _instance_norm(ctx: OnnxContext) -> list[Value]:
     return [y]
 
 
+def _lrn(ctx: OnnxContext) -> list[Value]:
+    """``x / (bias + alpha/size * sum of squares over a channel window) ** beta``, written out with
+    pad, slices and adds (no ext op: every step is an existing op, in the spec's order)."""
+    xs = ctx.shape(0)
+    size = int(ctx.attr("size"))
+    alpha, beta, bias = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75)), float(ctx.attr("bias", 1.0))
+    if len(xs) < 2 or size < 1:
+        raise ctx.fail(f"input rank {len(xs)}, size {size}")
+    x = ctx.operand(0)
+    square = ctx.add("mul_elem", [x, x])
+    window = square
+    if size > 1:
+        before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+        zeros = (0,) * len(xs)
+        padded = ctx.add("pad", [square], {"pads_before": zeros[:1] + (before,) + zeros[2:],
+                                           "pads_after": zeros[:1] + (after,) + zeros[2:], "value": 0.0})
+        parts = [ctx.add("slice", [padded], {"axes": (1,), "starts": (k,), "ends": (k + xs[1],), "steps": (1,)})
+                 for k in range(size)]
+        window = parts[0]
+        for part in parts[1:]:
+            window = ctx.add("add", [window, part])
+    scaled = ctx.elementwise("mul_elem", [window, ctx.scalar(alpha / size)])
+    base = ctx.elementwise("add", [scaled, ctx.scalar(bias)])
+    return [ctx.elementwise("div", [x, ctx.add("pow", [base], {"exponent": beta})])]
+
+
 # -- softmax ----------------------------------------------------------------------------------
 
 def _softmax(kind: str) -> Handler:
@@ -297,10 +323,12 @@ HANDLERS: dict[str, Handler] = {
     "Gemm": _gemm, "MatMul": _matmul, "Conv": _conv, "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"),
     "GlobalAveragePool": _global_pool("reduce_mean_axes"), "GlobalMaxPool": _global_pool("reduce_max"),
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
+    "LRN": _lrn,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "Einsum": _einsum,
 }
 
 EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "max_pool",
                    "avg_pool", "max_pool_nd", "avg_pool_nd", "reduce_mean_axes", "reduce_max", "batch_norm_eval",
-                   "layernorm", "softmax", "log_softmax", "reshape", "permute", "reduce_sum",
+                   "layernorm", "softmax", "log_softmax", "reshape", "permute", "reduce_sum", "pad", "slice", "pow",
+                   "div",
                    "reduce_sum_axes"})

@@ -113,6 +113,8 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
                                                   [("x", [2, 3, 4])], ["y"], [("s", f32(3, 4))])
     c["InstanceNormalization"] = model([N("InstanceNormalization", ["x", "s", "b"], ["y"])], [("x", [2, 3, 4, 5])],
                                        ["y"], [("s", f32(3)), ("b", f32(3))])
+    c["LRN"] = one("LRN", shape=(2, 6, 3, 3), size=3, alpha=1e-2, beta=0.75, bias=2.0)
+    c["LRN_rank3"] = one("LRN", shape=(1, 7, 4), size=5)
     c["MaxPool_v1"] = one("MaxPool", shape=(1, 2, 7, 7), kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     c["MaxPool_ceil"] = one("MaxPool", shape=(1, 2, 8, 8), kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
     c["MaxPool_dilated"] = one("MaxPool", shape=(1, 2, 9, 9), kernel_shape=[2, 2], dilations=[2, 2])
@@ -256,7 +258,7 @@ def test_emitted_kinds_are_registered_and_handlers_cover_the_issue_ops() -> None
               "Log", "Sqrt", "Abs", "Neg", "Reciprocal", "Softmax", "LogSoftmax", "Reshape", "Flatten", "Transpose",
               "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Pad", "Where", "Clip", "Cast",
               "Identity", "Dropout", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "Sum", "Max", "Min",
-              "Mean", "Einsum"}
+              "Mean", "Einsum", "LRN"}
     assert wanted <= set(HANDLERS)
 
 

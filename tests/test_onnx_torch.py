@@ -73,7 +73,7 @@ def test_older_opsets_with_initializers_as_inputs(name: str, opset: int) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["cnn2d", "norm_head", "mha_batch_first", "embedding"])
+@pytest.mark.parametrize("name", ["cnn2d", "norm_head", "mha_batch_first", "embedding", "layout"])
 def test_dynamo_exported_onnx_imports_and_evaluates_like_torch(name: str) -> None:
     check_import(name, dynamo=True)
 

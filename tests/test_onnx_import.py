@@ -114,7 +114,7 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
     c["InstanceNormalization"] = model([N("InstanceNormalization", ["x", "s", "b"], ["y"])], [("x", [2, 3, 4, 5])],
                                        ["y"], [("s", f32(3)), ("b", f32(3))])
     c["LRN"] = one("LRN", shape=(2, 6, 3, 3), size=3, alpha=1e-2, beta=0.75, bias=2.0)
-    c["LRN_rank3"] = one("LRN", shape=(1, 7, 4), size=5)
+    c["LRN_size5"] = one("LRN", shape=(1, 7, 2, 3), size=5)
     c["MaxPool_v1"] = one("MaxPool", shape=(1, 2, 7, 7), kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     c["MaxPool_ceil"] = one("MaxPool", shape=(1, 2, 8, 8), kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
     c["MaxPool_dilated"] = one("MaxPool", shape=(1, 2, 9, 9), kernel_shape=[2, 2], dilations=[2, 2])

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="zero-argument callable returning the reference nn.Module (for --against torch)")
     ref.add_argument("--onnx", metavar="FILE", help="ONNX model to run (default for onnxruntime: our own export)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--input", metavar="FILE.npy", nargs="+", help="one input array per graph input")
+    src.add_argument("--input", metavar="FILE.npy", nargs="+", action="extend",
+                     help="one .npy per graph input, in graph-input order (list them, or repeat the option)")
     src.add_argument("--random", metavar="N", type=int, default=4,
                      help="N seeded input sets: normal, uniform, zeros, edge values, ... (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed for --random (default 0)")

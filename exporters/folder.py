@@ -34,6 +34,8 @@ def save(bundle: Bundle, folder: str | Path) -> Path:
     if bundle.report:
         atomic_write_text(folder / REPORT_FILE,
                           json.dumps(bundle.report, indent=1, sort_keys=True, default=str) + "\n")
+    elif (folder / REPORT_FILE).exists():
+        (folder / REPORT_FILE).unlink()  # a report left by an earlier bundle would describe the wrong model
     return folder
 
 

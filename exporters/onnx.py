@@ -58,6 +58,9 @@ class OnnxWriter:
         self._init_values: dict[str, np.ndarray] = {}
         self.used: set[str] = set()
         self.names: dict[int, str] = {}
+        self.bindings: dict[tuple[int, str], list[Any]] = {}
+        for b in bundle.roles.bindings():
+            self.bindings.setdefault((b.node, b.role), []).append(b)
         shapes = bundle.report.get("external_shapes", {}) if isinstance(bundle.report, dict) else {}
         self.external_shapes = shapes if isinstance(shapes, dict) else {}
         self.absorbed = self._absorbed_broadcasts()
@@ -166,7 +169,7 @@ class OnnxWriter:
         """Name of a tensor equal to payload ``role``; when allowed, its transpose or the same values
         with leading 1-axes (what ``Gemm`` and broadcasting ``Add`` read directly)."""
         value = self.bundle.payload.get(node.id, role)
-        binding = next((b for b in self.bundle.roles.for_node(node.id) if b.role == role), None)
+        binding = next(iter(self.bindings.get((node.id, role), ())), None)
         if binding is None:
             return self.initializer(self.unique(f"{node.kind}_{node.id}.{role}"), value), False
         x, steps = self._external(binding.key, binding.transform, value)
@@ -192,7 +195,7 @@ class OnnxWriter:
         value = self.bundle.payload.get(node.id, role)
         if value is None:
             return False
-        bound = any(b.role == role for b in self.bundle.roles.for_node(node.id))
+        bound = (node.id, role) in self.bindings
         return bound or not (zero_default and not np.any(value))
 
     # -- broadcasting -------------------------------------------------------------------------
@@ -252,7 +255,7 @@ def _with_attrs(op: str, **mapping: str) -> Exporter:
 
 
 def _const(w: OnnxWriter, node: Node) -> None:
-    if w.bundle.roles.for_node(node.id):
+    if (node.id, "values") in w.bindings:
         name, _ = w.payload_input(node, "values")
         w.bind_name(node, name)
         return

@@ -72,8 +72,10 @@ def to_v1_graph(bundle: Bundle) -> Graph:
     if blocking:
         lines = [f"  node {b['id']}: {b['kind']}" + (f" ({b['source']})" if b["source"] else "") + f": {b['reason']}"
                  for b in blocking]
-        raise ExportError(f"torchlean.ir.v1 export: {len(blocking)} node(s) block the export:\n" + "\n".join(lines),
-                          node=blocking[0]["id"], op=blocking[0]["kind"])
+        error = ExportError(f"torchlean.ir.v1 export: {len(blocking)} node(s) block the export:\n" + "\n".join(lines),
+                            node=blocking[0]["id"], op=blocking[0]["kind"])
+        error.items = blocking
+        raise error
     g = bundle.graph
     nodes = [_rewrite(g, n) for n in g.nodes]
     return Graph([n for n in nodes if n is not None], g.inputs, g.outputs)

@@ -35,6 +35,15 @@ def test_folder_round_trips_to_an_equal_bundle(name: str, tmp_path) -> None:
     assert back.report == json.loads(json.dumps(b.report))
 
 
+def test_saving_over_a_folder_replaces_everything(tmp_path) -> None:
+    tlb.save(tlb.import_onnx(CASES["BatchNormalization"]), tmp_path / "b")
+    seed = seed_mlp_bundle()
+    seed.report = {}
+    tlb.save(seed, tmp_path / "b")
+    back = tlb.load(tmp_path / "b")
+    assert back == seed and back.report == {}
+
+
 def test_folder_files_are_deterministic(tmp_path) -> None:
     tlb.save(tlb.import_onnx(CASES["BatchNormalization"]), tmp_path / "a")
     tlb.save(tlb.import_onnx(CASES["BatchNormalization"]), tmp_path / "b")

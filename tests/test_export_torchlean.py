@@ -79,6 +79,7 @@ def test_every_blocking_node_is_listed() -> None:
     with pytest.raises(ExportError) as e:
         export_torchlean(b, None)
     msg = str(e.value)
+    assert e.value.items == blocking
     assert "3 node(s) block the export" in msg
     assert "node 1: input (onnx z): graph input #2" in msg and "node 2: gt (onnx (Greater))" in msg
     b = tlb.import_onnx(CASES["Gather_embedding_int64_ids"])

@@ -207,12 +207,12 @@ def _lower_nodes(ctx: OnnxContext, graph: Any) -> list[dict]:
             continue
         try:
             outs = _lower_one(ctx, node)
-        except NodeUnsupported as e:
+        except BridgeError as e:  # NodeUnsupported, or a shape rule rejecting the lowered operands
             problems.append({**item, "reason": e.message})
             poisoned.update(node.output)
             continue
-        except BridgeError as e:
-            problems.append({**item, "reason": e.message})
+        except (ValueError, TypeError, IndexError, KeyError) as e:  # a malformed node (missing attribute...)
+            problems.append({**item, "reason": f"malformed node: {type(e).__name__}: {e}"})
             poisoned.update(node.output)
             continue
         for name, value in zip(node.output, outs):

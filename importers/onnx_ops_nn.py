@@ -289,6 +289,18 @@ def _permute_letters(ctx: OnnxContext, nid: int, letters: str, order: str) -> in
     return nid if perm == tuple(range(len(perm))) else ctx.add("permute", [nid], {"perm": perm})
 
 
+def _weight_matrix(c: Const, letters: str, summed: list[str], right: list[str], k: int, n: int) -> Const:
+    """A constant right operand laid out [k, n], its initializer binding extended by the same steps
+    (so a contraction with a weight is a ``linear``, as ``MatMul`` with an initializer is)."""
+    perm = [letters.index(ch) for ch in summed + right]
+    if perm != sorted(perm):
+        step = "transpose" if perm == [1, 0] else "permute:" + ",".join(map(str, perm))
+        c = c.derived(np.transpose(c.value, perm), step)
+    if c.value.shape != (k, n):
+        c = c.derived(c.value.reshape(k, n), f"reshape:{k},{n}")
+    return c
+
+
 def _einsum(ctx: OnnxContext) -> list[Value]:
     """Explicit one- or two-operand equations without repeated letters: sums, permutes, one matmul."""
     eq = str(ctx.attr("equation")).replace(" ", "")
@@ -313,8 +325,12 @@ def _einsum(ctx: OnnxContext) -> list[Value]:
     nb = tuple(sa[c] for c in batch)
     m, k, n = (math.prod(sa[c] for c in left), math.prod(sa[c] for c in summed), math.prod(sb[c] for c in right))
     x = ctx.b.reshape(_permute_letters(ctx, x, a, "".join(batch + left + summed)), nb + (m, k), ctx.source)
-    y = ctx.b.reshape(_permute_letters(ctx, y, b, "".join(batch + summed + right)), nb + (k, n), ctx.source)
-    z = ctx.add("matmul", [x, y])
+    weight = ctx.const(1)
+    if weight is not None and not batch and b == terms[1] and weight.value.dtype.kind == "f":
+        z = _linear(ctx, x, _weight_matrix(weight, b, summed, right, k, n), transpose=True)
+    else:
+        y = ctx.b.reshape(_permute_letters(ctx, y, b, "".join(batch + summed + right)), nb + (k, n), ctx.source)
+        z = ctx.add("matmul", [x, y])
     z = ctx.b.reshape(z, nb + tuple(sa[c] for c in left) + tuple(sb[c] for c in right), ctx.source)
     return [_permute_letters(ctx, z, "".join(batch + left + right), out)]
 

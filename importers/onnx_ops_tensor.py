@@ -197,6 +197,19 @@ def _expand(ctx: OnnxContext) -> list[Value]:
     return [ctx.add("expand", [ctx.operand(0)], {"to_shape": target})]
 
 
+def _tile(ctx: OnnxContext) -> list[Value]:
+    """``Tile`` as pure data movement: interleave size-1 axes, expand them to the repeats, merge."""
+    s = ctx.shape(0)
+    reps = ctx.ints(1, "repeats")
+    if len(reps) != len(s) or any(r < 1 for r in reps):
+        raise ctx.fail(f"repeats {reps} for rank {len(s)}")
+    if all(r == 1 for r in reps):
+        return _alias(ctx)
+    spread = ctx.b.reshape(ctx.operand(0), tuple(d for e in s for d in (1, e)), ctx.source)
+    grown = ctx.add("expand", [spread], {"to_shape": tuple(d for r, e in zip(reps, s) for d in (r, e))})
+    return [ctx.b.reshape(grown, tuple(r * e for r, e in zip(reps, s)), ctx.source)]
+
+
 def _pad(ctx: OnnxContext) -> list[Value]:
     mode = ctx.attr("mode", "constant")
     if mode != "constant":
@@ -223,7 +236,7 @@ def _pad(ctx: OnnxContext) -> list[Value]:
 HANDLERS: dict[str, Handler] = {
     "Identity": _alias, "Dropout": _dropout, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split, "Slice": _slice,
-    "Gather": _gather, "GatherND": _gather_nd, "Expand": _expand, "Pad": _pad,
+    "Gather": _gather, "GatherND": _gather_nd, "Expand": _expand, "Pad": _pad, "Tile": _tile,
 }
 
 EMITS = frozenset({"reshape", "permute", "squeeze", "unsqueeze", "concat", "slice", "gather", "expand", "pad",

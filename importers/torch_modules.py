@@ -73,6 +73,8 @@ _fn("hardtanh", T.hardtanh, F)
 _fn("relu6", T.relu6, F)
 _fn("hardsigmoid", T.hardsigmoid, F)
 _fn("clamp clip", T.clamp)
+_fn("clamp_min", lambda cx, input, min: T.clamp(cx, input, min, None))
+_fn("clamp_max", lambda cx, input, max: T.clamp(cx, input, None, max))
 _fn("sum", T.reduce_sum)
 _fn("mean", T.reduce_mean)
 _fn("amax", T.reduce_max)
@@ -146,7 +148,8 @@ METHODS: dict[str, Lowering] = {
     "gt": T.compare("gt"), "ge": T.compare("ge"), "logical_and": T.logical("logical_and"),
     "logical_or": T.logical("logical_or"), "logical_not": T.logical_not,
     "masked_fill": T.masked_fill, "where": lambda cx, input, condition, other: T.where(cx, condition, input, other),
-    "clamp": T.clamp, "clip": T.clamp, "softmax": T.softmax("softmax"), "log_softmax": T.softmax("log_softmax"),
+    "clamp": T.clamp, "clip": T.clamp, "clamp_min": lambda cx, input, min: T.clamp(cx, input, min, None),
+    "clamp_max": lambda cx, input, max: T.clamp(cx, input, None, max), "softmax": T.softmax("softmax"), "log_softmax": T.softmax("log_softmax"),
     "sum": T.reduce_sum, "mean": T.reduce_mean, "amax": T.reduce_max, "amin": T.reduce_min,
     "max": T.max_or_min("max"), "min": T.max_or_min("min"), "argmax": T.argmax, "argmin": T.argmin,
     "any": T.any_all("max"), "all": T.any_all("min"),

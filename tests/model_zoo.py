@@ -30,6 +30,7 @@ class ZooCase:
     build: Callable[[], Made] = field(repr=False)
     fx: bool = True  # torch.fx symbolic tracing accepts it
     export: bool = True  # torch.export accepts it
+    decompose: bool = True  # its core-ATen decomposition is importable too
     slow: bool = False
     tags: tuple[str, ...] = ()
 
@@ -294,6 +295,30 @@ class InPlace(nn.Module):
         return F.relu(y, inplace=True) - z
 
 
+class KitchenSink(nn.Module):
+    """Activations, reductions, masks, padding and gathers not covered elsewhere."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = F.mish(x) + F.hardswish(x) + F.hardsigmoid(x) + F.relu6(x * 4) + F.elu(x, 0.5)
+        b = F.softsign(x) + torch.erf(x) + torch.log1p(x.abs()) + torch.rsqrt(x * x + 1) + torch.reciprocal(x + 4)
+        c = torch.sin(x) * torch.cos(x) - torch.log(x.exp() + 1) + x.clamp_min(-0.5) + x.clamp_max(0.5)
+        inside = (x > -1) & (x < 1)
+        d = torch.where(inside, a, b).masked_fill(~inside, 0.25) + torch.minimum(c, x.square())
+        e = F.pad(d, (1, 2)).repeat(1, 2)[:, ::3]
+        picked = x.index_select(1, torch.tensor([4, 0, 2])).narrow(1, 1, 2) + x.select(0, 1)[:2]
+        first, second = x.split([3, 2], dim=1)
+        values, indices = x.max(dim=1)
+        return (e, picked, first.sum(1) - second.amin(1), values, indices, x.argmin(dim=0, keepdim=True),
+                torch.pow(x, 3).mean((0, 1), keepdim=True))
+
+
+class ExpM1Family(nn.Module):
+    """SELU and CELU: their core-ATen decompositions use expm1, which has no IR op yet."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.selu(x) + F.celu(x, 0.5)
+
+
 # -- real architectures from transformers ----------------------------------------------------------------
 def hf_bert() -> Made:
     from transformers import BertConfig, BertModel
@@ -343,6 +368,8 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
     ZooCase("layout", lambda: (Layout(), (_x(2, 12),)), tags=("layout", "indexing")),
     ZooCase("contractions", lambda: (Contractions(), (_x(2, 3, 6), _x(2, 3, 5))), tags=("matmul", "einsum")),
     ZooCase("inplace", lambda: (InPlace(), (_x(3, 4),)), tags=("inplace",)),
+    ZooCase("selu_celu", lambda: (ExpM1Family(), (_x(3, 5),)), decompose=False, tags=("activations",)),
+    ZooCase("kitchen_sink", lambda: (KitchenSink(), (_x(4, 5),)), tags=("elementwise", "activations", "indexing")),
     ZooCase("hf_bert", hf_bert, fx=False, slow=True, tags=("transformers",)),
     ZooCase("hf_gpt2", hf_gpt2, fx=False, slow=True, tags=("transformers",)),
 ]}

@@ -166,16 +166,16 @@ def test_unary_rule_encloses_the_exact_value(name):
 def test_tanh_is_tight_not_the_codomain():
     lo, hi = UNARY_RULES["tanh"]((np.array([0.020775]), np.array([0.03564])), {})
     assert 0 < hi[0] - lo[0] < 0.0149
-    assert lo[0] == pytest.approx(math.tanh(0.020775), abs=1e-15)
+    assert lo[0] == pytest.approx(math.tanh(0.020775), abs=4e-15)
 
 
 def test_periodic_extrema_are_found():
     lo, hi = UNARY_RULES["sin"]((np.array([1.0, 2.0, -2.0]), np.array([2.0, 2.5, -1.0])), {})
-    assert hi[0] == 1.0 and lo[0] == pytest.approx(math.sin(1.0), abs=1e-15)
-    assert hi[1] == pytest.approx(math.sin(2.0), abs=1e-15) and lo[1] == pytest.approx(math.sin(2.5), abs=1e-15)
+    assert hi[0] == 1.0 and lo[0] == pytest.approx(math.sin(1.0), abs=4e-15)
+    assert hi[1] == pytest.approx(math.sin(2.0), abs=4e-15) and lo[1] == pytest.approx(math.sin(2.5), abs=4e-15)
     assert lo[2] == -1.0
     lo, hi = UNARY_RULES["gelu"]((np.array([-2.0]), np.array([0.5])), node_attrs("gelu"))
-    assert lo[0] == pytest.approx(-0.16997120747990366, abs=1e-14)
+    assert lo[0] == pytest.approx(-0.16997120747990366, abs=4e-14)
 
 
 # -- binary elementwise rules, exact rational references ----------------------------------------

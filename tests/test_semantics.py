@@ -250,3 +250,32 @@ def test_cli_eval_on_a_saved_bundle_and_bad_input(capsys, tmp_path):
     assert code == 2 and "IR eval: shape mismatch: expected [4], got [3]" in err
     code, _, err = _run(capsys, "eval", str(tmp_path / "b"), "--input", str(tmp_path / "missing.npy"))
     assert code == 2 and "cannot read array" in err
+
+
+def test_erf_tables_are_accurate_against_mpmath():
+    """erf has no numpy implementation; ours must be within a few ulps (binary64) / one ulp (binary32)."""
+    mpmath = pytest.importorskip("mpmath")
+    from semantics.float_special import erf
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([rng.uniform(-7, 7, 2000), np.logspace(-300, 0.8, 200), -np.logspace(-30, 0.8, 200),
+                         np.arange(-6, 6.01, 0.125), [0.0, 5.9999999, 6.0, 1e300]])
+    with mpmath.workdps(40):
+        exact = np.array([float(mpmath.erf(mpmath.mpf(float(v)))) for v in xs])
+    rel64 = np.abs(erf(xs, np.float64) - exact) / np.maximum(np.abs(exact), 1e-300)
+    assert rel64.max() < 1e-15
+    xs32 = xs[np.abs(xs) < 1e30].astype(np.float32)
+    with mpmath.workdps(40):
+        exact32 = np.array([float(mpmath.erf(mpmath.mpf(float(v)))) for v in xs32])
+    got32 = erf(xs32, np.float32)
+    assert got32.dtype == np.float32
+    normal = np.abs(exact32) > 1e-37  # below that binary32 itself is subnormal
+    assert (np.abs(got32 - exact32)[normal] / np.abs(exact32[normal])).max() < 3e-7
+    assert np.isnan(erf(np.array([np.nan]))[0]) and erf(np.array([np.inf, -np.inf])).tolist() == [1.0, -1.0]
+
+
+def test_cast_to_int64_refuses_values_it_cannot_represent():
+    g = Graph([Node(0, [], "input", [2]), Node(1, [0], "cast", [2], {"dtype": "int64"}, dtype="int64")])
+    assert tlb.evaluate(g, None, np.array([-2.7, 3.9]))[0].tolist() == [-2, 3]
+    for bad in (np.nan, np.inf, 1e19):
+        with pytest.raises(EvalError, match=r"^IR eval: node 1: cast: "):
+            tlb.evaluate(g, None, np.array([0.0, bad]))

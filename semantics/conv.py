@@ -16,12 +16,12 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["conv_nd", "pool_nd", "window_counts"]
+__all__ = ["conv_nd", "pool_nd", "window_counts", "offset_views"]
 
 # above this many kernel offsets, reduce over a window view instead of looping over offsets
 _OFFSET_LOOP_LIMIT = 64
@@ -49,9 +49,23 @@ def _pad_spatial(x: np.ndarray, before: Sequence[int], after: Sequence[int], val
     return out
 
 
-def _window(offs: Sequence[int], dilation: Sequence[int], out: Sequence[int], stride: Sequence[int]) -> tuple:
-    """The input cells kernel offset ``offs`` meets, for every output position (a strided slice)."""
-    return tuple(slice(f * d, f * d + (o - 1) * s + 1, s) for f, d, o, s in zip(offs, dilation, out, stride))
+def offset_views(xp: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+                 out: Sequence[int]) -> Iterator[np.ndarray]:
+    """For each kernel offset in row-major order, the ``[..., *out]`` view of the cells it meets.
+
+    Output position ``o`` meets cell ``o*s + f*d`` on each trailing axis. With a stride, the padded
+    input is first split into its ``s`` phases (``xp[..., p::s]``, each copied once), so every
+    offset's view is a plain contiguous-row slice of one phase instead of a strided gather.
+    """
+    phases: dict[tuple[int, ...], np.ndarray] = {}
+    for offs in itertools.product(*(range(k) for k in kernel)):
+        starts = [f * d for f, d in zip(offs, dilation)]
+        phase = tuple(st % s for st, s in zip(starts, stride))
+        if phase not in phases:
+            phases[phase] = xp if all(s == 1 for s in stride) else np.ascontiguousarray(
+                xp[(Ellipsis,) + tuple(slice(p, None, s) for p, s in zip(phase, stride))])
+        yield phases[phase][(Ellipsis,) + tuple(slice(st // s, st // s + o)
+                                                for st, s, o in zip(starts, stride, out))]
 
 
 def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis: int, stride: Sequence[int],
@@ -71,8 +85,9 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
         cols = xp.reshape(n, g, cg, length)
     else:  # im2col: one strided whole-array copy per kernel offset, into [n, C, *k, *out]
         cols = _workspace((n, c_in) + tuple(kernel) + tuple(out_spatial), x.dtype)
-        for offs in itertools.product(*(range(kk) for kk in kernel)):
-            cols[every + offs] = xp[every + _window(offs, dilation, out_spatial, stride)]
+        views = offset_views(xp, kernel, stride, dilation, out_spatial)
+        for offs, view in zip(itertools.product(*(range(kk) for kk in kernel)), views):
+            cols[every + offs] = view
         cols = cols.reshape(n, g, cg * k, length)
     y = np.matmul(weight.reshape(g, og, cg * k), cols)  # [n, g, og, L]
     y = y.reshape((n, out_c, length))
@@ -107,8 +122,7 @@ def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence
     lead = (Ellipsis,)
     if math.prod(kernel) <= _OFFSET_LOOP_LIMIT:
         acc = None
-        for offs in itertools.product(*(range(kk) for kk in kernel)):
-            cell = xp[lead + _window(offs, dilation, out_spatial, stride)]
+        for cell in offset_views(xp, kernel, stride, dilation, out_spatial):
             if acc is None:
                 acc = cell.copy()
             elif mode == "max":

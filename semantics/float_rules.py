@@ -164,9 +164,12 @@ def _cast(node, xs, rec, dt):
     if target == BOOL:
         return x != 0
     if target == INT64:
-        if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
-            raise domain_error(node, "cannot convert NaN or infinity to int64")
-        return np.trunc(x).astype(np.int64) if x.dtype.kind == "f" else x.astype(np.int64)
+        if x.dtype.kind != "f":
+            return x.astype(np.int64)
+        t = np.trunc(x)
+        if not np.all((t >= -2.0**63) & (t < 2.0**63)):
+            raise domain_error(node, "value is NaN, infinite or outside the int64 range")
+        return t.astype(np.int64)
     return x.astype(dt)
 
 

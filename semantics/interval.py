@@ -29,14 +29,14 @@ from torchlean_bridge.payload import Payload, payload_errors
 from . import interval_arith as ia
 from .conv import window_counts
 from .float_rules import FLOAT_RULES
-from .interval_affine import avg_pool_box, batch_norm_box, conv_box, linear_box, matmul_box, mean_box
+from .interval_affine import AffineParams, avg_pool_box, batch_norm_box, conv_box, linear_box, matmul_box, mean_box
 from .interval_nonlinear import (arg_extremum_box, layernorm_box, log_softmax_box, mse_box, prod_box,
                                  softmax_box)
 from .interval_round import Box, sum_bounds
 from .interval_unary import UNARY_RULES, DomainError, log_at, monotone, softplus_at
 from .records import batch_norm_record, const_values, conv_record, layernorm_record, linear_record
 
-__all__ = ["interval_bounds", "INTERVAL_RULES", "NO_RULE", "IntervalRule", "input_boxes"]
+__all__ = ["interval_bounds", "IntervalPropagator", "INTERVAL_RULES", "NO_RULE", "IntervalRule", "input_boxes"]
 
 Record = Mapping[str, np.ndarray]
 IntervalRule = Callable[[Node, Sequence[Box], Record], Box]
@@ -257,16 +257,25 @@ def _batch_norm_eval(node, ps, rec):
 # -- affine maps and pooling ------------------------------------------------------------------
 
 
+PREPARED = "prepared"  # record key under which IntervalPropagator stores a node's AffineParams
+
+
+def _affine_params(node: Node, rec: Record, parent_shape: tuple[int, ...]) -> AffineParams:
+    prepared = rec.get(PREPARED)
+    if prepared is not None:
+        return prepared
+    w, b = linear_record(node, rec, parent_shape) if node.kind == "linear" else conv_record(node, rec)
+    return AffineParams.of(w, b)
+
+
 @rule("linear")
 def _linear(node, ps, rec):
-    w, b = linear_record(node, rec, ps[0][0].shape)
-    return linear_box(ps[0], w, b)
+    return linear_box(ps[0], _affine_params(node, rec, ps[0][0].shape))
 
 
 @rule("conv")
 def _conv(node, ps, rec):
-    w, b = conv_record(node, rec)
-    return conv_box(ps[0], w, b, node.attrs, node.out_shape)
+    return conv_box(ps[0], _affine_params(node, rec, ps[0][0].shape), node.attrs, node.out_shape)
 
 
 INTERVAL_RULES["matmul"] = lambda node, ps, rec: matmul_box(ps[0], ps[1])
@@ -352,36 +361,54 @@ def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
     return boxes
 
 
+class IntervalPropagator:
+    """A checked graph whose payload is read once (affine weights converted to float64, their
+    absolute values precomputed), for propagating many boxes through the same model."""
+
+    def __init__(self, g: Graph, payload: Payload | None) -> None:
+        check(g)
+        payload = payload if payload is not None else Payload()
+        problems = payload_errors(g, payload)
+        if problems:
+            raise problems[0]
+        self.graph = g
+        self.records: list[Record] = []
+        for node in g.nodes:
+            rec = payload.record(node.id)
+            if node.kind in ("linear", "conv"):
+                rec = {**rec, PREPARED: _affine_params(node, rec, g.nodes[node.parents[0]].out_shape)}
+            self.records.append(rec)
+
+    def __call__(self, lower: Any, upper: Any) -> list[Box]:
+        g = self.graph
+        seeds = input_boxes(g, lower, upper)
+        boxes: list[Box | None] = [None] * len(g.nodes)
+        for node in g.nodes:
+            if node.kind == "input":
+                if node.id not in seeds:
+                    raise _error(node, "input node is not listed among the graph inputs")
+                boxes[node.id] = seeds[node.id]
+                continue
+            parents = [boxes[p] for p in node.parents]
+            try:
+                with np.errstate(all="ignore"):
+                    lo, hi = INTERVAL_RULES[node.kind](node, parents, self.records[node.id])
+            except BridgeError:
+                raise
+            except (DomainError, ArithmeticError) as e:
+                raise _error(node, str(e)) from None
+            lo = np.asarray(lo, dtype=np.float64)
+            hi = np.asarray(hi, dtype=np.float64)
+            if lo.shape != node.out_shape or hi.shape != node.out_shape:
+                raise _error(node, f"rule produced shape {fmt_shape(lo.shape)}, declared {fmt_shape(node.out_shape)}")
+            boxes[node.id] = lo, hi
+        return boxes  # type: ignore[return-value]
+
+
 def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any) -> list[Box]:
     """One ``(lo, hi)`` pair of float64 arrays per node (the node's shape), outward rounded.
 
     ``lower``/``upper``: one array each for a one-input graph, or lists in ``g.inputs`` order.
+    For many boxes through one model, build an ``IntervalPropagator`` once and call it.
     """
-    check(g)
-    payload = payload if payload is not None else Payload()
-    problems = payload_errors(g, payload)
-    if problems:
-        raise problems[0]
-    seeds = input_boxes(g, lower, upper)
-    boxes: list[Box | None] = [None] * len(g.nodes)
-    for node in g.nodes:
-        if node.kind == "input":
-            if node.id not in seeds:
-                raise _error(node, "input node is not listed among the graph inputs")
-            boxes[node.id] = seeds[node.id]
-            continue
-        parents = [boxes[p] for p in node.parents]
-        try:
-            with np.errstate(all="ignore"):
-                lo, hi = INTERVAL_RULES[node.kind](node, parents, payload.record(node.id))
-        except BridgeError:
-            raise
-        except (DomainError, ArithmeticError) as e:
-            raise _error(node, str(e)) from None
-        lo = np.asarray(lo, dtype=np.float64)
-        hi = np.asarray(hi, dtype=np.float64)
-        if lo.shape != node.out_shape or hi.shape != node.out_shape:
-            raise _error(node, f"rule produced shape {fmt_shape(lo.shape)}, declared {fmt_shape(node.out_shape)}")
-        boxes[node.id] = lo, hi
-    return boxes  # type: ignore[return-value]
-
+    return IntervalPropagator(g, payload)(lower, upper)

@@ -9,6 +9,7 @@ directed rounding. Two matrix products per layer, the same cost as auto_LiRPA's 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -17,7 +18,7 @@ from . import interval_arith as ia
 from .conv import conv_nd, pool_nd
 from .interval_round import Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
 
-__all__ = ["affine_box", "linear_box", "conv_box", "matmul_box", "batch_norm_box", "mean_box", "divide_exact",
+__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box", "batch_norm_box", "mean_box", "divide_exact",
            "avg_pool_box"]
 
 
@@ -33,27 +34,37 @@ def affine_box(a: Box, apply: Callable[[np.ndarray], np.ndarray], apply_abs: Cal
         return clean(down(down(mid + bias) - rad), up(up(mid + bias) + rad))
 
 
-def linear_box(a: Box, weight: np.ndarray, bias: np.ndarray | None) -> Box:
+@dataclass(frozen=True)
+class AffineParams:
+    """A linear or conv node's float64 weight, its absolute value and bias: prepared once per node
+    (``IntervalPropagator``) and reused by every propagation."""
+
+    weight: np.ndarray
+    abs_weight: np.ndarray
+    bias: np.ndarray
+
+    @classmethod
+    def of(cls, weight: np.ndarray, bias: np.ndarray) -> "AffineParams":
+        w = np.asarray(weight, dtype=np.float64)
+        return cls(w, np.abs(w), np.asarray(bias, dtype=np.float64))
+
+
+def linear_box(a: Box, p: AffineParams) -> Box:
     """x @ W.T + b over the last axis, any leading axes."""
-    w = np.asarray(weight, dtype=np.float64)
-    wt, wabs = w.T, np.abs(w).T
-    b = None if bias is None else np.asarray(bias, dtype=np.float64)
-    return affine_box(a, lambda v: v @ wt, lambda v: v @ wabs, w.shape[1] + 1, b)
+    wt, wabs = p.weight.T, p.abs_weight.T
+    return affine_box(a, lambda v: v @ wt, lambda v: v @ wabs, p.weight.shape[1] + 1, p.bias)
 
 
-def conv_box(a: Box, weight: np.ndarray, bias: np.ndarray, attrs: Mapping[str, Any],
-             out_shape: Sequence[int]) -> Box:
+def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int]) -> Box:
     """Convolution (grouped, dilated, padded, any channel axis) through the float evaluator's im2col."""
-    w = np.asarray(weight, dtype=np.float64)
-    wabs = np.abs(w)
     ca = attrs["channel_axis"]
-    zero = np.zeros(w.shape[0])
+    zero = np.zeros(p.weight.shape[0])
     geometry = dict(channel_axis=ca, stride=attrs["stride"], padding=attrs["padding"],
                     padding_after=attrs["padding_after"], dilation=attrs["dilation"], groups=attrs["groups"],
                     out_spatial=tuple(out_shape[ca + 1:]))
-    b = np.asarray(bias, dtype=np.float64).reshape((-1,) + (1,) * (len(out_shape) - ca - 1))
-    return affine_box(a, lambda v: conv_nd(v, w, zero, **geometry), lambda v: conv_nd(v, wabs, zero, **geometry),
-                      w[0].size + 1, b)
+    b = p.bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1))
+    return affine_box(a, lambda v: conv_nd(v, p.weight, zero, **geometry),
+                      lambda v: conv_nd(v, p.abs_weight, zero, **geometry), p.weight[0].size + 1, b)
 
 
 def _is_point(a: Box) -> bool:

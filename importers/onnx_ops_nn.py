@@ -316,19 +316,20 @@ def _einsum(ctx: OnnxContext) -> list[Value]:
     sa, sb = dict(zip(a, ctx.shape(0))), dict(zip(b, ctx.shape(1)))
     if any(sa[c] != sb[c] for c in set(a) & set(b)):
         raise ctx.fail(f"equation `{eq}`: operand extents disagree")
-    x, a = _sum_letters(ctx, ctx.operand(0), a, set(a) - set(b) - set(out))
-    y, b = _sum_letters(ctx, ctx.operand(1), b, set(b) - set(a) - set(out))
+    a_only, b_only = set(a) - set(b) - set(out), set(b) - set(a) - set(out)
     batch = [c for c in out if c in a and c in b]
     left = [c for c in out if c in a and c not in b]
     right = [c for c in out if c in b and c not in a]
     summed = [c for c in a if c in b and c not in out]
     nb = tuple(sa[c] for c in batch)
     m, k, n = (math.prod(sa[c] for c in left), math.prod(sa[c] for c in summed), math.prod(sb[c] for c in right))
+    x, a = _sum_letters(ctx, ctx.operand(0), a, a_only)
     x = ctx.b.reshape(_permute_letters(ctx, x, a, "".join(batch + left + summed)), nb + (m, k), ctx.source)
     weight = ctx.const(1)
-    if weight is not None and not batch and b == terms[1] and weight.value.dtype.kind == "f":
+    if weight is not None and not batch and not b_only and weight.value.dtype.kind == "f":
         z = _linear(ctx, x, _weight_matrix(weight, b, summed, right, k, n), transpose=True)
     else:
+        y, b = _sum_letters(ctx, ctx.operand(1), b, b_only)
         y = ctx.b.reshape(_permute_letters(ctx, y, b, "".join(batch + summed + right)), nb + (k, n), ctx.source)
         z = ctx.add("matmul", [x, y])
     z = ctx.b.reshape(z, nb + tuple(sa[c] for c in left) + tuple(sb[c] for c in right), ctx.source)

@@ -185,6 +185,11 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
                                    [("x", [3, 4]), ("z", [5, 4])], ["y"])
     c["Einsum_outer"] = model([N("Einsum", ["x", "z"], ["y"], equation="bi,bj->bij")], [("x", [2, 3]), ("z", [2, 4])],
                               ["y"])
+    c["Einsum_weight_is_linear"] = model([N("Einsum", ["x", "W"], ["y"], equation="bik,dk->bid")], [("x", [2, 3, 4])],
+                                         ["y"], [("W", f32(5, 4))])
+    c["Einsum_sums_operand_only_letters"] = model([N("Einsum", ["x", "z"], ["y"], equation="bij,jk->ik")],
+                                                  [("x", [2, 3, 4]), ("z", [4, 5])], ["y"])
+    c["Tile"] = model([N("Tile", ["x", "r"], ["y"])], [("x", [2, 3])], ["y"], [("r", i64(2, 3))])
     c["Einsum_one_operand"] = model([N("Einsum", ["x"], ["y"], equation="bij->jb")], [("x", [2, 3, 4])], ["y"])
     c["Shape_Gather_Concat_folded"] = model(
         [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["g"], axis=0), N("Unsqueeze", ["g", "a"], ["u"]),
@@ -258,7 +263,7 @@ def test_emitted_kinds_are_registered_and_handlers_cover_the_issue_ops() -> None
               "Log", "Sqrt", "Abs", "Neg", "Reciprocal", "Softmax", "LogSoftmax", "Reshape", "Flatten", "Transpose",
               "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Pad", "Where", "Clip", "Cast",
               "Identity", "Dropout", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "Sum", "Max", "Min",
-              "Mean", "Einsum", "LRN"}
+              "Mean", "Einsum", "LRN", "Tile", "GatherND"}
     assert wanted <= set(HANDLERS)
 
 
@@ -284,6 +289,12 @@ def test_matmul_output_used_twice_is_not_fused() -> None:
     assert not np.any(b.payload.get(b.roles["W"].node, "bias"))
     feeds = random_feeds(m)
     assert_close(tlb.evaluate(b.graph, b.payload, list(feeds.values()), dtype="float32"), run_ort(m, feeds))
+
+
+def test_contraction_with_a_weight_is_a_bound_linear() -> None:
+    b = tlb.import_onnx(CASES["Einsum_weight_is_linear"])
+    assert b.graph.ops_used() == {"input": 1, "linear": 1, "reshape": 2}
+    assert b.roles["W"].role == "weight" and b.roles["W"].transform is None
 
 
 def test_pools_are_v1_only_when_exactly_representable() -> None:

@@ -62,7 +62,7 @@ def eval_node(node: Node, parent_values: Sequence[np.ndarray], record: Any, dtyp
     dt = _domain(dtype)
     rule = FLOAT_RULES.get(node.kind)
     if rule is None:
-        raise fail(node, f"IR eval: node {node.id}: unknown op kind `{node.kind}`")
+        raise fail(node, f"IR eval: node {node.id}: no float semantics for op kind `{node.kind}`")
     try:
         with np.errstate(all="ignore"):
             value = np.asarray(rule(node, parent_values, record or {}, dt))

@@ -114,6 +114,12 @@ def test_pow_nan_division_by_zero_and_gather_range_fail():
         tlb.evaluate(g, None, [np.zeros((3, 2)), np.array([0, 3])])
 
 
+def test_every_registered_op_has_float_semantics():
+    from semantics.float_rules import FLOAT_RULES
+    from torchlean_bridge.ops import REGISTRY
+    assert sorted(set(REGISTRY) - set(FLOAT_RULES)) == []
+
+
 def test_custom_has_no_checked_body():
     g = Graph([Node(0, [], "input", [2]),
                Node(1, [0], "custom", [2], {"name": "f", "input_shapes": [[2]], "output_shape": [2]})])

@@ -14,9 +14,10 @@ import torch
 from torch.fx.passes.shape_prop import ShapeProp
 
 from torchlean_bridge.bundle import Bundle
-from torchlean_bridge.errors import BridgeError
+from torchlean_bridge.errors import BridgeError, UnsupportedError
 
-from .torch_common import Sym, bind_aliases, check_static, check_training, element_type, flat_values
+from .torch_common import NotLowerable, Sym, bind_aliases, check_static, check_training, element_type, flat_values
+from .torch_modules import MODULES
 from .torch_program import TorchLowerer
 
 __all__ = ["import_fx", "trace"]
@@ -54,7 +55,13 @@ def import_fx(module_or_graph_module: torch.nn.Module, example_inputs: Sequence[
     if not isinstance(module, torch.fx.GraphModule) and _Tracer().is_leaf_module(module, ""):
         cx = TorchLowerer("fx", root=module, state_dict_keys=keys, max_elements=max_elements)
         inputs = [_input(cx, f"x{i}", a) for i, a in enumerate(args)]
-        result = cx.inline_module(module, "", inputs, {})
+        lower = MODULES.get(type(module))
+        try:
+            result = lower(cx, module, "", *inputs) if lower else cx.inline_module(module, "", inputs, {})
+        except NotLowerable as e:
+            raise UnsupportedError(f"fx import: {type(module).__name__}: {e.message}",
+                                   items=[{"name": "", "target": type(module).__name__, "module": "",
+                                           "location": None, "reason": e.message}]) from None
         outputs = flat_values(result)
         cx.raise_problems("nodes could not be lowered")
     else:

@@ -554,7 +554,10 @@ def constant_pad_nd(cx: Cx, input: Any, pad: Sequence[int], value: float = 0.0) 
 def gather_axis(cx: Cx, input: Any, axis: int, index: Any) -> Sym:
     """``numpy.take`` along one axis: PyTorch's single advanced index, index_select, embedding."""
     k = cx.known(index)
-    if k is not None:
+    if isinstance(index, Known) and index.pinned:  # a state_dict index buffer stays bound as it is
+        if k.dtype != torch.int64 or bool((k < 0).any()):
+            raise NotLowerable(f"index buffer `{index.key}` must hold non-negative int64 indices")
+    elif k is not None:
         if k.dtype == torch.bool:
             if k.dim() != 1:
                 raise NotLowerable("boolean mask indices of rank > 1")

@@ -96,12 +96,13 @@ def _input_shapes(graph_inputs: list[Any], input_shapes: InputShapes) -> dict[st
             continue
         dims = vi.type.tensor_type.shape.dim
         if not vi.type.tensor_type.HasField("shape"):
-            raise BridgeError(f"ONNX import: input `{vi.name}` has no shape; pass input_shapes={{'{vi.name}': (...)}}")
+            raise BridgeError(f"ONNX import: input `{vi.name}` has no shape; pass input_shapes={{'{vi.name}': (...)}} "
+                              f"(CLI: --input-shape)")
         for axis, d in enumerate(dims):
             if not d.HasField("dim_value"):
                 label = f"`{d.dim_param}`" if d.dim_param else "unknown"
                 raise BridgeError(f"ONNX import: input `{vi.name}` has a dynamic dimension at axis {axis} ({label}); "
-                                  f"pass input_shapes={{'{vi.name}': (...)}} to fix it")
+                                  f"pass input_shapes={{'{vi.name}': (...)}} (CLI: --input-shape) to fix it")
         out[vi.name] = tuple(int(d.dim_value) for d in dims)
     return out
 

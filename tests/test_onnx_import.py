@@ -421,6 +421,16 @@ def test_unsupported_ops_are_all_listed_at_once_with_names_and_opset() -> None:
     assert [it["name"] for it in e.value.items] == ["top", "hm", "pad"]
 
 
+def test_malformed_nodes_are_reported_with_the_others() -> None:
+    m = model([N("MaxPool", ["x"], ["y"], name="no_kernel"), N("Conv", ["x", "W"], ["z"], name="no_weight")],
+              [("x", [1, 2, 5, 5])], ["y", "z"])
+    with pytest.raises(UnsupportedError) as e:
+        tlb.import_onnx(m)
+    reasons = {it["name"]: it["reason"] for it in e.value.items}
+    assert reasons["no_kernel"].startswith("malformed node: TypeError")
+    assert reasons["no_weight"] == "reads undefined tensors ['W']"
+
+
 def test_custom_domain_and_bad_files_are_bridge_errors(tmp_path) -> None:
     m = model([N("Foo", ["x"], ["y"], domain="com.example")], [("x", [2])], ["y"])
     m.opset_import.append(helper.make_opsetid("com.example", 1))

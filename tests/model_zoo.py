@@ -232,6 +232,23 @@ class SDPA(nn.Module):
         return o.transpose(1, 2).reshape(b, s, 8)
 
 
+class CrossAttention(nn.Module):
+    """Queries attend to a memory of another width (kdim/vdim), with a constant attention mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True, kdim=6, vdim=6)
+        self.register_buffer("mask", torch.triu(torch.ones(3, 4, dtype=torch.bool), 2))
+
+    def forward(self, q: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        return self.attn(q, memory, memory, attn_mask=self.mask, need_weights=False)[0]
+
+
+def encoder_stack() -> Made:
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8), enable_nested_tensor=False), (_x(2, 5, 8),)
+
+
 def encoder_layer(batch_first: bool, norm_first: bool = False) -> Callable[[], Made]:
     def build() -> Made:
         m = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.1, batch_first=batch_first, norm_first=norm_first)
@@ -362,6 +379,8 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
     ZooCase("mha_seq_first", lambda: (MHA(False), (_x(5, 2, 16),)), tags=("attention",)),
     ZooCase("sdpa_causal", lambda: (SDPA(True), (_x(2, 5, 8),)), tags=("attention",)),
     ZooCase("sdpa_mask", lambda: (SDPA(False), (_x(2, 5, 8),)), tags=("attention",)),
+    ZooCase("cross_attention", lambda: (CrossAttention(), (_x(2, 3, 8), _x(2, 4, 6))), tags=("attention",)),
+    ZooCase("encoder_stack", encoder_stack, slow=True, tags=("attention", "transformer")),
     ZooCase("encoder_layer_batch_first", encoder_layer(True), tags=("attention", "transformer")),
     ZooCase("encoder_layer_seq_first", encoder_layer(False, norm_first=True), tags=("attention", "transformer")),
     ZooCase("arithmetic", lambda: (Arithmetic(), (_x(3, 4), _x(3, 4))), tags=("elementwise",)),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import torchlean_bridge as tlb
-from semantics.evaluate import eval_node, evaluate
+from semantics.evaluate import eval_node
 from semantics.float_random import splitmix64, uniform_bits
 from torchlean_bridge.cli import main
 from torchlean_bridge.commands.common import format_vector
@@ -114,6 +114,17 @@ def test_pow_nan_division_by_zero_and_gather_range_fail():
         tlb.evaluate(g, None, [np.zeros((3, 2)), np.array([0, 3])])
 
 
+def test_eval_node_folds_one_node_in_either_domain():
+    node = Node(2, [0, 1], "add", [2])
+    y = eval_node(node, [np.array([1.0, 2.0]), np.array([0.5, 0.25])], None)
+    assert y.dtype == np.float64 and y.tolist() == [1.5, 2.25]
+    assert eval_node(node, [np.ones(2), np.ones(2)], {}, "float32").dtype == np.float32
+    const = Node(0, [], "const", [3], dtype="int64")
+    assert eval_node(const, [], {"values": np.array([4, 5, 6])}, "float32").tolist() == [4, 5, 6]
+    with pytest.raises(tlb.BridgeError, match="unsupported dtype"):
+        eval_node(node, [np.ones(2), np.ones(2)], None, "float16")
+
+
 def test_every_registered_op_has_float_semantics():
     from semantics.float_rules import FLOAT_RULES
     from torchlean_bridge.ops import REGISTRY
@@ -128,27 +139,27 @@ def test_custom_has_no_checked_body():
 
 
 def test_values_are_dropped_after_their_last_use():
-    """Without all_nodes only the outputs survive; with it every node id has its value."""
+    """Without all_nodes only the outputs survive the evaluation; nothing else is kept alive."""
     import gc
     import weakref
+
+    import semantics.evaluate as ev
     g, p = seed_mlp_graph(), seed_mlp_payload()
     refs = []
-    orig = eval_node
+    node_value = ev._node_value
 
-    def spy(node, parents, record, dtype):
-        v = orig(node, parents, record, dtype)
+    def spy(node, parents, record, dt):
+        v = node_value(node, parents, record, dt)
         refs.append(weakref.ref(v))
         return v
 
-    import semantics.evaluate as ev
-    ev.eval_node = spy
+    ev._node_value = spy
     try:
         out = ev.evaluate(g, p, SEED_X0.copy())
     finally:
-        ev.eval_node = orig
+        ev._node_value = node_value
     gc.collect()
-    alive = [r() is not None for r in refs]
-    assert alive == [False, False, False, False, False, True]
+    assert [r() is not None for r in refs] == [False, False, False, False, False, True]
     assert out[0] is refs[-1]()
 
 

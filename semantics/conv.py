@@ -74,7 +74,6 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
     """``x`` is ``lead ++ [C] ++ spatial``; the result is ``lead ++ [out] ++ out_spatial``."""
     lead = x.shape[:channel_axis]
     c_in, spatial = x.shape[channel_axis], x.shape[channel_axis + 1:]
-    r = len(spatial)
     n = math.prod(lead)
     out_c, kernel = weight.shape[0], weight.shape[2:]
     g, cg, og = groups, c_in // groups, out_c // groups

@@ -28,11 +28,15 @@ DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
 _RESULT_KINDS = {INT64: np.dtype(np.int64), BOOL: np.dtype(bool)}
 
 
+_DOMAINS = {**DTYPES, **{dt: dt for dt in DTYPES.values()}, np.float64: DTYPES["float64"],
+            np.float32: DTYPES["float32"]}
+
+
 def _domain(dtype: str | np.dtype) -> np.dtype:
-    key = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-    if key not in DTYPES:
-        raise BridgeError(f"IR eval: unsupported dtype {dtype!r} (use float64 or float32)")
-    return DTYPES[key]
+    try:
+        return _DOMAINS[dtype]
+    except (KeyError, TypeError):
+        raise BridgeError(f"IR eval: unsupported dtype {dtype!r} (use float64 or float32)") from None
 
 
 def as_array(value: Any) -> np.ndarray:
@@ -57,15 +61,20 @@ def eval_node(node: Node, parent_values: Sequence[np.ndarray], record: Any, dtyp
     """One node's value from its parents' values and its payload record (``{role: ndarray}``).
 
     For an ``input`` node, ``parent_values`` is ``[the caller's array]``. The result has the
-    node's declared shape and element type (float results in the domain ``dtype``).
+    node's declared shape and element type (float results in the domain ``dtype``). Importers use
+    this to fold constants.
     """
-    dt = _domain(dtype)
+    with np.errstate(all="ignore"):
+        return _node_value(node, parent_values, record or {}, _domain(dtype))
+
+
+def _node_value(node: Node, parent_values: Sequence[np.ndarray], record: Any, dt: np.dtype) -> np.ndarray:
+    """``eval_node`` for a resolved domain, inside the caller's ``errstate`` (the evaluator's loop)."""
     rule = FLOAT_RULES.get(node.kind)
     if rule is None:
         raise fail(node, f"IR eval: node {node.id}: no float semantics for op kind `{node.kind}`")
     try:
-        with np.errstate(all="ignore"):
-            value = np.asarray(rule(node, parent_values, record or {}, dt))
+        value = np.asarray(rule(node, parent_values, record, dt))
     except BridgeError:
         raise
     except (ValueError, TypeError, IndexError, ArithmeticError) as e:
@@ -97,16 +106,17 @@ def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float
         for nid, last in enumerate(g.last_use()):
             if last < len(g.nodes):
                 frees[last].append(nid)
-    for node in g.nodes:
-        if node.kind == "input":
-            if node.id not in position:
-                raise fail(node, f"IR eval: node {node.id}: input node is not listed among the graph inputs")
-            parents = [arrays[position[node.id]]]
-        else:
-            parents = [_parent(g, node, p, values) for p in node.parents]
-        values[node.id] = eval_node(node, parents, payload.record(node.id), dt)
-        for dead in frees[node.id]:
-            values[dead] = None
+    with np.errstate(all="ignore"):  # partial ops check their domains; overflow to inf is a value
+        for node in g.nodes:
+            if node.kind == "input":
+                if node.id not in position:
+                    raise fail(node, f"IR eval: node {node.id}: input node is not listed among the graph inputs")
+                parents = [arrays[position[node.id]]]
+            else:
+                parents = [_parent(node, p, values) for p in node.parents]
+            values[node.id] = _node_value(node, parents, payload.record(node.id), dt)
+            for dead in frees[node.id]:
+                values[dead] = None
     if all_nodes:
         return values  # type: ignore[return-value]
     out = []
@@ -117,7 +127,7 @@ def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float
     return out
 
 
-def _parent(g: Graph, node: Node, p: int, values: list[np.ndarray | None]) -> np.ndarray:
+def _parent(node: Node, p: int, values: list[np.ndarray | None]) -> np.ndarray:
     value = values[p] if 0 <= p < len(values) else None
     if value is None:
         available = sum(v is not None for v in values)

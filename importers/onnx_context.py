@@ -213,7 +213,8 @@ class OnnxContext:
 
 
 def unsupported_error(items: list[dict], opset: int) -> UnsupportedError:
+    """One error listing every node that could not be lowered (name, op type, opset, reason)."""
     lines = [f"  {it['op']} (node `{it['name']}`, opset {opset}): {it['reason']}" for it in items]
     ops = sorted({it["op"] for it in items})
     return UnsupportedError(f"ONNX import: {len(items)} node(s) cannot be lowered ({', '.join(ops)}):\n"
-                            + "\n".join(lines), items=items)
+                            + "\n".join(lines), items=[{**it, "opset": opset} for it in items])

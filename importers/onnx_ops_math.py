@@ -30,6 +30,7 @@ _UNARY = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "L
 
 # ONNX TensorProto element types -> our element types
 _FLOATS, _INTS = {1, 10, 11, 16}, {2, 3, 4, 5, 6, 7, 12, 13}
+_NARROW_FLOATS = {10, 16}  # float16, bfloat16
 SELU_ALPHA, SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
 
 
@@ -147,9 +148,10 @@ def _where(ctx: OnnxContext) -> list[Value]:
 
 
 def _cast(ctx: OnnxContext) -> list[Value]:
-    target = onnx_element_type(int(ctx.attr("to")))
-    if target is None:
-        raise ctx.fail(f"cast to ONNX element type {ctx.attr('to')}")
+    to = int(ctx.attr("to"))
+    target = onnx_element_type(to)
+    if target is None or to in _NARROW_FLOATS:
+        raise ctx.fail(f"cast to ONNX element type {to} (a narrower float rounds values; no exact IR op)")
     if ctx.dtype(0) == target:
         return [ctx.values[ctx.node.input[0]]]
     return [ctx.add("cast", [ctx.operand(0)], {"dtype": target})]

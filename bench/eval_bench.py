@@ -8,9 +8,14 @@ ReferenceEvaluator, with the ratios ours/onnxruntime and ReferenceEvaluator/ours
 
     python bench/eval_bench.py [--runs 7] [--models cnn,mlp,transformer] [--threads N]
 
-``--threads`` fixes the BLAS thread count (OpenBLAS/OpenMP, set before numpy loads) and
-onnxruntime's intra-op threads to the same number, so both sides get the same cores; runners are
-interleaved round by round so background load affects them alike.
+``--threads`` (default 1) fixes the BLAS thread count (OpenBLAS/OpenMP, set before numpy loads) and
+onnxruntime's intra-op threads to the same number, so both sides get the same cores; ``--threads 0``
+leaves each library its own default. Runners are interleaved round by round so background load
+affects them alike. (On a machine whose cores are busy, OpenBLAS's spinning worker threads can make
+multi-threaded BLAS many times slower than one thread; onnxruntime's pool degrades more gently.)
+
+Our runs call ``evaluate(..., check=False)`` with the payload already in the evaluation dtype: graph
+validation and weight conversion happen once up front, as onnxruntime does at session creation.
 
 Targets (issue 3): float32 within 2x of onnxruntime on the CNN and MLP, >= 10x faster than the
 ReferenceEvaluator on all three, float64 within 3x of onnxruntime.
@@ -171,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="timed runs per runner (median reported)")
     parser.add_argument("--models", default="cnn,mlp,transformer")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="BLAS and onnxruntime intra-op threads (default: each library's own choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="BLAS and onnxruntime intra-op threads (default 1; 0 = each library's own default)")
     args = parser.parse_args(argv)
     if args.threads:
         if "numpy" in sys.modules:

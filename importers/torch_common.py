@@ -210,8 +210,8 @@ def target_name(node: torch.fx.Node, module: torch.nn.Module | None = None) -> s
 class Lowerer:
     """Lower one ``torch.fx.Graph`` node by node into a ``GraphBuilder``.
 
-    Subclasses (fx.py, torch_export.py) provide ``resolve`` for their targets, ``meta_of`` for
-    framework shapes and the placeholder bindings.
+    ``torch_program.TorchLowerer`` supplies the target tables (``resolve``), parameters
+    (``get_attr``/``param``) and submodules; the importers bind the placeholders and call ``run``.
     """
 
     framework = "torch"
@@ -220,7 +220,7 @@ class Lowerer:
         self.builder = GraphBuilder(self.framework) if max_elements is None else \
             GraphBuilder(self.framework, max_elements)
         self.env: dict[torch.fx.Node, Any] = {}
-        self.const_nodes: dict[int, int] = {}  # id(Known) -> const node
+        self.const_nodes: dict[Known, int] = {}  # each Known (by identity) becomes at most one const
         self.problems: list[dict[str, Any]] = []
         self.current: torch.fx.Node | None = None
         self.current_source: Source | None = None
@@ -285,10 +285,10 @@ class Lowerer:
         if isinstance(v, Sym):
             nid = v.nid
         elif isinstance(v, Known):
-            nid = self.const_nodes.get(id(v))
+            nid = self.const_nodes.get(v)
             if nid is None:
                 nid = self._materialize(v)
-                self.const_nodes[id(v)] = nid
+                self.const_nodes[v] = nid
         elif isinstance(v, (bool, int, float)):
             nid = self.scalar(v, etype or self.etype(v))
         elif isinstance(v, torch.Tensor):

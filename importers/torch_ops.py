@@ -177,7 +177,11 @@ def celu(cx: Cx, input: Any, alpha: float = 1.0, inplace: bool = False) -> Sym:
 
 
 def softplus(cx: Cx, input: Any, beta: float = 1.0, threshold: float = 20.0) -> Sym:
-    """v1 softplus; beta != 1 is softplus(beta*x)/beta, PyTorch's definition of the op."""
+    """v1 softplus; beta != 1 is softplus(beta*x)/beta, PyTorch's definition of the op.
+
+    PyTorch returns x itself where beta*x > threshold (20 by default); the exact softplus
+    differs there by log1p(exp(-beta*x))/beta < 2.1e-9 relative, below float32 resolution.
+    """
     x = cx.node(input, FLOAT)
     if beta == 1:
         return cx.add("softplus", [x])

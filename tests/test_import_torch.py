@@ -18,6 +18,7 @@ import torch
 
 import torchlean_bridge as tlb
 from torchlean_bridge.roles import apply_transform
+from importers.torch_common import EMITTED_KINDS
 from tests.model_zoo import CASES, cases
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -65,6 +66,7 @@ def scaled_error(got: np.ndarray, want: np.ndarray) -> float:
 def check_bundle(name: str, via: str) -> None:
     b = imported(name, via)
     assert tlb.check(b.graph) == []
+    assert set(b.graph.ops_used()) <= EMITTED_KINDS  # the op-support matrix lists what we emit
     ref32, ref64 = reference(name)
     out32 = tlb.evaluate(b.graph, b.payload, inputs_of(name), dtype="float32")
     out64 = tlb.evaluate(b.graph, b.payload, inputs_of(name), dtype="float64")

@@ -17,7 +17,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from torchlean_bridge.graph import Node
-from torchlean_bridge.ops import BOOL, INT64, fmt_shape
+from torchlean_bridge.ops import BOOL, INT64, fmt_shape, numel
+from torchlean_bridge.ops.contracts import can_broadcast_to
 
 from .conv import conv_nd, pool_nd, window_counts
 from .float_random import bernoulli, uniform
@@ -114,11 +115,16 @@ def _transpose(node, xs, rec, dt):
 
 @rule("broadcast_to", "expand")
 def _broadcast(node, xs, rec, dt):
+    if not can_broadcast_to(xs[0].shape, node.out_shape):
+        raise fail(node, f"IR eval: node {node.id}: broadcastTo invalid: {fmt_shape(xs[0].shape)} → "
+                         f"{fmt_shape(node.out_shape)}")
     return np.broadcast_to(xs[0], node.out_shape)
 
 
 @rule("reshape", "flatten", "squeeze", "unsqueeze")
 def _reshape(node, xs, rec, dt):
+    if xs[0].size != numel(node.out_shape):
+        raise fail(node, f"IR eval: node {node.id}: reshape numel mismatch: {xs[0].size} vs {numel(node.out_shape)}")
     return np.reshape(xs[0], node.out_shape)
 
 
@@ -182,6 +188,8 @@ def _rand_uniform(node, xs, rec, dt):
 
 @rule("bernoulli_mask")
 def _bernoulli_mask(node, xs, rec, dt):
+    if xs[0].shape != ():
+        raise fail(node, f"IR eval: node {node.id}: bernoulli_mask expects scalar keepProb parent ({node.summary()})")
     return bernoulli(float(xs[0]), node.attrs["seed"], node.id, node.out_shape, dt)
 
 
@@ -408,6 +416,9 @@ FLOAT_RULES["argmin"] = _arg_reduction(np.argmin)
 
 @rule("mse_loss")
 def _mse_loss(node, xs, rec, dt):
+    if xs[0].shape != xs[1].shape:
+        raise fail(node, f"IR eval: node {node.id}: mse_loss expects equal shapes, got {fmt_shape(xs[0].shape)} "
+                         f"vs {fmt_shape(xs[1].shape)}")
     d = xs[0] - xs[1]
     return np.sum(d * d) / max(d.size, 1)
 
@@ -417,6 +428,8 @@ def _mse_loss(node, xs, rec, dt):
 @rule("softmax")
 def _softmax(node, xs, rec, dt):
     x, ax = xs[0], node.attrs["axis"]
+    if not ax < x.ndim:
+        raise fail(node, f"IR eval: node {node.id}: softmax: invalid axis {ax} for rank {x.ndim} ({node.summary()})")
     if x.shape[ax] == 0:
         return x
     e = np.exp(x - np.max(x, axis=ax, keepdims=True))

@@ -234,6 +234,23 @@ def test_check_flag_and_all_nodes_table():
         tlb.evaluate(bad, seed_mlp_payload(), SEED_X0, check=False)
 
 
+def test_unchecked_graphs_still_fail_with_torchlean_eval_messages():
+    """check=False is TorchLean's denoteAll (well-formedness only): each node checks locally."""
+    g = Graph([Node(0, [], "input", [2, 3]), Node(1, [0], "reshape", [5], {"in_shape": [2, 3], "out_shape": [5]})])
+    with pytest.raises(EvalError, match=r"^IR eval: node 1: reshape numel mismatch: 6 vs 5$"):
+        tlb.evaluate(g, None, np.zeros((2, 3)), check=False)
+    g = Graph([Node(0, [], "input", [2]), Node(1, [], "input", [3]), Node(2, [0, 1], "mse_loss", [])])
+    with pytest.raises(EvalError, match=r"^IR eval: node 2: mse_loss expects equal shapes, got \[2\] vs \[3\]$"):
+        tlb.evaluate(g, None, [np.zeros(2), np.zeros(3)], check=False)
+    g = Graph([Node(0, [], "input", [2]), Node(1, [0], "bernoulli_mask", [2], {"seed": 0})])
+    with pytest.raises(EvalError, match=r"^IR eval: node 1: bernoulli_mask expects scalar keepProb parent"):
+        tlb.evaluate(g, None, np.zeros(2), check=False)
+    g = Graph([Node(0, [], "input", [3]),
+               Node(1, [0], "broadcast_to", [2, 2], {"from_shape": [3], "to_shape": [2, 2]})])
+    with pytest.raises(EvalError, match=r"^IR eval: node 1: broadcastTo invalid: \[3\] → \[2, 2\]$"):
+        tlb.evaluate(g, None, np.zeros(3), check=False)
+
+
 # -- CLI --------------------------------------------------------------------------------------
 
 def _run(capsys, *argv):

@@ -210,6 +210,45 @@ def _tile(ctx: OnnxContext) -> list[Value]:
     return [ctx.b.reshape(grown, tuple(r * e for r, e in zip(reps, s)), ctx.source)]
 
 
+def _repeat_each(ctx: OnnxContext, x: int, shape: tuple[int, ...], factors: list[int]) -> int:
+    """Each entry repeated ``factors[i]`` times along axis i (nearest upsampling): exact data movement."""
+    spread = ctx.b.reshape(x, tuple(d for e in shape for d in (e, 1)), ctx.source)
+    grown = ctx.add("expand", [spread], {"to_shape": tuple(d for f, e in zip(factors, shape) for d in (e, f))})
+    return ctx.b.reshape(grown, tuple(f * e for f, e in zip(factors, shape)), ctx.source)
+
+
+_NEAREST_FLOOR_EXACT = {"asymmetric", "half_pixel", "pytorch_half_pixel", "align_corners_false"}
+
+
+def _resize(ctx: OnnxContext) -> list[Value]:
+    """``Resize``/``Upsample`` in nearest mode with integer scale factors: every output index reads
+    input index ``o // factor`` under these coordinate modes, i.e. each entry is repeated."""
+    s = ctx.shape(0)
+    mode = ctx.attr("mode", "nearest")
+    coord = ctx.attr("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
+    if mode != "nearest" or (ctx.opset >= 11 and coord not in _NEAREST_FLOOR_EXACT):
+        raise ctx.fail(f"mode={mode}, coordinate_transformation_mode={coord} (only nearest with integer scales)")
+    if ctx.node.op_type == "Upsample" and ctx.opset < 9:
+        scales = list(ctx.attr("scales"))
+    elif ctx.node.op_type == "Upsample" or ctx.opset == 10:
+        scales = [float(v) for v in np.asarray(ctx.static(1, "scales")).reshape(-1)]
+    else:
+        scales_in = ctx.const(2)
+        if scales_in is not None and scales_in.value.size:
+            scales = [float(v) for v in scales_in.value.reshape(-1)]
+        else:
+            sizes = ctx.ints(3, "sizes") or []
+            if len(sizes) != len(s) or any(o % i for o, i in zip(sizes, s)):
+                raise ctx.fail(f"sizes {sizes} are not integer multiples of {list(s)}")
+            scales = [o / i for o, i in zip(sizes, s)]
+    if len(scales) != len(s) or any(f < 1 or f != int(f) for f in scales):
+        raise ctx.fail(f"scales {scales} (only integer upsampling factors are exact)")
+    factors = [int(f) for f in scales]
+    if all(f == 1 for f in factors):
+        return _alias(ctx)
+    return [_repeat_each(ctx, ctx.operand(0), s, factors)]
+
+
 def _pad(ctx: OnnxContext) -> list[Value]:
     mode = ctx.attr("mode", "constant")
     if mode != "constant":
@@ -237,6 +276,7 @@ HANDLERS: dict[str, Handler] = {
     "Identity": _alias, "Dropout": _dropout, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split, "Slice": _slice,
     "Gather": _gather, "GatherND": _gather_nd, "Expand": _expand, "Pad": _pad, "Tile": _tile,
+    "Resize": _resize, "Upsample": _resize,
 }
 
 EMITS = frozenset({"reshape", "permute", "squeeze", "unsqueeze", "concat", "slice", "gather", "expand", "pad",

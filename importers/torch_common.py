@@ -47,8 +47,10 @@ EMITTED_KINDS: frozenset[str] = frozenset({
 })
 
 # ops that must never be folded even when their operands are known (randomness, side effects)
-FOLD_BLOCKLIST = ("rand", "randn", "randint", "bernoulli", "normal", "uniform", "dropout",
-                  "_assert", "print", "empty")
+FOLD_BLOCKLIST = frozenset({
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli", "normal",
+    "uniform", "multinomial", "poisson", "exponential", "dropout", "native_dropout", "feature_dropout",
+    "alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "empty", "empty_like", "new_empty", "empty_strided"})
 
 
 class NotLowerable(BridgeError):
@@ -205,6 +207,16 @@ def target_name(node: torch.fx.Node, module: torch.nn.Module | None = None) -> s
         name = getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or repr(t)
         return f"{mod}.{name}" if mod and mod != "builtins" else name
     return str(t)
+
+
+def op_base_name(node: torch.fx.Node) -> str:
+    """``randn`` for ``aten.randn.default``, ``torch.randn`` and ``Tensor.randn``-style methods."""
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return str(t).split(".")[1].rstrip("_")
+    if isinstance(t, str):
+        return t.rstrip("_")
+    return str(getattr(t, "__name__", t)).rstrip("_")
 
 
 class Lowerer:
@@ -401,8 +413,9 @@ class Lowerer:
             module = self.submodule(node)
             if module is None or any(True for _ in module.state_dict()):
                 return False
-        name = target_name(node, self.submodule(node)).lower()
-        return not any(b in name for b in FOLD_BLOCKLIST)
+        if node.op == "call_module":
+            return not isinstance(self.submodule(node), torch.nn.modules.dropout._DropoutNd)
+        return op_base_name(node) not in FOLD_BLOCKLIST
 
     def run(self, graph: torch.fx.Graph, dynamic_seeds: set[torch.fx.Node]) -> list[Any]:
         """Lower every live node; returns the output values (flattened)."""

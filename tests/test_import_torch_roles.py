@@ -229,3 +229,15 @@ def test_inplace_relu_on_a_shared_value_is_seen_by_later_readers():
     b = tlb.import_fx(M().eval(), (x,))
     got = tlb.evaluate(b.graph, b.payload, x.numpy(), dtype="float32")[0]
     np.testing.assert_allclose(got, (torch.relu(x) + x).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("via", ["fx", "export"])
+def test_imports_are_deterministic(via, tmp_path):
+    module, inputs = CASES["sdpa_mask"].make()
+    first, second = IMPORTERS[via](module, inputs), IMPORTERS[via](module, inputs)
+    assert first == second
+    assert [n.source for n in first.graph] == [n.source for n in second.graph]
+    tlb.save(first, tmp_path / "a")
+    tlb.save(second, tmp_path / "b")
+    for name in ("graph.json", "payload.safetensors", "roles.json", "report.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()

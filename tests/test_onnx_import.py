@@ -190,6 +190,13 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
     c["Einsum_sums_operand_only_letters"] = model([N("Einsum", ["x", "z"], ["y"], equation="bij,jk->ik")],
                                                   [("x", [2, 3, 4]), ("z", [4, 5])], ["y"])
     c["Tile"] = model([N("Tile", ["x", "r"], ["y"])], [("x", [2, 3])], ["y"], [("r", i64(2, 3))])
+    c["Resize_nearest_scales"] = model([N("Resize", ["x", "", "sc"], ["y"], mode="nearest",
+                                          coordinate_transformation_mode="asymmetric", nearest_mode="floor")],
+                                        [("x", [1, 2, 3, 4])], ["y"], [("sc", np.array([1, 1, 2, 3], np.float32))])
+    c["Resize_nearest_sizes_half_pixel"] = model([N("Resize", ["x", "", "", "sz"], ["y"], mode="nearest")],
+                                                 [("x", [1, 2, 3, 4])], ["y"], [("sz", i64(1, 2, 9, 8))])
+    c["Upsample_opset9"] = model([N("Upsample", ["x", "sc"], ["y"], mode="nearest")], [("x", [1, 1, 2, 3])], ["y"],
+                                 [("sc", np.array([1, 1, 2, 2], np.float32))], opset=9)
     c["Einsum_one_operand"] = model([N("Einsum", ["x"], ["y"], equation="bij->jb")], [("x", [2, 3, 4])], ["y"])
     c["Shape_Gather_Concat_folded"] = model(
         [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["g"], axis=0), N("Unsqueeze", ["g", "a"], ["u"]),
@@ -263,7 +270,7 @@ def test_emitted_kinds_are_registered_and_handlers_cover_the_issue_ops() -> None
               "Log", "Sqrt", "Abs", "Neg", "Reciprocal", "Softmax", "LogSoftmax", "Reshape", "Flatten", "Transpose",
               "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Pad", "Where", "Clip", "Cast",
               "Identity", "Dropout", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "Sum", "Max", "Min",
-              "Mean", "Einsum", "LRN", "Tile", "GatherND"}
+              "Mean", "Einsum", "LRN", "Tile", "GatherND", "Resize", "Upsample"}
     assert wanted <= set(HANDLERS)
 
 

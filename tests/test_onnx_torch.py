@@ -87,6 +87,26 @@ def test_older_opsets_with_initializers_as_inputs(name: str, opset: int) -> None
     assert b.report["opset"] == opset
 
 
+class NearestUpsampler(torch.nn.Module):
+    """A decoder step (UNet/FPN style): convolution, then nearest upsampling by integer factors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.interpolate(self.conv(x), scale_factor=(2, 3), mode="nearest")
+        return y + torch.nn.functional.interpolate(x.mean(1, keepdim=True), size=(8, 15), mode="nearest")
+
+
+@pytest.mark.parametrize("opset", [9, 11, 17])
+def test_nearest_upsampling_exports_import_exactly(opset: int) -> None:
+    torch.manual_seed(0)
+    module, x = NearestUpsampler().eval(), torch.randn(1, 2, 4, 5)
+    b = tlb.import_onnx(torch_to_onnx(module, (x,), dynamo=False, opset_version=opset))
+    assert_close(tlb.evaluate(b.graph, b.payload, [x.numpy()], dtype="float32"), reference(module, (x,)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["cnn2d", "norm_head", "mha_batch_first", "embedding", "layout"])
 def test_dynamo_exported_onnx_imports_and_evaluates_like_torch(name: str) -> None:

@@ -228,9 +228,7 @@ def _resize(ctx: OnnxContext) -> list[Value]:
     coord = ctx.attr("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
     if mode != "nearest" or (ctx.opset >= 11 and coord not in _NEAREST_FLOOR_EXACT):
         raise ctx.fail(f"mode={mode}, coordinate_transformation_mode={coord} (only nearest with integer scales)")
-    if ctx.node.op_type == "Upsample" and ctx.opset < 9:
-        scales = list(ctx.attr("scales"))
-    elif ctx.node.op_type == "Upsample" or ctx.opset == 10:
+    if ctx.node.op_type == "Upsample" or ctx.opset == 10:
         scales = [float(v) for v in np.asarray(ctx.static(1, "scales")).reshape(-1)]
     else:
         scales_in = ctx.const(2)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from torchlean_bridge.check import check as check_graph
+from torchlean_bridge.check import check_well_formed
 from torchlean_bridge.errors import BridgeError, EvalError
 from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape
@@ -77,7 +78,7 @@ def _node_value(node: Node, parent_values: Sequence[np.ndarray], record: Any, dt
         value = np.asarray(rule(node, parent_values, record, dt))
     except BridgeError:
         raise
-    except (ValueError, TypeError, IndexError, ArithmeticError) as e:
+    except (ValueError, TypeError, LookupError, ArithmeticError) as e:
         raise fail(node, f"IR eval: node {node.id}: {node.kind}: {e} ({node.summary()})") from None
     if value.shape != node.out_shape:
         raise fail(node, f"IR eval: node {node.id}: produced shape mismatch: produced={fmt_shape(value.shape)}, "
@@ -91,12 +92,14 @@ def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float
     """Outputs in ``g.outputs`` order, or with ``all_nodes`` one value per node id.
 
     ``inputs``: arrays or torch tensors in ``g.inputs`` order (one array for a one-input graph).
-    ``check`` validates structure and shapes first (TorchLean's ``denoteAll`` checks well-formedness;
-    we check shapes too, so a rule never sees operands its contract does not admit).
+    ``check`` validates structure and shapes first. With ``check=False`` only well-formedness is
+    checked, as TorchLean's ``denoteAll`` does; each node then checks its own operands locally.
     """
     dt = _domain(dtype)
     if check:
         check_graph(g)
+    else:
+        check_well_formed(g)
     payload = payload if payload is not None else Payload()
     arrays = _inputs(g, inputs)
     position = {nid: k for k, nid in enumerate(g.inputs)}

@@ -309,6 +309,8 @@ def _gelu(node, xs, rec, dt):
 @rule("erf")
 def _erf(node, xs, rec, dt):
     return erf(xs[0], dt)
+
+
 unary("silu", lambda x: x * sigmoid(x))
 unary("softsign", lambda x: x / (1 + np.abs(x)))
 unary("hardswish", lambda x: x * np.clip(x + 3, 0, 6) / 6)

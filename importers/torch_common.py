@@ -516,8 +516,10 @@ class Lowerer:
 
     def finish_node(self, n: torch.fx.Node, result: Any, first: int) -> None:
         """Name the node that produces ``n``'s value; declare the framework's shape on it."""
-        if not isinstance(result, Sym) or result.nid < first:
+        if not isinstance(result, Sym):
             return
+        if result.nid < first and not self._selects_from_tuple(n):
+            return  # an alias of an earlier value (identity, dropout, no-op view): keeps its name
         meta = self.meta_of(n)
         b = self.builder
         node = b.nodes[result.nid]
@@ -534,6 +536,12 @@ class Lowerer:
             if want != node.dtype:
                 raise NotLowerable(f"lowering produced element type {node.dtype}, the framework says {want}")
         b.nodes[result.nid] = node.with_(**changes)
+
+    def _selects_from_tuple(self, n: torch.fx.Node) -> bool:
+        """``getitem`` of a multi-output op (split, native_batch_norm, attention): the element's
+        IR node carries the getitem's name, the framework's name for that value."""
+        return (n.op == "call_function" and n.target is operator.getitem and bool(n.args)
+                and isinstance(n.args[0], torch.fx.Node) and isinstance(self.env.get(n.args[0]), (tuple, list)))
 
     # -- result -----------------------------------------------------------------------------------
     def finish(self, outputs: Sequence[Any], report: dict[str, Any]) -> Bundle:

@@ -207,7 +207,9 @@ def batch_norm(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, ru
     if running_mean is None or running_var is None:
         raise NotLowerable("batch norm without running statistics (track_running_stats=False) normalizes "
                            "with batch statistics; not an eval-mode layer")
-    axis = 1 if cx.rank(input) >= 2 else 0
+    if cx.rank(input) < 2:
+        raise NotLowerable(f"batch norm of a rank-{cx.rank(input)} input (PyTorch needs (N, C, ...))")
+    axis = 1  # PyTorch's channel axis for every rank, (N, C) included
     c = cx.shape(input)[axis]
     out = cx.add("batch_norm_eval", [cx.node(input, FLOAT)], {"channel_axis": axis, "channels": c,
                                                               "eps": float(eps)})

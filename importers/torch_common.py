@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -31,8 +31,10 @@ from torchlean_bridge.errors import BridgeError, UnsupportedError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import BOOL, FLOAT, INT64, fmt_shape
 
-__all__ = ["Known", "Sym", "Lowerer", "Lowering", "NotLowerable", "EMITTED_KINDS", "element_type",
-           "normalize_axis", "role_transform", "flat_values", "FOLD_BLOCKLIST"]
+__all__ = ["Known", "Sym", "Lowerer", "Lowering", "NotLowerable", "EMITTED_KINDS", "FOLD_BLOCKLIST",
+           "element_type", "normalize_axis", "role_transform", "flat_values", "source_line", "module_path",
+           "target_name", "op_base_name", "is_shape_query", "check_static", "check_training", "bind_aliases",
+           "prod"]
 
 # every IR kind a lowering in torch_ops / torch_aten / torch_modules can emit (docs/make_ops_md.py)
 EMITTED_KINDS: frozenset[str] = frozenset({

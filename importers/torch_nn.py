@@ -19,7 +19,7 @@ from torchlean_bridge.ops import BOOL, FLOAT, INT64
 from torchlean_bridge.ops.contracts import v1_pool_out_dim, window_out_dim
 
 from . import torch_ops as T
-from .torch_common import Known, Lowerer, NotLowerable, Sym, normalize_axis, prod
+from .torch_common import Known, Lowerer, NotLowerable, Sym, prod
 
 Cx = Lowerer
 

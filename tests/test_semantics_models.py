@@ -19,6 +19,8 @@ nn = torch.nn
 
 import torchlean_bridge as tlb  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real exports and imports: about 10 s
+
 
 def _close(ours: np.ndarray, ref: np.ndarray, rtol: float) -> None:
     assert ours.shape == ref.shape

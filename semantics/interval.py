@@ -32,7 +32,7 @@ from .float_rules import FLOAT_RULES
 from .interval_affine import AffineParams, avg_pool_box, batch_norm_box, conv_box, linear_box, matmul_box, mean_box
 from .interval_nonlinear import (arg_extremum_box, layernorm_box, log_softmax_box, mse_box, prod_box,
                                  softmax_box)
-from .interval_round import Box, sum_bounds
+from .interval_round import Box, clean, sum_bounds
 from .interval_unary import UNARY_RULES, DomainError, log_at, monotone, softplus_at
 from .records import batch_norm_record, const_values, conv_record, layernorm_record, linear_record
 
@@ -397,8 +397,7 @@ class IntervalPropagator:
                 raise
             except (DomainError, ArithmeticError) as e:
                 raise _error(node, str(e)) from None
-            lo = np.asarray(lo, dtype=np.float64)
-            hi = np.asarray(hi, dtype=np.float64)
+            lo, hi = clean(np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64))
             if lo.shape != node.out_shape or hi.shape != node.out_shape:
                 raise _error(node, f"rule produced shape {fmt_shape(lo.shape)}, declared {fmt_shape(node.out_shape)}")
             boxes[node.id] = lo, hi

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import interval_arith as ia
 from .conv import conv_nd, pool_nd
-from .interval_round import Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
+from .interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
 
 __all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box", "batch_norm_box", "mean_box", "divide_exact",
            "avg_pool_box"]
@@ -24,35 +24,65 @@ __all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box",
 
 def affine_box(a: Box, apply: Callable[[np.ndarray], np.ndarray], apply_abs: Callable[[np.ndarray], np.ndarray],
                n_terms: int, bias: np.ndarray | None = None) -> Box:
-    """Image of a box under x -> apply(x) + bias, apply linear with n_terms products per output."""
+    """Image of a box under x -> apply(x) + bias, apply linear with n_terms products per output
+    (count the bias as one more term). NaN ends (inf - inf) are left for the driver's ``clean``."""
     c, r = center_radius(*a)
     with np.errstate(all="ignore"):
         mid = apply(c)
-        rad = dot_radius(apply_abs, c, r, n_terms)
-        if bias is None:
-            return clean(down(mid - rad), up(mid + rad))
-        return clean(down(down(mid + bias) - rad), up(up(mid + bias) + rad))
+        if bias is not None:
+            mid += bias
+        rad = dot_radius(apply_abs, c, r, n_terms, None if bias is None else np.abs(bias))
+        return down(mid - rad), up(mid + rad)
 
 
 @dataclass(frozen=True)
 class AffineParams:
-    """A linear or conv node's float64 weight, its absolute value and bias: prepared once per node
-    (``IntervalPropagator``) and reused by every propagation."""
+    """A linear or conv node's float64 weight, its absolute value, bias and (linear) an upper bound
+    of each output's row sum of |W|: prepared once per node (``IntervalPropagator``) and reused by
+    every propagation."""
 
     weight: np.ndarray
     abs_weight: np.ndarray
     bias: np.ndarray
+    abs_row_sum: np.ndarray  # >= sum_j |W[i, j]| exactly, for linear weights [out, in]
 
     @classmethod
     def of(cls, weight: np.ndarray, bias: np.ndarray) -> "AffineParams":
         w = np.asarray(weight, dtype=np.float64)
-        return cls(w, np.abs(w), np.asarray(bias, dtype=np.float64))
+        wabs = np.abs(w)
+        flat = wabs.reshape(w.shape[0], -1)
+        with np.errstate(all="ignore"):
+            row_sum = up(flat.sum(axis=1) * (1.0 + gamma(flat.shape[1])))
+        return cls(w, wabs, np.asarray(bias, dtype=np.float64), row_sum)
+
+
+_SAFETY = 1.0 + 16 * U  # absorbs up to 8 round-to-nearest steps of a sum of non-negative terms
 
 
 def linear_box(a: Box, p: AffineParams) -> Box:
-    """x @ W.T + b over the last axis, any leading axes."""
-    wt, wabs = p.weight.T, p.abs_weight.T
-    return affine_box(a, lambda v: v @ wt, lambda v: v @ wabs, p.weight.shape[1] + 1, p.bias)
+    """x @ W.T + b over the last axis, any leading axes, in center-radius form.
+
+    The radius is |W| r (one BLAS product, or r * row sums when r is the same along the input
+    axis, as for an l-inf ball) plus the rounding bound gamma_n (|W| |c| + |b|), where |W| |c| is
+    bounded by max|c| times the row sums (cheap, and only 1e-13 relative looser).
+    """
+    c, r = center_radius(*a)
+    g = gamma(p.weight.shape[1] + 1)
+    with np.errstate(all="ignore"):
+        mid = c @ p.weight.T
+        mid += p.bias
+        r0 = r[..., :1]
+        if r.shape[-1] and np.array_equal(r, np.broadcast_to(r0, r.shape)):
+            t = r0 * p.abs_row_sum
+        else:
+            t = r @ p.abs_weight.T
+            t *= 1.0 + g
+        c_max = np.max(np.abs(c), axis=-1, keepdims=True) if c.shape[-1] else np.zeros(c.shape[:-1] + (1,))
+        t += (g * c_max) * p.abs_row_sum
+        t += g * np.abs(p.bias) + MIN_NORMAL
+        t *= _SAFETY
+        rad = up(t)
+        return down(mid - rad), up(mid + rad)
 
 
 def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int]) -> Box:

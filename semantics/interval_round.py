@@ -25,23 +25,27 @@ Box = tuple[np.ndarray, np.ndarray]
 
 U = 2.0 ** -53          # unit roundoff of binary64
 TINY = 2.0 ** -1074     # smallest subnormal: absolute error of one product that underflows
+MIN_NORMAL = 2.0 ** -1022
 LIB_ULPS = 4            # assumed maximal error of a library transcendental, in ulps
 
 _NEG, _POS = -np.inf, np.inf
-_MAX = np.finfo(np.float64).max
+_MAX = float(np.finfo(np.float64).max)
 
 
 def down(x: np.ndarray) -> np.ndarray:
     """A float at or below the predecessor of a correctly rounded result: a lower bound of the exact
-    value. Arrays use ``x - max(|x| 2**-52, TINY)`` (at most one extra ulp, ~8x faster than
-    ``np.nextafter``: the step is at least the spacing below x, so the rounded difference is at most
-    the predecessor); +inf becomes the largest float, since an exact real value is finite."""
+    value. Arrays use ``x - (|x| 2**-52 + 2**-1022)`` (about 10x faster than ``np.nextafter``, at most
+    one extra ulp): the step exceeds the spacing below x, so the rounded difference is at most the
+    predecessor. ``down(+inf)`` is the largest float (an exact real value is finite); NaN stays NaN
+    (``clean`` turns it into the trivial bound)."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim == 0:
         return np.nextafter(x, _NEG)
     step = _step(x)
-    np.subtract(x, step, out=step)
-    return np.minimum(step, _MAX, out=step)
+    out = np.subtract(x, step, out=step)
+    if np.isposinf(x).any():  # an overflowed result: the exact value is above the largest float
+        out[np.isposinf(x)] = _MAX
+    return out
 
 
 def up(x: np.ndarray) -> np.ndarray:
@@ -50,15 +54,19 @@ def up(x: np.ndarray) -> np.ndarray:
     if x.ndim == 0:
         return np.nextafter(x, _POS)
     step = _step(x)
-    np.add(x, step, out=step)
-    return np.maximum(step, -_MAX, out=step)
+    out = np.add(x, step, out=step)
+    if np.isneginf(x).any():
+        out[np.isneginf(x)] = -_MAX
+    return out
 
 
 def _step(x: np.ndarray) -> np.ndarray:
+    # 2**-1022 (smallest normal) rather than the smallest subnormal: covers zero and subnormal x,
+    # and keeps denormal operands (slow on x86) out of the arithmetic
     step = np.abs(x)
-    np.minimum(step, _MAX, out=step)  # keeps the step finite for infinite x
     step *= 2.0 ** -52
-    return np.maximum(step, TINY, out=step)
+    step += MIN_NORMAL
+    return step
 
 
 def gamma(n: int) -> float:
@@ -110,21 +118,29 @@ def sum_bounds(lo: np.ndarray, hi: np.ndarray, axis) -> Box:
 def center_radius(lo: np.ndarray, hi: np.ndarray) -> Box:
     """A float center c and radius r with [c - r, c + r] containing [lo, hi] exactly."""
     with np.errstate(all="ignore"):
-        c = lo * 0.5 + hi * 0.5
+        c = lo * 0.5
+        c += hi * 0.5
         c = np.where(np.isfinite(c), c, 0.0)
-        r = np.maximum(up(hi - c), up(c - lo))
-        return c, r
+        # up(max of the two rounded gaps) is above both exact gaps
+        return c, up(np.maximum(hi - c, c - lo))
 
 
-def dot_radius(abs_dot: Callable[[np.ndarray], np.ndarray], c: np.ndarray, r: np.ndarray, n: int) -> np.ndarray:
-    """Radius covering both the input radius and the rounding of the center product.
+def dot_radius(abs_dot: Callable[[np.ndarray], np.ndarray], c: np.ndarray, r: np.ndarray, n: int,
+               abs_bias: np.ndarray | None = None) -> np.ndarray:
+    """Radius covering the input radius and the rounding of the center's affine image.
 
-    For y = A c (+ b) computed in floating point with n terms per output: the exact image of
-    [c - r, c + r] lies within fl(A c) +- (|A| r + gamma_n |A| |c|). ``abs_dot(v)`` must compute
+    For y = A c + b computed as fl(fl(A c) + b), n terms per output counting the bias: the exact
+    image of [c - r, c + r] lies within that value +- (|A| r + gamma_n (|A| |c| + |b|) + underflow),
+    one smallest normal covering the underflow of up to 2**51 products. ``abs_dot(v)`` must compute
     ``|A| v`` in floating point; its own rounding is covered by the factor (1 + gamma_n).
     """
     g = gamma(n)
+    g_up = (1.0 + g) * (1.0 + 4 * U)  # fl(t * g_up) >= t (1 + g) for normal results
     with np.errstate(all="ignore"):
         v = up(r + up(g * np.abs(c)))
         t = abs_dot(v)
-        return up(up(t * (1.0 + g)) + (2 * n + 2) * TINY)
+        t *= g_up
+        t += MIN_NORMAL
+        if abs_bias is not None:
+            t += (g * (1.0 + 4 * U)) * abs_bias
+        return up(t)

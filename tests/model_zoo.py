@@ -31,6 +31,7 @@ class ZooCase:
     fx: bool = True  # torch.fx symbolic tracing accepts it
     export: bool = True  # torch.export accepts it
     decompose: bool = True  # its core-ATen decomposition is importable too
+    float64: bool = True  # .double() makes it compute in float64 throughout (no internal float32 casts)
     slow: bool = False
     tags: tuple[str, ...] = ()
 
@@ -350,6 +351,18 @@ def hf_gpt2() -> Made:
     return _HFWrap(GPT2Model(cfg)), (torch.randint(0, 100, (1, 8)),)
 
 
+def hf_llama() -> Made:
+    """Grouped-query attention, rotary embeddings, RMSNorm, SiLU-gated MLP.
+
+    RMSNorm and the rotary tables cast to float32 explicitly, so ``.double()`` does not make the
+    module a float64 computation (``float64=False``).
+    """
+    from transformers import LlamaConfig, LlamaModel
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, use_cache=False)
+    return _HFWrap(LlamaModel(cfg)), (torch.randint(0, 100, (1, 8)),)
+
+
 class _HFWrap(nn.Module):
     """The last hidden state of a transformers model (no cache, plain tensor output)."""
 
@@ -391,6 +404,7 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
     ZooCase("kitchen_sink", lambda: (KitchenSink(), (_x(4, 5),)), tags=("elementwise", "activations", "indexing")),
     ZooCase("hf_bert", hf_bert, fx=False, slow=True, tags=("transformers",)),
     ZooCase("hf_gpt2", hf_gpt2, fx=False, slow=True, tags=("transformers",)),
+    ZooCase("hf_llama", hf_llama, fx=False, slow=True, float64=False, tags=("transformers",)),
 ]}
 
 

@@ -75,7 +75,7 @@ def check_bundle(name: str, via: str) -> None:
         assert got.dtype == want.dtype or want.dtype.kind != "f"
         assert scaled_error(got, want) <= 1e-5
     for got, want in zip(out64, ref64):
-        assert scaled_error(got, want) <= 1e-12
+        assert scaled_error(got, want) <= (1e-12 if CASES[name].float64 else 1e-5)
     # the role map binds every state_dict key the computation reads (constants may be bound too);
     # the rest are reported unused
     module = CASES[name].make()[0]
@@ -127,8 +127,8 @@ def test_fx_and_export_agree(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["hf_bert", "hf_gpt2"])
+@pytest.mark.parametrize("name", ["hf_bert", "hf_gpt2", "hf_llama"])
 def test_transformers_models_are_real_sized(name):
     b = imported(name, "export")
     assert b.summary()["parameters"] > 10_000
-    assert {"linear", "layernorm", "gather", "softmax"} <= set(b.graph.ops_used())
+    assert {"linear", "gather", "softmax"} <= set(b.graph.ops_used())

@@ -354,3 +354,33 @@ def test_movement_and_monotone_ops_are_exact_at_the_ends():
     v_hi = evaluate(bundle.graph, bundle.payload, hi, all_nodes=True)[max_pool_node.id]
     np.testing.assert_array_equal(boxes[max_pool_node.id][0], v_lo)
     np.testing.assert_array_equal(boxes[max_pool_node.id][1], v_hi)
+
+
+def test_propagator_reuses_the_payload_and_matches_one_shot_bounds():
+    from semantics.interval import IntervalPropagator
+    from torchlean_bridge.seed import SEED_X0, seed_mlp_graph, seed_mlp_payload
+    g, p = seed_mlp_graph(), seed_mlp_payload()
+    propagate = IntervalPropagator(g, p)
+    for r in (0.0, 0.05, 3.0):
+        once = tlb.interval_bounds(g, p, SEED_X0 - r, SEED_X0 + r)
+        again = propagate(SEED_X0 - r, SEED_X0 + r)
+        for (a, b), (c, d) in zip(once, again):
+            np.testing.assert_array_equal(a, c)
+            np.testing.assert_array_equal(b, d)
+
+
+@pytest.mark.parametrize("scale", [1e-310, 1e-160, 1.0, 1e150, 1e300])
+def test_affine_rules_at_extreme_magnitudes_never_return_nan(scale):
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(3, 4)) * scale
+    b = rng.normal(size=3) * scale
+    lo = rng.normal(size=(2, 4)) * scale
+    hi = lo + np.abs(rng.normal(size=(2, 4))) * scale
+    node = Node(1, [0], "linear", (2, 3))
+    out = INTERVAL_RULES["linear"](node, [(lo, hi)], {"weight": w, "bias": b})
+    assert not np.any(np.isnan(out[0])) and not np.any(np.isnan(out[1]))
+    for x in points(lo, hi, rng, 2):
+        exact = frac(x) @ frac(w).T + frac(b)
+        lo_ok = np.isneginf(out[0]) | (frac(np.where(np.isfinite(out[0]), out[0], 0)) <= exact)
+        hi_ok = np.isposinf(out[1]) | (exact <= frac(np.where(np.isfinite(out[1]), out[1], 0)))
+        assert np.all(lo_ok) and np.all(hi_ok)

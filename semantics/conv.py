@@ -27,8 +27,10 @@ __all__ = ["conv_nd", "pool_nd", "window_counts", "offset_views"]
 _OFFSET_LOOP_LIMIT = 64
 
 # the im2col matrix is rebuilt for every convolution and dies inside it: reusing one buffer per
-# thread avoids paying fresh-page faults on megabytes each time (it keeps the largest one alive)
+# thread avoids paying fresh-page faults on megabytes each time. Batches are unfolded a few samples
+# at a time so the buffer stays near _IM2COL_BYTES (one sample may exceed it).
 _WORKSPACE = threading.local()
+_IM2COL_BYTES = 64 << 20
 
 
 def _workspace(shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -79,19 +81,30 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
     g, cg, og = groups, c_in // groups, out_c // groups
     k, length = math.prod(kernel), math.prod(out_spatial)
     xp = _pad_spatial(x.reshape((n, c_in) + spatial), padding, padding_after, 0.0)
-    every = (slice(None), slice(None))
+    w = weight.reshape(g, og, cg * k)
     if k == 1 and tuple(xp.shape[2:]) == tuple(out_spatial):  # pointwise: the input is its own column matrix
-        cols = xp.reshape(n, g, cg, length)
-    else:  # im2col: one strided whole-array copy per kernel offset, into [n, C, *k, *out]
-        cols = _workspace((n, c_in) + tuple(kernel) + tuple(out_spatial), x.dtype)
-        views = offset_views(xp, kernel, stride, dilation, out_spatial)
-        for offs, view in zip(itertools.product(*(range(kk) for kk in kernel)), views):
-            cols[every + offs] = view
-        cols = cols.reshape(n, g, cg * k, length)
-    y = np.matmul(weight.reshape(g, og, cg * k), cols)  # [n, g, og, L]
+        y = np.matmul(w, xp.reshape(n, g, cg, length))
+    else:  # im2col, a bounded number of samples at a time
+        y = np.empty((n, g, og, length), dtype=x.dtype)
+        chunk = max(1, _IM2COL_BYTES // (c_in * k * length * x.dtype.itemsize))
+        for lo in range(0, n, chunk):
+            part = xp[lo:lo + chunk]
+            np.matmul(w, _im2col(part, kernel, stride, dilation, out_spatial).reshape(len(part), g, cg * k, length),
+                      out=y[lo:lo + chunk])
     y = y.reshape((n, out_c, length))
     y += bias.reshape(out_c, 1)
     return y.reshape(lead + (out_c,) + tuple(out_spatial))
+
+
+def _im2col(xp: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+            out: Sequence[int]) -> np.ndarray:
+    """``[n, C, *kernel, *out]`` in the workspace: one contiguous-row copy per kernel offset."""
+    cols = _workspace(xp.shape[:2] + tuple(kernel) + tuple(out), xp.dtype)
+    every = (slice(None), slice(None))
+    views = offset_views(xp, kernel, stride, dilation, out)
+    for offs, view in zip(itertools.product(*(range(kk) for kk in kernel)), views):
+        cols[every + offs] = view
+    return cols
 
 
 def window_counts(size: int, kernel: int, stride: int, pad_before: int, dilation: int, out: int,

@@ -25,14 +25,14 @@ __all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box",
 def affine_box(a: Box, apply: Callable[[np.ndarray], np.ndarray], apply_abs: Callable[[np.ndarray], np.ndarray],
                n_terms: int, bias: np.ndarray | None = None) -> Box:
     """Image of a box under x -> apply(x) + bias, apply linear with n_terms products per output
-    (count the bias as one more term). NaN ends (inf - inf) are left for the driver's ``clean``."""
+    (count the bias as one more term). NaN ends (inf - inf) become the trivial bound."""
     c, r = center_radius(*a)
     with np.errstate(all="ignore"):
         mid = apply(c)
         if bias is not None:
             mid += bias
         rad = dot_radius(apply_abs, c, r, n_terms, None if bias is None else np.abs(bias))
-        return down(mid - rad), up(mid + rad)
+        return clean(down(mid - rad), up(mid + rad))
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def linear_box(a: Box, p: AffineParams) -> Box:
         t += g * np.abs(p.bias) + MIN_NORMAL
         t *= _SAFETY
         rad = up(t)
-        return down(mid - rad), up(mid + rad)
+        return clean(down(mid - rad), up(mid + rad))
 
 
 def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int]) -> Box:

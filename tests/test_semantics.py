@@ -313,3 +313,21 @@ def test_cast_to_int64_refuses_values_it_cannot_represent():
     for bad in (np.nan, np.inf, 1e19):
         with pytest.raises(EvalError, match=r"^IR eval: node 1: cast: "):
             tlb.evaluate(g, None, np.array([0.0, bad]))
+
+
+def test_cli_eval_several_inputs_exact_integers_and_json_without_nan(capsys, tmp_path):
+    g = Graph([Node(0, [], "input", [3, 2]), Node(1, [], "input", [2], dtype="int64"),
+               Node(2, [0, 1], "gather", [2, 2], {"axis": 0}), Node(3, [2], "exp", [2, 2]),
+               Node(4, [2], "argmax", [2], {"axis": 1}, dtype="int64")], outputs=[3, 4])
+    tlb.save(tlb.Bundle(g), tmp_path / "b")
+    np.save(tmp_path / "d.npy", np.array([[0.0, 1.0], [2.0, 3.0], [800.0, 5.0]]))
+    np.save(tmp_path / "i.npy", np.array([2, 0]))
+    args = ["eval", str(tmp_path / "b"), "--input", str(tmp_path / "d.npy"), "--input", str(tmp_path / "i.npy")]
+    code, out, _ = _run(capsys, *args)
+    assert code == 0
+    assert out.splitlines() == [f"node 3: [inf, {math.exp(5):.6f}, 1.000000, {math.e:.6f}]", "node 4: [0, 1]"]
+    code, out, _ = _run(capsys, *args, "--json")
+    nodes = json.loads(out)["nodes"]
+    assert nodes[0]["value"][0] == ["inf", math.exp(5.0)] and nodes[1]["value"] == [0, 1]
+    code, _, err = _run(capsys, *args[:4])
+    assert code == 2 and "expected 2 input(s), got 1" in err

@@ -529,7 +529,10 @@ class Lowerer:
         name = self.describe(n)["name"]
         changes: dict[str, Any] = {"source": Source(**{**src.to_json(), "name": name})}
         if isinstance(meta, torch.Tensor) or hasattr(meta, "shape") and hasattr(meta, "dtype"):
-            declared = tuple(int(d) for d in meta.shape)
+            # a data-dependent extent (boolean mask of a constant) is symbolic to the framework;
+            # the import-time values fixed it, so only concrete extents are declared
+            concrete = all(isinstance(d, int) for d in meta.shape)
+            declared = tuple(int(d) for d in meta.shape) if concrete else node.out_shape
             if declared != node.out_shape:
                 b.notes.append(f"node {node.id} ({node.kind}, {name}): framework shape {fmt_shape(declared)} "
                                f"differs from the rule's {fmt_shape(node.out_shape)}")

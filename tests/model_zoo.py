@@ -285,6 +285,22 @@ class Layout(nn.Module):
         return c, d, e.squeeze(-1), f, x.t()[2:4]
 
 
+class Indexing(nn.Module):
+    """Basic and advanced indexing: None, Ellipsis, negative bounds, constant and input index tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keep", torch.tensor([True, False, True, True, False, True]), persistent=False)
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = x[..., None, -4:-1]  # [3, 6, 1, 3]
+        b = x[:, self.keep] * 2  # boolean mask of a constant buffer
+        c = x[idx]  # rows chosen by an int64 input
+        d = x[1:, [5, 0, 5]].transpose(0, 1)
+        e = torch.index_select(x, 1, idx) + x.unsqueeze(1).expand(-1, 2, -1)[:, 1, ::2].sum(1, keepdim=True)
+        return a, b, c, d, e, x.flatten()[torch.tensor([-1, 0, 7])]
+
+
 class Contractions(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -398,6 +414,7 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
     ZooCase("encoder_layer_seq_first", encoder_layer(False, norm_first=True), tags=("attention", "transformer")),
     ZooCase("arithmetic", lambda: (Arithmetic(), (_x(3, 4), _x(3, 4))), tags=("elementwise",)),
     ZooCase("layout", lambda: (Layout(), (_x(2, 12),)), tags=("layout", "indexing")),
+    ZooCase("indexing", lambda: (Indexing(), (_x(3, 6), torch.tensor([2, 0]))), tags=("indexing",)),
     ZooCase("contractions", lambda: (Contractions(), (_x(2, 3, 6), _x(2, 3, 5))), tags=("matmul", "einsum")),
     ZooCase("inplace", lambda: (InPlace(), (_x(3, 4),)), tags=("inplace",)),
     ZooCase("selu_celu", lambda: (ExpM1Family(), (_x(3, 5),)), decompose=False, tags=("activations",)),

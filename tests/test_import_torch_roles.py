@@ -241,3 +241,20 @@ def test_imports_are_deterministic(via, tmp_path):
     tlb.save(second, tmp_path / "b")
     for name in ("graph.json", "payload.safetensors", "roles.json", "report.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+@pytest.mark.parametrize("via", ["fx", "export", "decomposed"])
+def test_a_layer_applied_twice_binds_its_keys_once_per_use(via):
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shared = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.shared(torch.tanh(self.shared(x)))
+
+    b = IMPORTERS[via](Twice().eval(), (torch.randn(2, 4),))
+    linears = [n.id for n in b.graph if n.kind == "linear"]
+    assert len(linears) == 2
+    for key, role in (("shared.weight", "weight"), ("shared.bias", "bias")):
+        assert [(u.node, u.role) for u in b.roles.uses(key)] == [(linears[0], role), (linears[1], role)]

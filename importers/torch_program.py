@@ -27,6 +27,8 @@ IGNORED_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "
 
 
 class TorchLowerer(Lowerer):
+    """The lowerer of both importers; ``root`` is the module FX attributes and submodules live on."""
+
     def __init__(self, framework: str, root: torch.nn.Module | None = None,
                  state_dict_keys: Sequence[str] = (), max_elements: int | None = None) -> None:
         self.framework = framework

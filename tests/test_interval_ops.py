@@ -287,8 +287,11 @@ def _graph_case(name: str):
         pad = b.add("pad", [c], {"pads_before": [0, 1, 0], "pads_after": [1, 0, 2], "value": -0.5})
         out = b.add("flatten", [pad], {"value_shape": [3, 4, 6]})
     elif name == "pooling":
+        pool_nd_pad = dict(pool_nd, kernel=[3, 1], stride=[1, 1], padding=[1, 0], padding_after=[1, 0],
+                           dilation=[1, 1], ceil_mode=False, count_include_pad=True)
         outs = [b.add("max_pool", [x], pool), b.add("avg_pool", [x], pool),
-                b.add("max_pool_nd", [x], pool_nd), b.add("avg_pool_nd", [x], pool_nd)]
+                b.add("max_pool_nd", [x], pool_nd), b.add("avg_pool_nd", [x], pool_nd),
+                b.add("avg_pool_nd", [x], pool_nd_pad), b.add("max_pool_nd", [x], pool_nd_pad)]
         flat = [b.add("flatten", [o], {"value_shape": list(b.shape(o))}) for o in outs]
         out = b.add("concat", flat, {"axis": 0})
     elif name == "reductions":

@@ -10,17 +10,13 @@ import numpy as np
 
 from .interval_round import Box, clean, down, up
 
-__all__ = ["point", "hull", "add", "sub", "neg", "mul", "scale", "add_const", "div", "inv", "square",
+__all__ = ["point", "add", "sub", "neg", "mul", "scale", "add_const", "div", "inv", "square",
            "abs_box", "max_box", "min_box", "relu_box", "contains_zero"]
 
 
 def point(x: np.ndarray) -> Box:
     x = np.asarray(x, dtype=np.float64)
     return x, x
-
-
-def hull(a: Box, b: Box) -> Box:
-    return np.minimum(a[0], b[0]), np.maximum(a[1], b[1])
 
 
 def add(a: Box, b: Box) -> Box:

@@ -39,7 +39,6 @@ def _const(value: float, ulps: int = 4) -> Box:
 
 INV_SQRT2 = _const(1.0 / math.sqrt(2.0))
 SQRT_2_OVER_PI = _const(math.sqrt(2.0 / math.pi))
-PI = _const(math.pi, 1)
 
 # -- point enclosures of library functions -----------------------------------------------------
 

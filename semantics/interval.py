@@ -8,9 +8,20 @@ rounding), monotone functions at the endpoints, gelu/silu/mish/sin/cos through t
 per-entry exact softmax ranges. ``INTERVAL_RULES`` is keyed by op kind and covers every op of the
 registry; the ops listed in ``NO_RULE`` raise ``IntervalError`` naming the node.
 
-Element types: int64 and bool values are boxes too (float64 endpoints; bools as 0/1). Ops that
-need exact integers (gather indices) demand point boxes. Domain violations (log at <= 0, division
-by a box containing 0) raise ``IntervalError`` naming the node, never return NaN.
+Enclosures that are sound but not exact ranges (documented where they live): layernorm (forgets
+the correlation of the centered entries), mul_elem/div/matmul between two non-point boxes (each
+term exact, the dependency between terms lost), ``rand_uniform`` ([0, 1], TorchLean's rule),
+``bernoulli_mask`` ([0, 1] unless the keep probability's box decides it), argmax/argmin (from the
+first to the last index that can win), sqrt/rsqrt/pow on a box reaching below 0 (clipped to the
+domain, as TorchLean does), and affine images of boxes with an infinite end (unbounded).
+
+Element types: int64 and bool values are boxes too (float64 endpoints; bools as 0/1; int64 is
+exact up to 2**53). Ops that need exact integers (gather indices) demand point boxes. Domain
+violations (log at <= 0, division by a box containing 0) raise ``IntervalError`` naming the node;
+no box end is ever NaN (a NaN from inf - inf becomes the trivial bound).
+
+``interval_bounds`` reads the payload on every call; ``IntervalPropagator(g, payload)`` reads it
+once (affine weights in float64 with |W| precomputed) and then propagates many boxes.
 """
 
 from __future__ import annotations

@@ -115,6 +115,8 @@ _reg("_native_batch_norm_legit_no_training.default", N.batch_norm_no_training)
 _reg("native_batch_norm.default _native_batch_norm_legit.default", N.native_batch_norm)
 _reg("layer_norm.default", N.layer_norm)
 _reg("native_layer_norm.default", N.native_layer_norm)
+_reg("group_norm.default", N.group_norm)
+_reg("native_group_norm.default", N.native_group_norm)
 for _r in (1, 2, 3):
     _reg(f"max_pool{_r}d.default", N.max_pool(_r))
     _reg(f"max_pool{_r}d_with_indices.default", N.max_pool_with_indices(_r))

@@ -116,6 +116,7 @@ _fn("einsum", N.einsum)
 _fn("linear", N.linear, F)
 _fn("conv1d conv2d conv3d", N.conv, F)
 _fn("layer_norm", N.layer_norm, F)
+_fn("group_norm", N.group_norm, F)
 _fn("batch_norm", lambda cx, input, running_mean, running_var, weight=None, bias=None, training=False,
     momentum=0.1, eps=1e-5: N.batch_norm(cx, input, weight, bias, running_mean, running_var, training, momentum,
                                          eps), F)
@@ -193,6 +194,10 @@ def _layer_norm(cx: Cx, m: nn.LayerNorm, path: str, x: Any) -> Any:
     return N.layer_norm(cx, x, m.normalized_shape, cx.param(path, "weight"), cx.param(path, "bias"), m.eps)
 
 
+def _group_norm(cx: Cx, m: nn.GroupNorm, path: str, x: Any) -> Any:
+    return N.group_norm(cx, x, m.num_groups, cx.param(path, "weight"), cx.param(path, "bias"), m.eps)
+
+
 def _embedding(cx: Cx, m: nn.Embedding, path: str, x: Any) -> Any:
     if m.max_norm is not None:
         raise NotLowerable("embedding with max_norm renormalizes the table in place")
@@ -211,7 +216,7 @@ def _simple(fn: Lowering, *attrs: str) -> ModuleLowering:
 MODULES: dict[type, ModuleLowering] = {
     nn.Linear: _linear, nn.Conv1d: _conv, nn.Conv2d: _conv, nn.Conv3d: _conv,
     nn.BatchNorm1d: _batch_norm, nn.BatchNorm2d: _batch_norm, nn.BatchNorm3d: _batch_norm,
-    nn.LayerNorm: _layer_norm, nn.Embedding: _embedding,
+    nn.LayerNorm: _layer_norm, nn.GroupNorm: _group_norm, nn.Embedding: _embedding,
     nn.Dropout: _dropout, nn.Dropout1d: _dropout, nn.Dropout2d: _dropout, nn.Dropout3d: _dropout,
     nn.AlphaDropout: _dropout, nn.Identity: lambda cx, m, path, x, *a, **k: x,
     nn.ReLU: _simple(T.unary("relu")), nn.Tanh: _simple(T.unary("tanh")), nn.Sigmoid: _simple(T.unary("sigmoid")),

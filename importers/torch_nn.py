@@ -252,6 +252,29 @@ def native_layer_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weigh
     return layer_norm(cx, input, normalized_shape, weight, bias, eps), None, None
 
 
+def group_norm(cx: Cx, input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5,
+               *_: Any) -> Any:
+    """Group norm by its definition: each (sample, group) block normalized like a layer norm without
+    affine parameters, then the per-channel scale and shift along axis 1."""
+    s = cx.shape(input)
+    if len(s) < 2 or s[1] % int(num_groups):
+        raise NotLowerable(f"group norm with {num_groups} groups of an input shaped {list(s)}")
+    blocks = T.reshape(cx, input, [s[0], int(num_groups), -1])
+    normed = cx.add("layernorm", [cx.node(blocks, FLOAT)], {"axis": 2, "eps": float(eps)})
+    out: Any = T.reshape(cx, normed, s)
+    channel_shape = [s[1]] + [1] * (len(s) - 2)
+    if weight is not None:
+        out = T.mul(cx, out, T.reshape(cx, _param(cx, weight, "group norm weight"), channel_shape))
+    if bias is not None:
+        out = T.add(cx, out, T.reshape(cx, _param(cx, bias, "group norm bias"), channel_shape))
+    return out
+
+
+def native_group_norm(cx: Cx, input: Any, weight: Any, bias: Any, n: int, c: int, hxw: int, group: int,
+                      eps: float) -> tuple[Any, None, None]:
+    return group_norm(cx, input, group, weight, bias, eps), None, None
+
+
 # -- pooling ----------------------------------------------------------------------------------------
 def _pool_geometry(cx: Cx, input: Any, r: int, kernel_size: Any, stride: Any, padding: Any, dilation: Any):
     k = _tuple(kernel_size, r)

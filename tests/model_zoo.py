@@ -148,6 +148,15 @@ class ResidualBlock(nn.Module):
         return self.relu(out)
 
 
+def group_norm() -> Made:
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU(), nn.Conv2d(8, 6, 1),
+                      nn.GroupNorm(3, 6, affine=False))
+    with torch.no_grad():
+        m[1].weight.uniform_(0.5, 1.5)
+        m[1].bias.uniform_(-0.5, 0.5)
+    return m, (_x(2, 3, 5, 5),)
+
+
 def residual() -> Made:
     m = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), ResidualBlock(), ResidualBlock(), nn.AdaptiveAvgPool2d(1),
                       nn.Flatten(), nn.Linear(6, 2))
@@ -400,6 +409,7 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
     ZooCase("cnn3d", cnn3d, tags=("cnn",)),
     ZooCase("unbatched_conv", unbatched_conv, tags=("cnn", "batchnorm")),
     ZooCase("pooling", pooling, tags=("pool",)),
+    ZooCase("group_norm", group_norm, tags=("cnn", "normalization")),
     ZooCase("residual", residual, tags=("cnn", "residual", "inplace")),
     ZooCase("norm_head", lambda: (NormHead(), (_x(2, 4, 8),)), tags=("layernorm", "softmax")),
     ZooCase("embedding", lambda: (EmbeddingBag(), (torch.randint(0, 20, (2, 6)),)), tags=("embedding",)),

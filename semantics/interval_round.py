@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 __all__ = ["U", "TINY", "LIB_ULPS", "Box", "down", "up", "gamma", "clean", "lib_bounds", "sum_bounds",
-           "sum_nonneg_bounds", "center_radius", "dot_radius"]
+           "sum_nonneg_bounds", "center_radius", "dot_radius", "up_exact_zero"]
 
 Box = tuple[np.ndarray, np.ndarray]
 
@@ -82,8 +82,12 @@ def gamma(n: int) -> float:
 
 def clean(lo: np.ndarray, hi: np.ndarray) -> Box:
     """NaN endpoints (from inf - inf, 0 * inf) become the trivially sound -inf / +inf."""
-    lo = np.where(np.isnan(lo), _NEG, lo)
-    hi = np.where(np.isnan(hi), _POS, hi)
+    with np.errstate(all="ignore"):
+        # one cheap reduction first: a sum is NaN whenever an entry is (or inf - inf occurs)
+        if np.isnan(np.sum(lo)):
+            lo = np.where(np.isnan(lo), _NEG, lo)
+        if np.isnan(np.sum(hi)):
+            hi = np.where(np.isnan(hi), _POS, hi)
     return lo, hi
 
 
@@ -121,11 +125,20 @@ def sum_bounds(lo: np.ndarray, hi: np.ndarray, axis) -> Box:
 def center_radius(lo: np.ndarray, hi: np.ndarray) -> Box:
     """A float center c and radius r with [c - r, c + r] containing [lo, hi] exactly."""
     with np.errstate(all="ignore"):
-        c = lo * 0.5
-        c += hi * 0.5
-        c = np.where(np.isfinite(c), c, 0.0)
-        # up(max of the two rounded gaps) is above both exact gaps
-        return c, up(np.maximum(hi - c, c - lo))
+        c = lo + hi
+        c *= 0.5  # any float will do: r is measured from the c we get (inf for huge or infinite ends)
+        if not np.isfinite(np.sum(c)):
+            c = np.where(np.isfinite(c), c, 0.0)
+        # up(max of the two rounded gaps) is above both exact gaps; a rounded gap is 0 only when
+        # lo == c == hi, and that zero is kept exact (see up_exact_zero)
+        return c, up_exact_zero(np.maximum(hi - c, c - lo))
+
+
+def up_exact_zero(x: np.ndarray) -> np.ndarray:
+    """``up`` for values that are 0 only when exactly 0 (differences of equal floats, sums of
+    non-negative floats). Keeping those zeros (point entries, dead ReLU units) out of the
+    subnormal range matters: BLAS slows down badly on subnormal products."""
+    return np.where(x == 0, 0.0, up(x))
 
 
 def dot_radius(abs_dot: Callable[[np.ndarray], np.ndarray], c: np.ndarray, r: np.ndarray, n: int,
@@ -140,7 +153,8 @@ def dot_radius(abs_dot: Callable[[np.ndarray], np.ndarray], c: np.ndarray, r: np
     g = gamma(n)
     g_up = (1.0 + g) * (1.0 + 4 * U)  # fl(t * g_up) >= t (1 + g) for normal results
     with np.errstate(all="ignore"):
-        v = up(r + up(g * np.abs(c)))
+        gc = np.where(c == 0, 0.0, up(g * np.abs(c)))
+        v = up_exact_zero(r + gc)
         t = abs_dot(v)
         t *= g_up
         t += MIN_NORMAL

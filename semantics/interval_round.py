@@ -92,15 +92,22 @@ def clean(lo: np.ndarray, hi: np.ndarray) -> Box:
 
 
 def lib_bounds(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> Box:
-    """Enclosure of a library function's exact value at the points x (``LIB_ULPS`` assumption)."""
+    """Enclosure of a library function's exact value at the points x (``LIB_ULPS`` assumption).
+
+    y -+ (2 LIB_ULPS + 2) spacings of y: the subtraction's own rounding costs at most one spacing.
+    """
     with np.errstate(all="ignore"):
-        y = fn(x)
-        # an overflowed result still bounds from one side; from the other, start at the largest float
-        finite = np.where(np.isinf(y), np.copysign(_MAX, y), y)
-        step = (2 * LIB_ULPS) * np.abs(np.spacing(finite))
-        lo = np.where(y == _NEG, _NEG, down(finite - step))
-        hi = np.where(y == _POS, _POS, up(finite + step))
-        return clean(lo, hi)
+        y = np.asarray(fn(x), dtype=np.float64)
+        if not np.isfinite(np.sum(y)):
+            # an overflowed result still bounds from one side; from the other start at the largest float
+            finite = np.where(np.isinf(y), np.copysign(_MAX, y), y)
+            step = (2 * LIB_ULPS + 2) * np.abs(np.spacing(finite))
+            lo = np.where(y == _NEG, _NEG, finite - step)
+            hi = np.where(y == _POS, _POS, finite + step)
+            return clean(lo, hi)
+        step = np.abs(np.spacing(y))
+        step *= 2 * LIB_ULPS + 2
+        return y - step, y + step
 
 
 def sum_nonneg_bounds(total: np.ndarray, n: int) -> Box:

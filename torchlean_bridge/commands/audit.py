@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
         raise BridgeError("audit: give --reference or --golden, not both")
     reference = [read_array(p) for p in args.golden] or None
     if args.reference:
-        from .diff import load_factory
-        reference = load_factory(args.reference)
+        from .common import load_factory
+        reference = load_factory(args.reference, "--reference")
     inputs = [read_array(p) for p in args.input] or None
     report = audit(bundle, ckpt, reference=reference, inputs=inputs, tolerance=args.tolerance,
                    samples=args.samples, seed=args.seed, strict=not args.no_strict)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 from ..bundle import Bundle
 from ..errors import BridgeError
 
-__all__ = ["read_bundle", "read_array", "progress", "format_vector"]
+__all__ = ["read_bundle", "read_array", "progress", "format_vector", "load_factory"]
 
 
 def read_bundle(path: str) -> Bundle:
@@ -53,3 +54,33 @@ def iterate(items: Iterable[Any], total: int | None, description: str, quiet: bo
         for item in items:
             yield item
             advance()
+
+
+def load_factory(spec: str, option: str = "SOURCE") -> Any:
+    """``path/to/file.py:factory`` -> the nn.Module (in eval mode) the zero-argument factory returns."""
+    path, sep, name = spec.rpartition(":")
+    file = Path(path)
+    if not sep or not name or file.suffix != ".py":
+        raise BridgeError(f"{option} expects path/to/file.py:factory, got {spec!r}")
+    if not file.is_file():
+        raise BridgeError(f"{option}: no such file: {file}")
+    module_spec = importlib.util.spec_from_file_location(f"_tlb_factory_{file.stem}", file)
+    if module_spec is None or module_spec.loader is None:
+        raise BridgeError(f"{option}: cannot load {file} as Python")
+    code = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, str(file.resolve().parent))
+    try:
+        module_spec.loader.exec_module(code)
+        factory = getattr(code, name, None)
+        if not callable(factory):
+            raise BridgeError(f"{option}: {file} has no callable `{name}`")
+        model = factory()
+    except BridgeError:
+        raise
+    except Exception as e:  # user code: report it as bad input, not as our traceback
+        raise BridgeError(f"{option}: running {file}:{name} failed: {type(e).__name__}: {e}") from e
+    finally:
+        sys.path.pop(0)
+    if not (hasattr(model, "eval") and hasattr(model, "state_dict")):
+        raise BridgeError(f"{option}: {name}() returned {type(model).__name__}, not an nn.Module")
+    return model.eval()

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from typing import Any
 
 from ..errors import BridgeError
 from ..fileio import atomic_write_text
-from .common import progress, read_array, read_bundle
+from .common import load_factory, progress, read_array, read_bundle
 
 HELP = "differential test against PyTorch or onnxruntime; exit 1 on divergence"
 DESCRIPTION = ("Evaluate the bundle with our float64 reference semantics and compare every node that has a "
@@ -39,32 +35,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="print only the verdict; no progress display")
 
 
-def load_factory(spec: str) -> Any:
-    """``path/to/file.py:factory`` -> the module the zero-argument factory returns (in eval mode)."""
-    path, sep, name = spec.rpartition(":")
-    if not sep or not path or not name:
-        raise BridgeError(f"--reference expects FILE.py:FACTORY, got {spec!r}")
-    file = Path(path)
-    if not file.is_file():
-        raise BridgeError(f"--reference: no such file: {file}")
-    module_spec = importlib.util.spec_from_file_location(f"_tlb_reference_{file.stem}", file)
-    if module_spec is None or module_spec.loader is None:
-        raise BridgeError(f"--reference: cannot load {file} as Python")
-    code = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, str(file.resolve().parent))
-    try:
-        module_spec.loader.exec_module(code)
-    finally:
-        sys.path.pop(0)
-    factory = getattr(code, name, None)
-    if not callable(factory):
-        raise BridgeError(f"--reference: {file} has no callable `{name}`")
-    model = factory()
-    if not hasattr(model, "eval"):
-        raise BridgeError(f"--reference: {name}() returned {type(model).__name__}, not an nn.Module")
-    return model.eval()
-
-
 def run(args: argparse.Namespace) -> int:
     from ..diff import diff
     bundle = read_bundle(args.bundle)
@@ -72,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         raise BridgeError("--against torch needs --reference FILE.py:FACTORY")
     if args.against != "torch" and args.reference:
         raise BridgeError(f"--reference applies to --against torch; for {args.against} give --onnx FILE or nothing")
-    module = load_factory(args.reference) if args.reference else None
+    module = load_factory(args.reference, "--reference") if args.reference else None
     inputs = [read_array(f) for f in args.input] if args.input else None
     count = 1 if inputs is not None else max(args.random, 1)
     with progress(count, "comparing inputs", args.quiet) as advance:

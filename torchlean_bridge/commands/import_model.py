@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 from ..bundle import Bundle
 from ..errors import BridgeError
-from .common import progress
+from .common import load_factory, progress
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
 DESCRIPTION = (
@@ -68,38 +65,14 @@ def example_inputs(specs: list[str]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def load_factory(spec: str) -> Any:
-    """``path/to/file.py:factory`` -> the nn.Module the zero-argument factory returns."""
-    path, sep, name = spec.rpartition(":")
-    file = Path(path)
-    if not sep or not name or file.suffix != ".py":
-        raise BridgeError(f"SOURCE must be model.onnx or path/to/file.py:factory, got {spec!r}")
-    if not file.is_file():
-        raise BridgeError(f"no such file: {file}")
-    module_spec = importlib.util.spec_from_file_location(f"_tlb_import_{file.stem}", file)
-    if module_spec is None or module_spec.loader is None:
-        raise BridgeError(f"cannot load {file} as Python")
-    code = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, str(file.resolve().parent))
-    try:
-        module_spec.loader.exec_module(code)
-    finally:
-        sys.path.pop(0)
-    factory = getattr(code, name, None)
-    if not callable(factory):
-        raise BridgeError(f"{file} has no callable `{name}`")
-    model = factory()
-    if not (hasattr(model, "eval") and hasattr(model, "state_dict")):
-        raise BridgeError(f"{name}() returned {type(model).__name__}, not an nn.Module")
-    return model.eval()
-
-
 def import_source(args: argparse.Namespace) -> Bundle:
     if args.source.endswith(".onnx"):
         from importers.onnx import import_onnx
         shapes = [parse_input_shape(s)[0] for s in args.input_shape] or None
         return import_onnx(args.source, shapes)
-    model = load_factory(args.source)
+    if ".py:" not in args.source:
+        raise BridgeError(f"SOURCE must be model.onnx or path/to/file.py:factory, got {args.source!r}")
+    model = load_factory(args.source, "SOURCE")
     if not args.input_shape:
         raise BridgeError("a PyTorch SOURCE needs example inputs: give --input-shape once per input (e.g. 1,4)")
     inputs = example_inputs(args.input_shape)

@@ -7,8 +7,9 @@ and asymmetric zero padding. The columns are gathered with one strided copy per 
 batched over groups, so the work is BLAS, not Python.
 
 Pooling acts on the trailing ``spatial_rank`` axes. Windows are visited by kernel offset (a loop
-over the ``prod(kernel)`` offsets, each a whole-array strided slice), which also gives the spec's
-row-major accumulation order for average pooling; large windows use a single view reduction.
+over the ``prod(kernel)`` offsets, each a whole-array strided slice of the cells inside the input),
+which also gives the spec's row-major accumulation order for average pooling (a padded cell adds
+an exact 0, so skipping it changes nothing); large windows use a single view reduction.
 """
 
 from __future__ import annotations
@@ -115,36 +116,46 @@ def window_counts(size: int, kernel: int, stride: int, pad_before: int, dilation
     return ((cells >= lo) & (cells < hi)).sum(axis=1)
 
 
+def _inside(shift: int, size: int, stride: int, out: int) -> tuple[int, int, int]:
+    """Output positions ``[lo, hi)`` whose cell ``o*stride + shift`` lies in ``[0, size)``; lo's cell."""
+    lo = max(0, -(shift // stride))
+    hi = max(lo, min(out, (size - 1 - shift) // stride + 1))
+    return lo, hi, lo * stride + shift
+
+
 def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
             padding_after: Sequence[int], dilation: Sequence[int], out_spatial: Sequence[int],
             divisor: np.ndarray | float | None = None) -> np.ndarray:
-    """Max (padded cells ignored) or sum-then-divide pooling over the trailing axes.
+    """Max (cells outside the input ignored) or sum-then-divide pooling over the trailing axes.
 
-    ``divisor`` (average mode) is a scalar or an array broadcasting over ``out_spatial``. Windows
-    reaching past the padded input (ceil mode) see extra padding cells, ignored or counted as 0.
+    ``divisor`` (average mode) is a scalar or an array broadcasting over ``out_spatial``. Cells in
+    the padding, or past it (ceil mode), add nothing to a sum and are skipped by the maximum, so a
+    window made only of padding gives -inf.
     """
     r = len(kernel)
     spatial = x.shape[x.ndim - r:]
+    out_shape = x.shape[:x.ndim - r] + tuple(out_spatial)
     if any(o == 0 for o in out_spatial):
-        return np.zeros(x.shape[:x.ndim - r] + tuple(out_spatial), x.dtype)
-    extra = [max(0, (o - 1) * s + d * (kk - 1) + 1 - (n + pb + pa))
-             for o, s, d, kk, n, pb, pa in zip(out_spatial, stride, dilation, kernel, spatial, padding, padding_after)]
-    fill = -np.inf if mode == "max" else 0.0
-    xp = _pad_spatial(x, padding, [pa + e for pa, e in zip(padding_after, extra)], fill)
+        return np.zeros(out_shape, x.dtype)
     lead = (Ellipsis,)
     if math.prod(kernel) <= _OFFSET_LOOP_LIMIT:
-        acc = None
-        for cell in offset_views(xp, kernel, stride, dilation, out_spatial):
-            if acc is None:
-                acc = cell.copy()
-            elif mode == "max":
-                np.maximum(acc, cell, out=acc)
-            else:
-                np.add(acc, cell, out=acc)
-    else:
+        # fold in, kernel offset by kernel offset (row-major), the cells inside the input; no padding is built
+        acc = np.full(out_shape, -np.inf if mode == "max" else 0.0, x.dtype)
+        fold = np.maximum if mode == "max" else np.add
+        for offs in itertools.product(*(range(kk) for kk in kernel)):
+            spans = [_inside(f * d - pb, n, s, o)
+                     for f, d, pb, n, s, o in zip(offs, dilation, padding, spatial, stride, out_spatial)]
+            if all(hi > lo for lo, hi, _ in spans):
+                target = acc[lead + tuple(slice(lo, hi) for lo, hi, _ in spans)]
+                cells = x[lead + tuple(slice(q, q + (hi - lo - 1) * s + 1, s) for (lo, hi, q), s in zip(spans, stride))]
+                fold(target, cells, out=target)
+    else:  # many offsets (global pooling): one reduction over a window view of the padded input
+        extra = [max(0, (o - 1) * s + d * (kk - 1) + 1 - (n + pb + pa)) for o, s, d, kk, n, pb, pa
+                 in zip(out_spatial, stride, dilation, kernel, spatial, padding, padding_after)]
+        xp = _pad_spatial(x, padding, [pa + e for pa, e in zip(padding_after, extra)],
+                          -np.inf if mode == "max" else 0.0)
         eff = tuple(d * (kk - 1) + 1 for d, kk in zip(dilation, kernel))
-        axes = tuple(range(xp.ndim - r, xp.ndim))
-        win = sliding_window_view(xp, eff, axis=axes)
+        win = sliding_window_view(xp, eff, axis=tuple(range(xp.ndim - r, xp.ndim)))
         win = win[lead + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out_spatial, stride))
                   + tuple(slice(None, None, d) for d in dilation)]
         red_axes = tuple(range(win.ndim - r, win.ndim))

@@ -331,3 +331,20 @@ def test_cli_eval_several_inputs_exact_integers_and_json_without_nan(capsys, tmp
     assert nodes[0]["value"][0] == ["inf", math.exp(5.0)] and nodes[1]["value"] == [0, 1]
     code, _, err = _run(capsys, *args[:4])
     assert code == 2 and "expected 2 input(s), got 1" in err
+
+
+@pytest.mark.parametrize("kernel, stride, pad, ceil", [((9, 9), (1, 1), (0, 0), False), ((9, 8), (3, 2), (4, 3), True),
+                                                       ((3, 3), (2, 2), (1, 1), True)])
+def test_pooling_large_and_small_windows_match_torch(kernel, stride, pad, ceil):
+    """More than 64 kernel offsets take the window-view path; small kernels fold offset by offset."""
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).standard_normal((2, 3, 17, 16))
+    attrs = {"spatial_rank": 2, "kernel": kernel, "stride": stride, "padding": pad, "padding_after": pad,
+             "dilation": (1, 1), "ceil_mode": ceil, "count_include_pad": False}
+    t = torch.from_numpy(x)
+    refs = {"max_pool_nd": torch.nn.functional.max_pool2d(t, kernel, stride, pad, ceil_mode=ceil),
+            "avg_pool_nd": torch.nn.functional.avg_pool2d(t, kernel, stride, pad, ceil_mode=ceil,
+                                                          count_include_pad=False)}
+    for kind, ref in refs.items():
+        g = Graph([Node(0, [], "input", x.shape), Node(1, [0], kind, tuple(ref.shape), attrs)])
+        np.testing.assert_allclose(tlb.evaluate(g, None, x)[0], ref.numpy(), rtol=1e-12, atol=1e-15)

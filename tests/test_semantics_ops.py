@@ -259,7 +259,8 @@ def _prelu(d: Draw) -> Example:
     shape = d.shape(min_rank=2)
     w = d.normal((shape[1],))
     slope = np.broadcast_to(w.reshape((1, -1) + (1,) * (len(shape) - 2)), shape).copy()
-    return Example({}, [d.normal(shape), slope], lambda t, p: F.prelu(t[0], t[1][(0, slice(None)) + (0,) * (len(shape) - 2)]))
+    per_channel = (0, slice(None)) + (0,) * (len(shape) - 2)  # PyTorch takes the [C] weight
+    return Example({}, [d.normal(shape), slope], lambda t, p: F.prelu(t[0], t[1][per_channel]))
 
 
 for _kind, _fn in (("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", torch.le), ("gt", torch.gt),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from functools import cache
 from typing import NamedTuple
 
 import numpy as np
@@ -54,12 +55,18 @@ def _table(degree: int, dtype: type) -> _Table:
     return _Table(np.array(centres, dtype), np.array(rows, dtype).T.copy())
 
 
-_TABLES = {np.dtype(np.float64): _table(13, np.float64), np.dtype(np.float32): _table(7, np.float32)}
+_DEGREES = {np.dtype(np.float64): 13, np.dtype(np.float32): 7}
+
+
+@cache
+def _table_for(dtype: np.dtype) -> _Table:
+    """Built on first use (about 20 ms of exact rational arithmetic), not at import."""
+    return _table(_DEGREES[dtype], dtype.type)
 
 
 def erf(x: np.ndarray, dtype: np.dtype | type = np.float64) -> np.ndarray:
     """The error function, computed in ``dtype`` (float64 or float32)."""
-    table = _TABLES[np.dtype(dtype)]
+    table = _table_for(np.dtype(dtype))
     x = np.asarray(x, dtype=dtype)
     ax = np.abs(x)
     last = len(table.centres) - 1

@@ -43,8 +43,15 @@ def _domain(dtype: str | np.dtype) -> np.dtype:
 def as_array(value: Any) -> np.ndarray:
     """numpy arrays as they are; torch tensors (duck-typed, torch is never imported) via numpy."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
+        try:
+            value = value.detach().cpu().numpy()
+        except (TypeError, RuntimeError) as e:  # e.g. bfloat16 has no numpy type
+            raise EvalError(f"IR eval: cannot read an input tensor of dtype {getattr(value, 'dtype', '?')} "
+                            f"as an array ({e}); convert it to float32 first") from None
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise EvalError(f"IR eval: cannot read an input as an array: {e}") from None
 
 
 def _inputs(g: Graph, inputs: Any) -> list[np.ndarray]:

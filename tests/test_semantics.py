@@ -48,6 +48,14 @@ def test_torch_tensor_inputs_are_accepted():
     assert format_vector(out[0]) == "0.027713"
 
 
+def test_unreadable_inputs_are_reported_not_raised_from_numpy():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(EvalError, match="cannot read an input tensor of dtype torch.bfloat16"):
+        tlb.evaluate(seed_mlp_graph(), seed_mlp_payload(), torch.zeros(4, dtype=torch.bfloat16))
+    with pytest.raises(EvalError, match="element type mismatch: expected float"):
+        tlb.evaluate(seed_mlp_graph(), seed_mlp_payload(), [np.array(["a", "b", "c", "d"])])
+
+
 def test_swapped_linear_payload_keys_fail_with_the_chapter_message():
     p = seed_mlp_payload()
     swapped = Payload({1: p.record(3), 3: p.record(1)})

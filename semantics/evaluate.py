@@ -54,6 +54,25 @@ def as_array(value: Any) -> np.ndarray:
         raise EvalError(f"IR eval: cannot read an input as an array: {e}") from None
 
 
+def input_sets(g: Graph, inputs: Any, context: str = "IR eval") -> list[list[np.ndarray]]:
+    """One input set (arrays in graph-input order, or one array) or a list of sets, each checked
+    against the graph's input shapes; what audits and differential tests accept as ``inputs``."""
+    if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple)):
+        sets = [[as_array(x) for x in one] for one in inputs]
+    elif isinstance(inputs, (list, tuple)):
+        sets = [[as_array(x) for x in inputs]]
+    else:
+        sets = [[as_array(inputs)]]
+    for one in sets:
+        if len(one) != len(g.inputs):
+            raise EvalError(f"{context}: the graph has {len(g.inputs)} input(s), got {len(one)}")
+        for x, nid in zip(one, g.inputs):
+            if tuple(x.shape) != g.nodes[nid].out_shape:
+                raise EvalError(f"{context}: input for node {nid} has shape {list(x.shape)}, expected "
+                                f"{list(g.nodes[nid].out_shape)}", node=nid)
+    return sets
+
+
 def _inputs(g: Graph, inputs: Any) -> list[np.ndarray]:
     if isinstance(inputs, (list, tuple)):
         arrays = [as_array(x) for x in inputs]

@@ -27,6 +27,7 @@ from .graph import Graph
 from .payload import Payload, payload_errors
 from .report import Finding, Report
 from .roles import apply_transform
+from semantics.evaluate import as_array, input_sets
 
 __all__ = ["audit", "AuditReport", "Exchange"]
 
@@ -75,28 +76,8 @@ class AuditReport(Report):
 
 
 # -- inputs and the reference ---------------------------------------------------------------------
-def _array(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
-
-
 def _given_cases(g: Graph, inputs: Any) -> list[Case]:
-    """One input set (arrays in graph-input order, or one array), or a list of sets."""
-    if inputs is None:
-        return []
-    if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple)):
-        cases = [[_array(x) for x in case] for case in inputs]
-    elif isinstance(inputs, (list, tuple)):
-        cases = [[_array(x) for x in inputs]]
-    else:
-        cases = [[_array(inputs)]]
-    for case in cases:
-        if len(case) != len(g.inputs):
-            raise BridgeError(f"audit: the graph has {len(g.inputs)} input(s), got {len(case)}")
-        for x, nid in zip(case, g.inputs):
-            if tuple(x.shape) != g.nodes[nid].out_shape:
-                raise BridgeError(f"audit: input for node {nid} has shape {list(x.shape)}, expected "
-                                  f"{list(g.nodes[nid].out_shape)}", node=nid)
-    return cases
+    return [] if inputs is None else input_sets(g, inputs, "audit")
 
 
 def _is_module(obj: Any) -> bool:
@@ -108,7 +89,7 @@ def _flat_outputs(value: Any) -> list[np.ndarray]:
         return [a for v in value for a in _flat_outputs(v)]
     if isinstance(value, dict):
         return [a for v in value.values() for a in _flat_outputs(v)]
-    return [np.asarray(_array(value), dtype=np.float64)]
+    return [np.asarray(as_array(value), dtype=np.float64)]
 
 
 def _module_outputs(module: Any, cases: list[Case]) -> list[list[np.ndarray]]:
@@ -133,11 +114,11 @@ def _golden(reference: Any, cases: list[Case]) -> list[list[np.ndarray]]:
     if not cases:
         raise BridgeError("audit: golden outputs need the inputs they were computed on (inputs=...)")
     if isinstance(reference, (list, tuple)) and reference and isinstance(reference[0], (list, tuple)):
-        per_case = [[np.asarray(_array(a), np.float64) for a in outs] for outs in reference]
+        per_case = [[np.asarray(as_array(a), np.float64) for a in outs] for outs in reference]
     elif isinstance(reference, (list, tuple)):
-        per_case = [[np.asarray(_array(a), np.float64) for a in reference]]
+        per_case = [[np.asarray(as_array(a), np.float64) for a in reference]]
     else:
-        per_case = [[np.asarray(_array(reference), np.float64)]]
+        per_case = [[np.asarray(as_array(reference), np.float64)]]
     if len(per_case) != len(cases):
         raise BridgeError(f"audit: {len(per_case)} golden output set(s) for {len(cases)} input set(s)")
     return per_case

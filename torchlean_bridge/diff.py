@@ -23,6 +23,7 @@ from .graph import Graph, Node
 from .ops import BOOL, INT64
 from .report import Finding, Report
 from .roles import apply_transform
+from semantics.evaluate import input_sets
 
 __all__ = ["diff", "DiffReport", "NodeDiff", "make_inputs", "match_nodes", "ulp_distance",
            "feeding_keys", "provenance", "AGAINST"]
@@ -100,25 +101,7 @@ def make_inputs(g: Graph, count: int, seed: int = 0) -> list[tuple[str, list[np.
 
 def _given_inputs(g: Graph, inputs: Any) -> list[tuple[str, list[np.ndarray]]]:
     """Inputs as the user gave them: one set (list in graph-input order, or one array), or a list of sets."""
-    def as_array(x: Any) -> np.ndarray:
-        if hasattr(x, "detach"):
-            x = x.detach().cpu().numpy()
-        return np.asarray(x)
-
-    if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple)):
-        sets = [[as_array(x) for x in s] for s in inputs]
-    elif isinstance(inputs, (list, tuple)):
-        sets = [[as_array(x) for x in inputs]]
-    else:
-        sets = [[as_array(inputs)]]
-    for s in sets:
-        if len(s) != len(g.inputs):
-            raise BridgeError(f"diff: the graph has {len(g.inputs)} input(s), got {len(s)}")
-        for x, i in zip(s, g.inputs):
-            if tuple(x.shape) != g.nodes[i].out_shape:
-                raise BridgeError(f"diff: input for node {i} has shape {list(x.shape)}, "
-                                  f"expected {list(g.nodes[i].out_shape)}", node=i)
-    return [(f"input {k}", s) for k, s in enumerate(sets)]
+    return [(f"input {k}", one) for k, one in enumerate(input_sets(g, inputs, "diff"))]
 
 
 # -- matching ---------------------------------------------------------------------------------

@@ -463,6 +463,9 @@ def _concat(w: OnnxWriter, node: Node) -> None:
     w.emit("Concat", w.operands(node), w.out(node), node, axis=node.attrs["axis"])
 
 
+# expm1 has no entry on purpose: ONNX has no Expm1 op, and Exp(x) - 1 (or Elu/Celu, which
+# onnxruntime computes that way) cancels for |x| << 1 (relative error up to eps / |x|), so an
+# expm1 node is a blocking node, refused by name like the other kinds without an exact ONNX form.
 ONNX_EXPORTERS: dict[str, Exporter] = {
     "const": _const, "linear": _linear, "conv": _conv, "batch_norm_eval": _batch_norm, "layernorm": _layernorm,
     "add": _simple("Add"), "sub": _simple("Sub"), "mul_elem": _simple("Mul"), "div": _simple("Div"),

@@ -38,8 +38,8 @@ __all__ = ["Known", "Sym", "Lowerer", "Lowering", "NotLowerable", "EMITTED_KINDS
 
 # every IR kind a lowering in torch_ops / torch_aten / torch_modules can emit (docs/make_ops_md.py)
 EMITTED_KINDS: frozenset[str] = frozenset({
-    "input", "const", "add", "sub", "mul_elem", "div", "neg", "abs", "sqrt", "rsqrt", "inv", "exp", "log",
-    "log1p", "sin", "cos", "tan", "tanh", "sigmoid", "relu", "softplus", "gelu", "silu", "leaky_relu", "elu",
+    "input", "const", "add", "sub", "mul_elem", "div", "neg", "abs", "sqrt", "rsqrt", "inv", "exp", "expm1",
+    "log", "log1p", "sin", "cos", "tan", "tanh", "sigmoid", "relu", "softplus", "gelu", "silu", "leaky_relu", "elu",
     "selu", "celu", "clamp", "hardsigmoid", "hardswish", "mish", "softsign", "erf", "sign", "floor", "ceil",
     "pow", "max_elem", "min_elem", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
     "logical_not", "where", "cast", "softmax", "log_softmax", "reduce_sum", "reduce_mean", "sum",

@@ -145,8 +145,8 @@ def _broadcast_back(cx: Cx, v: Sym, shape: tuple[int, ...]) -> Sym:
 
 # -- unary ---------------------------------------------------------------------------------------
 UNARY = {  # framework name -> IR kind (float result; integer inputs are cast as PyTorch promotes)
-    "relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp", "log": "log", "sin": "sin",
-    "cos": "cos", "tan": "tan", "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "inv", "erf": "erf",
+    "relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "exp": "exp", "expm1": "expm1", "log": "log",
+    "sin": "sin", "cos": "cos", "tan": "tan", "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "inv", "erf": "erf",
     "log1p": "log1p", "silu": "silu", "mish": "mish", "hardswish": "hardswish", "selu": "selu",
     "softsign": "softsign", "abs": "abs", "neg": "neg", "sign": "sign", "floor": "floor", "ceil": "ceil",
 }
@@ -166,10 +166,19 @@ def leaky_relu(cx: Cx, input: Any, negative_slope: float = 0.01, inplace: bool =
     return cx.add("leaky_relu", [cx.node(input, FLOAT)], {"negative_slope": float(negative_slope)})
 
 
+# PyTorch's SELU constants (aten.selu decomposes to aten.elu with exactly these floats)
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
 def elu(cx: Cx, input: Any, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Sym:
-    if scale != 1 or input_scale != 1:
-        raise NotLowerable(f"elu with scale={scale}, input_scale={input_scale} (only 1 is supported)")
-    return cx.add("elu", [cx.node(input, FLOAT)], {"alpha": float(alpha)})
+    """aten.elu: ``scale * (x if x > 0 else alpha * expm1(input_scale * x))``; SELU is the
+    (SELU_ALPHA, SELU_SCALE, 1) instance, and ``scale`` alone is a product after elu."""
+    if input_scale != 1:
+        raise NotLowerable(f"elu with input_scale={input_scale} (only 1 is supported)")
+    if (alpha, scale) == (SELU_ALPHA, SELU_SCALE):
+        return cx.add("selu", [cx.node(input, FLOAT)])
+    out = cx.add("elu", [cx.node(input, FLOAT)], {"alpha": float(alpha)})
+    return out if scale == 1 else _mul(cx, out, float(scale))
 
 
 def celu(cx: Cx, input: Any, alpha: float = 1.0, inplace: bool = False) -> Sym:

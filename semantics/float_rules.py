@@ -209,6 +209,7 @@ unary("sin", np.sin)
 unary("cos", np.cos)
 unary("tan", np.tan)
 unary("exp", np.exp)
+unary("expm1", np.expm1)
 unary("tanh", np.tanh)
 
 

@@ -308,6 +308,7 @@ UNARY_RULES: dict[str, Callable[[Box, Mapping[str, Any]], Box]] = {
     "inv": lambda a, attrs: inv_box(a),
     "rsqrt": _rsqrt,
     "exp": _lifted(exp_at),
+    "expm1": _lifted(expm1_at),
     "log": _log,
     "log1p": _log1p,
     "tanh": _lifted(tanh_at),

@@ -91,6 +91,7 @@ UNARY = {
     "inv": ({}, lambda x, a: 1 / x, NE0),
     "rsqrt": ({}, lambda x, a: 1 / mp.sqrt(x), GT0),
     "exp": ({}, lambda x, a: mp.exp(x), None),
+    "expm1": ({}, lambda x, a: mp.expm1(x), None),
     "log": ({}, lambda x, a: mp.log(x), GT0),
     "log1p": ({}, lambda x, a: mp.log1p(x), ("gt", -1.0)),
     "tanh": ({}, lambda x, a: mp.tanh(x), None),

@@ -28,7 +28,7 @@ for _k in ("div", "prelu"):
 
 _UNARY = {
     "neg": (), "erf": (), "silu": (), "rsqrt": (), "softsign": (), "sign": (), "floor": (),
-    "ceil": (), "log1p": (), "hardswish": (), "mish": (), "tan": (),
+    "ceil": (), "log1p": (), "hardswish": (), "mish": (), "tan": (), "expm1": (),
     "pow": (Attr("exponent", "float"),),
     "gelu": (Attr("approximate", "str", "none", choices=("none", "tanh")),),
     "leaky_relu": (Attr("negative_slope", "float", 0.01),),

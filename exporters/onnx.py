@@ -485,7 +485,7 @@ ONNX_EXPORTERS: dict[str, Exporter] = {
     "pow": _pow, "clamp": _clamp, "cast": _cast, "where": _simple("Where"),
     "eq": _simple("Equal"), "ne": _ne, "lt": _simple("Less"), "le": _simple("LessOrEqual"),
     "gt": _simple("Greater"), "ge": _simple("GreaterOrEqual"), "logical_and": _simple("And"),
-    "logical_or": _simple("Or"), "logical_not": _simple("Not"),
+    "logical_or": _simple("Or"), "logical_not": _simple("Not"), "isnan": _simple("IsNaN"),
     "reduce_sum": _reduce("ReduceSum"), "reduce_mean": _reduce("ReduceMean"),
     "reduce_sum_axes": _reduce("ReduceSum"), "reduce_mean_axes": _reduce("ReduceMean"),
     "reduce_max": _reduce("ReduceMax"), "reduce_min": _reduce("ReduceMin"), "reduce_prod": _reduce("ReduceProd"),

@@ -38,6 +38,7 @@ for _k in ("eq", "ne", "lt", "le", "gt", "ge"):
 _reg("logical_and.default __and__.Tensor bitwise_and.Tensor", T.logical("logical_and"))
 _reg("logical_or.default __or__.Tensor bitwise_or.Tensor", T.logical("logical_or"))
 _reg("logical_not.default bitwise_not.default", T.logical_not)
+_reg("isnan.default", T.unary("isnan"))
 _reg("where.self where.ScalarOther where.ScalarSelf where.Scalar", T.where)
 _reg("masked_fill.Scalar masked_fill.Tensor", T.masked_fill)
 

@@ -59,6 +59,7 @@ for _k in ("eq", "ne", "lt", "le", "gt", "ge"):
 _fn("logical_and", T.logical("logical_and"))
 _fn("logical_or", T.logical("logical_or"))
 _fn("logical_not", T.logical_not)
+_fn("isnan", T.unary("isnan"))
 _fn("where", T.where)
 _fn("masked_fill", T.masked_fill)
 for _name, _kind in T.UNARY.items():
@@ -147,7 +148,7 @@ METHODS: dict[str, Lowering] = {
     "maximum": T.maximum, "minimum": T.minimum,
     "eq": T.compare("eq"), "ne": T.compare("ne"), "lt": T.compare("lt"), "le": T.compare("le"),
     "gt": T.compare("gt"), "ge": T.compare("ge"), "logical_and": T.logical("logical_and"),
-    "logical_or": T.logical("logical_or"), "logical_not": T.logical_not,
+    "logical_or": T.logical("logical_or"), "logical_not": T.logical_not, "isnan": T.unary("isnan"),
     "masked_fill": T.masked_fill, "where": lambda cx, input, condition, other: T.where(cx, condition, input, other),
     "clamp": T.clamp, "clip": T.clamp, "clamp_min": lambda cx, input, min: T.clamp(cx, input, min, None),
     "clamp_max": lambda cx, input, max: T.clamp(cx, input, None, max), "softmax": T.softmax("softmax"), "log_softmax": T.softmax("log_softmax"),

@@ -562,3 +562,6 @@ def _avg_pool_nd(node, xs, rec, dt):
         raise domain_error(node, "a pooling window lies entirely in the padding")
     return pool_nd(x, mode="avg", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
                    padding_after=a["padding_after"], dilation=a["dilation"], out_spatial=out, divisor=divisor)
+
+
+unary("isnan", np.isnan)

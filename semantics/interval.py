@@ -169,6 +169,15 @@ INTERVAL_RULES["logical_or"] = lambda node, ps, rec: ia.max_box(ps[0], ps[1])
 INTERVAL_RULES["logical_not"] = lambda node, ps, rec: (1.0 - ps[0][1], 1.0 - ps[0][0])
 
 
+@rule("isnan")
+def _isnan(node, ps, rec):
+    """False (the point box 0) where the input box is finite: a box encloses real values, and the
+    evaluator makes NaN only from valid input through an overflow to +-inf (inf - inf, 0 * inf),
+    which a finite box rules out. An infinite end leaves the answer open: [0, 1]."""
+    lo, hi = ps[0]
+    return _bools(np.zeros(lo.shape, bool), ~(np.isfinite(lo) & np.isfinite(hi)))
+
+
 @rule("where")
 def _where(node, ps, rec):
     (c_lo, c_hi), x, y = ps

@@ -314,7 +314,7 @@ def _graph_case(name: str):
         w = b.add("where", [both, x, y])
         v = b.add("where", [either, b.add("max_elem", [x, y]), b.add("min_elem", [x, y])])
         ints = b.add("cast", [b.add("mul_elem", [x, b.const(np.full((2, 3, 4), 3.0))])], {"dtype": "int64"})
-        flags = b.add("cast", [x], {"dtype": "bool"})
+        flags = b.add("logical_or", [b.add("cast", [x], {"dtype": "bool"}), b.add("isnan", [x])])
         out = b.add("add", [b.add("add", [w, v]), b.add("add", [b.add("cast", [ints], {"dtype": "float"}),
                                                                   b.add("cast", [flags], {"dtype": "float"})])])
     elif name == "misc":
@@ -344,6 +344,13 @@ def test_graph_ops_contain_sampled_evaluations(name):
         highs.append(c + r)
     report = tlb.check_containment(g, bundle.payload, lows, highs, samples=24, seed=1)
     assert report.samples >= 24 and report.max_slack["float64"] <= 1e-10
+
+
+def test_isnan_is_false_on_finite_boxes_and_open_on_infinite_ones():
+    node = Node(1, [0], "isnan", (3,), dtype="bool")
+    lo, hi = np.array([-1.0, -np.inf, 2.0]), np.array([1.0, 0.0, np.inf])
+    surely, possibly = INTERVAL_RULES["isnan"](node, [(lo, hi)], {})
+    assert surely.tolist() == [0.0, 0.0, 0.0] and possibly.tolist() == [0.0, 1.0, 1.0]
 
 
 def test_movement_and_monotone_ops_are_exact_at_the_ends():

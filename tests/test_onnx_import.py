@@ -84,6 +84,8 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
     c["Max_three"] = model([N("Max", ["x", "z", "w"], ["y"])], [("x", [2, 3]), ("z", [3]), ("w", [2, 1])], ["y"])
     c["Where_Greater"] = model([N("Greater", ["x", "z"], ["c"]), N("Where", ["c", "x", "z"], ["y"])],
                                [("x", [2, 3]), ("z", [2, 3])], ["y"])
+    c["IsNaN_Where"] = model([N("IsNaN", ["x"], ["c"]), N("Where", ["c", "z", "x"], ["y"])],
+                             [("x", [2, 3]), ("z", [2, 3])], ["y"])
     c["Gemm_transB"] = model([N("Gemm", ["x", "W", "b"], ["y"], transB=1)], [("x", [2, 4])], ["y"],
                              [("W", f32(3, 4)), ("b", f32(3))])
     c["Gemm_row_bias"] = model([N("Gemm", ["x", "W", "b"], ["y"])], [("x", [2, 4])], ["y"],

@@ -19,12 +19,9 @@ import torch
 import torchlean_bridge as tlb
 from tests.model_zoo import CASES, cases
 from tests.test_onnx_import import assert_close, run_ort
-from torchlean_bridge.errors import UnsupportedError
 
 # the TorchScript exporter itself fails on these (torch limitations, not the importer's)
 TORCHSCRIPT_EXPORT_FAILS = {"encoder_layer_batch_first", "encoder_layer_seq_first", "hf_gpt2"}
-# SDPA with a boolean mask exports a NaN guard (Where(IsNaN(softmax))) with no exact IR form
-NEEDS_ISNAN = {"sdpa_mask"}
 
 
 def reference(module: torch.nn.Module, inputs: tuple) -> list[np.ndarray]:
@@ -46,10 +43,6 @@ def torch_to_onnx(module: torch.nn.Module, inputs: tuple, dynamo: bool, **kw) ->
 def check_import(name: str, dynamo: bool, **kw) -> tlb.Bundle:
     module, inputs = CASES[name].make()
     m = torch_to_onnx(module, inputs, dynamo, **kw)
-    if name in NEEDS_ISNAN:
-        with pytest.raises(UnsupportedError, match="IsNaN"):
-            tlb.import_onnx(m)
-        return None
     b = tlb.import_onnx(m)
     ours = tlb.evaluate(b.graph, b.payload, [x.numpy() for x in inputs], dtype="float32")
     assert_close(ours, reference(module, inputs))
@@ -65,7 +58,7 @@ def test_torchscript_exported_onnx_imports_and_evaluates_like_torch(name: str) -
 
 
 @pytest.mark.parametrize("name", [c.name for c in cases(slow=False)
-                                  if c.name not in TORCHSCRIPT_EXPORT_FAILS | NEEDS_ISNAN])
+                                  if c.name not in TORCHSCRIPT_EXPORT_FAILS])
 def test_torchscript_exported_onnx_round_trips_through_ir(name: str) -> None:
     module, inputs = CASES[name].make()
     m1 = torch_to_onnx(module, inputs, dynamo=False)

@@ -286,6 +286,12 @@ def _logical_not(d: Draw) -> Example:
     return Example({}, [d.rng.random(d.shape()) < 0.5], lambda t, p: torch.logical_not(t[0]))
 
 
+@case("isnan")
+def _isnan(d: Draw) -> Example:
+    x = d.normal(d.shape())
+    return Example({}, [np.where(d.rng.random(x.shape) < 0.3, np.nan, x)], lambda t, p: torch.isnan(t[0]))
+
+
 @case("where")
 def _where(d: Draw) -> Example:
     shape = d.shape()

@@ -262,3 +262,14 @@ register(OpSpec("avg_pool_nd", "ext", 1, 1, _pool_nd("avg_pool_nd"), attrs=POOL_
                 doc="average pooling; count_include_pad chooses the divisor (PyTorch/ONNX meaning)"))
 
 assert FLOAT == "float"
+
+
+def _float_to_bool(kind: str):
+    def rule(attrs: A, parents: DT, declared: str) -> str:
+        if parents[0] != FLOAT:
+            raise ShapeRuleError(f"{kind}: expected a float operand, got {parents[0]}")
+        return BOOL
+    return rule
+
+
+register(OpSpec("isnan", "ext", 1, 1, _identity, dtype=_float_to_bool("isnan"), doc="elementwise, bool result"))

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from . import interval_arith as ia
+from .float_special import erf
 from .interval_round import Box, down, lib_bounds, up
 
 __all__ = ["UNARY_RULES", "DomainError", "sigmoid_at", "softplus_at", "exp_at", "log_at", "monotone"]
@@ -66,16 +67,18 @@ def tanh_at(x: np.ndarray) -> Box:
     return np.clip(lo, -1.0, 1.0), np.clip(hi, -1.0, 1.0)
 
 
-_erf_scalar = np.frompyfunc(math.erf, 1, 1)
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    # numpy has no erf; math.erf (libm, < 2 ulps) through a ufunc wrapper, covered by LIB_ULPS
-    return _erf_scalar(x).astype(np.float64)
+# Error budget of the vectorized ``float_special.erf`` (binary64 Taylor table), added to the LIB_ULPS
+# widening: its documented maximum error is 2.3e-16 relative (so absolute, |erf| <= 1) against
+# math.erf; against mpmath at 40 digits we measured at most 1.5 ulps (1.1e-16 absolute) on 49k points
+# (uniform on [-7, 7], near 0, down to 1e-300, interval ends and their neighbours). Subtracting it
+# rounds by at most half a spacing (<= 1.2e-16 for |erf| <= 1), so the margin stays above 8.8e-16.
+ERF_ABS_ERROR = 1e-15
 
 
 def erf_at(x: np.ndarray) -> Box:
-    lo, hi = lib_bounds(_erf, x)
+    lo, hi = lib_bounds(erf, x)
+    lo -= ERF_ABS_ERROR
+    hi += ERF_ABS_ERROR
     return np.clip(lo, -1.0, 1.0), np.clip(hi, -1.0, 1.0)
 
 

@@ -26,9 +26,13 @@ LAYERS = [  # column title, module, attribute holding the op kinds it supports
 ]
 
 
+# kinds whose table entry only raises a clear error: a custom node's body is a Lean program
+RAISES_ONLY = {"custom"}
+
+
 def _support(module: str, attr: str) -> set[str]:
     try:
-        return set(getattr(import_module(module), attr))
+        return set(getattr(import_module(module), attr)) - RAISES_ONLY
     except (ImportError, AttributeError):
         return set()
 

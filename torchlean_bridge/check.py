@@ -122,17 +122,6 @@ def check_well_formed(g: Graph, collect: bool = False) -> list[GraphError]:
     return errors
 
 
-def check_shapes(g: Graph, collect: bool = False, max_elements: int = DEFAULT_MAX_ELEMENTS) -> list[GraphError]:
-    """Shape check; assumes (and re-checks) well-formedness so it never indexes out of range."""
-    structural, broken = _structure_errors(g)
-    if structural and not collect:
-        raise structural[0]
-    errors, _ = _shape_errors(g, broken, max_elements)
-    if errors and not collect:
-        raise errors[0]
-    return errors
-
-
 def check(g: Graph, collect: bool = False, max_elements: int = DEFAULT_MAX_ELEMENTS) -> list[GraphError]:
     """Well-formedness then shapes. Raises the first problem, or returns all of them with collect."""
     structural, broken = _structure_errors(g)
@@ -142,6 +131,11 @@ def check(g: Graph, collect: bool = False, max_elements: int = DEFAULT_MAX_ELEME
     if shape_errors and not collect:
         raise shape_errors[0]
     return structural + shape_errors
+
+
+# TorchLean runs checkShapes after checkWellFormed; ours re-checks structure first, so it never
+# indexes out of range on a malformed graph, which makes it the same function as ``check``.
+check_shapes = check
 
 
 def infer_shapes(g: Graph) -> list[Shape]:

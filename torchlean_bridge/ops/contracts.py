@@ -63,13 +63,16 @@ def _broadcast_dim(a: int, b: int) -> int | None:
     return None
 
 
+def _right_aligned(a: Sequence[int], b: Sequence[int]) -> zip:
+    """Extent pairs of two shapes aligned from the right, the shorter padded with 1s."""
+    rank = max(len(a), len(b))
+    return zip((1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b))
+
+
 def broadcast_shapes(a: Shape, b: Shape, op: str = "broadcast") -> Shape:
     """NumPy right-aligned broadcasting of two shapes (used by importers and ext ops)."""
-    rank = max(len(a), len(b))
-    pa = (1,) * (rank - len(a)) + tuple(a)
-    pb = (1,) * (rank - len(b)) + tuple(b)
     out = []
-    for x, y in zip(pa, pb):
+    for x, y in _right_aligned(a, b):
         d = _broadcast_dim(x, y)
         if d is None:
             raise ShapeRuleError(f"{op}: shapes {fmt_shape(a)} and {fmt_shape(b)} do not broadcast")
@@ -104,12 +107,8 @@ def matmul_dims(left: Shape, right: Shape) -> Shape:
         return tuple(left[:-1])
     if left[-1] != right[-2]:
         raise ShapeRuleError(f"matmul: inner dims mismatch: {left[-1]} vs {right[-2]}")
-    lb, rb = tuple(left[:-2]), tuple(right[:-2])
-    rank = max(len(lb), len(rb))
-    pl = (1,) * (rank - len(lb)) + lb
-    pr = (1,) * (rank - len(rb)) + rb
     batch = []
-    for x, y in zip(pl, pr):
+    for x, y in _right_aligned(left[:-2], right[:-2]):
         d = _broadcast_dim(x, y)
         if d is None:
             raise ShapeRuleError(f"matmul: incompatible batch dimensions {x} and {y}")

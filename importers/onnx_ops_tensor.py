@@ -172,12 +172,17 @@ def _gather(ctx: OnnxContext) -> list[Value]:
 
 
 def _gather_nd(ctx: OnnxContext) -> list[Value]:
-    """``GatherND`` with constant indices: a ``gather`` on the flattened leading axes (exact)."""
+    """``GatherND``: a ``gather`` on the flattened leading axes (constant indices) or on axis 0 (exact)."""
     if int(ctx.attr("batch_dims", 0)):
         raise ctx.fail("batch_dims > 0")
     idx = ctx.const(1)
     if idx is None:
-        raise ctx.fail("the indices must be constant")
+        # x[idx] exports as GatherND with indices idx[..., None]: exactly a gather on axis 0
+        ishape = ctx.shape(1)
+        if not ishape or ishape[-1] != 1:
+            raise ctx.fail("computed indices must index one axis (last index extent 1)")
+        rows = ctx.b.reshape(ctx.operand(1), ishape[:-1], ctx.source)
+        return [ctx.add("gather", [ctx.operand(0), rows], {"axis": 0})]
     s = ctx.shape(0)
     ind = np.asarray(idx.value).astype(np.int64)
     r = ind.shape[-1]

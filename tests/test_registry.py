@@ -96,3 +96,11 @@ def test_docs_ops_md_is_current():
     assert out.returncode == 0, out.stderr
     diff = subprocess.run(["git", "diff", "--exit-code", "--", "docs/ops.md"], cwd=ROOT, capture_output=True)
     assert diff.returncode in (0, 128, 129), "docs/ops.md is stale: run python docs/make_ops_md.py and commit it"
+
+
+def test_importing_the_package_loads_neither_torch_nor_onnx():
+    code = ("import sys, torchlean_bridge as t; t.load_graph; t.check; "
+            "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime', 'safetensors') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -111,17 +111,23 @@ def _safe_quotient(d: Box, den: Box) -> Box:
 
 
 def prod_box(a: Box, axes: tuple[int, ...], keepdim: bool) -> Box:
-    """Product over axes by repeated interval multiplication (vectorized over the other axes)."""
+    """Product over axes by a pairwise tree of interval multiplications: log2(k) vectorized steps,
+    each outward rounded; an odd length is padded with the point box 1 (exact)."""
     lo, hi = a
     rest = [i for i in range(lo.ndim) if i not in axes]
     order = rest + list(axes)
     k = math.prod(lo.shape[i] for i in axes)
     out_shape = tuple(lo.shape[i] for i in rest)
-    flat_lo = np.transpose(lo, order).reshape(out_shape + (k,))
-    flat_hi = np.transpose(hi, order).reshape(out_shape + (k,))
-    acc = np.ones(out_shape), np.ones(out_shape)
-    for j in range(k):
-        acc = ia.mul(acc, (flat_lo[..., j], flat_hi[..., j]))
+    acc = (np.transpose(lo, order).reshape(out_shape + (k,)).astype(np.float64),
+           np.transpose(hi, order).reshape(out_shape + (k,)).astype(np.float64))
+    if k == 0:
+        acc = np.ones(out_shape + (1,)), np.ones(out_shape + (1,))
+    while acc[0].shape[-1] > 1:
+        if acc[0].shape[-1] % 2:
+            one = np.ones(out_shape + (1,))
+            acc = np.concatenate([acc[0], one], axis=-1), np.concatenate([acc[1], one], axis=-1)
+        acc = ia.mul((acc[0][..., 0::2], acc[1][..., 0::2]), (acc[0][..., 1::2], acc[1][..., 1::2]))
+    acc = acc[0][..., 0], acc[1][..., 0]
     if keepdim:
         acc = np.expand_dims(acc[0], axes), np.expand_dims(acc[1], axes)
     return acc

@@ -35,7 +35,7 @@ from torchlean_bridge.check import check
 from torchlean_bridge.errors import BridgeError, IntervalError
 from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.ops import BOOL, INT64, REGISTRY, fmt_shape
-from torchlean_bridge.payload import Payload, payload_errors
+from torchlean_bridge.payload import Payload
 
 from . import interval_arith as ia
 from .conv import window_counts
@@ -95,12 +95,32 @@ for _k in UNARY_RULES:
     if _k not in INTERVAL_RULES:
         INTERVAL_RULES[_k] = _unary(_k)
 
+# -- payload records --------------------------------------------------------------------------
+
+# The kinds that read a payload record, each read through the float evaluator's helpers
+# (semantics/records.py): both domains accept the same payloads (flat const values, flat layernorm
+# gamma/beta) and reject the rest with the same spec section 4.8 messages.
+_READERS: dict[str, Callable[[Node, Record, tuple[int, ...]], Any]] = {
+    "const": lambda node, rec, parent: ia.point(const_values(node, rec).astype(np.float64)),
+    "linear": lambda node, rec, parent: AffineParams.of(*linear_record(node, rec, parent)),
+    "conv": lambda node, rec, parent: AffineParams.of(*conv_record(node, rec)),
+    "layernorm": lambda node, rec, parent: layernorm_record(node, rec, parent),
+    "batch_norm_eval": lambda node, rec, parent: batch_norm_record(node, rec),
+}
+PREPARED = "prepared"  # record key under which IntervalPropagator stores a node's read parameters
+
+
+def _params(node: Node, rec: Record, parent_shape: tuple[int, ...]) -> Any:
+    """The node's parameters as read once by ``IntervalPropagator``, or read now from a raw record."""
+    prepared = rec.get(PREPARED)
+    return prepared if prepared is not None else _READERS[node.kind](node, rec, parent_shape)
+
 # -- leaves -----------------------------------------------------------------------------------
 
 
 @rule("const")
 def _const(node, ps, rec):
-    return ia.point(const_values(node, rec).astype(np.float64))
+    return _params(node, rec, ())
 
 
 @rule("rand_uniform")
@@ -265,37 +285,26 @@ def _hard_masked_softmax(node, ps, rec):
 
 @rule("layernorm")
 def _layernorm(node, ps, rec):
-    gamma, beta = layernorm_record(node, rec, ps[0][0].shape)
+    gamma, beta = _params(node, rec, ps[0][0].shape)
     return layernorm_box(ps[0], node.attrs["axis"], node.attrs["eps"], gamma, beta)
 
 
 @rule("batch_norm_eval")
 def _batch_norm_eval(node, ps, rec):
-    p = batch_norm_record(node, rec)
+    p = _params(node, rec, ps[0][0].shape)
     return batch_norm_box(ps[0], p._asdict(), node.attrs["channel_axis"], node.attrs["eps"])
 
 # -- affine maps and pooling ------------------------------------------------------------------
 
 
-PREPARED = "prepared"  # record key under which IntervalPropagator stores a node's AffineParams
-
-
-def _affine_params(node: Node, rec: Record, parent_shape: tuple[int, ...]) -> AffineParams:
-    prepared = rec.get(PREPARED)
-    if prepared is not None:
-        return prepared
-    w, b = linear_record(node, rec, parent_shape) if node.kind == "linear" else conv_record(node, rec)
-    return AffineParams.of(w, b)
-
-
 @rule("linear")
 def _linear(node, ps, rec):
-    return linear_box(ps[0], _affine_params(node, rec, ps[0][0].shape))
+    return linear_box(ps[0], _params(node, rec, ps[0][0].shape))
 
 
 @rule("conv")
 def _conv(node, ps, rec):
-    return conv_box(ps[0], _affine_params(node, rec, ps[0][0].shape), node.attrs, node.out_shape)
+    return conv_box(ps[0], _params(node, rec, ps[0][0].shape), node.attrs, node.out_shape)
 
 
 INTERVAL_RULES["matmul"] = lambda node, ps, rec: matmul_box(ps[0], ps[1])
@@ -382,21 +391,20 @@ def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
 
 
 class IntervalPropagator:
-    """A checked graph whose payload is read once (affine weights converted to float64, their
-    absolute values precomputed), for propagating many boxes through the same model."""
+    """A checked graph whose payload is read once, in node order, through the float evaluator's
+    record helpers (so it fails exactly as ``evaluate`` does; affine weights are converted to
+    float64 with their absolute values precomputed), for propagating many boxes through one model."""
 
     def __init__(self, g: Graph, payload: Payload | None) -> None:
         check(g)
         payload = payload if payload is not None else Payload()
-        problems = payload_errors(g, payload)
-        if problems:
-            raise problems[0]
         self.graph = g
         self.records: list[Record] = []
         for node in g.nodes:
             rec = payload.record(node.id)
-            if node.kind in ("linear", "conv"):
-                rec = {**rec, PREPARED: _affine_params(node, rec, g.nodes[node.parents[0]].out_shape)}
+            if node.kind in _READERS:
+                parent = g.nodes[node.parents[0]].out_shape if node.parents else ()
+                rec = {**rec, PREPARED: _READERS[node.kind](node, rec, parent)}
             self.records.append(rec)
 
     def __call__(self, lower: Any, upper: Any) -> list[Box]:

@@ -147,3 +147,34 @@ def test_integer_inputs_need_point_boxes_and_gather_reads_them():
     np.testing.assert_array_equal(boxes[-1][0], lo_t[[3, 0, 3]])
     np.testing.assert_array_equal(boxes[-1][1], hi_t[[3, 0, 3]])
     tlb.check_containment(g, bundle.payload, [lo_t, np.array([3, 0, 3])], [hi_t, np.array([3, 0, 3])], samples=8)
+
+
+def test_swapped_linear_payload_keys_fail_with_the_evaluators_chapter_message():
+    """Spec 4.8: the interval domain reads records like the float evaluator, message included."""
+    p = seed_mlp_payload()
+    swapped = tlb.Payload({1: p.record(3), 3: p.record(1)})
+    message = "IR eval: linear 1: declared outShape mismatch: [5] vs expected [3]"
+    with pytest.raises(tlb.BridgeError) as float_error:
+        tlb.evaluate(seed_mlp_graph(), swapped, SEED_X0)
+    with pytest.raises(tlb.BridgeError) as interval_error:
+        tlb.interval_bounds(seed_mlp_graph(), swapped, SEED_X0 - 0.05, SEED_X0 + 0.05)
+    assert str(float_error.value) == str(interval_error.value) == message
+    assert interval_error.value.node == 1 and interval_error.value.op == "linear"
+
+
+def test_payloads_the_evaluator_accepts_are_accepted_by_the_interval_domain():
+    """Flat const values and a flat layernorm gamma over a [2, 3] suffix (records.py reshapes them)."""
+    g = Graph([Node(0, [], "input", [2, 2, 3]), Node(1, [], "const", [2, 3], {"value_shape": [2, 3]}),
+               Node(2, [1], "broadcast_to", [2, 2, 3], {"from_shape": [2, 3], "to_shape": [2, 2, 3]}),
+               Node(3, [0, 2], "add", [2, 2, 3]), Node(4, [3], "layernorm", [2, 2, 3], {"axis": 1, "eps": 1e-5})])
+    p = tlb.Payload({1: {"values": np.arange(6.0)}, 4: {"weight": np.linspace(0.5, 1.5, 6)}})
+    x = np.linspace(-1, 1, 12).reshape(2, 2, 3)
+    value = tlb.evaluate(g, p, x)[0]
+    lo, hi = tlb.interval_bounds(g, p, x, x)[-1]
+    assert np.all(lo <= value) and np.all(value <= hi) and np.max(hi - lo) < 1e-12
+    short = tlb.Payload({1: {"values": np.arange(5.0)}})
+    message = "IR eval: const 1: flat length mismatch: have 5, expected 6"
+    for run in (lambda: tlb.evaluate(g, short, x), lambda: tlb.interval_bounds(g, short, x, x)):
+        with pytest.raises(tlb.BridgeError) as e:
+            run()
+        assert str(e.value) == message

@@ -440,11 +440,6 @@ def _rsqrt(w: OnnxWriter, node: Node) -> None:
     w.emit("Reciprocal", [w.emit("Sqrt", w.operands(node), None, node)], w.out(node), node)
 
 
-def _log1p(w: OnnxWriter, node: Node) -> None:
-    one = w.constant(np.asarray(1.0, np.float32), node, dtype=None)
-    w.emit("Log", [w.emit("Add", [w.operands(node)[0], one], None, node)], w.out(node), node)
-
-
 def _safe_log(w: OnnxWriter, node: Node) -> None:
     x, eps = w.operands(node)
     w.emit("Log", [w.emit("Add", [w.emit("Softplus", [x], None, node), eps], None, node)], w.out(node), node)
@@ -463,9 +458,9 @@ def _concat(w: OnnxWriter, node: Node) -> None:
     w.emit("Concat", w.operands(node), w.out(node), node, axis=node.attrs["axis"])
 
 
-# expm1 has no entry on purpose: ONNX has no Expm1 op, and Exp(x) - 1 (or Elu/Celu, which
-# onnxruntime computes that way) cancels for |x| << 1 (relative error up to eps / |x|), so an
-# expm1 node is a blocking node, refused by name like the other kinds without an exact ONNX form.
+# expm1 and log1p have no entry on purpose: ONNX has no Expm1 op, and Exp(x) - 1 (or Elu/Celu, which
+# onnxruntime computes that way) cancels for |x| << 1 (relative error up to eps / |x|), as does
+# Log(1 + x) for log1p, so an expm1 or log1p node is a blocking node, refused by name like the other kinds without an exact ONNX form.
 ONNX_EXPORTERS: dict[str, Exporter] = {
     "const": _const, "linear": _linear, "conv": _conv, "batch_norm_eval": _batch_norm, "layernorm": _layernorm,
     "add": _simple("Add"), "sub": _simple("Sub"), "mul_elem": _simple("Mul"), "div": _simple("Div"),
@@ -481,7 +476,7 @@ ONNX_EXPORTERS: dict[str, Exporter] = {
     "elu": _with_attrs("Elu", alpha="alpha"), "celu": _with_attrs("Celu", alpha="alpha"),
     "hardsigmoid": _with_attrs("HardSigmoid", alpha="alpha", beta="beta"),
     "softmax": _with_attrs("Softmax", axis="axis"), "log_softmax": _with_attrs("LogSoftmax", axis="axis"),
-    "silu": _silu, "rsqrt": _rsqrt, "log1p": _log1p, "safe_log": _safe_log, "mse_loss": _mse_loss,
+    "silu": _silu, "rsqrt": _rsqrt, "safe_log": _safe_log, "mse_loss": _mse_loss,
     "pow": _pow, "clamp": _clamp, "cast": _cast, "where": _simple("Where"),
     "eq": _simple("Equal"), "ne": _ne, "lt": _simple("Less"), "le": _simple("LessOrEqual"),
     "gt": _simple("Greater"), "ge": _simple("GreaterOrEqual"), "logical_and": _simple("And"),

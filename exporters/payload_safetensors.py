@@ -33,7 +33,7 @@ def write_payload(payload: Payload, path: str | Path) -> None:
 
 def _split_key(key: str) -> tuple[int, str]:
     node, _, role = key.partition(".")
-    if not node.isdigit() or not role:
+    if not (node.isascii() and node.isdigit()) or not role:
         raise BridgeError(f"payload file: tensor name `{key}` is not `<node id>.<role>`")
     return int(node), role
 
@@ -47,11 +47,16 @@ def payload_from_file(path: str | Path, verify: bool = True) -> Payload:
     except (SafetensorError, OSError, ValueError) as e:
         raise BridgeError(f"cannot read payload {path}: {e}") from None
     if verify:
+        if tensors and _META_KEY not in meta:
+            raise BridgeError(f"payload {path}: no `{_META_KEY}` metadata, so its tensors cannot be verified "
+                              f"(write it with tlb.save, or load with verify=False)")
         try:
             hashes = json.loads(meta.get(_META_KEY, "{}"))
         except ValueError:
             raise BridgeError(f"payload {path}: corrupt hash metadata") from None
-        unlisted = sorted(set(tensors) - set(hashes)) if _META_KEY in meta else []
+        if not isinstance(hashes, dict):
+            raise BridgeError(f"payload {path}: corrupt hash metadata")
+        unlisted = sorted(set(tensors) - set(hashes))
         if unlisted:
             raise BridgeError(f"payload {path}: tensors without a recorded sha256 (added after writing): {unlisted}")
         for k, a in tensors.items():

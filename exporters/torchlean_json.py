@@ -54,6 +54,9 @@ def torchlean_blocking_nodes(bundle: Bundle) -> list[dict[str, Any]]:
         blocking.append({"id": node.id, "kind": node.kind, "source": str(node.source) if node.source else None,
                          "reason": reason})
 
+    if not g.inputs:
+        blocking.append({"id": None, "kind": None, "source": None,
+                         "reason": "the graph has no input; TorchLean graphs have exactly one"})
     for nid in g.inputs[1:]:
         block(g.nodes[nid], f"graph input #{list(g.inputs).index(nid) + 1}: TorchLean graphs have exactly one input")
     for node in g.nodes:
@@ -70,8 +73,8 @@ def to_v1_graph(bundle: Bundle) -> Graph:
     """The graph with every ext node in its v1 form; ExportError listing every blocking node."""
     blocking = torchlean_blocking_nodes(bundle)
     if blocking:
-        lines = [f"  node {b['id']}: {b['kind']}" + (f" ({b['source']})" if b["source"] else "") + f": {b['reason']}"
-                 for b in blocking]
+        lines = [(f"  node {b['id']}: {b['kind']}" if b["id"] is not None else "  graph")
+                 + (f" ({b['source']})" if b["source"] else "") + f": {b['reason']}" for b in blocking]
         error = ExportError(f"torchlean.ir.v1 export: {len(blocking)} node(s) block the export:\n" + "\n".join(lines),
                             node=blocking[0]["id"], op=blocking[0]["kind"])
         error.items = blocking

@@ -100,3 +100,11 @@ def test_unreadable_folders_are_bridge_errors(tmp_path) -> None:
     (tmp_path / "b" / PAYLOAD_FILE).write_bytes(b"\x00" * 5)
     with pytest.raises(tlb.BridgeError, match="cannot read payload"):
         tlb.load(tmp_path / "b")
+
+
+def test_payload_without_hash_metadata_is_rejected(tmp_path) -> None:
+    folder = tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    tensors = load_file(str(folder / PAYLOAD_FILE))
+    save_file(tensors, str(folder / PAYLOAD_FILE))  # same tensors, metadata stripped
+    with pytest.raises(tlb.BridgeError, match="cannot be verified"):
+        tlb.load(folder)

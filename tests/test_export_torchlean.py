@@ -111,3 +111,10 @@ def test_export_command(tmp_path, capsys) -> None:
     assert "3 node(s) block the export" in capsys.readouterr().err
     assert not (tmp_path / "w.json").exists()
     assert main(["export", str(tmp_path / "missing"), "--to", "onnx", "-o", str(tmp_path / "x.onnx")]) == 2
+
+
+def test_a_graph_without_input_is_refused(tmp_path) -> None:
+    g = tlb.Graph([tlb.Node(0, [], "const", [2])], inputs=[], outputs=[0])
+    b = tlb.Bundle(g, tlb.Payload({0: {"values": np.ones(2)}}))
+    with pytest.raises(ExportError, match="the graph has no input"):
+        export_torchlean(b, tmp_path / "g.json")

@@ -112,12 +112,13 @@ def test_ops_without_an_onnx_form_are_all_listed() -> None:
     assert "2 node(s)" in str(e.value) and "node 1: rand_uniform" in str(e.value) and "node 3: custom" in str(e.value)
 
 
-def test_expm1_is_refused_by_name_since_onnx_has_no_exact_form() -> None:
-    g = Graph([Node(0, [], "input", [3]), Node(1, [0], "expm1", [3])], inputs=[0], outputs=[1])
-    with pytest.raises(ExportError, match="node 1: expm1"):
+@pytest.mark.parametrize("kind", ["expm1", "log1p"])
+def test_expm1_and_log1p_are_refused_by_name_since_onnx_has_no_exact_form(kind: str) -> None:
+    g = Graph([Node(0, [], "input", [3]), Node(1, [0], kind, [3])], inputs=[0], outputs=[1])
+    with pytest.raises(ExportError, match=f"node 1: {kind}"):
         tlb.export_onnx(tlb.Bundle(g))
 
 
 def test_exporter_table_covers_every_registered_kind_with_an_onnx_meaning() -> None:
-    no_onnx_form = {"input", "custom", "rand_uniform", "bernoulli_mask", "hard_masked_softmax", "expm1"}
+    no_onnx_form = {"input", "custom", "rand_uniform", "bernoulli_mask", "hard_masked_softmax", "expm1", "log1p"}
     assert set(REGISTRY) - no_onnx_form - set(ONNX_EXPORTERS) == set()

@@ -185,3 +185,27 @@ def test_corrupted_documents_only_raise_bridge_errors(data):
         tlb.check(g, collect=True)
     except tlb.BridgeError:
         pass
+
+
+def test_provenance_fields_are_type_checked():
+    doc = minimal()
+    doc["nodes"][1]["source"] = {"name": 3}
+    assert message(doc) == "PyTorch graph import: node[1].source.name: expected string, got 3"
+
+
+def test_conv_input_spatial_must_match_the_parent():
+    conv = dict(kind="conv", parents=[0], shape=[2, 4], spatial_rank=1, kernel=[1], stride=[1], padding=[0],
+                padding_after=[0], dilation=[1], groups=1, channel_axis=0, in_channels=1, out_channels=2,
+                weight=[[[1.0]], [[2.0]]], bias=[0.0, 0.0], input_spatial=[5])
+    doc = {"format": "torchlean.ir.v1", "input_id": 0, "output_ids": [1],
+           "nodes": [{"id": 0, "kind": "input", "parents": [], "shape": [1, 4]}, {"id": 1, **conv}]}
+    assert message(doc) == "PyTorch graph import: node[1].input_spatial: payload input shape [5] does not match parent shape [4]"
+    doc["nodes"][1]["input_spatial"] = [4]
+    tlb.check(parse_document(doc)[0])
+
+
+def test_wire_reductions_need_non_empty_axes_like_torchleans_lowering():
+    doc = minimal()
+    doc["nodes"][0]["shape"] = doc["nodes"][1]["shape"] = [0, 4]
+    doc["nodes"][2].update(kind="reduce_sum", axes=[0, 1], keepdim=True, shape=[1, 1])
+    assert message(doc) == "IR graph: node 2: invalid or empty reduction axis 0 for shape [0, 4]"

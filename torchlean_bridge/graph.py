@@ -32,8 +32,19 @@ class Source:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Source":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        """Known fields only, each type-checked (text or null; ``folded`` a boolean)."""
+        from .errors import WireError
+        values = {}
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            v = d[f.name]
+            ok = isinstance(v, bool) if f.name == "folded" else (v is None or isinstance(v, str))
+            if not ok:
+                raise WireError(f"source.{f.name}: expected {'boolean' if f.name == 'folded' else 'string'}, "
+                                f"got {v!r}"[:200])
+            values[f.name] = v
+        return cls(**values)
 
     def __str__(self) -> str:
         parts = [p for p in (self.framework, self.name, self.target and f"({self.target})",
@@ -140,7 +151,7 @@ class Graph:
         return dict(sorted(counts.items()))
 
     def ext_nodes(self) -> list[Node]:
-        """Nodes whose op is outside torchlean.ir.v1 and has no exact v1 rewrite."""
+        """Nodes whose op is outside torchlean.ir.v1 (ext ops, including those with a v1 rewrite)."""
         out = []
         for n in self.nodes:
             spec = n.spec

@@ -28,6 +28,9 @@ class Binding:
     role: str
     transform: str | None = None
 
+    def __post_init__(self) -> None:
+        _validate(self.transform, self.key)
+
     def to_json(self) -> dict[str, Any]:
         d = {"key": self.key, "node": self.node, "role": self.role}
         if self.transform:
@@ -49,9 +52,40 @@ def _ints(arg: str) -> tuple[int, ...]:
     return tuple(int(x) for x in arg.split(",") if x != "")
 
 
+def _is_dtype(name: str) -> bool:
+    try:
+        return name.isidentifier() and np.dtype(name).kind in "fiub"
+    except TypeError:
+        return False
+
+
+def _validate(transform: str | None, key: str) -> None:
+    """Reject a transform the grammar does not allow, naming the binding, before anything uses it."""
+    for name, arg in _steps(transform):
+        try:
+            values = _ints(arg) if name in ("permute", "reshape") else ()
+        except ValueError:
+            values = None
+        ok = {"transpose": arg == "",
+              "permute": values is not None and sorted(values) == list(range(len(values))),
+              "reshape": values is not None and all(v >= 0 for v in values),
+              "cast": _is_dtype(arg)}.get(name, False)
+        if not ok:
+            raise BridgeError(f"role map: binding `{key}` has an invalid transform step `{name}"
+                              f"{':' + arg if arg else ''}` (allowed: transpose, permute:<axes>, "
+                              "reshape:<dims>, cast:<numpy dtype>)")
+
+
 def apply_transform(transform: str | None, array: np.ndarray) -> np.ndarray:
     """Turn an external tensor into the payload tensor the binding describes."""
     a = np.asarray(array)
+    try:
+        return _apply_steps(transform, a)
+    except ValueError as e:  # e.g. a reshape that does not fit this tensor
+        raise BridgeError(f"transform `{transform}` cannot apply to a tensor of shape {list(a.shape)}: {e}") from None
+
+
+def _apply_steps(transform: str | None, a: np.ndarray) -> np.ndarray:
     for name, arg in _steps(transform):
         if name == "transpose":
             if a.ndim != 2:

@@ -61,8 +61,6 @@ def _is_nat(v: Any) -> bool:
 def _nat(v: Any, ctx: str) -> int:
     if _is_nat(v):
         return v
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        raise _fail(f"{ctx}: expected natural number, got {_render(v)}")
     raise _fail(f"{ctx}: expected natural number, got {_render(v)}")
 
 
@@ -287,7 +285,10 @@ def _stage_c(parsed: list[dict], strict: bool, max_elements: int) -> list[Node]:
             raise _fail(f"{ctx}.dtype: expected one of {', '.join(ELEMENT_TYPES)}, got {_render(dtype)}", nid)
         source = None
         if not strict and isinstance(raw.get("source"), dict):
-            source = Source.from_json(raw["source"])
+            try:
+                source = Source.from_json(raw["source"])
+            except WireError as e:
+                raise _fail(f"{ctx}.{e.message}", nid) from None
         elif isinstance(raw.get("debug_target"), str) or isinstance(raw.get("onnx_name"), str):
             source = Source(framework="torchlean", name=raw.get("onnx_name"),
                             target=raw.get("debug_target") or raw.get("onnx_op_type"))
@@ -319,6 +320,12 @@ def _inline_payload(parsed: list[dict], nodes: list[Node]) -> Payload:
                 if g > 1 else dense
             payload.set(nid, "weight", grouped)
             payload.set(nid, "bias", read_tensor(_field(raw, "bias", ctx), (a["out_channels"],), f"{ctx}.bias"))
+            if "input_spatial" in raw and n["parents"]:
+                spatial = _nats(raw["input_spatial"], f"{ctx}.input_spatial")
+                parent = parsed[n["parents"][0]]["shape"][a["channel_axis"] + 1:]
+                if spatial != tuple(parent):
+                    raise _fail(f"{ctx}.input_spatial: payload input shape {fmt_shape(spatial)} does not match "
+                                f"parent shape {fmt_shape(parent)}", nid)
         elif kind in ("layernorm", "batch_norm_eval") and any(k in raw for k in _INLINE_ROLES[kind]):
             if kind == "layernorm":
                 shape = tuple(parsed[n["parents"][0]]["shape"][node.attrs["axis"]:]) if n["parents"] else ()

@@ -190,8 +190,19 @@ def _reduce(tag: str):
     return rule
 
 
+def _wire_reduce(tag: str):
+    """TorchLean lowers these to single-axis reductions, which need every reduced axis non-empty."""
+    def rule(attrs: A, p: P, d: Shape) -> Shape:
+        out = reduce_shape(p[0], attrs["axes"], attrs["keepdim"], tag)
+        for ax in attrs["axes"]:
+            if p[0][ax] == 0:
+                raise ShapeRuleError(f"invalid or empty reduction axis {ax} for shape {fmt_shape(p[0])}")
+        return out
+    return rule
+
+
 for _k, _wire in (("reduce_sum_axes", "reduce_sum"), ("reduce_mean_axes", "reduce_mean")):
-    register(OpSpec(_k, "v1-wire", 1, 1, _reduce(_wire), attrs=REDUCE_ATTRS,
+    register(OpSpec(_k, "v1-wire", 1, 1, _wire_reduce(_wire), attrs=REDUCE_ATTRS,
                     doc=f"TorchLean's wire form `{_wire}` with axes/keepdim (lowered by its importer)"))
 
 for _k in ("reduce_max", "reduce_min", "reduce_prod"):

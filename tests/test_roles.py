@@ -1,0 +1,28 @@
+"""Role transforms: the grammar is checked when a binding is made, and applying one never leaks numpy errors."""
+
+import numpy as np
+import pytest
+
+import torchlean_bridge as tlb
+from torchlean_bridge.roles import Binding, RoleMap, apply_transform, transform_shape
+
+
+@pytest.mark.parametrize("transform", ["flip", "permute:0,0", "reshape:a", "cast:bogus", "transpose:1"])
+def test_invalid_transforms_are_refused_naming_the_key(transform):
+    with pytest.raises(tlb.BridgeError, match="binding `w` has an invalid transform step"):
+        Binding("w", 1, "weight", transform)
+    with pytest.raises(tlb.BridgeError):
+        RoleMap.from_json([{"key": "w", "node": 1, "role": "weight", "transform": transform}])
+
+
+def test_transforms_apply_left_to_right_and_agree_with_their_shape():
+    a = np.arange(6.0).reshape(2, 3)
+    t = "transpose;reshape:3,1,2;cast:float32"
+    out = apply_transform(t, a)
+    assert out.dtype == np.float32 and out.shape == transform_shape(t, a.shape) == (3, 1, 2)
+    assert np.array_equal(out.reshape(3, 2), a.T)
+
+
+def test_a_transform_that_does_not_fit_the_tensor_is_a_bridge_error():
+    with pytest.raises(tlb.BridgeError, match="cannot apply to a tensor of shape"):
+        apply_transform("reshape:4,4", np.zeros(6))

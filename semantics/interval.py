@@ -70,7 +70,8 @@ def rule(*kinds: str):
 
 
 def _float_rule_on_ends(kind: str) -> IntervalRule:
-    """Data movement and monotone ops: the float semantics applied to lo and to hi."""
+    """Data movement and monotone ops computed exactly in floating point (relu, floor, ceil, sign,
+    clamp, max/min): the float semantics applied to lo and to hi is the exact range."""
     fn = FLOAT_RULES[kind]
 
     def run(node: Node, ps: Sequence[Box], rec: Record) -> Box:
@@ -91,9 +92,9 @@ def _unary(kind: str) -> IntervalRule:
     return lambda node, ps, rec: fn(ps[0], node.attrs)
 
 
+assert not set(UNARY_RULES) & set(INTERVAL_RULES), "one interval rule per op"
 for _k in UNARY_RULES:
-    if _k not in INTERVAL_RULES:
-        INTERVAL_RULES[_k] = _unary(_k)
+    INTERVAL_RULES[_k] = _unary(_k)
 
 # -- payload records --------------------------------------------------------------------------
 

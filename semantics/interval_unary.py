@@ -7,7 +7,8 @@ with a margin and the value rounded down, so the rule stays sound); sin, cos and
 peaks or poles inside the box. Point values are enclosed by composing the elementwise interval
 arithmetic of ``interval_arith`` with ``lib_bounds`` for library functions, so every result is an
 enclosure of the exact real value. A domain violation raises ``DomainError``; the driver turns it
-into an ``IntervalError`` naming the node.
+into an ``IntervalError`` naming the node. Monotone ops that floating point computes exactly (relu,
+clamp, sign, floor, ceil) are not here: ``interval.py`` applies their float rule to both ends.
 """
 
 from __future__ import annotations
@@ -281,22 +282,8 @@ def _hardsigmoid(a: Box, attrs: Mapping[str, Any]) -> Box:
     return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
 
 
-def _clamp(a: Box, attrs: Mapping[str, Any]) -> Box:
-    lo, hi = a
-    if attrs.get("min") is not None:
-        lo, hi = np.maximum(lo, attrs["min"]), np.maximum(hi, attrs["min"])
-    if attrs.get("max") is not None:
-        lo, hi = np.minimum(lo, attrs["max"]), np.minimum(hi, attrs["max"])
-    return lo, hi
-
-
 def _softsign_at(x: np.ndarray) -> Box:
     return ia.div(ia.point(x), ia.add_const(ia.point(np.abs(x)), 1.0))
-
-
-def _exact(fn: Callable[[np.ndarray], np.ndarray]):
-    """Monotone functions computed exactly in floating point (floor, ceil, sign)."""
-    return lambda a, attrs: (fn(a[0]), fn(a[1]))
 
 
 def _lifted(f: PointFn):
@@ -304,7 +291,6 @@ def _lifted(f: PointFn):
 
 
 UNARY_RULES: dict[str, Callable[[Box, Mapping[str, Any]], Box]] = {
-    "relu": lambda a, attrs: ia.relu_box(a),
     "abs": lambda a, attrs: ia.abs_box(a),
     "neg": lambda a, attrs: ia.neg(a),
     "sqrt": lambda a, attrs: sqrt_box(a),
@@ -331,9 +317,5 @@ UNARY_RULES: dict[str, Callable[[Box, Mapping[str, Any]], Box]] = {
     "selu": lambda a, attrs: _elu_with(a, _SELU_ALPHA, _SELU_SCALE),
     "celu": _celu,
     "hardsigmoid": _hardsigmoid,
-    "clamp": _clamp,
-    "sign": _exact(np.sign),
-    "floor": _exact(np.floor),
-    "ceil": _exact(np.ceil),
     "pow": _pow,
 }

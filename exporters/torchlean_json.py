@@ -15,58 +15,18 @@ from typing import Any
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import ExportError
 from torchlean_bridge.fileio import atomic_write_text
-from torchlean_bridge.graph import Graph, Node
-from torchlean_bridge.ops import FLOAT
+from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import payload_errors
+from torchlean_bridge.v1compat import to_v1_node, v1_blocking_nodes
 from torchlean_bridge.wire import dumps_document, graph_to_wire
 
 from .payload_safetensors import write_payload
 
 __all__ = ["export_torchlean", "torchlean_blocking_nodes", "to_v1_graph", "payload_file_for"]
 
-_IMPORTER_REJECTS = {"custom": "custom computations need a checked Lean body",
-                     "hard_masked_softmax": "TorchLean's importer has no encoding for the mask"}
-
-
-def _rewrite(g: Graph, node: Node) -> Node | None:
-    """The node in v1 form: itself, its exact v1 rewrite, or None when it has none."""
-    spec = node.spec
-    if spec is None:
-        return None
-    if spec.is_v1:
-        return node
-    if spec.v1_rewrite is None:
-        return None
-    parent_shapes = [g.nodes[p].out_shape for p in node.parents]
-    rewritten = spec.v1_rewrite(node.attrs, parent_shapes, node.out_shape)
-    if rewritten is None:
-        return None
-    kind, attrs = rewritten
-    return Node(node.id, node.parents, kind, node.out_shape, attrs, dtype=node.dtype, source=node.source)
-
-
 def torchlean_blocking_nodes(bundle: Bundle) -> list[dict[str, Any]]:
     """Every node that keeps the bundle out of torchlean.ir.v1, with the reason (empty when none)."""
-    g = bundle.graph
-    blocking: list[dict[str, Any]] = []
-
-    def block(node: Node, reason: str) -> None:
-        blocking.append({"id": node.id, "kind": node.kind, "source": str(node.source) if node.source else None,
-                         "reason": reason})
-
-    if not g.inputs:
-        blocking.append({"id": None, "kind": None, "source": None,
-                         "reason": "the graph has no input; TorchLean graphs have exactly one"})
-    for nid in g.inputs[1:]:
-        block(g.nodes[nid], f"graph input #{list(g.inputs).index(nid) + 1}: TorchLean graphs have exactly one input")
-    for node in g.nodes:
-        if node.kind in _IMPORTER_REJECTS:
-            block(node, _IMPORTER_REJECTS[node.kind])
-        elif _rewrite(g, node) is None:
-            block(node, "ext op without an exact torchlean.ir.v1 form")
-        elif node.dtype != FLOAT:
-            block(node, f"element type {node.dtype} (torchlean.ir.v1 is float-only)")
-    return blocking
+    return v1_blocking_nodes(bundle.graph)
 
 
 def to_v1_graph(bundle: Bundle) -> Graph:
@@ -80,7 +40,7 @@ def to_v1_graph(bundle: Bundle) -> Graph:
         error.items = blocking
         raise error
     g = bundle.graph
-    nodes = [_rewrite(g, n) for n in g.nodes]
+    nodes = [to_v1_node(g, n) for n in g.nodes]
     return Graph([n for n in nodes if n is not None], g.inputs, g.outputs)
 
 

@@ -149,12 +149,3 @@ class Graph:
         for n in self.nodes:
             counts[n.kind] = counts.get(n.kind, 0) + 1
         return dict(sorted(counts.items()))
-
-    def ext_nodes(self) -> list[Node]:
-        """Nodes whose op is outside torchlean.ir.v1 (ext ops, including those with a v1 rewrite)."""
-        out = []
-        for n in self.nodes:
-            spec = n.spec
-            if spec is None or not spec.is_v1:
-                out.append(n)
-        return out

@@ -102,9 +102,9 @@ def summary_lines(bundle: Bundle) -> list[str]:
     lines = [f"nodes: {s['nodes']} ({len(s['inputs'])} input(s), {len(s['outputs'])} output(s))",
              f"parameters: {s['parameters']} values in {s['tensors']} tensors, {len(bundle.roles)} keys bound",
              f"ops used: {ops}"]
-    blocking = s["v1_blocking_ops"]
-    lines.append("torchlean.ir.v1 export: " + ("blocked by ext ops " + ", ".join(blocking) if blocking
-                                               else "no ext op blocks it"))
+    blocking = s["v1_blocking"]
+    lines.append("torchlean.ir.v1 export: " + ("blocked by " + "; ".join(blocking) if blocking
+                                               else "nothing blocks it"))
     unused = bundle.report.get("unused_tensors")
     if unused:
         lines.append(f"unused tensors (not read by the graph): {', '.join(unused)}")

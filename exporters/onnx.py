@@ -11,6 +11,7 @@ which is what the importer turns back into them. Auxiliary constants (shapes, ax
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -18,10 +19,11 @@ from typing import Any, Callable
 import numpy as np
 
 from torchlean_bridge.bundle import Bundle
-from torchlean_bridge.errors import ExportError
+from torchlean_bridge.errors import ExportError, ShapeRuleError
 from torchlean_bridge.fileio import atomic_write_bytes
 from torchlean_bridge.graph import Node
 from torchlean_bridge.ops import BOOL, INT64
+from torchlean_bridge.ops.contracts import broadcast_shapes
 from torchlean_bridge.roles import transform_shape
 
 __all__ = ["export_onnx", "to_onnx_model", "ONNX_EXPORTERS", "OPSET", "IR_VERSION", "blocking_nodes"]
@@ -219,8 +221,8 @@ class OnnxWriter:
             pn = self.g.nodes[p]
             shapes.append(self.g.nodes[pn.parents[0]].out_shape if pn.kind == "broadcast_to" else pn.out_shape)
         try:
-            return tuple(np.broadcast_shapes(*shapes)) == consumer.out_shape
-        except ValueError:
+            return functools.reduce(broadcast_shapes, shapes) == consumer.out_shape
+        except ShapeRuleError:
             return False
 
     def operands(self, node: Node) -> list[str]:

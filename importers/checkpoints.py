@@ -123,20 +123,13 @@ def _non_finite_findings(ckpt: Checkpoint) -> list[Finding]:
 
 
 def _strip(keys: list[str], prefix: str | None, source: str) -> tuple[dict[str, str], list[Finding]]:
-    """new key -> original key; stripping that would merge two keys is an error."""
-    if not prefix:
+    """new key -> original key. The prefix goes only when every key has it (a DataParallel wrapper);
+    a model whose own submodule is called ``module`` keeps its keys."""
+    if not prefix or not keys or not all(k.startswith(prefix) for k in keys):
         return {k: k for k in keys}, []
-    renamed: dict[str, str] = {}
-    stripped = 0
-    for k in keys:
-        new = k[len(prefix):] if k.startswith(prefix) else k
-        stripped += new != k
-        if new in renamed:
-            raise CheckpointError(f"checkpoint {source}: stripping `{prefix}` makes `{renamed[new]}` and `{k}` "
-                                  f"the same key `{new}`; load with strip_prefix=None")
-        renamed[new] = k
-    notes = [Finding("prefix", f"stripped the prefix `{prefix}` from {stripped} key(s)",
-                     data={"prefix": prefix, "count": stripped}, severity="info")] if stripped else []
+    renamed = {k[len(prefix):]: k for k in keys}
+    notes = [Finding("prefix", f"stripped the prefix `{prefix}` from {len(keys)} key(s)",
+                     data={"prefix": prefix, "count": len(keys)}, severity="info")]
     return renamed, notes
 
 
@@ -201,7 +194,12 @@ def _tensor_to_numpy(key: str, value: Any, findings: list[Finding]) -> np.ndarra
         findings.append(Finding("widened", f"`{key}` is bfloat16; widened exactly to float32", keys=(key,),
                                 severity="info"))
         value = value.float()
-    return value.numpy()
+    try:
+        return value.numpy()
+    except TypeError:  # e.g. float8: no numpy type, and widening would hide the format
+        findings.append(Finding("unsupported", f"`{key}` is a {value.dtype} tensor, which numpy cannot hold; "
+                                "not loaded", keys=(key,), severity="warning"))
+        return None
 
 
 def _state_dict_arrays(obj: Any, source: str) -> tuple[dict[str, np.ndarray], list[Finding]]:
@@ -306,14 +304,18 @@ def _load_torchlean_json(path: Path, strip_prefix: str | None) -> Checkpoint:
         info = meta.get(key, {}) if isinstance(meta.get(key), dict) else {}
         dtype = _JSON_DTYPES.get(info.get("dtype"), np.float64)
         try:
-            arr = np.asarray(value, dtype=dtype)
+            raw = np.asarray(value)
+            if raw.dtype.kind not in "fiub":  # null, strings, ragged lists
+                raise TypeError(raw.dtype)
+            arr = raw.astype(dtype)
+            shape = [int(d) for d in info["shape"]] if "shape" in info else None
         except (ValueError, TypeError):
-            findings.append(Finding("non_tensor", f"`{key}` is not a rectangular array of numbers; not loaded",
-                                    keys=(key,), severity="warning"))
+            findings.append(Finding("non_tensor", f"`{key}` is not a rectangular array of numbers with a list "
+                                    "shape; not loaded", keys=(key,), severity="warning"))
             continue
-        if "shape" in info and list(info["shape"]) != list(arr.shape):
-            if arr.size == int(np.prod(info["shape"], dtype=np.int64)):
-                arr = arr.reshape(info["shape"])
+        if shape is not None and shape != list(arr.shape):
+            if min(shape, default=0) >= 0 and arr.size == int(np.prod(shape, dtype=np.int64)):
+                arr = arr.reshape(shape)
             else:
                 findings.append(Finding("non_tensor", f"`{key}`: meta shape {info['shape']} does not match the "
                                         f"data's {list(arr.shape)}; not loaded", keys=(key,), severity="warning"))

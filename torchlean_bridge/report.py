@@ -29,7 +29,7 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return jsonable(value.tolist())
     if isinstance(value, np.generic):
-        return value.item()
+        return jsonable(value.item())
     if isinstance(value, float) and not np.isfinite(value):
         return repr(value)  # JSON has no NaN/Inf; keep them readable instead of invalid
     if isinstance(value, Finding):

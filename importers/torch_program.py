@@ -14,6 +14,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
+from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError
 
 from .torch_aten import aten_lowering
@@ -35,6 +36,7 @@ class TorchLowerer(Lowerer):
         super().__init__(max_elements)
         self.root = root
         self.state_keys = set(state_dict_keys)
+        self.constant_names: set[str] = set()  # model tensors outside state_dict(), folded without a key
 
     # -- targets --------------------------------------------------------------------------------
     def resolve(self, node: torch.fx.Node) -> Lowering | None:
@@ -67,7 +69,15 @@ class TorchLowerer(Lowerer):
 
     # -- tensors from the model -----------------------------------------------------------------
     def known_tensor(self, key: str, tensor: torch.Tensor) -> Known:
-        return Known(tensor.detach(), key=key, pinned=key in self.state_keys)
+        """A model tensor: bound to ``key`` only if state_dict() has it, else a folded constant."""
+        if key in self.state_keys:
+            return Known(tensor.detach(), key=key, pinned=True)
+        return self.constant(key, tensor)
+
+    def constant(self, name: str, tensor: torch.Tensor) -> Known:
+        """A tensor no checkpoint carries (non-persistent buffer, plain attribute, lifted constant)."""
+        self.constant_names.add(name)
+        return Known(tensor.detach(), folded=True)
 
     def param(self, path: str, name: str) -> Known | None:
         """A module's parameter or buffer as a Known bound to its state_dict key."""
@@ -91,6 +101,11 @@ class TorchLowerer(Lowerer):
         if isinstance(value, torch.nn.Module):
             raise NotLowerable("a submodule used as a value (higher-order op)")
         return value
+
+    def finish(self, outputs: Sequence[Any], report: dict[str, Any]) -> Bundle:
+        if self.constant_names:
+            report = {**report, "constants": sorted(self.constant_names)}
+        return super().finish(outputs, report)
 
     # -- submodules FX cannot trace -------------------------------------------------------------
     def inline_module(self, module: torch.nn.Module, path: str, args: Sequence[Any],
@@ -159,12 +174,10 @@ def bind_program(cx: TorchLowerer, ep: ExportedProgram, user_values: Sequence[An
                 seeds.add(node)
         elif spec.kind == InputKind.PARAMETER:
             cx.env[node] = Known(state[spec.target].detach(), key=key, pinned=True)
-        elif spec.kind == InputKind.BUFFER:
-            persistent = spec.persistent is not False and spec.target in state
-            tensor = state[spec.target] if persistent else constants[spec.target]
-            cx.env[node] = Known(tensor.detach(), key=key, pinned=persistent)
-        elif spec.kind == InputKind.CONSTANT_TENSOR:
-            cx.env[node] = Known(constants[spec.target].detach(), key=key, pinned=False)
+        elif spec.kind == InputKind.BUFFER and spec.persistent is not False and spec.target in state:
+            cx.env[node] = Known(state[spec.target].detach(), key=key, pinned=True)
+        elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            cx.env[node] = cx.constant(key, constants[spec.target])
         else:
             raise BridgeError(f"{cx.framework} import: unsupported program input kind {spec.kind.name} "
                               f"({spec.arg.name})")

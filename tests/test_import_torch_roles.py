@@ -14,7 +14,7 @@ import torchlean_bridge as tlb
 from torchlean_bridge.errors import UnsupportedError
 from torchlean_bridge.roles import Binding
 from torchlean_bridge.seed import SEED_WEIGHTS, seed_mlp_graph
-from tests.model_zoo import CASES
+from tests.model_zoo import CASES, cases
 from tests.test_core_seed import SEED_LISTING
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -101,8 +101,42 @@ def test_scalars_and_tensor_attributes_become_consts():
     b = tlb.import_fx(module, inputs)
     scalars = [n for n in b.graph if n.kind == "const" and n.out_shape == ()]
     assert len(scalars) >= 4 and all(n.source.folded for n in scalars)
-    assert [b.graph[x.node].kind for x in b.roles.bindings()] == ["const"] * 3
-    assert set(b.roles) == {"scale", "offset", "const"}
+    assert [b.graph[x.node].kind for x in b.roles.bindings()] == ["const"] * 2
+    assert set(b.roles) == set(module.state_dict()) == {"scale", "offset"}  # `const` is no state_dict key
+    assert b.report["constants"] == ["const"]
+
+
+@pytest.mark.parametrize("via", ["fx", "export"])
+def test_role_keys_are_state_dict_keys_so_the_module_state_dict_binds_strictly(via):
+    for case in cases(importer=via, slow=False):
+        module, inputs = case.make()
+        b = IMPORTERS[via](module, inputs)
+        state = module.state_dict()
+        assert set(b.roles) <= set(state), case.name
+        _, report = tlb.bind_checkpoint(b, state)
+        assert report.ok, (case.name, str(report))
+
+
+class NonPersistent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.tensor([1.0, 2.0, 3.0, 4.0]), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+@pytest.mark.parametrize("via", ["fx", "export"])
+def test_non_persistent_buffers_fold_into_unkeyed_consts(via):
+    module, x = NonPersistent().eval(), torch.randn(2, 4)
+    b = IMPORTERS[via](module, (x,))
+    assert set(b.roles) == {"lin.weight", "lin.bias"}
+    assert b.report["constants"] == ["scale"]
+    bound, report = tlb.bind_checkpoint(b, module.state_dict())
+    assert report.ok, str(report)
+    got = tlb.evaluate(bound.graph, bound.payload, x.numpy(), dtype="float32")[0]
+    np.testing.assert_allclose(got, module(x).detach().numpy(), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("via", ["fx", "export"])

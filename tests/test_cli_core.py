@@ -50,3 +50,13 @@ def test_show_svg_without_graphviz_is_a_clear_error(capsys, tmp_path, monkeypatc
 def test_show_svg_renders(capsys, tmp_path):
     code, _, _ = run(capsys, "show", str(FIXTURES / "seed_mlp.json"), "--svg", str(tmp_path / "g.svg"))
     assert code == 0 and "<svg" in (tmp_path / "g.svg").read_text()
+
+
+def test_written_files_get_the_usual_mode_not_mkstemps_0600(tmp_path):
+    import os
+    from torchlean_bridge.fileio import atomic_write_text
+    atomic_write_text(tmp_path / "out.json", "{}")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "out.json").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temporary left behind

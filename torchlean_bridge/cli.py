@@ -12,7 +12,7 @@ import sys
 from importlib import import_module
 from typing import Sequence
 
-from .errors import BridgeError
+from .errors import BridgeError, CheckFailed
 
 __all__ = ["main", "COMMANDS"]
 
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except BridgeError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, CheckFailed) else 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -71,3 +71,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             pass
         return 0
+    except OSError as e:  # the file system said no (permissions, disk full, a folder in the way)
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -17,6 +17,7 @@ __all__ = [
     "UnsupportedError",
     "CheckpointError",
     "ExportError",
+    "CheckFailed",
 ]
 
 
@@ -75,3 +76,7 @@ class CheckpointError(BridgeError):
 
 class ExportError(BridgeError):
     """A bundle cannot be written in the requested format (lists every blocking node)."""
+
+
+class CheckFailed(BridgeError):
+    """A check ran on readable input and found a problem (the CLI exits 1, not 2)."""

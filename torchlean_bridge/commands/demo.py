@@ -22,7 +22,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..check import check
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_bytes, atomic_write_text
 from ..pretty import listing
 from ..seed import BIAS_PAIR, SEED_WEIGHTS, SEED_X0
 from .common import format_vector, iterate
@@ -98,7 +98,7 @@ def capture_and_import(module: Any, out: Path, quiet: bool) -> tuple[dict[str, B
     section("1. capture G three ways and import each")
     x0 = torch.tensor(SEED_X0, dtype=torch.float32)
     onnx_file = out / "seed_mlp.torch.onnx"
-    onnx_file.write_bytes(torch_onnx_bytes(module, SEED_X0))
+    atomic_write_bytes(onnx_file, torch_onnx_bytes(module, SEED_X0))
     program = torch.export.export(module, (x0,))
     steps = {"fx": lambda: import_fx(module, (x0,)), "export": lambda: import_export(program),
              "onnx": lambda: import_onnx(onnx_file)}
@@ -122,7 +122,8 @@ def show_listing_and_values(b: Bundle) -> None:
         print(f"node {i}: {format_vector(v)}")
 
 
-def show_agreement(bundles: dict[str, Bundle], module: Any, program: Any, onnx_file: Path, quiet: bool) -> None:
+def show_agreement(bundles: dict[str, Bundle], module: Any, program: Any, onnx_file: Path, quiet: bool) -> bool:
+    """True when every import agrees with its oracle node by node."""
     from semantics.evaluate import evaluate
     from ..diff import diff, make_inputs
     section("4. the three imports agree with each other, with PyTorch and with onnxruntime")
@@ -137,10 +138,13 @@ def show_agreement(bundles: dict[str, Bundle], module: Any, program: Any, onnx_f
               ("export import", bundles["export"], "torch", {"module": program}),
               ("onnx import", bundles["onnx"], "onnxruntime", {"onnx_model": onnx_file}),
               ("onnx import", bundles["onnx"], "reference-evaluator", {"onnx_model": onnx_file})]
+    agree = True
     for label, bundle, against, kw in iterate(checks, len(checks), "diffing", quiet):
         report = diff(bundle, against=against, random=4, **kw)
         verdict = "agree" if report.ok else f"DIVERGE ({report.first_divergence})"
         print(f"{label} vs {report.against}: {verdict}; {_ulps(report)}")
+        agree = agree and report.ok
+    return agree
 
 
 def show_bounds(b: Bundle) -> None:
@@ -174,9 +178,10 @@ def write_exports(b: Bundle, out: Path) -> None:
 
 # -- part 2: the swapped biases -------------------------------------------------------------------
 
-def swapped_biases(out: Path) -> None:
+def swapped_biases(out: Path) -> bool:
+    """True when the audit names the exchanged keys and the diff diverges at the first linear."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save
     from importers.checkpoints import load_checkpoint
     from importers.fx import import_fx
     from ..abi import bind_checkpoint
@@ -189,7 +194,7 @@ def swapped_biases(out: Path) -> None:
     sd = {k: v.clone() for k, v in trusted.state_dict().items()}
     sd["0.bias"], sd["2.bias"] = sd["2.bias"].clone(), sd["0.bias"].clone()
     ckpt_file = out / "bias_pair_swapped.safetensors"
-    save_file(sd, str(ckpt_file))
+    atomic_write_bytes(ckpt_file, save(sd))
     print(f"checkpoint with 0.bias and 2.bias exchanged: {ckpt_file}")
     ckpt = load_checkpoint(ckpt_file)
     victim = bias_pair_module()
@@ -203,12 +208,15 @@ def swapped_biases(out: Path) -> None:
     print(f"\nbind_checkpoint (keys and shapes): {'every key and shape fits' if binding.ok else 'PROBLEMS'}")
     print(binding)
     print("\naudit against the trusted module:")
-    print(audit(bundle, ckpt, reference=trusted, inputs=[np.zeros(3)]))
+    audit_report = audit(bundle, ckpt, reference=trusted, inputs=[np.zeros(3)])
+    print(audit_report)
     print("\ndiff of the bound bundle against the trusted module, node by node:")
     report = diff(bound, against="torch", module=trusted, random=4)
     print(report.render(all_nodes=True))
     atomic_write_text(out / "bias_pair_diff.json", json.dumps(report.to_json(), indent=1) + "\n")
     print(f"(diff report as JSON: {out / 'bias_pair_diff.json'})")
+    named = any(set(f.keys) == {"0.bias", "2.bias"} for f in audit_report.swaps)
+    return named and not report.ok
 
 
 def run(args: argparse.Namespace) -> int:
@@ -218,9 +226,13 @@ def run(args: argparse.Namespace) -> int:
     module = seed_module()
     bundles, program = capture_and_import(module, out, args.quiet)
     show_listing_and_values(bundles["fx"])
-    show_agreement(bundles, module, program, out / "seed_mlp.torch.onnx", args.quiet)
+    agree = show_agreement(bundles, module, program, out / "seed_mlp.torch.onnx", args.quiet)
     show_bounds(bundles["fx"])
     write_exports(bundles["fx"], out)
-    swapped_biases(out)
+    caught = swapped_biases(out)
     print(f"\ndone; artefacts in {out}/: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    if not (agree and caught):
+        print("demo FAILED: " + ("an import disagrees with its oracle" if not agree else
+                                 "the exchanged biases were not caught"))
+        return 1
     return 0

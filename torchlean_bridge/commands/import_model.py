@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..bundle import Bundle
-from ..errors import BridgeError
+from ..errors import BridgeError, CheckFailed
 from .common import load_factory, progress
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
@@ -92,7 +92,7 @@ def bind_weights(bundle: Bundle, path: str) -> Bundle:
     bound, report = bind_checkpoint(bundle, load_checkpoint(path))
     print(str(report))
     if not report.ok:
-        raise BridgeError(f"--checkpoint {path}: the checkpoint does not fit the imported graph (see above)")
+        raise CheckFailed(f"--checkpoint {path}: the checkpoint does not fit the imported graph (see above)")
     return bound
 
 

@@ -82,6 +82,10 @@ class ABI(Sequence[Slot]):
 
     def __init__(self, slots: Sequence[Slot]) -> None:
         self.slots: tuple[Slot, ...] = tuple(slots)
+        self._by_key: dict[str, list[Slot]] = {}
+        for slot in self.slots:
+            if slot.key is not None:
+                self._by_key.setdefault(slot.key, []).append(slot)
 
     def __getitem__(self, i: Any) -> Any:
         return self.slots[i]
@@ -109,7 +113,7 @@ class ABI(Sequence[Slot]):
         return [s for s in self.slots if s.key is None]
 
     def for_key(self, key: str) -> list[Slot]:
-        return [s for s in self.slots if s.key == key]
+        return list(self._by_key.get(key, ()))
 
     def ambiguity_groups(self) -> list[AmbiguityGroup]:
         return ambiguity_groups(self)

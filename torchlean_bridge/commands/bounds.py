@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from ..errors import BridgeError, IntervalError
+from ..report import jsonable
 from .common import format_vector, read_array, read_bundle
 
 HELP = "interval bounds of every node over an l-inf ball around --center, checked by sampling"
@@ -30,13 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _box_text(lo: np.ndarray, hi: np.ndarray) -> str:
     return f"{format_vector(np.atleast_1d(lo))} .. {format_vector(np.atleast_1d(hi))}"
-
-
-def _json_array(a: np.ndarray) -> object:
-    """Nested lists (a bare number for a scalar); JSON has no Infinity: unbounded ends become the
-    strings "inf" / "-inf"."""
-    flat = [v if math.isfinite(v) else ("inf" if v > 0 else "-inf") for v in a.reshape(-1).tolist()]
-    return np.array(flat, dtype=object).reshape(a.shape).tolist() if a.ndim else flat[0]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
             failure = e
     if args.json:
         doc = {"radius": args.radius,
-               "nodes": [{"id": n.id, "kind": n.kind, "shape": list(n.out_shape), "lo": _json_array(boxes[n.id][0]),
-                          "hi": _json_array(boxes[n.id][1])} for n in g],
+               "nodes": [{"id": n.id, "kind": n.kind, "shape": list(n.out_shape), "lo": jsonable(boxes[n.id][0]),
+                          "hi": jsonable(boxes[n.id][1])} for n in g],
                "containment": (report.to_json() if report else None) if failure is None
                else {"ok": False, "node": failure.node, "message": str(failure)}}
         print(json.dumps(doc, allow_nan=False))

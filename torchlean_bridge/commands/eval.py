@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-from typing import Any
 
 import numpy as np
 
+from ..report import jsonable
 from .common import format_vector, read_array, read_bundle
 
 HELP = "evaluate a bundle on .npy inputs (float64 reference or float32) and print node values"
@@ -32,18 +31,6 @@ def format_value(a: np.ndarray) -> str:
     return items[0] if a.ndim == 0 else "[" + ", ".join(items) + "]"
 
 
-def _json_number(v: Any) -> Any:
-    """JSON has no NaN/Infinity: non-finite floats become the strings "nan", "inf", "-inf"."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    return v
-
-
-def _json_value(a: np.ndarray) -> Any:
-    flat = [_json_number(v) for v in a.reshape(-1).tolist()]
-    return np.array(flat, dtype=object).reshape(a.shape).tolist() if a.ndim else flat[0]
-
-
 def run(args: argparse.Namespace) -> int:
     from semantics.evaluate import evaluate
     bundle = read_bundle(args.path)
@@ -55,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"dtype": args.dtype,
                "nodes": [{"id": i, "kind": g[i].kind, "shape": list(g[i].out_shape), "element_type": g[i].dtype,
-                          "value": _json_value(table[i])} for i in ids]}
+                          "value": jsonable(table[i])} for i in ids]}
         print(json.dumps(doc, allow_nan=False))
     else:
         for i in ids:

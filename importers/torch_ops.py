@@ -508,7 +508,7 @@ def slice_(cx: Cx, input: Any, dim: int = 0, start: int | None = None, end: int 
 
 def narrow(cx: Cx, input: Any, dim: int, start: int, length: int) -> Any:
     ax = normalize_axis(dim, cx.rank(input))
-    start = normalize_axis(start, cx.shape(input)[ax] + 1, "start") if start < 0 else start
+    start = normalize_axis(start, cx.shape(input)[ax], "start") if start < 0 else start  # torch: n + start
     return slice_(cx, input, ax, start, start + length)
 
 

@@ -348,7 +348,7 @@ class KitchenSink(nn.Module):
         inside = (x > -1) & (x < 1)
         d = torch.where(inside, a, b).masked_fill(~inside, 0.25) + torch.minimum(c, x.square())
         e = F.pad(d, (1, 2)).repeat(1, 2)[:, ::3]
-        picked = x.index_select(1, torch.tensor([4, 0, 2])).narrow(1, 1, 2) + x.select(0, 1)[:2]
+        picked = x.index_select(1, torch.tensor([4, 0, 2])).narrow(1, 1, 2) + x.select(0, 1)[:2] + x.narrow(1, -3, 2)
         first, second = x.split([3, 2], dim=1)
         values, indices = x.max(dim=1)
         return (e, picked, first.sum(1) - second.amin(1), values, indices, x.argmin(dim=0, keepdim=True),

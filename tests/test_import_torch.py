@@ -132,3 +132,36 @@ def test_transformers_models_are_real_sized(name):
     b = imported(name, "export")
     assert b.summary()["parameters"] > 10_000
     assert {"linear", "gather", "softmax"} <= set(b.graph.ops_used())
+
+
+class Unary(torch.nn.Module):
+    """A one-expression model, for op-level checks against torch itself."""
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+class Binary(Unary):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.fn(x, y)
+
+
+def assert_matches_torch(fn, *inputs: torch.Tensor) -> None:
+    """fx and export imports of ``fn`` evaluate (float64) to torch's own float64 output."""
+    module = (Unary if len(inputs) == 1 else Binary)(fn).eval()
+    xs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
+    want = fn(*xs).detach().numpy()
+    for importer in (tlb.import_fx, tlb.import_export):
+        b = importer(module, xs)
+        got = tlb.evaluate(b.graph, b.payload, [x.numpy() for x in xs], dtype="float64")[0]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("start, length", [(-3, 2), (-5, 5), (-1, 1), (2, 3)])
+def test_narrow_with_negative_start_counts_from_the_end(start, length):
+    assert_matches_torch(lambda x: x.narrow(1, start, length), torch.randn(2, 5))

@@ -17,12 +17,14 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["conv_nd", "pool_nd", "window_counts", "offset_views"]
+__all__ = ["conv_nd", "pool_nd", "pool_out_spatial", "avg_pool_divisor", "EMPTY_WINDOW", "offset_views"]
+
+EMPTY_WINDOW = "a pooling window lies entirely in the padding"
 
 # above this many kernel offsets, reduce over a window view instead of looping over offsets
 _OFFSET_LOOP_LIMIT = 64
@@ -108,12 +110,31 @@ def _im2col(xp: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilati
     return cols
 
 
-def window_counts(size: int, kernel: int, stride: int, pad_before: int, dilation: int, out: int,
-                  lo: int, hi: int) -> np.ndarray:
+def pool_out_spatial(out_shape: Sequence[int], spatial_rank: int) -> tuple[int, ...]:
+    """A pooling node's output spatial extents: the trailing ``spatial_rank`` axes of its shape."""
+    return tuple(out_shape[len(out_shape) - spatial_rank:])
+
+
+def _window_counts(size: int, kernel: int, stride: int, pad_before: int, dilation: int, out: int,
+                   lo: int, hi: int) -> np.ndarray:
     """Per output position along one axis: how many window cells fall in ``[lo, hi)`` (input coords)."""
     starts = np.arange(out) * stride - pad_before
     cells = starts[:, None] + np.arange(kernel)[None, :] * dilation
     return ((cells >= lo) & (cells < hi)).sum(axis=1)
+
+
+def avg_pool_divisor(attrs: Mapping[str, Any], in_spatial: Sequence[int], out_spatial: Sequence[int]) -> np.ndarray:
+    """``avg_pool_nd``'s divisor per output window (shape ``out_spatial``), as PyTorch/ONNX: the cells
+    inside the padded input (``count_include_pad``) or inside the input. 0 marks a window lying
+    entirely in the padding, which callers refuse (``EMPTY_WINDOW``)."""
+    a = attrs
+    divisor = np.ones((), np.int64)
+    for i, size in enumerate(in_spatial):
+        lo, hi = (-a["padding"][i], size + a["padding_after"][i]) if a["count_include_pad"] else (0, size)
+        counts = _window_counts(size, a["kernel"][i], a["stride"][i], a["padding"][i], a["dilation"][i],
+                                out_spatial[i], lo, hi)
+        divisor = np.multiply.outer(divisor, counts)
+    return divisor
 
 
 def _inside(shift: int, size: int, stride: int, out: int) -> tuple[int, int, int]:

@@ -23,7 +23,7 @@ from torchlean_bridge.payload import Payload
 from .float_rules import FLOAT_RULES
 from .records import fail
 
-__all__ = ["evaluate", "eval_node", "denote_all", "denote", "as_array", "DTYPES"]
+__all__ = ["evaluate", "eval_node", "denote_all", "denote", "as_array", "input_list", "input_sets", "DTYPES"]
 
 DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
 _RESULT_KINDS = {INT64: np.dtype(np.int64), BOOL: np.dtype(bool)}
@@ -54,33 +54,48 @@ def as_array(value: Any) -> np.ndarray:
         raise EvalError(f"IR eval: cannot read an input as an array: {e}") from None
 
 
-def input_sets(g: Graph, inputs: Any, context: str = "IR eval") -> list[list[np.ndarray]]:
-    """One input set (arrays in graph-input order, or one array) or a list of sets, each checked
-    against the graph's input shapes; what audits and differential tests accept as ``inputs``."""
-    if isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (list, tuple)):
-        sets = [[as_array(x) for x in one] for one in inputs]
-    elif isinstance(inputs, (list, tuple)):
-        sets = [[as_array(x) for x in inputs]]
+def _is_array(value: Any) -> bool:
+    """numpy arrays and numpy scalars (0-d values) and tensors; a Python float or int is not one."""
+    return isinstance(value, (np.ndarray, np.generic)) or (hasattr(value, "detach") and hasattr(value, "cpu"))
+
+
+def _holds_arrays(value: Any) -> bool:
+    """A list/tuple with an array or tensor among its items (or among its items' items)."""
+    return isinstance(value, (list, tuple)) and any(_is_array(x) or _holds_arrays(x) for x in value)
+
+
+def input_list(inputs: Any, count: int, context: str = "IR eval",
+               error: type[BridgeError] = EvalError) -> list[np.ndarray]:
+    """One input set as ``count`` arrays in graph-input order.
+
+    A list or tuple is a list of inputs when it holds numpy values or tensors (``[x, idx]``) or is
+    empty; anything else is ONE array, including a (nested) list of plain Python numbers:
+    ``[0., 1.]`` is the array ``[0., 1.]`` for a one-input graph, never two scalar inputs.
+    """
+    if isinstance(inputs, (list, tuple)) and (not inputs or _holds_arrays(inputs)):
+        arrays = [as_array(x) for x in inputs]
     else:
-        sets = [[as_array(inputs)]]
+        arrays = [as_array(inputs)]
+    if len(arrays) != count:
+        raise error(f"{context}: expected {count} input(s), got {len(arrays)}")
+    return arrays
+
+
+def input_sets(g: Graph, inputs: Any, context: str = "IR eval") -> list[list[np.ndarray]]:
+    """One input set (as ``input_list`` reads it) or a list of sets (a list whose items are lists
+    holding arrays), each checked against the graph's input shapes; what audits and differential
+    tests accept as ``inputs``."""
+    n = len(g.inputs)
+    if isinstance(inputs, (list, tuple)) and any(isinstance(x, (list, tuple)) and _holds_arrays(x) for x in inputs):
+        sets = [input_list(one, n, context) for one in inputs]
+    else:
+        sets = [input_list(inputs, n, context)]
     for one in sets:
-        if len(one) != len(g.inputs):
-            raise EvalError(f"{context}: the graph has {len(g.inputs)} input(s), got {len(one)}")
         for x, nid in zip(one, g.inputs):
             if tuple(x.shape) != g.nodes[nid].out_shape:
                 raise EvalError(f"{context}: input for node {nid} has shape {list(x.shape)}, expected "
                                 f"{list(g.nodes[nid].out_shape)}", node=nid)
     return sets
-
-
-def _inputs(g: Graph, inputs: Any) -> list[np.ndarray]:
-    if isinstance(inputs, (list, tuple)):
-        arrays = [as_array(x) for x in inputs]
-    else:
-        arrays = [as_array(inputs)]
-    if len(arrays) != len(g.inputs):
-        raise EvalError(f"IR eval: expected {len(g.inputs)} input(s), got {len(arrays)}")
-    return arrays
 
 
 def eval_node(node: Node, parent_values: Sequence[np.ndarray], record: Any, dtype: str | np.dtype = "float64"
@@ -117,7 +132,8 @@ def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float
              check: bool = True) -> list[np.ndarray]:
     """Outputs in ``g.outputs`` order, or with ``all_nodes`` one value per node id.
 
-    ``inputs``: arrays or torch tensors in ``g.inputs`` order (one array for a one-input graph).
+    ``inputs``: arrays or torch tensors in ``g.inputs`` order, or one array (a list of plain
+    numbers is one array) for a one-input graph; see ``input_list``.
     ``check`` validates structure and shapes first. With ``check=False`` only well-formedness is
     checked, as TorchLean's ``denoteAll`` does; each node then checks its own operands locally.
     """
@@ -127,7 +143,7 @@ def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float
     else:
         check_well_formed(g)
     payload = payload if payload is not None else Payload()
-    arrays = _inputs(g, inputs)
+    arrays = input_list(inputs, len(g.inputs))
     position = {nid: k for k, nid in enumerate(g.inputs)}
     values: list[np.ndarray | None] = [None] * len(g.nodes)
     frees: list[list[int]] = [[] for _ in g.nodes]

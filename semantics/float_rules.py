@@ -20,7 +20,7 @@ from torchlean_bridge.graph import Node
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape, numel
 from torchlean_bridge.ops.contracts import can_broadcast_to
 
-from .conv import conv_nd, pool_nd, window_counts
+from .conv import EMPTY_WINDOW, avg_pool_divisor, conv_nd, pool_nd, pool_out_spatial
 from .float_random import bernoulli, uniform
 from .float_special import erf
 from .records import (batch_norm_record, const_values, conv_record, fail, layernorm_record, linear_record)
@@ -518,7 +518,7 @@ def _conv(node, xs, rec, dt):
 # -- pooling ----------------------------------------------------------------------------------
 
 def _out_spatial(node: Node) -> tuple[int, ...]:
-    return tuple(node.out_shape[len(node.out_shape) - node.attrs["spatial_rank"]:])
+    return pool_out_spatial(node.out_shape, node.attrs["spatial_rank"])
 
 
 @rule("max_pool")
@@ -548,18 +548,10 @@ def _max_pool_nd(node, xs, rec, dt):
 def _avg_pool_nd(node, xs, rec, dt):
     """Divisor per window: cells inside the padded input (count_include_pad) or inside the input."""
     a, x = node.attrs, xs[0]
-    r = a["spatial_rank"]
     out = _out_spatial(node)
-    spatial = x.shape[x.ndim - r:]
-    divisor = np.ones((), np.int64)
-    for i in range(r):
-        lo, hi = (-a["padding"][i], spatial[i] + a["padding_after"][i]) if a["count_include_pad"] \
-            else (0, spatial[i])
-        counts = window_counts(spatial[i], a["kernel"][i], a["stride"][i], a["padding"][i], a["dilation"][i],
-                               out[i], lo, hi)
-        divisor = np.multiply.outer(divisor, counts)
+    divisor = avg_pool_divisor(a, x.shape[x.ndim - a["spatial_rank"]:], out)
     if np.any(divisor == 0):
-        raise domain_error(node, "a pooling window lies entirely in the padding")
+        raise domain_error(node, EMPTY_WINDOW)
     return pool_nd(x, mode="avg", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
                    padding_after=a["padding_after"], dilation=a["dilation"], out_spatial=out, divisor=divisor)
 

@@ -38,7 +38,8 @@ from torchlean_bridge.ops import BOOL, INT64, REGISTRY, fmt_shape
 from torchlean_bridge.payload import Payload
 
 from . import interval_arith as ia
-from .conv import window_counts
+from .conv import EMPTY_WINDOW, avg_pool_divisor, pool_out_spatial
+from .evaluate import input_list
 from .float_rules import FLOAT_RULES
 from .interval_affine import AffineParams, avg_pool_box, batch_norm_box, conv_box, linear_box, matmul_box, mean_box
 from .interval_nonlinear import (arg_extremum_box, layernorm_box, log_softmax_box, mse_box, prod_box,
@@ -311,29 +312,20 @@ def _conv(node, ps, rec):
 INTERVAL_RULES["matmul"] = lambda node, ps, rec: matmul_box(ps[0], ps[1])
 
 
-def _out_spatial(node: Node) -> tuple[int, ...]:
-    return tuple(node.out_shape[len(node.out_shape) - node.attrs["spatial_rank"]:])
-
-
 @rule("avg_pool")
 def _avg_pool(node, ps, rec):
-    return avg_pool_box(ps[0], node.attrs, _out_spatial(node), float(math.prod(node.attrs["kernel"])))
+    out = pool_out_spatial(node.out_shape, node.attrs["spatial_rank"])
+    return avg_pool_box(ps[0], node.attrs, out, float(math.prod(node.attrs["kernel"])))
 
 
 @rule("avg_pool_nd")
 def _avg_pool_nd(node, ps, rec):
     """Divisor per window as PyTorch/ONNX: cells inside the padded input, or inside the input."""
     a, x = node.attrs, ps[0][0]
-    r, out = a["spatial_rank"], _out_spatial(node)
-    spatial = x.shape[x.ndim - r:]
-    divisor = np.ones((), np.int64)
-    for i in range(r):
-        lo, hi = (-a["padding"][i], spatial[i] + a["padding_after"][i]) if a["count_include_pad"] else (0, spatial[i])
-        counts = window_counts(spatial[i], a["kernel"][i], a["stride"][i], a["padding"][i], a["dilation"][i],
-                               out[i], lo, hi)
-        divisor = np.multiply.outer(divisor, counts)
+    out = pool_out_spatial(node.out_shape, a["spatial_rank"])
+    divisor = avg_pool_divisor(a, x.shape[x.ndim - a["spatial_rank"]:], out)
     if np.any(divisor == 0):
-        raise DomainError("avg_pool_nd: a pooling window lies entirely in the padding")
+        raise DomainError(f"avg_pool_nd: {EMPTY_WINDOW}")
     return avg_pool_box(ps[0], a, out, divisor.astype(np.float64))
 
 
@@ -355,17 +347,11 @@ def _error(node: Node, message: str) -> IntervalError:
                          source=str(node.source) if node.source else None)
 
 
-def _as_list(value: Any, n: int, what: str) -> list[np.ndarray]:
-    if n == 1 and not isinstance(value, (list, tuple)):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or len(value) != n:
-        raise IntervalError(f"interval: expected {n} {what} array(s), one per graph input")
-    return [np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v) for v in value]
-
-
 def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
     """The seeded boxes of the graph inputs, checked: shape, order, finiteness, point int/bool boxes."""
-    los, his = _as_list(lower, len(g.inputs), "lower"), _as_list(upper, len(g.inputs), "upper")
+    n = len(g.inputs)
+    los = input_list(lower, n, "interval: lower bounds", IntervalError)
+    his = input_list(upper, n, "interval: upper bounds", IntervalError)
     boxes = {}
     for nid, lo, hi in zip(g.inputs, los, his):
         node = g.nodes[nid]
@@ -436,7 +422,8 @@ class IntervalPropagator:
 def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any) -> list[Box]:
     """One ``(lo, hi)`` pair of float64 arrays per node (the node's shape), outward rounded.
 
-    ``lower``/``upper``: one array each for a one-input graph, or lists in ``g.inputs`` order.
+    ``lower``/``upper``: one array each for a one-input graph (a list of plain numbers is one
+    array), or lists of arrays in ``g.inputs`` order; read as ``evaluate`` reads its inputs.
     For many boxes through one model, build an ``IntervalPropagator`` once and call it.
     """
     return IntervalPropagator(g, payload)(lower, upper)

@@ -356,3 +356,23 @@ def test_pooling_large_and_small_windows_match_torch(kernel, stride, pad, ceil):
     for kind, ref in refs.items():
         g = Graph([Node(0, [], "input", x.shape), Node(1, [0], kind, tuple(ref.shape), attrs)])
         np.testing.assert_allclose(tlb.evaluate(g, None, x)[0], ref.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_a_list_of_plain_numbers_is_one_input_array_everywhere():
+    """Decision: a list/tuple holding arrays or tensors is a list of inputs; a (nested) list of
+    plain numbers is one array, for evaluate, interval_bounds and input_sets alike."""
+    from semantics.evaluate import input_sets
+    one = Graph([Node(0, [], "input", [2]), Node(1, [0], "exp", [2])])
+    np.testing.assert_array_equal(tlb.evaluate(one, None, [0.0, 1.0])[0], np.exp([0.0, 1.0]))
+    np.testing.assert_array_equal(tlb.evaluate(one, None, (np.array([0.0, 1.0]),))[0], np.exp([0.0, 1.0]))
+    lo, hi = tlb.interval_bounds(one, None, [0.0, 1.0], [1.0, 2.0])[1]
+    assert lo[0] <= 1.0 <= hi[0] and lo[1] <= math.e <= hi[1] and hi[1] >= math.exp(2.0)
+    two = Graph([Node(0, [], "input", [2]), Node(1, [], "input", [2]), Node(2, [0, 1], "add", [2])])
+    np.testing.assert_array_equal(tlb.evaluate(two, None, [np.ones(2), [1.0, 2.0]])[0], [2.0, 3.0])
+    with pytest.raises(EvalError, match=r"^IR eval: expected 2 input\(s\), got 1$"):
+        tlb.evaluate(two, None, [[0.0, 1.0], [1.0, 2.0]])  # one [2, 2] array, not two inputs
+    with pytest.raises(tlb.BridgeError, match=r"^interval: lower bounds: expected 2 input\(s\), got 1$"):
+        tlb.interval_bounds(two, None, [[0.0, 1.0], [1.0, 2.0]], [[0.0, 1.0], [1.0, 2.0]])
+    assert len(input_sets(one, [0.0, 1.0])) == 1
+    sets = input_sets(two, [[np.zeros(2), np.ones(2)], [np.ones(2), [2.0, 3.0]]])
+    assert [[list(x) for x in s] for s in sets] == [[[0, 0], [1, 1]], [[1, 1], [2, 3]]]

@@ -129,8 +129,8 @@ def einsum(cx: Cx, equation: str, *operands: Any) -> Any:
                 raise NotLowerable(f"einsum `{equation}`: index {c} has extents {dims[c]} and {d}")
     # sum away indices that appear in one operand only and not in the output
     ops = []
-    for s, op in zip(specs, operands):
-        others = "".join(x for x in specs if x is not s)
+    for k, (s, op) in enumerate(zip(specs, operands)):
+        others = "".join(x for j, x in enumerate(specs) if j != k)  # by position: equal specs are distinct operands
         gone = [i for i, c in enumerate(s) if c not in out and c not in others]
         if gone:
             op = T.reduce_sum(cx, op, gone, False)

@@ -165,3 +165,9 @@ def assert_matches_torch(fn, *inputs: torch.Tensor) -> None:
 @pytest.mark.parametrize("start, length", [(-3, 2), (-5, 5), (-1, 1), (2, 3)])
 def test_narrow_with_negative_start_counts_from_the_end(start, length):
     assert_matches_torch(lambda x: x.narrow(1, start, length), torch.randn(2, 5))
+
+
+@pytest.mark.parametrize("equation, shapes", [("i,i->", [(5,), (5,)]), ("bi,bi->b", [(3, 4), (3, 4)]),
+                                              ("i,i->i", [(4,), (4,)]), ("ij,ij->", [(2, 3), (2, 3)])])
+def test_einsum_with_equal_operand_specs_contracts_elementwise(equation, shapes):
+    assert_matches_torch(lambda x, y: torch.einsum(equation, x, y), *(torch.randn(*s) for s in shapes))

@@ -51,8 +51,9 @@ def points(lo: np.ndarray, hi: np.ndarray, rng: np.random.Generator, n: int = 6)
     return out
 
 
-def assert_encloses(out, exact_values, tight: bool = False):
-    """Every exact value inside the box; with ``tight``, the box ends are attained up to 1e-12."""
+def assert_encloses(out, exact_values, tight: bool = False, magnitude: float = 0.0):
+    """Every exact value inside the box; with ``tight``, the box ends are attained up to 1e-12
+    relative to the outputs' size, or to ``magnitude`` (the size of the terms summed) if larger."""
     lo, hi = frac(out[0]), frac(out[1])
     vmin = vmax = None
     for v in exact_values:
@@ -60,7 +61,8 @@ def assert_encloses(out, exact_values, tight: bool = False):
         vmin = v if vmin is None else np.minimum(vmin, v)
         vmax = v if vmax is None else np.maximum(vmax, v)
     if tight:
-        scale = 1 + max(float(np.max(np.abs(out[0]), initial=0)), float(np.max(np.abs(out[1]), initial=0)))
+        scale = 1 + max(float(np.max(np.abs(out[0]), initial=0)), float(np.max(np.abs(out[1]), initial=0)),
+                        magnitude)
         below = np.asarray(vmin - lo, dtype=object).astype(float)
         above = np.asarray(hi - vmax, dtype=object).astype(float)
         assert np.all(below <= 1e-12 * scale) and np.all(above <= 1e-12 * scale), (below, above)
@@ -86,7 +88,9 @@ def test_linear_is_exact_range_up_to_rounding(n_in, n_out, data):
     node = Node(1, [0], "linear", (2, n_out))
     out = INTERVAL_RULES["linear"](node, [(lo, hi)], {"weight": w, "bias": b})
     exact = [frac(x) @ frac(w).T + frac(b) for x in all_corners(lo, hi)]
-    assert_encloses(out, exact, tight=True)
+    # the rounding term is gamma_n max|x| sum|W| (interval_affine.linear_box): tight relative to that
+    terms = float(np.max(np.abs(np.concatenate([lo, hi]))) * np.max(np.abs(w).sum(axis=1)) + np.max(np.abs(b)))
+    assert_encloses(out, exact, tight=True, magnitude=terms)
 
 
 MATMUL_SHAPES = [((3,), (3,)), ((2, 3), (3,)), ((3,), (3, 2)), ((2, 3), (3, 4)), ((2, 1, 3), (3, 2)),

@@ -186,16 +186,21 @@ def celu(cx: Cx, input: Any, alpha: float = 1.0, inplace: bool = False) -> Sym:
 
 
 def softplus(cx: Cx, input: Any, beta: float = 1.0, threshold: float = 20.0) -> Sym:
-    """v1 softplus; beta != 1 is softplus(beta*x)/beta, PyTorch's definition of the op.
+    """softplus(beta*x)/beta, PyTorch's definition, and x itself where beta*x > threshold.
 
-    PyTorch returns x itself where beta*x > threshold (20 by default); the exact softplus
-    differs there by log1p(exp(-beta*x))/beta < 2.1e-9 relative, below float32 resolution.
+    At the default threshold (20) the cut-over is left out so the op stays v1 ``softplus``: the
+    exact softplus differs there by log1p(exp(-beta*x))/beta < 2.1e-9 relative, below float32
+    resolution. Any other threshold is emitted as PyTorch computes it (gt/where), since the
+    difference can be large (0.31 at threshold 1).
     """
-    x = cx.node(input, FLOAT)
-    if beta == 1:
-        return cx.add("softplus", [x])
-    scaled = _mul(cx, Sym(x), float(beta))
-    return _div(cx, cx.add("softplus", [scaled.nid]), float(beta))
+    x = Sym(cx.node(input, FLOAT))
+    scaled = x if beta == 1 else _mul(cx, x, float(beta))
+    soft = cx.add("softplus", [scaled.nid])
+    if beta != 1:
+        soft = _div(cx, soft, float(beta))
+    if threshold == 20.0:
+        return soft
+    return where(cx, compare("gt")(cx, scaled, float(threshold)), x, soft)
 
 
 def clamp(cx: Cx, input: Any, min: Any = None, max: Any = None) -> Sym:

@@ -171,3 +171,13 @@ def test_narrow_with_negative_start_counts_from_the_end(start, length):
                                               ("i,i->i", [(4,), (4,)]), ("ij,ij->", [(2, 3), (2, 3)])])
 def test_einsum_with_equal_operand_specs_contracts_elementwise(equation, shapes):
     assert_matches_torch(lambda x, y: torch.einsum(equation, x, y), *(torch.randn(*s) for s in shapes))
+
+
+@pytest.mark.parametrize("beta, threshold", [(1.0, 1.0), (2.0, 1.0), (0.5, -0.5), (1.0, 20.0), (3.0, 20.0)])
+def test_softplus_returns_x_above_the_threshold_like_torch(beta, threshold):
+    x = torch.linspace(-4, 4, 33)
+    assert_matches_torch(lambda x: torch.nn.functional.softplus(x, beta, threshold), x)
+    module = torch.nn.Softplus(beta, threshold).eval()
+    b = tlb.import_fx(module, (x,))
+    got = tlb.evaluate(b.graph, b.payload, x.numpy(), dtype="float32")[0]
+    np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-6, atol=1e-6)

@@ -385,17 +385,24 @@ def test_isnan_is_false_on_finite_boxes_and_open_on_infinite_ones():
     assert surely.tolist() == [0.0, 0.0, 0.0] and possibly.tolist() == [0.0, 1.0, 1.0]
 
 
-def test_movement_and_monotone_ops_are_exact_at_the_ends():
+def test_max_pool_boxes_are_torchs_max_pool_of_the_ends():
+    """max is monotone, so the exact range of a max pool is [pool(lo), pool(hi)]: torch computes both."""
+    torch = pytest.importorskip("torch")
     bundle = _graph_case("pooling")
     lo = np.random.default_rng(2).normal(size=(2, 3, 4))
-    hi = lo + 0.25
+    hi = lo + np.random.default_rng(3).uniform(0, 0.5, size=lo.shape)
     boxes = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi)
-    from semantics.evaluate import evaluate
-    max_pool_node = next(n for n in bundle.graph if n.kind == "max_pool")
-    v_lo = evaluate(bundle.graph, bundle.payload, lo, all_nodes=True)[max_pool_node.id]
-    v_hi = evaluate(bundle.graph, bundle.payload, hi, all_nodes=True)[max_pool_node.id]
-    np.testing.assert_array_equal(boxes[max_pool_node.id][0], v_lo)
-    np.testing.assert_array_equal(boxes[max_pool_node.id][1], v_hi)
+    pools = [n for n in bundle.graph if n.kind in ("max_pool", "max_pool_nd")
+             and list(n.attrs["padding"]) == list(n.attrs.get("padding_after", n.attrs["padding"]))]
+    assert {n.kind for n in pools} == {"max_pool", "max_pool_nd"}
+    for node in pools:
+        a = node.attrs
+        for end, x in ((0, lo), (1, hi)):
+            ref = torch.nn.functional.max_pool2d(torch.from_numpy(x), kernel_size=list(a["kernel"]),
+                                                 stride=list(a["stride"]), padding=list(a["padding"]),
+                                                 dilation=list(a.get("dilation", (1, 1))),
+                                                 ceil_mode=bool(a.get("ceil_mode", False))).numpy()
+            np.testing.assert_array_equal(boxes[node.id][end], ref)
 
 
 def test_propagator_reuses_the_payload_and_matches_one_shot_bounds():

@@ -171,22 +171,38 @@ def test_values_are_dropped_after_their_last_use():
     assert out[0] is refs[-1]()
 
 
+# spec section 2.2 (`Spec.Random`) in plain Python ints: an oracle independent of semantics/float_random.py
+def spec_mix(x: int) -> int:
+    z1 = (x + 0x9E3779B97F4A7C15) % 2**64
+    z2 = ((z1 ^ (z1 >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z3 = ((z2 ^ (z2 >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z3 ^ (z3 >> 31)
+
+
+def spec_uniform(seed: int, node_index: int, count: int) -> list[float]:
+    """key = mix((seed + i) mod 2^64); u_k = mix((key + k) mod 2^64) mod 2^32; value u_k / 2^32."""
+    key = spec_mix((seed + node_index) % 2**64)
+    return [(spec_mix((key + k) % 2**64) % 2**32) / 2**32 for k in range(count)]
+
+
 def test_splitmix64_stream_matches_the_reference_constants():
     # splitmix64 from state 0: first outputs 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4 (Vigna's reference)
     z = splitmix64(np.array([0, 0x9E3779B97F4A7C15], dtype=np.uint64))
     assert [hex(int(v)) for v in z] == ["0xe220a8397b1dcdaf", "0x6e789e6aa1b965f4"]
     # the node's key is mix(seed + node index); entry k uses mix(key + k) mod 2^32
-    key = int(splitmix64(np.array([7 + 2], dtype=np.uint64))[0])
-    want = [int(splitmix64(np.array([(key + k) % 2**64], dtype=np.uint64))[0]) & 0xFFFFFFFF for k in range(5)]
-    assert uniform_bits(7, 2, 5).tolist() == want
+    assert [int(u) for u in uniform_bits(7, 2, 5)] == [round(v * 2**32) for v in spec_uniform(7, 2, 5)]
+    assert [int(u) for u in uniform_bits(2**64 - 1, 3, 4)] == [round(v * 2**32) for v in spec_uniform(2**64 - 1, 3, 4)]
 
 
-def test_rand_uniform_and_bernoulli_mask_follow_the_stream():
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_rand_uniform_and_bernoulli_mask_follow_the_spec_stream(dtype):
     g = Graph([Node(0, [], "input", []), Node(1, [], "rand_uniform", [2, 3], {"seed": 11}),
                Node(2, [0], "bernoulli_mask", [2, 3], {"seed": 11})], outputs=[1, 2])
-    u, m = tlb.evaluate(g, None, np.array(0.5))
-    assert u.tolist() == (uniform_bits(11, 1, 6) / 2**32).reshape(2, 3).tolist()
-    assert m.tolist() == (0.5 > uniform_bits(11, 2, 6) / 2**32).astype(float).reshape(2, 3).tolist()
+    u, m = tlb.evaluate(g, None, np.array(0.5), dtype=dtype)
+    want_u = np.array(spec_uniform(11, 1, 6), dtype=dtype).reshape(2, 3)
+    assert u.dtype == np.dtype(dtype) and u.tolist() == want_u.tolist()
+    want_m = [1.0 if np.array(0.5, dtype) > np.array(v, dtype) else 0.0 for v in spec_uniform(11, 2, 6)]
+    assert m.reshape(-1).tolist() == want_m and 0 < sum(want_m) < 6
     assert (tlb.evaluate(g, None, np.array(0.0))[1] == 0).all()
     assert (tlb.evaluate(g, None, np.array(1.0))[1] == 1).all()
 

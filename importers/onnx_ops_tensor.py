@@ -222,18 +222,36 @@ def _repeat_each(ctx: OnnxContext, x: int, shape: tuple[int, ...], factors: list
     return ctx.b.reshape(grown, tuple(f * e for f, e in zip(factors, shape)), ctx.source)
 
 
-_NEAREST_FLOOR_EXACT = {"asymmetric", "half_pixel", "pytorch_half_pixel", "align_corners_false"}
+# Integer-factor nearest upsampling reads input index o // f (each entry repeated f times) exactly
+# under these (coordinate_transformation_mode, nearest_mode) pairs; the value is the largest factor
+# for which that holds (None: any). half_pixel maps o to o // f + ((o % f) + 0.5) / f - 0.5, strictly
+# within half a step of o // f, so both round modes land on it; asymmetric maps o to o / f, whose
+# halves (f == 2) round down only under round_prefer_floor; align_corners maps o = 2q + r (f == 2) to
+# q + (r(n-1) - q) / (2n-1), strictly within half a step of q. Each pair is checked against onnxruntime.
+_NEAREST_REPEAT_EXACT: dict[tuple[str, str], int | None] = {
+    **{(coord, rounding): None for coord in ("half_pixel", "pytorch_half_pixel", "half_pixel_symmetric")
+       for rounding in ("round_prefer_floor", "round_prefer_ceil")},
+    ("align_corners", "round_prefer_floor"): 2,
+    ("align_corners", "round_prefer_ceil"): 2,
+    ("asymmetric", "floor"): None,
+    ("asymmetric", "round_prefer_floor"): 2,
+}
 
 
 def _resize(ctx: OnnxContext) -> list[Value]:
-    """``Resize``/``Upsample`` in nearest mode with integer scale factors: every output index reads
-    input index ``o // factor`` under these coordinate modes, i.e. each entry is repeated."""
+    """``Resize``/``Upsample`` in nearest mode with integer scale factors, where every output index
+    reads input index ``o // factor`` (each entry repeated); other coordinate/rounding modes refused."""
     s = ctx.shape(0)
     mode = ctx.attr("mode", "nearest")
-    coord = ctx.attr("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
-    if mode != "nearest" or (ctx.opset >= 11 and coord not in _NEAREST_FLOOR_EXACT):
-        raise ctx.fail(f"mode={mode}, coordinate_transformation_mode={coord} (only nearest with integer scales)")
-    if ctx.node.op_type == "Upsample" or ctx.opset == 10:
+    if mode != "nearest":
+        raise ctx.fail(f"mode={mode} (only nearest with integer scales)")
+    legacy = ctx.node.op_type == "Upsample" or ctx.opset == 10  # asymmetric, floor: o // f
+    coord = "asymmetric" if legacy else ctx.attr("coordinate_transformation_mode", "half_pixel")
+    rounding = "floor" if legacy else ctx.attr("nearest_mode", "round_prefer_floor")
+    if (coord, rounding) not in _NEAREST_REPEAT_EXACT:
+        raise ctx.fail(f"coordinate_transformation_mode={coord} with nearest_mode={rounding} does not repeat "
+                       "each entry; exact pairs: " + ", ".join(f"{c}/{r}" for c, r in _NEAREST_REPEAT_EXACT))
+    if legacy:
         scales = [float(v) for v in np.asarray(ctx.static(1, "scales")).reshape(-1)]
     else:
         scales_in = ctx.const(2)
@@ -247,6 +265,10 @@ def _resize(ctx: OnnxContext) -> list[Value]:
     if len(scales) != len(s) or any(f < 1 or f != int(f) for f in scales):
         raise ctx.fail(f"scales {scales} (only integer upsampling factors are exact)")
     factors = [int(f) for f in scales]
+    largest = _NEAREST_REPEAT_EXACT[(coord, rounding)]
+    if largest is not None and max(factors) > largest:
+        raise ctx.fail(f"coordinate_transformation_mode={coord} with nearest_mode={rounding} repeats each entry "
+                       f"only for factors up to {largest}, got {factors}")
     if all(f == 1 for f in factors):
         return _alias(ctx)
     return [_repeat_each(ctx, ctx.operand(0), s, factors)]

@@ -459,3 +459,24 @@ def test_import_from_path_and_bytes(tmp_path) -> None:
     path = tmp_path / "m.onnx"
     onnx.save(CASES["Gemm_transB"], str(path))
     assert tlb.import_onnx(path) == tlb.import_onnx(path.read_bytes()) == tlb.import_onnx(CASES["Gemm_transB"])
+
+
+@pytest.mark.parametrize("coord", ["half_pixel", "pytorch_half_pixel", "half_pixel_symmetric", "asymmetric",
+                                   "align_corners"])
+@pytest.mark.parametrize("rounding", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+@pytest.mark.parametrize("factor", [2, 3])
+def test_nearest_resize_is_imported_exactly_when_onnxruntime_repeats_each_entry(coord, rounding, factor) -> None:
+    m = model([N("Resize", ["x", "", "sc"], ["y"], mode="nearest", coordinate_transformation_mode=coord,
+                 nearest_mode=rounding)], [("x", [1, 2, 3, 4])], ["y"],
+              [("sc", np.array([1, 1, factor, factor], np.float32))], opset=19, ir_version=9)
+    feeds = random_feeds(m)
+    (ref,) = run_ort(m, feeds)
+    repeats = np.array_equal(ref, feeds["x"].repeat(factor, axis=2).repeat(factor, axis=3))
+    if not repeats:
+        with pytest.raises(UnsupportedError, match=f"coordinate_transformation_mode={coord} with nearest_mode="
+                                                   f"{rounding}"):
+            tlb.import_onnx(m)
+        return
+    bundle = tlb.import_onnx(m)
+    (ours,) = tlb.evaluate(bundle.graph, bundle.payload, [feeds["x"]], dtype="float32")
+    np.testing.assert_array_equal(ours, ref)

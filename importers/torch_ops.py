@@ -580,8 +580,12 @@ def gather_axis(cx: Cx, input: Any, axis: int, index: Any) -> Sym:
             if k.dim() != 1:
                 raise NotLowerable("boolean mask indices of rank > 1")
             k = k.nonzero().reshape(-1)
-        k = k.long() % max(cx.shape(input)[axis], 1)
-        index = Known(k, folded=True)
+        n = cx.shape(input)[axis]
+        k = k.long()
+        if bool(((k < -n) | (k >= n)).any()):
+            bad = k[(k < -n) | (k >= n)].reshape(-1)[:5].tolist()
+            raise NotLowerable(f"index {bad} out of range for extent {n} on axis {axis}")
+        index = Known(torch.where(k < 0, k + n, k), folded=True)
     elif cx.etype(index) != INT64:
         raise NotLowerable(f"index tensor has element type {cx.etype(index)}, expected int64")
     return cx.add("gather", [cx.node(input), cx.node(index, INT64)], {"axis": axis})

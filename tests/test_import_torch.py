@@ -18,7 +18,9 @@ import torch
 
 import torchlean_bridge as tlb
 from torchlean_bridge.roles import apply_transform
-from importers.torch_common import EMITTED_KINDS
+from importers.torch_common import EMITTED_KINDS, Known, NotLowerable, Sym
+from importers.torch_ops import gather_axis
+from importers.torch_program import TorchLowerer
 from tests.model_zoo import CASES, cases
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -181,3 +183,20 @@ def test_softplus_returns_x_above_the_threshold_like_torch(beta, threshold):
     b = tlb.import_fx(module, (x,))
     got = tlb.evaluate(b.graph, b.payload, x.numpy(), dtype="float32")[0]
     np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("index", [[-1, 0, -5], [4, -2], [2]])
+def test_constant_indices_count_negatives_from_the_end(index):
+    assert_matches_torch(lambda x: x.index_select(1, torch.tensor(index)) if min(index) >= 0
+                         else x[:, torch.tensor(index)], torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("index", [[5], [-6], [0, 7]])
+def test_constant_indices_out_of_range_are_refused_not_wrapped(index):
+    """torch raises IndexError for these; the lowering (reached e.g. by a graph torch never ran) refuses too."""
+    with pytest.raises(IndexError):
+        torch.randn(3, 5)[:, torch.tensor(index)]
+    cx = TorchLowerer("fx")
+    x = Sym(cx.builder.input((3, 5)))
+    with pytest.raises(NotLowerable, match=r"index \[-?\d+\] out of range for extent 5 on axis 1"):
+        gather_axis(cx, x, 1, Known(torch.tensor(index), folded=True))

@@ -10,10 +10,13 @@ the last IR node of a lowering also carries the ONNX output tensor it computes.
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError
@@ -75,6 +78,31 @@ def _static_shape(value_info: Any) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
+def _given_shape(name: str, dims: Any) -> tuple[int, ...]:
+    """A caller's shape for input ``name``: a sequence of non-negative ints, else a BridgeError."""
+    try:
+        shape = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        shape = None
+    if shape is None or isinstance(dims, (str, bytes)) or any(isinstance(d, bool) for d in dims) \
+            or any(d < 0 for d in shape):
+        raise BridgeError(f"ONNX import: input_shapes for `{name}` must be a sequence of non-negative ints, "
+                          f"got {dims!r}"[:300])
+    return shape
+
+
+def _initializer_array(t: Any) -> np.ndarray:
+    """An initializer's values; external data that cannot be read is a BridgeError naming it."""
+    from onnx import numpy_helper
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
+        where = {kv.key: kv.value for kv in t.external_data}.get("location")
+        detail = f" (external data `{where}`: load the model from its path, next to that file)" if where else ""
+        raise BridgeError(f"ONNX import: cannot read initializer `{t.name}`{detail}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}"[:400]) from None
+
+
 def _input_shapes(graph_inputs: list[Any], input_shapes: InputShapes) -> dict[str, tuple[int, ...]]:
     """Every real input's static shape, from the model or the caller; a dynamic dim is an error."""
     given: dict[str, tuple[int, ...]] = {}
@@ -83,12 +111,12 @@ def _input_shapes(graph_inputs: list[Any], input_shapes: InputShapes) -> dict[st
         if unknown:
             raise BridgeError(f"ONNX import: input_shapes names unknown inputs {unknown}; the model's inputs are "
                               f"{[i.name for i in graph_inputs]}")
-        given = {k: tuple(int(d) for d in v) for k, v in input_shapes.items()}
+        given = {k: _given_shape(k, v) for k, v in input_shapes.items()}
     elif input_shapes is not None:
         shapes = list(input_shapes)
         if len(shapes) != len(graph_inputs):
             raise BridgeError(f"ONNX import: {len(shapes)} input shapes given for {len(graph_inputs)} inputs")
-        given = {i.name: tuple(int(d) for d in s) for i, s in zip(graph_inputs, shapes)}
+        given = {i.name: _given_shape(i.name, s) for i, s in zip(graph_inputs, shapes)}
     out = {}
     for vi in graph_inputs:
         if vi.name in given:
@@ -146,7 +174,6 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None) -> Bundle:
 
     ``input_shapes`` fixes dynamic input dimensions: ``{"x": (1, 3, 32, 32)}`` or a list in input order.
     """
-    from onnx import numpy_helper
     model = _load_model(path_or_model)
     opset = _default_opset(model)
     if opset < MIN_OPSET:
@@ -159,7 +186,7 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None) -> Bundle:
     b = GraphBuilder("onnx")
     ctx = OnnxContext(b, opset, _declared_shapes(model, shapes), _consumers(graph))
     for t in graph.initializer:
-        ctx.values[t.name] = Const(numpy_helper.to_array(t), key=t.name)
+        ctx.values[t.name] = Const(_initializer_array(t), key=t.name)
     for vi in real_inputs:
         etype = onnx_element_type(vi.type.tensor_type.elem_type)
         if etype is None:

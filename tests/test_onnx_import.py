@@ -480,3 +480,26 @@ def test_nearest_resize_is_imported_exactly_when_onnxruntime_repeats_each_entry(
     bundle = tlb.import_onnx(m)
     (ours,) = tlb.evaluate(bundle.graph, bundle.payload, [feeds["x"]], dtype="float32")
     np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("shapes", [{"x": (3, -4)}, {"x": (3, 2.5)}, {"x": ("3", 4)}, {"x": 3}, [(True, 4)],
+                                    {"x": "34"}])
+def test_bad_input_shapes_are_bridge_errors(shapes) -> None:
+    m = model([N("Relu", ["x"], ["y"])], [("x", ["batch", 4])], ["y"])
+    with pytest.raises(tlb.BridgeError, match="input_shapes for `x` must be a sequence of non-negative ints"):
+        tlb.import_onnx(m, input_shapes=shapes)
+
+
+def test_external_data_without_its_file_is_a_bridge_error(tmp_path) -> None:
+    m = model([N("MatMul", ["x", "W"], ["y"])], [("x", [2, 4])], ["y"], [("W", f32(4, 3))])
+    onnx.save(m, str(tmp_path / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="weights.bin", size_threshold=0)
+    loaded = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    with pytest.raises(tlb.BridgeError, match=r"cannot read initializer `W` \(external data `weights.bin`"):
+        tlb.import_onnx(loaded)
+    with pytest.raises(tlb.BridgeError, match=r"cannot read initializer `W`"):
+        tlb.import_onnx(loaded.SerializeToString())
+    assert tlb.import_onnx(tmp_path / "m.onnx").roles["W"].role == "weight"
+    (tmp_path / "weights.bin").unlink()
+    with pytest.raises(tlb.BridgeError, match="ONNX import"):
+        tlb.import_onnx(tmp_path / "m.onnx")

@@ -215,25 +215,26 @@ unary("tanh", np.tanh)
 
 @rule("sqrt")
 def _sqrt(node, xs, rec, dt):
+    """Spec 2.2 has no domain check (Lean's sqrt gives NaN below 0); our no-NaN rule (architecture
+    decision 5) refuses negative and NaN inputs instead, naming the node. sqrt(-0.0) = -0.0."""
     x = xs[0]
-    if np.any(x < 0):
-        raise domain_error(node, "input contains negative values")
+    if not np.all(x >= 0):
+        raise domain_error(node, "input contains negative values (or NaN)")
     return np.sqrt(x)
 
 
 @rule("rsqrt")
 def _rsqrt(node, xs, rec, dt):
     x = xs[0]
-    if np.any(x <= 0):
-        raise domain_error(node, "input contains values <= 0")
+    if not np.all(x > 0):
+        raise domain_error(node, "input contains values <= 0 (or NaN)")
     return 1 / np.sqrt(x)
 
 
 @rule("inv")
 def _inv(node, xs, rec, dt):
-    if np.any(xs[0] == 0):
-        raise domain_error(node, "division by zero")
-    return 1 / xs[0]
+    """Spec 2.2: inv(x) = 1/x in IEEE arithmetic, so +-0 gives +-inf (a value, not an error or NaN)."""
+    return np.divide(1, xs[0])
 
 
 @rule("div")

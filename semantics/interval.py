@@ -13,7 +13,8 @@ the correlation of the centered entries), mul_elem/div/matmul between two non-po
 term exact, the dependency between terms lost), ``rand_uniform`` ([0, 1], TorchLean's rule),
 ``bernoulli_mask`` ([0, 1] unless the keep probability's box decides it), argmax/argmin (from the
 first to the last index that can win), sqrt/rsqrt/pow on a box reaching below 0 (clipped to the
-domain, as TorchLean does), and affine images of boxes with an infinite end (unbounded).
+domain, as TorchLean does), inv on a box containing 0 ([-inf, inf]: the float inv gives +-inf at
++-0), and affine images of boxes with an infinite end (unbounded).
 
 Element types: int64 and bool values are boxes too (float64 endpoints; bools as 0/1; int64 is
 exact up to 2**53). Ops that need exact integers (gather indices) demand point boxes. Domain

@@ -64,7 +64,7 @@ def contains_zero(a: Box) -> np.ndarray:
 
 
 def inv(a: Box) -> Box:
-    """1 / a for boxes not containing 0 (callers check and raise)."""
+    """1 / a for boxes not containing 0 (callers handle 0)."""
     with np.errstate(all="ignore"):
         return down(1.0 / a[1]), up(1.0 / a[0])
 

@@ -28,7 +28,7 @@ PointFn = Callable[[np.ndarray], Box]
 
 
 class DomainError(ValueError):
-    """The box leaves the op's domain (log at <= 0, 1/x with 0 in the box, ...)."""
+    """The box leaves the op's domain (log at <= 0, sqrt of a box below 0, ...)."""
 
 
 def _const(value: float, ulps: int = 4) -> Box:
@@ -215,9 +215,12 @@ def sqrt_box(a: Box) -> Box:
 
 
 def inv_box(a: Box) -> Box:
-    if np.any(ia.contains_zero(a)):
-        raise DomainError("inv: box contains 0, where 1/x is undefined")
-    return ia.inv(a)
+    """1/x; where the box contains 0 the float semantics gives +inf at +0 and -inf at -0 (and a
+    box [0, b] holds -0 too), so the only sound box there is [-inf, inf]."""
+    zero = ia.contains_zero(a)
+    with np.errstate(all="ignore"):
+        lo, hi = ia.inv((np.where(zero, 1.0, a[0]), np.where(zero, 1.0, a[1])))
+    return np.where(zero, -np.inf, lo), np.where(zero, np.inf, hi)
 
 
 def _rsqrt(a: Box, attrs: Mapping[str, Any]) -> Box:

@@ -233,3 +233,14 @@ def test_binary_rule_encloses_the_exact_value(kind):
                 assert (Fraction(end) <= value) if op == "lo" else (value <= Fraction(end)), (kind, i, value, end)
 
     check()
+
+
+def test_inv_on_a_box_containing_zero_is_unbounded_and_contains_the_float_infinities():
+    """The float inv gives +inf at +0 and -inf at -0 (both in any box holding 0): [-inf, inf]."""
+    import torchlean_bridge as tlb
+    lo, hi = unary_box("inv", np.array([-1.0, 0.0, -2.0, 0.0, 0.5]), np.array([2.0, 3.0, 0.0, 0.0, 4.0]), {})
+    assert lo[:4].tolist() == [-math.inf] * 4 and hi[:4].tolist() == [math.inf] * 4
+    assert mpf(lo[4]) <= mp.mpf(1) / 4 and mpf(hi[4]) >= 2
+    g = tlb.Graph([Node(0, [], "input", [3]), Node(1, [0], "inv", [3])])
+    report = tlb.check_containment(g, None, np.array([-0.0, 0.0, -1.0]), np.array([0.0, 1.0, 1.0]), samples=8)
+    assert report.samples >= 8

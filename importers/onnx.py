@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from torchlean_bridge.bundle import Bundle
+from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS
 from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import fmt_shape
@@ -26,7 +27,7 @@ from torchlean_bridge.ops import fmt_shape
 from . import onnx_ops_math, onnx_ops_nn, onnx_ops_tensor
 from .builder import GraphBuilder
 from .onnx_context import Const, NodeUnsupported, OnnxContext, unsupported_error
-from .onnx_fold import LAYOUT_OPS, NONDETERMINISTIC, fold_node, fold_shape
+from .onnx_fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
 from .onnx_ops_math import onnx_element_type
 
 __all__ = ["import_onnx", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
@@ -169,10 +170,12 @@ def _consumers(graph: Any) -> dict[str, int]:
     return counts
 
 
-def import_onnx(path_or_model: Any, input_shapes: InputShapes = None) -> Bundle:
+def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
+                max_elements: int = DEFAULT_MAX_ELEMENTS) -> Bundle:
     """An ONNX model (path, bytes or ModelProto) as a checked bundle.
 
     ``input_shapes`` fixes dynamic input dimensions: ``{"x": (1, 3, 32, 32)}`` or a list in input order.
+    ``max_elements`` caps every node's size and every import-time fold, checked before computing it.
     """
     model = _load_model(path_or_model)
     opset = _default_opset(model)
@@ -183,7 +186,7 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None) -> Bundle:
     init_names = {t.name for t in graph.initializer}
     real_inputs = [vi for vi in graph.input if vi.name not in init_names]
     shapes = _input_shapes(real_inputs, input_shapes)
-    b = GraphBuilder("onnx")
+    b = GraphBuilder("onnx", max_elements)
     ctx = OnnxContext(b, opset, _declared_shapes(model, shapes), _consumers(graph))
     for t in graph.initializer:
         ctx.values[t.name] = Const(_initializer_array(t), key=t.name)
@@ -258,6 +261,7 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
     inputs = [ctx.values[n] for n in node.input if n]
     if all(isinstance(v, Const) for v in inputs) and node.op_type not in NONDETERMINISTIC \
             and not _reads_parameter(node, inputs):
+        check_fold_size(ctx, node)
         try:
             return fold_node(ctx, node)
         except Exception as e:  # noqa: BLE001 - the reference evaluator raises assorted errors

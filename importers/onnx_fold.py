@@ -13,9 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from torchlean_bridge.check import check_size
+from torchlean_bridge.ops.contracts import broadcast_shapes
+
 from .onnx_context import Const, OnnxContext, attr_value
 
-__all__ = ["NONDETERMINISTIC", "LAYOUT_OPS", "fold_node", "fold_shape"]
+__all__ = ["NONDETERMINISTIC", "LAYOUT_OPS", "fold_node", "fold_shape", "check_fold_size"]
 
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                               "Multinomial", "Bernoulli"})
@@ -63,6 +66,36 @@ def _layout_step(node: Any, data: Const, result: np.ndarray) -> str | None:
     if op == "Cast":
         return f"cast:{result.dtype.name}"
     return None
+
+
+def _generated_shape(node: Any, feeds: dict[str, np.ndarray]) -> tuple[int, ...] | None:
+    """The output shape of an op whose size is set by input values rather than input sizes."""
+    op, v = node.op_type, [feeds.get(n) for n in node.input]
+    if op == "ConstantOfShape":
+        return tuple(int(d) for d in v[0].reshape(-1))
+    if op == "Range":
+        start, limit, delta = (float(x) for x in v[:3])
+        return (max(int(np.ceil((limit - start) / delta)), 0),) if delta else None
+    if op == "Tile":
+        return tuple(int(d) * int(r) for d, r in zip(v[0].shape, v[1].reshape(-1)))
+    if op == "Expand":
+        return broadcast_shapes(v[0].shape, tuple(int(d) for d in v[1].reshape(-1)), "Expand")
+    return None
+
+
+def check_fold_size(ctx: OnnxContext, node: Any) -> None:
+    """Refuse a fold whose result would exceed ``ctx.max_elements``, before computing it.
+
+    The size comes from the input values for the generators (ConstantOfShape, Range, Tile, Expand),
+    else from onnx's shape inference when it knows the output shapes.
+    """
+    feeds = {n: ctx.values[n].value for n in node.input if n}
+    where = f"ONNX import: node `{node.name or node.output[0]}` ({node.op_type})"
+    shapes = [_generated_shape(node, feeds)] if node.op_type in ("ConstantOfShape", "Range", "Tile", "Expand") \
+        else [ctx.declared.get(o) for o in node.output if o]
+    for shape in shapes:
+        if shape is not None:
+            check_size(shape, ctx.max_elements, where)
 
 
 def fold_node(ctx: OnnxContext, node: Any) -> list[Const]:

@@ -503,3 +503,23 @@ def test_external_data_without_its_file_is_a_bridge_error(tmp_path) -> None:
     (tmp_path / "weights.bin").unlink()
     with pytest.raises(tlb.BridgeError, match="ONNX import"):
         tlb.import_onnx(tmp_path / "m.onnx")
+
+
+@pytest.mark.parametrize("op, inits, max_elements", [
+    ("ConstantOfShape", [("s", i64(100_000, 100_000))], None),  # 1e10 floats: refused before allocation
+    ("Range", [("a", np.array(0, np.int64)), ("b", np.array(3_000_000_000, np.int64)),
+               ("c", np.array(1, np.int64))], None),
+    ("Tile", [("d", np.ones((2, 3), np.int64)), ("r", i64(4, 5))], 100),  # int data: folded, not a parameter
+    ("Expand", [("d", np.ones((3, 1), np.int64)), ("r", i64(2, 3, 40))], 100),
+])
+def test_folding_is_capped_by_max_elements_before_it_runs(op, inits, max_elements) -> None:
+    m = model([N(op, [k for k, _ in inits], ["c"], name="big"), N("Shape", ["c"], ["s_out"]),
+               N("Cast", ["s_out"], ["sf"], to=TP.FLOAT), N("ReduceSum", ["sf"], ["t"], keepdims=0),
+               N("Add", ["x", "t"], ["y"])], [("x", [2])], ["y"], inits)
+    kwargs = {} if max_elements is None else {"max_elements": max_elements}
+    with pytest.raises(tlb.BridgeError, match=r"node `big` \(" + op + r"\): declared shape .* above the limit of"):
+        tlb.import_onnx(m, **kwargs)
+    if max_elements is not None:  # under a larger cap the fold runs and matches onnxruntime
+        feeds = random_feeds(m)
+        bundle = tlb.import_onnx(m, max_elements=1000)
+        assert_close(tlb.evaluate(bundle.graph, bundle.payload, [feeds["x"]], dtype="float32"), run_ort(m, feeds))

@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
+from torchlean_bridge.ops.contracts import broadcast_shapes
 
 from .onnx_context import OnnxContext, Value
 
@@ -110,7 +111,7 @@ def _pow(ctx: OnnxContext) -> list[Value]:
     exp = ctx.const(1)
     if exp is None or exp.value.size == 0 or not np.all(exp.value == exp.value.reshape(-1)[0]):
         raise ctx.fail("the exponent must be a constant with a single value")
-    out_shape = np.broadcast_shapes(ctx.shape(0), tuple(exp.value.shape))
+    out_shape = broadcast_shapes(ctx.shape(0), tuple(exp.value.shape), "Pow")
     x = ctx.b.broadcast(ctx.operand(0), out_shape, ctx.source)
     return [ctx.add("pow", [x], {"exponent": float(exp.value.reshape(-1)[0])})]
 

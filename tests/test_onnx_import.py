@@ -523,3 +523,13 @@ def test_folding_is_capped_by_max_elements_before_it_runs(op, inits, max_element
         feeds = random_feeds(m)
         bundle = tlb.import_onnx(m, max_elements=1000)
         assert_close(tlb.evaluate(bundle.graph, bundle.payload, [feeds["x"]], dtype="float32"), run_ort(m, feeds))
+
+
+def test_pow_broadcasts_its_constant_exponent_by_the_shared_rule() -> None:
+    m = model([N("Pow", ["x", "e"], ["y"])], [("x", [2, 3])], ["y"], [("e", np.full((1, 1, 3), 3.0, np.float32))])
+    feeds = random_feeds(m)
+    bundle = tlb.import_onnx(m)
+    assert_close(tlb.evaluate(bundle.graph, bundle.payload, [feeds["x"]], dtype="float32"), run_ort(m, feeds))
+    bad = model([N("Pow", ["x", "e"], ["y"], name="p")], [("x", [2, 3])], ["y"], [("e", np.full((4,), 2.0, np.float32))])
+    with pytest.raises(UnsupportedError, match=r"node `p`, opset 17\): Pow: shapes \[2, 3\] and \[4\] do not broadcast"):
+        tlb.import_onnx(bad)

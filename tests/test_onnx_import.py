@@ -530,6 +530,8 @@ def test_pow_broadcasts_its_constant_exponent_by_the_shared_rule() -> None:
     feeds = random_feeds(m)
     bundle = tlb.import_onnx(m)
     assert_close(tlb.evaluate(bundle.graph, bundle.payload, [feeds["x"]], dtype="float32"), run_ort(m, feeds))
-    bad = model([N("Pow", ["x", "e"], ["y"], name="p")], [("x", [2, 3])], ["y"], [("e", np.full((4,), 2.0, np.float32))])
-    with pytest.raises(UnsupportedError, match=r"node `p`, opset 17\): Pow: shapes \[2, 3\] and \[4\] do not broadcast"):
+    bad = model([N("Pow", ["x", "e"], ["y"], name="p")], [("x", [2, 3])], ["y"],
+                [("e", np.full((4,), 2.0, np.float32))])
+    with pytest.raises(UnsupportedError,
+                       match=r"node `p`, opset 17\): Pow: shapes \[2, 3\] and \[4\] do not broadcast"):
         tlb.import_onnx(bad)

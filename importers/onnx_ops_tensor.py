@@ -13,7 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from torchlean_bridge.ops.contracts import broadcast_shapes
+from torchlean_bridge.errors import ShapeRuleError
+from torchlean_bridge.ops.contracts import broadcast_shapes, resolve_reshape
 
 from .onnx_context import Const, OnnxContext, Value
 
@@ -39,18 +40,12 @@ def _dropout(ctx: OnnxContext) -> list[Value]:
 
 
 def _reshape_target(ctx: OnnxContext, shape: list[int], allowzero: bool) -> tuple[int, ...]:
+    """ONNX's 0 copies the input extent unless ``allowzero``; the -1 is the shared rule's."""
     src = ctx.shape(0)
-    out = [src[i] if d == 0 and not allowzero else d for i, d in enumerate(shape)]
-    if out.count(-1) > 1:
-        raise ctx.fail(f"target shape {shape} has several -1 entries")
-    if -1 in out:
-        known = math.prod(d for d in out if d != -1)
-        if known == 0 or math.prod(src) % known:
-            raise ctx.fail(f"cannot reshape {list(src)} to {shape}")
-        out[out.index(-1)] = math.prod(src) // known
-    if math.prod(out) != math.prod(src) or any(d < 0 for d in out):
-        raise ctx.fail(f"cannot reshape {list(src)} to {shape}")
-    return tuple(out)
+    try:
+        return resolve_reshape(src, [src[i] if d == 0 and not allowzero else d for i, d in enumerate(shape)])
+    except ShapeRuleError as e:
+        raise ctx.fail(e.message) from None
 
 
 def _reshape(ctx: OnnxContext) -> list[Value]:

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import torch
 
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
-from torchlean_bridge.ops.contracts import broadcast_shapes
+from torchlean_bridge.errors import ShapeRuleError
+from torchlean_bridge.ops.contracts import broadcast_shapes, resolve_reshape
 
 from .torch_common import Known, Lowerer, NotLowerable, Sym, element_type, normalize_axis, prod
 
@@ -386,15 +387,10 @@ def _shape_arg(shape: Sequence[Any]) -> list[int]:
 
 
 def _resolve_shape(src: tuple[int, ...], shape: Sequence[int]) -> tuple[int, ...]:
-    shape = [int(s) for s in shape]
-    if shape.count(-1) > 1:
-        raise NotLowerable(f"reshape to {shape}: more than one -1")
-    if -1 in shape:
-        rest = prod(s for s in shape if s != -1)
-        shape[shape.index(-1)] = prod(src) // rest if rest else 0
-    if prod(shape) != prod(src):
-        raise NotLowerable(f"cannot reshape {list(src)} to {shape}")
-    return tuple(shape)
+    try:
+        return resolve_reshape(src, shape)
+    except ShapeRuleError as e:
+        raise NotLowerable(e.message) from None
 
 
 def reshape(cx: Cx, input: Any, shape: Sequence[int]) -> Any:

@@ -28,6 +28,7 @@ __all__ = [
     "concat_shape",
     "slice_extent",
     "check_axis",
+    "resolve_reshape",
 ]
 
 Shape = tuple[int, ...]
@@ -217,3 +218,19 @@ def slice_extent(size: int, start: int, end: int, step: int) -> int:
     if not (0 <= start <= size and 0 <= end <= size):
         raise ShapeRuleError(f"slice: bounds [{start}, {end}) outside extent {size}")
     return max(0, -(-(end - start) // step))
+
+
+def resolve_reshape(src: Sequence[int], shape: Sequence[int], op: str = "reshape") -> Shape:
+    """A reshape target with its one ``-1`` resolved (PyTorch and ONNX meaning; an ambiguous ``-1``
+    over zero known elements is refused, as PyTorch does)."""
+    out = [int(d) for d in shape]
+    if out.count(-1) > 1:
+        raise ShapeRuleError(f"{op}: target shape {out} has several -1 entries")
+    if -1 in out:
+        known = math.prod(d for d in out if d != -1)
+        if known == 0 or numel(src) % known:
+            raise ShapeRuleError(f"{op}: cannot reshape {fmt_shape(src)} to {list(shape)}")
+        out[out.index(-1)] = numel(src) // known
+    if any(d < 0 for d in out) or numel(out) != numel(src):
+        raise ShapeRuleError(f"{op}: cannot reshape {fmt_shape(src)} to {list(shape)}")
+    return tuple(out)

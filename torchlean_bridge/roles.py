@@ -52,11 +52,12 @@ def _ints(arg: str) -> tuple[int, ...]:
     return tuple(int(x) for x in arg.split(",") if x != "")
 
 
+_CAST_TARGETS = frozenset(np.dtype(t).name for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32,
+                                                     np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_))
+
+
 def _is_dtype(name: str) -> bool:
-    try:
-        return name.isidentifier() and np.dtype(name).kind in "fiub"
-    except TypeError:
-        return False
+    return name in _CAST_TARGETS
 
 
 def _validate(transform: str | None, key: str) -> None:

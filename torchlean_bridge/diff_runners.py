@@ -229,14 +229,13 @@ def expose_all_values(model: Any) -> Any:
     return exposed
 
 
-_ONNX_NUMPY = {1: np.float32, 11: np.float64, 10: np.float16, 7: np.int64, 6: np.int32, 9: np.bool_}
-
-
 class _OnnxRunner(Runner):
     def __init__(self, model: Any) -> None:
         model = onnx_model_proto(model)
         initializers = {t.name for t in model.graph.initializer}
-        self.feeds = [(i.name, _ONNX_NUMPY.get(i.type.tensor_type.elem_type, np.float32))
+        from onnx.helper import tensor_dtype_to_np_dtype
+        self.feeds = [(i.name, tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) if i.type.tensor_type.elem_type
+                       else np.dtype(np.float32))
                       for i in model.graph.input if i.name not in initializers]
         self.output_keys = [o.name for o in model.graph.output]
         floats = [dt for _, dt in self.feeds if np.dtype(dt).kind == "f"]

@@ -30,7 +30,7 @@ from .onnx_context import Const, NodeUnsupported, OnnxContext, unsupported_error
 from .onnx_fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
 from .onnx_ops_math import onnx_element_type
 
-__all__ = ["import_onnx", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
+__all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
 
 HANDLERS = {**onnx_ops_math.HANDLERS, **onnx_ops_tensor.HANDLERS, **onnx_ops_nn.HANDLERS}
 EMITTED_KINDS: frozenset[str] = frozenset({"input", "const"} | onnx_ops_math.EMITS | onnx_ops_tensor.EMITS
@@ -40,7 +40,8 @@ MIN_OPSET, MAX_OPSET = 9, 21
 InputShapes = Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None
 
 
-def _load_model(path_or_model: Any) -> Any:
+def load_model(path_or_model: Any) -> Any:
+    """A ModelProto from a path, bytes or a ModelProto; anything unreadable is a BridgeError."""
     import onnx
     if isinstance(path_or_model, onnx.ModelProto):
         return path_or_model
@@ -177,7 +178,7 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     ``input_shapes`` fixes dynamic input dimensions: ``{"x": (1, 3, 32, 32)}`` or a list in input order.
     ``max_elements`` caps every node's size and every import-time fold, checked before computing it.
     """
-    model = _load_model(path_or_model)
+    model = load_model(path_or_model)
     opset = _default_opset(model)
     if opset < MIN_OPSET:
         raise BridgeError(f"ONNX import: opset {opset} is older than the supported {MIN_OPSET}..{MAX_OPSET}; "

@@ -16,7 +16,7 @@ from .bundle import Bundle
 from .errors import BridgeError
 
 __all__ = ["Runner", "EvaluatorRunner", "TorchFXRunner", "TorchExportRunner", "OnnxRuntimeRunner",
-           "OnnxReferenceRunner", "expose_all_values", "onnx_model_proto", "reference_parameters"]
+           "OnnxReferenceRunner", "expose_all_values", "reference_parameters"]
 
 Values = dict[Hashable, np.ndarray]
 
@@ -202,19 +202,6 @@ class TorchExportRunner(Runner):
 
 # -- ONNX -------------------------------------------------------------------------------------
 
-def onnx_model_proto(model: Any) -> Any:
-    """A ModelProto from a path, bytes or a ModelProto."""
-    import onnx
-    if isinstance(model, onnx.ModelProto):
-        return model
-    try:
-        if isinstance(model, (bytes, bytearray)):
-            return onnx.load_from_string(bytes(model))
-        return onnx.load(str(model))
-    except Exception as e:  # onnx raises DecodeError, OSError, ValueError...
-        raise BridgeError(f"cannot read ONNX model {model!r}: {e}") from None
-
-
 def expose_all_values(model: Any) -> Any:
     """A copy of ``model`` where every node output is also a graph output (existing outputs first)."""
     import onnx
@@ -231,7 +218,8 @@ def expose_all_values(model: Any) -> Any:
 
 class _OnnxRunner(Runner):
     def __init__(self, model: Any) -> None:
-        model = onnx_model_proto(model)
+        from importers.onnx import load_model
+        model = load_model(model)
         initializers = {t.name for t in model.graph.initializer}
         from onnx.helper import tensor_dtype_to_np_dtype
         self.feeds = [(i.name, tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) if i.type.tensor_type.elem_type
@@ -293,5 +281,7 @@ def reference_parameters(reference: Any) -> Mapping[str, np.ndarray]:
         state = reference.state_dict() if callable(reference.state_dict) else reference.state_dict
         return {k: v for k, v in ((k, _to_numpy(t)) for k, t in state.items()) if v is not None}
     from onnx import numpy_helper
-    return {t.name: numpy_helper.to_array(t) for t in onnx_model_proto(reference).graph.initializer}
+
+    from importers.onnx import load_model
+    return {t.name: numpy_helper.to_array(t) for t in load_model(reference).graph.initializer}
 

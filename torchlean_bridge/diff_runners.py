@@ -162,14 +162,9 @@ class TorchExportRunner(Runner):
         if isinstance(module_or_program, ExportedProgram):
             program = module_or_program
         else:
-            module_or_program.eval()
+            from importers.torch_export import export_program
             float_dtype = _float_dtype_of(module_or_program)
-            try:
-                program = torch.export.export(module_or_program,
-                                              tuple(_torch_inputs(example_inputs, float_dtype)))
-            except Exception as e:  # torch raises many unrelated types here
-                raise BridgeError(f"torch.export failed on the reference module: {type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
+            program = export_program(module_or_program, tuple(_torch_inputs(example_inputs, float_dtype)))
         if decompose:
             program = program.run_decompositions()
         self.program = program

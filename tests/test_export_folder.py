@@ -61,13 +61,18 @@ def test_modified_tensor_is_rejected(tmp_path) -> None:
         tlb.load(tmp_path / "b")
 
 
-def test_tensor_swapped_for_another_of_the_same_shape_is_rejected(tmp_path) -> None:
+def saved_payload(tmp_path) -> tuple:
+    """A saved seed bundle's payload file, its tensors and its metadata (to rewrite them)."""
+    from safetensors import safe_open
     tlb.save(seed_mlp_bundle(), tmp_path / "b")
     path = tmp_path / "b" / PAYLOAD_FILE
-    from safetensors import safe_open
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
-    tensors = load_file(str(path))
+    return path, load_file(str(path)), meta
+
+
+def test_tensor_swapped_for_another_of_the_same_shape_is_rejected(tmp_path) -> None:
+    path, tensors, meta = saved_payload(tmp_path)
     tensors["1.bias"] = tensors["1.bias"][::-1].copy()
     save_file(tensors, str(path), metadata=meta)
     with pytest.raises(tlb.BridgeError, match=r"tensor `1\.bias` does not match"):
@@ -75,12 +80,7 @@ def test_tensor_swapped_for_another_of_the_same_shape_is_rejected(tmp_path) -> N
 
 
 def test_added_or_missing_tensors_are_rejected(tmp_path) -> None:
-    tlb.save(seed_mlp_bundle(), tmp_path / "b")
-    path = tmp_path / "b" / PAYLOAD_FILE
-    from safetensors import safe_open
-    with safe_open(str(path), framework="numpy") as f:
-        meta = f.metadata()
-    tensors = load_file(str(path))
+    path, tensors, meta = saved_payload(tmp_path)
     save_file({**tensors, "2.weight": np.zeros(3)}, str(path), metadata=meta)
     with pytest.raises(tlb.BridgeError, match="without a recorded sha256"):
         tlb.load(tmp_path / "b")
@@ -103,8 +103,7 @@ def test_unreadable_folders_are_bridge_errors(tmp_path) -> None:
 
 
 def test_payload_without_hash_metadata_is_rejected(tmp_path) -> None:
-    folder = tlb.save(seed_mlp_bundle(), tmp_path / "b")
-    tensors = load_file(str(folder / PAYLOAD_FILE))
-    save_file(tensors, str(folder / PAYLOAD_FILE))  # same tensors, metadata stripped
+    path, tensors, _ = saved_payload(tmp_path)
+    save_file(tensors, str(path))  # same tensors, metadata stripped
     with pytest.raises(tlb.BridgeError, match="cannot be verified"):
-        tlb.load(folder)
+        tlb.load(tmp_path / "b")

@@ -317,7 +317,7 @@ def test_given_inputs_are_checked():
 def _reference_file(tmp_path, m: nn.Module) -> str:
     torch.save(m.state_dict(), tmp_path / "net.pt")
     src = (f"import sys, torch\nsys.path.insert(0, {str(ROOT)!r})\nfrom tests.test_diff import Net\n\n"
-           f"def make():\n    m = Net()\n    m.load_state_dict(torch.load({str(tmp_path / 'net.pt')!r}))\n"
+           f"def make():\n    m = Net()\n    m.load_state_dict(torch.load({str(tmp_path / 'net.pt')!r}, weights_only=True))\n"
            f"    return m\n")
     (tmp_path / "ref.py").write_text(src)
     return f"{tmp_path / 'ref.py'}:make"

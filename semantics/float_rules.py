@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .tables import registrar
 from torchlean_bridge.graph import Node
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape, numel
 from torchlean_bridge.ops.contracts import can_broadcast_to
@@ -37,12 +38,7 @@ LOG_DOMAIN_MESSAGE = ("IR eval: log: input contains values <= 0 (or NaN); use `s
 FLOAT_RULES: dict[str, Rule] = {}
 
 
-def rule(*kinds: str):
-    def register(fn: Rule) -> Rule:
-        for k in kinds:
-            FLOAT_RULES[k] = fn
-        return fn
-    return register
+rule = registrar(FLOAT_RULES)
 
 
 def unary(kind: str, fn: Callable[[np.ndarray], np.ndarray]) -> None:

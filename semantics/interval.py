@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .tables import registrar
 from torchlean_bridge.check import check
 from torchlean_bridge.errors import BridgeError, IntervalError
 from torchlean_bridge.graph import Graph, Node
@@ -63,12 +64,7 @@ NO_RULE = {
 }
 
 
-def rule(*kinds: str):
-    def register(fn: IntervalRule) -> IntervalRule:
-        for k in kinds:
-            INTERVAL_RULES[k] = fn
-        return fn
-    return register
+rule = registrar(INTERVAL_RULES)
 
 
 def _float_rule_on_ends(kind: str) -> IntervalRule:

@@ -6,9 +6,7 @@ The bundles here are built with the graph builder and carry the provenance an FX
 importers; tests/test_diff_imports.py runs it on real imports.
 """
 
-import io
 import json
-import warnings
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ nn = torch.nn
 import torchlean_bridge as tlb  # noqa: E402
 from importers.builder import GraphBuilder  # noqa: E402
 from torchlean_bridge.bundle import Bundle  # noqa: E402
+from torchlean_bridge.commands.demo import torch_onnx_bytes  # noqa: E402
 from torchlean_bridge.diff import make_inputs, match_nodes, ulp_distance  # noqa: E402
 from torchlean_bridge.graph import Graph, Source  # noqa: E402
 from torchlean_bridge.seed import SEED_WEIGHTS, SEED_X0, seed_mlp_bundle  # noqa: E402
@@ -210,19 +209,10 @@ def test_tiny_epsilon_change_below_float32_resolution_is_not_flagged(net):
 
 # -- ONNX oracles: outputs compared by position, nodes without provenance are not guessed -------
 
-def _onnx_bytes(m: nn.Module, x: np.ndarray) -> bytes:
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(m, (torch.tensor(x, dtype=torch.float32),), f, dynamo=False,
-                          input_names=["x"], output_names=["y"])
-    return f.getvalue()
-
-
 @pytest.mark.parametrize("against", ["onnxruntime", "reference-evaluator"])
 def test_onnx_oracles_compare_outputs_and_report_unmatched_nodes(net, against):
     m, bundle, ids = net
-    model = _onnx_bytes(m, np.zeros((1, 2, 6, 6)))
+    model = torch_onnx_bytes(m, np.zeros((1, 2, 6, 6)))
     report = tlb.diff(bundle, against=against, onnx_model=model, random=2)
     assert report.ok, str(report)
     assert report.outputs[0].counterpart == "y" and report.outputs[0].status == "ok"
@@ -236,7 +226,7 @@ def test_onnx_oracles_compare_outputs_and_report_unmatched_nodes(net, against):
 def test_onnx_tensor_provenance_matches_intermediates():
     """A bundle whose nodes carry ONNX tensor names is compared node by node with onnxruntime."""
     m = seed_module()
-    model = _onnx_bytes(m, SEED_X0)
+    model = torch_onnx_bytes(m, SEED_X0)
     import onnx
     proto = onnx.load_from_string(model)
     produced = {n.op_type: [] for n in proto.graph.node}

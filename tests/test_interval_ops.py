@@ -93,6 +93,21 @@ def test_linear_is_exact_range_up_to_rounding(n_in, n_out, data):
     assert_encloses(out, exact, tight=True, magnitude=terms)
 
 
+@SETTINGS
+@given(st.integers(1, 4), st.integers(1, 3), st.floats(0, 1), st.data())
+def test_linear_on_an_l_inf_ball_is_exact_range_up_to_rounding(n_in, n_out, eps, data):
+    """c +- eps: the radii differ by rounding only, so linear_box uses max(r) * row sums of |W|
+    instead of the radius GEMM; the box must still enclose every corner's exact image, tightly."""
+    w = np.array(data.draw(st.lists(WEIGHT, min_size=n_in * n_out, max_size=n_in * n_out))).reshape(n_out, n_in)
+    b = np.array(data.draw(st.lists(WEIGHT, min_size=n_out, max_size=n_out)))
+    c = np.array(data.draw(st.lists(st.floats(-4, 4), min_size=2 * n_in, max_size=2 * n_in))).reshape(2, n_in)
+    lo, hi = c - eps, c + eps
+    out = INTERVAL_RULES["linear"](Node(1, [0], "linear", (2, n_out)), [(lo, hi)], {"weight": w, "bias": b})
+    exact = [frac(x) @ frac(w).T + frac(b) for x in all_corners(lo, hi)]
+    terms = float(np.max(np.abs(np.concatenate([lo, hi]))) * np.max(np.abs(w).sum(axis=1)) + np.max(np.abs(b)))
+    assert_encloses(out, exact, tight=True, magnitude=terms)
+
+
 MATMUL_SHAPES = [((3,), (3,)), ((2, 3), (3,)), ((3,), (3, 2)), ((2, 3), (3, 4)), ((2, 1, 3), (3, 2)),
                  ((2, 2, 3), (1, 3, 2))]
 

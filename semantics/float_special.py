@@ -9,8 +9,10 @@ per-element coefficient rows (no masks, no branches):
   ``erf^(n)(c) = 2/sqrt(pi) (-1)^(n-1) H_(n-1)(c) exp(-c^2)`` (Hermite polynomials evaluated exactly
   at the dyadic centre, then rounded once; ``erf(c)`` from libm);
 * ``|x| >= 6`` uses the constant row 1: ``erfc(6) < 2.2e-17`` is below half an ulp of 1.
-Binary64 uses w = 1/8 and degree 13 (measured max relative error 2.3e-16 against math.erf);
-binary32 evaluates in float32 with degree 7 (1.5e-7, about one ulp). NaN propagates.
+Binary64 uses w = 1/64 and degree 7 (measured max relative error 2.2e-16 against mpmath);
+binary32 evaluates in float32 with w = 1/32 and degree 4 (1.6e-7, about one ulp). NaN propagates.
+The cost is one gather per coefficient, so narrow intervals with few coefficients beat wide ones
+with many (w = 1/8 at degree 13 was 25-30% slower at the same accuracy).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 
 __all__ = ["erf"]
 
-_WIDTH, _LARGE = 0.125, 6.0
+_LARGE = 6.0
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
@@ -42,8 +44,8 @@ def _hermite_values(x: Fraction, count: int) -> list[Fraction]:
     return h[:count]
 
 
-def _table(degree: int, dtype: type) -> _Table:
-    centres = [0.0] + [(k + 0.5) * _WIDTH for k in range(1, round(_LARGE / _WIDTH))]
+def _table(width: float, degree: int, dtype: type) -> _Table:
+    centres = [0.0] + [(k + 0.5) * width for k in range(1, round(_LARGE / width))]
     rows = []
     for c in centres:
         hermite = _hermite_values(Fraction(c), degree)
@@ -55,22 +57,24 @@ def _table(degree: int, dtype: type) -> _Table:
     return _Table(np.array(centres, dtype), np.array(rows, dtype).T.copy())
 
 
-_DEGREES = {np.dtype(np.float64): 13, np.dtype(np.float32): 7}
+# (interval width w, degree) per domain
+_PIECES = {np.dtype(np.float64): (1 / 64, 7), np.dtype(np.float32): (1 / 32, 4)}
 
 
 @cache
-def _table_for(dtype: np.dtype) -> _Table:
-    """Built on first use (about 20 ms of exact rational arithmetic), not at import."""
-    return _table(_DEGREES[dtype], dtype.type)
+def _table_for(dtype: np.dtype) -> tuple[float, _Table]:
+    """Built on first use (exact rational arithmetic, a few tens of ms), not at import."""
+    width, degree = _PIECES[dtype]
+    return width, _table(width, degree, dtype.type)
 
 
 def erf(x: np.ndarray, dtype: np.dtype | type = np.float64) -> np.ndarray:
     """The error function, computed in ``dtype`` (float64 or float32)."""
-    table = _table_for(np.dtype(dtype))
+    width, table = _table_for(np.dtype(dtype))
     x = np.asarray(x, dtype=dtype)
     ax = np.abs(x)
     last = len(table.centres) - 1
-    index = np.fmin(ax * (1 / _WIDTH), last).astype(np.intp)  # NaN -> the last row; t keeps the NaN
+    index = np.fmin(ax * (1 / width), last).astype(np.intp)  # NaN -> the last row; t keeps the NaN
     t = np.minimum(ax, _LARGE) - table.centres[index]
     acc = table.rows[-1][index]
     for row in table.rows[-2::-1]:

@@ -2,9 +2,9 @@
 
 Convolution follows TorchLean's ``conv`` (spec section 2.2): axes before ``channel_axis`` are
 independent batch axes, grouped weights ``[out, in/groups, *kernel]``, per-axis stride, dilation
-and asymmetric zero padding. The columns are gathered with one strided copy per kernel offset
-(rows stay contiguous, unlike a transposed window view) and contracted with a matrix product
-batched over groups, so the work is BLAS, not Python.
+and asymmetric zero padding. The im2col matrix is one strided view of the padded input
+(``[C, *kernel, *out]``), copied a block of output rows at a time into a cache-sized buffer and
+contracted with a matrix product batched over groups, so the work is BLAS, not Python.
 
 Pooling acts on the trailing ``spatial_rank`` axes. Windows are visited by kernel offset (a loop
 over the ``prod(kernel)`` offsets, each a whole-array strided slice of the cells inside the input),
@@ -17,23 +17,23 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
-__all__ = ["conv_nd", "pool_nd", "pool_out_spatial", "avg_pool_divisor", "EMPTY_WINDOW", "offset_views"]
+__all__ = ["conv_nd", "pool_nd", "pool_out_spatial", "avg_pool_divisor", "EMPTY_WINDOW"]
 
 EMPTY_WINDOW = "a pooling window lies entirely in the padding"
 
 # above this many kernel offsets, reduce over a window view instead of looping over offsets
 _OFFSET_LOOP_LIMIT = 64
 
-# the im2col matrix is rebuilt for every convolution and dies inside it: reusing one buffer per
-# thread avoids paying fresh-page faults on megabytes each time. Batches are unfolded a few samples
-# at a time so the buffer stays near _IM2COL_BYTES (one sample may exceed it).
+# the im2col matrix is rebuilt for every convolution and dies inside it: it is copied one block of
+# output rows at a time, small enough to stay in cache while BLAS reads it back, into one reused
+# per-thread buffer (no fresh-page faults on megabytes per convolution)
 _WORKSPACE = threading.local()
-_IM2COL_BYTES = 64 << 20
+_IM2COL_BLOCK_BYTES = 2 << 20
 
 
 def _workspace(shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -54,25 +54,6 @@ def _pad_spatial(x: np.ndarray, before: Sequence[int], after: Sequence[int], val
     return out
 
 
-def offset_views(xp: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-                 out: Sequence[int]) -> Iterator[np.ndarray]:
-    """For each kernel offset in row-major order, the ``[..., *out]`` view of the cells it meets.
-
-    Output position ``o`` meets cell ``o*s + f*d`` on each trailing axis. With a stride, the padded
-    input is first split into its ``s`` phases (``xp[..., p::s]``, each copied once), so every
-    offset's view is a plain contiguous-row slice of one phase instead of a strided gather.
-    """
-    phases: dict[tuple[int, ...], np.ndarray] = {}
-    for offs in itertools.product(*(range(k) for k in kernel)):
-        starts = [f * d for f, d in zip(offs, dilation)]
-        phase = tuple(st % s for st, s in zip(starts, stride))
-        if phase not in phases:
-            phases[phase] = xp if all(s == 1 for s in stride) else np.ascontiguousarray(
-                xp[(Ellipsis,) + tuple(slice(p, None, s) for p, s in zip(phase, stride))])
-        yield phases[phase][(Ellipsis,) + tuple(slice(st // s, st // s + o)
-                                                for st, s, o in zip(starts, stride, out))]
-
-
 def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis: int, stride: Sequence[int],
             padding: Sequence[int], padding_after: Sequence[int], dilation: Sequence[int], groups: int,
             out_spatial: Sequence[int]) -> np.ndarray:
@@ -87,27 +68,33 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
     w = weight.reshape(g, og, cg * k)
     if k == 1 and tuple(xp.shape[2:]) == tuple(out_spatial):  # pointwise: the input is its own column matrix
         y = np.matmul(w, xp.reshape(n, g, cg, length))
-    else:  # im2col, a bounded number of samples at a time
+    else:  # im2col, one cache-sized block of output rows at a time
         y = np.empty((n, g, og, length), dtype=x.dtype)
-        chunk = max(1, _IM2COL_BYTES // (c_in * k * length * x.dtype.itemsize))
-        for lo in range(0, n, chunk):
-            part = xp[lo:lo + chunk]
-            np.matmul(w, _im2col(part, kernel, stride, dilation, out_spatial).reshape(len(part), g, cg * k, length),
-                      out=y[lo:lo + chunk])
+        rows = out_spatial[0] if out_spatial else 1
+        row_length = length // rows if rows else 0
+        block = max(1, _IM2COL_BLOCK_BYTES // max(1, c_in * k * row_length * x.dtype.itemsize))
+        for s in range(n):
+            windows = _window_view(xp[s], kernel, stride, dilation, out_spatial)
+            for r0 in range(0, rows, block):
+                r1 = min(rows, r0 + block)
+                part = windows[(Ellipsis, slice(r0, r1)) + (slice(None),) * (len(out_spatial) - 1)]
+                cols = _workspace(part.shape, x.dtype)
+                np.copyto(cols, part)
+                np.matmul(w, cols.reshape(g, cg * k, (r1 - r0) * row_length),
+                          out=y[s, :, :, r0 * row_length:r1 * row_length])
     y = y.reshape((n, out_c, length))
     y += bias.reshape(out_c, 1)
     return y.reshape(lead + (out_c,) + tuple(out_spatial))
 
 
-def _im2col(xp: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
-            out: Sequence[int]) -> np.ndarray:
-    """``[n, C, *kernel, *out]`` in the workspace: one contiguous-row copy per kernel offset."""
-    cols = _workspace(xp.shape[:2] + tuple(kernel) + tuple(out), xp.dtype)
-    every = (slice(None), slice(None))
-    views = offset_views(xp, kernel, stride, dilation, out)
-    for offs, view in zip(itertools.product(*(range(kk) for kk in kernel)), views):
-        cols[every + offs] = view
-    return cols
+def _window_view(xp: np.ndarray, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+                 out: Sequence[int]) -> np.ndarray:
+    """The read-only ``[C, *kernel, *out]`` view of one padded sample ``[C, *spatial]``: entry
+    ``[c, f, o]`` is cell ``o*stride + f*dilation`` (the im2col matrix, not yet copied)."""
+    steps = xp.strides[1:]
+    return as_strided(xp, shape=xp.shape[:1] + tuple(kernel) + tuple(out),
+                      strides=xp.strides[:1] + tuple(st * d for st, d in zip(steps, dilation))
+                      + tuple(st * s for st, s in zip(steps, stride)), writeable=False)
 
 
 def pool_out_spatial(out_shape: Sequence[int], spatial_rank: int) -> tuple[int, ...]:

@@ -300,17 +300,21 @@ def _batched(w: OnnxWriter, node: Node, make: Callable[[str, str | None], str], 
 
 
 def _conv(w: OnnxWriter, node: Node) -> None:
+    """``Conv``, or ``ConvTranspose`` (same geometry attributes plus ``output_padding``)."""
     a = node.attrs
     if a["channel_axis"] > 1:
-        raise ExportError(f"ONNX export: conv node {node.id}: channel_axis {a['channel_axis']} is not supported",
-                          node=node.id, op="conv")
+        raise ExportError(f"ONNX export: {node.kind} node {node.id}: channel_axis {a['channel_axis']} is not "
+                          f"supported", node=node.id, op=node.kind)
     weight, _ = w.payload_input(node, "weight")
     bias = [w.payload_input(node, "bias")[0]] if w.has_role(node, "bias", zero_default=True) else []
+    op, extra = "Conv", {}
+    if node.kind == "conv_transpose":
+        op, extra = "ConvTranspose", {"output_padding": list(a["output_padding"])}
 
     def make(x: str, out: str | None) -> str:
-        return w.emit("Conv", [x, weight, *bias], out, node, kernel_shape=list(a["kernel"]),
+        return w.emit(op, [x, weight, *bias], out, node, kernel_shape=list(a["kernel"]),
                       strides=list(a["stride"]), pads=list(a["padding"]) + list(a["padding_after"]),
-                      dilations=list(a["dilation"]), group=a["groups"])
+                      dilations=list(a["dilation"]), group=a["groups"], **extra)
     _batched(w, node, make, a["spatial_rank"] + 2)
 
 
@@ -464,7 +468,8 @@ def _concat(w: OnnxWriter, node: Node) -> None:
 # onnxruntime computes that way) cancels for |x| << 1 (relative error up to eps / |x|), as does
 # Log(1 + x) for log1p, so an expm1 or log1p node is a blocking node, refused by name like the other kinds without an exact ONNX form.
 ONNX_EXPORTERS: dict[str, Exporter] = {
-    "const": _const, "linear": _linear, "conv": _conv, "batch_norm_eval": _batch_norm, "layernorm": _layernorm,
+    "const": _const, "linear": _linear, "conv": _conv, "conv_transpose": _conv, "batch_norm_eval": _batch_norm,
+    "layernorm": _layernorm,
     "add": _simple("Add"), "sub": _simple("Sub"), "mul_elem": _simple("Mul"), "div": _simple("Div"),
     "max_elem": _simple("Max"), "min_elem": _simple("Min"), "matmul": _simple("MatMul"), "prelu": _simple("PRelu"),
     "abs": _simple("Abs"), "sqrt": _simple("Sqrt"), "inv": _simple("Reciprocal"), "relu": _simple("Relu"),

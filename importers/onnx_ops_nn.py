@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from torchlean_bridge.ops import REGISTRY
+from torchlean_bridge.ops.contracts import conv_transpose_full_dim
 
 from .onnx_context import Const, OnnxContext, Value
 
@@ -120,6 +121,63 @@ def _conv(ctx: OnnxContext) -> list[Value]:
              "padding_after": tuple(after), "dilation": tuple(dilations), "groups": int(ctx.attr("group", 1)),
              "channel_axis": 1, "in_channels": xs[1], "out_channels": out_channels}
     nid = ctx.add("conv", [ctx.operand(0)], attrs)
+    ctx.param_const(nid, "weight", weight)
+    if ctx.has_input(2):
+        ctx.param(nid, "bias", 2)
+    else:
+        ctx.b.param(nid, "bias", np.zeros(out_channels, dtype=ctx.b.payload.get(nid, "weight").dtype))
+    return [nid]
+
+
+def _conv_transpose_geometry(ctx: OnnxContext, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
+                             dilations: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """ConvTranspose's crop (before, after) and end extension (output_padding): explicit ``pads``,
+    or split from the total that an ``output_shape`` (or ``auto_pad`` SAME_*, which asks for
+    ``input * stride``) implies, the odd cell at the end for SAME_UPPER and at the start otherwise
+    (ONNX operator spec). A negative total (a wanted extent past the uncropped output) extends the end."""
+    r = len(spatial)
+    output_padding = list(ctx.attr("output_padding") or [0] * r)
+    auto = ctx.attr("auto_pad", "NOTSET") or "NOTSET"
+    wanted = ctx.attr("output_shape")
+    if auto == "VALID":
+        return [0] * r, [0] * r, output_padding
+    if wanted is None and auto in ("SAME_UPPER", "SAME_LOWER"):
+        wanted = [size * s for size, s in zip(spatial, strides)]
+    if wanted is None:
+        pads = list(ctx.attr("pads") or [0] * (2 * r))
+        return pads[:r], pads[r:], output_padding
+    wanted = list(wanted)[-r:]
+    before, after, extend = [], [], []
+    for size, k, s, d, op, out in zip(spatial, kernel, strides, dilations, output_padding, wanted):
+        total = conv_transpose_full_dim(size, k, s, d) + op - out
+        small, large = total // 2, total - total // 2
+        b, a = (small, large) if auto == "SAME_UPPER" else (large, small)
+        if b < 0:
+            raise ctx.fail(f"output_shape {list(wanted)} needs cells before the transposed convolution's output")
+        before.append(b)
+        after.append(max(a, 0))
+        extend.append(op + max(-a, 0))
+    return before, after, extend
+
+
+def _conv_transpose(ctx: OnnxContext) -> list[Value]:
+    weight = ctx.const(1)
+    if weight is None:
+        raise ctx.fail("the weight must be an initializer")
+    xs = ctx.shape(0)
+    r = len(xs) - 2
+    if r < 1:
+        raise ctx.fail(f"input rank {len(xs)} (expected batch, channels and spatial axes)")
+    groups = int(ctx.attr("group", 1))
+    kernel = list(ctx.attr("kernel_shape") or weight.value.shape[2:])
+    strides = list(ctx.attr("strides") or [1] * r)
+    dilations = list(ctx.attr("dilations") or [1] * r)
+    before, after, output_padding = _conv_transpose_geometry(ctx, xs[2:], kernel, strides, dilations)
+    out_channels = int(weight.value.shape[1]) * groups
+    attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
+             "padding_after": tuple(after), "output_padding": tuple(output_padding), "dilation": tuple(dilations),
+             "groups": groups, "channel_axis": 1, "in_channels": xs[1], "out_channels": out_channels}
+    nid = ctx.add("conv_transpose", [ctx.operand(0)], attrs)
     ctx.param_const(nid, "weight", weight)
     if ctx.has_input(2):
         ctx.param(nid, "bias", 2)
@@ -337,14 +395,15 @@ def _einsum(ctx: OnnxContext) -> list[Value]:
 
 
 HANDLERS: dict[str, Handler] = {
-    "Gemm": _gemm, "MatMul": _matmul, "Conv": _conv, "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"),
+    "Gemm": _gemm, "MatMul": _matmul, "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"),
     "GlobalAveragePool": _global_pool("reduce_mean_axes"), "GlobalMaxPool": _global_pool("reduce_max"),
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
     "LRN": _lrn,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "Einsum": _einsum,
 }
 
-EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "max_pool",
+EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "conv_transpose",
+                   "max_pool",
                    "avg_pool", "max_pool_nd", "avg_pool_nd", "reduce_mean_axes", "reduce_max", "batch_norm_eval",
                    "layernorm", "softmax", "log_softmax", "reshape", "permute", "reduce_sum", "pad", "slice", "pow",
                    "div",

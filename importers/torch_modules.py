@@ -116,6 +116,7 @@ _fn("baddbmm", N.baddbmm)
 _fn("einsum", N.einsum)
 _fn("linear", N.linear, F)
 _fn("conv1d conv2d conv3d", N.conv, F)
+_fn("conv_transpose1d conv_transpose2d conv_transpose3d", N.conv_transpose, F)
 _fn("layer_norm", N.layer_norm, F)
 _fn("group_norm", N.group_norm, F)
 _fn("batch_norm", lambda cx, input, running_mean, running_var, weight=None, bias=None, training=False,
@@ -185,6 +186,15 @@ def _conv(cx: Cx, m: nn.modules.conv._ConvNd, path: str, x: Any) -> Any:
                   m.groups)
 
 
+def _conv_transpose(cx: Cx, m: nn.modules.conv._ConvTransposeNd, path: str, x: Any, output_size: Any = None) -> Any:
+    if m.padding_mode != "zeros":
+        raise NotLowerable(f"transposed convolution padding_mode={m.padding_mode!r} (only 'zeros' is supported)")
+    if output_size is not None:
+        raise NotLowerable("transposed convolution called with output_size (pass output_padding to the module)")
+    return N.conv_transpose(cx, x, cx.param(path, "weight"), cx.param(path, "bias"), m.stride, m.padding,
+                            m.output_padding, m.groups, m.dilation)
+
+
 def _batch_norm(cx: Cx, m: nn.modules.batchnorm._BatchNorm, path: str, x: Any) -> Any:
     return N.batch_norm(cx, x, cx.param(path, "weight"), cx.param(path, "bias"), cx.param(path, "running_mean"),
                         cx.param(path, "running_var"), m.training or m.running_mean is None, m.momentum or 0.0,
@@ -216,6 +226,7 @@ def _simple(fn: Lowering, *attrs: str) -> ModuleLowering:
 
 MODULES: dict[type, ModuleLowering] = {
     nn.Linear: _linear, nn.Conv1d: _conv, nn.Conv2d: _conv, nn.Conv3d: _conv,
+    nn.ConvTranspose1d: _conv_transpose, nn.ConvTranspose2d: _conv_transpose, nn.ConvTranspose3d: _conv_transpose,
     nn.BatchNorm1d: _batch_norm, nn.BatchNorm2d: _batch_norm, nn.BatchNorm3d: _batch_norm,
     nn.LayerNorm: _layer_norm, nn.GroupNorm: _group_norm, nn.Embedding: _embedding,
     nn.Dropout: _dropout, nn.Dropout1d: _dropout, nn.Dropout2d: _dropout, nn.Dropout3d: _dropout,

@@ -192,10 +192,34 @@ def conv(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, pad
     return out
 
 
+def conv_transpose(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
+                   output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Sym:
+    """``F.conv_transposeNd`` (its argument order: groups before dilation); the weight keeps
+    PyTorch's ``[in, out/groups, *kernel]`` layout, so it binds without a transform."""
+    w = _param(cx, weight, "transposed convolution weight")
+    r = w.tensor.dim() - 2
+    channel_axis = cx.rank(input) - r - 1
+    if channel_axis not in (0, 1):
+        raise NotLowerable(f"conv_transpose{r}d input of rank {cx.rank(input)}")
+    pad = _tuple(padding, r)
+    attrs = {"spatial_rank": r, "kernel": list(w.shape[2:]), "stride": _tuple(stride, r), "padding": pad,
+             "padding_after": pad, "output_padding": _tuple(output_padding, r), "dilation": _tuple(dilation, r),
+             "groups": int(groups), "channel_axis": channel_axis, "in_channels": w.shape[0],
+             "out_channels": w.shape[1] * int(groups)}
+    out = cx.add("conv_transpose", [cx.node(input, FLOAT)], attrs)
+    cx.bind_param(out.nid, "weight", w)
+    if bias is None:
+        cx.builder.param(out.nid, "bias", _zeros(attrs["out_channels"]))
+    else:
+        cx.bind_param(out.nid, "bias", _param(cx, bias, "transposed convolution bias"))
+    return out
+
+
 def convolution(cx: Cx, input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
-                transposed: bool, output_padding: Any, groups: int) -> Sym:
+                transposed: bool, output_padding: Any, groups: int, *rest: Any) -> Sym:
+    """``aten.convolution`` (``_convolution`` passes four backend flags after ``groups``)."""
     if transposed:
-        raise NotLowerable("transposed convolution has no IR op")
+        return conv_transpose(cx, input, weight, bias, stride, padding, output_padding, groups, dilation)
     return conv(cx, input, weight, bias, stride, padding, dilation, groups)
 
 

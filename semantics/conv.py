@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
-__all__ = ["conv_nd", "pool_nd", "pool_out_spatial", "avg_pool_divisor", "EMPTY_WINDOW"]
+__all__ = ["conv_nd", "conv_transpose_nd", "pool_nd", "pool_out_spatial", "avg_pool_divisor", "EMPTY_WINDOW"]
 
 EMPTY_WINDOW = "a pooling window lies entirely in the padding"
 
@@ -34,6 +34,7 @@ _OFFSET_LOOP_LIMIT = 64
 # per-thread buffer (no fresh-page faults on megabytes per convolution)
 _WORKSPACE = threading.local()
 _IM2COL_BLOCK_BYTES = 2 << 20
+_TRANSPOSE_CHUNK_BYTES = 64 << 20
 
 
 def _workspace(shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -95,6 +96,48 @@ def _window_view(xp: np.ndarray, kernel: Sequence[int], stride: Sequence[int], d
     return as_strided(xp, shape=xp.shape[:1] + tuple(kernel) + tuple(out),
                       strides=xp.strides[:1] + tuple(st * d for st, d in zip(steps, dilation))
                       + tuple(st * s for st, s in zip(steps, stride)), writeable=False)
+
+
+def conv_transpose_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis: int,
+                      stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+                      out_spatial: Sequence[int]) -> np.ndarray:
+    """The adjoint of ``conv_nd``: ``x`` is ``lead ++ [C_in] ++ spatial``, ``weight`` is
+    ``[C_in, out/groups, *kernel]``; the result is ``lead ++ [out] ++ out_spatial``.
+
+    One BLAS product per sample gives every (input cell, kernel offset) contribution
+    (``W^T x``, batched over groups); each kernel offset's contributions are then added into the
+    uncropped output in one strided slice (cell ``i*stride + f*dilation``), a loop over the
+    ``prod(kernel)`` offsets, never over cells. Output cell ``o`` is uncropped cell ``o + padding``
+    (the leading crop); ``out_spatial`` fixes the extent, so cells past the uncropped end (from
+    ``output_padding``) receive only the bias.
+    """
+    lead = x.shape[:channel_axis]
+    c_in, spatial = x.shape[channel_axis], tuple(x.shape[channel_axis + 1:])
+    n = math.prod(lead)
+    og, kernel = weight.shape[1], tuple(weight.shape[2:])
+    g, cg = groups, c_in // groups
+    out_c, k, length = og * g, math.prod(kernel), math.prod(spatial)
+    full = tuple((size - 1) * s + d * (kk - 1) + 1 for size, s, d, kk in zip(spatial, stride, dilation, kernel))
+    # [g, og * k, cg]: each group's weight block transposed
+    wt = np.ascontiguousarray(weight.reshape(g, cg, og * k).transpose(0, 2, 1))
+    xs = x.reshape(n, g, cg, length)
+    y = np.zeros((n, out_c) + tuple(out_spatial), dtype=x.dtype)
+    keep = tuple(slice(p, min(f, p + o)) for p, f, o in zip(padding, full, out_spatial))
+    into = (slice(None), slice(None)) + tuple(slice(0, kp.stop - kp.start) for kp in keep)
+    # a few samples at a time, so the contributions stay near _TRANSPOSE_CHUNK_BYTES
+    chunk = max(1, _TRANSPOSE_CHUNK_BYTES // max(1, out_c * k * length * x.dtype.itemsize))
+    for lo in range(0, n, chunk):
+        part = xs[lo:lo + chunk]
+        cols = np.matmul(wt, part).reshape((len(part), out_c) + kernel + spatial)
+        uncropped = np.zeros((len(part), out_c) + full, dtype=x.dtype)
+        for offs in itertools.product(*(range(kk) for kk in kernel)):
+            target = (slice(None), slice(None)) + tuple(slice(f * d, f * d + (size - 1) * st + 1, st)
+                                                        for f, d, size, st in zip(offs, dilation, spatial, stride))
+            uncropped[target] += cols[(slice(None), slice(None)) + offs]
+        y[lo:lo + chunk][into] = uncropped[(slice(None), slice(None)) + keep]
+    y = y.reshape((n, out_c, math.prod(out_spatial)))
+    y += bias.reshape(out_c, 1)
+    return y.reshape(lead + (out_c,) + tuple(out_spatial))
 
 
 def pool_out_spatial(out_shape: Sequence[int], spatial_rank: int) -> tuple[int, ...]:

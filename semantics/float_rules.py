@@ -21,7 +21,7 @@ from torchlean_bridge.graph import Node
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape, numel
 from torchlean_bridge.ops.contracts import can_broadcast_to
 
-from .conv import EMPTY_WINDOW, avg_pool_divisor, conv_nd, pool_nd, pool_out_spatial
+from .conv import EMPTY_WINDOW, avg_pool_divisor, conv_nd, conv_transpose_nd, pool_nd, pool_out_spatial
 from .float_random import bernoulli, uniform
 from .float_special import erf
 from .records import (batch_norm_record, const_values, conv_record, fail, layernorm_record, linear_record)
@@ -510,6 +510,15 @@ def _conv(node, xs, rec, dt):
     return conv_nd(xs[0], param(w, dt), param(b, dt), channel_axis=a["channel_axis"], stride=a["stride"],
                    padding=a["padding"], padding_after=a["padding_after"], dilation=a["dilation"],
                    groups=a["groups"], out_spatial=node.out_shape[a["channel_axis"] + 1:])
+
+
+@rule("conv_transpose")
+def _conv_transpose(node, xs, rec, dt):
+    a = node.attrs
+    w, b = conv_record(node, rec)
+    return conv_transpose_nd(xs[0], param(w, dt), param(b, dt), channel_axis=a["channel_axis"], stride=a["stride"],
+                             padding=a["padding"], dilation=a["dilation"], groups=a["groups"],
+                             out_spatial=node.out_shape[a["channel_axis"] + 1:])
 
 
 # -- pooling ----------------------------------------------------------------------------------

@@ -15,11 +15,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import interval_arith as ia
-from .conv import conv_nd, pool_nd
+from .conv import conv_nd, conv_transpose_nd, pool_nd
 from .interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
 
-__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box", "batch_norm_box", "mean_box", "divide_exact",
-           "avg_pool_box"]
+__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "conv_transpose_box", "matmul_box", "batch_norm_box",
+           "mean_box", "divide_exact", "avg_pool_box"]
 
 
 def affine_box(a: Box, apply: Callable[[np.ndarray], np.ndarray], apply_abs: Callable[[np.ndarray], np.ndarray],
@@ -98,6 +98,19 @@ def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seque
     b = p.bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1))
     return affine_box(a, lambda v: conv_nd(v, p.weight, zero, **geometry),
                       lambda v: conv_nd(v, p.abs_weight, zero, **geometry), p.weight[0].size + 1, b)
+
+
+def conv_transpose_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int]) -> Box:
+    """Transposed convolution through the float evaluator's scatter; each output sums at most
+    ``in/groups * prod(kernel)`` products (fewer where the stride skips cells)."""
+    ca = attrs["channel_axis"]
+    zero = np.zeros(out_shape[ca])
+    geometry = dict(channel_axis=ca, stride=attrs["stride"], padding=attrs["padding"], dilation=attrs["dilation"],
+                    groups=attrs["groups"], out_spatial=tuple(out_shape[ca + 1:]))
+    b = p.bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1))
+    terms = attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1
+    return affine_box(a, lambda v: conv_transpose_nd(v, p.weight, zero, **geometry),
+                      lambda v: conv_transpose_nd(v, p.abs_weight, zero, **geometry), terms, b)
 
 
 def _is_point(a: Box) -> bool:

@@ -83,14 +83,18 @@ def linear_record(node: Node, rec: Record, parent: Shape) -> LinearRecord:
 
 
 def conv_record(node: Node, rec: Record) -> ConvRecord:
-    """``ConvParams``: grouped weight ``[out, in/groups, *kernel]`` and bias ``[out]``."""
+    """``ConvParams``: grouped weight ``[out, in/groups, *kernel]`` and bias ``[out]``; for
+    ``conv_transpose`` (PyTorch/ONNX layout) the weight is ``[in, out/groups, *kernel]``."""
     w, b = rec.get("weight"), rec.get("bias")
     if w is None or b is None:
-        raise fail(node, f"IR eval: missing conv payload for node {node.id}")
+        raise fail(node, f"IR eval: missing {node.kind} payload for node {node.id}")
     a = node.attrs
-    want = (a["out_channels"], a["in_channels"] // a["groups"], *a["kernel"])
+    if node.kind == "conv_transpose":
+        want = (a["in_channels"], a["out_channels"] // a["groups"], *a["kernel"])
+    else:
+        want = (a["out_channels"], a["in_channels"] // a["groups"], *a["kernel"])
     if tuple(w.shape) != want or tuple(b.shape) != (a["out_channels"],):
-        raise fail(node, f"IR eval: conv {node.id}: payload does not match the node configuration "
+        raise fail(node, f"IR eval: {node.kind} {node.id}: payload does not match the node configuration "
                          f"(weight {fmt_shape(w.shape)}, bias {fmt_shape(b.shape)}; expected "
                          f"{fmt_shape(want)}, [{a['out_channels']}])")
     return ConvRecord(w, b)

@@ -133,6 +133,28 @@ def pooling() -> Made:
     return m, (_x(1, 2, 13, 13),)
 
 
+class Decoder(nn.Module):
+    """Transposed convolutions: 2-d with output_padding (then batch norm), 2-d grouped, dilated and
+    bias-free, 3-d grouped, and the functional 1-d form on an unbatched [C, L] input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up1 = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.up2 = nn.ConvTranspose2d(6, 4, (2, 3), stride=(2, 1), padding=(0, 1), dilation=(1, 2), groups=2,
+                                      bias=False)
+        self.up3 = nn.ConvTranspose3d(2, 4, 2, stride=2, groups=2)
+        self.w1d = nn.Parameter(torch.randn(3, 2, 4))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.up2(torch.relu(self.bn(self.up1(x))))
+        return y, self.up3(z), F.conv_transpose1d(s, self.w1d, stride=3, padding=1)
+
+
+def decoder() -> Made:
+    return _randomize_bn(Decoder()), (_x(2, 4, 5, 6), _x(1, 2, 2, 3, 2), _x(3, 7))
+
+
 class ResidualBlock(nn.Module):
     def __init__(self, c: int = 6) -> None:
         super().__init__()
@@ -408,6 +430,7 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
     ZooCase("cnn2d", cnn2d, tags=("cnn",)),
     ZooCase("cnn3d", cnn3d, tags=("cnn",)),
     ZooCase("unbatched_conv", unbatched_conv, tags=("cnn", "batchnorm")),
+    ZooCase("decoder", decoder, tags=("cnn", "conv_transpose")),
     ZooCase("pooling", pooling, tags=("pool",)),
     ZooCase("group_norm", group_norm, tags=("cnn", "normalization")),
     ZooCase("residual", residual, tags=("cnn", "residual", "inplace")),

@@ -17,14 +17,16 @@ from fractions import Fraction
 import mpmath as mp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import torchlean_bridge as tlb
 from importers.builder import GraphBuilder
+from semantics.evaluate import eval_node
 from semantics.interval import INTERVAL_RULES
+from torchlean_bridge.errors import ShapeRuleError
 from torchlean_bridge.graph import Node
-from torchlean_bridge.ops.contracts import conv_out_shape
+from torchlean_bridge.ops.contracts import conv_out_shape, conv_transpose_out_shape
 
 mp.mp.dps = 60
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -181,6 +183,63 @@ def test_conv_grouped_dilated_padded_any_channel_axis(data):
     rng = np.random.default_rng(0)
     exact = [conv_reference(frac(x), frac(w), frac(b), attrs, out_shape) for x in points(lo, hi, rng, 2)]
     assert_encloses(out, exact)
+
+
+def conv_transpose_reference(x, w, b, attrs, out_shape):
+    """Direct scatter in exact arithmetic: input cell i with kernel offset f reaches uncropped cell
+    i*stride + f*dilation, which is output cell (that - padding) when inside the output."""
+    ca, groups = attrs["channel_axis"], attrs["groups"]
+    cg, og = attrs["in_channels"] // groups, attrs["out_channels"] // groups
+    out = np.empty(out_shape, dtype=object)
+    for idx in itertools.product(*(range(d) for d in out_shape)):
+        out[idx] = b[idx[ca]]
+    for li in itertools.product(*(range(d) for d in x.shape[:ca])):
+        for ic in range(attrs["in_channels"]):
+            g = ic // cg
+            for pos in itertools.product(*(range(d) for d in x.shape[ca + 1:])):
+                for k in itertools.product(*(range(d) for d in attrs["kernel"])):
+                    o = [i * s + kk * d - p for i, s, kk, d, p in
+                         zip(pos, attrs["stride"], k, attrs["dilation"], attrs["padding"])]
+                    if all(0 <= oo < n for oo, n in zip(o, out_shape[ca + 1:])):
+                        for j in range(og):
+                            out[li + (g * og + j,) + tuple(o)] += x[li + (ic,) + pos] * w[(ic, j) + k]
+    return out
+
+
+@SETTINGS
+@given(st.data())
+def test_conv_transpose_grouped_dilated_cropped_any_channel_axis(data):
+    rank = data.draw(st.integers(1, 2))
+    ca = data.draw(st.integers(0, 1))
+    groups = data.draw(st.integers(1, 2))
+    cin, cout = groups * data.draw(st.integers(1, 2)), groups * data.draw(st.integers(1, 2))
+    kernel = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+    stride = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+    dilation = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+    attrs = dict(spatial_rank=rank, kernel=kernel, stride=stride,
+                 padding=[data.draw(st.integers(0, 1)) for _ in range(rank)],
+                 padding_after=[data.draw(st.integers(0, 1)) for _ in range(rank)],
+                 output_padding=[data.draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation)],
+                 dilation=dilation, groups=groups, channel_axis=ca, in_channels=cin, out_channels=cout)
+    in_shape = (2,) * ca + (cin,) + tuple(data.draw(st.integers(2, 3)) for _ in range(rank))
+    try:
+        out_shape = conv_transpose_out_shape(in_shape, **attrs)
+    except ShapeRuleError:  # the crop swallows the whole output
+        assume(False)
+    n_w = cin * (cout // groups) * math.prod(kernel)
+    w = np.array(data.draw(st.lists(WEIGHT, min_size=n_w, max_size=n_w))).reshape((cin, cout // groups) + tuple(kernel))
+    b = np.array(data.draw(st.lists(WEIGHT, min_size=cout, max_size=cout)))
+    lo, hi = data.draw(box(in_shape))
+    node = Node(1, [0], "conv_transpose", out_shape, attrs)
+    out = INTERVAL_RULES["conv_transpose"](node, [(lo, hi)], {"weight": w, "bias": b})
+    rng = np.random.default_rng(0)
+    exact = [conv_transpose_reference(frac(x), frac(w), frac(b), attrs, out_shape) for x in points(lo, hi, rng, 2)]
+    assert_encloses(out, exact)
+    # the float evaluator computes the same function as this reference (float64 at the box's centre)
+    centre = lo * 0.5 + hi * 0.5
+    value = eval_node(node, [centre], {"weight": w, "bias": b})
+    exact_centre = conv_transpose_reference(frac(centre), frac(w), frac(b), attrs, out_shape).astype(float)
+    assert np.allclose(value, exact_centre, rtol=1e-12, atol=1e-12 * (1 + np.abs(exact_centre).max()))
 
 
 def test_batch_norm_any_channel_axis():

@@ -106,6 +106,26 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
                                    [("x", [1, 3, 10])], ["y"], [("W", f32(4, 3, 4))])
     c["Conv3d_valid"] = model([N("Conv", ["x", "W"], ["y"], auto_pad="VALID")], [("x", [1, 2, 4, 4, 4])], ["y"],
                               [("W", f32(3, 2, 2, 2, 2))])
+    # ConvTranspose: explicit pads with output_padding, groups with dilation, output_shape (including
+    # one past the uncropped output), auto_pad SAME_UPPER/SAME_LOWER with an odd total, 1-d and 3-d
+    c["ConvTranspose_pads_output_padding"] = model(
+        [N("ConvTranspose", ["x", "W", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])],
+        [("x", [2, 2, 4, 5])], ["y"], [("W", f32(2, 3, 3, 3)), ("b", f32(3))])
+    c["ConvTranspose_grouped_dilated"] = model(
+        [N("ConvTranspose", ["x", "W", "b"], ["y"], strides=[2, 1], pads=[0, 1, 1, 0], dilations=[2, 1], group=2)],
+        [("x", [1, 4, 3, 5])], ["y"], [("W", f32(4, 1, 2, 3)), ("b", f32(2))])
+    c["ConvTranspose_output_shape"] = model(
+        [N("ConvTranspose", ["x", "W"], ["y"], strides=[2, 2], output_shape=[8, 10])],
+        [("x", [1, 2, 4, 4])], ["y"], [("W", f32(2, 3, 3, 3))])
+    for auto in ("SAME_UPPER", "SAME_LOWER"):
+        c[f"ConvTranspose_{auto.lower()}"] = model(
+            [N("ConvTranspose", ["x", "W", "b"], ["y"], strides=[2, 2], auto_pad=auto)],
+            [("x", [1, 2, 4, 4])], ["y"], [("W", f32(2, 3, 4, 4)), ("b", f32(3))])
+    c["ConvTranspose1d"] = model([N("ConvTranspose", ["x", "W", "b"], ["y"], strides=[3])], [("x", [1, 2, 5])], ["y"],
+                                 [("W", f32(2, 2, 4)), ("b", f32(2))])
+    c["ConvTranspose3d"] = model(
+        [N("ConvTranspose", ["x", "W"], ["y"], strides=[2, 1, 2], pads=[1, 0, 0, 0, 1, 1])],
+        [("x", [1, 2, 3, 3, 3])], ["y"], [("W", f32(2, 2, 2, 3, 2))])
     c["BatchNormalization"] = model([N("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-3)],
                                     [("x", [2, 3, 4, 4])], ["y"],
                                     [("s", f32(3)), ("b", f32(3)), ("m", f32(3)), ("v", np.abs(f32(3)) + 0.5)])
@@ -266,7 +286,7 @@ def test_import_matches_onnxruntime(name: str) -> None:
 
 def test_emitted_kinds_are_registered_and_handlers_cover_the_issue_ops() -> None:
     assert EMITTED_KINDS <= set(REGISTRY)
-    wanted = {"Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Pow", "Conv", "BatchNormalization",
+    wanted = {"Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Pow", "Conv", "ConvTranspose", "BatchNormalization",
               "LayerNormalization", "InstanceNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Relu",
               "LeakyRelu", "PRelu", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Softsign", "Erf", "Gelu", "Exp",
               "Log", "Sqrt", "Abs", "Neg", "Reciprocal", "Softmax", "LogSoftmax", "Reshape", "Flatten", "Transpose",

@@ -592,6 +592,35 @@ def _conv(d: Draw) -> Example:
     return Example(attrs, [d.normal(shape)], ref, payload)
 
 
+_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+@case("conv_transpose", scale=TERMS, why="dot products", examples=30)
+def _conv_transpose(d: Draw) -> Example:
+    r = d.int(1, 3)
+    groups = d.int(1, 3)
+    cin, og = groups * d.int(1, 2), d.int(1, 2)
+    kernel = [d.int(1, 3) for _ in range(r)]
+    stride = [d.int(1, 3) for _ in range(r)]
+    dilation = [d.int(1, 2) for _ in range(r)]
+    output_padding = [d.int(0, max(s, dl) - 1) for s, dl in zip(stride, dilation)]
+    spatial = [d.int(1, 4) for _ in range(r)]
+    # crop at most what the uncropped output holds (PyTorch needs a positive extent)
+    padding = [min(d.int(0, 2), ((n - 1) * s + dl * (k - 1)) // 2)
+               for n, s, dl, k in zip(spatial, stride, dilation, kernel)]
+    lead = d.shape(min_rank=0, max_rank=2, max_dim=2)
+    attrs = {"spatial_rank": r, "kernel": kernel, "stride": stride, "padding": padding, "padding_after": padding,
+             "output_padding": output_padding, "dilation": dilation, "groups": groups, "channel_axis": len(lead),
+             "in_channels": cin, "out_channels": og * groups}
+    payload = {"weight": d.normal((cin, og, *kernel)), "bias": d.normal((og * groups,))}
+
+    def ref(t, p):
+        y = _CONV_TRANSPOSE[r](t[0].reshape((-1, cin, *spatial)), p["weight"], p["bias"], stride=stride,
+                               padding=padding, output_padding=output_padding, groups=groups, dilation=dilation)
+        return y.reshape(lead + tuple(y.shape[1:]))
+    return Example(attrs, [d.normal(lead + (cin, *spatial))], ref, payload)
+
+
 # -- pooling ----------------------------------------------------------------------------------
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}

@@ -24,6 +24,8 @@ __all__ = [
     "window_out_dim",
     "v1_pool_out_dim",
     "conv_out_shape",
+    "conv_transpose_full_dim",
+    "conv_transpose_out_shape",
     "reduce_shape",
     "concat_shape",
     "slice_extent",
@@ -142,11 +144,10 @@ def v1_pool_out_dim(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
 
-def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride: Sequence[int],
-                   padding: Sequence[int], padding_after: Sequence[int], dilation: Sequence[int],
-                   groups: int, channel_axis: int, in_channels: int, out_channels: int,
-                   tag: str = "conv") -> Shape:
-    """``OpContracts.inferConvConfigOutShape``, checks in TorchLean's order."""
+def _conv_axes(p: Shape, *, spatial_rank: int, kernel: Sequence[int], groups: int, channel_axis: int,
+               in_channels: int, out_channels: int, tag: str) -> list[int]:
+    """The channel and rank checks convolution and transposed convolution share, in TorchLean's
+    order; the input axes that are spatial (each then checked by ``_check_window``)."""
     if in_channels <= 0:
         raise ShapeRuleError(f"{tag}: inChannels must be > 0")
     if out_channels <= 0:
@@ -164,15 +165,28 @@ def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride
     if len(kernel) != n_spatial or spatial_rank != n_spatial:
         raise ShapeRuleError(f"{tag}: kernel rank {len(kernel)} does not match the {n_spatial} "
                              f"spatial axes after channel axis {channel_axis}")
+    return list(range(channel_axis + 1, len(p)))
+
+
+def _check_window(axis: int, kernel: int, stride: int, dilation: int, tag: str) -> None:
+    if kernel <= 0:
+        raise ShapeRuleError(f"{tag}: axis {axis} kernel must be > 0")
+    if stride <= 0:
+        raise ShapeRuleError(f"{tag}: axis {axis} stride must be > 0")
+    if dilation <= 0:
+        raise ShapeRuleError(f"{tag}: axis {axis} dilation must be > 0")
+
+
+def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride: Sequence[int],
+                   padding: Sequence[int], padding_after: Sequence[int], dilation: Sequence[int],
+                   groups: int, channel_axis: int, in_channels: int, out_channels: int,
+                   tag: str = "conv") -> Shape:
+    """``OpContracts.inferConvConfigOutShape``, checks in TorchLean's order."""
+    axes = _conv_axes(p, spatial_rank=spatial_rank, kernel=kernel, groups=groups, channel_axis=channel_axis,
+                      in_channels=in_channels, out_channels=out_channels, tag=tag)
     out = []
-    for k in range(n_spatial):
-        axis = channel_axis + 1 + k
-        if kernel[k] <= 0:
-            raise ShapeRuleError(f"{tag}: axis {axis} kernel must be > 0")
-        if stride[k] <= 0:
-            raise ShapeRuleError(f"{tag}: axis {axis} stride must be > 0")
-        if dilation[k] <= 0:
-            raise ShapeRuleError(f"{tag}: axis {axis} dilation must be > 0")
+    for k, axis in enumerate(axes):
+        _check_window(axis, kernel[k], stride[k], dilation[k], tag)
         size = p[axis]
         d = window_out_dim(size, kernel[k], stride[k], padding[k], padding_after[k], dilation[k])
         if d is None:
@@ -180,6 +194,38 @@ def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride
             raise ShapeRuleError(
                 f"{tag}: axis {axis} window does not fit padded input: input={size}, "
                 f"padding=({padding[k]}, {padding_after[k]}), effectiveKernel={eff}")
+        out.append(d)
+    return tuple(p[:channel_axis]) + (out_channels,) + tuple(out)
+
+
+def conv_transpose_full_dim(size: int, kernel: int, stride: int, dilation: int) -> int:
+    """Extent of a transposed convolution's uncropped output: input cell ``i`` scatters to
+    ``i*stride + f*dilation`` for kernel offsets ``f``."""
+    return (size - 1) * stride + dilation * (kernel - 1) + 1
+
+
+def conv_transpose_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride: Sequence[int],
+                             padding: Sequence[int], padding_after: Sequence[int],
+                             output_padding: Sequence[int], dilation: Sequence[int], groups: int,
+                             channel_axis: int, in_channels: int, out_channels: int,
+                             tag: str = "conv_transpose") -> Shape:
+    """PyTorch's ``conv_transposeNd`` / ONNX ``ConvTranspose`` extent per spatial axis:
+    ``(in - 1)*stride + dilation*(kernel - 1) + 1 - padding - padding_after + output_padding``."""
+    axes = _conv_axes(p, spatial_rank=spatial_rank, kernel=kernel, groups=groups, channel_axis=channel_axis,
+                      in_channels=in_channels, out_channels=out_channels, tag=tag)
+    out = []
+    for k, axis in enumerate(axes):
+        _check_window(axis, kernel[k], stride[k], dilation[k], tag)
+        if output_padding[k] >= max(stride[k], dilation[k]):
+            raise ShapeRuleError(f"{tag}: axis {axis} output_padding {output_padding[k]} must be smaller than "
+                                 f"the stride {stride[k]} or the dilation {dilation[k]}")
+        if p[axis] <= 0:
+            raise ShapeRuleError(f"{tag}: axis {axis} input extent must be > 0")
+        d = (conv_transpose_full_dim(p[axis], kernel[k], stride[k], dilation[k]) - padding[k] - padding_after[k]
+             + output_padding[k])
+        if d <= 0:
+            raise ShapeRuleError(f"{tag}: axis {axis} output extent {d} is not positive (input={p[axis]}, "
+                                 f"padding=({padding[k]}, {padding_after[k]}), output_padding={output_padding[k]})")
         out.append(d)
     return tuple(p[:channel_axis]) + (out_channels,) + tuple(out)
 

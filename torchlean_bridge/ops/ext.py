@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ..errors import ShapeRuleError
-from .contracts import (Shape, can_broadcast_to, check_axis, fmt_shape, reduce_shape, slice_extent,
+from .contracts import (Shape, can_broadcast_to, check_axis, conv_transpose_out_shape, fmt_shape, reduce_shape,
+                        slice_extent,
                         v1_pool_out_dim, window_out_dim)
-from .registry import BOOL, ELEMENT_TYPES, FLOAT, INT64, Attr, OpSpec, register, same_as_parent
-from .v1 import _axis_keep, _identity, _same_shape
+from .registry import BOOL, ELEMENT_TYPES, FLOAT, INT64, Attr, OpSpec, ParamRole, register, same_as_parent
+from .v1 import CONV_ATTRS, _axis_keep, _identity, _same_shape
 
 A = Mapping[str, Any]
 P = Sequence[Shape]
@@ -271,6 +272,22 @@ register(OpSpec("max_pool_nd", "ext", 1, 1, _pool_nd("max_pool_nd"), attrs=POOL_
 register(OpSpec("avg_pool_nd", "ext", 1, 1, _pool_nd("avg_pool_nd"), attrs=POOL_ND_ATTRS,
                 v1_rewrite=_pool_v1_rewrite("avg_pool"),
                 doc="average pooling; count_include_pad chooses the divisor (PyTorch/ONNX meaning)"))
+
+# -- transposed convolution -----------------------------------------------------------------------
+
+CONV_TRANSPOSE_ATTRS = CONV_ATTRS + (Attr("output_padding", "nats", length_of="spatial_rank"),)
+
+
+def _conv_transpose(attrs: A, p: P, d: Shape) -> Shape:
+    return conv_transpose_out_shape(p[0], **{a.name: attrs[a.name] for a in CONV_TRANSPOSE_ATTRS})
+
+
+register(OpSpec(
+    "conv_transpose", "ext", 1, 1, _conv_transpose, attrs=CONV_TRANSPOSE_ATTRS,
+    params=(ParamRole("weight", lambda a, p, d: (a["in_channels"], a["out_channels"] // a["groups"], *a["kernel"])),
+            ParamRole("bias", lambda a, p, d: (a["out_channels"],))),
+    doc="the adjoint of conv (PyTorch ConvTransposeNd, ONNX ConvTranspose): weight [in, out/groups, k...]; "
+        "padding crops the full output, output_padding extends its end"))
 
 assert FLOAT == "float"
 

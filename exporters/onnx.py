@@ -318,6 +318,14 @@ def _conv(w: OnnxWriter, node: Node) -> None:
     _batched(w, node, make, a["spatial_rank"] + 2)
 
 
+def _resize_linear(w: OnnxWriter, node: Node) -> None:
+    """``Resize`` in linear mode with the full output shape as ``sizes`` (onnxruntime then derives
+    each scale as out/in, the ratio our coordinates use)."""
+    (x,) = w.operands(node)
+    w.emit("Resize", [x, "", "", w.constant(list(node.out_shape), node)], w.out(node), node, mode="linear",
+           coordinate_transformation_mode=node.attrs["coordinate_mode"])
+
+
 def _batch_norm(w: OnnxWriter, node: Node) -> None:
     if node.attrs["channel_axis"] > 1:
         raise ExportError(f"ONNX export: batch_norm_eval node {node.id}: channel_axis {node.attrs['channel_axis']} "
@@ -469,7 +477,7 @@ def _concat(w: OnnxWriter, node: Node) -> None:
 # Log(1 + x) for log1p, so an expm1 or log1p node is a blocking node, refused by name like the other kinds without an exact ONNX form.
 ONNX_EXPORTERS: dict[str, Exporter] = {
     "const": _const, "linear": _linear, "conv": _conv, "conv_transpose": _conv, "batch_norm_eval": _batch_norm,
-    "layernorm": _layernorm,
+    "layernorm": _layernorm, "resize_linear": _resize_linear,
     "add": _simple("Add"), "sub": _simple("Sub"), "mul_elem": _simple("Mul"), "div": _simple("Div"),
     "max_elem": _simple("Max"), "min_elem": _simple("Min"), "matmul": _simple("MatMul"), "prelu": _simple("PRelu"),
     "abs": _simple("Abs"), "sqrt": _simple("Sqrt"), "inv": _simple("Reciprocal"), "relu": _simple("Relu"),

@@ -9,6 +9,7 @@ handled next to the input forms.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -234,30 +235,32 @@ _NEAREST_REPEAT_EXACT: dict[tuple[str, str], int | None] = {
 
 
 def _resize(ctx: OnnxContext) -> list[Value]:
-    """``Resize``/``Upsample`` in nearest mode with integer scale factors, where every output index
-    reads input index ``o // factor`` (each entry repeated); other coordinate/rounding modes refused."""
+    """``Resize``/``Upsample``: nearest mode with integer scale factors (each entry repeated) or
+    linear mode (``resize_linear``); the coordinate modes without an exact IR form are refused."""
     s = ctx.shape(0)
     mode = ctx.attr("mode", "nearest")
-    if mode != "nearest":
-        raise ctx.fail(f"mode={mode} (only nearest with integer scales)")
-    legacy = ctx.node.op_type == "Upsample" or ctx.opset == 10  # asymmetric, floor: o // f
+    legacy = ctx.node.op_type == "Upsample" or ctx.opset == 10  # asymmetric coordinates, scales only
     coord = "asymmetric" if legacy else ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if ctx.attr("antialias", 0):
+        raise ctx.fail("antialias=1 (an averaging filter when downsampling) is not supported")
+    if ctx.attr("axes") is not None:
+        raise ctx.fail("the axes attribute is not supported (give scales or sizes for every axis)")
+    if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise ctx.fail(f"keep_aspect_ratio_policy={ctx.attr('keep_aspect_ratio_policy')} (only stretch)")
+    scales, sizes = _resize_targets(ctx, s, legacy)
+    if mode in ("linear", "bilinear"):
+        return _resize_linear(ctx, s, coord, scales, sizes)
+    if mode != "nearest":
+        raise ctx.fail(f"mode={mode} (nearest with integer scales, or linear)")
     rounding = "floor" if legacy else ctx.attr("nearest_mode", "round_prefer_floor")
     if (coord, rounding) not in _NEAREST_REPEAT_EXACT:
         raise ctx.fail(f"coordinate_transformation_mode={coord} with nearest_mode={rounding} does not repeat "
                        "each entry; exact pairs: " + ", ".join(f"{c}/{r}" for c, r in _NEAREST_REPEAT_EXACT))
-    if legacy:
-        scales = [float(v) for v in np.asarray(ctx.static(1, "scales")).reshape(-1)]
-    else:
-        scales_in = ctx.const(2)
-        if scales_in is not None and scales_in.value.size:
-            scales = [float(v) for v in scales_in.value.reshape(-1)]
-        else:
-            sizes = ctx.ints(3, "sizes") or []
-            if len(sizes) != len(s) or any(o % i for o, i in zip(sizes, s)):
-                raise ctx.fail(f"sizes {sizes} are not integer multiples of {list(s)}")
-            scales = [o / i for o, i in zip(sizes, s)]
-    if len(scales) != len(s) or any(f < 1 or f != int(f) for f in scales):
+    if scales is None:
+        if any(o % i for o, i in zip(sizes, s)):
+            raise ctx.fail(f"sizes {sizes} are not integer multiples of {list(s)}")
+        scales = [o / i for o, i in zip(sizes, s)]
+    if any(f < 1 or f != int(f) for f in scales):
         raise ctx.fail(f"scales {scales} (only integer upsampling factors are exact)")
     factors = [int(f) for f in scales]
     largest = _NEAREST_REPEAT_EXACT[(coord, rounding)]
@@ -267,6 +270,48 @@ def _resize(ctx: OnnxContext) -> list[Value]:
     if all(f == 1 for f in factors):
         return _alias(ctx)
     return [_repeat_each(ctx, ctx.operand(0), s, factors)]
+
+
+def _resize_targets(ctx: OnnxContext, s: tuple[int, ...], legacy: bool) -> tuple[list[float] | None, list[int]]:
+    """The ``scales`` (None when ``sizes`` is given) and the output extents, one per axis."""
+    if legacy:
+        scales = [float(v) for v in np.asarray(ctx.static(1, "scales")).reshape(-1)]
+    else:
+        scales_in = ctx.const(2)
+        scales = [float(v) for v in scales_in.value.reshape(-1)] if scales_in is not None and scales_in.value.size \
+            else None
+    if scales is None:
+        sizes = [int(v) for v in (ctx.ints(3, "sizes") or [])]
+        if len(sizes) != len(s):
+            raise ctx.fail(f"sizes {sizes} do not give one extent per axis of {list(s)}")
+        return None, sizes
+    if len(scales) != len(s) or any(not f > 0 for f in scales):
+        raise ctx.fail(f"scales {scales} do not give one positive factor per axis of {list(s)}")
+    return scales, [int(math.floor(i * f)) for i, f in zip(s, scales)]
+
+
+_LINEAR_COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+
+
+def _resize_linear(ctx: OnnxContext, s: tuple[int, ...], coord: str, scales: list[float] | None,
+                   sizes: list[int]) -> list[Value]:
+    """Linear mode: the trailing block of axes that change, as one ``resize_linear``. Our source
+    coordinates use out/in exactly; a given scale that differs from out/in (a non-integral output
+    extent was floored) would move them, so it is refused."""
+    if coord not in _LINEAR_COORDINATE_MODES:
+        raise ctx.fail(f"linear mode with coordinate_transformation_mode={coord} (supported: "
+                       f"{', '.join(_LINEAR_COORDINATE_MODES)})")
+    if scales is not None:
+        for i, f, o in zip(s, scales, sizes):
+            if Fraction(f) != Fraction(o, i):
+                raise ctx.fail(f"scale {f} on an axis of extent {i} gives {o} cells, and {o}/{i} is not the "
+                               "scale the coordinates use; give sizes instead")
+    changed = [a for a, (i, o) in enumerate(zip(s, sizes)) if i != o]
+    if not changed:
+        return _alias(ctx)
+    r = len(s) - changed[0]
+    return [ctx.add("resize_linear", [ctx.operand(0)],
+                    {"spatial_rank": r, "sizes": tuple(sizes[len(s) - r:]), "coordinate_mode": coord})]
 
 
 def _pad(ctx: OnnxContext) -> list[Value]:
@@ -300,4 +345,4 @@ HANDLERS: dict[str, Handler] = {
 }
 
 EMITS = frozenset({"reshape", "permute", "squeeze", "unsqueeze", "concat", "slice", "gather", "expand", "pad",
-                   "const"})
+                   "const", "resize_linear"})

@@ -25,6 +25,7 @@ from .conv import EMPTY_WINDOW, avg_pool_divisor, conv_nd, conv_transpose_nd, po
 from .float_random import bernoulli, uniform
 from .float_special import erf
 from .records import (batch_norm_record, const_values, conv_record, fail, layernorm_record, linear_record)
+from .resize import resize_linear
 
 __all__ = ["FLOAT_RULES", "Rule", "LOG_DOMAIN_MESSAGE"]
 
@@ -519,6 +520,12 @@ def _conv_transpose(node, xs, rec, dt):
     return conv_transpose_nd(xs[0], param(w, dt), param(b, dt), channel_axis=a["channel_axis"], stride=a["stride"],
                              padding=a["padding"], dilation=a["dilation"], groups=a["groups"],
                              out_spatial=node.out_shape[a["channel_axis"] + 1:])
+
+
+@rule("resize_linear")
+def _resize_linear(node, xs, rec, dt):
+    a = node.attrs
+    return resize_linear(xs[0], a["sizes"], a["coordinate_mode"])
 
 
 # -- pooling ----------------------------------------------------------------------------------

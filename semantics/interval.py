@@ -50,6 +50,7 @@ from .interval_nonlinear import (arg_extremum_box, layernorm_box, log_softmax_bo
 from .interval_round import Box, clean, sum_bounds
 from .interval_unary import UNARY_RULES, DomainError, log_at, monotone, softplus_at
 from .records import batch_norm_record, const_values, conv_record, layernorm_record, linear_record
+from .resize import resize_linear_box
 
 __all__ = ["interval_bounds", "IntervalPropagator", "INTERVAL_RULES", "NO_RULE", "IntervalRule", "input_boxes"]
 
@@ -311,6 +312,11 @@ def _conv(node, ps, rec):
 @rule("conv_transpose")
 def _conv_transpose(node, ps, rec):
     return conv_transpose_box(ps[0], _params(node, rec, ps[0][0].shape), node.attrs, node.out_shape)
+
+
+@rule("resize_linear")
+def _resize_linear(node, ps, rec):
+    return resize_linear_box(*ps[0], node.attrs["sizes"], node.attrs["coordinate_mode"])
 
 
 INTERVAL_RULES["matmul"] = lambda node, ps, rec: matmul_box(ps[0], ps[1])

@@ -242,6 +242,55 @@ def test_conv_transpose_grouped_dilated_cropped_any_channel_axis(data):
     assert np.allclose(value, exact_centre, rtol=1e-12, atol=1e-12 * (1 + np.abs(exact_centre).max()))
 
 
+def _source_coordinate(o: int, n: int, m: int, mode: str) -> Fraction:
+    """ONNX Resize's coordinate transforms, exactly, clamped to [0, n - 1]."""
+    if m == 1 and mode in ("pytorch_half_pixel", "align_corners"):
+        x = Fraction(0)
+    elif mode in ("half_pixel", "pytorch_half_pixel"):
+        x = (Fraction(o) + Fraction(1, 2)) * Fraction(n, m) - Fraction(1, 2)
+    elif mode == "align_corners":
+        x = Fraction(o * (n - 1), m - 1)
+    else:
+        x = Fraction(o * n, m)
+    return min(max(x, Fraction(0)), Fraction(n - 1))
+
+
+def resize_linear_reference(x: np.ndarray, sizes, mode: str) -> np.ndarray:
+    """Separable linear interpolation in exact arithmetic, straight from the coordinate formulas."""
+    for k, m in enumerate(sizes):
+        axis = x.ndim - len(sizes) + k
+        n = x.shape[axis]
+        parts = []
+        for o in range(m):
+            c = _source_coordinate(o, n, m, mode)
+            i0 = math.floor(c)
+            lam = c - i0
+            a, b = np.take(x, i0, axis=axis), np.take(x, min(i0 + 1, n - 1), axis=axis)
+            parts.append(a * (1 - lam) + b * lam)
+        x = np.stack(parts, axis=axis)
+    return x
+
+
+@SETTINGS
+@given(st.data())
+def test_resize_linear_encloses_exact_interpolation(data):
+    r = data.draw(st.integers(1, 2))
+    mode = data.draw(st.sampled_from(["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"]))
+    in_shape = (2,) + tuple(data.draw(st.integers(1, 4)) for _ in range(r))
+    sizes = [data.draw(st.integers(1, 7)) for _ in range(r)]
+    lo, hi = data.draw(box(in_shape))
+    attrs = {"spatial_rank": r, "sizes": sizes, "coordinate_mode": mode}
+    node = Node(1, [0], "resize_linear", in_shape[:1] + tuple(sizes), attrs)
+    out = INTERVAL_RULES["resize_linear"](node, [(lo, hi)], {})
+    rng = np.random.default_rng(0)
+    assert_encloses(out, [resize_linear_reference(frac(x), sizes, mode) for x in points(lo, hi, rng, 3)],
+                    tight=True)
+    # the float evaluator computes this reference's function (float64, at the box's centre)
+    centre = lo * 0.5 + hi * 0.5
+    exact = resize_linear_reference(frac(centre), sizes, mode).astype(float)
+    assert np.allclose(eval_node(node, [centre], {}), exact, rtol=1e-13, atol=1e-13)
+
+
 def test_batch_norm_any_channel_axis():
     rng = np.random.default_rng(1)
     x_lo = rng.normal(size=(2, 3, 4))

@@ -219,6 +219,21 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
                                                  [("x", [1, 2, 3, 4])], ["y"], [("sz", i64(1, 2, 9, 8))])
     c["Upsample_opset9"] = model([N("Upsample", ["x", "sc"], ["y"], mode="nearest")], [("x", [1, 1, 2, 3])], ["y"],
                                  [("sc", np.array([1, 1, 2, 2], np.float32))], opset=9)
+    # linear Resize: each coordinate mode with sizes (up and down), scales equal to out/in, 1-d and 3-d,
+    # the legacy forms (opset-10 Resize, opset-9 Upsample: asymmetric)
+    for coord in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+        c[f"Resize_linear_{coord}"] = model(
+            [N("Resize", ["x", "", "", "sz"], ["y"], mode="linear", coordinate_transformation_mode=coord)],
+            [("x", [1, 2, 3, 5])], ["y"], [("sz", i64(1, 2, 7, 2))], opset=19, ir_version=9)
+    c["Resize_linear_scales"] = model([N("Resize", ["x", "", "sc"], ["y"], mode="linear")], [("x", [1, 2, 4, 6])],
+                                      ["y"], [("sc", np.array([1, 1, 2, 0.5], np.float32))])
+    c["Resize_linear_1d_3d"] = model(
+        [N("Resize", ["x", "", "", "s1"], ["y"], mode="linear"), N("Resize", ["z", "", "", "s3"], ["w"], mode="linear")],
+        [("x", [2, 3, 5]), ("z", [1, 2, 3, 4, 5])], ["y", "w"], [("s1", i64(2, 3, 9)), ("s3", i64(1, 2, 6, 8, 3))])
+    c["Resize_linear_opset10"] = model([N("Resize", ["x", "sc"], ["y"], mode="linear")], [("x", [1, 2, 3, 4])], ["y"],
+                                       [("sc", np.array([1, 1, 2, 2], np.float32))], opset=10)
+    c["Upsample_linear_opset9"] = model([N("Upsample", ["x", "sc"], ["y"], mode="linear")], [("x", [1, 2, 3, 4])],
+                                        ["y"], [("sc", np.array([1, 1, 2, 3], np.float32))], opset=9)
     c["Einsum_one_operand"] = model([N("Einsum", ["x"], ["y"], equation="bij->jb")], [("x", [2, 3, 4])], ["y"])
     c["Shape_Gather_Concat_folded"] = model(
         [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["g"], axis=0), N("Unsqueeze", ["g", "a"], ["u"]),
@@ -500,6 +515,20 @@ def test_nearest_resize_is_imported_exactly_when_onnxruntime_repeats_each_entry(
     bundle = tlb.import_onnx(m)
     (ours,) = tlb.evaluate(bundle.graph, bundle.payload, [feeds["x"]], dtype="float32")
     np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("attrs, scales, reason", [
+    ({"mode": "linear"}, [1, 1, 1.5, 1.5], "scale 1.5 on an axis of extent 5 gives 7 cells"),
+    ({"mode": "cubic"}, [1, 1, 2, 2], "mode=cubic"),
+    ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}, [1, 1, 2, 2],
+     "coordinate_transformation_mode=tf_crop_and_resize"),
+    ({"mode": "linear", "antialias": 1}, [1, 1, 0.5, 0.5], "antialias=1"),
+])
+def test_linear_resize_variants_without_an_exact_form_are_refused(attrs, scales, reason) -> None:
+    m = model([N("Resize", ["x", "", "sc"], ["y"], **attrs)], [("x", [1, 2, 5, 5])], ["y"],
+              [("sc", np.array(scales, np.float32))], opset=19, ir_version=9)
+    with pytest.raises(UnsupportedError, match=reason):
+        tlb.import_onnx(m)
 
 
 @pytest.mark.parametrize("shapes", [{"x": (3, -4)}, {"x": (3, 2.5)}, {"x": ("3", 4)}, {"x": 3}, [(True, 4)],

@@ -621,6 +621,26 @@ def _conv_transpose(d: Draw) -> Example:
     return Example(attrs, [d.normal(lead + (cin, *spatial))], ref, payload)
 
 
+_INTERPOLATE_MODES = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
+@case("resize_linear", scale=TERMS, why="two-term convex combinations per axis", examples=25)
+def _resize_linear(d: Draw) -> Example:
+    """PyTorch's interpolate expresses the half_pixel and align_corners coordinate modes (the other
+    two are checked against onnxruntime in test_onnx_import)."""
+    r = d.int(1, 3)
+    lead = d.shape(min_rank=0, max_rank=2, max_dim=3)
+    spatial = tuple(d.int(1, 5) for _ in range(r))
+    sizes = [d.int(1, 9) for _ in range(r)]
+    mode = d.choice(["half_pixel", "align_corners"])
+
+    def ref(t, p):
+        y = F.interpolate(t[0].reshape((-1, 1) + spatial), size=sizes, mode=_INTERPOLATE_MODES[r],
+                          align_corners=mode == "align_corners")
+        return y.reshape(lead + tuple(sizes))
+    return Example({"spatial_rank": r, "sizes": sizes, "coordinate_mode": mode}, [d.normal(lead + spatial)], ref)
+
+
 # -- pooling ----------------------------------------------------------------------------------
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}

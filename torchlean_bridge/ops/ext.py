@@ -289,6 +289,28 @@ register(OpSpec(
     doc="the adjoint of conv (PyTorch ConvTransposeNd, ONNX ConvTranspose): weight [in, out/groups, k...]; "
         "padding crops the full output, output_padding extends its end"))
 
+# -- linear resizing -------------------------------------------------------------------------------
+
+RESIZE_COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+
+
+def _resize_linear(attrs: A, p: P, d: Shape) -> Shape:
+    s, r, sizes = p[0], attrs["spatial_rank"], tuple(attrs["sizes"])
+    if r <= 0 or r > len(s):
+        raise ShapeRuleError(f"resize_linear: spatial rank {r} invalid for input rank {len(s)}")
+    if any(n <= 0 for n in s[len(s) - r:]) or any(n <= 0 for n in sizes):
+        raise ShapeRuleError(f"resize_linear: input extents {fmt_shape(s[len(s) - r:])} and sizes "
+                             f"{fmt_shape(sizes)} must be positive")
+    return tuple(s[:len(s) - r]) + sizes
+
+
+register(OpSpec(
+    "resize_linear", "ext", 1, 1, _resize_linear,
+    attrs=(Attr("spatial_rank", "nat"), Attr("sizes", "nats", length_of="spatial_rank"),
+           Attr("coordinate_mode", "str", "half_pixel", choices=RESIZE_COORDINATE_MODES)),
+    doc="(bi/tri)linear interpolation of the trailing axes to `sizes` (PyTorch interpolate, ONNX Resize "
+        "mode=linear), one axis at a time; source coordinates are exact rationals"))
+
 assert FLOAT == "float"
 
 

@@ -129,6 +129,34 @@ _reg("embedding.default", N.embedding)
 _reg("scaled_dot_product_attention.default", N.scaled_dot_product_attention)
 
 
+_reg("var.dim var.correction var.default", T.variance)
+_reg("std.dim std.correction std.default", T.std)
+_reg("var_mean.dim var_mean.correction var_mean.default", T.with_mean(T.variance))
+_reg("std_mean.dim std_mean.correction std_mean.default", T.with_mean(T.std))
+_reg("linalg_vector_norm.default", T.vector_norm)
+_reg("norm.Scalar norm.ScalarOpt_dim norm.ScalarOpt_dim_dtype norm.ScalarOpt_dtype", T.aten_norm)
+_reg("logsumexp.default", T.logsumexp)
+_reg("prod.default prod.dim_int", T.reduce_prod)
+_reg("log_sigmoid.default", T.log_sigmoid)
+_reg("log_sigmoid_forward.default", T.log_sigmoid_forward)
+_reg("glu.default", T.glu)
+_reg("pixel_shuffle.default", T.pixel_shuffle)
+_reg("pixel_unshuffle.default", T.pixel_unshuffle)
+_reg("flip.default", T.flip)
+_reg("roll.default", T.roll)
+_reg("tril.default", T.triangle("tril"))
+_reg("triu.default", T.triangle("triu"))
+_reg("outer.default ger.default", T.outer)
+_reg("diff.default", T.diff)
+_reg("repeat_interleave.self_int", T.repeat_interleave)
+for _r in (1, 2, 3):
+    _reg(f"upsample_nearest{_r}d.vec upsample_nearest{_r}d.default _upsample_nearest_exact{_r}d.vec "
+         f"_upsample_nearest_exact{_r}d.default", T.upsample_nearest(_r))
+_reg("rms_norm.default", N.rms_norm)
+_reg("instance_norm.default", N.instance_norm)
+_reg("_native_batch_norm_legit.no_stats", N.batch_stats_norm)
+
+
 def aten_lowering(target: Any) -> Lowering | None:
     """The lowering of an overload; an in-place ``aten.X_.overload`` lowers as ``aten.X.overload``
     (the lowerer rebinds the mutated operand to the result)."""

@@ -43,7 +43,7 @@ EMITTED_KINDS: frozenset[str] = frozenset({
     "selu", "celu", "clamp", "hardsigmoid", "hardswish", "mish", "softsign", "erf", "sign", "floor", "ceil",
     "pow", "max_elem", "min_elem", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
     "logical_not", "isnan", "where", "cast", "softmax", "log_softmax", "reduce_sum", "reduce_mean", "sum",
-    "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min", "argmax", "argmin", "matmul",
+    "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "matmul",
     "linear", "conv", "conv_transpose", "batch_norm_eval", "layernorm", "max_pool", "avg_pool", "max_pool_nd",
     "avg_pool_nd", "reshape", "permute", "transpose", "broadcast_to", "concat", "slice", "gather", "pad",
 })

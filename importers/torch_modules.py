@@ -132,6 +132,35 @@ _fn("dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout",
 _fn("pad", T.pad, F)
 _fn("scaled_dot_product_attention", N.scaled_dot_product_attention, F)
 
+_fn("var", T.variance)
+_fn("std", T.std)
+_fn("var_mean", T.with_mean(T.variance))
+_fn("std_mean", T.with_mean(T.std))
+_fn("vector_norm", T.vector_norm, torch.linalg)
+_fn("norm", T.norm)
+_fn("normalize", T.normalize, F)
+_fn("logsumexp", T.logsumexp, torch, torch.special)
+_fn("prod", T.reduce_prod)
+_fn("logsigmoid", T.log_sigmoid, F)
+_fn("glu", T.glu, F)
+_fn("softmin", T.softmin, F)
+_fn("pixel_shuffle", T.pixel_shuffle, torch, F)
+_fn("pixel_unshuffle", T.pixel_unshuffle, torch, F)
+_fn("flip", T.flip)
+_fn("fliplr", lambda cx, input: T.flip(cx, input, 1))
+_fn("flipud", lambda cx, input: T.flip(cx, input, 0))
+_fn("roll", T.roll)
+_fn("tril", T.triangle("tril"))
+_fn("triu", T.triangle("triu"))
+_fn("outer ger", T.outer)
+_fn("diff", T.diff)
+_fn("repeat_interleave", T.repeat_interleave)
+_fn("interpolate upsample", T.interpolate, F)
+_fn("upsample_nearest", lambda cx, input, size=None, scale_factor=None: T.interpolate(cx, input, size, scale_factor),
+    F)
+_fn("rms_norm", N.rms_norm, F)
+_fn("instance_norm", N.f_instance_norm, F)
+
 
 def _f_embedding(cx: Cx, input: Any, weight: Any, padding_idx: Any = None, max_norm: Any = None,
                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Any:
@@ -167,6 +196,10 @@ METHODS: dict[str, Lowering] = {
     "narrow": T.narrow, "select": T.select, "index_select": T.index_select, "repeat": T.repeat,
     "new_zeros": T.like(0), "new_ones": T.like(1), "new_full": T.like(None),
     "relu6": T.relu6, "gelu": T.gelu,
+    "var": T.variance, "std": T.std, "norm": T.norm, "logsumexp": T.logsumexp, "prod": T.reduce_prod,
+    "flip": T.flip, "fliplr": lambda cx, input: T.flip(cx, input, 1), "flipud": lambda cx, input: T.flip(cx, input, 0),
+    "roll": T.roll, "tril": T.triangle("tril"), "triu": T.triangle("triu"), "outer": T.outer, "ger": T.outer,
+    "diff": T.diff, "repeat_interleave": T.repeat_interleave,
 }
 for _name, _kind in T.UNARY.items():
     METHODS[_name] = T.unary(_kind)
@@ -219,6 +252,26 @@ def _dropout(cx: Cx, m: nn.Module, path: str, x: Any) -> Any:
     return T.dropout(cx, x, getattr(m, "p", 0.0), m.training)
 
 
+
+def _rms_norm(cx: Cx, m: nn.RMSNorm, path: str, x: Any) -> Any:
+    return N.rms_norm(cx, x, m.normalized_shape, cx.param(path, "weight"), m.eps)
+
+
+def _instance_norm(cx: Cx, m: nn.modules.instancenorm._InstanceNorm, path: str, x: Any) -> Any:
+    """Unbatched inputs (rank ``_get_no_batch_dim()``) get a batch axis around the norm, as the module does."""
+    unbatched = cx.rank(x) == m._get_no_batch_dim()
+    if unbatched:
+        x = T.unsqueeze(cx, x, 0)
+    out = N.instance_norm(cx, x, cx.param(path, "weight"), cx.param(path, "bias"), cx.param(path, "running_mean"),
+                          cx.param(path, "running_var"), m.training or not m.track_running_stats,
+                          m.momentum or 0.0, m.eps)
+    return T.squeeze(cx, out, 0) if unbatched else out
+
+
+def _upsample(cx: Cx, m: nn.Upsample, path: str, x: Any) -> Any:
+    return T.interpolate(cx, x, m.size, m.scale_factor, m.mode, m.align_corners, m.recompute_scale_factor)
+
+
 def _simple(fn: Lowering, *attrs: str) -> ModuleLowering:
     """A parameter-free module: its hyper-parameters passed to a functional lowering."""
     return lambda cx, m, path, x: fn(cx, x, *(getattr(m, a, None) for a in attrs))
@@ -241,6 +294,11 @@ MODULES: dict[type, ModuleLowering] = {
     nn.Softmax: _simple(T.softmax("softmax"), "dim"), nn.LogSoftmax: _simple(T.softmax("log_softmax"), "dim"),
     nn.Flatten: _simple(T.flatten, "start_dim", "end_dim"),
     nn.Unflatten: _simple(T.unflatten, "dim", "unflattened_size"),
+    nn.RMSNorm: _rms_norm, nn.InstanceNorm1d: _instance_norm, nn.InstanceNorm2d: _instance_norm,
+    nn.InstanceNorm3d: _instance_norm, nn.Upsample: _upsample, nn.UpsamplingNearest2d: _upsample,
+    nn.UpsamplingBilinear2d: _upsample, nn.PixelShuffle: _simple(T.pixel_shuffle, "upscale_factor"),
+    nn.PixelUnshuffle: _simple(T.pixel_unshuffle, "downscale_factor"), nn.LogSigmoid: _simple(T.log_sigmoid),
+    nn.GLU: _simple(T.glu, "dim"), nn.Softmin: _simple(T.softmin, "dim"),
 }
 for _r, (_mp, _ap, _aap, _amp) in enumerate(((nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d),
                                              (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d),

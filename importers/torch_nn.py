@@ -285,18 +285,77 @@ def group_norm(cx: Cx, input: Any, num_groups: int, weight: Any = None, bias: An
         raise NotLowerable(f"group norm with {num_groups} groups of an input shaped {list(s)}")
     blocks = T.reshape(cx, input, [s[0], int(num_groups), -1])
     normed = cx.add("layernorm", [cx.node(blocks, FLOAT)], {"axis": 2, "eps": float(eps)})
-    out: Any = T.reshape(cx, normed, s)
-    channel_shape = [s[1]] + [1] * (len(s) - 2)
-    if weight is not None:
-        out = T.mul(cx, out, T.reshape(cx, _param(cx, weight, "group norm weight"), channel_shape))
-    if bias is not None:
-        out = T.add(cx, out, T.reshape(cx, _param(cx, bias, "group norm bias"), channel_shape))
-    return out
+    out = T.reshape(cx, normed, s)
+    return _channel_affine(cx, out, weight if weight is None else _param(cx, weight, "group norm weight"),
+                           bias if bias is None else _param(cx, bias, "group norm bias"), s)
 
 
 def native_group_norm(cx: Cx, input: Any, weight: Any, bias: Any, n: int, c: int, hxw: int, group: int,
                       eps: float) -> tuple[Any, None, None]:
     return group_norm(cx, input, group, weight, bias, eps), None, None
+
+
+
+def rms_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any = None, eps: float | None = None) -> Any:
+    """torch._decomp's rms_norm: ``x * rsqrt(mean(x^2 over the normalized suffix) + eps) * weight``;
+    eps None is ``finfo(input dtype).eps``, read from the framework's recorded dtype."""
+    ns = [int(d) for d in ([normalized_shape] if isinstance(normalized_shape, int) else normalized_shape)]
+    s = cx.shape(input)
+    axis = len(s) - len(ns)
+    if axis < 0 or list(s[axis:]) != ns:
+        raise NotLowerable(f"rms norm over {ns} does not match the input's trailing shape {list(s)}")
+    if eps is None:
+        eps = torch.finfo(cx.current_meta().dtype).eps
+    x = Sym(cx.node(input, FLOAT))
+    mean_square = T.reduce_mean(cx, T.square(cx, x), list(range(axis, len(s))), True)
+    out = T.mul(cx, x, T.unary("rsqrt")(cx, T.add(cx, mean_square, float(eps))))
+    return out if weight is None else T.mul(cx, out, _param(cx, weight, "rms norm weight"))
+
+
+def _channel_affine(cx: Cx, out: Any, weight: Any, bias: Any, shape: Sequence[int]) -> Any:
+    """The per-channel scale and shift along axis 1 of an (N, C, ...) tensor."""
+    channel_shape = [shape[1]] + [1] * (len(shape) - 2)
+    if weight is not None:
+        out = T.mul(cx, out, T.reshape(cx, weight, channel_shape))
+    if bias is not None:
+        out = T.add(cx, out, T.reshape(cx, bias, channel_shape))
+    return out
+
+
+def instance_norm(cx: Cx, input: Any, weight: Any = None, bias: Any = None, running_mean: Any = None,
+                  running_var: Any = None, use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5,
+                  *_: Any) -> Any:
+    """aten.instance_norm: with input statistics it is group norm with one group per channel;
+    otherwise the running statistics make it batch_norm_eval."""
+    if not use_input_stats:
+        return batch_norm(cx, input, weight, bias, running_mean, running_var, False, momentum, eps)
+    s = cx.shape(input)
+    if len(s) < 3:
+        raise NotLowerable(f"instance norm of a rank-{len(s)} input (PyTorch needs (N, C, *spatial))")
+    return group_norm(cx, input, s[1], weight, bias, eps)
+
+
+def f_instance_norm(cx: Cx, input: Any, running_mean: Any = None, running_var: Any = None, weight: Any = None,
+                    bias: Any = None, use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> Any:
+    """F.instance_norm's argument order."""
+    return instance_norm(cx, input, weight, bias, running_mean, running_var, use_input_stats, momentum, eps)
+
+
+def batch_stats_norm(cx: Cx, input: Any, weight: Any, bias: Any, training: bool, momentum: float,
+                     eps: float) -> tuple[Any, None, None]:
+    """aten._native_batch_norm_legit.no_stats (instance norm's decomposition): each channel of axis
+    1 normalized by its own biased mean and variance over every other axis, then scaled and shifted."""
+    if not training:
+        raise NotLowerable("batch norm without running statistics outside training mode")
+    s = cx.shape(input)
+    if len(s) < 2:
+        raise NotLowerable(f"batch norm of a rank-{len(s)} input (PyTorch needs (N, C, ...))")
+    rest = [0] + list(range(2, len(s)))
+    channels_first = T.reshape(cx, T.permute(cx, input, [1] + rest), [s[1], -1])
+    normed = cx.add("layernorm", [cx.node(channels_first, FLOAT)], {"axis": 1, "eps": float(eps)})
+    back = T.reshape(cx, normed, [s[1], s[0]] + list(s[2:]))
+    out = T.permute(cx, back, [1, 0] + list(range(2, len(s))))
+    return _channel_affine(cx, out, weight, bias, s), None, None
 
 
 # -- pooling ----------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ state_dict tensor keep it a ``Known`` with the transform recorded, so its bindin
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
@@ -681,3 +682,334 @@ def broadcast_tensors(cx: Cx, *tensors: Any) -> tuple[Any, ...]:
         shape = broadcast_shapes(shape, cx.shape(x))
     return tuple(expand(cx, x, list(shape)) for x in tensors)
 
+
+
+# -- statistics and norms --------------------------------------------------------------------------
+def _correction(unbiased: Any, correction: Any) -> float:
+    """PyTorch's Bessel correction: ``correction`` wins; ``unbiased`` (default True) means 1, else 0."""
+    if correction is not None:
+        return float(correction)
+    return 0.0 if unbiased is False else 1.0
+
+
+def variance(cx: Cx, input: Any, dim: Any = None, unbiased: Any = None, keepdim: bool = False, *,
+             correction: Any = None) -> Sym:
+    """``sum((x - mean)^2) / (n - correction)`` over ``dim``, torch._decomp's ``var.correction``."""
+    if isinstance(dim, bool):  # torch.var(x, unbiased)
+        dim, unbiased = None, dim
+    axes = _axes(cx, input, dim)
+    n = prod(cx.shape(input)[a] for a in axes)
+    c = _correction(unbiased, correction)
+    if n - c <= 0:
+        raise NotLowerable(f"variance over {n} elements with correction {c:g} (n - correction <= 0: PyTorch "
+                           "returns nan/inf)")
+    x = Sym(cx.node(input, FLOAT))
+    mean = _reduce(cx, x, axes, True, "reduce_mean", "reduce_mean_axes", None)
+    dev = _sub(cx, x, mean)
+    total = _reduce(cx, square(cx, dev), axes, keepdim, "reduce_sum", "reduce_sum_axes", "sum")
+    return total if n - c == 1 else _div(cx, total, float(n - c))
+
+
+def std(cx: Cx, input: Any, dim: Any = None, unbiased: Any = None, keepdim: bool = False, *,
+        correction: Any = None) -> Sym:
+    return cx.add("sqrt", [variance(cx, input, dim, unbiased, keepdim, correction=correction).nid])
+
+
+def with_mean(spread: Any):
+    """var_mean / std_mean: ``(spread, mean)`` over the same dims, with the same keepdim."""
+
+    def lower(cx: Cx, input: Any, dim: Any = None, unbiased: Any = None, keepdim: bool = False, *,
+              correction: Any = None) -> tuple[Sym, Sym]:
+        if isinstance(dim, bool):
+            dim, unbiased = None, dim
+        out = spread(cx, input, dim, unbiased, keepdim, correction=correction)
+        return out, reduce_mean(cx, Sym(cx.node(input, FLOAT)), dim, keepdim)
+
+    return lower
+
+
+def vector_norm(cx: Cx, input: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
+                dtype: Any = None, out: Any = None) -> Sym:
+    """torch._refs.linalg.vector_norm: max/min of |x| for +-inf, sum(|x|) for 1, sqrt(sum(x*x)) for 2,
+    ``sum(|x|^p)^(1/p)`` for other positive p, the count of non-zeros for 0."""
+    if out is not None:
+        raise NotLowerable("vector_norm with out=")
+    if dtype is not None and not dtype.is_floating_point:
+        raise NotLowerable(f"vector_norm with dtype={dtype} (only floating result types)")
+    p = float(ord)
+    axes = _axes(cx, input, dim)
+    x = Sym(cx.node(input, FLOAT))
+    if math.isinf(p):
+        return cx.add("reduce_max" if p > 0 else "reduce_min", [unary("abs")(cx, x).nid],
+                      {"axes": axes, "keepdim": bool(keepdim)})
+    if p == 0:
+        nonzero = Sym(cx.node(compare("ne")(cx, x, 0.0), FLOAT))
+        return _reduce(cx, nonzero, axes, keepdim, "reduce_sum", "reduce_sum_axes", "sum")
+    if p < 0:
+        raise NotLowerable(f"vector_norm with ord={ord:g} (negative orders are not supported)")
+    if p == 2:
+        return cx.add("sqrt", [_reduce(cx, square(cx, x), axes, keepdim, "reduce_sum", "reduce_sum_axes", "sum").nid])
+    powered = unary("abs")(cx, x) if p == 1 else cx.add("pow", [unary("abs")(cx, x).nid], {"exponent": p})
+    total = _reduce(cx, powered, axes, keepdim, "reduce_sum", "reduce_sum_axes", "sum")
+    return total if p == 1 else cx.add("pow", [total.nid], {"exponent": 1.0 / p})
+
+
+def norm(cx: Cx, input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = False, out: Any = None,
+         dtype: Any = None) -> Sym:
+    """torch.norm / Tensor.norm: a number or 'fro' over at most two dims is a vector norm."""
+    if out is not None:
+        raise NotLowerable("norm with out=")
+    if p is None:
+        p = 2
+    if isinstance(p, str):
+        dims = [dim] if isinstance(dim, int) else dim
+        if p != "fro" or (dims is not None and len(dims) > 2):
+            raise NotLowerable(f"norm with p={p!r} (matrix norms other than 'fro' are not supported)")
+        p = 2
+    return vector_norm(cx, input, p, dim, keepdim, dtype=dtype)
+
+
+def aten_norm(cx: Cx, input: Any, p: Any = 2, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Sym:
+    """aten.norm.Scalar / ScalarOpt_dim(_dtype): a vector norm."""
+    return vector_norm(cx, input, 2 if p is None else p, dim, keepdim, dtype=dtype)
+
+
+def normalize(cx: Cx, input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Sym:
+    """F.normalize: ``x / clamp_min(vector_norm(x, p, dim, keepdim=True), eps)``."""
+    if out is not None:
+        raise NotLowerable("normalize with out=")
+    denom = clamp(cx, vector_norm(cx, input, p, [dim], True), float(eps), None)
+    return _div(cx, input, denom)
+
+
+def logsumexp(cx: Cx, input: Any, dim: Any = None, keepdim: bool = False) -> Sym:
+    """torch._refs.logsumexp: ``log(sum(exp(x - m))) + m`` with m = amax(x), 0 where |m| is inf."""
+    axes = _axes(cx, input, dim)
+    if prod(cx.shape(input)) == 0:
+        raise NotLowerable("logsumexp of an empty tensor")
+    x = Sym(cx.node(input, FLOAT))
+    top = cx.add("reduce_max", [x.nid], {"axes": axes, "keepdim": True})
+    infinite = compare("eq")(cx, unary("abs")(cx, top), float("inf"))
+    top = where(cx, infinite, 0.0, top)
+    total = _reduce(cx, unary("exp")(cx, _sub(cx, x, top)), axes, keepdim, "reduce_sum", "reduce_sum_axes", "sum")
+    shift = top if keepdim else reshape(cx, top, list(cx.shape(total)))
+    return _add(cx, unary("log")(cx, total), shift)
+
+
+def reduce_prod(cx: Cx, input: Any, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Sym:
+    if cx.etype(input) != FLOAT and (dtype is None or not dtype.is_floating_point):
+        raise NotLowerable("prod of integer/bool tensors (an integer result) has no IR op")
+    axes = _axes(cx, input, dim)
+    return cx.add("reduce_prod", [cx.node(input, FLOAT)], {"axes": axes, "keepdim": bool(keepdim)})
+
+
+# -- activations built from others ------------------------------------------------------------------
+def log_sigmoid(cx: Cx, input: Any) -> Sym:
+    """torch._decomp's log_sigmoid_forward: ``min(x, 0) - log1p(exp(-|x|))`` (stable both ways)."""
+    x = Sym(cx.node(input, FLOAT))
+    tail = unary("log1p")(cx, unary("exp")(cx, unary("neg")(cx, unary("abs")(cx, x))))
+    return _sub(cx, minimum(cx, x, 0.0), tail)
+
+
+def log_sigmoid_forward(cx: Cx, input: Any) -> tuple[Sym, None]:
+    """aten.log_sigmoid_forward: (output, buffer); the buffer is a backward helper."""
+    return log_sigmoid(cx, input), None
+
+
+def glu(cx: Cx, input: Any, dim: int = -1) -> Sym:
+    """``a * sigmoid(b)`` for the two halves a, b of ``dim``."""
+    ax = normalize_axis(dim, cx.rank(input))
+    n = cx.shape(input)[ax]
+    if n % 2:
+        raise NotLowerable(f"glu halves dim {dim} of odd size {n}")
+    a, b = slice_(cx, input, ax, 0, n // 2), slice_(cx, input, ax, n // 2, n)
+    return _mul(cx, a, unary("sigmoid")(cx, b))
+
+
+def softmin(cx: Cx, input: Any, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Sym:
+    """``softmax(-x)`` (F.softmin's legacy implicit dim is softmax's)."""
+    return softmax("softmax")(cx, unary("neg")(cx, input), dim)
+
+
+# -- rearrangements ---------------------------------------------------------------------------------
+def pixel_shuffle(cx: Cx, input: Any, upscale_factor: int) -> Any:
+    """(*, C r^2, H, W) -> (*, C, H r, W r): split channels, interleave, merge."""
+    r = int(upscale_factor)
+    *lead, c, h, w = cx.shape(input)
+    if c % (r * r):
+        raise NotLowerable(f"pixel_shuffle: {c} channels are not divisible by {r}^2")
+    k = len(lead)
+    x = reshape(cx, input, lead + [c // (r * r), r, r, h, w])
+    x = permute(cx, x, list(range(k)) + [k, k + 3, k + 1, k + 4, k + 2])
+    return reshape(cx, x, lead + [c // (r * r), h * r, w * r])
+
+
+def pixel_unshuffle(cx: Cx, input: Any, downscale_factor: int) -> Any:
+    """(*, C, H r, W r) -> (*, C r^2, H, W): the inverse rearrangement of pixel_shuffle."""
+    r = int(downscale_factor)
+    *lead, c, h, w = cx.shape(input)
+    if h % r or w % r:
+        raise NotLowerable(f"pixel_unshuffle: spatial size {h}x{w} is not divisible by {r}")
+    k = len(lead)
+    x = reshape(cx, input, lead + [c, h // r, r, w // r, r])
+    x = permute(cx, x, list(range(k)) + [k, k + 2, k + 4, k + 1, k + 3])
+    return reshape(cx, x, lead + [c * r * r, h // r, w // r])
+
+
+def flip(cx: Cx, input: Any, *args: Any, dims: Any = None) -> Any:
+    """A gather with the constant reversed index per flipped axis."""
+    x = input
+    r = cx.rank(input)
+    for ax in sorted({normalize_axis(d, r) for d in _shape_arg(args if dims is None else (dims,))}):
+        n = cx.shape(input)[ax]
+        if n > 1:
+            x = gather_axis(cx, x, ax, Known(torch.arange(n - 1, -1, -1), folded=True))
+    return x
+
+
+def roll(cx: Cx, input: Any, shifts: Any, dims: Any = None) -> Any:
+    """Each shifted axis is the concat of its last ``s`` entries and the rest; no dims rolls the
+    flattened tensor and restores the shape."""
+    shifts = [shifts] if isinstance(shifts, int) else [int(s) for s in shifts]
+    dims = [] if dims is None else [dims] if isinstance(dims, int) else [int(d) for d in dims]
+    if not dims:
+        if len(shifts) != 1:
+            raise NotLowerable(f"roll with {len(shifts)} shifts and no dims")
+        return reshape(cx, roll(cx, reshape(cx, input, [-1]), shifts, [0]), list(cx.shape(input)))
+    if len(shifts) != len(dims):
+        raise NotLowerable(f"roll with {len(shifts)} shifts for {len(dims)} dims")
+    x = input
+    for s, d in zip(shifts, dims):
+        ax = normalize_axis(d, cx.rank(input))
+        n = cx.shape(input)[ax]
+        k = s % n if n else 0
+        if k:
+            x = cat(cx, [slice_(cx, x, ax, n - k, n), slice_(cx, x, ax, 0, n - k)], ax)
+    return x
+
+
+def triangle(which: str):
+    """tril/triu: ``where(mask, x, 0)`` with the constant mask of the last two axes (a product
+    would turn inf*0 into NaN)."""
+
+    def lower(cx: Cx, input: Any, diagonal: int = 0) -> Sym:
+        s = cx.shape(input)
+        if len(s) < 2:
+            raise NotLowerable(f"{which} of a rank-{len(s)} tensor (needs at least 2 dims)")
+        rows, cols = torch.arange(s[-2]).unsqueeze(1), torch.arange(s[-1]).unsqueeze(0)
+        offset = cols - rows
+        mask = offset <= int(diagonal) if which == "tril" else offset >= int(diagonal)
+        zero: Any = {BOOL: False, INT64: 0, FLOAT: 0.0}[cx.etype(input)]
+        return where(cx, Known(mask, folded=True), input, zero)
+
+    return lower
+
+
+def outer(cx: Cx, input: Any, vec2: Any) -> Sym:
+    """``input[:, None] * vec2[None, :]``."""
+    if cx.rank(input) != 1 or cx.rank(vec2) != 1:
+        raise NotLowerable(f"outer of ranks {cx.rank(input)} and {cx.rank(vec2)} (needs two vectors)")
+    return _mul(cx, reshape(cx, input, [-1, 1]), reshape(cx, vec2, [1, -1]))
+
+
+def diff(cx: Cx, input: Any, n: int = 1, dim: int = -1, prepend: Any = None, append: Any = None) -> Any:
+    """``x[1:] - x[:-1]`` along ``dim``, ``n`` times, after concatenating prepend/append tensors."""
+    if cx.etype(input) == BOOL:
+        raise NotLowerable("diff of a bool tensor (PyTorch takes a logical xor)")
+    ax = normalize_axis(dim, cx.rank(input))
+    parts = [v for v in (prepend, input, append) if v is not None]
+    if any(not _is_tensor(v) or cx.rank(v) != cx.rank(input) for v in parts):
+        raise NotLowerable("diff with a scalar prepend/append (only tensors of the input's rank)")
+    x = cat(cx, parts, ax)
+    for _ in range(int(n)):
+        m = cx.shape(x)[ax]
+        if m == 0:
+            break
+        x = _sub(cx, slice_(cx, x, ax, 1, m), slice_(cx, x, ax, 0, m - 1))
+    return x
+
+
+def repeat_interleave(cx: Cx, input: Any, repeats: Any = None, dim: int | None = None, *,
+                      output_size: Any = None) -> Any:
+    """Each entry repeated ``repeats`` times along ``dim`` (flattened when None): unsqueeze,
+    broadcast, reshape."""
+    k = cx.known(repeats) if _is_tensor(repeats) else None
+    if k is not None and k.numel() == 1 and not (isinstance(repeats, Known) and repeats.pinned):
+        repeats = int(k.item())
+    if not isinstance(repeats, int):
+        raise NotLowerable("repeat_interleave with tensor repeats (a per-entry count; only an int repeats)")
+    x = input
+    if dim is None:
+        x, dim = reshape(cx, input, [-1]), 0
+    s = list(cx.shape(x))
+    ax = normalize_axis(dim, len(s))
+    x = unsqueeze(cx, x, ax + 1)
+    x = expand(cx, x, s[:ax + 1] + [repeats] + s[ax + 1:])
+    return reshape(cx, x, s[:ax] + [s[ax] * repeats] + s[ax + 1:])
+
+
+# -- nearest upsampling ----------------------------------------------------------------------------
+def _integer_factors(cx: Cx, input: Any, r: int, size: Any, scales: Any) -> list[int]:
+    """Per spatial axis the factor f such that PyTorch reads input index ``o // f``: an integer
+    scale factor, or an output size that is an integer multiple of the input's."""
+    spatial = list(cx.shape(input)[-r:])
+    if scales is not None and not all(v is None for v in _as_list(scales, r)):
+        values = [float(v) for v in _as_list(scales, r)]
+        if any(v < 1 or v != int(v) for v in values):
+            raise NotLowerable(f"nearest upsampling with scale factors {values} (only integer factors >= 1)")
+        return [int(v) for v in values]
+    if size is None:
+        raise NotLowerable("nearest upsampling without a size or scale factor")
+    sizes = [int(v) for v in _as_list(size, r)]
+    if any(o < i or o % i for o, i in zip(sizes, spatial)):
+        raise NotLowerable(f"nearest upsampling from {spatial} to {sizes} (only integer multiples)")
+    return [o // i for o, i in zip(sizes, spatial)]
+
+
+def _as_list(v: Any, r: int) -> list[Any]:
+    if isinstance(v, (int, float)) or v is None:
+        return [v] * r
+    v = list(v)
+    return v * r if len(v) == 1 else v
+
+
+def repeat_each(cx: Cx, input: Any, factors: Sequence[int]) -> Any:
+    """Every entry of the trailing axes repeated ``factors[i]`` times (the ONNX importer's nearest
+    Resize): reshape to (e, 1) pairs, broadcast to (e, f), merge."""
+    s = list(cx.shape(input))
+    lead = s[:len(s) - len(factors)]
+    tail = s[len(lead):]
+    if all(f == 1 for f in factors):
+        return input
+    x = reshape(cx, input, lead + [d for e in tail for d in (e, 1)])
+    x = expand(cx, x, lead + [d for e, f in zip(tail, factors) for d in (e, f)])
+    return reshape(cx, x, lead + [e * f for e, f in zip(tail, factors)])
+
+
+def interpolate(cx: Cx, input: Any, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                align_corners: Any = None, recompute_scale_factor: Any = None, antialias: bool = False) -> Any:
+    """F.interpolate: nearest (and nearest-exact) with integer factors repeat each entry; other modes
+    interpolate between entries and are out of scope."""
+    if mode not in ("nearest", "nearest-exact"):
+        raise NotLowerable(f"interpolate mode={mode!r} (only 'nearest' with integer scale factors)")
+    r = cx.rank(input) - 2
+    if r < 1:
+        raise NotLowerable(f"interpolate of a rank-{cx.rank(input)} input (needs (N, C, *spatial))")
+    return repeat_each(cx, input, _integer_factors(cx, input, r, size, scale_factor))
+
+
+def upsample_nearest(r: int):
+    """aten.upsample_nearest{r}d and _upsample_nearest_exact{r}d: ``.vec`` passes (output_size,
+    scale_factors); ``.default`` passes output_size and one optional scale per axis, which PyTorch
+    reads as ``floor(o / scale)``, so a given scale must be the integer factor the size implies."""
+
+    def lower(cx: Cx, input: Any, output_size: Any, *scales: Any) -> Any:
+        if len(scales) == 1 and (scales[0] is None or isinstance(scales[0], (list, tuple))):
+            return repeat_each(cx, input, _integer_factors(cx, input, r, output_size, scales[0]))
+        factors = _integer_factors(cx, input, r, output_size, None)
+        for f, sc in zip(factors, scales):
+            if sc is not None and float(sc) != f:
+                raise NotLowerable(f"nearest upsampling with scale {sc} for an output {f} times larger")
+        return repeat_each(cx, input, factors)
+
+    return lower

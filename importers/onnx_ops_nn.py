@@ -104,31 +104,6 @@ def _window_pads(ctx: OnnxContext, spatial: tuple[int, ...], kernel: list[int], 
     return before, after
 
 
-def _conv(ctx: OnnxContext) -> list[Value]:
-    weight = ctx.const(1)
-    if weight is None:
-        raise ctx.fail("the weight must be an initializer")
-    xs = ctx.shape(0)
-    r = len(xs) - 2
-    if r < 1:
-        raise ctx.fail(f"input rank {len(xs)} (expected batch, channels and spatial axes)")
-    kernel = list(ctx.attr("kernel_shape") or weight.value.shape[2:])
-    strides = list(ctx.attr("strides") or [1] * r)
-    dilations = list(ctx.attr("dilations") or [1] * r)
-    before, after = _window_pads(ctx, xs[2:], kernel, strides, dilations)
-    out_channels = int(weight.value.shape[0])
-    attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
-             "padding_after": tuple(after), "dilation": tuple(dilations), "groups": int(ctx.attr("group", 1)),
-             "channel_axis": 1, "in_channels": xs[1], "out_channels": out_channels}
-    nid = ctx.add("conv", [ctx.operand(0)], attrs)
-    ctx.param_const(nid, "weight", weight)
-    if ctx.has_input(2):
-        ctx.param(nid, "bias", 2)
-    else:
-        ctx.b.param(nid, "bias", np.zeros(out_channels, dtype=ctx.b.payload.get(nid, "weight").dtype))
-    return [nid]
-
-
 def _conv_transpose_geometry(ctx: OnnxContext, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
                              dilations: list[int]) -> tuple[list[int], list[int], list[int]]:
     """ConvTranspose's crop (before, after) and end extension (output_padding): explicit ``pads``,
@@ -160,7 +135,8 @@ def _conv_transpose_geometry(ctx: OnnxContext, spatial: tuple[int, ...], kernel:
     return before, after, extend
 
 
-def _conv_transpose(ctx: OnnxContext) -> list[Value]:
+def _convolution(ctx: OnnxContext) -> list[Value]:
+    """``Conv`` (weight ``[out, in/group, *k]``) and ``ConvTranspose`` (weight ``[in, out/group, *k]``)."""
     weight = ctx.const(1)
     if weight is None:
         raise ctx.fail("the weight must be an initializer")
@@ -172,12 +148,17 @@ def _conv_transpose(ctx: OnnxContext) -> list[Value]:
     kernel = list(ctx.attr("kernel_shape") or weight.value.shape[2:])
     strides = list(ctx.attr("strides") or [1] * r)
     dilations = list(ctx.attr("dilations") or [1] * r)
-    before, after, output_padding = _conv_transpose_geometry(ctx, xs[2:], kernel, strides, dilations)
-    out_channels = int(weight.value.shape[1]) * groups
+    if ctx.node.op_type == "ConvTranspose":
+        kind, out_channels = "conv_transpose", int(weight.value.shape[1]) * groups
+        before, after, output_padding = _conv_transpose_geometry(ctx, xs[2:], kernel, strides, dilations)
+        extra = {"output_padding": tuple(output_padding)}
+    else:
+        kind, out_channels, extra = "conv", int(weight.value.shape[0]), {}
+        before, after = _window_pads(ctx, xs[2:], kernel, strides, dilations)
     attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
-             "padding_after": tuple(after), "output_padding": tuple(output_padding), "dilation": tuple(dilations),
-             "groups": groups, "channel_axis": 1, "in_channels": xs[1], "out_channels": out_channels}
-    nid = ctx.add("conv_transpose", [ctx.operand(0)], attrs)
+             "padding_after": tuple(after), "dilation": tuple(dilations), "groups": groups, "channel_axis": 1,
+             "in_channels": xs[1], "out_channels": out_channels, **extra}
+    nid = ctx.add(kind, [ctx.operand(0)], attrs)
     ctx.param_const(nid, "weight", weight)
     if ctx.has_input(2):
         ctx.param(nid, "bias", 2)
@@ -395,7 +376,8 @@ def _einsum(ctx: OnnxContext) -> list[Value]:
 
 
 HANDLERS: dict[str, Handler] = {
-    "Gemm": _gemm, "MatMul": _matmul, "Conv": _conv, "ConvTranspose": _conv_transpose, "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"),
+    "Gemm": _gemm, "MatMul": _matmul, "Conv": _convolution, "ConvTranspose": _convolution,
+    "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"),
     "GlobalAveragePool": _global_pool("reduce_mean_axes"), "GlobalMaxPool": _global_pool("reduce_max"),
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
     "LRN": _lrn,

@@ -504,22 +504,15 @@ def _linear(node, xs, rec, dt):
     return y
 
 
-@rule("conv")
+@rule("conv", "conv_transpose")
 def _conv(node, xs, rec, dt):
     a = node.attrs
     w, b = conv_record(node, rec)
-    return conv_nd(xs[0], param(w, dt), param(b, dt), channel_axis=a["channel_axis"], stride=a["stride"],
-                   padding=a["padding"], padding_after=a["padding_after"], dilation=a["dilation"],
-                   groups=a["groups"], out_spatial=node.out_shape[a["channel_axis"] + 1:])
-
-
-@rule("conv_transpose")
-def _conv_transpose(node, xs, rec, dt):
-    a = node.attrs
-    w, b = conv_record(node, rec)
-    return conv_transpose_nd(xs[0], param(w, dt), param(b, dt), channel_axis=a["channel_axis"], stride=a["stride"],
-                             padding=a["padding"], dilation=a["dilation"], groups=a["groups"],
-                             out_spatial=node.out_shape[a["channel_axis"] + 1:])
+    geometry = dict(channel_axis=a["channel_axis"], stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
+                    groups=a["groups"], out_spatial=node.out_shape[a["channel_axis"] + 1:])
+    if node.kind == "conv_transpose":
+        return conv_transpose_nd(xs[0], param(w, dt), param(b, dt), **geometry)
+    return conv_nd(xs[0], param(w, dt), param(b, dt), padding_after=a["padding_after"], **geometry)
 
 
 @rule("resize_linear")

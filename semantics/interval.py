@@ -43,8 +43,7 @@ from . import interval_arith as ia
 from .conv import EMPTY_WINDOW, avg_pool_divisor, pool_out_spatial
 from .evaluate import input_list
 from .float_rules import FLOAT_RULES
-from .interval_affine import (AffineParams, avg_pool_box, batch_norm_box, conv_box, conv_transpose_box, linear_box,
-                              matmul_box, mean_box)
+from .interval_affine import AffineParams, avg_pool_box, batch_norm_box, conv_box, linear_box, matmul_box, mean_box
 from .interval_nonlinear import (arg_extremum_box, layernorm_box, log_softmax_box, mse_box, prod_box,
                                  softmax_box)
 from .interval_round import Box, clean, sum_bounds
@@ -104,8 +103,7 @@ for _k in UNARY_RULES:
 _READERS: dict[str, Callable[[Node, Record, tuple[int, ...]], Any]] = {
     "const": lambda node, rec, parent: ia.point(const_values(node, rec).astype(np.float64)),
     "linear": lambda node, rec, parent: AffineParams.of(*linear_record(node, rec, parent)),
-    "conv": lambda node, rec, parent: AffineParams.of(*conv_record(node, rec)),
-    "conv_transpose": lambda node, rec, parent: AffineParams.of(*conv_record(node, rec)),
+    **dict.fromkeys(("conv", "conv_transpose"), lambda node, rec, parent: AffineParams.of(*conv_record(node, rec))),
     "layernorm": lambda node, rec, parent: layernorm_record(node, rec, parent),
     "batch_norm_eval": lambda node, rec, parent: batch_norm_record(node, rec),
 }
@@ -304,14 +302,10 @@ def _linear(node, ps, rec):
     return linear_box(ps[0], _params(node, rec, ps[0][0].shape))
 
 
-@rule("conv")
+@rule("conv", "conv_transpose")
 def _conv(node, ps, rec):
-    return conv_box(ps[0], _params(node, rec, ps[0][0].shape), node.attrs, node.out_shape)
-
-
-@rule("conv_transpose")
-def _conv_transpose(node, ps, rec):
-    return conv_transpose_box(ps[0], _params(node, rec, ps[0][0].shape), node.attrs, node.out_shape)
+    return conv_box(ps[0], _params(node, rec, ps[0][0].shape), node.attrs, node.out_shape,
+                    transposed=node.kind == "conv_transpose")
 
 
 @rule("resize_linear")

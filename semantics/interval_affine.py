@@ -18,8 +18,8 @@ from . import interval_arith as ia
 from .conv import conv_nd, conv_transpose_nd, pool_nd
 from .interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
 
-__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "conv_transpose_box", "matmul_box", "batch_norm_box",
-           "mean_box", "divide_exact", "avg_pool_box"]
+__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box", "batch_norm_box", "mean_box",
+           "divide_exact", "avg_pool_box"]
 
 
 def affine_box(a: Box, apply: Callable[[np.ndarray], np.ndarray], apply_abs: Callable[[np.ndarray], np.ndarray],
@@ -88,29 +88,23 @@ def linear_box(a: Box, p: AffineParams) -> Box:
         return clean(down(mid - rad), up(mid + rad))
 
 
-def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int]) -> Box:
-    """Convolution (grouped, dilated, padded, any channel axis) through the float evaluator's im2col."""
-    ca = attrs["channel_axis"]
-    zero = np.zeros(p.weight.shape[0])
-    geometry = dict(channel_axis=ca, stride=attrs["stride"], padding=attrs["padding"],
-                    padding_after=attrs["padding_after"], dilation=attrs["dilation"], groups=attrs["groups"],
-                    out_spatial=tuple(out_shape[ca + 1:]))
-    b = p.bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1))
-    return affine_box(a, lambda v: conv_nd(v, p.weight, zero, **geometry),
-                      lambda v: conv_nd(v, p.abs_weight, zero, **geometry), p.weight[0].size + 1, b)
-
-
-def conv_transpose_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int]) -> Box:
-    """Transposed convolution through the float evaluator's scatter; each output sums at most
-    ``in/groups * prod(kernel)`` products (fewer where the stride skips cells)."""
+def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int], transposed: bool = False
+             ) -> Box:
+    """Convolution (grouped, dilated, padded, any channel axis) through the float evaluator's im2col,
+    or transposed convolution through its scatter. Either way an output sums at most
+    ``in/groups * prod(kernel)`` products (plus the bias)."""
     ca = attrs["channel_axis"]
     zero = np.zeros(out_shape[ca])
     geometry = dict(channel_axis=ca, stride=attrs["stride"], padding=attrs["padding"], dilation=attrs["dilation"],
                     groups=attrs["groups"], out_spatial=tuple(out_shape[ca + 1:]))
+    if transposed:
+        kernel_fn = conv_transpose_nd
+    else:
+        kernel_fn, geometry["padding_after"] = conv_nd, attrs["padding_after"]
     b = p.bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1))
     terms = attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1
-    return affine_box(a, lambda v: conv_transpose_nd(v, p.weight, zero, **geometry),
-                      lambda v: conv_transpose_nd(v, p.abs_weight, zero, **geometry), terms, b)
+    return affine_box(a, lambda v: kernel_fn(v, p.weight, zero, **geometry),
+                      lambda v: kernel_fn(v, p.abs_weight, zero, **geometry), terms, b)
 
 
 def _is_point(a: Box) -> bool:

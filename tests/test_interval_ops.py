@@ -159,29 +159,47 @@ def conv_reference(x, w, b, attrs, out_shape):
     return out
 
 
-@SETTINGS
-@given(st.data())
-def test_conv_grouped_dilated_padded_any_channel_axis(data):
+def draw_conv_case(data, kind: str):
+    """Geometry, weight and bias of a small grouped, strided, dilated, padded ``conv`` or
+    ``conv_transpose`` node over any channel axis (None when the drawn crop leaves no output)."""
     rank = data.draw(st.integers(1, 2))
     ca = data.draw(st.integers(0, 1))
     groups = data.draw(st.integers(1, 2))
     cin, cout = groups * data.draw(st.integers(1, 2)), groups * data.draw(st.integers(1, 2))
     kernel = [data.draw(st.integers(1, 2)) for _ in range(rank)]
-    attrs = dict(spatial_rank=rank, kernel=kernel, stride=[data.draw(st.integers(1, 2)) for _ in range(rank)],
+    stride = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+    dilation = [data.draw(st.integers(1, 2)) for _ in range(rank)]
+    attrs = dict(spatial_rank=rank, kernel=kernel, stride=stride, dilation=dilation,
                  padding=[data.draw(st.integers(0, 1)) for _ in range(rank)],
                  padding_after=[data.draw(st.integers(0, 1)) for _ in range(rank)],
-                 dilation=[data.draw(st.integers(1, 2)) for _ in range(rank)], groups=groups, channel_axis=ca,
-                 in_channels=cin, out_channels=cout)
-    in_shape = (2,) * ca + (cin,) + tuple(data.draw(st.integers(3, 4)) for _ in range(rank))
-    out_shape = conv_out_shape(in_shape, **attrs)
-    w = np.array(data.draw(st.lists(WEIGHT, min_size=cout * (cin // groups) * math.prod(kernel),
-                                    max_size=cout * (cin // groups) * math.prod(kernel))))
-    w = w.reshape((cout, cin // groups) + tuple(kernel))
+                 groups=groups, channel_axis=ca, in_channels=cin, out_channels=cout)
+    if kind == "conv_transpose":
+        attrs["output_padding"] = [data.draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation)]
+        in_shape = (2,) * ca + (cin,) + tuple(data.draw(st.integers(2, 3)) for _ in range(rank))
+        w_shape = (cin, cout // groups) + tuple(kernel)
+        shape_rule = conv_transpose_out_shape
+    else:
+        in_shape = (2,) * ca + (cin,) + tuple(data.draw(st.integers(3, 4)) for _ in range(rank))
+        w_shape = (cout, cin // groups) + tuple(kernel)
+        shape_rule = conv_out_shape
+    try:
+        out_shape = shape_rule(in_shape, **attrs)
+    except ShapeRuleError:  # a transposed convolution's crop swallowed the whole output
+        return None
+    w = np.array(data.draw(st.lists(WEIGHT, min_size=math.prod(w_shape), max_size=math.prod(w_shape))))
     b = np.array(data.draw(st.lists(WEIGHT, min_size=cout, max_size=cout)))
+    return Node(1, [0], kind, out_shape, attrs), in_shape, {"weight": w.reshape(w_shape), "bias": b}
+
+
+@SETTINGS
+@given(st.data())
+def test_conv_grouped_dilated_padded_any_channel_axis(data):
+    node, in_shape, rec = draw_conv_case(data, "conv")
     lo, hi = data.draw(box(in_shape))
-    out = INTERVAL_RULES["conv"](Node(1, [0], "conv", out_shape, attrs), [(lo, hi)], {"weight": w, "bias": b})
+    out = INTERVAL_RULES["conv"](node, [(lo, hi)], rec)
     rng = np.random.default_rng(0)
-    exact = [conv_reference(frac(x), frac(w), frac(b), attrs, out_shape) for x in points(lo, hi, rng, 2)]
+    exact = [conv_reference(frac(x), frac(rec["weight"]), frac(rec["bias"]), node.attrs, node.out_shape)
+             for x in points(lo, hi, rng, 2)]
     assert_encloses(out, exact)
 
 
@@ -209,37 +227,19 @@ def conv_transpose_reference(x, w, b, attrs, out_shape):
 @SETTINGS
 @given(st.data())
 def test_conv_transpose_grouped_dilated_cropped_any_channel_axis(data):
-    rank = data.draw(st.integers(1, 2))
-    ca = data.draw(st.integers(0, 1))
-    groups = data.draw(st.integers(1, 2))
-    cin, cout = groups * data.draw(st.integers(1, 2)), groups * data.draw(st.integers(1, 2))
-    kernel = [data.draw(st.integers(1, 2)) for _ in range(rank)]
-    stride = [data.draw(st.integers(1, 2)) for _ in range(rank)]
-    dilation = [data.draw(st.integers(1, 2)) for _ in range(rank)]
-    attrs = dict(spatial_rank=rank, kernel=kernel, stride=stride,
-                 padding=[data.draw(st.integers(0, 1)) for _ in range(rank)],
-                 padding_after=[data.draw(st.integers(0, 1)) for _ in range(rank)],
-                 output_padding=[data.draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation)],
-                 dilation=dilation, groups=groups, channel_axis=ca, in_channels=cin, out_channels=cout)
-    in_shape = (2,) * ca + (cin,) + tuple(data.draw(st.integers(2, 3)) for _ in range(rank))
-    try:
-        out_shape = conv_transpose_out_shape(in_shape, **attrs)
-    except ShapeRuleError:  # the crop swallows the whole output
-        assume(False)
-    n_w = cin * (cout // groups) * math.prod(kernel)
-    w = np.array(data.draw(st.lists(WEIGHT, min_size=n_w, max_size=n_w))).reshape((cin, cout // groups) + tuple(kernel))
-    b = np.array(data.draw(st.lists(WEIGHT, min_size=cout, max_size=cout)))
+    case = draw_conv_case(data, "conv_transpose")
+    assume(case is not None)
+    node, in_shape, rec = case
+    w, b = frac(rec["weight"]), frac(rec["bias"])
     lo, hi = data.draw(box(in_shape))
-    node = Node(1, [0], "conv_transpose", out_shape, attrs)
-    out = INTERVAL_RULES["conv_transpose"](node, [(lo, hi)], {"weight": w, "bias": b})
+    out = INTERVAL_RULES["conv_transpose"](node, [(lo, hi)], rec)
     rng = np.random.default_rng(0)
-    exact = [conv_transpose_reference(frac(x), frac(w), frac(b), attrs, out_shape) for x in points(lo, hi, rng, 2)]
-    assert_encloses(out, exact)
+    assert_encloses(out, [conv_transpose_reference(frac(x), w, b, node.attrs, node.out_shape)
+                          for x in points(lo, hi, rng, 2)])
     # the float evaluator computes the same function as this reference (float64 at the box's centre)
     centre = lo * 0.5 + hi * 0.5
-    value = eval_node(node, [centre], {"weight": w, "bias": b})
-    exact_centre = conv_transpose_reference(frac(centre), frac(w), frac(b), attrs, out_shape).astype(float)
-    assert np.allclose(value, exact_centre, rtol=1e-12, atol=1e-12 * (1 + np.abs(exact_centre).max()))
+    exact = conv_transpose_reference(frac(centre), w, b, node.attrs, node.out_shape).astype(float)
+    assert np.allclose(eval_node(node, [centre], rec), exact, rtol=1e-12, atol=1e-12 * (1 + np.abs(exact).max()))
 
 
 def _source_coordinate(o: int, n: int, m: int, mode: str) -> Fraction:

@@ -14,7 +14,7 @@ import numpy as np
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 from torchlean_bridge.ops.contracts import broadcast_shapes
 
-from .onnx_context import OnnxContext, Value
+from .onnx_context import Const, OnnxContext, Value
 
 __all__ = ["HANDLERS", "EMITS", "onnx_element_type"]
 
@@ -148,6 +148,33 @@ def _where(ctx: OnnxContext) -> list[Value]:
     return [ctx.elementwise("where", [ctx.operand(0), ctx.operand(1), ctx.operand(2)])]
 
 
+def _thresholded_relu(ctx: OnnxContext) -> list[Value]:
+    """x where x > alpha, else 0."""
+    x = ctx.operand(0)
+    keep = ctx.elementwise("gt", [x, ctx.scalar(float(ctx.attr("alpha", 1.0)))])
+    return [ctx.elementwise("where", [keep, x, ctx.scalar(0.0)])]
+
+
+def _shrink(ctx: OnnxContext) -> list[Value]:
+    """x - bias above lambd, x + bias below -lambd, 0 between (the ONNX definition)."""
+    x = ctx.operand(0)
+    lambd, bias = float(ctx.attr("lambd", 0.5)), float(ctx.attr("bias", 0.0))
+    below = ctx.elementwise("where", [ctx.elementwise("lt", [x, ctx.scalar(-lambd)]),
+                                      ctx.elementwise("add", [x, ctx.scalar(bias)]), ctx.scalar(0.0)])
+    return [ctx.elementwise("where", [ctx.elementwise("gt", [x, ctx.scalar(lambd)]),
+                                      ctx.elementwise("sub", [x, ctx.scalar(bias)]), below])]
+
+
+def _is_inf(ctx: OnnxContext) -> list[Value]:
+    """x == +inf and/or x == -inf, as detect_positive / detect_negative ask."""
+    x = ctx.operand(0)
+    tests = [ctx.elementwise("eq", [x, ctx.scalar(sign * np.inf)])
+             for sign, flag in ((1.0, "detect_positive"), (-1.0, "detect_negative")) if ctx.attr(flag, 1)]
+    if not tests:  # detects nothing: all false, a constant later nodes fold
+        return [Const(np.zeros(ctx.shape(0), dtype=bool), folded=True)]
+    return [tests[0] if len(tests) == 1 else ctx.elementwise("logical_or", tests)]
+
+
 def _cast(ctx: OnnxContext) -> list[Value]:
     to = int(ctx.attr("to"))
     target = onnx_element_type(to)
@@ -164,26 +191,62 @@ _REDUCE = {"ReduceSum": ("reduce_sum", 13), "ReduceMean": ("reduce_mean", 18), "
            "ReduceMin": ("reduce_min", 18), "ReduceProd": ("reduce_prod", 18)}
 
 
+def _reduce_axes(ctx: OnnxContext, axes_input_since: int) -> tuple[list[int], bool] | None:
+    """The sorted reduced axes and keepdims of a Reduce* node; None when it reduces nothing."""
+    rank = ctx.rank(0)
+    axes = ctx.ints(1, "axes") if ctx.opset >= axes_input_since else ctx.attr("axes")
+    if not axes:
+        if ctx.opset >= axes_input_since and ctx.attr("noop_with_empty_axes", 0):
+            return None
+        axes = list(range(rank))
+    axes = sorted(ctx.axis(a, rank) for a in axes)
+    return (axes, bool(ctx.attr("keepdims", 1))) if axes else None
+
+
+def _reduce_node(ctx: OnnxContext, kind: str, x: Value, axes: list[int], keep: bool) -> Value:
+    if kind in ("reduce_sum", "reduce_mean") and len(axes) == 1 and not keep:
+        return ctx.add(kind, [x], {"axis": axes[0]})
+    wire_kind = kind + "_axes" if kind in ("reduce_sum", "reduce_mean") else kind
+    return ctx.add(wire_kind, [x], {"axes": tuple(axes), "keepdim": keep})
+
+
 def _reduce(op: str) -> Handler:
     kind, axes_input_since = _REDUCE[op]
 
     def lower(ctx: OnnxContext) -> list[Value]:
-        rank = ctx.rank(0)
-        axes = ctx.ints(1, "axes") if ctx.opset >= axes_input_since else ctx.attr("axes")
-        keep = bool(ctx.attr("keepdims", 1))
-        if not axes:
-            if ctx.opset >= axes_input_since and ctx.attr("noop_with_empty_axes", 0):
-                return [ctx.values[ctx.node.input[0]]]
-            axes = list(range(rank))
-        axes = sorted(ctx.axis(a, rank) for a in axes)
-        if not axes:
+        reduced = _reduce_axes(ctx, axes_input_since)
+        if reduced is None:
             return [ctx.values[ctx.node.input[0]]]
-        x = ctx.operand(0)
-        if kind in ("reduce_sum", "reduce_mean") and len(axes) == 1 and not keep:
-            return [ctx.add(kind, [x], {"axis": axes[0]})]
-        wire_kind = kind + "_axes" if kind in ("reduce_sum", "reduce_mean") else kind
-        return [ctx.add(wire_kind, [x], {"axes": tuple(axes), "keepdim": keep})]
+        return [_reduce_node(ctx, kind, ctx.operand(0), *reduced)]
     return lower
+
+
+def _composite_reduce(ctx: OnnxContext) -> list[Value]:
+    """ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and ReduceLogSumExp by their definitions
+    (sum of |x|, sqrt of the sum of squares, ..., log of the sum of exp(x - max) plus max); with no
+    axes to reduce (noop_with_empty_axes) each is its elementwise part alone, as the ONNX spec says."""
+    op = ctx.node.op_type
+    reduced = _reduce_axes(ctx, 18)
+    x = ctx.operand(0)
+    if op == "ReduceLogSumExp":
+        if reduced is None:
+            return [x]
+        axes, keep = reduced
+        top = _reduce_node(ctx, "reduce_max", x, axes, True)
+        shifted = ctx.elementwise("exp", [ctx.elementwise("sub", [x, top])])
+        total = ctx.elementwise("log", [_reduce_node(ctx, "reduce_sum", shifted, axes, True)])
+        out = ctx.elementwise("add", [total, top])
+        if keep:
+            return [out]
+        return [ctx.b.reshape(out, tuple(d for i, d in enumerate(ctx.shape(0)) if i not in axes), ctx.source)]
+    inner = {"ReduceL1": lambda: ctx.elementwise("abs", [x]), "ReduceLogSum": lambda: x}.get(
+        op, lambda: ctx.elementwise("mul_elem", [x, x]))()
+    total = inner if reduced is None else _reduce_node(ctx, "reduce_sum", inner, *reduced)
+    if op == "ReduceL2":
+        return [ctx.elementwise("sqrt", [total])]
+    if op == "ReduceLogSum":
+        return [ctx.elementwise("log", [total])]
+    return [total]
 
 
 def _arg(kind: str) -> Handler:
@@ -211,9 +274,13 @@ HANDLERS: dict[str, Handler] = {
     "Sum": _variadic("add"),
     "Mean": _variadic("add", mean=True),
     "Clip": _clip,
+    "ThresholdedRelu": _thresholded_relu,
+    "Shrink": _shrink,
+    "IsInf": _is_inf,
     "Where": _where,
     "Cast": _cast,
     **{op: _reduce(op) for op in _REDUCE},
+    **dict.fromkeys(("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"), _composite_reduce),
     "ArgMax": _arg("argmax"),
     "ArgMin": _arg("argmin"),
 }
@@ -221,4 +288,5 @@ HANDLERS: dict[str, Handler] = {
 EMITS = frozenset({*_BINARY.values(), *_UNARY.values(), "leaky_relu", "elu", "celu", "hardsigmoid", "selu",
                    "gelu", "prelu", "pow", "max_elem", "min_elem", "clamp", "where", "cast", "reduce_sum",
                    "reduce_mean", "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min",
-                   "reduce_prod", "argmax", "argmin", "broadcast_to", "const", "linear"})
+                   "reduce_prod", "argmax", "argmin", "broadcast_to", "const", "linear", "abs", "sqrt", "log", "exp",
+                   "sub", "add", "mul_elem", "reshape", "gt", "lt", "eq", "logical_or"})

@@ -266,6 +266,45 @@ def _instance_norm(ctx: OnnxContext) -> list[Value]:
     return [y]
 
 
+def _group_norm(ctx: OnnxContext) -> list[Value]:
+    """``GroupNormalization``: each (sample, group) block normalized like a ``layernorm`` without
+    affine parameters, then the per-channel scale and bias (opset 21; opset 18's per-group scale and
+    bias only when every group is one channel)."""
+    xs = ctx.shape(0)
+    groups = int(ctx.attr("num_groups"))
+    if len(xs) < 3 or xs[1] % groups:
+        raise ctx.fail(f"{groups} groups of an input shaped {list(xs)}")
+    blocks = ctx.b.reshape(ctx.operand(0), (xs[0], groups, math.prod(xs[1:]) // groups), ctx.source)
+    y = ctx.b.reshape(ctx.add("layernorm", [blocks], {"axis": 2, "eps": float(ctx.attr("epsilon", 1e-5))}), xs,
+                      ctx.source)
+    per_channel = (xs[1],) + (1,) * (len(xs) - 2)
+    for i, kind in ((1, "mul_elem"), (2, "add")):
+        c = ctx.const(i)
+        if c is None:
+            raise ctx.fail("scale and bias must be initializers")
+        if c.value.size != xs[1]:
+            raise ctx.fail(f"scale/bias with {c.value.size} entries for {xs[1]} channels (opset 18's per-group "
+                           "form is supported only with one channel per group)")
+        name = f"{ctx.node.output[0]}::{'scale' if i == 1 else 'bias'}"
+        ctx.values[name] = c.derived(c.value.reshape(per_channel), "reshape:" + ",".join(map(str, per_channel)))
+        y = ctx.elementwise(kind, [y, ctx.tensor(name)])
+    return [y]
+
+
+def _lp_norm(ctx: OnnxContext) -> list[Value]:
+    """``LpNormalization``: x divided by its p-norm (p = 1 or 2) along ``axis`` (no epsilon)."""
+    x = ctx.operand(0)
+    axis = ctx.axis(int(ctx.attr("axis", -1)), ctx.rank(0))
+    p = int(ctx.attr("p", 2))
+    if p not in (1, 2):
+        raise ctx.fail(f"p={p} (only 1 and 2)")
+    terms = ctx.elementwise("abs", [x]) if p == 1 else ctx.elementwise("mul_elem", [x, x])
+    norm = ctx.add("reduce_sum_axes", [terms], {"axes": (axis,), "keepdim": True})
+    if p == 2:
+        norm = ctx.elementwise("sqrt", [norm])
+    return [ctx.elementwise("div", [x, norm])]
+
+
 def _lrn(ctx: OnnxContext) -> list[Value]:
     """``x / (bias + alpha/size * sum of squares over a channel window) ** beta``, written out with
     pad, slices and adds (no ext op: every step is an existing op, in the spec's order)."""
@@ -380,13 +419,11 @@ HANDLERS: dict[str, Handler] = {
     "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"),
     "GlobalAveragePool": _global_pool("reduce_mean_axes"), "GlobalMaxPool": _global_pool("reduce_max"),
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
-    "LRN": _lrn,
+    "LRN": _lrn, "GroupNormalization": _group_norm, "LpNormalization": _lp_norm,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "Einsum": _einsum,
 }
 
 EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "conv_transpose",
-                   "max_pool",
-                   "avg_pool", "max_pool_nd", "avg_pool_nd", "reduce_mean_axes", "reduce_max", "batch_norm_eval",
-                   "layernorm", "softmax", "log_softmax", "reshape", "permute", "reduce_sum", "pad", "slice", "pow",
-                   "div",
-                   "reduce_sum_axes"})
+                   "max_pool", "avg_pool", "max_pool_nd", "avg_pool_nd", "reduce_mean_axes", "reduce_max",
+                   "batch_norm_eval", "layernorm", "softmax", "log_softmax", "reshape", "permute", "reduce_sum", "pad",
+                   "slice", "pow", "div", "reduce_sum_axes", "abs", "sqrt"})

@@ -314,6 +314,43 @@ def _resize_linear(ctx: OnnxContext, s: tuple[int, ...], coord: str, scales: lis
                     {"spatial_rank": r, "sizes": tuple(sizes[len(s) - r:]), "coordinate_mode": coord})]
 
 
+def _depth_space(ctx: OnnxContext) -> list[Value]:
+    """``DepthToSpace`` (DCR or CRD) and ``SpaceToDepth`` by the ONNX spec's own definition: a reshape,
+    a permutation and a reshape (exact data movement)."""
+    s = ctx.shape(0)
+    if len(s) != 4:
+        raise ctx.fail(f"input rank {len(s)} (expected [N, C, H, W])")
+    bs = int(ctx.attr("blocksize"))
+    b, c, h, w = s
+    if ctx.node.op_type == "SpaceToDepth":
+        if h % bs or w % bs:
+            raise ctx.fail(f"spatial extents {h}x{w} are not multiples of blocksize {bs}")
+        split, perm, out = (b, c, h // bs, bs, w // bs, bs), (0, 3, 5, 1, 2, 4), (b, c * bs * bs, h // bs, w // bs)
+    else:
+        if c % (bs * bs):
+            raise ctx.fail(f"{c} channels are not a multiple of blocksize^2 = {bs * bs}")
+        if ctx.attr("mode", "DCR") == "CRD":
+            split, perm = (b, c // (bs * bs), bs, bs, h, w), (0, 1, 4, 2, 5, 3)
+        else:
+            split, perm = (b, bs, bs, c // (bs * bs), h, w), (0, 3, 4, 1, 5, 2)
+        out = (b, c // (bs * bs), h * bs, w * bs)
+    moved = ctx.add("permute", [ctx.b.reshape(ctx.operand(0), split, ctx.source)], {"perm": perm})
+    return [ctx.b.reshape(moved, out, ctx.source)]
+
+
+def _trilu(ctx: OnnxContext) -> list[Value]:
+    """``Trilu``: keep the entries on and above (upper=1) or below (upper=0) diagonal k of the last two
+    axes, zero elsewhere: ``where`` with a constant mask (multiplying would turn inf * 0 into NaN)."""
+    s = ctx.shape(0)
+    if len(s) < 2:
+        raise ctx.fail(f"input rank {len(s)} (Trilu needs a matrix)")
+    k = int(np.asarray(ctx.static(1, "k")).reshape(-1)[0]) if ctx.has_input(1) else 0
+    offset = np.arange(s[-1])[None, :] - np.arange(s[-2])[:, None]
+    keep = offset >= k if ctx.attr("upper", 1) else offset <= k
+    mask = ctx.b.const(keep, source=ctx.source, folded=True)
+    return [ctx.elementwise("where", [mask, ctx.operand(0), ctx.scalar(0.0)])]
+
+
 def _pad(ctx: OnnxContext) -> list[Value]:
     mode = ctx.attr("mode", "constant")
     if mode != "constant":
@@ -341,8 +378,9 @@ HANDLERS: dict[str, Handler] = {
     "Identity": _alias, "Dropout": _dropout, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split, "Slice": _slice,
     "Gather": _gather, "GatherND": _gather_nd, "Expand": _expand, "Pad": _pad, "Tile": _tile,
-    "Resize": _resize, "Upsample": _resize,
+    "Resize": _resize, "Upsample": _resize, "DepthToSpace": _depth_space, "SpaceToDepth": _depth_space,
+    "Trilu": _trilu,
 }
 
 EMITS = frozenset({"reshape", "permute", "squeeze", "unsqueeze", "concat", "slice", "gather", "expand", "pad",
-                   "const", "resize_linear"})
+                   "const", "resize_linear", "where"})

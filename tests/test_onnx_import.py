@@ -234,6 +234,35 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
                                        [("sc", np.array([1, 1, 2, 2], np.float32))], opset=10)
     c["Upsample_linear_opset9"] = model([N("Upsample", ["x", "sc"], ["y"], mode="linear")], [("x", [1, 2, 3, 4])],
                                         ["y"], [("sc", np.array([1, 1, 2, 3], np.float32))], opset=9)
+    # composite reductions: axes as an input (opset 18), as an attribute (opset 13), all axes, noop
+    for op in ("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"):
+        c[f"{op}_axes_input"] = model([N(op, ["x", "ax"], ["y"], keepdims=0)], [("x", [2, 3, 4])], ["y"],
+                                      [("ax", i64(-1, 0))], opset=18)
+        c[f"{op}_opset13_all"] = model([N(op, ["x"], ["y"])], [("x", [2, 3, 4])], ["y"], opset=13)
+    c["ReduceLogSum_of_exp"] = model([N("Exp", ["x"], ["e"]), N("ReduceLogSum", ["e", "ax"], ["y"])],
+                                     [("x", [2, 3, 4])], ["y"], [("ax", i64(1))], opset=18)
+    c["ReduceL2_noop"] = model([N("ReduceL2", ["x"], ["y"], noop_with_empty_axes=1)], [("x", [2, 3])], ["y"],
+                               opset=18)
+    for mode in ("DCR", "CRD"):
+        c[f"DepthToSpace_{mode}"] = model([N("DepthToSpace", ["x"], ["y"], blocksize=2, mode=mode)],
+                                          [("x", [2, 8, 2, 3])], ["y"])
+    c["SpaceToDepth"] = model([N("SpaceToDepth", ["x"], ["y"], blocksize=2)], [("x", [1, 3, 4, 6])], ["y"])
+    c["ThresholdedRelu"] = one("ThresholdedRelu", alpha=0.3, opset=10)
+    c["Shrink"] = one("Shrink", lambd=0.4, bias=0.1, opset=9)
+    for pos, neg in ((1, 1), (1, 0), (0, 1), (0, 0)):
+        c[f"IsInf_{pos}{neg}"] = model([N("Div", ["x", "z"], ["q"]),
+                                        N("IsInf", ["q"], ["b"], detect_positive=pos, detect_negative=neg),
+                                        N("Cast", ["b"], ["y"], to=1)], [("x", [2, 3]), ("z", [2, 3])], ["y"], opset=20)
+    for upper in (0, 1):
+        c[f"Trilu_upper{upper}"] = model([N("Trilu", ["x", "k"], ["y"], upper=upper)], [("x", [2, 3, 4])], ["y"],
+                                         [("k", i64(1))], opset=14)
+    c["Trilu_default_k"] = model([N("Trilu", ["x"], ["y"])], [("x", [4, 3])], ["y"], opset=14)
+    c["GroupNormalization_opset21"] = model([N("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2,
+                                               epsilon=1e-3)], [("x", [2, 4, 3, 3])], ["y"],
+                                            [("s", f32(4)), ("b", f32(4))], opset=21, ir_version=10)
+    for p_ in (1, 2):
+        c[f"LpNormalization_p{p_}"] = model([N("LpNormalization", ["x"], ["y"], p=p_, axis=1)], [("x", [2, 3, 4])],
+                                            ["y"])
     c["Einsum_one_operand"] = model([N("Einsum", ["x"], ["y"], equation="bij->jb")], [("x", [2, 3, 4])], ["y"])
     c["Shape_Gather_Concat_folded"] = model(
         [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["g"], axis=0), N("Unsqueeze", ["g", "a"], ["u"]),
@@ -283,9 +312,12 @@ def assert_close(ours, ref, rtol: float = RTOL) -> None:
         if r.dtype.kind != "f":
             assert np.array_equal(o, r)
             continue
-        floor = float(np.max(np.abs(r))) if r.size else 0.0
-        assert np.all(np.abs(o.astype(np.float64) - r) <= rtol * (np.abs(r) + floor) + 1e-30), \
-            f"max error {np.max(np.abs(o - r))}"
+        same = o.astype(np.float64) == r  # equal infinities count as agreeing
+        assert np.array_equal(np.isnan(o), np.isnan(r)) and np.array_equal(o[np.isinf(r)], r[np.isinf(r)])
+        finite = np.isfinite(r) & ~same
+        floor = float(np.max(np.abs(r[np.isfinite(r)]), initial=0.0))
+        err = np.abs(o[finite].astype(np.float64) - r[finite])
+        assert np.all(err <= rtol * (np.abs(r[finite]) + floor) + 1e-30), f"max error {np.max(err, initial=0.0)}"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -307,7 +339,9 @@ def test_emitted_kinds_are_registered_and_handlers_cover_the_issue_ops() -> None
               "Log", "Sqrt", "Abs", "Neg", "Reciprocal", "Softmax", "LogSoftmax", "Reshape", "Flatten", "Transpose",
               "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Pad", "Where", "Clip", "Cast",
               "Identity", "Dropout", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "Sum", "Max", "Min",
-              "Mean", "Einsum", "LRN", "Tile", "GatherND", "Resize", "Upsample"}
+              "Mean", "Einsum", "LRN", "Tile", "GatherND", "Resize", "Upsample", "ReduceL1", "ReduceL2",
+              "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "DepthToSpace", "SpaceToDepth",
+              "ThresholdedRelu", "Shrink", "IsInf", "Trilu", "GroupNormalization", "LpNormalization"}
     assert wanted <= set(HANDLERS)
 
 

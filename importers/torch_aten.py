@@ -143,6 +143,8 @@ _reg("glu.default", T.glu)
 _reg("pixel_shuffle.default", T.pixel_shuffle)
 _reg("pixel_unshuffle.default", T.pixel_unshuffle)
 _reg("flip.default", T.flip)
+_reg("fliplr.default", T.fliplr)
+_reg("flipud.default", T.flipud)
 _reg("roll.default", T.roll)
 _reg("tril.default", T.triangle("tril"))
 _reg("triu.default", T.triangle("triu"))
@@ -152,6 +154,9 @@ _reg("repeat_interleave.self_int", T.repeat_interleave)
 for _r in (1, 2, 3):
     _reg(f"upsample_nearest{_r}d.vec upsample_nearest{_r}d.default _upsample_nearest_exact{_r}d.vec "
          f"_upsample_nearest_exact{_r}d.default", T.upsample_nearest(_r))
+for _mode, _op in (("linear", "upsample_linear1d"), ("bilinear", "upsample_bilinear2d"),
+                  ("trilinear", "upsample_trilinear3d"), ("bicubic", "upsample_bicubic2d")):
+    _reg(f"{_op}.vec {_op}.default", T.upsample_interpolating(_mode))
 _reg("rms_norm.default", N.rms_norm)
 _reg("instance_norm.default", N.instance_norm)
 _reg("_native_batch_norm_legit.no_stats", N.batch_stats_norm)

@@ -147,8 +147,8 @@ _fn("softmin", T.softmin, F)
 _fn("pixel_shuffle", T.pixel_shuffle, torch, F)
 _fn("pixel_unshuffle", T.pixel_unshuffle, torch, F)
 _fn("flip", T.flip)
-_fn("fliplr", lambda cx, input: T.flip(cx, input, 1))
-_fn("flipud", lambda cx, input: T.flip(cx, input, 0))
+_fn("fliplr", T.fliplr)
+_fn("flipud", T.flipud)
 _fn("roll", T.roll)
 _fn("tril", T.triangle("tril"))
 _fn("triu", T.triangle("triu"))
@@ -197,7 +197,7 @@ METHODS: dict[str, Lowering] = {
     "new_zeros": T.like(0), "new_ones": T.like(1), "new_full": T.like(None),
     "relu6": T.relu6, "gelu": T.gelu,
     "var": T.variance, "std": T.std, "norm": T.norm, "logsumexp": T.logsumexp, "prod": T.reduce_prod,
-    "flip": T.flip, "fliplr": lambda cx, input: T.flip(cx, input, 1), "flipud": lambda cx, input: T.flip(cx, input, 0),
+    "flip": T.flip, "fliplr": T.fliplr, "flipud": T.flipud,
     "roll": T.roll, "tril": T.triangle("tril"), "triu": T.triangle("triu"), "outer": T.outer, "ger": T.outer,
     "diff": T.diff, "repeat_interleave": T.repeat_interleave,
 }

@@ -233,6 +233,8 @@ def batch_norm(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, ru
                            "with batch statistics; not an eval-mode layer")
     if cx.rank(input) < 2:
         raise NotLowerable(f"batch norm of a rank-{cx.rank(input)} input (PyTorch needs (N, C, ...))")
+    if not all(isinstance(v, Known) for v in (weight, bias, running_mean, running_var) if v is not None):
+        return _batch_norm_composed(cx, input, weight, bias, running_mean, running_var, eps)
     axis = 1  # PyTorch's channel axis for every rank, (N, C) included
     c = cx.shape(input)[axis]
     out = cx.add("batch_norm_eval", [cx.node(input, FLOAT)], {"channel_axis": axis, "channels": c,
@@ -244,6 +246,18 @@ def batch_norm(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, ru
         else:
             cx.bind_param(out.nid, role, _param(cx, v, f"batch norm {role}"))
     return out
+
+
+def _batch_norm_composed(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                         eps: float) -> Any:
+    """Statistics computed in the graph (instance norm's decomposition repeats them per sample):
+    torch._decomp's ``(x - mean) * rsqrt(var + eps) * weight + bias`` along axis 1."""
+    s = cx.shape(input)
+    channel_shape = [s[1]] + [1] * (len(s) - 2)
+    centered = T.sub(cx, input, T.reshape(cx, running_mean, channel_shape))
+    scale = T.unary("rsqrt")(cx, T.add(cx, running_var, float(eps)))
+    out = T.mul(cx, centered, T.reshape(cx, scale, channel_shape))
+    return _channel_affine(cx, out, weight, bias, s)
 
 
 def batch_norm_no_training(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,

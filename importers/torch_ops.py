@@ -867,6 +867,14 @@ def flip(cx: Cx, input: Any, *args: Any, dims: Any = None) -> Any:
     return x
 
 
+def fliplr(cx: Cx, input: Any) -> Any:
+    return flip(cx, input, 1)
+
+
+def flipud(cx: Cx, input: Any) -> Any:
+    return flip(cx, input, 0)
+
+
 def roll(cx: Cx, input: Any, shifts: Any, dims: Any = None) -> Any:
     """Each shifted axis is the concat of its last ``s`` entries and the rest; no dims rolls the
     flattened tensor and restores the shape."""
@@ -996,6 +1004,16 @@ def interpolate(cx: Cx, input: Any, size: Any = None, scale_factor: Any = None, 
     if r < 1:
         raise NotLowerable(f"interpolate of a rank-{cx.rank(input)} input (needs (N, C, *spatial))")
     return repeat_each(cx, input, _integer_factors(cx, input, r, size, scale_factor))
+
+
+def upsample_interpolating(mode: str):
+    """aten.upsample_{linear1d,bilinear2d,trilinear3d,bicubic2d}: refused with the reason."""
+
+    def lower(cx: Cx, *args: Any, **kwargs: Any) -> Any:
+        raise NotLowerable(f"upsampling mode={mode!r} interpolates between entries (only 'nearest' with "
+                           "integer scale factors)")
+
+    return lower
 
 
 def upsample_nearest(r: int):

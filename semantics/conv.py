@@ -22,6 +22,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
+from torchlean_bridge.ops.contracts import conv_transpose_full_dim
+
 __all__ = ["conv_nd", "conv_transpose_nd", "pool_nd", "pool_out_spatial", "avg_pool_divisor", "EMPTY_WINDOW"]
 
 EMPTY_WINDOW = "a pooling window lies entirely in the padding"
@@ -117,7 +119,7 @@ def conv_transpose_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, ch
     og, kernel = weight.shape[1], tuple(weight.shape[2:])
     g, cg = groups, c_in // groups
     out_c, k, length = og * g, math.prod(kernel), math.prod(spatial)
-    full = tuple((size - 1) * s + d * (kk - 1) + 1 for size, s, d, kk in zip(spatial, stride, dilation, kernel))
+    full = tuple(conv_transpose_full_dim(size, kk, s, d) for size, kk, s, d in zip(spatial, kernel, stride, dilation))
     # [g, og * k, cg]: each group's weight block transposed
     wt = np.ascontiguousarray(weight.reshape(g, cg, og * k).transpose(0, 2, 1))
     xs = x.reshape(n, g, cg, length)

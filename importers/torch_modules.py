@@ -196,10 +196,10 @@ METHODS: dict[str, Lowering] = {
     "narrow": T.narrow, "select": T.select, "index_select": T.index_select, "repeat": T.repeat,
     "new_zeros": T.like(0), "new_ones": T.like(1), "new_full": T.like(None),
     "relu6": T.relu6, "gelu": T.gelu,
-    "var": T.variance, "std": T.std, "norm": T.norm, "logsumexp": T.logsumexp, "prod": T.reduce_prod,
-    "flip": T.flip, "fliplr": T.fliplr, "flipud": T.flipud,
-    "roll": T.roll, "tril": T.triangle("tril"), "triu": T.triangle("triu"), "outer": T.outer, "ger": T.outer,
-    "diff": T.diff, "repeat_interleave": T.repeat_interleave,
+    "var": T.variance, "std": T.std, "norm": T.tensor_norm, "logsumexp": T.logsumexp, "prod": T.reduce_prod,
+    "flip": T.flip, "fliplr": T.fliplr, "flipud": T.flipud, "roll": T.roll, "tril": T.triangle("tril"),
+    "triu": T.triangle("triu"), "outer": T.outer, "ger": T.outer, "diff": T.diff,
+    "repeat_interleave": T.repeat_interleave,
 }
 for _name, _kind in T.UNARY.items():
     METHODS[_name] = T.unary(_kind)

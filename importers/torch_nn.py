@@ -357,19 +357,16 @@ def f_instance_norm(cx: Cx, input: Any, running_mean: Any = None, running_var: A
 
 def batch_stats_norm(cx: Cx, input: Any, weight: Any, bias: Any, training: bool, momentum: float,
                      eps: float) -> tuple[Any, None, None]:
-    """aten._native_batch_norm_legit.no_stats (instance norm's decomposition): each channel of axis
-    1 normalized by its own biased mean and variance over every other axis, then scaled and shifted."""
-    if not training:
-        raise NotLowerable("batch norm without running statistics outside training mode")
+    """aten._native_batch_norm_legit.no_stats as instance norm's decomposition emits it: one sample
+    viewed as (1, N*C, ...), so each channel is normalized over its own entries (per sample, exact).
+    Several samples would share statistics: that is batch norm without running statistics."""
     s = cx.shape(input)
-    if len(s) < 2:
-        raise NotLowerable(f"batch norm of a rank-{len(s)} input (PyTorch needs (N, C, ...))")
-    rest = [0] + list(range(2, len(s)))
-    channels_first = T.reshape(cx, T.permute(cx, input, [1] + rest), [s[1], -1])
-    normed = cx.add("layernorm", [cx.node(channels_first, FLOAT)], {"axis": 1, "eps": float(eps)})
-    back = T.reshape(cx, normed, [s[1], s[0]] + list(s[2:]))
-    out = T.permute(cx, back, [1, 0] + list(range(2, len(s))))
-    return _channel_affine(cx, out, weight, bias, s), None, None
+    if not training or len(s) < 2 or s[0] != 1:
+        raise NotLowerable(f"batch norm with batch statistics over {s[0] if s else 0} samples "
+                           "(track_running_stats=False) mixes the samples of a batch; not an eval-mode layer")
+    rows = T.reshape(cx, input, [s[1], -1])
+    normed = cx.add("layernorm", [cx.node(rows, FLOAT)], {"axis": 1, "eps": float(eps)})
+    return _channel_affine(cx, T.reshape(cx, normed, s), weight, bias, s), None, None
 
 
 # -- pooling ----------------------------------------------------------------------------------------

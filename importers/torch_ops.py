@@ -769,6 +769,12 @@ def norm(cx: Cx, input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = Fa
     return vector_norm(cx, input, p, dim, keepdim, dtype=dtype)
 
 
+def tensor_norm(cx: Cx, input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = False,
+                dtype: Any = None) -> Sym:
+    """Tensor.norm: torch.norm's arguments, with ``dtype`` where torch.norm has ``out``."""
+    return norm(cx, input, p, dim, keepdim, None, dtype)
+
+
 def aten_norm(cx: Cx, input: Any, p: Any = 2, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Sym:
     """aten.norm.Scalar / ScalarOpt_dim(_dtype): a vector norm."""
     return vector_norm(cx, input, 2 if p is None else p, dim, keepdim, dtype=dtype)

@@ -113,6 +113,7 @@ CASES: dict[str, tuple[Callable[..., Any], torch.Tensor, tuple[str, ...]]] = {
     "torch_norm_fro": (lambda s, x: torch.norm(x), X3, ("fx", "export")),
     "torch_norm_dim": (lambda s, x: torch.norm(x, dim=1, keepdim=True), X3, ("fx", "export")),
     "tensor_norm_p1": (lambda s, x: x.norm(p=1, dim=(1, 2)), X3, ("fx", "export")),
+    "tensor_norm_positional": (lambda s, x: x.norm(2, 1, True), X3, ("fx", "export")),
     "normalize": (lambda s, x: F.normalize(x, dim=1), X3, D),
     "normalize_p1_eps": (lambda s, x: F.normalize(x * 1e-3, p=1, dim=-1, eps=1e-3), X3, ("fx", "export")),
     # 3. logsumexp
@@ -291,6 +292,8 @@ REFUSED = {
                         nn.UpsamplingBilinear2d(scale_factor=2)),
     "tensor_repeats": (lambda s, x: x.repeat_interleave(torch.tensor([1, 2, 1, 2]), dim=1), X3, ("fx",),
                        "repeat_interleave", "tensor repeats"),
+    "batch_statistics": (lambda s, x: s.inner(x), X4, ("fx", "export", "decomposed"), "batch", "batch statistics",
+                         nn.BatchNorm2d(8, track_running_stats=False)),
     "integer_prod": (lambda s, x: (x > 0).long().prod(1), X3, ("fx", "export"), "prod", "integer"),
 }
 

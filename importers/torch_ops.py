@@ -780,11 +780,12 @@ def aten_norm(cx: Cx, input: Any, p: Any = 2, dim: Any = None, keepdim: bool = F
     return vector_norm(cx, input, 2 if p is None else p, dim, keepdim, dtype=dtype)
 
 
-def normalize(cx: Cx, input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Sym:
+def normalize(cx: Cx, input: Any, p: float = 2.0, dim: Any = 1, eps: float = 1e-12, out: Any = None) -> Sym:
     """F.normalize: ``x / clamp_min(vector_norm(x, p, dim, keepdim=True), eps)``."""
     if out is not None:
         raise NotLowerable("normalize with out=")
-    denom = clamp(cx, vector_norm(cx, input, p, [dim], True), float(eps), None)
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    denom = clamp(cx, vector_norm(cx, input, p, dims, True), float(eps), None)
     return _div(cx, input, denom)
 
 

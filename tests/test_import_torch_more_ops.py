@@ -116,6 +116,7 @@ CASES: dict[str, tuple[Any, ...]] = {
     "tensor_norm_p1": (lambda s, x: x.norm(p=1, dim=(1, 2)), X3, ("fx", "export")),
     "tensor_norm_positional": (lambda s, x: x.norm(2, 1, True), X3, ("fx", "export")),
     "normalize": (lambda s, x: F.normalize(x, dim=1), X3, D),
+    "normalize_dims_inf": (lambda s, x: F.normalize(x, float("inf"), dim=(1, 2)), X3, ("fx", "export")),
     "normalize_p1_eps": (lambda s, x: F.normalize(x * 1e-3, p=1, dim=-1, eps=1e-3), X3, ("fx", "export")),
     # 3. logsumexp
     "logsumexp": (lambda s, x: torch.logsumexp(x, 1), X3, D),

@@ -154,9 +154,9 @@ _reg("repeat_interleave.self_int", T.repeat_interleave)
 for _r in (1, 2, 3):
     _reg(f"upsample_nearest{_r}d.vec upsample_nearest{_r}d.default _upsample_nearest_exact{_r}d.vec "
          f"_upsample_nearest_exact{_r}d.default", T.upsample_nearest(_r))
-for _mode, _op in (("linear", "upsample_linear1d"), ("bilinear", "upsample_bilinear2d"),
-                  ("trilinear", "upsample_trilinear3d"), ("bicubic", "upsample_bicubic2d")):
-    _reg(f"{_op}.vec {_op}.default", T.upsample_interpolating(_mode))
+for _r, _op in ((1, "upsample_linear1d"), (2, "upsample_bilinear2d"), (3, "upsample_trilinear3d")):
+    _reg(f"{_op}.vec {_op}.default", T.upsample_linear(_r))
+_reg("upsample_bicubic2d.vec upsample_bicubic2d.default", T.upsample_interpolating("bicubic"))
 _reg("rms_norm.default", N.rms_norm)
 _reg("instance_norm.default", N.instance_norm)
 _reg("_native_batch_norm_legit.no_stats", N.batch_stats_norm)

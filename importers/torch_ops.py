@@ -10,6 +10,7 @@ state_dict tensor keep it a ``Known`` with the transform recorded, so its bindin
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any, Sequence
 
 import torch
@@ -1001,24 +1002,66 @@ def repeat_each(cx: Cx, input: Any, factors: Sequence[int]) -> Any:
     return reshape(cx, x, lead + [e * f for e, f in zip(tail, factors)])
 
 
+_LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3}
+
+
 def interpolate(cx: Cx, input: Any, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
                 align_corners: Any = None, recompute_scale_factor: Any = None, antialias: bool = False) -> Any:
-    """F.interpolate: nearest (and nearest-exact) with integer factors repeat each entry; other modes
-    interpolate between entries and are out of scope."""
-    if mode not in ("nearest", "nearest-exact"):
-        raise NotLowerable(f"interpolate mode={mode!r} (only 'nearest' with integer scale factors)")
+    """F.interpolate: nearest (and nearest-exact) with integer factors repeat each entry; linear,
+    bilinear and trilinear are ``resize_linear``; bicubic and area are out of scope."""
     r = cx.rank(input) - 2
     if r < 1:
         raise NotLowerable(f"interpolate of a rank-{cx.rank(input)} input (needs (N, C, *spatial))")
+    if mode in _LINEAR_MODES:
+        if antialias:
+            raise NotLowerable(f"interpolate mode={mode!r} with antialias=True")
+        scales = None if recompute_scale_factor else scale_factor
+        return resize_linear(cx, input, r, size, scales, bool(align_corners))
+    if mode not in ("nearest", "nearest-exact"):
+        raise NotLowerable(f"interpolate mode={mode!r} (nearest with integer scale factors, or (bi/tri)linear)")
     return repeat_each(cx, input, _integer_factors(cx, input, r, size, scale_factor))
 
 
+def resize_linear(cx: Cx, input: Any, r: int, size: Any, scales: Any, align_corners: bool) -> Any:
+    """Linear interpolation of the trailing ``r`` axes. Without align_corners PyTorch's source
+    coordinate uses a given scale factor, and ours uses out/in: they must be equal (as rationals)."""
+    spatial = list(cx.shape(input)[-r:])
+    given = None if scales is None or all(v is None for v in _as_list(scales, r)) else _as_list(scales, r)
+    if size is not None:
+        sizes = [int(v) for v in _as_list(size, r)]
+    elif given is not None:
+        sizes = [int(math.floor(i * float(f))) for i, f in zip(spatial, given)]
+    else:
+        raise NotLowerable("linear interpolation without a size or scale factor")
+    if not align_corners and given is not None:
+        for i, o, f in zip(spatial, sizes, given):
+            if f is not None and Fraction(float(f)) != Fraction(o, i):
+                raise NotLowerable(f"linear interpolation with scale factor {f} from {i} to {o} cells (PyTorch's "
+                                   "coordinates then use the scale, not out/in; pass a size or "
+                                   "recompute_scale_factor=True)")
+    if sizes == spatial:  # PyTorch copies (its kernels special-case equal sizes)
+        return input
+    return cx.add("resize_linear", [cx.node(input, FLOAT)],
+                  {"spatial_rank": r, "sizes": sizes, "coordinate_mode": "align_corners" if align_corners else "half_pixel"})
+
+
+def upsample_linear(r: int):
+    """aten.upsample_{linear1d,bilinear2d,trilinear3d}: ``.vec`` passes (output_size, align_corners,
+    scale_factors); ``.default`` passes output_size, align_corners and one optional scale per axis."""
+
+    def lower(cx: Cx, input: Any, output_size: Any, align_corners: bool, *scales: Any) -> Any:
+        if len(scales) == 1 and (scales[0] is None or isinstance(scales[0], (list, tuple))):
+            return resize_linear(cx, input, r, output_size, scales[0], bool(align_corners))
+        return resize_linear(cx, input, r, output_size, list(scales) or None, bool(align_corners))
+
+    return lower
+
+
 def upsample_interpolating(mode: str):
-    """aten.upsample_{linear1d,bilinear2d,trilinear3d,bicubic2d}: refused with the reason."""
+    """aten.upsample_bicubic2d (and other interpolating modes without an IR form): refused with the reason."""
 
     def lower(cx: Cx, *args: Any, **kwargs: Any) -> Any:
-        raise NotLowerable(f"upsampling mode={mode!r} interpolates between entries (only 'nearest' with "
-                           "integer scale factors)")
+        raise NotLowerable(f"upsampling mode={mode!r} (nearest with integer scale factors, or (bi/tri)linear)")
 
     return lower
 

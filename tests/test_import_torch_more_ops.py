@@ -172,6 +172,20 @@ CASES: dict[str, tuple[Any, ...]] = {
                               ("fx", "export")),
     "upsample_module": (lambda s, x: s.inner(x), X4, ("fx", "export"), nn.Upsample(scale_factor=2)),
     "upsampling_nearest2d": (lambda s, x: s.inner(x), X4, ("fx", "export"), nn.UpsamplingNearest2d(size=(12, 12))),
+    # linear interpolation (resize_linear): both coordinate modes, sizes and exact scale factors, 1-3 axes
+    "bilinear_scale": (lambda s, x: F.interpolate(x, scale_factor=2, mode="bilinear"), X4, D),
+    "bilinear_size_down": (lambda s, x: F.interpolate(x, size=(3, 4), mode="bilinear"), X4, D),
+    "bilinear_align_corners": (lambda s, x: F.interpolate(x, size=(7, 5), mode="bilinear", align_corners=True), X4,
+                               D),
+    "bilinear_ratio_scale": (lambda s, x: F.interpolate(x, scale_factor=1.5, mode="bilinear"), X4, D),
+    "bilinear_same_size": (lambda s, x: F.interpolate(x, size=(4, 6), mode="bilinear") * 2, X4, ("fx", "export")),
+    # (core ATen keeps upsample_bilinear2d; it decomposes linear1d and trilinear3d into 3-tensor indexing)
+    "linear_1d": (lambda s, x: F.interpolate(x, size=11, mode="linear"), X3, ("fx", "export")),
+    "trilinear": (lambda s, x: F.interpolate(x, scale_factor=(1, 2, 0.5), mode="trilinear"),
+                  X4.reshape(2, 4, 2, 4, 6), ("fx", "export")),
+    "bilinear_module": (lambda s, x: s.inner(x), X4, ("fx", "export"), nn.UpsamplingBilinear2d(scale_factor=2)),
+    "upsample_bilinear_module": (lambda s, x: s.inner(x), X4, ("fx", "export"),
+                                 nn.Upsample(size=(5, 9), mode="bilinear")),
 }
 
 
@@ -288,10 +302,13 @@ REFUSED: dict[str, tuple[Any, ...]] = {
                          "interpolate|upsample_nearest2d", "only integer factors"),
     "size_not_a_multiple": (lambda s, x: F.interpolate(x, size=(6, 9)), X4, ("fx", "export"),
                             "interpolate|upsample_nearest2d", "only integer multiples"),
-    "bilinear": (lambda s, x: F.interpolate(x, scale_factor=2, mode="bilinear"), X4, ("fx", "export"),
-                 "interpolate|upsample_bilinear2d", "mode='bilinear'"),
-    "bilinear_module": (lambda s, x: s.inner(x), X4, ("fx",), "UpsamplingBilinear2d", "mode='bilinear'",
-                        nn.UpsamplingBilinear2d(scale_factor=2)),
+    "bilinear_scale_not_out_over_in": (lambda s, x: F.interpolate(x, scale_factor=1.3, mode="bilinear"), X4,
+                                       ("fx", "export"), "interpolate|upsample_bilinear2d",
+                                       "coordinates then use the scale"),
+    "bicubic": (lambda s, x: F.interpolate(x, scale_factor=2, mode="bicubic"), X4, ("fx", "export"),
+                "interpolate|upsample_bicubic2d", "bicubic"),
+    "antialias": (lambda s, x: F.interpolate(x, size=(2, 3), mode="bilinear", antialias=True), X4, ("fx",),
+                  "interpolate", "antialias"),
     "tensor_repeats": (lambda s, x: x.repeat_interleave(torch.tensor([1, 2, 1, 2]), dim=1), X3, ("fx",),
                        "repeat_interleave", "tensor repeats"),
     "batch_statistics": (lambda s, x: s.inner(x), X4, ("fx", "export", "decomposed"), "batch", "batch statistics",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -337,6 +337,13 @@ def _arg(kind: str):
 argmax, argmin = _arg("argmax"), _arg("argmin")
 
 
+class ValuesIndices(NamedTuple):
+    """``torch.return_types.max/min``: a pair that also answers ``.values`` and ``.indices``."""
+
+    values: Any
+    indices: Any
+
+
 def max_or_min(which: str):
     """torch.max(x) / max(x, dim, keepdim) -> (values, indices) / max(x, other)."""
 
@@ -346,7 +353,7 @@ def max_or_min(which: str):
         if dim is None:
             return _extremum(f"reduce_{which}")(cx, input, None, False)
         values = _extremum(f"reduce_{which}")(cx, input, [dim], keepdim)
-        return values, _arg(f"arg{which}")(cx, input, dim, keepdim)
+        return ValuesIndices(values, _arg(f"arg{which}")(cx, input, dim, keepdim))
 
     return lower
 

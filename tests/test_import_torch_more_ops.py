@@ -160,6 +160,8 @@ CASES: dict[str, tuple[Any, ...]] = {
     "prod": (lambda s, x: torch.prod(x, 1), X3, D),
     "prod_keepdim": (lambda s, x: x.prod(-1, keepdim=True), X3, ("fx", "export")),
     "prod_all": (lambda s, x: torch.prod(x[0]), X3, D),
+    "max_dim_values_indices": (lambda s, x: (torch.max(x, dim=-1).values, x.min(1, keepdim=True).indices.float(),
+                                             torch.max(x, 0)[0]), X3, D),
     # 11. nearest upsampling
     "interpolate_1d": (lambda s, x: F.interpolate(x, scale_factor=2), X3, D),
     "interpolate_2d_factors": (lambda s, x: F.interpolate(x, scale_factor=(2, 3), mode="nearest"), X4, D),

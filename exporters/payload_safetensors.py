@@ -22,7 +22,7 @@ _META_KEY = "torchlean_bridge.sha256"
 
 def payload_to_bytes(payload: Payload) -> bytes:
     from safetensors.numpy import save
-    tensors = {k: np.ascontiguousarray(a) for k, a in sorted(payload.flat().items())}
+    tensors = {k: np.asarray(a, order="C") for k, a in sorted(payload.flat().items())}
     meta = {_META_KEY: json.dumps({k: tensor_sha256(a) for k, a in tensors.items()}, sort_keys=True)}
     return save(tensors, metadata=meta)
 

@@ -200,7 +200,7 @@ class OnnxContext:
             transform = compose_transform(transform, "cast:float32")
         if c.key is not None:
             self.used_keys.add(c.key)
-        self.b.param(nid, role, np.ascontiguousarray(value), key=c.key, transform=transform if c.key else None)
+        self.b.param(nid, role, np.asarray(value, order="C"), key=c.key, transform=transform if c.key else None)
 
     def add(self, kind: str, parents: Sequence[int], attrs: dict | None = None, **kw: Any) -> int:
         return self.b.add(kind, parents, attrs, source=self.source, **kw)

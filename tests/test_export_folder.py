@@ -19,7 +19,8 @@ def bundles() -> dict[str, tlb.Bundle]:
             "conv": tlb.import_onnx(CASES["Conv_grouped_dilated_asym"]),
             "embedding_int64": tlb.import_onnx(CASES["Gather_embedding_int64_ids"]),
             "where_bool": tlb.import_onnx(CASES["Where_Greater"]),
-            "instance_norm_transforms": tlb.import_onnx(CASES["InstanceNormalization"])}
+            "instance_norm_transforms": tlb.import_onnx(CASES["InstanceNormalization"]),
+            "scalar_initializer": tlb.import_onnx(CASES["Round"])}
 
 
 @pytest.mark.parametrize("name", sorted(bundles()))
@@ -29,6 +30,7 @@ def test_folder_round_trips_to_an_equal_bundle(name: str, tmp_path) -> None:
     back = tlb.load(tmp_path / "b")
     assert back == b
     assert back.payload.hashes() == b.payload.hashes()
+    assert {k: v.shape for k, v in back.payload.flat().items()} == {k: v.shape for k, v in b.payload.flat().items()}
     assert [n.dtype for n in back.graph] == [n.dtype for n in b.graph]
     assert [n.source for n in back.graph] == [n.source for n in b.graph]
     assert back.roles.bindings() == b.roles.bindings()

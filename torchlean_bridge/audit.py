@@ -99,7 +99,7 @@ def _module_outputs(module: Any, cases: list[Case]) -> list[list[np.ndarray]]:
     out = []
     with torch.no_grad():
         for k, case in enumerate(cases):
-            args = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64 if x.dtype.kind == "f" else x.dtype))
+            args = [torch.from_numpy(np.asarray(x, order="C", dtype=np.float64 if x.dtype.kind == "f" else x.dtype))
                     for x in case]
             try:
                 out.append(_flat_outputs(trusted(*args)))

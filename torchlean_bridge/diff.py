@@ -174,7 +174,7 @@ def feeding_keys(bundle: Bundle, nid: int) -> list[str]:
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise distance in float32 ulps (both rounded to float32; NaN against a number is huge)."""
     def ordered(x: np.ndarray) -> np.ndarray:
-        bits = np.ascontiguousarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
+        bits = np.asarray(x, dtype=np.float32, order="C").view(np.int32).astype(np.int64)
         return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
 
     with np.errstate(invalid="ignore", over="ignore"):

@@ -77,7 +77,7 @@ def _torch_inputs(inputs: Sequence[np.ndarray], float_dtype: Any) -> list[Any]:
     import torch
     out = []
     for x in inputs:
-        t = torch.from_numpy(np.ascontiguousarray(x))
+        t = torch.from_numpy(np.asarray(x, order="C"))
         out.append(t.to(float_dtype) if t.is_floating_point() else t)
     return out
 
@@ -228,7 +228,7 @@ class _OnnxRunner(Runner):
     def _feed(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         if len(inputs) != len(self.feeds):
             raise BridgeError(f"{self.name}: the model has {len(self.feeds)} inputs, got {len(inputs)}")
-        return {name: np.ascontiguousarray(x, dtype=dt) for (name, dt), x in zip(self.feeds, inputs)}
+        return {name: np.asarray(x, dtype=dt, order="C") for (name, dt), x in zip(self.feeds, inputs)}
 
 
 class OnnxRuntimeRunner(_OnnxRunner):

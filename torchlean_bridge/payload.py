@@ -23,7 +23,7 @@ __all__ = ["Payload", "payload_errors", "tensor_sha256"]
 
 def tensor_sha256(a: np.ndarray) -> str:
     """Hash of dtype, shape and little-endian row-major bytes: stable across machines."""
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")  # keeps 0-d tensors 0-d (ascontiguousarray would not)
     h = hashlib.sha256()
     h.update(f"{a.dtype.str}|{','.join(map(str, a.shape))}|".encode())
     h.update(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())

@@ -100,7 +100,7 @@ def _apply_steps(transform: str | None, a: np.ndarray) -> np.ndarray:
             a = a.astype(arg)
         else:
             raise BridgeError(f"unknown role transform `{name}`")
-    return np.ascontiguousarray(a)
+    return np.asarray(a, order="C")
 
 
 def transform_shape(transform: str | None, shape: Sequence[int]) -> tuple[int, ...]:

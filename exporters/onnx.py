@@ -130,7 +130,7 @@ class OnnxWriter:
     def initializer(self, name: str, value: np.ndarray) -> str:
         """An initializer under ``name``; a second, different tensor under one key gets a new name."""
         from onnx import numpy_helper
-        arr = np.ascontiguousarray(_as_onnx_array(value))
+        arr = np.asarray(_as_onnx_array(value), order="C")  # (ascontiguousarray would make 0-d tensors 1-d)
         if name in self._init_values:
             prev = self._init_values[name]
             if prev.dtype == arr.dtype and prev.shape == arr.shape and np.array_equal(prev, arr):
@@ -472,6 +472,7 @@ def _concat(w: OnnxWriter, node: Node) -> None:
     w.emit("Concat", w.operands(node), w.out(node), node, axis=node.attrs["axis"])
 
 
+# exp2, log2 and trunc have no ONNX op and are blocking nodes (Pow(2, x) and Log(x) / ln 2 round differently).
 # expm1 and log1p have no entry on purpose: ONNX has no Expm1 op, and Exp(x) - 1 (or Elu/Celu, which
 # onnxruntime computes that way) cancels for |x| << 1 (relative error up to eps / |x|), as does
 # Log(1 + x) for log1p, so an expm1 or log1p node is a blocking node, refused by name like the other kinds without an exact ONNX form.
@@ -485,7 +486,9 @@ ONNX_EXPORTERS: dict[str, Exporter] = {
     "sin": _simple("Sin"), "cos": _simple("Cos"), "tan": _simple("Tan"), "softplus": _simple("Softplus"),
     "neg": _simple("Neg"), "erf": _simple("Erf"), "softsign": _simple("Softsign"), "sign": _simple("Sign"),
     "floor": _simple("Floor"), "ceil": _simple("Ceil"), "hardswish": _simple("HardSwish"), "mish": _simple("Mish"),
-    "selu": _simple("Selu"), "detach": _simple("Identity"),
+    "selu": _simple("Selu"), "detach": _simple("Identity"), "round": _simple("Round"), "atan": _simple("Atan"),
+    "asin": _simple("Asin"), "acos": _simple("Acos"), "sinh": _simple("Sinh"), "cosh": _simple("Cosh"),
+    "asinh": _simple("Asinh"), "acosh": _simple("Acosh"), "atanh": _simple("Atanh"),
     "gelu": _with_attrs("Gelu", approximate="approximate"),
     "leaky_relu": _with_attrs("LeakyRelu", alpha="negative_slope"),
     "elu": _with_attrs("Elu", alpha="alpha"), "celu": _with_attrs("Celu", alpha="alpha"),

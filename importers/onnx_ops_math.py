@@ -27,7 +27,9 @@ _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul_elem", "Div": "div",
 _UNARY = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
           "Abs": "abs", "Neg": "neg", "Reciprocal": "inv", "Sin": "sin", "Cos": "cos", "Tan": "tan", "Erf": "erf",
           "Softplus": "softplus", "Softsign": "softsign", "Sign": "sign", "Floor": "floor", "Ceil": "ceil",
-          "HardSwish": "hardswish", "Mish": "mish", "Not": "logical_not", "IsNaN": "isnan"}
+          "HardSwish": "hardswish", "Mish": "mish", "Not": "logical_not", "IsNaN": "isnan", "Round": "round",
+          "Atan": "atan", "Asin": "asin", "Acos": "acos", "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh",
+          "Acosh": "acosh", "Atanh": "atanh"}
 
 # ONNX TensorProto element types -> our element types
 _FLOATS, _INTS = {1, 10, 11, 16}, {2, 3, 4, 5, 6, 7, 12, 13}

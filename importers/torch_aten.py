@@ -44,6 +44,7 @@ _reg("masked_fill.Scalar masked_fill.Tensor", T.masked_fill)
 
 for _name, _kind in T.UNARY.items():
     _reg(f"{_name}.default {_name}_.default", T.unary(_kind))
+_reg("round.default round.decimals round_.default", T.round_)
 _reg("gelu.default", T.gelu)
 _reg("leaky_relu.default", T.leaky_relu)
 _reg("elu.default", T.elu)

@@ -41,6 +41,7 @@ EMITTED_KINDS: frozenset[str] = frozenset({
     "input", "const", "add", "sub", "mul_elem", "div", "neg", "abs", "sqrt", "rsqrt", "inv", "exp", "expm1",
     "log", "log1p", "sin", "cos", "tan", "tanh", "sigmoid", "relu", "softplus", "gelu", "silu", "leaky_relu", "elu",
     "selu", "celu", "clamp", "hardsigmoid", "hardswish", "mish", "softsign", "erf", "sign", "floor", "ceil",
+    "round", "trunc", "exp2", "log2", "atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh",
     "pow", "max_elem", "min_elem", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
     "logical_not", "isnan", "where", "cast", "softmax", "log_softmax", "reduce_sum", "reduce_mean", "sum",
     "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "matmul",
@@ -333,7 +334,7 @@ class Lowerer:
             t = t.t()
         if t.dtype in (torch.float16, torch.bfloat16):
             t = t.float()
-        arr = np.ascontiguousarray(t.cpu().numpy())
+        arr = np.asarray(t.cpu().numpy(), order="C")
         transform = role_transform(steps, v.key_shape) if v.key and steps else None
         self.builder.param(nid, role, arr, key=v.key, transform=transform)
 

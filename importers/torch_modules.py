@@ -65,6 +65,8 @@ _fn("masked_fill", T.masked_fill)
 for _name, _kind in T.UNARY.items():
     _fn(_name, T.unary(_kind), torch, F)
     _fn(_name + "_", T.unary(_kind), torch, F)
+_fn("round", T.round_, torch)
+_fn("round_", T.round_, torch)
 _fn("gelu", T.gelu, F)
 _fn("leaky_relu", T.leaky_relu, F)
 _fn("elu", lambda cx, input, alpha=1.0, inplace=False: T.elu(cx, input, alpha), F)
@@ -203,6 +205,7 @@ METHODS: dict[str, Lowering] = {
 }
 for _name, _kind in T.UNARY.items():
     METHODS[_name] = T.unary(_kind)
+METHODS["round"] = T.round_
 for _name in list(METHODS):
     METHODS.setdefault(_name + "_", METHODS[_name])  # in-place variants: same value, rebound by the lowerer
 

@@ -152,6 +152,10 @@ UNARY = {  # framework name -> IR kind (float result; integer inputs are cast as
     "sin": "sin", "cos": "cos", "tan": "tan", "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "inv", "erf": "erf",
     "log1p": "log1p", "silu": "silu", "mish": "mish", "hardswish": "hardswish", "selu": "selu",
     "softsign": "softsign", "abs": "abs", "neg": "neg", "sign": "sign", "floor": "floor", "ceil": "ceil",
+    "trunc": "trunc", "fix": "trunc", "exp2": "exp2", "log2": "log2", "atan": "atan", "arctan": "atan",
+    "asin": "asin", "arcsin": "asin", "acos": "acos", "arccos": "acos", "sinh": "sinh", "cosh": "cosh",
+    "asinh": "asinh", "arcsinh": "asinh", "acosh": "acosh", "arccosh": "acosh", "atanh": "atanh",
+    "arctanh": "atanh",
 }
 
 
@@ -159,6 +163,13 @@ def unary(kind: str):
     def lower(cx: Cx, input: Any, inplace: bool = False) -> Sym:
         return cx.add(kind, [cx.node(input, FLOAT)])
     return lower
+
+
+def round_(cx: Cx, input: Any, decimals: int = 0) -> Sym:
+    """torch.round: half to even; ``decimals`` would scale by a power of ten first (refused)."""
+    if decimals:
+        raise NotLowerable(f"round with decimals={decimals} (only 0)")
+    return cx.add("round", [cx.node(input, FLOAT)])
 
 
 def gelu(cx: Cx, input: Any, approximate: str = "none") -> Sym:

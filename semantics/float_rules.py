@@ -207,7 +207,31 @@ unary("cos", np.cos)
 unary("tan", np.tan)
 unary("exp", np.exp)
 unary("expm1", np.expm1)
+unary("exp2", np.exp2)
 unary("tanh", np.tanh)
+unary("atan", np.arctan)
+unary("sinh", np.sinh)
+unary("cosh", np.cosh)
+unary("asinh", np.arcsinh)
+unary("round", np.rint)  # half to even, as torch.round and ONNX Round
+unary("trunc", np.trunc)
+
+
+def _within(lo: float, hi: float, fn: Callable[[np.ndarray], np.ndarray]) -> Rule:
+    """An op defined on [lo, hi] (its ends included, where the value may be infinite): outside it
+    the result would be NaN, so the node is refused instead."""
+    def run(node, xs, rec, dt):
+        x = xs[0]
+        if not np.all((x >= lo) & (x <= hi)):
+            raise domain_error(node, f"input has values outside [{lo}, {hi}] (or NaN)")
+        return fn(x)
+    return run
+
+
+FLOAT_RULES["asin"] = _within(-1.0, 1.0, np.arcsin)
+FLOAT_RULES["acos"] = _within(-1.0, 1.0, np.arccos)
+FLOAT_RULES["atanh"] = _within(-1.0, 1.0, np.arctanh)
+FLOAT_RULES["acosh"] = _within(1.0, np.inf, np.arccosh)
 
 
 @rule("sqrt")
@@ -247,6 +271,14 @@ def _log(node, xs, rec, dt):
     if not np.all(x > 0):
         raise fail(node, LOG_DOMAIN_MESSAGE)
     return np.log(x)
+
+
+@rule("log2")
+def _log2(node, xs, rec, dt):
+    x = xs[0]
+    if not np.all(x > 0):
+        raise domain_error(node, "input contains values <= 0 (or NaN)")
+    return np.log2(x)
 
 
 @rule("log1p")

@@ -82,7 +82,7 @@ def _float_rule_on_ends(kind: str) -> IntervalRule:
 
 for _k in ("detach", "permute", "transpose", "broadcast_to", "expand", "reshape", "flatten", "squeeze",
            "unsqueeze", "concat", "slice", "pad", "max_elem", "min_elem", "max_pool", "max_pool_nd",
-           "reduce_max", "reduce_min", "relu", "floor", "ceil", "sign", "clamp"):
+           "reduce_max", "reduce_min", "relu", "floor", "ceil", "round", "trunc", "sign", "clamp"):
     INTERVAL_RULES[_k] = _float_rule_on_ends(_k)
 
 

@@ -101,7 +101,8 @@ def lib_bounds(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> Box:
         if not np.isfinite(np.sum(y)):
             # an overflowed result still bounds from one side; from the other start at the largest float
             finite = np.where(np.isinf(y), np.copysign(_MAX, y), y)
-            step = (2 * LIB_ULPS + 2) * np.abs(np.spacing(finite))
+            # the spacing at the largest float overflows; the one just inside it does not
+            step = (2 * LIB_ULPS + 2) * np.abs(np.spacing(np.where(np.isinf(y), np.nextafter(finite, 0), finite)))
             lo = np.where(y == _NEG, _NEG, finite - step)
             hi = np.where(y == _POS, _POS, finite + step)
             return clean(lo, hi)

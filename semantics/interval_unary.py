@@ -289,6 +289,26 @@ def _softsign_at(x: np.ndarray) -> Box:
     return ia.div(ia.point(x), ia.add_const(ia.point(np.abs(x)), 1.0))
 
 
+def _library(fn: Callable[[np.ndarray], np.ndarray]) -> PointFn:
+    return lambda x: lib_bounds(fn, x)
+
+
+def _within(lo: float, hi: float, name: str, rule: Callable[[Box], Box]) -> Callable[[Box, Mapping[str, Any]], Box]:
+    """A rule for an op defined on [lo, hi]: a box reaching outside holds inputs the float
+    semantics refuses, so it is refused too."""
+    def run(a: Box, attrs: Mapping[str, Any]) -> Box:
+        if np.any(a[0] < lo) or np.any(a[1] > hi):
+            raise DomainError(f"{name}: box reaches outside [{lo}, {hi}], where {name} is undefined")
+        return rule(a)
+    return run
+
+
+def _log2(a: Box, attrs: Mapping[str, Any]) -> Box:
+    if np.any(a[0] <= 0):
+        raise DomainError(f"log2: box reaches {float(np.min(a[0]))} <= 0, where log2 is undefined")
+    return monotone(_library(np.log2), a)
+
+
 def _lifted(f: PointFn):
     return lambda a, attrs: monotone(f, a)
 
@@ -321,4 +341,14 @@ UNARY_RULES: dict[str, Callable[[Box, Mapping[str, Any]], Box]] = {
     "celu": _celu,
     "hardsigmoid": _hardsigmoid,
     "pow": _pow,
+    "exp2": _lifted(_library(np.exp2)),
+    "log2": _log2,
+    "atan": _lifted(_library(np.arctan)),
+    "sinh": _lifted(_library(np.sinh)),
+    "asinh": _lifted(_library(np.arcsinh)),
+    "cosh": lambda a, attrs: monotone(_library(np.cosh), ia.abs_box(a)),
+    "asin": _within(-1.0, 1.0, "asin", lambda a: monotone(_library(np.arcsin), a)),
+    "acos": _within(-1.0, 1.0, "acos", lambda a: decreasing(_library(np.arccos), a)),
+    "atanh": _within(-1.0, 1.0, "atanh", lambda a: monotone(_library(np.arctanh), a)),
+    "acosh": _within(1.0, np.inf, "acosh", lambda a: monotone(_library(np.arccosh), a)),
 }

@@ -160,6 +160,11 @@ CASES: dict[str, tuple[Any, ...]] = {
     "prod": (lambda s, x: torch.prod(x, 1), X3, D),
     "prod_keepdim": (lambda s, x: x.prod(-1, keepdim=True), X3, ("fx", "export")),
     "prod_all": (lambda s, x: torch.prod(x[0]), X3, D),
+    "inverse_trig_hyperbolic": (lambda s, x: (torch.atan(x), torch.arcsin(torch.tanh(x)), x.tanh().acos(),
+                                              torch.sinh(x), x.cosh(), torch.arcsinh(x), (x.abs() + 1).acosh(),
+                                              torch.atanh(torch.tanh(x) * 0.9)), X3, D),
+    "exp2_log2_round_trunc": (lambda s, x: (torch.exp2(x), torch.log2(x.abs() + 0.5), torch.round(x * 4),
+                                            (x * 3).trunc(), torch.fix(x * 3), x.round()), X3, D),
     "max_dim_values_indices": (lambda s, x: (torch.max(x, dim=-1).values, x.min(1, keepdim=True).indices.float(),
                                              torch.max(x, 0)[0]), X3, D),
     # 11. nearest upsampling
@@ -315,6 +320,7 @@ REFUSED: dict[str, tuple[Any, ...]] = {
                        "repeat_interleave", "tensor repeats"),
     "batch_statistics": (lambda s, x: s.inner(x), X4, ("fx", "export", "decomposed"), "batch", "batch statistics",
                          nn.BatchNorm2d(8, track_running_stats=False)),
+    "round_decimals": (lambda s, x: torch.round(x, decimals=2), X3, ("fx", "export"), "round", "decimals=2"),
     "integer_prod": (lambda s, x: (x > 0).long().prod(1), X3, ("fx", "export"), "prod", "integer"),
 }
 

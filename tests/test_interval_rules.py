@@ -59,6 +59,12 @@ def inside(ref, lo: float, hi: float) -> bool:
     return mpf(lo) <= ref <= mpf(hi)
 
 
+def _round_half_even(x):
+    f = mp.floor(x)
+    d = x - f
+    return f + 1 if d > 0.5 or (d == 0.5 and int(f) % 2) else f
+
+
 def _sigmoid(x):
     return 1 / (1 + mp.exp(-x))
 
@@ -67,16 +73,20 @@ def _softplus(x):
     return mp.log1p(mp.exp(x)) if x < 0 else x + mp.log1p(mp.exp(-x))
 
 
-GE0, GT0, NE0 = ("ge", 0.0), ("gt", 0.0), ("ne", 0.0)
+GE0, GT0, NE0, UNIT = ("ge", 0.0), ("gt", 0.0), ("ne", 0.0), ("in", (-1.0, 1.0))
 
 
 def in_domain(domain, x: float) -> bool:
     op, c = domain
+    if op == "in":
+        return c[0] <= x <= c[1]
     return {"ge": x >= c, "gt": x > c, "ne": x != c}[op]
 
 
 def box_leaves_domain(domain, lo: float, hi: float) -> bool:
     op, c = domain
+    if op == "in":
+        return lo < c[0] or hi > c[1]
     return {"ge": lo < c, "gt": lo <= c, "ne": lo <= c <= hi}[op]
 
 
@@ -102,6 +112,18 @@ UNARY = {
     "sin": ({}, lambda x, a: mp.sin(x), None),
     "cos": ({}, lambda x, a: mp.cos(x), None),
     "tan": ({}, lambda x, a: mp.tan(x), None),
+    "atan": ({}, lambda x, a: mp.atan(x), None),
+    "asin": ({}, lambda x, a: mp.asin(x), UNIT),
+    "acos": ({}, lambda x, a: mp.acos(x), UNIT),
+    "sinh": ({}, lambda x, a: mp.sinh(x), None),
+    "cosh": ({}, lambda x, a: mp.cosh(x), None),
+    "asinh": ({}, lambda x, a: mp.asinh(x), None),
+    "acosh": ({}, lambda x, a: mp.acosh(x), ("ge", 1.0)),
+    "atanh": ({}, lambda x, a: mp.atanh(x) if abs(x) < 1 else mp.sign(x) * mp.inf, UNIT),
+    "exp2": ({}, lambda x, a: mp.power(2, x), None),
+    "log2": ({}, lambda x, a: mp.log(x, 2), GT0),
+    "round": ({}, lambda x, a: _round_half_even(x), None),
+    "trunc": ({}, lambda x, a: mp.sign(x) * mp.floor(abs(x)), None),
     "gelu": ({"approximate": "none"}, lambda x, a: x * (1 + mp.erf(x / mp.sqrt(2))) / 2, None),
     "gelu_tanh": ({"approximate": "tanh"},
                   lambda x, a: x * (1 + mp.tanh(mp.sqrt(2 / mp.pi) * (x + mpf(0.044715) * x ** 3))) / 2, None),
@@ -134,7 +156,7 @@ def _kind(name: str) -> str:
 
 
 # relu, clamp, sign, floor, ceil: the float rule on both ends (exact in floating point)
-ENDPOINT_UNARY = {"relu", "clamp", "sign", "floor", "ceil"}
+ENDPOINT_UNARY = {"relu", "clamp", "sign", "floor", "ceil", "round", "trunc"}
 
 
 def unary_box(kind: str, lo: np.ndarray, hi: np.ndarray, attrs: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -263,6 +263,15 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
     for p_ in (1, 2):
         c[f"LpNormalization_p{p_}"] = model([N("LpNormalization", ["x"], ["y"], p=p_, axis=1)], [("x", [2, 3, 4])],
                                             ["y"])
+    # inverse trig and hyperbolic functions, fed inside their domains; Round (half to even)
+    for op in ("Atan", "Sinh", "Cosh", "Asinh"):
+        c[op] = one(op, opset=9)
+    for op in ("Asin", "Acos", "Atanh"):
+        c[op] = model([N("Tanh", ["x"], ["t"]), N(op, ["t"], ["y"])], [("x", [2, 3])], ["y"], opset=9)
+    c["Acosh"] = model([N("Abs", ["x"], ["a"]), N("Add", ["a", "one"], ["b"]), N("Acosh", ["b"], ["y"])],
+                       [("x", [2, 3])], ["y"], [("one", np.array(1.0, np.float32))], opset=9)
+    c["Round"] = model([N("Mul", ["x", "k"], ["z"]), N("Round", ["z"], ["y"])], [("x", [2, 3])], ["y"],
+                       [("k", np.array(4.0, np.float32))], opset=11)
     c["Einsum_one_operand"] = model([N("Einsum", ["x"], ["y"], equation="bij->jb")], [("x", [2, 3, 4])], ["y"])
     c["Shape_Gather_Concat_folded"] = model(
         [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["g"], axis=0), N("Unsqueeze", ["g", "a"], ["u"]),
@@ -341,7 +350,8 @@ def test_emitted_kinds_are_registered_and_handlers_cover_the_issue_ops() -> None
               "Identity", "Dropout", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "Sum", "Max", "Min",
               "Mean", "Einsum", "LRN", "Tile", "GatherND", "Resize", "Upsample", "ReduceL1", "ReduceL2",
               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "DepthToSpace", "SpaceToDepth",
-              "ThresholdedRelu", "Shrink", "IsInf", "Trilu", "GroupNormalization", "LpNormalization"}
+              "ThresholdedRelu", "Shrink", "IsInf", "Trilu", "GroupNormalization", "LpNormalization", "Atan",
+              "Asin", "Acos", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round"}
     assert wanted <= set(HANDLERS)
 
 

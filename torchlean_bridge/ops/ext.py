@@ -29,7 +29,9 @@ for _k in ("div", "prelu"):
 
 _UNARY = {
     "neg": (), "erf": (), "silu": (), "rsqrt": (), "softsign": (), "sign": (), "floor": (),
-    "ceil": (), "log1p": (), "hardswish": (), "mish": (), "tan": (), "expm1": (),
+    "ceil": (), "log1p": (), "hardswish": (), "mish": (), "tan": (), "expm1": (), "round": (), "trunc": (),
+    "atan": (), "asin": (), "acos": (), "sinh": (), "cosh": (), "asinh": (), "acosh": (), "atanh": (),
+    "log2": (), "exp2": (),
     "pow": (Attr("exponent", "float"),),
     "gelu": (Attr("approximate", "str", "none", choices=("none", "tanh")),),
     "leaky_relu": (Attr("negative_slope", "float", 0.01),),

@@ -144,18 +144,9 @@ _fn("normalize", T.normalize, F)
 _fn("logsumexp", T.logsumexp, torch, torch.special)
 _fn("prod", T.reduce_prod)
 _fn("logsigmoid", T.log_sigmoid, F)
-_fn("glu", T.glu, F)
 _fn("softmin", T.softmin, F)
-_fn("pixel_shuffle", T.pixel_shuffle, torch, F)
-_fn("pixel_unshuffle", T.pixel_unshuffle, torch, F)
-_fn("flip", T.flip)
-_fn("fliplr", T.fliplr)
-_fn("flipud", T.flipud)
-_fn("roll", T.roll)
-_fn("tril", T.triangle("tril"))
-_fn("triu", T.triangle("triu"))
-_fn("outer ger", T.outer)
-_fn("diff", T.diff)
+for _name, _lowering in T.SAME_NAME.items():
+    _fn(_name, _lowering, torch, F)
 _fn("repeat_interleave", T.repeat_interleave)
 _fn("interpolate upsample", T.interpolate, F)
 _fn("upsample_nearest", lambda cx, input, size=None, scale_factor=None: T.interpolate(cx, input, size, scale_factor),
@@ -199,9 +190,8 @@ METHODS: dict[str, Lowering] = {
     "new_zeros": T.like(0), "new_ones": T.like(1), "new_full": T.like(None),
     "relu6": T.relu6, "gelu": T.gelu,
     "var": T.variance, "std": T.std, "norm": T.tensor_norm, "logsumexp": T.logsumexp, "prod": T.reduce_prod,
-    "flip": T.flip, "fliplr": T.fliplr, "flipud": T.flipud, "roll": T.roll, "tril": T.triangle("tril"),
-    "triu": T.triangle("triu"), "outer": T.outer, "ger": T.outer, "diff": T.diff,
     "repeat_interleave": T.repeat_interleave,
+    **{name: lowering for name, lowering in T.SAME_NAME.items() if hasattr(torch.Tensor, name)},
 }
 for _name, _kind in T.UNARY.items():
     METHODS[_name] = T.unary(_kind)

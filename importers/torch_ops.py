@@ -982,6 +982,15 @@ def repeat_interleave(cx: Cx, input: Any, repeats: Any = None, dim: int | None =
     return reshape(cx, x, s[:ax] + [s[ax] * repeats] + s[ax + 1:])
 
 
+# torch functions whose ATen overload is ``<name>.default`` with the same arguments: one lowering each,
+# registered under both names (torch_modules, torch_aten)
+SAME_NAME: dict[str, Any] = {
+    "flip": flip, "fliplr": fliplr, "flipud": flipud, "roll": roll, "tril": triangle("tril"),
+    "triu": triangle("triu"), "outer": outer, "ger": outer, "diff": diff, "pixel_shuffle": pixel_shuffle,
+    "pixel_unshuffle": pixel_unshuffle, "glu": glu,
+}
+
+
 # -- nearest upsampling ----------------------------------------------------------------------------
 def _integer_factors(cx: Cx, input: Any, r: int, size: Any, scales: Any) -> list[int]:
     """Per spatial axis the factor f such that PyTorch reads input index ``o // f``: an integer

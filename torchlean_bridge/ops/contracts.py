@@ -9,7 +9,7 @@ bare TorchLean rule message.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import ShapeRuleError
 
@@ -144,10 +144,11 @@ def v1_pool_out_dim(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
 
-def _conv_axes(p: Shape, *, spatial_rank: int, kernel: Sequence[int], groups: int, channel_axis: int,
-               in_channels: int, out_channels: int, tag: str) -> list[int]:
-    """The channel and rank checks convolution and transposed convolution share, in TorchLean's
-    order; the input axes that are spatial (each then checked by ``_check_window``)."""
+def _conv_shape(p: Shape, extent: Callable[[int, int], int], *, spatial_rank: int, kernel: Sequence[int],
+                stride: Sequence[int], dilation: Sequence[int], groups: int, channel_axis: int, in_channels: int,
+                out_channels: int, tag: str) -> Shape:
+    """The checks convolution and transposed convolution share, in TorchLean's order (channels, rank,
+    then per spatial axis kernel/stride/dilation before that axis's ``extent(k, axis)``)."""
     if in_channels <= 0:
         raise ShapeRuleError(f"{tag}: inChannels must be > 0")
     if out_channels <= 0:
@@ -165,16 +166,16 @@ def _conv_axes(p: Shape, *, spatial_rank: int, kernel: Sequence[int], groups: in
     if len(kernel) != n_spatial or spatial_rank != n_spatial:
         raise ShapeRuleError(f"{tag}: kernel rank {len(kernel)} does not match the {n_spatial} "
                              f"spatial axes after channel axis {channel_axis}")
-    return list(range(channel_axis + 1, len(p)))
-
-
-def _check_window(axis: int, kernel: int, stride: int, dilation: int, tag: str) -> None:
-    if kernel <= 0:
-        raise ShapeRuleError(f"{tag}: axis {axis} kernel must be > 0")
-    if stride <= 0:
-        raise ShapeRuleError(f"{tag}: axis {axis} stride must be > 0")
-    if dilation <= 0:
-        raise ShapeRuleError(f"{tag}: axis {axis} dilation must be > 0")
+    out = []
+    for k, axis in enumerate(range(channel_axis + 1, len(p))):
+        if kernel[k] <= 0:
+            raise ShapeRuleError(f"{tag}: axis {axis} kernel must be > 0")
+        if stride[k] <= 0:
+            raise ShapeRuleError(f"{tag}: axis {axis} stride must be > 0")
+        if dilation[k] <= 0:
+            raise ShapeRuleError(f"{tag}: axis {axis} dilation must be > 0")
+        out.append(extent(k, axis))
+    return tuple(p[:channel_axis]) + (out_channels,) + tuple(out)
 
 
 def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride: Sequence[int],
@@ -182,20 +183,17 @@ def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride
                    groups: int, channel_axis: int, in_channels: int, out_channels: int,
                    tag: str = "conv") -> Shape:
     """``OpContracts.inferConvConfigOutShape``, checks in TorchLean's order."""
-    axes = _conv_axes(p, spatial_rank=spatial_rank, kernel=kernel, groups=groups, channel_axis=channel_axis,
-                      in_channels=in_channels, out_channels=out_channels, tag=tag)
-    out = []
-    for k, axis in enumerate(axes):
-        _check_window(axis, kernel[k], stride[k], dilation[k], tag)
-        size = p[axis]
-        d = window_out_dim(size, kernel[k], stride[k], padding[k], padding_after[k], dilation[k])
+    def extent(k: int, axis: int) -> int:
+        d = window_out_dim(p[axis], kernel[k], stride[k], padding[k], padding_after[k], dilation[k])
         if d is None:
             eff = dilation[k] * (kernel[k] - 1) + 1
             raise ShapeRuleError(
-                f"{tag}: axis {axis} window does not fit padded input: input={size}, "
+                f"{tag}: axis {axis} window does not fit padded input: input={p[axis]}, "
                 f"padding=({padding[k]}, {padding_after[k]}), effectiveKernel={eff}")
-        out.append(d)
-    return tuple(p[:channel_axis]) + (out_channels,) + tuple(out)
+        return d
+    return _conv_shape(p, extent, spatial_rank=spatial_rank, kernel=kernel, stride=stride, dilation=dilation,
+                       groups=groups, channel_axis=channel_axis, in_channels=in_channels,
+                       out_channels=out_channels, tag=tag)
 
 
 def conv_transpose_full_dim(size: int, kernel: int, stride: int, dilation: int) -> int:
@@ -211,11 +209,7 @@ def conv_transpose_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[in
                              tag: str = "conv_transpose") -> Shape:
     """PyTorch's ``conv_transposeNd`` / ONNX ``ConvTranspose`` extent per spatial axis:
     ``(in - 1)*stride + dilation*(kernel - 1) + 1 - padding - padding_after + output_padding``."""
-    axes = _conv_axes(p, spatial_rank=spatial_rank, kernel=kernel, groups=groups, channel_axis=channel_axis,
-                      in_channels=in_channels, out_channels=out_channels, tag=tag)
-    out = []
-    for k, axis in enumerate(axes):
-        _check_window(axis, kernel[k], stride[k], dilation[k], tag)
+    def extent(k: int, axis: int) -> int:
         if output_padding[k] >= max(stride[k], dilation[k]):
             raise ShapeRuleError(f"{tag}: axis {axis} output_padding {output_padding[k]} must be smaller than "
                                  f"the stride {stride[k]} or the dilation {dilation[k]}")
@@ -226,8 +220,10 @@ def conv_transpose_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[in
         if d <= 0:
             raise ShapeRuleError(f"{tag}: axis {axis} output extent {d} is not positive (input={p[axis]}, "
                                  f"padding=({padding[k]}, {padding_after[k]}), output_padding={output_padding[k]})")
-        out.append(d)
-    return tuple(p[:channel_axis]) + (out_channels,) + tuple(out)
+        return d
+    return _conv_shape(p, extent, spatial_rank=spatial_rank, kernel=kernel, stride=stride, dilation=dilation,
+                       groups=groups, channel_axis=channel_axis, in_channels=in_channels,
+                       out_channels=out_channels, tag=tag)
 
 
 def reduce_shape(p: Shape, axes: Sequence[int], keepdim: bool, tag: str) -> Shape:

@@ -151,6 +151,28 @@ class Decoder(nn.Module):
         return y, self.up3(z), F.conv_transpose1d(s, self.w1d, stride=3, padding=1)
 
 
+class TinyUNet(nn.Module):
+    """An encoder-decoder: group and instance norm, a transposed convolution beside bilinear upsampling,
+    a skip connection, pixel shuffle, and normalize / logsumexp / std heads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down1 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.SiLU())
+        self.down2 = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.InstanceNorm2d(16, affine=True),
+                                   nn.ReLU())
+        self.up = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.fuse = nn.Conv2d(16, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 2, 1)
+        self.shuffle = nn.PixelShuffle(2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = self.down1(x)
+        b = self.down2(a)
+        v = F.interpolate(b, scale_factor=2, mode="bilinear", align_corners=False)[:, :8]
+        y = self.fuse(torch.cat([a, self.up(b) + v], 1))
+        return F.normalize(self.head(y), dim=1), torch.logsumexp(y, dim=1), self.shuffle(y).std(dim=(2, 3))
+
+
 def decoder() -> Made:
     return _randomize_bn(Decoder()), (_x(2, 4, 5, 6), _x(1, 2, 2, 3, 2), _x(3, 7))
 
@@ -431,6 +453,7 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
     ZooCase("cnn3d", cnn3d, tags=("cnn",)),
     ZooCase("unbatched_conv", unbatched_conv, tags=("cnn", "batchnorm")),
     ZooCase("decoder", decoder, tags=("cnn", "conv_transpose")),
+    ZooCase("tiny_unet", lambda: (TinyUNet(), (_x(1, 3, 16, 16),)), tags=("cnn", "conv_transpose", "resize")),
     ZooCase("pooling", pooling, tags=("pool",)),
     ZooCase("group_norm", group_norm, tags=("cnn", "normalization")),
     ZooCase("residual", residual, tags=("cnn", "residual", "inplace")),

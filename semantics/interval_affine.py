@@ -56,7 +56,9 @@ class AffineParams:
         return cls(w, wabs, np.asarray(bias, dtype=np.float64), row_sum)
 
 
-_SAFETY = 1.0 + 16 * U  # absorbs up to 8 round-to-nearest steps of a sum of non-negative terms
+# absorbs up to 8 round-to-nearest steps of a sum of non-negative terms (a factor 1 + 16u), and the
+# rounding of its own product: fl(t (1 + 18u)) >= t (1 + 18u)(1 - u) >= t (1 + 16u) for normal t
+_SAFETY = 1.0 + 18 * U
 # an l-inf ball's radii differ by rounding (r = up(hi - c) per entry): within this factor of their
 # maximum they are treated as uniform, trading the radius GEMM for row sums of |W|
 _NEAR_UNIFORM = 1.0 - 2.0 ** -40
@@ -82,10 +84,9 @@ def linear_box(a: Box, p: AffineParams) -> Box:
             t *= 1.0 + g
         c_max = np.max(np.abs(c), axis=-1, keepdims=True) if c.shape[-1] else np.zeros(c.shape[:-1] + (1,))
         t += (g * c_max) * p.abs_row_sum
-        t += g * np.abs(p.bias) + MIN_NORMAL
+        t += g * np.abs(p.bias) + MIN_NORMAL  # t is now a normal float, so its products round relatively
         t *= _SAFETY
-        rad = up(t)
-        return clean(down(mid - rad), up(mid + rad))
+        return clean(down(mid - t), up(mid + t))
 
 
 def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int], transposed: bool = False

@@ -475,7 +475,8 @@ def _concat(w: OnnxWriter, node: Node) -> None:
 # exp2, log2 and trunc have no ONNX op and are blocking nodes (Pow(2, x) and Log(x) / ln 2 round differently).
 # expm1 and log1p have no entry on purpose: ONNX has no Expm1 op, and Exp(x) - 1 (or Elu/Celu, which
 # onnxruntime computes that way) cancels for |x| << 1 (relative error up to eps / |x|), as does
-# Log(1 + x) for log1p, so an expm1 or log1p node is a blocking node, refused by name like the other kinds without an exact ONNX form.
+# Log(1 + x) for log1p, so an expm1 or log1p node is a blocking node, refused by name like the other kinds
+# without an exact ONNX form.
 ONNX_EXPORTERS: dict[str, Exporter] = {
     "const": _const, "linear": _linear, "conv": _conv, "conv_transpose": _conv, "batch_norm_eval": _batch_norm,
     "layernorm": _layernorm, "resize_linear": _resize_linear,

@@ -24,6 +24,7 @@ from .payload_safetensors import write_payload
 
 __all__ = ["export_torchlean", "torchlean_blocking_nodes", "to_v1_graph", "payload_file_for"]
 
+
 def torchlean_blocking_nodes(bundle: Bundle) -> list[dict[str, Any]]:
     """Every node that keeps the bundle out of torchlean.ir.v1, with the reason (empty when none)."""
     return v1_blocking_nodes(bundle.graph)

@@ -114,4 +114,3 @@ def _input(cx: TorchLowerer, name: str, value: Any) -> Any:
         return value
     shape = check_static(value.shape, f"fx import: input {name}")
     return Sym(cx.builder.input(shape, dtype=element_type(value.dtype), source={"name": name, "target": "input"}))
-

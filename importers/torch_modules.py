@@ -174,7 +174,8 @@ METHODS: dict[str, Lowering] = {
     "logical_or": T.logical("logical_or"), "logical_not": T.logical_not, "isnan": T.unary("isnan"),
     "masked_fill": T.masked_fill, "where": lambda cx, input, condition, other: T.where(cx, condition, input, other),
     "clamp": T.clamp, "clip": T.clamp, "clamp_min": lambda cx, input, min: T.clamp(cx, input, min, None),
-    "clamp_max": lambda cx, input, max: T.clamp(cx, input, None, max), "softmax": T.softmax("softmax"), "log_softmax": T.softmax("log_softmax"),
+    "clamp_max": lambda cx, input, max: T.clamp(cx, input, None, max), "softmax": T.softmax("softmax"),
+    "log_softmax": T.softmax("log_softmax"),
     "sum": T.reduce_sum, "mean": T.reduce_mean, "amax": T.reduce_max, "amin": T.reduce_min,
     "max": T.max_or_min("max"), "min": T.max_or_min("min"), "argmax": T.argmax, "argmin": T.argmin,
     "any": T.any_all("max"), "all": T.any_all("min"),
@@ -243,7 +244,6 @@ def _embedding(cx: Cx, m: nn.Embedding, path: str, x: Any) -> Any:
 
 def _dropout(cx: Cx, m: nn.Module, path: str, x: Any) -> Any:
     return T.dropout(cx, x, getattr(m, "p", 0.0), m.training)
-
 
 
 def _rms_norm(cx: Cx, m: nn.RMSNorm, path: str, x: Any) -> Any:

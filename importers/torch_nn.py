@@ -309,7 +309,6 @@ def native_group_norm(cx: Cx, input: Any, weight: Any, bias: Any, n: int, c: int
     return group_norm(cx, input, group, weight, bias, eps), None, None
 
 
-
 def rms_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any = None, eps: float | None = None) -> Any:
     """torch._decomp's rms_norm: ``x * rsqrt(mean(x^2 over the normalized suffix) + eps) * weight``;
     eps None is ``finfo(input dtype).eps``, read from the framework's recorded dtype."""
@@ -483,4 +482,3 @@ def scaled_dot_product_attention(cx: Cx, query: Any, key: Any, value: Any, attn_
             scores = T.add(cx, scores, attn_mask)
     probs = T.softmax("softmax")(cx, scores, -1)
     return matmul(cx, probs, value)
-

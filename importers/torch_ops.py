@@ -702,7 +702,6 @@ def broadcast_tensors(cx: Cx, *tensors: Any) -> tuple[Any, ...]:
     return tuple(expand(cx, x, list(shape)) for x in tensors)
 
 
-
 # -- statistics and norms --------------------------------------------------------------------------
 def _correction(unbiased: Any, correction: Any) -> float:
     """PyTorch's Bessel correction: ``correction`` wins; ``unbiased`` (default True) means 1, else 0."""
@@ -1068,8 +1067,9 @@ def resize_linear(cx: Cx, input: Any, r: int, size: Any, scales: Any, align_corn
                                    "recompute_scale_factor=True)")
     if sizes == spatial:  # PyTorch copies (its kernels special-case equal sizes)
         return input
+    mode = "align_corners" if align_corners else "half_pixel"
     return cx.add("resize_linear", [cx.node(input, FLOAT)],
-                  {"spatial_rank": r, "sizes": sizes, "coordinate_mode": "align_corners" if align_corners else "half_pixel"})
+                  {"spatial_rank": r, "sizes": sizes, "coordinate_mode": mode})
 
 
 def upsample_linear(r: int):

@@ -361,7 +361,8 @@ def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
         node = g.nodes[nid]
         for name, arr in (("lower", lo), ("upper", hi)):
             if tuple(arr.shape) != tuple(node.out_shape):
-                raise _error(node, f"{name} bound has shape {fmt_shape(arr.shape)}, expected {fmt_shape(node.out_shape)}")
+                raise _error(node, f"{name} bound has shape {fmt_shape(arr.shape)}, "
+                                   f"expected {fmt_shape(node.out_shape)}")
             if arr.dtype.kind not in "fiub":
                 raise _error(node, f"{name} bound has element type {arr.dtype}, expected numbers")
         lo, hi = lo.astype(np.float64), hi.astype(np.float64)

@@ -151,4 +151,3 @@ def mse_box(y: Box, t: Box) -> Box:
     n = float(max(sq[0].size, 1))
     lo, hi = np.asarray(total[0], dtype=np.float64), np.asarray(total[1], dtype=np.float64)
     return np.maximum(down(lo / n), 0.0), up(hi / n)
-

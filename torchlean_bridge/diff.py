@@ -586,4 +586,3 @@ def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff],
         report.add(Finding("no-counterpart", f"{len(unmatched)} node(s) without a counterpart, not compared: "
                                              f"{listed}{more}", severity="info",
                            data={str(k): v for k, v in sorted(unmatched.items())}))
-

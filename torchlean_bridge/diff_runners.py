@@ -279,4 +279,3 @@ def reference_parameters(reference: Any) -> Mapping[str, np.ndarray]:
 
     from importers.onnx import load_model
     return {t.name: numpy_helper.to_array(t) for t in load_model(reference).graph.initializer}
-

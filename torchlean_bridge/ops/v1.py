@@ -198,7 +198,8 @@ def _linear(attrs: A, p: P, d: Shape) -> Shape:
     if len(s) < 1 or len(d) < 1:
         raise ShapeRuleError(f"linear: expected rank≥1 input/output, got input={fmt_shape(s)}, out={fmt_shape(d)}")
     if tuple(s[:-1]) != tuple(d[:-1]):
-        raise ShapeRuleError(f"linear: leading dimensions must be preserved: input={fmt_shape(s)}, outShape={fmt_shape(d)}")
+        raise ShapeRuleError(f"linear: leading dimensions must be preserved: input={fmt_shape(s)}, "
+                             f"outShape={fmt_shape(d)}")
     return d
 
 
@@ -256,7 +257,8 @@ register(OpSpec(
     attrs=(Attr("channel_axis", "nat"), Attr("channels", "nat"), Attr("eps", "float", 1e-5)),
     params=(ParamRole("weight", _channel_vec), ParamRole("bias", _channel_vec),
             ParamRole("running_mean", _channel_vec), ParamRole("running_var", _channel_vec)),
-    describe_fn=lambda a: f"batch_norm_eval(channelAxis={a['channel_axis']}, channels={a['channels']}, payload=node_id)"))
+    describe_fn=lambda a: (f"batch_norm_eval(channelAxis={a['channel_axis']}, channels={a['channels']}, "
+                           f"payload=node_id)")))
 
 for _k in ("relu", "tanh", "sigmoid", "exp", "log", "sin", "cos", "softplus"):
     register(OpSpec(_k, "v1", 1, 1, _identity))

@@ -318,6 +318,12 @@ def _conv(w: OnnxWriter, node: Node) -> None:
     _batched(w, node, make, a["spatial_rank"] + 2)
 
 
+def _cumsum(w: OnnxWriter, node: Node) -> None:
+    a = node.attrs
+    w.emit("CumSum", [w.operands(node)[0], w.constant(a["axis"], node)], w.out(node), node,
+           exclusive=int(a["exclusive"]), reverse=int(a["reverse"]))
+
+
 def _resize_linear(w: OnnxWriter, node: Node) -> None:
     """``Resize`` in linear mode with the full output shape as ``sizes`` (onnxruntime then derives
     each scale as out/in, the ratio our coordinates use)."""
@@ -479,7 +485,7 @@ def _concat(w: OnnxWriter, node: Node) -> None:
 # without an exact ONNX form.
 ONNX_EXPORTERS: dict[str, Exporter] = {
     "const": _const, "linear": _linear, "conv": _conv, "conv_transpose": _conv, "batch_norm_eval": _batch_norm,
-    "layernorm": _layernorm, "resize_linear": _resize_linear,
+    "layernorm": _layernorm, "resize_linear": _resize_linear, "cumsum": _cumsum,
     "add": _simple("Add"), "sub": _simple("Sub"), "mul_elem": _simple("Mul"), "div": _simple("Div"),
     "max_elem": _simple("Max"), "min_elem": _simple("Min"), "matmul": _simple("MatMul"), "prelu": _simple("PRelu"),
     "abs": _simple("Abs"), "sqrt": _simple("Sqrt"), "inv": _simple("Reciprocal"), "relu": _simple("Relu"),

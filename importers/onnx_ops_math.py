@@ -251,6 +251,12 @@ def _composite_reduce(ctx: OnnxContext) -> list[Value]:
     return [total]
 
 
+def _cumsum(ctx: OnnxContext) -> list[Value]:
+    axis = ctx.axis(int(np.asarray(ctx.static(1, "axis")).reshape(-1)[0]), ctx.rank(0))
+    return [ctx.add("cumsum", [ctx.operand(0)], {"axis": axis, "exclusive": bool(ctx.attr("exclusive", 0)),
+                                                  "reverse": bool(ctx.attr("reverse", 0))})]
+
+
 def _arg(kind: str) -> Handler:
     def lower(ctx: OnnxContext) -> list[Value]:
         if ctx.attr("select_last_index", 0):
@@ -283,6 +289,7 @@ HANDLERS: dict[str, Handler] = {
     "Cast": _cast,
     **{op: _reduce(op) for op in _REDUCE},
     **dict.fromkeys(("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"), _composite_reduce),
+    "CumSum": _cumsum,
     "ArgMax": _arg("argmax"),
     "ArgMin": _arg("argmin"),
 }
@@ -291,4 +298,4 @@ EMITS = frozenset({*_BINARY.values(), *_UNARY.values(), "leaky_relu", "elu", "ce
                    "gelu", "prelu", "pow", "max_elem", "min_elem", "clamp", "where", "cast", "reduce_sum",
                    "reduce_mean", "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min",
                    "reduce_prod", "argmax", "argmin", "broadcast_to", "const", "linear", "abs", "sqrt", "log", "exp",
-                   "sub", "add", "mul_elem", "reshape", "gt", "lt", "eq", "logical_or"})
+                   "sub", "add", "mul_elem", "reshape", "gt", "lt", "eq", "logical_or", "cumsum"})

@@ -981,12 +981,21 @@ def repeat_interleave(cx: Cx, input: Any, repeats: Any = None, dim: int | None =
     return reshape(cx, x, s[:ax] + [s[ax] * repeats] + s[ax + 1:])
 
 
+def cumsum(cx: Cx, input: Any, dim: int, dtype: Any = None) -> Sym:
+    """torch.cumsum over a float tensor (an integer running sum has no IR op)."""
+    if dtype is not None and dtype not in (torch.float32, torch.float64):
+        raise NotLowerable(f"cumsum with dtype={dtype}")
+    if cx.etype(input) != FLOAT:
+        raise NotLowerable(f"cumsum of a {cx.etype(input)} tensor (integer running sums have no IR op)")
+    return cx.add("cumsum", [cx.node(input, FLOAT)], {"axis": normalize_axis(int(dim), cx.rank(input))})
+
+
 # torch functions whose ATen overload is ``<name>.default`` with the same arguments: one lowering each,
 # registered under both names (torch_modules, torch_aten)
 SAME_NAME: dict[str, Any] = {
     "flip": flip, "fliplr": fliplr, "flipud": flipud, "roll": roll, "tril": triangle("tril"),
     "triu": triangle("triu"), "outer": outer, "ger": outer, "diff": diff, "pixel_shuffle": pixel_shuffle,
-    "pixel_unshuffle": pixel_unshuffle, "glu": glu,
+    "pixel_unshuffle": pixel_unshuffle, "glu": glu, "cumsum": cumsum,
 }
 
 

@@ -27,7 +27,7 @@ from .float_special import erf
 from .records import (batch_norm_record, const_values, conv_record, fail, layernorm_record, linear_record)
 from .resize import resize_linear
 
-__all__ = ["FLOAT_RULES", "Rule", "LOG_DOMAIN_MESSAGE"]
+__all__ = ["FLOAT_RULES", "Rule", "LOG_DOMAIN_MESSAGE", "running_sum"]
 
 Values = Sequence[np.ndarray]
 Record = Mapping[str, np.ndarray]
@@ -445,6 +445,24 @@ def _arg_reduction(fn: Callable) -> Rule:
 
 FLOAT_RULES["argmax"] = _arg_reduction(np.argmax)
 FLOAT_RULES["argmin"] = _arg_reduction(np.argmin)
+
+
+def running_sum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+    """Sequential running sums along ``axis`` (numpy's cumsum adds left to right, as PyTorch does)."""
+    if reverse:
+        x = np.flip(x, axis)
+    y = np.cumsum(x, axis=axis)
+    if exclusive:  # entry i gets the sum before it: the inclusive sums shifted one place, 0 first
+        shifted = np.zeros_like(y)
+        shifted[(slice(None),) * axis + (slice(1, None),)] = y[(slice(None),) * axis + (slice(None, -1),)]
+        y = shifted
+    return np.flip(y, axis) if reverse else y
+
+
+@rule("cumsum")
+def _cumsum(node, xs, rec, dt):
+    a = node.attrs
+    return running_sum(xs[0], a["axis"], a["exclusive"], a["reverse"])
 
 
 @rule("mse_loss")

@@ -42,11 +42,11 @@ from torchlean_bridge.payload import Payload
 from . import interval_arith as ia
 from .conv import EMPTY_WINDOW, avg_pool_divisor, pool_out_spatial
 from .evaluate import input_list
-from .float_rules import FLOAT_RULES
+from .float_rules import FLOAT_RULES, running_sum
 from .interval_affine import AffineParams, avg_pool_box, batch_norm_box, conv_box, linear_box, matmul_box, mean_box
 from .interval_nonlinear import (arg_extremum_box, layernorm_box, log_softmax_box, mse_box, prod_box,
                                  softmax_box)
-from .interval_round import Box, clean, sum_bounds
+from .interval_round import Box, clean, down, gamma, sum_bounds, up
 from .interval_unary import UNARY_RULES, DomainError, log_at, monotone, softplus_at
 from .records import batch_norm_record, const_values, conv_record, layernorm_record, linear_record
 from .resize import resize_linear_box
@@ -235,6 +235,22 @@ def _sum(node, ps, rec):
     if lo.ndim == 0:
         return lo, hi
     return sum_bounds(lo, hi, tuple(range(lo.ndim)))
+
+
+@rule("cumsum")
+def _cumsum(node, ps, rec):
+    """Each running sum of the ends, widened by the order-independent bound gamma_n sum|x_i| (n the
+    axis length, at least the number of terms of every prefix)."""
+    a = node.attrs
+    lo, hi = ps[0]
+    g = gamma(max(lo.shape[a["axis"]] - 1, 1))
+    with np.errstate(all="ignore"):
+        ends = []
+        for end, outward, sign in ((lo, down, -1.0), (hi, up, 1.0)):
+            total = running_sum(end, a["axis"], a["exclusive"], a["reverse"])
+            err = up(running_sum(np.abs(end), a["axis"], a["exclusive"], a["reverse"]) * g)
+            ends.append(outward(total + sign * err))
+        return clean(*ends)
 
 
 INTERVAL_RULES["reduce_sum"] = lambda node, ps, rec: sum_bounds(*ps[0], node.attrs["axis"])

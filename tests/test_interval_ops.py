@@ -242,6 +242,24 @@ def test_conv_transpose_grouped_dilated_cropped_any_channel_axis(data):
     assert np.allclose(eval_node(node, [centre], rec), exact, rtol=1e-12, atol=1e-12 * (1 + np.abs(exact).max()))
 
 
+@SETTINGS
+@given(st.data())
+def test_cumsum_encloses_exact_running_sums(data):
+    shape = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6)))
+    axis, exclusive, reverse = data.draw(st.integers(0, 1)), data.draw(st.booleans()), data.draw(st.booleans())
+    lo, hi = data.draw(box(shape))
+    attrs = {"axis": axis, "exclusive": exclusive, "reverse": reverse}
+    out = INTERVAL_RULES["cumsum"](Node(1, [0], "cumsum", shape, attrs), [(lo, hi)], {})
+
+    def exact(x):
+        x = np.flip(x, axis) if reverse else x
+        y = np.cumsum(x, axis=axis) - (x if exclusive else 0)
+        return np.flip(y, axis) if reverse else y
+    rng = np.random.default_rng(0)
+    assert_encloses(out, [exact(frac(x)) for x in points(lo, hi, rng, 3)], tight=True,
+                    magnitude=float(np.abs(np.concatenate([lo, hi])).sum()))
+
+
 def _source_coordinate(o: int, n: int, m: int, mode: str) -> Fraction:
     """ONNX Resize's coordinate transforms, exactly, clamped to [0, n - 1]."""
     if m == 1 and mode in ("pytorch_half_pixel", "align_corners"):
@@ -302,7 +320,8 @@ def test_batch_norm_any_channel_axis():
     for x in points(x_lo, x_hi, rng, 3):
         for idx in np.ndindex(x.shape):
             c = idx[1]
-            v = ((mp.mpf(x[idx]) - mp.mpf(rec["running_mean"][c])) / mp.sqrt(mp.mpf(rec["running_var"][c]) + mp.mpf(1e-5))
+            v = ((mp.mpf(x[idx]) - mp.mpf(rec["running_mean"][c]))
+                 / mp.sqrt(mp.mpf(rec["running_var"][c]) + mp.mpf(1e-5))
                  * mp.mpf(rec["weight"][c]) + mp.mpf(rec["bias"][c]))
             assert mp.mpf(lo[idx]) <= v <= mp.mpf(hi[idx])
 
@@ -393,6 +412,7 @@ def test_sums_means_products_and_mse(data):
     assert_encloses(out, [np.array(((frac(x) - frac(t)) ** 2).sum() / 6) for x in pts
                           for t in points(t_lo, t_hi, rng, 1)])
 
+
 @SETTINGS
 @given(st.data())
 def test_reduce_prod_tree_encloses_exact_products(data):
@@ -480,7 +500,8 @@ def _graph_case(name: str):
         sl = b.add("safe_log", [x, eps])
         pr = b.add("prelu", [x, b.const(np.full((2, 3, 4), -0.25))])
         steps = b.add("add", [b.add("sign", [x]), b.add("add", [b.add("floor", [x]), b.add("ceil", [x])])])
-        bn = b.add("broadcast_to", [b.const(np.array([1.0, 2.0, 3.0, 4.0]))], {"from_shape": [4], "to_shape": [2, 3, 4]})
+        bn = b.add("broadcast_to", [b.const(np.array([1.0, 2.0, 3.0, 4.0]))],
+                   {"from_shape": [4], "to_shape": [2, 3, 4]})
         out = b.add("add", [b.add("add", [b.add("mul_elem", [mask, noise]), sl]),
                             b.add("add", [b.add("sub", [pr, steps]), b.add("div", [x, bn])])])
     return b.finish([out])

@@ -228,7 +228,8 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
     c["Resize_linear_scales"] = model([N("Resize", ["x", "", "sc"], ["y"], mode="linear")], [("x", [1, 2, 4, 6])],
                                       ["y"], [("sc", np.array([1, 1, 2, 0.5], np.float32))])
     c["Resize_linear_1d_3d"] = model(
-        [N("Resize", ["x", "", "", "s1"], ["y"], mode="linear"), N("Resize", ["z", "", "", "s3"], ["w"], mode="linear")],
+        [N("Resize", ["x", "", "", "s1"], ["y"], mode="linear"),
+         N("Resize", ["z", "", "", "s3"], ["w"], mode="linear")],
         [("x", [2, 3, 5]), ("z", [1, 2, 3, 4, 5])], ["y", "w"], [("s1", i64(2, 3, 9)), ("s3", i64(1, 2, 6, 8, 3))])
     c["Resize_linear_opset10"] = model([N("Resize", ["x", "sc"], ["y"], mode="linear")], [("x", [1, 2, 3, 4])], ["y"],
                                        [("sc", np.array([1, 1, 2, 2], np.float32))], opset=10)
@@ -272,6 +273,10 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
                        [("x", [2, 3])], ["y"], [("one", np.array(1.0, np.float32))], opset=9)
     c["Round"] = model([N("Mul", ["x", "k"], ["z"]), N("Round", ["z"], ["y"])], [("x", [2, 3])], ["y"],
                        [("k", np.array(4.0, np.float32))], opset=11)
+    for exclusive, reverse in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        c[f"CumSum_{exclusive}{reverse}"] = model(
+            [N("CumSum", ["x", "ax"], ["y"], exclusive=exclusive, reverse=reverse)], [("x", [2, 3, 4])], ["y"],
+            [("ax", np.array(-1, np.int64))], opset=14)
     c["Einsum_one_operand"] = model([N("Einsum", ["x"], ["y"], equation="bij->jb")], [("x", [2, 3, 4])], ["y"])
     c["Shape_Gather_Concat_folded"] = model(
         [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["g"], axis=0), N("Unsqueeze", ["g", "a"], ["u"]),
@@ -351,7 +356,7 @@ def test_emitted_kinds_are_registered_and_handlers_cover_the_issue_ops() -> None
               "Mean", "Einsum", "LRN", "Tile", "GatherND", "Resize", "Upsample", "ReduceL1", "ReduceL2",
               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "DepthToSpace", "SpaceToDepth",
               "ThresholdedRelu", "Shrink", "IsInf", "Trilu", "GroupNormalization", "LpNormalization", "Atan",
-              "Asin", "Acos", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round"}
+              "Asin", "Acos", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round", "CumSum"}
     assert wanted <= set(HANDLERS)
 
 

@@ -634,6 +634,20 @@ def _conv_transpose(d: Draw) -> Example:
     return Example(attrs, [d.normal(lead + (cin, *spatial))], ref, payload)
 
 
+@case("cumsum", scale=TERMS, why="running sums", examples=20)
+def _cumsum(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis, exclusive, reverse = d.int(0, len(shape) - 1), d.bool(), d.bool()
+
+    def ref(t, p):
+        x = t[0].flip(axis) if reverse else t[0]
+        y = torch.cumsum(x, axis)
+        if exclusive:
+            y = y - x  # the sum before each entry (cancellation here is the reference's, within TERMS)
+        return y.flip(axis) if reverse else y
+    return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse}, [d.normal(shape)], ref)
+
+
 _INTERPOLATE_MODES = {1: "linear", 2: "bilinear", 3: "trilinear"}
 
 

@@ -45,6 +45,10 @@ for _k, _attrs in _UNARY.items():
     register(OpSpec(_k, "ext", 1, 1, _identity, attrs=_attrs))
 
 register(OpSpec("log_softmax", "ext", 1, 1, _axis_keep, attrs=(Attr("axis", "nat"),)))
+register(OpSpec("cumsum", "ext", 1, 1, _axis_keep,
+                attrs=(Attr("axis", "nat"), Attr("exclusive", "bool", False), Attr("reverse", "bool", False)),
+                doc="running sums along `axis`, first to last (or last to first with `reverse`); `exclusive` "
+                    "leaves each entry out of its own sum (ONNX CumSum)"))
 
 
 def _compare_dtype(attrs: A, parents: DT, declared: str) -> str:

@@ -112,11 +112,14 @@ class OnnxWriter:
             self.names[node.id] = name
 
     # -- emission -----------------------------------------------------------------------------
-    def emit(self, op: str, inputs: list[str], output: str | None, node: Node, **attrs: Any) -> str:
+    def emit(self, op: str, inputs: list[str], output: str | None, node: Node, unused_outputs: int = 0,
+             **attrs: Any) -> str:
+        """One ONNX node; ``unused_outputs`` more outputs get fresh names nothing reads (TopK's Indices)."""
         from onnx import helper
         output = output or self.unique(f"v{node.id}_{op.lower()}")
         name = self.unique(f"n{node.id}_{op}")
-        self.nodes.append(helper.make_node(op, inputs, [output], name=name, **attrs))
+        extra = [self.unique(f"v{node.id}_unused") for _ in range(unused_outputs)]
+        self.nodes.append(helper.make_node(op, inputs, [output, *extra], name=name, **attrs))
         return output
 
     def constant(self, value: Any, node: Node, dtype: Any = np.int64) -> str:
@@ -324,6 +327,13 @@ def _cumsum(w: OnnxWriter, node: Node) -> None:
            exclusive=int(a["exclusive"]), reverse=int(a["reverse"]))
 
 
+def _sort(w: OnnxWriter, node: Node) -> None:
+    """``TopK`` with sorted=1 (its Indices output unused)."""
+    a = node.attrs
+    w.emit("TopK", [w.operands(node)[0], w.constant([a["k"]], node)], w.out(node), node, unused_outputs=1,
+           axis=a["axis"], largest=int(a["descending"]), sorted=1)
+
+
 def _resize_linear(w: OnnxWriter, node: Node) -> None:
     """``Resize`` in linear mode with the full output shape as ``sizes`` (onnxruntime then derives
     each scale as out/in, the ratio our coordinates use)."""
@@ -485,7 +495,7 @@ def _concat(w: OnnxWriter, node: Node) -> None:
 # without an exact ONNX form.
 ONNX_EXPORTERS: dict[str, Exporter] = {
     "const": _const, "linear": _linear, "conv": _conv, "conv_transpose": _conv, "batch_norm_eval": _batch_norm,
-    "layernorm": _layernorm, "resize_linear": _resize_linear, "cumsum": _cumsum,
+    "layernorm": _layernorm, "resize_linear": _resize_linear, "cumsum": _cumsum, "sort": _sort,
     "add": _simple("Add"), "sub": _simple("Sub"), "mul_elem": _simple("Mul"), "div": _simple("Div"),
     "max_elem": _simple("Max"), "min_elem": _simple("Min"), "matmul": _simple("MatMul"), "prelu": _simple("PRelu"),
     "abs": _simple("Abs"), "sqrt": _simple("Sqrt"), "inv": _simple("Reciprocal"), "relu": _simple("Relu"),

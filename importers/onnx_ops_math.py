@@ -257,6 +257,19 @@ def _cumsum(ctx: OnnxContext) -> list[Value]:
                                                   "reverse": bool(ctx.attr("reverse", 0))})]
 
 
+def _topk(ctx: OnnxContext) -> list[Value]:
+    """``TopK`` values (sorted, which is what onnxruntime returns either way); the Indices output is
+    refused when something reads it (positions that depend on the values have no IR op)."""
+    if len(ctx.node.output) > 1 and ctx.node.output[1] and ctx.consumer_count(ctx.node.output[1]):
+        raise ctx.fail("the Indices output is read (positions that depend on the values have no IR op)")
+    if ctx.opset < 10:
+        k = int(ctx.attr("k"))
+    else:
+        k = int(np.asarray(ctx.static(1, "K")).reshape(-1)[0])
+    axis = ctx.axis(int(ctx.attr("axis", -1)), ctx.rank(0))
+    return [ctx.add("sort", [ctx.operand(0)], {"axis": axis, "k": k, "descending": bool(ctx.attr("largest", 1))})]
+
+
 def _arg(kind: str) -> Handler:
     def lower(ctx: OnnxContext) -> list[Value]:
         if ctx.attr("select_last_index", 0):
@@ -290,6 +303,7 @@ HANDLERS: dict[str, Handler] = {
     **{op: _reduce(op) for op in _REDUCE},
     **dict.fromkeys(("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"), _composite_reduce),
     "CumSum": _cumsum,
+    "TopK": _topk,
     "ArgMax": _arg("argmax"),
     "ArgMin": _arg("argmin"),
 }
@@ -298,4 +312,4 @@ EMITS = frozenset({*_BINARY.values(), *_UNARY.values(), "leaky_relu", "elu", "ce
                    "gelu", "prelu", "pow", "max_elem", "min_elem", "clamp", "where", "cast", "reduce_sum",
                    "reduce_mean", "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min",
                    "reduce_prod", "argmax", "argmin", "broadcast_to", "const", "linear", "abs", "sqrt", "log", "exp",
-                   "sub", "add", "mul_elem", "reshape", "gt", "lt", "eq", "logical_or", "cumsum"})
+                   "sub", "add", "mul_elem", "reshape", "gt", "lt", "eq", "logical_or", "cumsum", "sort"})

@@ -142,6 +142,7 @@ _reg("log_sigmoid.default", T.log_sigmoid)
 _reg("log_sigmoid_forward.default", T.log_sigmoid_forward)
 for _name, _lowering in T.SAME_NAME.items():
     _reg(f"{_name}.default", _lowering)
+_reg("sort.stable", T.sort)
 _reg("repeat_interleave.self_int", T.repeat_interleave)
 for _r in (1, 2, 3):
     _reg(f"upsample_nearest{_r}d.vec upsample_nearest{_r}d.default _upsample_nearest_exact{_r}d.vec "

@@ -46,8 +46,8 @@ EMITTED_KINDS: frozenset[str] = frozenset({
     "logical_not", "isnan", "where", "cast", "softmax", "log_softmax", "reduce_sum", "reduce_mean", "sum",
     "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "matmul",
     "linear", "conv", "conv_transpose", "batch_norm_eval", "layernorm", "max_pool", "avg_pool", "max_pool_nd",
-    "avg_pool_nd", "resize_linear", "cumsum", "reshape", "permute", "transpose", "broadcast_to", "concat", "slice",
-    "gather", "pad",
+    "avg_pool_nd", "resize_linear", "cumsum", "sort", "reshape", "permute", "transpose", "broadcast_to", "concat",
+    "slice", "gather", "pad",
 })
 
 # ops that must never be folded even when their operands are known (randomness, side effects)

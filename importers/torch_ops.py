@@ -355,6 +355,43 @@ class ValuesIndices(NamedTuple):
     indices: Any
 
 
+class DataDependent:
+    """An output whose positions depend on the values (sort/topk indices): no IR op computes it, so a
+    graph that uses it is refused at the use, naming it."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<{self.what}: positions that depend on the values have no IR op; only the values are supported>"
+
+    def __getattr__(self, name: str) -> Any:  # any use as a tensor (x.float(), x.shape, ...) is refused
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotLowerable(f"{self.what} are used: positions that depend on the values have no IR op (only "
+                           "the values are supported)")
+
+
+def sort(cx: Cx, input: Any, dim: int = -1, descending: bool = False, stable: Any = None) -> ValuesIndices:
+    """torch.sort and aten.sort(.stable): the sorted values (NaN above +inf, as PyTorch); the indices
+    are refused where they are used (stability only orders the indices)."""
+    axis = normalize_axis(int(dim), cx.rank(input))
+    return _sorted(cx, input, axis, cx.shape(input)[axis], bool(descending), "sort")
+
+
+def topk(cx: Cx, input: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> ValuesIndices:
+    """torch.topk: the k largest (or smallest) values, in order (a valid answer also when sorted=False)."""
+    axis = normalize_axis(int(dim), cx.rank(input))
+    return _sorted(cx, input, axis, int(k), bool(largest), "topk")
+
+
+def _sorted(cx: Cx, input: Any, axis: int, k: int, descending: bool, what: str) -> ValuesIndices:
+    if cx.etype(input) != FLOAT:
+        raise NotLowerable(f"{what} of a {cx.etype(input)} tensor (only float values)")
+    values = cx.add("sort", [cx.node(input, FLOAT)], {"axis": axis, "k": k, "descending": descending})
+    return ValuesIndices(values, DataDependent(f"{what} indices"))
+
+
 def max_or_min(which: str):
     """torch.max(x) / max(x, dim, keepdim) -> (values, indices) / max(x, other)."""
 
@@ -995,7 +1032,7 @@ def cumsum(cx: Cx, input: Any, dim: int, dtype: Any = None) -> Sym:
 SAME_NAME: dict[str, Any] = {
     "flip": flip, "fliplr": fliplr, "flipud": flipud, "roll": roll, "tril": triangle("tril"),
     "triu": triangle("triu"), "outer": outer, "ger": outer, "diff": diff, "pixel_shuffle": pixel_shuffle,
-    "pixel_unshuffle": pixel_unshuffle, "glu": glu, "cumsum": cumsum,
+    "pixel_unshuffle": pixel_unshuffle, "glu": glu, "cumsum": cumsum, "sort": sort, "topk": topk,
 }
 
 

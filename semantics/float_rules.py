@@ -27,7 +27,7 @@ from .float_special import erf
 from .records import (batch_norm_record, const_values, conv_record, fail, layernorm_record, linear_record)
 from .resize import resize_linear
 
-__all__ = ["FLOAT_RULES", "Rule", "LOG_DOMAIN_MESSAGE", "running_sum"]
+__all__ = ["FLOAT_RULES", "Rule", "LOG_DOMAIN_MESSAGE", "running_sum", "sorted_values"]
 
 Values = Sequence[np.ndarray]
 Record = Mapping[str, np.ndarray]
@@ -445,6 +445,20 @@ def _arg_reduction(fn: Callable) -> Rule:
 
 FLOAT_RULES["argmax"] = _arg_reduction(np.argmax)
 FLOAT_RULES["argmin"] = _arg_reduction(np.argmin)
+
+
+def sorted_values(x: np.ndarray, axis: int, k: int, descending: bool) -> np.ndarray:
+    """The first k values of x sorted along axis (NaN sorts above +inf, as in PyTorch)."""
+    y = np.sort(x, axis=axis)
+    if descending:
+        y = np.flip(y, axis)
+    return y[(slice(None),) * axis + (slice(0, k),)]
+
+
+@rule("sort")
+def _sort(node, xs, rec, dt):
+    a = node.attrs
+    return sorted_values(xs[0], a["axis"], a["k"], a["descending"])
 
 
 def running_sum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:

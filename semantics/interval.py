@@ -42,7 +42,7 @@ from torchlean_bridge.payload import Payload
 from . import interval_arith as ia
 from .conv import EMPTY_WINDOW, avg_pool_divisor, pool_out_spatial
 from .evaluate import input_list
-from .float_rules import FLOAT_RULES, running_sum
+from .float_rules import FLOAT_RULES, running_sum, sorted_values
 from .interval_affine import AffineParams, avg_pool_box, batch_norm_box, conv_box, linear_box, matmul_box, mean_box
 from .interval_nonlinear import (arg_extremum_box, layernorm_box, log_softmax_box, mse_box, prod_box,
                                  softmax_box)
@@ -235,6 +235,14 @@ def _sum(node, ps, rec):
     if lo.ndim == 0:
         return lo, hi
     return sum_bounds(lo, hi, tuple(range(lo.ndim)))
+
+
+@rule("sort")
+def _sort(node, ps, rec):
+    """The j-th smallest value is non-decreasing in every entry, so its range over the box is the j-th
+    smallest of the lower ends to the j-th smallest of the upper ends (exact: sorting rounds nothing)."""
+    a = node.attrs
+    return tuple(sorted_values(end, a["axis"], a["k"], a["descending"]) for end in ps[0])
 
 
 @rule("cumsum")

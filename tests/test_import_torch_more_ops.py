@@ -166,6 +166,9 @@ CASES: dict[str, tuple[Any, ...]] = {
     "exp2_log2_round_trunc": (lambda s, x: (torch.exp2(x), torch.log2(x.abs() + 0.5), torch.round(x * 4),
                                             (x * 3).trunc(), torch.fix(x * 3), x.round()), X3, D),
     "cumsum": (lambda s, x: (torch.cumsum(x, 1), x.cumsum(-1), torch.cumsum(x, dim=0, dtype=torch.float64)), X3, D),
+    "sort_topk_values": (lambda s, x: (torch.sort(x, dim=1, descending=True).values, torch.topk(x, 2).values,
+                                       x.sort(stable=True)[0], torch.topk(x, 3, dim=1, largest=False)[0],
+                                       x.reshape(3, 12, 2).sort(-1).values.reshape(3, 4, 6)), X3, D),
     "max_dim_values_indices": (lambda s, x: (torch.max(x, dim=-1).values, x.min(1, keepdim=True).indices.float(),
                                              torch.max(x, 0)[0]), X3, D),
     # 11. nearest upsampling
@@ -322,6 +325,8 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "batch_statistics": (lambda s, x: s.inner(x), X4, ("fx", "export", "decomposed"), "batch", "batch statistics",
                          nn.BatchNorm2d(8, track_running_stats=False)),
     "round_decimals": (lambda s, x: torch.round(x, decimals=2), X3, ("fx", "export"), "round", "decimals=2"),
+    "sort_indices": (lambda s, x: torch.sort(x, 1).indices.float(), X3, ("fx", "export"), "float|to",
+                     "sort indices"),
     "integer_cumsum": (lambda s, x: (x > 0).long().cumsum(1), X3, ("fx", "export"), "cumsum", "integer"),
     "integer_prod": (lambda s, x: (x > 0).long().prod(1), X3, ("fx", "export"), "prod", "integer"),
 }

@@ -260,6 +260,24 @@ def test_cumsum_encloses_exact_running_sums(data):
                     magnitude=float(np.abs(np.concatenate([lo, hi])).sum()))
 
 
+@SETTINGS
+@given(st.data())
+def test_sort_boxes_are_the_exact_order_statistic_ranges(data):
+    shape = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5)))
+    axis, descending = data.draw(st.integers(0, 1)), data.draw(st.booleans())
+    k = data.draw(st.integers(0, shape[axis]))
+    lo, hi = data.draw(box(shape))
+    attrs = {"axis": axis, "k": k, "descending": descending}
+    node = Node(1, [0], "sort", shape[:axis] + (k,) + shape[axis + 1:], attrs)
+    out = INTERVAL_RULES["sort"](node, [(lo, hi)], {})
+
+    def exact(x):
+        y = np.sort(x, axis=axis)
+        return (np.flip(y, axis) if descending else y)[(slice(None),) * axis + (slice(0, k),)]
+    rng = np.random.default_rng(0)
+    assert_encloses(out, [exact(frac(x)) for x in points(lo, hi, rng, 4)], tight=True)
+
+
 def _source_coordinate(o: int, n: int, m: int, mode: str) -> Fraction:
     """ONNX Resize's coordinate transforms, exactly, clamped to [0, n - 1]."""
     if m == 1 and mode in ("pytorch_half_pixel", "align_corners"):

@@ -277,6 +277,9 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
         c[f"CumSum_{exclusive}{reverse}"] = model(
             [N("CumSum", ["x", "ax"], ["y"], exclusive=exclusive, reverse=reverse)], [("x", [2, 3, 4])], ["y"],
             [("ax", np.array(-1, np.int64))], opset=14)
+    for largest in (0, 1):
+        c[f"TopK_largest{largest}"] = model([N("TopK", ["x", "k"], ["y", "i"], axis=1, largest=largest)],
+                                            [("x", [2, 5, 3])], ["y"], [("k", i64(3))], opset=11)
     c["Einsum_one_operand"] = model([N("Einsum", ["x"], ["y"], equation="bij->jb")], [("x", [2, 3, 4])], ["y"])
     c["Shape_Gather_Concat_folded"] = model(
         [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["g"], axis=0), N("Unsqueeze", ["g", "a"], ["u"]),
@@ -356,7 +359,7 @@ def test_emitted_kinds_are_registered_and_handlers_cover_the_issue_ops() -> None
               "Mean", "Einsum", "LRN", "Tile", "GatherND", "Resize", "Upsample", "ReduceL1", "ReduceL2",
               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "DepthToSpace", "SpaceToDepth",
               "ThresholdedRelu", "Shrink", "IsInf", "Trilu", "GroupNormalization", "LpNormalization", "Atan",
-              "Asin", "Acos", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round", "CumSum"}
+              "Asin", "Acos", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round", "CumSum", "TopK"}
     assert wanted <= set(HANDLERS)
 
 
@@ -564,6 +567,13 @@ def test_nearest_resize_is_imported_exactly_when_onnxruntime_repeats_each_entry(
     bundle = tlb.import_onnx(m)
     (ours,) = tlb.evaluate(bundle.graph, bundle.payload, [feeds["x"]], dtype="float32")
     np.testing.assert_array_equal(ours, ref)
+
+
+def test_topk_indices_that_are_read_are_refused() -> None:
+    m = model([N("TopK", ["x", "k"], ["y", "i"]), N("Cast", ["i"], ["z"], to=1)], [("x", [2, 5])], ["y", "z"],
+              [("k", i64(2))], opset=11)
+    with pytest.raises(UnsupportedError, match="the Indices output is read"):
+        tlb.import_onnx(m)
 
 
 @pytest.mark.parametrize("attrs, scales, reason", [

@@ -648,6 +648,19 @@ def _cumsum(d: Draw) -> Example:
     return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse}, [d.normal(shape)], ref)
 
 
+@case("sort", examples=20)
+def _sort(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis, descending = d.int(0, len(shape) - 1), d.bool()
+    k = d.int(0, shape[axis])
+    x = d.normal(shape)
+    if d.bool():  # ties and infinities
+        x = np.round(x)
+        x.reshape(-1)[::3] = np.inf
+    return Example({"axis": axis, "k": k, "descending": descending}, [x],
+                   lambda t, p: torch.topk(t[0], k, dim=axis, largest=descending, sorted=True).values)
+
+
 _INTERPOLATE_MODES = {1: "linear", 2: "bilinear", 3: "trilinear"}
 
 

@@ -44,7 +44,7 @@ def test_minimal_example_is_accepted():
     (lambda d: d.update(input_id=1.0), "PyTorch graph import: root.input_id: expected natural number, got 1.0"),
     (lambda d: d.update(nodes=[]), "PyTorch graph import: graph contains no nodes"),
     (lambda d: d["nodes"][1].update(parents=[2]), "PyTorch graph import: node[1]: parent id 2 is not < 1"),
-    (lambda d: d["nodes"][1].update(kind="sort"), "PyTorch graph import: node[1]: unsupported TorchLean IR op kind `sort`"),
+    (lambda d: d["nodes"][1].update(kind="fft"), "PyTorch graph import: node[1]: unsupported TorchLean IR op kind `fft`"),
     (lambda d: d["nodes"][1].pop("shape"), "PyTorch graph import: node[1]: missing field `shape`"),
     (lambda d: d["nodes"][1].update(value_kind="blob"), "PyTorch graph import: node[1]: unsupported value_kind `blob`"),
     (lambda d: d["nodes"][1].update(kind="permute", perm=[1, "0"]),

@@ -45,6 +45,20 @@ for _k, _attrs in _UNARY.items():
     register(OpSpec(_k, "ext", 1, 1, _identity, attrs=_attrs))
 
 register(OpSpec("log_softmax", "ext", 1, 1, _axis_keep, attrs=(Attr("axis", "nat"),)))
+
+
+def _sort(attrs: A, p: P, d: Shape) -> Shape:
+    s, ax, k = p[0], attrs["axis"], attrs["k"]
+    check_axis(ax, len(s))
+    if k > s[ax]:
+        raise ShapeRuleError(f"sort: k={k} exceeds the extent {s[ax]} of axis {ax}")
+    return tuple(s[:ax]) + (k,) + tuple(s[ax + 1:])
+
+
+register(OpSpec("sort", "ext", 1, 1, _sort,
+                attrs=(Attr("axis", "nat"), Attr("k", "nat"), Attr("descending", "bool", False)),
+                doc="the k smallest (or largest, `descending`) values along `axis`, in order: torch.sort/topk "
+                    "values, ONNX TopK values (k = the extent is a full sort)"))
 register(OpSpec("cumsum", "ext", 1, 1, _axis_keep,
                 attrs=(Attr("axis", "nat"), Attr("exclusive", "bool", False), Attr("reverse", "bool", False)),
                 doc="running sums along `axis`, first to last (or last to first with `reverse`); `exclusive` "

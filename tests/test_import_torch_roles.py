@@ -169,20 +169,20 @@ class Unsupported(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.lin(x)
-        return (torch.cumsum(y, 1) + torch.sort(y, 1).values).fmod(2)  # fmod reads the other two
+        return (torch.cumprod(y, 1) + torch.logcumsumexp(y, 1)).fmod(2)  # fmod reads the other two
 
 
 @pytest.mark.parametrize("via, targets", [
-    ("fx", ["torch._VariableFunctionsClass.cumsum", "torch._VariableFunctionsClass.sort", "Tensor.fmod"]),
-    ("export", ["aten.cumsum.default", "aten.sort.default", "aten.fmod.Scalar"])])
+    ("fx", ["torch._VariableFunctionsClass.cumprod", "torch._VariableFunctionsClass.logcumsumexp", "Tensor.fmod"]),
+    ("export", ["aten.cumprod.default", "aten.logcumsumexp.default", "aten.fmod.Scalar"])])
 def test_unsupported_targets_are_reported_together(via, targets):
     with pytest.raises(UnsupportedError) as e:
         IMPORTERS[via](Unsupported().eval(), (torch.randn(2, 4),))
     assert [item["target"] for item in e.value.items] == targets
-    assert [item["name"] for item in e.value.items] == ["cumsum", "sort", "fmod"]
+    assert [item["name"] for item in e.value.items] == ["cumprod", "logcumsumexp", "fmod"]
     assert all(item["location"].endswith(f"test_import_torch_roles.py:{line}")
-               for item, line in zip(e.value.items, [_line("torch.cumsum")] * 3))
-    assert str(e.value).startswith(f"{via} import: 3 unsupported targets:\n  cumsum: {targets[0]}")
+               for item, line in zip(e.value.items, [_line("torch.cumprod")] * 3))
+    assert str(e.value).startswith(f"{via} import: 3 unsupported targets:\n  cumprod: {targets[0]}")
 
 
 def _line(text: str) -> int:

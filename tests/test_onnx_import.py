@@ -506,7 +506,7 @@ def test_dynamic_dimension_is_an_error_naming_the_tensor_unless_input_shapes_fix
 
 
 def test_unsupported_ops_are_all_listed_at_once_with_names_and_opset() -> None:
-    m = model([N("TopK", ["x", "k"], ["v", "i"], name="top"), N("Relu", ["v"], ["r"]),
+    m = model([N("Mod", ["x", "x"], ["v"], name="top", fmod=1), N("Relu", ["v"], ["r"]),
                N("Hardmax", ["x"], ["h"], name="hm"), N("Pad", ["x", "p"], ["y"], name="pad", mode="reflect")],
               [("x", [2, 3])], ["r", "h", "y"], [("k", i64(1)), ("p", i64(0, 1, 0, 1))], opset=13)
     with pytest.raises(UnsupportedError) as e:

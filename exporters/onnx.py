@@ -527,8 +527,8 @@ ONNX_EXPORTERS: dict[str, Exporter] = {
     "permute": lambda w, n: w.emit("Transpose", w.operands(n), w.out(n), n, perm=list(n.attrs["perm"])),
     "transpose": _transpose, "reshape": _reshape, "flatten": _flatten, "squeeze": _axes_input("Squeeze"),
     "unsqueeze": _axes_input("Unsqueeze"), "expand": _expand, "broadcast_to": _expand, "concat": _concat,
-    "slice": _slice, "pad": _pad, "gather": lambda w, n: w.emit("Gather", w.operands(n), w.out(n), n,
-                                                                axis=n.attrs["axis"]),
+    "slice": _slice, "pad": _pad, "gather": _with_attrs("Gather", axis="axis"),
+    "gather_elements": _with_attrs("GatherElements", axis="axis"),
     "max_pool": _pool("MaxPool", True), "avg_pool": _pool("AveragePool", True),
     "max_pool_nd": _pool("MaxPool", False), "avg_pool_nd": _pool("AveragePool", False),
 }

@@ -153,6 +153,8 @@ def _slice(ctx: OnnxContext) -> list[Value]:
 
 
 def _gather(ctx: OnnxContext) -> list[Value]:
+    """``Gather`` (numpy.take) and ``GatherElements`` (take along the axis); constant indices are
+    range-checked and made non-negative at import."""
     s = ctx.shape(0)
     axis = ctx.axis(int(ctx.attr("axis", 0)), len(s))
     idx = ctx.const(1)
@@ -164,7 +166,8 @@ def _gather(ctx: OnnxContext) -> list[Value]:
         ind = ctx.b.const(vals, source=ctx.source, folded=True)
     else:
         ind = ctx.operand(1)
-    return [ctx.add("gather", [ctx.operand(0), ind], {"axis": axis})]
+    kind = "gather_elements" if ctx.node.op_type == "GatherElements" else "gather"
+    return [ctx.add(kind, [ctx.operand(0), ind], {"axis": axis})]
 
 
 def _gather_nd(ctx: OnnxContext) -> list[Value]:
@@ -377,10 +380,10 @@ def _pad(ctx: OnnxContext) -> list[Value]:
 HANDLERS: dict[str, Handler] = {
     "Identity": _alias, "Dropout": _dropout, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat, "Split": _split, "Slice": _slice,
-    "Gather": _gather, "GatherND": _gather_nd, "Expand": _expand, "Pad": _pad, "Tile": _tile,
+    "Gather": _gather, "GatherElements": _gather, "GatherND": _gather_nd, "Expand": _expand, "Pad": _pad, "Tile": _tile,
     "Resize": _resize, "Upsample": _resize, "DepthToSpace": _depth_space, "SpaceToDepth": _depth_space,
     "Trilu": _trilu,
 }
 
 EMITS = frozenset({"reshape", "permute", "squeeze", "unsqueeze", "concat", "slice", "gather", "expand", "pad",
-                   "const", "resize_linear", "where"})
+                   "const", "resize_linear", "where", "gather_elements"})

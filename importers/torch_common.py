@@ -47,7 +47,7 @@ EMITTED_KINDS: frozenset[str] = frozenset({
     "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "matmul",
     "linear", "conv", "conv_transpose", "batch_norm_eval", "layernorm", "max_pool", "avg_pool", "max_pool_nd",
     "avg_pool_nd", "resize_linear", "cumsum", "sort", "reshape", "permute", "transpose", "broadcast_to", "concat",
-    "slice", "gather", "pad",
+    "slice", "gather", "gather_elements", "pad",
 })
 
 # ops that must never be folded even when their operands are known (randomness, side effects)

@@ -644,16 +644,73 @@ def gather_axis(cx: Cx, input: Any, axis: int, index: Any) -> Sym:
     return cx.add("gather", [cx.node(input), cx.node(index, INT64)], {"axis": axis})
 
 
+def _index_operand(cx: Cx, index: Any, n: int, what: str) -> Any:
+    """An int64 index tensor; known indices are range-checked against extent n and made non-negative."""
+    k = cx.known(index)
+    if k is not None and not (isinstance(index, Known) and index.pinned):
+        k = k.long()
+        if bool(((k < -n) | (k >= n)).any()):
+            bad = k[(k < -n) | (k >= n)].reshape(-1)[:5].tolist()
+            raise NotLowerable(f"{what} index {bad} out of range for extent {n}")
+        return Known(torch.where(k < 0, k + n, k), folded=True)
+    if cx.etype(index) != INT64:
+        raise NotLowerable(f"{what} index tensor has element type {cx.etype(index)}, expected int64")
+    return index
+
+
+def gather(cx: Cx, input: Any, dim: int, index: Any, sparse_grad: bool = False) -> Sym:
+    """torch.gather: out[..., i, ...] = input[..., index[..., i, ...], ...] along dim."""
+    axis = normalize_axis(int(dim), cx.rank(input))
+    index = _index_operand(cx, index, cx.shape(input)[axis], "gather")
+    return cx.add("gather_elements", [cx.node(input), cx.node(index, INT64)], {"axis": axis})
+
+
+def take_along_dim(cx: Cx, input: Any, indices: Any, dim: Any = None) -> Sym:
+    """torch.take_along_dim with a dim: gather after broadcasting the two off that axis."""
+    if dim is None:
+        raise NotLowerable("take_along_dim without dim (it flattens the input)")
+    axis = normalize_axis(int(dim), cx.rank(input))
+    s, i = list(cx.shape(input)), list(cx.shape(indices))
+    if len(s) != len(i):
+        raise NotLowerable(f"take_along_dim of a rank-{len(s)} input with rank-{len(i)} indices")
+    both = list(broadcast_shapes(tuple(d for k, d in enumerate(s) if k != axis),
+                                 tuple(d for k, d in enumerate(i) if k != axis)))
+    input = expand(cx, input, both[:axis] + [s[axis]] + both[axis:])
+    indices = expand(cx, indices, both[:axis] + [i[axis]] + both[axis:])
+    return gather(cx, input, axis, indices)
+
+
 def index_select(cx: Cx, input: Any, dim: int, index: Any) -> Sym:
     return gather_axis(cx, input, normalize_axis(dim, cx.rank(input)), index)
 
 
 def index(cx: Cx, input: Any, indices: Sequence[Any]) -> Sym:
-    """aten.index.Tensor: one tensor index (the others None) is a gather on that axis."""
+    """aten.index.Tensor: one tensor index (the others None) is a gather on that axis; see
+    ``_row_wise_index`` for the one two-index form supported."""
     used = [(i, ix) for i, ix in enumerate(indices) if ix is not None]
+    if len(used) == 2:
+        return _row_wise_index(cx, input, used)
     if len(used) != 1:
-        raise NotLowerable(f"advanced indexing with {len(used)} index tensors (only one is supported)")
+        raise NotLowerable(f"advanced indexing with {len(used)} index tensors (only one, or x[arange(n), j])")
     return gather_axis(cx, input, used[0][0], used[0][1])
+
+
+def _row_wise_index(cx: Cx, input: Any, used: Sequence[tuple[int, Any]]) -> Sym:
+    """``x[..., arange(n), j]`` on adjacent axes a, a+1 (one entry per row: CLIP's pooling at a
+    computed position): the first index a known 0..n-1, the second of shape (n,). It is a
+    ``gather_elements`` along a+1 with j broadcast over the trailing axes, then that axis dropped."""
+    (a, rows), (b, cols) = used
+    s = list(cx.shape(input))
+    k = cx.known(rows)
+    n = s[a]
+    if b != a + 1 or k is None or tuple(k.shape) != (n,) or not torch.equal(k.long(), torch.arange(n)) \
+            or tuple(cx.shape(cols)) != (n,):
+        raise NotLowerable("advanced indexing with 2 index tensors (only x[..., arange(n), j] with j of shape (n,))")
+    cols = _index_operand(cx, cols, s[b], "advanced")
+    target = s[:b] + [1] + s[b + 1:]
+    j = expand(cx, reshape(cx, Sym(cx.node(cols, INT64)), [1] * a + [n, 1] + [1] * (len(s) - b - 1)), target)
+    picked = cx.add("gather_elements", [cx.node(input), cx.node(j, INT64)], {"axis": b})
+    return reshape(cx, picked, s[:b] + s[b + 1:])
 
 
 def getitem(cx: Cx, obj: Any, idx: Any) -> Any:
@@ -668,7 +725,7 @@ def getitem(cx: Cx, obj: Any, idx: Any) -> Any:
         items[e:e + 1] = [slice(None)] * (cx.rank(obj) - consumes)
     x: Any = obj
     axis = 0
-    advanced: tuple[int, Any] | None = None
+    advanced: list[tuple[int, Any]] = []
     for it in items:
         if it is None:
             x = unsqueeze(cx, x, axis)
@@ -679,17 +736,17 @@ def getitem(cx: Cx, obj: Any, idx: Any) -> Any:
         elif isinstance(it, int):
             x = select(cx, x, axis, it)
         elif isinstance(it, (list, tuple)) or _is_tensor(it):
-            if advanced is not None:
-                raise NotLowerable("indexing with more than one index tensor")
             if isinstance(it, (list, tuple)):
                 it = Known(torch.tensor(it), folded=True)
-            advanced = (axis, it)
+            advanced.append((axis, it))
             axis += 1
         else:
             raise NotLowerable(f"index {it!r} is not supported")
-    if advanced is not None:
-        x = gather_axis(cx, x, advanced[0], advanced[1])
-    return x
+    if len(advanced) == 2:
+        return _row_wise_index(cx, x, advanced)
+    if len(advanced) > 2:
+        raise NotLowerable(f"indexing with {len(advanced)} index tensors (only one, or x[..., arange(n), j])")
+    return gather_axis(cx, x, *advanced[0]) if advanced else x
 
 
 def size(cx: Cx, input: Any, dim: int | None = None) -> Any:
@@ -1033,6 +1090,7 @@ SAME_NAME: dict[str, Any] = {
     "flip": flip, "fliplr": fliplr, "flipud": flipud, "roll": roll, "tril": triangle("tril"),
     "triu": triangle("triu"), "outer": outer, "ger": outer, "diff": diff, "pixel_shuffle": pixel_shuffle,
     "pixel_unshuffle": pixel_unshuffle, "glu": glu, "cumsum": cumsum, "sort": sort, "topk": topk,
+    "gather": gather, "take_along_dim": take_along_dim,
 }
 
 

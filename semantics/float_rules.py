@@ -156,6 +156,19 @@ def _gather(node, xs, rec, dt):
     return np.take(data, idx, axis=ax)
 
 
+@rule("gather_elements")
+def _gather_elements(node, xs, rec, dt):
+    data, idx = xs
+    ax = node.attrs["axis"]
+    n = data.shape[ax]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        bad = idx[(idx < -n) | (idx >= n)].reshape(-1)[0]
+        raise domain_error(node, f"index {int(bad)} out of range for axis {ax} of extent {n}")
+    # off the axis, the indices address the leading block of the data (torch.gather's rule)
+    block = data[tuple(slice(None) if k == ax else slice(0, e) for k, e in enumerate(idx.shape))]
+    return np.take_along_axis(block, np.where(idx < 0, idx + n, idx), axis=ax)
+
+
 @rule("where")
 def _where(node, xs, rec, dt):
     return np.where(xs[0], xs[1], xs[2])

@@ -218,13 +218,13 @@ def _cast(node, ps, rec):
     return lo, hi
 
 
-@rule("gather")
+@rule("gather", "gather_elements")
 def _gather(node, ps, rec):
     data, (i_lo, i_hi) = ps
     if not np.array_equal(i_lo, i_hi):
-        raise DomainError("gather: indices must be exact (a point box), got a box of width "
+        raise DomainError(f"{node.kind}: indices must be exact (a point box), got a box of width "
                           f"{float(np.max(i_hi - i_lo))}")
-    return _float_rule_on_ends("gather")(node, [data, (i_lo.astype(np.int64), i_hi.astype(np.int64))], rec)
+    return _float_rule_on_ends(node.kind)(node, [data, (i_lo.astype(np.int64), i_hi.astype(np.int64))], rec)
 
 # -- reductions -------------------------------------------------------------------------------
 

@@ -169,6 +169,12 @@ CASES: dict[str, tuple[Any, ...]] = {
     "sort_topk_values": (lambda s, x: (torch.sort(x, dim=1, descending=True).values, torch.topk(x, 2).values,
                                        x.sort(stable=True)[0], torch.topk(x, 3, dim=1, largest=False)[0],
                                        x.reshape(3, 12, 2).sort(-1).values.reshape(3, 4, 6)), X3, D),
+    "gather": (lambda s, x: (torch.gather(x, 2, x.abs().argmax(2, keepdim=True).expand(3, 4, 2)),
+                             x[:, :, 0].gather(0, torch.tensor([[2, 0, 1, 2]]))), X3, D),
+    # (the decomposition of take_along_dim wraps indices with remainder, which has no exact IR form)
+    "take_along_dim": (lambda s, x: torch.take_along_dim(x, x.argmax(1, keepdim=True), 1), X3, ("fx", "export")),
+    "row_wise_index": (lambda s, x: (x[torch.arange(3), x[:, :, 0].argmax(-1)],
+                                     x[:, torch.arange(4), x[0, :, :4].argmax(0)]), X3, ("fx", "export")),
     "max_dim_values_indices": (lambda s, x: (torch.max(x, dim=-1).values, x.min(1, keepdim=True).indices.float(),
                                              torch.max(x, 0)[0]), X3, D),
     # 11. nearest upsampling
@@ -327,6 +333,8 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "round_decimals": (lambda s, x: torch.round(x, decimals=2), X3, ("fx", "export"), "round", "decimals=2"),
     "sort_indices": (lambda s, x: torch.sort(x, 1).indices.float(), X3, ("fx", "export"), "float|to",
                      "sort indices"),
+    "two_index_tensors_not_row_wise": (lambda s, x: x[torch.tensor([0, 2]), x[0, :2, 0].argmax(0, keepdim=True)], X3,
+                                       ("fx", "export"), "getitem|index", "only x[..., arange(n), j]"),
     "integer_cumsum": (lambda s, x: (x > 0).long().cumsum(1), X3, ("fx", "export"), "cumsum", "integer"),
     "integer_prod": (lambda s, x: (x > 0).long().prod(1), X3, ("fx", "export"), "prod", "integer"),
 }

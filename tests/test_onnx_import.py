@@ -280,6 +280,10 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
     for largest in (0, 1):
         c[f"TopK_largest{largest}"] = model([N("TopK", ["x", "k"], ["y", "i"], axis=1, largest=largest)],
                                             [("x", [2, 5, 3])], ["y"], [("k", i64(3))], opset=11)
+    c["GatherElements_computed"] = model(
+        [N("ArgMax", ["x"], ["a"], axis=2), N("GatherElements", ["x", "a"], ["y"], axis=2)], [("x", [2, 3, 4])], ["y"])
+    c["GatherElements_const_negative"] = model([N("GatherElements", ["x", "i"], ["y"], axis=0)], [("x", [3, 4])],
+                                               ["y"], [("i", np.array([[0, -1, 2, 1], [-3, 0, 0, 2]], np.int64))])
     c["Einsum_one_operand"] = model([N("Einsum", ["x"], ["y"], equation="bij->jb")], [("x", [2, 3, 4])], ["y"])
     c["Shape_Gather_Concat_folded"] = model(
         [N("Shape", ["x"], ["s"]), N("Gather", ["s", "i"], ["g"], axis=0), N("Unsqueeze", ["g", "a"], ["u"]),
@@ -359,7 +363,8 @@ def test_emitted_kinds_are_registered_and_handlers_cover_the_issue_ops() -> None
               "Mean", "Einsum", "LRN", "Tile", "GatherND", "Resize", "Upsample", "ReduceL1", "ReduceL2",
               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp", "DepthToSpace", "SpaceToDepth",
               "ThresholdedRelu", "Shrink", "IsInf", "Trilu", "GroupNormalization", "LpNormalization", "Atan",
-              "Asin", "Acos", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round", "CumSum", "TopK"}
+              "Asin", "Acos", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round", "CumSum", "TopK",
+              "GatherElements"}
     assert wanted <= set(HANDLERS)
 
 

@@ -661,6 +661,16 @@ def _sort(d: Draw) -> Example:
                    lambda t, p: torch.topk(t[0], k, dim=axis, largest=descending, sorted=True).values)
 
 
+@case("gather_elements", examples=20)
+def _gather_elements(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis = d.int(0, len(shape) - 1)
+    idx_shape = tuple(d.int(1, 4) if k == axis else d.int(1, e) for k, e in enumerate(shape))
+    idx = d.rng.integers(0, shape[axis], idx_shape).astype(np.int64)
+    return Example({"axis": axis}, [d.normal(shape), idx], lambda t, p: torch.gather(t[0], axis, t[1]),
+                   out_shape=idx_shape)
+
+
 _INTERPOLATE_MODES = {1: "linear", 2: "bilinear", 3: "trilinear"}
 
 

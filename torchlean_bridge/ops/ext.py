@@ -132,6 +132,21 @@ register(OpSpec("gather", "ext", 2, 2, _gather, attrs=(Attr("axis", "nat"),), dt
                 doc="numpy.take(data, indices, axis); embedding is gather on axis 0"))
 
 
+def _gather_elements(attrs: A, p: P, d: Shape) -> Shape:
+    data, idx, ax = p[0], p[1], attrs["axis"]
+    check_axis(ax, len(data))
+    if len(idx) != len(data) or any(i > n for k, (i, n) in enumerate(zip(idx, data)) if k != ax):
+        raise ShapeRuleError(f"gather_elements: indices {fmt_shape(idx)} must have the rank of the data "
+                             f"{fmt_shape(data)} and no larger extent off axis {ax}")
+    return tuple(idx)
+
+
+register(OpSpec("gather_elements", "ext", 2, 2, _gather_elements, attrs=(Attr("axis", "nat"),),
+                dtype=_gather_dtype,
+                doc="out[..., i, ...] = data[..., indices[..., i, ...], ...] along `axis` (torch.gather, ONNX "
+                    "GatherElements)"))
+
+
 def _slice(attrs: A, p: P, d: Shape) -> Shape:
     s = list(p[0])
     axes, starts, ends, steps = attrs["axes"], attrs["starts"], attrs["ends"], attrs["steps"]

@@ -145,26 +145,18 @@ def _pad(node, xs, rec, dt):
     return np.pad(xs[0], list(zip(a["pads_before"], a["pads_after"])), constant_values=a["value"])
 
 
-@rule("gather")
+@rule("gather", "gather_elements")
 def _gather(node, xs, rec, dt):
+    """``gather`` is numpy.take; ``gather_elements`` takes along the axis, its indices addressing the
+    leading block of the data off the axis (torch.gather's rule). Indices lie in [-n, n)."""
     data, idx = xs
     ax = node.attrs["axis"]
     n = data.shape[ax]
     if idx.size and (idx.min() < -n or idx.max() >= n):
         bad = idx[(idx < -n) | (idx >= n)].reshape(-1)[0]
         raise domain_error(node, f"index {int(bad)} out of range for axis {ax} of extent {n}")
-    return np.take(data, idx, axis=ax)
-
-
-@rule("gather_elements")
-def _gather_elements(node, xs, rec, dt):
-    data, idx = xs
-    ax = node.attrs["axis"]
-    n = data.shape[ax]
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        bad = idx[(idx < -n) | (idx >= n)].reshape(-1)[0]
-        raise domain_error(node, f"index {int(bad)} out of range for axis {ax} of extent {n}")
-    # off the axis, the indices address the leading block of the data (torch.gather's rule)
+    if node.kind == "gather":
+        return np.take(data, idx, axis=ax)
     block = data[tuple(slice(None) if k == ax else slice(0, e) for k, e in enumerate(idx.shape))]
     return np.take_along_axis(block, np.where(idx < 0, idx + n, idx), axis=ax)
 

@@ -51,15 +51,10 @@ _fn("rsub", T.rsub)
 _fn("mul multiply", T.mul)
 _fn("div divide true_divide", T.div)
 _fn("pow", T.pow_)
-_fn("square", T.square)
-_fn("maximum", T.maximum)
-_fn("minimum", T.minimum)
 for _k in ("eq", "ne", "lt", "le", "gt", "ge"):
     _fn(_k, T.compare(_k))
 _fn("logical_and", T.logical("logical_and"))
 _fn("logical_or", T.logical("logical_or"))
-_fn("logical_not", T.logical_not)
-_fn("isnan", T.unary("isnan"))
 _fn("where", T.where)
 _fn("masked_fill", T.masked_fill)
 for _name, _kind in T.UNARY.items():
@@ -67,35 +62,19 @@ for _name, _kind in T.UNARY.items():
     _fn(_name + "_", T.unary(_kind), torch, F)
 _fn("round", T.round_, torch)
 _fn("round_", T.round_, torch)
-_fn("gelu", T.gelu, F)
-_fn("leaky_relu", T.leaky_relu, F)
 _fn("elu", lambda cx, input, alpha=1.0, inplace=False: T.elu(cx, input, alpha), F)
-_fn("celu", T.celu, F)
-_fn("softplus", T.softplus, F)
-_fn("hardtanh", T.hardtanh, F)
-_fn("relu6", T.relu6, F)
-_fn("hardsigmoid", T.hardsigmoid, F)
 _fn("clamp clip", T.clamp)
-_fn("clamp_min", lambda cx, input, min: T.clamp(cx, input, min, None))
-_fn("clamp_max", lambda cx, input, max: T.clamp(cx, input, None, max))
 _fn("sum", T.reduce_sum)
 _fn("mean", T.reduce_mean)
-_fn("amax", T.reduce_max)
-_fn("amin", T.reduce_min)
 _fn("max", T.max_or_min("max"))
 _fn("min", T.max_or_min("min"))
-_fn("argmax", T.argmax)
-_fn("argmin", T.argmin)
 _fn("softmax", lambda cx, input, dim=None, _stacklevel=3, dtype=None: T.softmax("softmax")(cx, input, dim), F)
 _fn("log_softmax", lambda cx, input, dim=None, _stacklevel=3, dtype=None:
     T.softmax("log_softmax")(cx, input, dim), F)
 _fn("softmax", T.softmax("softmax"))
 _fn("log_softmax", T.softmax("log_softmax"))
 _fn("reshape", T.reshape)
-_fn("permute", T.permute)
 _fn("transpose swapaxes swapdims", T.transpose)
-_fn("t", T.t)
-_fn("unsqueeze", T.unsqueeze)
 _fn("squeeze", T.squeeze)
 _fn("flatten", T.flatten)
 _fn("unflatten", T.unflatten)
@@ -104,19 +83,10 @@ _fn("stack", T.stack)
 _fn("narrow", T.narrow)
 _fn("select", T.select)
 _fn("split", lambda cx, tensor, split_size_or_sections, dim=0: T.split(cx, tensor, split_size_or_sections, dim))
-_fn("chunk", T.chunk)
 _fn("unbind", T.unbind)
-_fn("index_select", T.index_select)
 _fn("broadcast_to", T.expand)
 _fn("broadcast_tensors", T.broadcast_tensors)
-_fn("zeros_like", T.like(0))
-_fn("ones_like", T.like(1))
-_fn("full_like", T.like(None))
-_fn("matmul mm bmm", N.matmul)
-_fn("addmm", N.addmm)
-_fn("baddbmm", N.baddbmm)
 _fn("einsum", N.einsum)
-_fn("linear", N.linear, F)
 _fn("conv1d conv2d conv3d", N.conv, F)
 _fn("conv_transpose1d conv_transpose2d conv_transpose3d", N.conv_transpose, F)
 _fn("layer_norm", N.layer_norm, F)
@@ -145,7 +115,7 @@ _fn("logsumexp", T.logsumexp, torch, torch.special)
 _fn("prod", T.reduce_prod)
 _fn("logsigmoid", T.log_sigmoid, F)
 _fn("softmin", T.softmin, F)
-for _name, _lowering in T.SAME_NAME.items():
+for _name, _lowering in N.SAME_NAME.items():
     _fn(_name, _lowering, torch, F)
 _fn("repeat_interleave", T.repeat_interleave)
 _fn("interpolate upsample", T.interpolate, F)
@@ -167,32 +137,28 @@ FUNCTIONS[F.embedding] = _f_embedding
 # -- methods ---------------------------------------------------------------------------------------
 METHODS: dict[str, Lowering] = {
     "add": N.add, "sub": T.sub, "rsub": T.rsub, "mul": T.mul, "div": T.div, "true_divide": T.div,
-    "pow": T.pow_, "square": T.square, "matmul": N.matmul, "mm": N.matmul, "bmm": N.matmul,
-    "maximum": T.maximum, "minimum": T.minimum,
+    "pow": T.pow_,
     "eq": T.compare("eq"), "ne": T.compare("ne"), "lt": T.compare("lt"), "le": T.compare("le"),
     "gt": T.compare("gt"), "ge": T.compare("ge"), "logical_and": T.logical("logical_and"),
-    "logical_or": T.logical("logical_or"), "logical_not": T.logical_not, "isnan": T.unary("isnan"),
+    "logical_or": T.logical("logical_or"),
     "masked_fill": T.masked_fill, "where": lambda cx, input, condition, other: T.where(cx, condition, input, other),
-    "clamp": T.clamp, "clip": T.clamp, "clamp_min": lambda cx, input, min: T.clamp(cx, input, min, None),
-    "clamp_max": lambda cx, input, max: T.clamp(cx, input, None, max), "softmax": T.softmax("softmax"),
+    "clamp": T.clamp, "clip": T.clamp, "softmax": T.softmax("softmax"),
     "log_softmax": T.softmax("log_softmax"),
-    "sum": T.reduce_sum, "mean": T.reduce_mean, "amax": T.reduce_max, "amin": T.reduce_min,
-    "max": T.max_or_min("max"), "min": T.max_or_min("min"), "argmax": T.argmax, "argmin": T.argmin,
+    "sum": T.reduce_sum, "mean": T.reduce_mean, "max": T.max_or_min("max"), "min": T.max_or_min("min"),
     "any": T.any_all("max"), "all": T.any_all("min"),
-    "view": T.view, "reshape": T.view, "permute": T.permute, "transpose": T.transpose, "t": T.t,
-    "unsqueeze": T.unsqueeze, "squeeze": T.squeeze, "flatten": T.flatten, "unflatten": T.unflatten,
+    "view": T.view, "reshape": T.view, "transpose": T.transpose,
+    "squeeze": T.squeeze, "flatten": T.flatten, "unflatten": T.unflatten,
     "expand": T.expand, "expand_as": T.expand_as, "view_as": T.view_as, "reshape_as": T.view_as,
     "contiguous": T.identity, "clone": T.identity, "detach": T.identity,
     "to": T.to, "type_as": T.type_as, "float": T.method_cast(torch.float32), "double": T.method_cast(torch.float64),
     "half": T.method_cast(torch.float32), "long": T.method_cast(torch.int64), "int": T.method_cast(torch.int64),
     "bool": T.method_cast(torch.bool),
-    "size": T.size, "dim": T.dim, "numel": T.numel, "split": T.split, "chunk": T.chunk, "unbind": T.unbind,
-    "narrow": T.narrow, "select": T.select, "index_select": T.index_select, "repeat": T.repeat,
+    "size": T.size, "dim": T.dim, "numel": T.numel, "split": T.split, "unbind": T.unbind,
+    "narrow": T.narrow, "select": T.select, "repeat": T.repeat,
     "new_zeros": T.like(0), "new_ones": T.like(1), "new_full": T.like(None),
-    "relu6": T.relu6, "gelu": T.gelu,
     "var": T.variance, "std": T.std, "norm": T.tensor_norm, "logsumexp": T.logsumexp, "prod": T.reduce_prod,
     "repeat_interleave": T.repeat_interleave,
-    **{name: lowering for name, lowering in T.SAME_NAME.items() if hasattr(torch.Tensor, name)},
+    **{name: lowering for name, lowering in N.SAME_NAME.items() if hasattr(torch.Tensor, name)},
 }
 for _name, _kind in T.UNARY.items():
     METHODS[_name] = T.unary(_kind)

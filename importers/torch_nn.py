@@ -482,3 +482,8 @@ def scaled_dot_product_attention(cx: Cx, query: Any, key: Any, value: Any, attn_
             scores = T.add(cx, scores, attn_mask)
     probs = T.softmax("softmax")(cx, scores, -1)
     return matmul(cx, probs, value)
+
+
+# torch_ops.SAME_NAME plus the nn lowerings whose torch function and ATen ``<name>.default`` agree
+SAME_NAME: dict[str, Any] = {**T.SAME_NAME, "linear": linear, "addmm": addmm, "baddbmm": baddbmm, "matmul": matmul,
+                             "mm": matmul, "bmm": matmul}

@@ -1085,12 +1085,25 @@ def cumsum(cx: Cx, input: Any, dim: int, dtype: Any = None) -> Sym:
 
 
 # torch functions whose ATen overload is ``<name>.default`` with the same arguments: one lowering each,
-# registered under both names (torch_modules, torch_aten)
+# registered under both names (torch_modules, torch_aten; torch_nn adds its own)
+def clamp_min(cx: Cx, input: Any, min: Any) -> Any:
+    return clamp(cx, input, min, None)
+
+
+def clamp_max(cx: Cx, input: Any, max: Any) -> Any:
+    return clamp(cx, input, None, max)
+
+
 SAME_NAME: dict[str, Any] = {
-    "flip": flip, "fliplr": fliplr, "flipud": flipud, "roll": roll, "tril": triangle("tril"),
-    "triu": triangle("triu"), "outer": outer, "ger": outer, "diff": diff, "pixel_shuffle": pixel_shuffle,
-    "pixel_unshuffle": pixel_unshuffle, "glu": glu, "cumsum": cumsum, "sort": sort, "topk": topk,
-    "gather": gather, "take_along_dim": take_along_dim,
+    "celu": celu, "softplus": softplus, "hardtanh": hardtanh, "relu6": relu6, "hardsigmoid": hardsigmoid,
+    "gelu": gelu, "leaky_relu": leaky_relu, "isnan": unary("isnan"), "square": square, "maximum": maximum,
+    "minimum": minimum, "logical_not": logical_not, "clamp_min": clamp_min, "clamp_max": clamp_max,
+    "amax": reduce_max, "amin": reduce_min, "argmax": argmax, "argmin": argmin, "chunk": chunk,
+    "index_select": index_select, "permute": permute, "t": t, "unsqueeze": unsqueeze, "zeros_like": like(0),
+    "ones_like": like(1), "full_like": like(None), "flip": flip, "fliplr": fliplr, "flipud": flipud, "roll": roll,
+    "tril": triangle("tril"), "triu": triangle("triu"), "outer": outer, "ger": outer, "diff": diff,
+    "pixel_shuffle": pixel_shuffle, "pixel_unshuffle": pixel_unshuffle, "glu": glu, "cumsum": cumsum,
+    "sort": sort, "topk": topk, "gather": gather, "take_along_dim": take_along_dim,
 }
 
 

@@ -222,39 +222,27 @@ unary("round", np.rint)  # half to even, as torch.round and ONNX Round
 unary("trunc", np.trunc)
 
 
-def _within(lo: float, hi: float, fn: Callable[[np.ndarray], np.ndarray]) -> Rule:
-    """An op defined on [lo, hi] (its ends included, where the value may be infinite): outside it
-    the result would be NaN, so the node is refused instead."""
+def _defined_where(fn: Callable[[np.ndarray], np.ndarray], inside: Callable[[np.ndarray], np.ndarray],
+                   outside: str) -> Rule:
+    """An op defined only where ``inside`` holds: elsewhere its value would be NaN, so the node is
+    refused instead (architecture decision 5), naming it and what the input held."""
     def run(node, xs, rec, dt):
-        x = xs[0]
-        if not np.all((x >= lo) & (x <= hi)):
-            raise domain_error(node, f"input has values outside [{lo}, {hi}] (or NaN)")
-        return fn(x)
+        if not np.all(inside(xs[0])):
+            raise domain_error(node, f"input contains {outside} (or NaN)")
+        return fn(xs[0])
     return run
 
 
-FLOAT_RULES["asin"] = _within(-1.0, 1.0, np.arcsin)
-FLOAT_RULES["acos"] = _within(-1.0, 1.0, np.arccos)
-FLOAT_RULES["atanh"] = _within(-1.0, 1.0, np.arctanh)
-FLOAT_RULES["acosh"] = _within(1.0, np.inf, np.arccosh)
-
-
-@rule("sqrt")
-def _sqrt(node, xs, rec, dt):
-    """Spec 2.2 has no domain check (Lean's sqrt gives NaN below 0); our no-NaN rule (architecture
-    decision 5) refuses negative and NaN inputs instead, naming the node. sqrt(-0.0) = -0.0."""
-    x = xs[0]
-    if not np.all(x >= 0):
-        raise domain_error(node, "input contains negative values (or NaN)")
-    return np.sqrt(x)
-
-
-@rule("rsqrt")
-def _rsqrt(node, xs, rec, dt):
-    x = xs[0]
-    if not np.all(x > 0):
-        raise domain_error(node, "input contains values <= 0 (or NaN)")
-    return 1 / np.sqrt(x)
+# Spec 2.2's sqrt has no domain check (Lean gives NaN below 0); sqrt(-0.0) = -0.0 is kept.
+FLOAT_RULES["sqrt"] = _defined_where(np.sqrt, lambda x: x >= 0, "negative values")
+FLOAT_RULES["rsqrt"] = _defined_where(lambda x: 1 / np.sqrt(x), lambda x: x > 0, "values <= 0")
+FLOAT_RULES["log2"] = _defined_where(np.log2, lambda x: x > 0, "values <= 0")
+FLOAT_RULES["log1p"] = _defined_where(np.log1p, lambda x: x > -1, "values <= -1")
+# ends included: atanh(+-1) and acosh's unbounded end are values (+-inf), not NaN
+FLOAT_RULES["asin"] = _defined_where(np.arcsin, lambda x: (x >= -1) & (x <= 1), "values outside [-1, 1]")
+FLOAT_RULES["acos"] = _defined_where(np.arccos, lambda x: (x >= -1) & (x <= 1), "values outside [-1, 1]")
+FLOAT_RULES["atanh"] = _defined_where(np.arctanh, lambda x: (x >= -1) & (x <= 1), "values outside [-1, 1]")
+FLOAT_RULES["acosh"] = _defined_where(np.arccosh, lambda x: x >= 1, "values below 1")
 
 
 @rule("inv")
@@ -276,22 +264,6 @@ def _log(node, xs, rec, dt):
     if not np.all(x > 0):
         raise fail(node, LOG_DOMAIN_MESSAGE)
     return np.log(x)
-
-
-@rule("log2")
-def _log2(node, xs, rec, dt):
-    x = xs[0]
-    if not np.all(x > 0):
-        raise domain_error(node, "input contains values <= 0 (or NaN)")
-    return np.log2(x)
-
-
-@rule("log1p")
-def _log1p(node, xs, rec, dt):
-    x = xs[0]
-    if not np.all(x > -1):
-        raise domain_error(node, "input contains values <= -1 (or NaN)")
-    return np.log1p(x)
 
 
 @rule("pow")

@@ -7,8 +7,8 @@ import json
 import math
 from pathlib import Path
 
-from ..errors import BridgeError
-from ..fileio import atomic_write_text
+from ...errors import BridgeError
+from ...fileio import atomic_write_text
 from .common import MAX_SAMPLES, bounded_int, read_array, read_bundle
 
 HELP = "bind a checkpoint and audit its key->role mapping (exit 0 clean, 1 any finding that is an error)"

@@ -10,8 +10,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from ..bundle import Bundle
-from ..errors import BridgeError
+from ...bundle import Bundle
+from ...errors import BridgeError
 
 __all__ = ["read_bundle", "read_array", "progress", "format_vector", "load_factory", "bounded_int", "MAX_SAMPLES"]
 
@@ -35,8 +35,8 @@ def bounded_int(value: int, option: str, low: int = 0, high: int = MAX_SEED) -> 
 
 def read_array(path: str) -> np.ndarray:
     """A .npy file, memory-mapped until its header is known to fit (never a pickle)."""
-    from ..fileio import regular_file_size
-    from ..ops.contracts import DEFAULT_ELEMENT_LIMIT
+    from ...fileio import regular_file_size
+    from ...ops.contracts import DEFAULT_ELEMENT_LIMIT
     if regular_file_size(path, "array") == 0:
         raise BridgeError(f"cannot read array {path}: the file is empty")
     try:

@@ -6,9 +6,9 @@ import argparse
 import math
 from typing import Any
 
-from ..bundle import Bundle
-from ..errors import BridgeError, CheckFailed
-from ..ops.contracts import MAX_RANK
+from ...bundle import Bundle
+from ...errors import BridgeError, CheckFailed
+from ...ops.contracts import MAX_RANK
 from .common import load_factory, progress
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
@@ -94,7 +94,7 @@ def import_source(args: argparse.Namespace) -> Bundle:
 def bind_weights(bundle: Bundle, path: str) -> Bundle:
     try:
         from importers.checkpoints import load_checkpoint
-        from torchlean_bridge.abi import bind_checkpoint
+        from torchlean_bridge.app.abi import bind_checkpoint
     except ImportError:
         raise BridgeError("--checkpoint: checkpoint binding is not available in this installation") from None
     bound, report = bind_checkpoint(bundle, load_checkpoint(path))

@@ -1,0 +1,1 @@
+"""The application layer: everything that may import semantics/, importers/ and exporters/."""

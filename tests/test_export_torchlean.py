@@ -13,7 +13,7 @@ import pytest
 
 import torchlean_bridge as tlb
 from exporters.torchlean_json import export_torchlean, payload_file_for, torchlean_blocking_nodes
-from torchlean_bridge.cli import main
+from torchlean_bridge.app.cli import main
 from torchlean_bridge.errors import ExportError
 from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle
 from torchlean_bridge.wire import parse_document

@@ -12,7 +12,7 @@ import sys
 from importlib import import_module
 from typing import Sequence
 
-from .errors import BridgeError, CheckFailed
+from ..errors import BridgeError, CheckFailed
 
 __all__ = ["main", "COMMANDS"]
 

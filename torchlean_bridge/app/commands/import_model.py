@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..bundle import Bundle
-from ..errors import BridgeError, CheckFailed
+from ...bundle import Bundle
+from ...errors import BridgeError, CheckFailed
 from .common import load_factory, progress
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"

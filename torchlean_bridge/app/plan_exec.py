@@ -24,7 +24,7 @@ from torchlean_bridge.payload import Payload
 from .kernel_plan import KernelPlan, KernelPolicy, PlannedKernel, load_plan, plan_kernels
 from .torch_kernels import TORCH_RULES
 
-__all__ = ["execute_plan", "as_plan", "PlanRunner"]
+__all__ = ["evaluate", "execute_plan", "as_plan", "PlanRunner"]
 
 _RESULT_KINDS = {INT64: np.dtype(np.int64), BOOL: np.dtype(bool)}
 
@@ -119,6 +119,16 @@ def execute_plan(g: Graph, payload: Payload | None, inputs: Any, plan: Any, dtyp
     return [values[o] for o in g.outputs]
 
 
+def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", all_nodes: bool = False,
+             check: bool = True, plan: Any = None) -> list[np.ndarray]:
+    """``tlb.evaluate``: the reference evaluator (``semantics.evaluate.evaluate``), or with ``plan``
+    (a ``KernelPlan``, a ``KernelPolicy`` or a saved plan's path) each node run by its planned provider."""
+    if plan is None:
+        from semantics.evaluate import evaluate as reference_evaluate
+        return reference_evaluate(g, payload, inputs, dtype=dtype, all_nodes=all_nodes, check=check)
+    return execute_plan(g, payload, inputs, plan, dtype=dtype, all_nodes=all_nodes, check=check)
+
+
 class PlanRunner:
     """A diff runner: the plan's execution at one precision, every node's value keyed by node id."""
 
@@ -131,12 +141,16 @@ class PlanRunner:
         self.input_precision = np.float32 if dtype == "float32" else np.float64
         providers = "+".join(self.plan.providers_used()) or "no kernels"
         self.name = f"kernel plan ({providers}, {dtype})"
-        self.output_keys = list(bundle.graph.outputs)
+        self.output_keys = [self.key(o) for o in bundle.graph.outputs]
+
+    @staticmethod
+    def key(node: int) -> str:
+        return f"node {node}"
 
     def rounded(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         return [x.astype(self.input_precision).astype(np.float64) if x.dtype.kind == "f" else x for x in inputs]
 
-    def run(self, inputs: Sequence[np.ndarray]) -> dict[int, np.ndarray]:
+    def run(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         table = execute_plan(self.graph, self.payload, list(inputs), self.plan, dtype=self.dtype, all_nodes=True,
                              check=False)
-        return {i: np.asarray(v) for i, v in enumerate(table)}
+        return {self.key(i): np.asarray(v) for i, v in enumerate(table)}

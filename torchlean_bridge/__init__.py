@@ -43,7 +43,7 @@ _LAZY = {
     "KernelPolicy": "torchlean_bridge.app.kernel_plan",
     "save_plan": "torchlean_bridge.app.kernel_plan",
     "load_plan": "torchlean_bridge.app.kernel_plan",
-    "init_params": "torchlean_bridge.init_params",
+    "init_params": "torchlean_bridge.seeded_init",
     "summary": "torchlean_bridge.app.summary",
 }
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...bundle import Bundle
 from ...graph import Graph, Node
-from ...init_params import init_params
+from ...seeded_init import init_params
 from ...payload import Payload
 from .common import format_vector
 from .init import format_tensor

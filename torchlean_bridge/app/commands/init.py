@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ...bundle import Bundle
-from ...init_params import SCHEMES, init_params
+from ...seeded_init import SCHEMES, init_params
 from .common import format_vector, read_bundle
 
 HELP = "write a copy of a bundle whose parameters are initialized deterministically (TorchLean's seeded init)"

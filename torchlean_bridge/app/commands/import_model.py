@@ -86,7 +86,7 @@ def import_source(args: argparse.Namespace) -> Bundle:
 def bind_weights(bundle: Bundle, path: str) -> Bundle:
     try:
         from importers.checkpoints import load_checkpoint
-        from torchlean_bridge.abi import bind_checkpoint
+        from ..abi import bind_checkpoint
     except ImportError:
         raise BridgeError("--checkpoint: checkpoint binding is not available in this installation") from None
     bound, report = bind_checkpoint(bundle, load_checkpoint(path))

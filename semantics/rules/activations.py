@@ -53,6 +53,15 @@ def _neg_part(a: Box) -> Box:
     return np.minimum(a[0], 0.0), np.minimum(a[1], 0.0)
 
 
+def join_at_zero(a: Box, tail: Box) -> Box:
+    """x for x >= 0 joined to ``tail`` (the box of the x <= 0 piece on the clipped box, tail(0) = 0).
+    On a box straddling 0 the range is the hull of the two pieces, not their sum: a tail that is
+    positive (negative slope or alpha) would otherwise be added to the positive end."""
+    lo, hi = ia.add(ia.relu_box(a), tail)
+    straddle = (a[0] < 0) & (a[1] > 0)
+    return np.where(straddle, np.minimum(tail[0], 0.0), lo), np.where(straddle, np.maximum(tail[1], a[1]), hi)
+
+
 @float_rule("leaky_relu")
 def leaky_relu(node, xs, rec, dt):
     x = xs[0]
@@ -61,7 +70,7 @@ def leaky_relu(node, xs, rec, dt):
 
 @interval_pointwise("leaky_relu")
 def leaky_relu_box(a: Box, attrs: Mapping[str, Any]) -> Box:
-    return ia.add(ia.relu_box(a), ia.scale(_neg_part(a), attrs["negative_slope"]))
+    return join_at_zero(a, ia.scale(_neg_part(a), attrs["negative_slope"]))
 
 
 @float_rule("prelu")
@@ -73,7 +82,7 @@ def prelu(node, xs, rec, dt):
 @interval_rule("prelu")
 def prelu_box(node, ps, rec):
     x, slope = ps
-    return ia.add(ia.relu_box(x), ia.mul(_neg_part(x), slope))
+    return join_at_zero(x, ia.mul(_neg_part(x), slope))
 
 
 @float_rule("hardsigmoid")
@@ -146,8 +155,7 @@ float_unary("selu", lambda x: SELU_SCALE * np.where(x > 0, x, SELU_ALPHA * np.ex
 
 
 def _elu_with(a: Box, alpha: float, scale: float = 1.0) -> Box:
-    tail = ia.scale(monotone(expm1_at, _neg_part(a)), alpha)
-    out = ia.add(ia.relu_box(a), tail)
+    out = join_at_zero(a, ia.scale(monotone(expm1_at, _neg_part(a)), alpha))
     return out if scale == 1.0 else ia.scale(out, scale)
 
 

@@ -15,8 +15,8 @@ from torch.export import ExportedProgram
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError
 
-from .torch_common import bind_aliases, check_training
-from .torch_program import TorchLowerer, bind_and_run, graph_inputs
+from .common import bind_aliases, check_training
+from .program import TorchLowerer, bind_and_run, graph_inputs
 
 __all__ = ["import_export", "export_program"]
 

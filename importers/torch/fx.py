@@ -1,7 +1,7 @@
 """``import_fx``: a module traced with ``torch.fx.symbolic_trace`` (or a given ``GraphModule``).
 
 Shapes come from running the example inputs through ``ShapeProp``; each FX node is lowered by the
-tables of ``torch_modules`` (leaf modules, functions, methods). ``torch.nn`` leaf modules FX cannot
+lowerings registered for its targets (leaf modules, functions, methods; see ``targets``). ``torch.nn`` leaf modules FX cannot
 trace into (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``) are exported with
 torch.export and their ATen program is inlined, with parameters bound under the module's path.
 """
@@ -16,9 +16,9 @@ from torch.fx.passes.shape_prop import ShapeProp
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, UnsupportedError
 
-from .torch_common import NotLowerable, Sym, bind_aliases, check_static, check_training, element_type, flat_values
-from .torch_modules import MODULES
-from .torch_program import TorchLowerer
+from .common import NotLowerable, Sym, bind_aliases, check_static, check_training, element_type, flat_values
+from .program import TorchLowerer
+from .targets import module_lowering
 
 __all__ = ["import_fx", "trace"]
 
@@ -55,7 +55,7 @@ def import_fx(module_or_graph_module: torch.nn.Module, example_inputs: Sequence[
     if not isinstance(module, torch.fx.GraphModule) and _Tracer().is_leaf_module(module, ""):
         cx = TorchLowerer("fx", root=module, state_dict_keys=keys, max_elements=max_elements)
         inputs = [_input(cx, f"x{i}", a) for i, a in enumerate(args)]
-        lower = MODULES.get(type(module))
+        lower = module_lowering(type(module))
         try:
             result = lower(cx, module, "", *inputs) if lower else cx.inline_module(module, "", inputs, {})
         except NotLowerable as e:

@@ -47,7 +47,7 @@ from .interval_affine import AffineParams, avg_pool_box, batch_norm_box, conv_bo
 from .interval_nonlinear import (arg_extremum_box, layernorm_box, log_softmax_box, mse_box, prod_box,
                                  softmax_box)
 from .interval_round import Box, clean, down, gamma, sum_bounds, up
-from .interval_unary import UNARY_RULES, DomainError, log_at, monotone, softplus_at
+from .interval_unary import UNARY_RULES, DomainError, join_at_zero, log_at, monotone, softplus_at
 from .records import batch_norm_record, const_values, conv_record, layernorm_record, linear_record
 from .resize import resize_linear_box
 
@@ -154,7 +154,7 @@ def _div(node, ps, rec):
 def _prelu(node, ps, rec):
     x, slope = ps
     negative = np.minimum(x[0], 0.0), np.minimum(x[1], 0.0)
-    return ia.add(ia.relu_box(x), ia.mul(negative, slope))
+    return join_at_zero(x, ia.mul(negative, slope))
 
 
 @rule("safe_log")

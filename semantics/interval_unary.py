@@ -22,7 +22,8 @@ from . import interval_arith as ia
 from .float_special import erf
 from .interval_round import Box, down, lib_bounds, up
 
-__all__ = ["UNARY_RULES", "DomainError", "sigmoid_at", "softplus_at", "exp_at", "log_at", "monotone"]
+__all__ = ["UNARY_RULES", "DomainError", "sigmoid_at", "softplus_at", "exp_at", "log_at", "monotone",
+           "join_at_zero"]
 
 PointFn = Callable[[np.ndarray], Box]
 
@@ -258,13 +259,21 @@ def _neg_part(a: Box) -> Box:
     return np.minimum(a[0], 0.0), np.minimum(a[1], 0.0)
 
 
+def join_at_zero(a: Box, tail: Box) -> Box:
+    """x for x >= 0 joined to ``tail`` (the box of the x <= 0 piece on the clipped box, tail(0) = 0).
+    On a box straddling 0 the range is the hull of the two pieces, not their sum: a tail that is
+    positive (negative slope or alpha) would otherwise be added to the positive end."""
+    lo, hi = ia.add(ia.relu_box(a), tail)
+    straddle = (a[0] < 0) & (a[1] > 0)
+    return np.where(straddle, np.minimum(tail[0], 0.0), lo), np.where(straddle, np.maximum(tail[1], a[1]), hi)
+
+
 def _leaky_relu(a: Box, attrs: Mapping[str, Any]) -> Box:
-    return ia.add(ia.relu_box(a), ia.scale(_neg_part(a), attrs["negative_slope"]))
+    return join_at_zero(a, ia.scale(_neg_part(a), attrs["negative_slope"]))
 
 
 def _elu_with(a: Box, alpha: float, scale: float = 1.0) -> Box:
-    tail = ia.scale(monotone(expm1_at, _neg_part(a)), alpha)
-    out = ia.add(ia.relu_box(a), tail)
+    out = join_at_zero(a, ia.scale(monotone(expm1_at, _neg_part(a)), alpha))
     return out if scale == 1.0 else ia.scale(out, scale)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torchlean_bridge as tlb
-from torchlean_bridge.cli import main
+from torchlean_bridge.app.cli import main
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

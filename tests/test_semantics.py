@@ -9,8 +9,8 @@ import pytest
 import torchlean_bridge as tlb
 from semantics.evaluate import eval_node
 from semantics.float_random import splitmix64, uniform_bits
-from torchlean_bridge.cli import main
-from torchlean_bridge.commands.common import format_vector
+from torchlean_bridge.app.cli import main
+from torchlean_bridge.app.commands.common import format_vector
 from torchlean_bridge.errors import EvalError
 from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.payload import Payload

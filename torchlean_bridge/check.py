@@ -66,12 +66,13 @@ def _interface_errors(g: Graph) -> list[GraphError]:
             if not 0 <= nid < len(g.nodes):
                 errors.append(GraphError(f"IR graph: node id out of bounds: {nid}", node=nid))
             elif role == "input" and g.nodes[nid].kind != "input":
-                errors.append(GraphError(f"IR graph: input id {nid} designates `{g.nodes[nid].kind}`, not `input`",
-                                         node=nid))
-    declared = {n.id for n in g.nodes if n.kind == "input"}
-    missing = sorted(declared - set(g.inputs))
-    if missing:
-        errors.append(GraphError(f"IR graph: input nodes {missing} are not listed among the graph inputs"))
+                errors.append(_err(g.nodes[nid], f"IR graph: input id {nid} designates `{g.nodes[nid].kind}`, "
+                                                 "not `input`"))
+    listed = set(g.inputs)
+    unlisted = sorted((n for n in g.nodes if n.kind == "input" and n.id not in listed), key=lambda n: n.id)
+    if unlisted:  # names the first unlisted input node, so a listing can point at it
+        errors.append(_err(unlisted[0], f"IR graph: input nodes {sorted({n.id for n in unlisted})} are not listed "
+                                        "among the graph inputs"))
     if not g.outputs:
         errors.append(GraphError("IR graph: graph has no outputs"))
     return errors

@@ -16,7 +16,7 @@ import numpy as np
 from torchlean_bridge.check import check_size
 from torchlean_bridge.ops.contracts import broadcast_shapes
 
-from .onnx_context import Const, OnnxContext, attr_value
+from .context import Const, OnnxContext, attr_value
 
 __all__ = ["NONDETERMINISTIC", "LAYOUT_OPS", "fold_node", "fold_shape", "check_fold_size"]
 

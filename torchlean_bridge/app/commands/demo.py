@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle import Bundle
-from ..check import check
-from ..fileio import atomic_write_bytes, atomic_write_text
-from ..pretty import listing
-from ..seed import BIAS_PAIR, SEED_WEIGHTS, SEED_X0
+from ...bundle import Bundle
+from ...check import check
+from ...fileio import atomic_write_bytes, atomic_write_text
+from ...pretty import listing
+from ...seed import BIAS_PAIR, SEED_WEIGHTS, SEED_X0
 from .common import format_vector, iterate
 
 HELP = "run the end-to-end story on the built-in seed models"

@@ -18,7 +18,7 @@ from torchlean_bridge.errors import BridgeError, UnsupportedError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import Shape
 
-from .builder import GraphBuilder
+from ..builder import GraphBuilder
 
 __all__ = ["Const", "OnnxContext", "NodeUnsupported", "compose_transform", "Value", "attr_value",
            "unsupported_error"]
@@ -166,7 +166,7 @@ class OnnxContext:
         return len(self.shape(i))
 
     def dtype(self, i: int) -> str:
-        from .builder import element_type_of
+        from ..builder import element_type_of
         v = self.values[self.node.input[i]]
         return element_type_of(v.value) if isinstance(v, Const) else self.b.dtype(v)
 

@@ -24,17 +24,17 @@ from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import fmt_shape
 
-from . import onnx_ops_math, onnx_ops_nn, onnx_ops_tensor
-from .builder import GraphBuilder
-from .onnx_context import Const, NodeUnsupported, OnnxContext, unsupported_error
-from .onnx_fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
-from .onnx_ops_math import onnx_element_type
+from . import ops_math, ops_nn, ops_tensor
+from ..builder import GraphBuilder
+from .context import Const, NodeUnsupported, OnnxContext, unsupported_error
+from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
+from .ops_math import onnx_element_type
 
 __all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
 
-HANDLERS = {**onnx_ops_math.HANDLERS, **onnx_ops_tensor.HANDLERS, **onnx_ops_nn.HANDLERS}
-EMITTED_KINDS: frozenset[str] = frozenset({"input", "const"} | onnx_ops_math.EMITS | onnx_ops_tensor.EMITS
-                                          | onnx_ops_nn.EMITS)
+HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS}
+EMITTED_KINDS: frozenset[str] = frozenset({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS
+                                          | ops_nn.EMITS)
 MIN_OPSET, MAX_OPSET = 9, 21
 
 InputShapes = Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None

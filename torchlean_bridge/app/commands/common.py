@@ -10,8 +10,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from ..bundle import Bundle
-from ..errors import BridgeError
+from ...bundle import Bundle
+from ...errors import BridgeError
 
 __all__ = ["read_bundle", "read_array", "progress", "format_vector", "load_factory"]
 

@@ -20,13 +20,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint, square_matrix_keys
-from .bundle import Bundle
-from .check import check
-from .errors import BridgeError
-from .graph import Graph
-from .payload import Payload, payload_errors
-from .report import Finding, Report
-from .roles import apply_transform
+from ..bundle import Bundle
+from ..check import check
+from ..errors import BridgeError
+from ..graph import Graph
+from ..payload import Payload, payload_errors
+from ..report import Finding, Report
+from ..roles import apply_transform
 from semantics.evaluate import as_array, input_sets
 
 __all__ = ["audit", "AuditReport", "Exchange"]

@@ -12,8 +12,8 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from .bundle import Bundle
-from .errors import BridgeError
+from ..bundle import Bundle
+from ..errors import BridgeError
 
 __all__ = ["Runner", "EvaluatorRunner", "TorchFXRunner", "TorchExportRunner", "OnnxRuntimeRunner",
            "OnnxReferenceRunner", "expose_all_values", "reference_parameters"]
@@ -41,7 +41,7 @@ class EvaluatorRunner(Runner):
 
     def __init__(self, bundle: Bundle, dtype: str) -> None:
         from semantics.evaluate import evaluate
-        from .check import check
+        from ..check import check
         check(bundle.graph)  # once, not on every input set
         self._evaluate = evaluate
         self.graph = bundle.graph

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..check import check
-from ..payload import payload_errors
+from ...check import check
+from ...payload import payload_errors
 from .common import read_bundle
 
 HELP = "validate structure and shapes (exit 0 valid, 1 invalid)"

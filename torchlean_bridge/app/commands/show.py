@@ -6,9 +6,9 @@ import argparse
 import shutil
 import subprocess
 
-from ..errors import BridgeError
-from ..fileio import atomic_write_bytes
-from ..pretty import listing, to_dot
+from ...errors import BridgeError
+from ...fileio import atomic_write_bytes
+from ...pretty import listing, to_dot
 from .common import read_bundle
 
 HELP = "print the node listing, or GraphViz DOT / SVG / PNG"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import BridgeError
-from ..fileio import atomic_write_text
+from ...errors import BridgeError
+from ...fileio import atomic_write_text
 from .common import load_factory, progress, read_array, read_bundle
 
 HELP = "differential test against PyTorch or onnxruntime; exit 1 on divergence"

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ..errors import BridgeError
-from ..fileio import atomic_write_text
+from ...errors import BridgeError
+from ...fileio import atomic_write_text
 from .common import read_array, read_bundle
 
 HELP = "bind a checkpoint and audit its key->role mapping (exit 0 clean, 1 any finding that is an error)"

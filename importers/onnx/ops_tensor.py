@@ -17,7 +17,7 @@ import numpy as np
 from torchlean_bridge.errors import ShapeRuleError
 from torchlean_bridge.ops.contracts import broadcast_shapes, resolve_reshape
 
-from .onnx_context import Const, OnnxContext, Value
+from .context import Const, OnnxContext, Value
 
 __all__ = ["HANDLERS", "EMITS"]
 

@@ -27,10 +27,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .bundle import Bundle
-from .ops import BOOL, FLOAT, INT64, fmt_shape
-from .report import Finding, Report
-from .roles import Binding, apply_transform, transform_shape
+from ..bundle import Bundle
+from ..ops import BOOL, FLOAT, INT64, fmt_shape
+from ..report import Finding, Report
+from ..roles import Binding, apply_transform, transform_shape
 
 __all__ = ["Slot", "ABI", "AmbiguityGroup", "BindingReport", "abi", "bind_checkpoint", "ambiguity_groups",
            "format_abi", "square_matrix_keys"]

@@ -16,7 +16,7 @@ import numpy as np
 from torchlean_bridge.ops import REGISTRY
 from torchlean_bridge.ops.contracts import conv_transpose_full_dim
 
-from .onnx_context import Const, OnnxContext, Value
+from .context import Const, OnnxContext, Value
 
 __all__ = ["HANDLERS", "EMITS"]
 

@@ -17,12 +17,12 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from .bundle import Bundle
-from .errors import BridgeError, EvalError
-from .graph import Graph, Node
-from .ops import BOOL, INT64
-from .report import Finding, Report
-from .roles import apply_transform
+from ..bundle import Bundle
+from ..errors import BridgeError, EvalError
+from ..graph import Graph, Node
+from ..ops import BOOL, INT64
+from ..report import Finding, Report
+from ..roles import apply_transform
 from semantics.evaluate import input_sets
 
 __all__ = ["diff", "DiffReport", "NodeDiff", "make_inputs", "match_nodes", "ulp_distance",

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from ..report import jsonable
+from ...report import jsonable
 from .common import format_vector, read_array, read_bundle
 
 HELP = "evaluate a bundle on .npy inputs (float64 reference or float32) and print node values"

@@ -14,7 +14,7 @@ import numpy as np
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 from torchlean_bridge.ops.contracts import broadcast_shapes
 
-from .onnx_context import Const, OnnxContext, Value
+from .context import Const, OnnxContext, Value
 
 __all__ = ["HANDLERS", "EMITS", "onnx_element_type"]
 

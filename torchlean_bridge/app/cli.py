@@ -12,11 +12,11 @@ import sys
 from importlib import import_module
 from typing import Sequence
 
-from .errors import BridgeError, CheckFailed
+from ..errors import BridgeError, CheckFailed
 
 __all__ = ["main", "COMMANDS"]
 
-# command name -> module in torchlean_bridge.commands (each defines HELP, add_arguments, run)
+# command name -> module in torchlean_bridge.app.commands (each defines HELP, add_arguments, run)
 COMMANDS = {
     "demo": "demo",
     "import": "import_model",

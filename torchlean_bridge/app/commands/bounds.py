@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 
-from ..errors import BridgeError, IntervalError
-from ..report import jsonable
+from ...errors import BridgeError, IntervalError
+from ...report import jsonable
 from .common import format_vector, read_array, read_bundle
 
 HELP = "interval bounds of every node over an l-inf ball around --center, checked by sampling"

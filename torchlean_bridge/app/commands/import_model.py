@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..bundle import Bundle
-from ..errors import BridgeError, CheckFailed
+from ...bundle import Bundle
+from ...errors import BridgeError, CheckFailed
 from .common import load_factory, progress
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
@@ -86,7 +86,7 @@ def import_source(args: argparse.Namespace) -> Bundle:
 def bind_weights(bundle: Bundle, path: str) -> Bundle:
     try:
         from importers.checkpoints import load_checkpoint
-        from torchlean_bridge.abi import bind_checkpoint
+        from ..abi import bind_checkpoint
     except ImportError:
         raise BridgeError("--checkpoint: checkpoint binding is not available in this installation") from None
     bound, report = bind_checkpoint(bundle, load_checkpoint(path))

@@ -10,7 +10,7 @@ The arrays are returned as stored; the domain decides the arithmetic.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -20,7 +20,8 @@ from torchlean_bridge.ops import Shape, fmt_shape, numel
 from torchlean_bridge.payload import role_shape
 
 __all__ = ["LinearRecord", "ConvRecord", "BatchNormRecord", "LayerNormRecord", "const_values",
-           "linear_record", "conv_record", "batch_norm_record", "layernorm_record", "fail"]
+           "linear_record", "conv_record", "batch_norm_record", "layernorm_record", "fail", "READERS", "PREPARED",
+           "in_dtype"]
 
 Record = Mapping[str, np.ndarray]
 
@@ -122,3 +123,24 @@ def layernorm_record(node: Node, rec: Record, parent: Shape) -> LayerNormRecord:
             arr = arr.reshape(suffix)
         out.append(arr)
     return LayerNormRecord(*out)
+
+
+# kind -> reader(node, record, parent shape): every payload kind, one uniform signature
+READERS: dict[str, Callable[[Node, Record, Shape], Any]] = {
+    "const": lambda node, rec, parent: const_values(node, rec),
+    "linear": linear_record,
+    "conv": lambda node, rec, parent: conv_record(node, rec),
+    "conv_transpose": lambda node, rec, parent: conv_record(node, rec),
+    "layernorm": layernorm_record,
+    "batch_norm_eval": lambda node, rec, parent: batch_norm_record(node, rec),
+}
+
+# record key under which an evaluator stores a node's parameters, read and converted once
+PREPARED = "prepared"
+
+
+def in_dtype(record: Any, dt: np.dtype) -> Any:
+    """A typed record (or one array) with every array in ``dt`` (no copy when it already is)."""
+    if isinstance(record, np.ndarray):
+        return record.astype(dt, copy=False)
+    return type(record)(*(None if a is None else a.astype(dt, copy=False) for a in record))

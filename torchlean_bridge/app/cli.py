@@ -28,6 +28,8 @@ COMMANDS = {
     "abi": "abi",
     "audit": "audit",
     "diff": "diff",
+    "plan": "plan",
+    "init": "init",
 }
 
 

@@ -501,15 +501,19 @@ def cli_fixtures(folder: Path) -> dict[str, str]:
     tlb.save(b, folder / "bundle")
     tlb.export_torchlean(b, folder / "graph.json")
     np.save(folder / "x.npy", np.asarray(SEED_X0))
+    from semantics.evaluate import evaluate
+    np.save(folder / "y.npy", evaluate(b.graph, b.payload, np.asarray(SEED_X0))[0])
     (folder / "empty.npy").write_bytes(b"")
     np.save(folder / "wrong.npy", np.zeros((7, 7)))
     np.save(folder / "strings.npy", np.array(["a", "b"]))
     from safetensors.numpy import save_file
-    save_file({k: np.asarray(v) for k, v in b.payload.flat().items()}, str(folder / "w.safetensors"))
+    key_of = {(bd.node, bd.role): bd.key for bd in b.roles.bindings()}  # the model's own keys
+    save_file({key_of[(n, r)]: np.asarray(a) for n, r, a in b.payload.items()}, str(folder / "w.safetensors"))
     (folder / "model.py").write_text("import torch\n\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(4, 3), "
                                      "torch.nn.ReLU())\n")
     (folder / "d").mkdir(exist_ok=True)
     return {"bundle": str(folder / "bundle"), "graph": str(folder / "graph.json"), "x": str(folder / "x.npy"),
+            "y": str(folder / "y.npy"),
             "empty": str(folder / "empty.npy"), "wrong": str(folder / "wrong.npy"),
             "strings": str(folder / "strings.npy"), "ckpt": str(folder / "w.safetensors"),
             "model": str(folder / "model.py"), "dir": str(folder / "d"), "out": str(folder / "out")}
@@ -520,7 +524,7 @@ def cli_base(f: dict[str, str]) -> list[list[str]]:
             ["eval", f["bundle"], "--input", f["x"]], ["eval", f["graph"], "--input", f["x"], "--dtype", "float32"],
             ["bounds", f["bundle"], "--center", f["x"], "--radius", "0.1", "--samples", "3", "--seed", "1"],
             ["abi", f["bundle"]], ["audit", f["bundle"], "--checkpoint", f["ckpt"], "--input", f["x"],
-                                   "--golden", f["x"]],
+                                   "--golden", f["y"]],
             ["export", f["bundle"], "--to", "torchlean", "-o", f["out"] + ".json"],
             ["import", f["model"] + ":make", "--input-shape", "2,4", "-o", f["out"], "--quiet"]]
 

@@ -83,7 +83,7 @@ def target_checkpoint(path: str) -> None:
     ckpt.findings
 
 
-def target_cli(argv: list[str]) -> str:
+def target_cli(argv: list[str]) -> tuple[str, str]:
     from torchlean_bridge.app.cli import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -93,7 +93,7 @@ def target_cli(argv: list[str]) -> str:
             code = e.code if isinstance(e.code, int) else 2
     if "Traceback (most recent call last)" in err.getvalue():
         raise RuntimeError("the CLI printed a traceback:\n" + err.getvalue()[-2000:])
-    return f"exit:{code}"
+    return f"exit:{code}", err.getvalue()[-500:]
 
 
 TARGETS: dict[str, Callable[[Any], Any]] = {"wire": target_wire, "bundle": target_bundle, "onnx": target_onnx,
@@ -112,7 +112,7 @@ def run_case(kind: str, argument: Any) -> tuple[str, str]:
         return "crash", traceback.format_exc()[-3000:]
     except Exception:  # noqa: BLE001 - the point of the worker: report anything else as a crash
         return "crash", traceback.format_exc()[-3000:]
-    return (result, "") if isinstance(result, str) else ("accepted", "")
+    return result if isinstance(result, tuple) else ("accepted", "")
 
 
 def _warm_up() -> None:

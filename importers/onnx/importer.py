@@ -23,6 +23,7 @@ from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS
 from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import fmt_shape
+from torchlean_bridge.passes.canonicalize import canonical_kinds
 
 from . import ops_math, ops_nn, ops_tensor
 from ..builder import GraphBuilder
@@ -33,8 +34,8 @@ from .ops_math import onnx_element_type
 __all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
 
 HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS}
-EMITTED_KINDS: frozenset[str] = frozenset({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS
-                                          | ops_nn.EMITS)
+# what the handlers emit, after builder.finish's canonicalization (torchlean_bridge.passes.canonicalize)
+EMITTED_KINDS: frozenset[str] = canonical_kinds({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS | ops_nn.EMITS)
 MIN_OPSET, MAX_OPSET = 9, 21
 
 InputShapes = Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None

@@ -224,7 +224,7 @@ def _executable(capsule: KernelCapsule, kind: str) -> bool:
     if capsule.device != "cpu":
         return False
     if capsule.provider == "reference":
-        from semantics.float_rules import FLOAT_RULES
+        from semantics.rules import FLOAT_RULES
         return kind in FLOAT_RULES and kind != "custom"
     return capsule.provider == "libtorch" and kind in TORCH_RULES
 

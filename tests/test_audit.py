@@ -12,6 +12,7 @@ from exporters.folder import save
 from importers.builder import GraphBuilder
 from importers.checkpoints import load_checkpoint
 from torchlean_bridge.app.audit import audit
+from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.seed import BIAS_PAIR, bias_pair_bundle
 
 SEED_FACTORY = '''
@@ -231,7 +232,8 @@ def test_no_reference_checks_only_the_binding():
 
 
 def test_golden_outputs_need_their_inputs():
-    with pytest.raises(Exception, match="need the inputs"):
+    with pytest.raises(BridgeError,
+                       match=r"^audit: golden outputs need the inputs they were computed on \(inputs=\.\.\.\)$"):
         audit(bias_pair_bundle(), BIAS_PAIR, reference=[np.zeros(3)])
 
 

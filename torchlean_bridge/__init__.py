@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported on first access)
 _LAZY = {
-    "evaluate": "semantics.evaluate",
+    "evaluate": "torchlean_bridge.app.plan_exec",  # semantics.evaluate.evaluate, plus plan=
     "interval_bounds": "semantics.interval",
     "check_containment": "semantics.sampling",
     "import_fx": "importers.fx",
@@ -39,6 +39,12 @@ _LAZY = {
     "bind_checkpoint": "torchlean_bridge.app.abi",
     "audit": "torchlean_bridge.app.audit",
     "diff": "torchlean_bridge.app.diff",
+    "plan_kernels": "torchlean_bridge.app.kernel_plan",
+    "KernelPolicy": "torchlean_bridge.app.kernel_plan",
+    "save_plan": "torchlean_bridge.app.kernel_plan",
+    "load_plan": "torchlean_bridge.app.kernel_plan",
+    "init_params": "torchlean_bridge.seeded_init",
+    "summary": "torchlean_bridge.app.summary",
 }
 
 __all__ = ["Node", "Graph", "Source", "Payload", "RoleMap", "Binding", "Bundle", "BridgeError", "load_graph",

@@ -24,6 +24,7 @@ from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS
 from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import fmt_shape
+from torchlean_bridge.passes.canonicalize import canonical_kinds
 
 from . import ops_math, ops_nn, ops_tensor
 from ..builder import GraphBuilder
@@ -37,8 +38,8 @@ from .opsets import upgrade, upgrade_target, version_problem
 __all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
 
 HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS}
-EMITTED_KINDS: frozenset[str] = frozenset({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS
-                                          | ops_nn.EMITS)
+# what the handlers emit, after builder.finish's canonicalization (torchlean_bridge.passes.canonicalize)
+EMITTED_KINDS: frozenset[str] = canonical_kinds({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS | ops_nn.EMITS)
 MIN_OPSET, MAX_OPSET = 1, newest_opset()  # every opset the installed onnx defines
 
 

@@ -16,7 +16,7 @@ from ..errors import BridgeError, CheckFailed
 
 __all__ = ["main", "COMMANDS"]
 
-# command name -> module in torchlean_bridge.commands (each defines HELP, add_arguments, run)
+# command name -> module in torchlean_bridge.app.commands (each defines HELP, add_arguments, run)
 COMMANDS = {
     "demo": "demo",
     "import": "import_model",
@@ -28,6 +28,8 @@ COMMANDS = {
     "abi": "abi",
     "audit": "audit",
     "diff": "diff",
+    "plan": "plan",
+    "init": "init",
 }
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from ...bundle import Bundle
 from ...errors import BridgeError, CheckFailed
+from ...ops.contracts import MAX_RANK
 from .common import load_factory, progress
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
@@ -19,6 +21,7 @@ DESCRIPTION = (
     "ops that block torchlean.ir.v1 export.")
 
 DTYPES = ("float32", "float64", "int64", "bool")
+MAX_EXAMPLE_ELEMENTS = 2 ** 26  # an example input is materialized to trace the model; shapes, not data, matter
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +49,11 @@ def parse_input_shape(text: str) -> tuple[tuple[int, ...], str]:
         raise BridgeError(f"--input-shape {text!r}: expected comma-separated integers such as 1,4") from None
     if any(d < 0 for d in shape):
         raise BridgeError(f"--input-shape {text!r}: extents must be >= 0")
+    if len(shape) > MAX_RANK:
+        raise BridgeError(f"--input-shape {text!r}: rank {len(shape)} is above the limit of {MAX_RANK}")
+    if math.prod(shape) > MAX_EXAMPLE_ELEMENTS:
+        raise BridgeError(f"--input-shape {text!r}: {math.prod(shape)} elements, above the limit of "
+                          f"{MAX_EXAMPLE_ELEMENTS} for an example input")
     return shape, dtype
 
 
@@ -86,7 +94,7 @@ def import_source(args: argparse.Namespace) -> Bundle:
 def bind_weights(bundle: Bundle, path: str) -> Bundle:
     try:
         from importers.checkpoints import load_checkpoint
-        from torchlean_bridge.abi import bind_checkpoint
+        from ..abi import bind_checkpoint
     except ImportError:
         raise BridgeError("--checkpoint: checkpoint binding is not available in this installation") from None
     bound, report = bind_checkpoint(bundle, load_checkpoint(path))

@@ -1,232 +1,75 @@
-"""What the torch.fx and torch.export importers share: values, the node-by-node lowerer, folding.
+"""The node-by-node lowerer both torch importers share, shaped like ``torch.fx.Interpreter``.
 
 Both frameworks hand us a ``torch.fx.Graph``; they differ only in where parameters come from (FX
 ``get_attr`` / module attributes, or the exported program's public ``graph_signature``), in where
 shapes are recorded (``tensor_meta`` from shape propagation, or ``val`` fake tensors), and in the
 targets they use (modules, functions and methods, or ATen overloads). The ``Lowerer`` walks the
-graph like ``torch.fx.Interpreter``: one environment, one ``run_node`` dispatch, small lowering
-functions registered in the tables of ``torch_ops`` (shared), ``torch_aten`` and ``torch_modules``.
+graph with one environment and one ``run_node`` dispatch; ``program.TorchLowerer`` resolves targets
+through the tables ``targets`` builds from the registrations at each lowering.
 
-A value in the environment is a ``Sym`` (an IR node computed from the inputs), a ``Known`` tensor
-(import-time value: a parameter, buffer, constant or folded result, materialized as a ``const``
-node only when an op reads it as data), or a plain Python value (ints, shapes, tuples). Anything
-that does not depend on an input or on a state_dict tensor is folded by running the framework's
-own op on the known values, so masks, positions and shape arithmetic never reach the graph.
+Anything that does not depend on an input or on a state_dict tensor is folded by running the
+framework's own op on the known values, so masks, positions and shape arithmetic never reach the
+graph. A lowering's arguments are checked against its signature before the call (a mismatch is the
+model using a form we do not lower); an exception from inside a lowering is a bug and keeps its
+traceback, with a note naming the fx node.
 """
 
 from __future__ import annotations
 
-import math
+import inspect
 import operator
-import re
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from importers.builder import GraphBuilder
+from importers.errors import NotLowerable, add_node_note
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, UnsupportedError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import BOOL, FLOAT, INT64, fmt_shape
 
-__all__ = ["Known", "Sym", "Lowerer", "Lowering", "NotLowerable", "EMITTED_KINDS", "FOLD_BLOCKLIST",
-           "element_type", "normalize_axis", "role_transform", "flat_values", "source_line", "module_path",
-           "target_name", "op_base_name", "is_shape_query", "check_static", "check_training", "bind_aliases",
-           "prod"]
+from .common import (FOLD_BLOCKLIST, DataDependent, Known, Lowering, Sym, element_type, flat_values, is_inplace_overload,
+                     is_shape_query, map_values, module_path, op_base_name, role_transform, source_line,
+                     target_name)
 
-# every IR kind a lowering in torch_ops / torch_aten / torch_modules can emit (docs/make_ops_md.py)
-EMITTED_KINDS: frozenset[str] = frozenset({
-    "input", "const", "add", "sub", "mul_elem", "div", "neg", "abs", "sqrt", "rsqrt", "inv", "exp", "expm1",
-    "log", "log1p", "sin", "cos", "tan", "tanh", "sigmoid", "relu", "softplus", "gelu", "silu", "leaky_relu", "elu",
-    "selu", "celu", "clamp", "hardsigmoid", "hardswish", "mish", "softsign", "erf", "sign", "floor", "ceil",
-    "round", "trunc", "exp2", "log2", "atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh",
-    "pow", "max_elem", "min_elem", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-    "logical_not", "isnan", "where", "cast", "softmax", "log_softmax", "reduce_sum", "reduce_mean", "sum",
-    "reduce_sum_axes", "reduce_mean_axes", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "matmul",
-    "linear", "conv", "conv_transpose", "batch_norm_eval", "layernorm", "max_pool", "avg_pool", "max_pool_nd",
-    "avg_pool_nd", "resize_linear", "cumsum", "sort", "reshape", "permute", "transpose", "broadcast_to", "concat",
-    "slice", "gather", "gather_elements", "pad",
-})
+__all__ = ["Lowerer", "check_arguments"]
 
-# ops that must never be folded even when their operands are known (randomness, side effects)
-FOLD_BLOCKLIST = frozenset({
-    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli", "normal",
-    "uniform", "multinomial", "poisson", "exponential", "dropout", "native_dropout", "feature_dropout",
-    "alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "empty", "empty_like", "new_empty", "empty_strided"})
+_SIGNATURES: dict[Any, inspect.Signature | None] = {}
 
 
-class NotLowerable(BridgeError):
-    """A lowering cannot express this use of a supported target (collected, reported together)."""
+def check_arguments(lower: Lowering, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuse a call whose arguments do not fit the lowering's signature (a form of the target the
+    lowering does not take), before the call, so a TypeError inside the lowering stays a bug."""
+    key = getattr(lower, "__func__", lower)
+    if key not in _SIGNATURES:
+        try:
+            _SIGNATURES[key] = inspect.signature(lower)
+        except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+            _SIGNATURES[key] = None
+    sig = _SIGNATURES[key]
+    if sig is None:
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise NotLowerable(f"cannot lower these arguments ({type(e).__name__}: {e})"[:300]) from None
 
 
-@dataclass(eq=False)
-class Known:
-    """A tensor known at import time.
-
-    ``key`` is the external name bound when it becomes a ``const`` node; ``pinned`` marks a
-    state_dict tensor, which is never folded into anonymous values (the role map must bind it);
-    ``steps`` are the layout transforms (permute/reshape) applied since it left the state_dict.
-    """
-
-    tensor: torch.Tensor
-    key: str | None = None
-    pinned: bool = False
-    steps: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    folded: bool = False
-    key_shape: tuple[int, ...] | None = None  # shape under ``key``, before ``steps``
-
-    def __post_init__(self) -> None:
-        if self.key_shape is None:
-            self.key_shape = tuple(self.tensor.shape)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.tensor.shape)
-
-    def moved(self, tensor: torch.Tensor, step: tuple[str, tuple[int, ...]]) -> "Known":
-        return Known(tensor, self.key, self.pinned, self.steps + (step,), self.folded, self.key_shape)
-
-
-@dataclass(frozen=True)
-class Sym:
-    """An IR node computed from the graph inputs."""
-
-    nid: int
-
-
-Lowering = Callable[..., Any]
-
-
-def element_type(dtype: torch.dtype) -> str:
-    if dtype == torch.bool:
-        return BOOL
-    if dtype.is_floating_point:
-        return FLOAT
-    if dtype.is_complex:
-        raise NotLowerable(f"complex tensors ({dtype}) are not supported")
-    return INT64
-
-
-def normalize_axis(axis: int, rank: int, what: str = "dim") -> int:
-    if not -max(rank, 1) <= axis < max(rank, 1):
-        raise NotLowerable(f"{what} {axis} is out of range for rank {rank}")
-    return axis % rank if rank else 0
-
-
-def role_transform(steps: Sequence[tuple[str, tuple[int, ...]]], source_shape: Sequence[int]) -> str | None:
-    """The role-map transform text for a chain of layout steps, simplified.
-
-    Consecutive permutations compose into one; an identity disappears; a 2-D swap is ``transpose``.
-    """
-    out: list[str] = []
-    perm: tuple[int, ...] | None = None
-    shape = tuple(source_shape)
-
-    def flush() -> None:
-        nonlocal perm
-        if perm is not None and perm != tuple(range(len(perm))):
-            out.append("transpose" if perm == (1, 0) else "permute:" + ",".join(map(str, perm)))
-        perm = None
-
-    for name, arg in steps:
-        if name == "permute":
-            perm = tuple(arg) if perm is None else tuple(perm[i] for i in arg)
-            shape = tuple(shape[i] for i in arg)
-        elif name == "reshape":
-            flush()
-            if tuple(arg) != shape:
-                out.append("reshape:" + ",".join(map(str, arg)))
-            shape = tuple(arg)
-    flush()
-    return ";".join(out) or None
-
-
-def flat_values(value: Any) -> list[Any]:
-    """Leaves of nested tuples/lists/dicts (model outputs) in order."""
-    if isinstance(value, (list, tuple)):
-        return [leaf for v in value for leaf in flat_values(v)]
-    if isinstance(value, Mapping):
-        return [leaf for v in value.values() for leaf in flat_values(v)]
-    return [value]
-
-
-def _map_values(value: Any, fn: Callable[[Any], Any]) -> Any:
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_map_values(v, fn) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_values(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_values(v, fn) for k, v in value.items()}
-    if isinstance(value, slice):
-        return slice(fn(value.start), fn(value.stop), fn(value.step))
-    return fn(value)
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-_TORCH_DIR = str(torch.__file__).rsplit("/", 1)[0]
-
-
-def source_line(stack_trace: str | None) -> str | None:
-    """``file.py:12`` of the innermost frame of model code.
-
-    User code wins; inside ``torch.nn`` containers the library module's own line is the source;
-    frames of the tracing machinery (``torch/fx``, ``torch/_*``, ``torch/export``) never are.
-    """
-    if not stack_trace:
-        return None
-    frames = _FRAME.findall(stack_trace)
-    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
-    library = [f for f in frames if f[0].startswith(_TORCH_DIR + "/nn/")]
-    chosen = (user or library)
-    if not chosen:
-        return None
-    path, line = chosen[-1]
-    return f"{path}:{line}"
-
-
-def module_path(node: torch.fx.Node) -> str | None:
-    """The dotted path of the innermost module a node belongs to (``nn_module_stack``)."""
-    if node.op == "call_module":
-        return str(node.target)
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    path = list(stack.values())[-1][0]
-    path = re.sub(r"^L\['self'\]\.?|^L__self__\.?", "", str(path))
-    return path or None
-
-
-def target_name(node: torch.fx.Node, module: torch.nn.Module | None = None) -> str:
-    t = node.target
-    if node.op == "call_module" and module is not None:
-        return f"{type(module).__module__}.{type(module).__name__}"
-    if node.op == "call_method":
-        return f"Tensor.{t}"
-    if isinstance(t, torch._ops.OpOverload):
-        return str(t)
-    if callable(t):
-        mod = getattr(t, "__module__", None) or ""
-        name = getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or repr(t)
-        return f"{mod}.{name}" if mod and mod != "builtins" else name
-    return str(t)
-
-
-def op_base_name(node: torch.fx.Node) -> str:
-    """``randn`` for ``aten.randn.default``, ``torch.randn`` and ``Tensor.randn``-style methods."""
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload):
-        return str(t).split(".")[1].rstrip("_")
-    if isinstance(t, str):
-        return t.rstrip("_")
-    return str(getattr(t, "__name__", t)).rstrip("_")
+def _data_dependent_operand(n: torch.fx.Node, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """A ``DataDependent`` value used as an operand (directly or in a list of tensors); selecting it
+    from its tuple (``getitem``, ``.indices``) is no use yet."""
+    direct = [*args, *kwargs.values()]
+    if not (n.op == "call_function" and n.target in (operator.getitem, getattr)):
+        direct += [x for a in direct if isinstance(a, (list, tuple)) for x in a]
+    return next((v for v in direct if isinstance(v, DataDependent)), None)
 
 
 class Lowerer:
     """Lower one ``torch.fx.Graph`` node by node into a ``GraphBuilder``.
 
-    ``torch_program.TorchLowerer`` supplies the target tables (``resolve``), parameters
+    ``program.TorchLowerer`` supplies the target tables (``resolve``), parameters
     (``get_attr``/``param``) and submodules; the importers bind the placeholders and call ``run``.
     """
 
@@ -385,7 +228,6 @@ class Lowerer:
                                                           operator.itruediv):
             return True
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            from .torch_aten import is_inplace_overload
             return is_inplace_overload(node.target)
         return bool(node.kwargs.get("inplace")) if node.op != "call_module" else False
 
@@ -435,18 +277,18 @@ class Lowerer:
                 poisoned.add(n)
                 continue
             if n.op == "output":
-                outputs = flat_values(_map_values(n.args[0], self._lookup))
+                outputs = flat_values(map_values(n.args[0], self._lookup))
                 continue
             if n.op == "placeholder":
                 continue  # bound by the importer before run()
             try:
                 self.run_node(n)
-            except (NotLowerable, BridgeError) as e:
-                self.problem(n, e.message if isinstance(e, BridgeError) else str(e))
+            except BridgeError as e:  # NotLowerable, or a rule that rejected what the lowering built
+                self.problem(n, e.message)
                 poisoned.add(n)
-            except (TypeError, ValueError, IndexError, RuntimeError) as e:
-                self.problem(n, f"cannot lower these arguments ({type(e).__name__}: {e})"[:300])
-                poisoned.add(n)
+            except Exception as e:  # a bug: keeps its traceback, named by the node it happened at
+                add_node_note(e, self.where(n))
+                raise
         self.raise_problems("nodes could not be lowered")
         return outputs
 
@@ -461,10 +303,13 @@ class Lowerer:
         if n.op == "get_attr":
             self.env[n] = self.get_attr(n)
             return
-        args = _map_values(n.args, self._lookup)
-        kwargs = _map_values(dict(n.kwargs), self._lookup)
+        args = map_values(n.args, self._lookup)
+        kwargs = map_values(dict(n.kwargs), self._lookup)
         first = len(self.builder.nodes)
         leaves = flat_values([args, kwargs])
+        refused = _data_dependent_operand(n, args, kwargs)
+        if refused is not None:
+            raise refused.refusal()
         if self.foldable_target(n) and not any(isinstance(v, Sym) or isinstance(v, Known) and v.pinned
                                                for v in leaves):
             result = self.fold(n, args, kwargs)
@@ -483,14 +328,22 @@ class Lowerer:
             self.env[n.args[0]] = result
 
     def call(self, n: torch.fx.Node, lower: Lowering, args: Any, kwargs: dict[str, Any]) -> Any:
+        check_arguments(lower, (self, *args), kwargs)
         return lower(self, *args, **kwargs)
+
+    def where(self, n: torch.fx.Node) -> str:
+        """``fx node `name` (target, module m, file.py:12)``: the context a bug's traceback gets."""
+        info = self.describe(n)
+        extra = ", ".join(x for x in (info["target"], info["module"] and f"module {info['module']}",
+                                      info["location"]) if x)
+        return f"fx node `{info['name']}` ({extra})"
 
     def fold(self, n: torch.fx.Node, args: Any, kwargs: dict[str, Any]) -> Any:
         """Run the framework's own op on import-time values; tensors become folded Knowns."""
-        concrete = _map_values((args, kwargs), lambda v: v.tensor if isinstance(v, Known) else v)
+        concrete = map_values((args, kwargs), lambda v: v.tensor if isinstance(v, Known) else v)
         with torch.no_grad():
             out = self.execute(n, *concrete)
-        return _map_values(out, lambda v: Known(v, folded=True) if isinstance(v, torch.Tensor) else v)
+        return map_values(out, lambda v: Known(v, folded=True) if isinstance(v, torch.Tensor) else v)
 
     def execute(self, n: torch.fx.Node, args: Any, kwargs: dict[str, Any]) -> Any:
         if n.op == "call_method":
@@ -569,73 +422,3 @@ class Lowerer:
         return bundle
 
 
-def is_shape_query(node: torch.fx.Node) -> bool:
-    """``x.size()``, ``x.shape``, ``x.dim()``, ``sym_size``: the answer is a number, not data."""
-    if node.op == "call_method":
-        return node.target in ("size", "dim", "numel")
-    if node.op == "call_function":
-        if node.target is getattr:
-            return len(node.args) > 1 and node.args[1] in ("shape", "ndim", "dtype", "device")
-        return str(node.target).startswith("aten.sym_size")
-    return False
-
-
-def check_static(shape: Iterable[Any], what: str) -> tuple[int, ...]:
-    """Concrete ints or a clear error for symbolic (dynamic) dimensions."""
-    out = []
-    for d in shape:
-        if isinstance(d, torch.SymInt) or not isinstance(d, int):
-            raise BridgeError(f"{what}: dimension {d} is dynamic; export with static shapes "
-                              "(no dynamic_shapes=/Dim) so every extent is a number")
-        out.append(d)
-    return tuple(out)
-
-
-def prod(xs: Iterable[int]) -> int:
-    return math.prod(int(x) for x in xs)
-
-
-def check_training(module: torch.nn.Module, framework: str) -> None:
-    if module.training:
-        raise BridgeError(f"{framework} import: {type(module).__name__} is in training mode (dropout and batch "
-                          "norm compute something else there); call model.eval() before importing")
-
-
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-            and a.dtype == b.dtype)
-
-
-def bind_aliases(bundle: Bundle, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Tied parameters: keys sharing one tensor are bound to every use of that tensor.
-
-    torch.export names a tied tensor once, FX by whichever attribute the code read; either way each
-    key of the tie ends up with one binding per use, so ``roles.uses(key)`` lists all of them and
-    both importers give the same role map.
-    """
-    from torchlean_bridge.roles import Binding, RoleMap
-    groups: list[list[str]] = []
-    for key, tensor in state_dict.items():
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        group = next((g for g in groups if _same_tensor(state_dict[g[0]], tensor)), None)
-        if group is None:
-            groups.append([key])
-        else:
-            group.append(key)
-    tied = [g for g in groups if len(g) > 1 and any(k in bundle.roles for k in g)]
-    if not tied:
-        return
-    members = {k for g in tied for k in g}
-    bindings = [b for b in bundle.roles.bindings() if b.key not in members]
-    for group in tied:
-        uses = sorted({(b.node, b.role, b.transform) for k in group for b in bundle.roles.uses(k)},
-                      key=lambda u: (u[0], u[1], u[2] or ""))
-        bindings += [Binding(k, node, role, transform) for k in group for node, role, transform in uses]
-    bundle.roles = RoleMap(bindings)
-    unused = [k for k in bundle.report.get("unused_tensors", []) if k not in members]
-    if unused:
-        bundle.report["unused_tensors"] = unused
-    else:
-        bundle.report.pop("unused_tensors", None)
-    bundle.report["tied_tensors"] = [sorted(g) for g in tied]

@@ -1,5 +1,5 @@
 """Lowerings of the layers with parameters or geometry: linear algebra, convolution, normalization,
-pooling, embedding and attention. Shared by the FX module/function tables and the ATen table.
+pooling, embedding and attention. Shared by the FX function and module lowerings and the ATen overloads.
 
 State_dict tensors go into the node's payload, bound to their key with the transform that turns
 the stored tensor into the payload tensor (``addmm(b, x, W.t())`` is ``linear`` with ``W`` itself;
@@ -18,8 +18,12 @@ import torch
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 from torchlean_bridge.ops.contracts import v1_pool_out_dim, window_out_dim
 
-from . import torch_ops as T
-from .torch_common import Known, Lowerer, NotLowerable, Sym, prod
+from . import ops_elementwise as elementwise
+from . import ops_layout as layout
+from . import ops_reduce as reduction
+from .common import Known, NotLowerable, Sym, prod
+from .lowerer import Lowerer
+from .targets import lowers, register
 
 Cx = Lowerer
 
@@ -39,18 +43,19 @@ def _ones(n: int) -> np.ndarray:
 
 
 # -- linear algebra -------------------------------------------------------------------------------
+@lowers(aten="linear.default", fx="F.linear")
 def linear(cx: Cx, input: Any, weight: Any, bias: Any = None, *, weight_transposed: bool = False) -> Any:
     """``linear`` when the weight is an import-time matrix; otherwise matmul (+ add)."""
     if not isinstance(weight, Known) or weight.tensor.dim() != 2 or cx.rank(input) < 1 \
             or (bias is not None and not isinstance(bias, Known)):
-        w = weight if weight_transposed else T.t(cx, weight)
+        w = weight if weight_transposed else layout.t(cx, weight)
         out = matmul(cx, input, w)
-        return out if bias is None else T.add(cx, out, bias)
+        return out if bias is None else elementwise.add(cx, out, bias)
     out_dim = weight.shape[1] if weight_transposed else weight.shape[0]
     if bias is not None and tuple(bias.shape) != (out_dim,):
         if prod(bias.shape) != out_dim:
-            return T.add(cx, linear(cx, input, weight, None, weight_transposed=weight_transposed), bias)
-        bias = T.reshape(cx, bias, [out_dim])
+            return elementwise.add(cx, linear(cx, input, weight, None, weight_transposed=weight_transposed), bias)
+        bias = layout.reshape(cx, bias, [out_dim])
     x = cx.node(input, "float")
     out = cx.add("linear", [x], shape=cx.shape(input)[:-1] + (out_dim,))
     cx.bind_param(out.nid, "weight", weight, transpose=weight_transposed)
@@ -61,6 +66,7 @@ def linear(cx: Cx, input: Any, weight: Any, bias: Any = None, *, weight_transpos
     return out
 
 
+@lowers(aten="addmm.default", fx="torch.addmm", methods="addmm")
 def addmm(cx: Cx, input: Any, mat1: Any, mat2: Any, beta: float = 1, alpha: float = 1) -> Any:
     """``beta*input + alpha*(mat1 @ mat2)``; with a known ``mat2`` and bias it is ``linear``."""
     if beta == 1 and alpha == 1 and isinstance(mat2, Known) and isinstance(input, Known) \
@@ -68,10 +74,11 @@ def addmm(cx: Cx, input: Any, mat1: Any, mat2: Any, beta: float = 1, alpha: floa
         return linear(cx, mat1, mat2, input, weight_transposed=True)
     out = matmul(cx, mat1, mat2)
     if alpha != 1:
-        out = T.mul(cx, out, alpha)
-    return T.add(cx, out, input if beta == 1 else T.mul(cx, input, beta))
+        out = elementwise.mul(cx, out, alpha)
+    return elementwise.add(cx, out, input if beta == 1 else elementwise.mul(cx, input, beta))
 
 
+@lowers(aten="matmul.default mm.default bmm.default", fx="operator.matmul torch.matmul torch.mm torch.bmm", methods="matmul mm bmm")
 def matmul(cx: Cx, input: Any, other: Any) -> Sym:
     out = cx.add("matmul", [cx.node(input, FLOAT), cx.node(other, FLOAT)])
     if isinstance(other, Known) and other.tensor.dim() == 2 and cx.rank(input) >= 1 and cx.current is not None:
@@ -79,6 +86,7 @@ def matmul(cx: Cx, input: Any, other: Any) -> Sym:
     return out
 
 
+@lowers(aten="add.Tensor add.Scalar", fx="operator.add operator.iadd torch.add", methods="add")
 def add(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Any:
     """``x @ W + b`` with import-time ``W`` and a bias along the last axis is exactly ``linear``."""
     if alpha == 1:
@@ -86,7 +94,7 @@ def add(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Any:
             fused = _fuse_bias(cx, product, bias)
             if fused is not None:
                 return fused
-    return T.add(cx, input, other, alpha)
+    return elementwise.add(cx, input, other, alpha)
 
 
 def _fuse_bias(cx: Cx, product: Any, bias: Any) -> Any:
@@ -101,13 +109,15 @@ def _fuse_bias(cx: Cx, product: Any, bias: Any) -> Any:
     return linear(cx, x, weight, bias, weight_transposed=True)
 
 
+@lowers(aten="baddbmm.default", fx="torch.baddbmm", methods="baddbmm")
 def baddbmm(cx: Cx, input: Any, batch1: Any, batch2: Any, beta: float = 1, alpha: float = 1) -> Any:
     out = matmul(cx, batch1, batch2)
     if alpha != 1:
-        out = T.mul(cx, out, alpha)
-    return T.add(cx, out, input if beta == 1 else T.mul(cx, input, beta))
+        out = elementwise.mul(cx, out, alpha)
+    return elementwise.add(cx, out, input if beta == 1 else elementwise.mul(cx, input, beta))
 
 
+@lowers(fx="torch.einsum")
 def einsum(cx: Cx, equation: str, *operands: Any) -> Any:
     """A plain contraction of one or two operands: permute/reshape/matmul/reduce_sum, exact."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
@@ -133,26 +143,31 @@ def einsum(cx: Cx, equation: str, *operands: Any) -> Any:
         others = "".join(x for j, x in enumerate(specs) if j != k)  # by position: equal specs are distinct operands
         gone = [i for i, c in enumerate(s) if c not in out and c not in others]
         if gone:
-            op = T.reduce_sum(cx, op, gone, False)
+            op = reduction.reduce_sum(cx, op, gone, False)
             s = "".join(c for i, c in enumerate(s) if i not in gone)
         ops.append((s, op))
     if len(ops) == 1:
         s, op = ops[0]
-        return T.permute(cx, op, [s.index(c) for c in out])
+        return layout.permute(cx, op, [s.index(c) for c in out])
     (sa, a), (sb, b) = ops
     batch = [c for c in out if c in sa and c in sb]
     left = [c for c in sa if c in out and c not in sb]
     right = [c for c in sb if c in out and c not in sa]
     contract = [c for c in sa if c in sb and c not in out]
-    a = T.permute(cx, a, [sa.index(c) for c in batch + left + contract])
-    b = T.permute(cx, b, [sb.index(c) for c in batch + contract + right])
+    a = layout.permute(cx, a, [sa.index(c) for c in batch + left + contract])
+    b = layout.permute(cx, b, [sb.index(c) for c in batch + contract + right])
     size = lambda cs: prod(dims[c] for c in cs)  # noqa: E731
     bshape = [dims[c] for c in batch]
-    a = T.reshape(cx, a, bshape + [size(left), size(contract)])
-    b = T.reshape(cx, b, bshape + [size(contract), size(right)])
-    res = T.reshape(cx, matmul(cx, a, b), bshape + [dims[c] for c in left + right])
+    a = layout.reshape(cx, a, bshape + [size(left), size(contract)])
+    b = layout.reshape(cx, b, bshape + [size(contract), size(right)])
+    res = layout.reshape(cx, matmul(cx, a, b), bshape + [dims[c] for c in left + right])
     order = batch + left + right
-    return T.permute(cx, res, [order.index(c) for c in out])
+    return layout.permute(cx, res, [order.index(c) for c in out])
+
+
+@lowers(aten="einsum.default")
+def aten_einsum(cx: Cx, equation: str, tensors: Sequence[Any], path: Any = None) -> Any:
+    return einsum(cx, equation, *tensors)
 
 
 # -- convolution ----------------------------------------------------------------------------------
@@ -163,6 +178,7 @@ def _tuple(v: Any, n: int) -> list[int]:
     return v * n if len(v) == 1 else v
 
 
+@lowers(aten="conv1d.default conv2d.default conv3d.default conv1d.padding conv2d.padding conv3d.padding", fx="F.conv1d F.conv2d F.conv3d")
 def conv(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
          dilation: Any = 1, groups: int = 1) -> Sym:
     w = _param(cx, weight, "convolution weight")
@@ -192,6 +208,7 @@ def conv(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, pad
     return out
 
 
+@lowers(aten="conv_transpose1d.default conv_transpose2d.input conv_transpose3d.input", fx="F.conv_transpose1d F.conv_transpose2d F.conv_transpose3d")
 def conv_transpose(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
                    output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Sym:
     """``F.conv_transposeNd`` (its argument order: groups before dilation); the weight keeps
@@ -215,6 +232,7 @@ def conv_transpose(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: An
     return out
 
 
+@lowers(aten="convolution.default _convolution.default")
 def convolution(cx: Cx, input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
                 transposed: bool, output_padding: Any, groups: int, *rest: Any) -> Sym:
     """``aten.convolution`` (``_convolution`` passes four backend flags after ``groups``)."""
@@ -224,6 +242,7 @@ def convolution(cx: Cx, input: Any, weight: Any, bias: Any, stride: Any, padding
 
 
 # -- normalization --------------------------------------------------------------------------------
+@lowers(aten="batch_norm.default")
 def batch_norm(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
                training: bool, momentum: float = 0.1, eps: float = 1e-5, *_: Any) -> Sym:
     if training:
@@ -254,23 +273,33 @@ def _batch_norm_composed(cx: Cx, input: Any, weight: Any, bias: Any, running_mea
     torch._decomp's ``(x - mean) * rsqrt(var + eps) * weight + bias`` along axis 1."""
     s = cx.shape(input)
     channel_shape = [s[1]] + [1] * (len(s) - 2)
-    centered = T.sub(cx, input, T.reshape(cx, running_mean, channel_shape))
-    scale = T.unary("rsqrt")(cx, T.add(cx, running_var, float(eps)))
-    out = T.mul(cx, centered, T.reshape(cx, scale, channel_shape))
+    centered = elementwise.sub(cx, input, layout.reshape(cx, running_mean, channel_shape))
+    scale = elementwise.unary("rsqrt")(cx, elementwise.add(cx, running_var, float(eps)))
+    out = elementwise.mul(cx, centered, layout.reshape(cx, scale, channel_shape))
     return _channel_affine(cx, out, weight, bias, s)
 
 
+@lowers(fx="F.batch_norm")
+def f_batch_norm(cx: Cx, input: Any, running_mean: Any, running_var: Any, weight: Any = None, bias: Any = None,
+                 training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Sym:
+    """F.batch_norm's argument order."""
+    return batch_norm(cx, input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lowers(aten="_native_batch_norm_legit_no_training.default")
 def batch_norm_no_training(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
                            momentum: float, eps: float) -> tuple[Any, None, None]:
     """aten._native_batch_norm_legit_no_training: (out, save_mean, save_rstd); only out is data."""
     return batch_norm(cx, input, weight, bias, running_mean, running_var, False, momentum, eps), None, None
 
 
+@lowers(aten="native_batch_norm.default _native_batch_norm_legit.default")
 def native_batch_norm(cx: Cx, input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
                       training: bool, momentum: float, eps: float) -> tuple[Any, None, None]:
     return batch_norm(cx, input, weight, bias, running_mean, running_var, training, momentum, eps), None, None
 
 
+@lowers(aten="layer_norm.default", fx="F.layer_norm")
 def layer_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None,
                eps: float = 1e-5, *_: Any) -> Sym:
     ns = [int(d) for d in ([normalized_shape] if isinstance(normalized_shape, int) else normalized_shape)]
@@ -285,11 +314,13 @@ def layer_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any 
     return out
 
 
+@lowers(aten="native_layer_norm.default")
 def native_layer_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any, bias: Any,
                       eps: float) -> tuple[Any, None, None]:
     return layer_norm(cx, input, normalized_shape, weight, bias, eps), None, None
 
 
+@lowers(aten="group_norm.default", fx="F.group_norm")
 def group_norm(cx: Cx, input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5,
                *_: Any) -> Any:
     """Group norm by its definition: each (sample, group) block normalized like a layer norm without
@@ -297,18 +328,20 @@ def group_norm(cx: Cx, input: Any, num_groups: int, weight: Any = None, bias: An
     s = cx.shape(input)
     if len(s) < 2 or s[1] % int(num_groups):
         raise NotLowerable(f"group norm with {num_groups} groups of an input shaped {list(s)}")
-    blocks = T.reshape(cx, input, [s[0], int(num_groups), -1])
+    blocks = layout.reshape(cx, input, [s[0], int(num_groups), -1])
     normed = cx.add("layernorm", [cx.node(blocks, FLOAT)], {"axis": 2, "eps": float(eps)})
-    out = T.reshape(cx, normed, s)
+    out = layout.reshape(cx, normed, s)
     return _channel_affine(cx, out, weight if weight is None else _param(cx, weight, "group norm weight"),
                            bias if bias is None else _param(cx, bias, "group norm bias"), s)
 
 
+@lowers(aten="native_group_norm.default")
 def native_group_norm(cx: Cx, input: Any, weight: Any, bias: Any, n: int, c: int, hxw: int, group: int,
                       eps: float) -> tuple[Any, None, None]:
     return group_norm(cx, input, group, weight, bias, eps), None, None
 
 
+@lowers(aten="rms_norm.default", fx="F.rms_norm")
 def rms_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any = None, eps: float | None = None) -> Any:
     """torch._decomp's rms_norm: ``x * rsqrt(mean(x^2 over the normalized suffix) + eps) * weight``;
     eps None is ``finfo(input dtype).eps``, read from the framework's recorded dtype."""
@@ -320,21 +353,22 @@ def rms_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any = 
     if eps is None:
         eps = torch.finfo(cx.current_meta().dtype).eps
     x = Sym(cx.node(input, FLOAT))
-    mean_square = T.reduce_mean(cx, T.square(cx, x), list(range(axis, len(s))), True)
-    out = T.mul(cx, x, T.unary("rsqrt")(cx, T.add(cx, mean_square, float(eps))))
-    return out if weight is None else T.mul(cx, out, _param(cx, weight, "rms norm weight"))
+    mean_square = reduction.reduce_mean(cx, elementwise.square(cx, x), list(range(axis, len(s))), True)
+    out = elementwise.mul(cx, x, elementwise.unary("rsqrt")(cx, elementwise.add(cx, mean_square, float(eps))))
+    return out if weight is None else elementwise.mul(cx, out, _param(cx, weight, "rms norm weight"))
 
 
 def _channel_affine(cx: Cx, out: Any, weight: Any, bias: Any, shape: Sequence[int]) -> Any:
     """The per-channel scale and shift along axis 1 of an (N, C, ...) tensor."""
     channel_shape = [shape[1]] + [1] * (len(shape) - 2)
     if weight is not None:
-        out = T.mul(cx, out, T.reshape(cx, weight, channel_shape))
+        out = elementwise.mul(cx, out, layout.reshape(cx, weight, channel_shape))
     if bias is not None:
-        out = T.add(cx, out, T.reshape(cx, bias, channel_shape))
+        out = elementwise.add(cx, out, layout.reshape(cx, bias, channel_shape))
     return out
 
 
+@lowers(aten="instance_norm.default")
 def instance_norm(cx: Cx, input: Any, weight: Any = None, bias: Any = None, running_mean: Any = None,
                   running_var: Any = None, use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5,
                   *_: Any) -> Any:
@@ -348,12 +382,14 @@ def instance_norm(cx: Cx, input: Any, weight: Any = None, bias: Any = None, runn
     return group_norm(cx, input, s[1], weight, bias, eps)
 
 
+@lowers(fx="F.instance_norm")
 def f_instance_norm(cx: Cx, input: Any, running_mean: Any = None, running_var: Any = None, weight: Any = None,
                     bias: Any = None, use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> Any:
     """F.instance_norm's argument order."""
     return instance_norm(cx, input, weight, bias, running_mean, running_var, use_input_stats, momentum, eps)
 
 
+@lowers(aten="_native_batch_norm_legit.no_stats")
 def batch_stats_norm(cx: Cx, input: Any, weight: Any, bias: Any, training: bool, momentum: float,
                      eps: float) -> tuple[Any, None, None]:
     """aten._native_batch_norm_legit.no_stats as instance norm's decomposition emits it: one sample
@@ -363,9 +399,9 @@ def batch_stats_norm(cx: Cx, input: Any, weight: Any, bias: Any, training: bool,
     if not training or len(s) < 2 or s[0] != 1:
         raise NotLowerable(f"batch norm with batch statistics over {s[0] if s else 0} samples "
                            "(track_running_stats=False) mixes the samples of a batch; not an eval-mode layer")
-    rows = T.reshape(cx, input, [s[1], -1])
+    rows = layout.reshape(cx, input, [s[1], -1])
     normed = cx.add("layernorm", [cx.node(rows, FLOAT)], {"axis": 1, "eps": float(eps)})
-    return _channel_affine(cx, T.reshape(cx, normed, s), weight, bias, s), None, None
+    return _channel_affine(cx, layout.reshape(cx, normed, s), weight, bias, s), None, None
 
 
 # -- pooling ----------------------------------------------------------------------------------------
@@ -438,6 +474,17 @@ def adaptive_pool(which: str, r: int, with_indices: bool = False):
     return lower
 
 
+MAX_POOL = {r: register(max_pool(r), aten=f"max_pool{r}d.default", fx=f"F.max_pool{r}d") for r in (1, 2, 3)}
+AVG_POOL = {r: register(avg_pool(r), aten=f"avg_pool{r}d.default", fx=f"F.avg_pool{r}d") for r in (1, 2, 3)}
+ADAPTIVE_AVG_POOL = {r: register(adaptive_pool("avg", r), fx=f"F.adaptive_avg_pool{r}d",
+                                 aten=f"adaptive_avg_pool{r}d.default _adaptive_avg_pool{r}d.default")
+                     for r in (1, 2, 3)}
+ADAPTIVE_MAX_POOL = {r: register(adaptive_pool("max", r), fx=f"F.adaptive_max_pool{r}d") for r in (1, 2, 3)}
+for _r in (1, 2, 3):
+    register(max_pool_with_indices(_r), aten=f"max_pool{_r}d_with_indices.default")
+    register(adaptive_pool("max", _r, with_indices=True), aten=f"adaptive_max_pool{_r}d.default")
+
+
 def _tuple_or_none(v: Any, n: int) -> list[Any]:
     if v is None or isinstance(v, int):
         return [v] * n
@@ -446,6 +493,7 @@ def _tuple_or_none(v: Any, n: int) -> list[Any]:
 
 
 # -- embedding and attention ------------------------------------------------------------------------
+@lowers(aten="embedding.default")
 def embedding(cx: Cx, weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_freq: bool = False,
               sparse: bool = False) -> Sym:
     """An embedding lookup is ``gather`` on axis 0 of the table (int64 indices)."""
@@ -454,6 +502,16 @@ def embedding(cx: Cx, weight: Any, indices: Any, padding_idx: int = -1, scale_gr
     return cx.add("gather", [cx.node(weight, FLOAT), cx.node(indices, INT64)], {"axis": 0})
 
 
+@lowers(fx="F.embedding")
+def f_embedding(cx: Cx, input: Any, weight: Any, padding_idx: Any = None, max_norm: Any = None,
+                norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Any:
+    """F.embedding's argument order (indices first)."""
+    if max_norm is not None:
+        raise NotLowerable("embedding with max_norm renormalizes the table in place")
+    return embedding(cx, weight, input)
+
+
+@lowers(aten="scaled_dot_product_attention.default", fx="F.scaled_dot_product_attention")
 def scaled_dot_product_attention(cx: Cx, query: Any, key: Any, value: Any, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Sym:
@@ -465,8 +523,8 @@ def scaled_dot_product_attention(cx: Cx, query: Any, key: Any, value: Any, attn_
         raise NotLowerable("grouped-query attention (enable_gqa with fewer key/value heads)")
     L, S = qs[-2], ks[-2]
     factor = 1.0 / math.sqrt(qs[-1]) if scale is None else float(scale)
-    scores = matmul(cx, query, T.transpose(cx, key, -2, -1))
-    scores = T.mul(cx, scores, factor)
+    scores = matmul(cx, query, layout.transpose(cx, key, -2, -1))
+    scores = elementwise.mul(cx, scores, factor)
     if is_causal:
         if attn_mask is not None:
             raise NotLowerable("attention with both attn_mask and is_causal")
@@ -477,13 +535,8 @@ def scaled_dot_product_attention(cx: Cx, query: Any, key: Any, value: Any, attn_
             if mask is not None and not bool(mask.any(-1).all()):
                 raise NotLowerable("attention mask blocks every key of some query (PyTorch returns zeros there, "
                                    "softmax would be undefined)")
-            scores = T.where(cx, attn_mask, scores, float("-inf"))
+            scores = elementwise.where(cx, attn_mask, scores, float("-inf"))
         else:
-            scores = T.add(cx, scores, attn_mask)
-    probs = T.softmax("softmax")(cx, scores, -1)
+            scores = elementwise.add(cx, scores, attn_mask)
+    probs = reduction.softmax(cx, scores, -1)
     return matmul(cx, probs, value)
-
-
-# torch_ops.SAME_NAME plus the nn lowerings whose torch function and ATen ``<name>.default`` agree
-SAME_NAME: dict[str, Any] = {**T.SAME_NAME, "linear": linear, "addmm": addmm, "baddbmm": baddbmm, "matmul": matmul,
-                             "mm": matmul, "bmm": matmul}

@@ -1,7 +1,9 @@
-"""Affine interval rules in center-radius form: linear, conv, matmul, batch norm, sums, avg pooling.
+"""Affine maps: linear, matmul, conv, conv_transpose.
 
-For y = A x + b over the box [c - r, c + r] the exact image is A c + b +- |A| r (each output's range
-is exact, not just enclosed). We compute fl(A c) and fl(|A| (r + g|c|)) with BLAS and widen by the
+Float: one BLAS product (conv through ``semantics.conv``'s im2col).
+
+Interval, in center-radius form. For y = A x + b over the box [c - r, c + r] the exact image is
+A c + b +- |A| r (each output's range is exact, not just enclosed). We compute fl(A c) and fl(|A| (r + g|c|)) with BLAS and widen by the
 order-independent dot-product error bound (``interval_round.dot_radius``), then add the bias with
 directed rounding. Two matrix products per layer, the same cost as auto_LiRPA's IBP.
 """
@@ -14,12 +16,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import interval_arith as ia
-from .conv import conv_nd, conv_transpose_nd, pool_nd
-from .interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
+from .. import interval_arith as ia
+from ..conv import conv_nd, conv_transpose_nd
+from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
+from ..records import in_dtype
+from .table import FLOAT_RULES, INTERVAL_RULES, float_params, float_rule, interval_rule, read_params
 
-__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box", "batch_norm_box", "mean_box",
-           "divide_exact", "avg_pool_box"]
+__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box"]
 
 
 def affine_box(a: Box, apply: Callable[[np.ndarray], np.ndarray], apply_abs: Callable[[np.ndarray], np.ndarray],
@@ -159,46 +162,47 @@ def matmul_box(a: Box, b: Box) -> Box:
     return _four_product_matmul(a, b)
 
 
-def _channel(v: np.ndarray, axis: int, rank: int) -> np.ndarray:
-    return np.asarray(v, dtype=np.float64).reshape((-1,) + (1,) * (rank - axis - 1))
+# -- the rules --------------------------------------------------------------------------------
+
+for _kind in ("linear", "conv", "conv_transpose"):
+    FLOAT_RULES.params[_kind] = lambda node, record, dt: in_dtype(record, dt)
+    INTERVAL_RULES.params[_kind] = lambda node, record: AffineParams.of(*record)
 
 
-def batch_norm_box(a: Box, record: Mapping[str, np.ndarray], axis: int, eps: float) -> Box:
-    """((x - mean) / sqrt(max(var, 0) + eps)) * gamma + beta, each step outward rounded."""
-    rank = a[0].ndim
-    mean = _channel(record["running_mean"], axis, rank)
-    var = np.maximum(_channel(record["running_var"], axis, rank), 0.0)
-    with np.errstate(all="ignore"):
-        den = np.maximum(down(np.sqrt(np.maximum(down(var + eps), 0.0))), 0.0), up(np.sqrt(up(var + eps)))
-    if np.any(den[0] <= 0):
-        raise ZeroDivisionError("batch_norm_eval: var + eps is 0 for some channel")
-    q = ia.div(ia.sub(a, ia.point(mean)), den)
-    return ia.add_const(ia.scale(q, _channel(record["weight"], axis, rank)), _channel(record["bias"], axis, rank))
+@float_rule("matmul")
+def matmul(node, xs, rec, dt):
+    return np.matmul(xs[0], xs[1])
 
 
-def divide_exact(a: Box, d) -> Box:
-    """Division by positive exact floats (counts, divisors), outward rounded."""
-    with np.errstate(all="ignore"):
-        return down(a[0] / d), up(a[1] / d)
+interval_rule("matmul")(lambda node, ps, rec: matmul_box(ps[0], ps[1]))
 
 
-def mean_box(a: Box, axis) -> Box:
-    axes = axis if isinstance(axis, tuple) else (axis,)
-    n = math.prod(a[0].shape[x] for x in axes)
-    return divide_exact(sum_bounds(a[0], a[1], axis), float(n))
+@float_rule("linear")
+def linear(node, xs, rec, dt):
+    x = xs[0]
+    w, b = float_params(node, rec, x.shape, dt)
+    y = np.matmul(x, w.T)
+    y += b
+    return y
 
 
-def avg_pool_box(a: Box, attrs: Mapping[str, Any], out_spatial: Sequence[int],
-                 divisor: np.ndarray | float) -> Box:
-    """Window sums (padded cells count as 0) with the dot-product error bound, then the division."""
-    r = attrs["spatial_rank"]
-    geometry = dict(kernel=attrs["kernel"], stride=attrs["stride"], padding=attrs["padding"],
-                    padding_after=attrs.get("padding_after", attrs["padding"]),
-                    dilation=attrs.get("dilation", (1,) * r), out_spatial=out_spatial)
-    n = math.prod(attrs["kernel"])
-    g = gamma(max(n - 1, 1))
-    with np.errstate(all="ignore"):
-        sums = [pool_nd(x, mode="avg", divisor=1.0, **geometry) for x in (a[0], a[1], np.abs(a[0]), np.abs(a[1]))]
-        lo = down(sums[0] - up(sums[2] * g))
-        hi = up(sums[1] + up(sums[3] * g))
-    return divide_exact(clean(lo, hi), divisor)
+@interval_rule("linear")
+def linear_rule(node, ps, rec):
+    return linear_box(ps[0], read_params(INTERVAL_RULES, node, rec, ps[0][0].shape))
+
+
+@float_rule("conv", "conv_transpose")
+def conv(node, xs, rec, dt):
+    a = node.attrs
+    w, b = float_params(node, rec, xs[0].shape, dt)
+    geometry = dict(channel_axis=a["channel_axis"], stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
+                    groups=a["groups"], out_spatial=node.out_shape[a["channel_axis"] + 1:])
+    if node.kind == "conv_transpose":
+        return conv_transpose_nd(xs[0], w, b, **geometry)
+    return conv_nd(xs[0], w, b, padding_after=a["padding_after"], **geometry)
+
+
+@interval_rule("conv", "conv_transpose")
+def conv_rule(node, ps, rec):
+    return conv_box(ps[0], read_params(INTERVAL_RULES, node, rec, ps[0][0].shape), node.attrs, node.out_shape,
+                    transposed=node.kind == "conv_transpose")

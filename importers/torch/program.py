@@ -8,6 +8,7 @@ programs that mutate buffers or inputs.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Sequence
 
 import torch
@@ -17,14 +18,30 @@ from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError
 
-from .torch_aten import aten_lowering
-from .torch_common import Known, Lowerer, Lowering, NotLowerable, Sym, check_static, element_type
-from .torch_modules import FUNCTIONS, METHODS, MODULES
+# the op modules register their targets when imported; the lowerer resolves through the tables
+from . import modules, ops_elementwise, ops_index, ops_layout, ops_nn, ops_rearrange, ops_reduce  # noqa: F401
+from . import ops_resize  # noqa: F401
+from .common import Known, Lowering, NotLowerable, Sym, check_static, element_type
+from .lowerer import Lowerer
+from .targets import aten_lowering, function_lowering, method_lowering, module_lowering
 
-__all__ = ["TorchLowerer", "bind_program", "IGNORED_KWARGS"]
+__all__ = ["TorchLowerer", "ModuleCall", "bind_program", "bind_and_run", "graph_inputs", "IGNORED_KWARGS"]
 
 # keyword arguments that say where or how a tensor is stored, never what it holds
 IGNORED_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking", "copy"})
+
+
+class ModuleCall:
+    """A module lowering bound to its module and path: called ``(cx, *args)``, with the signature of
+    the lowering after ``(cx, module, path)`` (so arguments are checked against what it takes)."""
+
+    def __init__(self, lower: Lowering, module: torch.nn.Module, path: str) -> None:
+        self.lower, self.module, self.path = lower, module, path
+        params = list(inspect.signature(lower).parameters.values())
+        self.__signature__ = inspect.Signature(params[:1] + params[3:])
+
+    def __call__(self, cx: Lowerer, *args: Any, **kwargs: Any) -> Any:
+        return self.lower(cx, self.module, self.path, *args, **kwargs)
 
 
 class TorchLowerer(Lowerer):
@@ -43,21 +60,21 @@ class TorchLowerer(Lowerer):
         if node.op == "call_function":
             if isinstance(node.target, torch._ops.OpOverload):
                 return aten_lowering(node.target)
-            return FUNCTIONS.get(node.target)
+            return function_lowering(node.target)
         if node.op == "call_method":
-            return METHODS.get(node.target)
+            return method_lowering(node.target)
         if node.op == "call_module":
             module = self.submodule(node)
-            lower = MODULES.get(type(module))
+            lower = module_lowering(type(module))
             if lower is not None:
-                return lambda cx, *a, **k: lower(cx, module, self.path(node), *a, **k)
+                return ModuleCall(lower, module, self.path(node))
             if type(module).__module__.startswith("torch.nn"):
                 return lambda cx, *a, **k: cx.inline_module(module, self.path(node), a, k)
         return None
 
     def call(self, n: torch.fx.Node, lower: Lowering, args: Any, kwargs: dict[str, Any]) -> Any:
         kwargs = {("input" if k == "self" else k): v for k, v in kwargs.items() if k not in IGNORED_KWARGS}
-        return lower(self, *args, **kwargs)
+        return super().call(n, lower, args, kwargs)
 
     def path(self, node: torch.fx.Node) -> str:
         return ".".join(p for p in (self.module_prefix, str(node.target)) if p)

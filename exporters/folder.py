@@ -32,6 +32,9 @@ GRAPH_FILE, PAYLOAD_FILE, ROLES_FILE, REPORT_FILE = "graph.json", "payload.safet
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "torchlean_bridge.bundle.v1"
 _CONTENT_FILES = (GRAPH_FILE, PAYLOAD_FILE, ROLES_FILE, REPORT_FILE)
+# saved beside a bundle by `torchlean-bridge plan --save` (app/kernel_plan.py); made for the old graph,
+# so a new save may replace it with the rest of the folder
+_COMPANION_FILES = ("kernel_plan.json",)
 
 
 def file_sha256(path: Path) -> str:
@@ -45,7 +48,7 @@ def file_sha256(path: Path) -> str:
 
 def _is_bundle_folder(folder: Path) -> bool:
     """Only bundle files inside: such a folder may be replaced whole by ``save``."""
-    return all(p.name in _CONTENT_FILES or p.name == MANIFEST_FILE for p in folder.iterdir())
+    return all(p.name in _CONTENT_FILES or p.name in (MANIFEST_FILE, *_COMPANION_FILES) for p in folder.iterdir())
 
 
 def save(bundle: Bundle, folder: str | Path) -> Path:

@@ -86,22 +86,53 @@ def test_seed_offsets_each_layer_seed():
         tlb.init_params(mlp_231_bundle(), seed=-1)
 
 
-def test_zeros_scheme_and_refusals():
-    conv = Graph([Node(0, [], "input", [1, 4, 4]),
+def _conv_graph(groups: int = 1) -> Graph:
+    return Graph([Node(0, [], "input", [2, 4, 4]),
                   Node(1, [0], "conv", [2, 4, 4], {"spatial_rank": 2, "kernel": [3, 3], "stride": [1, 1],
                                                    "padding": [1, 1], "padding_after": [1, 1], "dilation": [1, 1],
-                                                   "groups": 1, "channel_axis": 0, "in_channels": 1,
-                                                   "out_channels": 2})], inputs=[0], outputs=[1])
-    b = Bundle(conv)
-    tlb.check(conv)
-    with pytest.raises(BridgeError, match=r"node 1 \(conv\)") as e:
-        tlb.init_params(b)
+                                                   "groups": groups, "channel_axis": 0, "in_channels": 2,
+                                                   "out_channels": 2}),
+                  Node(2, [1], "batch_norm_eval", [2, 4, 4], {"channel_axis": 0, "channels": 2, "eps": 1e-5}),
+                  Node(3, [2], "flatten", [32], {"value_shape": [2, 4, 4]}),
+                  Node(4, [3], "linear", [3])], inputs=[0], outputs=[4])
+
+
+def test_conv_and_batch_norm_follow_torchleans_spatial_primitives():
+    g = _conv_graph()
+    tlb.check(g)
+    p = tlb.init_params(Bundle(g))
+    # conv at occurrence 0: kernel uniform(-0.1, 0.1) from seed 2*0, row-major; bias zero
+    kernel = p.get(1, "weight")
+    assert kernel.shape == (2, 2, 3, 3)
+    assert np.array_equal(kernel.reshape(-1), -0.1 + unit_samples(0, 36) * 0.2)
+    assert np.all(np.abs(kernel) <= 0.1) and not p.get(1, "bias").any()
+    # batch norm counts as a layer (occurrence 1): scale and running variance one, shift and mean zero
+    assert p.get(2, "weight").tolist() == [1.0, 1.0] and p.get(2, "running_var").tolist() == [1.0, 1.0]
+    assert p.get(2, "bias").tolist() == [0.0, 0.0] and p.get(2, "running_mean").tolist() == [0.0, 0.0]
+    # so the linear head is occurrence 2
+    assert np.array_equal(p.get(4, "weight"), xavier_uniform(3, 32, 2))
+    # a conv at a later occurrence i draws from seed 2i
+    shifted = tlb.init_params(Bundle(g), seed=3)
+    assert np.array_equal(shifted.get(1, "weight").reshape(-1), -0.1 + unit_samples(6, 36) * 0.2)
+    assert np.array_equal(shifted.get(4, "weight"), xavier_uniform(3, 32, 5))
+
+
+def test_zeros_scheme_and_refusals():
+    grouped = Bundle(_conv_graph(groups=2))
+    tlb.check(grouped.graph)
+    with pytest.raises(BridgeError, match=r"node 1 \(conv\): TorchLean's conv primitive has no groups") as e:
+        tlb.init_params(grouped)
     assert e.value.node == 1 and e.value.op == "conv"
-    zeros = tlb.init_params(b, scheme="zeros")
+    zeros = tlb.init_params(grouped, scheme="zeros")
     assert zeros.get(1, "weight").shape == (2, 1, 3, 3) and not zeros.get(1, "weight").any()
-    assert zeros.get(1, "bias").shape == (2,)
+    assert not zeros.get(2, "running_var").any() and zeros.get(4, "weight").shape == (3, 32)
+    ln = Graph([Node(0, [], "input", [2, 4]), Node(1, [0], "layernorm", [2, 4], {"axis": 1, "eps": 1e-5})],
+               inputs=[0], outputs=[1])
+    ln_bundle = Bundle(ln, tlb.Payload({1: {"weight": np.ones(4), "bias": np.zeros(4)}}))
+    with pytest.raises(BridgeError, match=r"node 1 \(layernorm\): no TorchLean initializer"):
+        tlb.init_params(ln_bundle)
     with pytest.raises(BridgeError, match="unknown scheme"):
-        tlb.init_params(b, scheme="kaiming")
+        tlb.init_params(grouped, scheme="kaiming")
 
 
 def test_unbound_constants_are_kept():

@@ -253,3 +253,36 @@ def test_plan_cli(tmp_path):
     assert r.returncode == 1 and "no admissible kernel capsule for op linear on device cpu" in r.stderr
     r = _cli("plan", str(folder), "--prefer", "nonsense")
     assert r.returncode == 2 and "unknown provider" in r.stderr
+
+
+def test_a_plan_saved_beside_a_bundle_survives_loading_and_goes_with_a_new_save(tmp_path):
+    from exporters.folder import save
+    b = seed_mlp_bundle()
+    folder = save(b, tmp_path / "b")
+    tlb.save_plan(plan_kernels(b.graph), folder)
+    assert tlb.load(folder) == b  # the plan is not a bundle file
+    save(b, folder)  # replacing the bundle replaces its folder, stale plan included
+    assert not (folder / "kernel_plan.json").exists()
+
+
+def test_eval_cli_with_a_saved_plan(tmp_path):
+    from exporters.folder import save
+    b = seed_mlp_bundle()
+    folder = save(b, tmp_path / "b")
+    np.save(tmp_path / "x.npy", SEED_X0)
+    assert _cli("plan", str(folder), "--prefer", "libtorch", "--save").returncode == 0
+    r = _cli("eval", str(folder), "--input", str(tmp_path / "x.npy"), "--plan", str(folder), "--all-nodes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[4:] == ["node 4: 0.027720", "node 5: 0.027713"]
+
+
+def test_policy_forms_and_plan_comparison_with_torchleans_pair():
+    g = seed_mlp_graph()
+    plan = plan_kernels(g)
+    assert plan == SEED_PLAN and plan == (tuple(SEED_PLAN[0]), tuple(SEED_PLAN[1]))
+    assert plan_kernels(g, "cpu") == plan == plan_kernels(g, {"device": "cpu"})
+    assert plan_kernels(g, {"preferred": "libtorch"}).capsule_names[0] == "libtorch.linear"
+    with pytest.raises(BridgeError, match="unknown policy field"):
+        plan_kernels(g, {"backend": "libtorch"})
+    k = plan.kernels[0]
+    assert (k.registered, k.selectable, k.executable, k.proved) == (True, True, True, False)

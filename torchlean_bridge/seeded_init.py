@@ -1,23 +1,26 @@
 """Deterministic parameter initialization: TorchLean's seeded initializer, and all zeros.
 
 ``scheme="torchlean"`` follows GraphSpec's ``detInitParams?`` (the concatenation of the runtime
-layers' own ``initState``, in ABI order): each parameter-bearing layer gets a seed equal to its
-occurrence index (plus the caller's ``seed``), the index advancing only at layers that count
-(``countsAsLayer``); the layer's key is ``splitmix64(layer seed + 0)``, and sample ``idx`` is
-``splitmix64(key + idx) mod 2^32 / 2^32``. Linear weights are Xavier-uniform,
-``-limit + unit * 2 * limit`` with ``limit = sqrt(6 / (fanIn + fanOut))``, filled row-major (flat
-index ``r * in + c``); biases are exactly zero. The facts are from TorchLean's Lean sources
-(``NN/GraphSpec`` ``detInitParams?``, ``Runtime.Autograd.Model.Layers.linear``), as recorded in
-the project's spec note ``torchlean-kernel-plan-and-init.md``.
+layers' own ``initState``, in ABI order). Layers are numbered by occurrence, the index advancing only
+at layers whose ``countsAsLayer`` is true (linear, conv, batch norm; not relu); ``seed`` is the index
+of the first one (default 0). A seeded tensor's key is ``splitmix64(layer seed + 0)`` (``keyOf seed
+0``) and sample ``idx`` is ``splitmix64(key + idx) mod 2^32 / 2^32``, filled row-major.
 
-Only ``linear`` has a TorchLean initializer this module reproduces exactly. Convolution's
-(``NN/GraphSpec/Primitives/Spatial.lean``: uniform(-0.1, 0.1) through ``Torch.Init.tensor`` with seed
-``2 i``) depends on a sampler whose algorithm the note does not give, and BatchNorm's GraphSpec
-primitive has no running statistics; every op without an exact initializer is refused by name.
+- ``linear`` at index ``i`` (``Runtime.Autograd.Model.Layers.linear``, weightSeed ``i``; the project's
+  spec note ``torchlean-kernel-plan-and-init.md``): Xavier-uniform weights ``-limit + unit * 2 *
+  limit``, ``limit = sqrt(6 / (fanIn + fanOut))``; bias exactly zero.
+- ``conv`` at index ``i`` (TorchLean ``NN/GraphSpec/Primitives/Spatial.lean``, ``Primitive.conv``:
+  kernel ``uniform(-0.1, 0.1)`` with seed ``2 i``, bias zeros; the uniform sample is ``lo + unit * (hi -
+  lo)`` by ``NN/Runtime/Autograd/Model/Module/RuntimeInit.lean``, ``unitAt``/``sampleAt``, the sampler
+  shared with the tensor initializer). TorchLean's conv primitive has no groups: grouped convolutions
+  are refused.
+- ``batch_norm_eval`` (``Spatial.lean`` ``Primitive.batchNorm``, which counts as a layer: scale ones,
+  shift zeros; ``NN/Runtime/Autograd/Model/Layers/Normalization.lean`` ``batchNorm``: running mean
+  zeros, running variance ones).
 
-``scheme="zeros"`` fills every parameter slot with zeros (TorchLean's structural-example init).
-Constants the importer made (unbound ``const`` nodes) are architecture, not parameters: both schemes
-keep them.
+Every other parameter-bearing op is refused by name (its TorchLean initializer, or whether it counts as
+a layer, is not known here). ``scheme="zeros"`` fills every parameter slot with zeros. Constants the
+importer made (unbound ``const`` nodes) are architecture, not parameters: both schemes keep them.
 """
 
 from __future__ import annotations
@@ -28,14 +31,12 @@ import numpy as np
 
 from .bundle import Bundle
 from .errors import BridgeError
+from .graph import Node
 from .payload import Payload
 
-__all__ = ["init_params", "splitmix64", "unit_samples", "xavier_uniform", "SCHEMES", "COUNTS_AS_LAYER"]
+__all__ = ["init_params", "splitmix64", "unit_samples", "xavier_uniform", "uniform", "SCHEMES", "INITIALIZERS"]
 
 SCHEMES = ("torchlean", "zeros")
-
-# ops whose TorchLean layer advances the occurrence index, with the initializer of each role
-COUNTS_AS_LAYER = {"linear": ("weight", "bias")}
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -70,9 +71,46 @@ def xavier_uniform(out_dim: int, in_dim: int, layer_seed: int) -> np.ndarray:
     return (-limit + unit_samples(layer_seed, out_dim * in_dim) * (2 * limit)).reshape(out_dim, in_dim)
 
 
+def uniform(count: int, lo: float, hi: float, layer_seed: int) -> np.ndarray:
+    """TorchLean's ``FloatInit.uniform lo hi seed``: ``lo + unit * (hi - lo)`` per flat index."""
+    return lo + unit_samples(layer_seed, count) * (hi - lo)
+
+
+def _linear(node: Node, role: str, shape: tuple[int, ...], index: int) -> np.ndarray:
+    if role == "bias":
+        return np.zeros(shape)
+    return xavier_uniform(shape[0], shape[1], index)
+
+
+def _conv(node: Node, role: str, shape: tuple[int, ...], index: int) -> np.ndarray:
+    if role == "bias":
+        return np.zeros(shape)
+    return uniform(math.prod(shape), -0.1, 0.1, 2 * index).reshape(shape)
+
+
+_BATCH_NORM_FILL = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
+
+
+def _batch_norm(node: Node, role: str, shape: tuple[int, ...], index: int) -> np.ndarray:
+    return np.full(shape, _BATCH_NORM_FILL[role])
+
+
+# op kind -> TorchLean initializer of (role, shape, occurrence index); each of these counts as a layer
+INITIALIZERS = {"linear": _linear, "conv": _conv, "batch_norm_eval": _batch_norm}
+
+
+def _refusal(node: Node) -> str | None:
+    """Why TorchLean's initializer does not apply to this node (None when it does)."""
+    if node.kind not in INITIALIZERS:
+        return "no TorchLean initializer is reproduced for it"
+    if node.kind == "conv" and node.attrs["groups"] != 1:
+        return f"TorchLean's conv primitive has no groups (groups={node.attrs['groups']})"
+    return None
+
+
 def _check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2 ** 64:
-        raise BridgeError(f"init_params: seed must be an integer in [0, 2^64), got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2 ** 62:
+        raise BridgeError(f"init_params: seed must be an integer in [0, 2^62), got {seed!r}")
     return int(seed)
 
 
@@ -112,12 +150,14 @@ def init_params(bundle: Bundle, scheme: str = "torchlean", seed: int = 0) -> Pay
         if math.prod(shape) > _MAX_ELEMENTS:
             raise BridgeError(f"init_params: node {nid} ({op}) `{role}` {list(shape)} has more than "
                               f"{_MAX_ELEMENTS} elements", node=nid, op=op)
+    g = bundle.graph
     if scheme == "torchlean":
-        refused = sorted({(nid, op) for nid, op, _, _ in slots if op not in COUNTS_AS_LAYER})
+        refused = [(nid, op, why) for nid, op in sorted({(n, op) for n, op, _, _ in slots})
+                   if (why := _refusal(g.nodes[nid]))]
         if refused:
-            listed = ", ".join(f"node {n} ({op})" for n, op in refused)
-            raise BridgeError(f"init_params: no TorchLean initializer is reproduced for {listed}; "
-                              f"only {', '.join(COUNTS_AS_LAYER)} has one (use scheme='zeros')",
+            listed = "; ".join(f"node {n} ({op}): {why}" for n, op, why in refused)
+            raise BridgeError(f"init_params: {listed}; TorchLean initializers are reproduced for "
+                              f"{', '.join(INITIALIZERS)} only (use scheme='zeros')",
                               node=refused[0][0], op=refused[0][1])
     payload = Payload()
     in_slots = {(nid, role) for nid, _, role, _ in slots}
@@ -125,13 +165,12 @@ def init_params(bundle: Bundle, scheme: str = "torchlean", seed: int = 0) -> Pay
         if (nid, role) not in in_slots and bundle.graph.nodes[nid].kind == "const":
             payload.set(nid, role, arr)
     # occurrence index: counts only layers whose countsAsLayer is true (linear yes, relu no)
-    layer_index = {n.id: k for k, n in enumerate(n for n in bundle.graph.nodes if n.kind in COUNTS_AS_LAYER)}
+    layer_index = {n.id: base + k for k, n in enumerate(n for n in g.nodes if n.kind in INITIALIZERS)}
     for nid, op, role, shape in slots:
-        if scheme == "zeros" or role == "bias":
-            payload.set(nid, role, np.zeros(shape, dtype=_dtype(bundle.graph.nodes[nid])))
+        if scheme == "zeros":
+            payload.set(nid, role, np.zeros(shape, dtype=_dtype(g.nodes[nid])))
         else:
-            out_dim, in_dim = shape
-            payload.set(nid, role, xavier_uniform(out_dim, in_dim, base + layer_index[nid]))
+            payload.set(nid, role, INITIALIZERS[op](g.nodes[nid], role, shape, layer_index[nid]))
     return payload
 
 

@@ -17,10 +17,11 @@ import numpy as np
 from torchlean_bridge.errors import BridgeError, UnsupportedError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import Shape
+from torchlean_bridge.roles import Step, Transform
 
 from ..builder import GraphBuilder
 
-__all__ = ["Const", "OnnxContext", "NodeUnsupported", "compose_transform", "Value", "attr_value",
+__all__ = ["Const", "OnnxContext", "NodeUnsupported", "Value", "attr_value",
            "unsupported_error"]
 
 
@@ -50,22 +51,10 @@ class Const:
         """The result of a layout-only op on this constant: same key, one more transform step."""
         if self.key is None or step is None:
             return Const(value, folded=True)
-        return Const(value, self.key, compose_transform(self.transform, step), True, self.initializer)
+        return Const(value, self.key, Transform.parse(self.transform).then(step).text, True, self.initializer)
 
 
 Value = int | Const
-
-
-def compose_transform(first: str | None, step: str) -> str | None:
-    """Append a transform step; consecutive reshapes collapse, two transposes cancel."""
-    steps = first.split(";") if first else []
-    if steps and step == "transpose" and steps[-1] == "transpose":
-        steps.pop()
-    elif steps and step.startswith("reshape:") and steps[-1].startswith("reshape:"):
-        steps[-1] = step
-    else:
-        steps.append(step)
-    return ";".join(steps) or None
 
 
 def attr_value(node: Any, name: str, default: Any = None) -> Any:
@@ -214,13 +203,13 @@ class OnnxContext:
         value, transform = c.value, c.transform
         if transpose:
             value = value.T
-            transform = compose_transform(transform, "transpose")
+            transform = Transform.parse(transform).then("transpose").text
         if reshape_to is not None and tuple(value.shape) != tuple(reshape_to):
             value = value.reshape(tuple(reshape_to))
-            transform = compose_transform(transform, "reshape:" + ",".join(map(str, reshape_to)))
+            transform = Transform.parse(transform).then(Step("reshape", tuple(reshape_to))).text
         if value.dtype.kind == "f" and value.dtype != np.float64 and value.dtype != np.float32:
             value = value.astype(np.float32)
-            transform = compose_transform(transform, "cast:float32")
+            transform = Transform.parse(transform).then("cast:float32").text
         if c.key is not None:
             self.used_keys.add(c.key)
         self.b.param(nid, role, np.asarray(value, order="C"), key=c.key, transform=transform if c.key else None)

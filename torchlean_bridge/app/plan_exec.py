@@ -42,7 +42,8 @@ def as_plan(plan: Any, g: Graph) -> KernelPlan:
     blocked = [k for k in plan if not k.executable]
     if blocked:
         listed = ", ".join(f"node {k.node} ({k.capsule.name} on {k.capsule.device})" for k in blocked)
-        raise BridgeError(f"evaluate: this library cannot execute the planned capsule(s) {listed}", node=blocked[0].node)
+        raise BridgeError(f"evaluate: this library cannot execute the planned capsule(s) {listed}",
+                          node=blocked[0].node)
     return plan
 
 

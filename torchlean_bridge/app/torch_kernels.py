@@ -65,7 +65,7 @@ def _partial(kind: str, fn: Callable[[Any], Any], inside: Callable[[Any], Any], 
     def run(node: Node, xs: Sequence[Any], rec: Mapping[str, np.ndarray]) -> Any:
         if not bool(inside(xs[0]).all()):
             if kind == "log":
-                from semantics.float_rules import LOG_DOMAIN_MESSAGE
+                from semantics.rules.elementwise import LOG_DOMAIN_MESSAGE
                 from semantics.records import fail
                 raise fail(node, LOG_DOMAIN_MESSAGE)
             raise _fail(node, f"input contains {outside} (or NaN)")

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -508,7 +508,8 @@ def cli_fixtures(folder: Path) -> dict[str, str]:
     np.save(folder / "strings.npy", np.array(["a", "b"]))
     from safetensors.numpy import save_file
     key_of = {(bd.node, bd.role): bd.key for bd in b.roles.bindings()}  # the model's own keys
-    save_file({key_of[(n, r)]: np.asarray(a) for n, r, a in b.payload.items()}, str(folder / "w.safetensors"))
+    save_file({key_of[(n, r)]: np.asarray(a) for n, r, a in b.payload.items()},
+              str(folder / "w.safetensors"))
     (folder / "model.py").write_text("import torch\n\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(4, 3), "
                                      "torch.nn.ReLU())\n")
     (folder / "d").mkdir(exist_ok=True)

@@ -45,7 +45,7 @@ def wire_seeds():
     return h.wire_seeds()
 
 
-@fuzz(250)
+@fuzz(600)
 @given(rng=st.randoms(use_true_random=False))
 def test_mutated_wire_documents(worker, wire_seeds, rng: random.Random) -> None:
     _assert_handled(worker.run(h.wire_case(wire_seeds, rng)))
@@ -68,7 +68,7 @@ def saved_bundles(tmp_path_factory):
     return root, [tlb.save(b, root / f"seed{i}") for i, b in enumerate(h.bundle_seeds())]
 
 
-@fuzz(150)
+@fuzz(300)
 @given(rng=st.randoms(use_true_random=False))
 def test_corrupted_bundle_folders(worker, saved_bundles, rng: random.Random) -> None:
     root, saved = saved_bundles
@@ -80,7 +80,7 @@ def onnx_models():
     return [m.SerializeToString() for m in h.onnx_seed_models().values()]
 
 
-@fuzz(200)
+@fuzz(600)
 @given(rng=st.randoms(use_true_random=False))
 def test_byte_mutated_onnx_models(worker, onnx_models, tmp_path_factory, rng: random.Random) -> None:
     work = Path(tmp_path_factory.getbasetemp()) / "onnx-cases"
@@ -94,7 +94,7 @@ def checkpoint_files(tmp_path_factory):
     return root, h.checkpoint_seeds(root / "seeds")
 
 
-@fuzz(200)
+@fuzz(400)
 @given(rng=st.randoms(use_true_random=False))
 def test_corrupted_checkpoints(worker, checkpoint_files, rng: random.Random) -> None:
     root, seeds = checkpoint_files
@@ -114,7 +114,7 @@ def test_the_unmutated_cli_invocations_succeed(worker, cli_setup) -> None:
         assert result.outcome == "exit:0", (argv, result.detail)
 
 
-@fuzz(80)
+@fuzz(124)
 @given(rng=st.randoms(use_true_random=False))
 def test_mutated_cli_invocations(worker, cli_setup, rng: random.Random) -> None:
     files, base = cli_setup

@@ -146,7 +146,7 @@ def test_bundle_payload_names_must_be_canonical_and_fit_the_graph(tmp_path, name
         tlb.load(tmp_path / "b")
 
 
-def test_inline_document_record_for_a_foreign_role_is_refused(tmp_path) -> None:
+def test_inline_fields_on_a_node_without_payload_roles_are_not_read(tmp_path) -> None:
     doc = seed_doc()
     doc["nodes"][2]["weight"] = [[1.0]]  # relu has no payload: ignored by the reader, as TorchLean does
     (tmp_path / "g.json").write_text(json.dumps(doc))
@@ -368,7 +368,7 @@ def test_corrupted_pytorch_checkpoints_raise_checkpoint_errors(tmp_path, legacy:
     assert sorted(tlb.load_checkpoint(path)) == ["n", "w"]
     data = path.read_bytes()
     kinds = set()
-    for i, mutated in enumerate(_mutations(data)):
+    for mutated in _mutations(data):
         path.write_bytes(mutated)
         try:
             ckpt = tlb.load_checkpoint(path)

@@ -64,11 +64,19 @@ def attr_value(node: Any, name: str, default: Any = None) -> Any:
         if a.name == name:
             v = helper.get_attribute_value(a)
             if isinstance(v, bytes):
-                return v.decode()
+                return _text(v, node, name)
             if isinstance(v, list):
-                return [x.decode() if isinstance(x, bytes) else x for x in v]
+                return [_text(x, node, name) if isinstance(x, bytes) else x for x in v]
             return v
     return default
+
+
+def _text(value: bytes, node: Any, name: str) -> str:
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise BridgeError(f"ONNX import: attribute `{name}` of a {node.op_type!r} node is not valid UTF-8 "
+                          f"({value[:40]!r})") from None
 
 
 class OnnxContext:

@@ -76,7 +76,6 @@ class OnnxContext:
         self._materialized: dict[str, int] = {}
         self.node: Any = None  # the ONNX node being lowered
         self.used_keys: set[str] = set()
-        self.fusable_linear: dict[int, str] = {}  # bias-free linear node -> the ONNX tensor it computes
         self.max_elements = builder.max_elements  # the size cap of nodes and of import-time folds
 
     def consumer_count(self, name: str) -> int:

@@ -26,7 +26,15 @@ __all__ = ["Const", "OnnxContext", "NodeUnsupported", "Value", "attr_value",
 
 
 class NodeUnsupported(BridgeError):
-    """A handler cannot lower this node exactly (collected, reported with all others at once)."""
+    """A handler cannot lower this node exactly (collected, reported with all others at once).
+
+    ``needs`` names the ONNX tensors that would let it lower if they were known at import time
+    (``import_onnx(..., constants=...)`` binds graph inputs; the ONNX backend binds them itself).
+    """
+
+    def __init__(self, message: str, needs: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.needs = tuple(needs)
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ class OnnxContext:
         self.node: Any = None  # the ONNX node being lowered
         self.used_keys: set[str] = set()
         self.max_elements = builder.max_elements  # the size cap of nodes and of import-time folds
+        self.graph_inputs: set[str] = set()  # the model's (unbound) graph inputs
+        self.onnx_types: dict[str, int] = {}  # ONNX element types by tensor name (shape inference's)
 
     def consumer_count(self, name: str) -> int:
         """How many node inputs and graph outputs read an ONNX tensor."""
@@ -114,12 +124,19 @@ class OnnxContext:
         v = self.values[self.node.input[i]]
         return v if isinstance(v, Const) else None
 
-    def static(self, i: int, what: str) -> np.ndarray:
-        """Input ``i`` that must be known at import time (shapes, axes, pads...)."""
+    def needed(self, i: int, what: str) -> Const:
+        """Input ``i`` that must be known at import time (shapes, axes, pads, weights...)."""
         c = self.const(i)
         if c is None:
-            raise self.fail(f"input {i} ({what}) must be a constant known at import time")
-        return c.value
+            name = self.node.input[i] if self.has_input(i) else ""
+            raise NodeUnsupported(f"input {i} ({what}) must be a constant known at import time (bind graph input "
+                                  f"`{name}` with constants=... or --bind)" if name in self.graph_inputs else
+                                  f"input {i} ({what}) must be a constant known at import time", needs=[name])
+        return c
+
+    def static(self, i: int, what: str) -> np.ndarray:
+        """The value of input ``i`` that must be known at import time (shapes, axes, pads...)."""
+        return self.needed(i, what).value
 
     def ints(self, i: int, what: str) -> list[int] | None:
         if not self.has_input(i):
@@ -158,6 +175,15 @@ class OnnxContext:
         v = self.values[self.node.input[i]]
         return element_type_of(v.value) if isinstance(v, Const) else self.b.dtype(v)
 
+    def onnx_type(self, name: str) -> str:
+        """The ONNX element type of a tensor by ONNX's name for it (``uint8``, not the IR's int64)."""
+        from .inputs import element_type_name
+        v = self.values.get(name)
+        if isinstance(v, Const):
+            return str(v.value.dtype)
+        t = self.onnx_types.get(name)
+        return element_type_name(t) if t else self.b.dtype(v) if isinstance(v, int) else "unknown"
+
     def axis(self, axis: int, rank: int) -> int:
         """A possibly negative ONNX axis made non-negative (and checked)."""
         a = axis + rank if axis < 0 else axis
@@ -169,10 +195,7 @@ class OnnxContext:
     def param(self, nid: int, role: str, i: int, reshape_to: Sequence[int] | None = None,
               transpose: bool = False) -> None:
         """Store constant input ``i`` as payload ``role`` of node ``nid``, bound to its initializer."""
-        c = self.const(i)
-        if c is None:
-            raise self.fail(f"input {i} ({role}) must be an initializer")
-        self.param_const(nid, role, c, reshape_to, transpose)
+        self.param_const(nid, role, self.needed(i, role), reshape_to, transpose)
 
     def param_const(self, nid: int, role: str, c: Const, reshape_to: Sequence[int] | None = None,
                     transpose: bool = False) -> None:

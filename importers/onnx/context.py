@@ -92,7 +92,6 @@ class OnnxContext:
         self._materialized: dict[str, int] = {}
         self.node: Any = None  # the ONNX node being lowered
         self.used_keys: set[str] = set()
-        self.fusable_linear: dict[int, str] = {}  # bias-free linear node -> the ONNX tensor it computes
         self.max_elements = builder.max_elements  # the size cap of nodes and of import-time folds
         self.graph_inputs: set[str] = set()  # the model's (unbound) graph inputs
         self.onnx_types: dict[str, int] = {}  # ONNX element types by tensor name (shape inference's)

@@ -87,7 +87,6 @@ class Lowerer:
         self.module_prefix = ""  # set while inlining a submodule's exported program
         self.unused_keys: set[str] = set()
         # matmul nodes with an import-time right operand: (fx node, input, weight), for x @ W + b
-        self.linear_candidates: dict[int, tuple[torch.fx.Node, Any, Known]] = {}
 
     # -- provenance -----------------------------------------------------------------------------
     def describe(self, node: torch.fx.Node) -> dict[str, Any]:

@@ -226,7 +226,7 @@ def _executable(capsule: KernelCapsule, kind: str) -> bool:
     if capsule.provider == "reference":
         from semantics.rules import FLOAT_RULES
         return kind in FLOAT_RULES and kind != "custom"
-    return capsule.provider == "libtorch" and kind in TORCH_RULES
+    return capsule.provider == "libtorch" and kind in TORCH_RULES and _torch_importable()
 
 
 def capsule_states(capsule: KernelCapsule, kind: str, policy: KernelPolicy | None = None) -> dict[str, bool]:

@@ -41,11 +41,10 @@ from torchlean_bridge.payload import Payload
 from .domains import IntervalDomain, dead_after, run
 from .evaluate import input_list
 from .interval_round import Box
-from .records import PREPARED, READERS
+from .records import domain_records, read_payload
 from .rules import INTERVAL_RULES, NO_INTERVAL_RULE
 
-__all__ = ["interval_bounds", "IntervalPropagator", "INTERVAL_RULES", "NO_RULE", "input_boxes", "DOMAIN",
-           "prepared_records"]
+__all__ = ["interval_bounds", "IntervalPropagator", "INTERVAL_RULES", "NO_RULE", "input_boxes", "DOMAIN"]
 
 NO_RULE = NO_INTERVAL_RULE
 DOMAIN = IntervalDomain()
@@ -83,22 +82,6 @@ def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
     return boxes
 
 
-def prepared_records(g: Graph, payload: Payload | None, table: Any, *args: Any) -> list[dict]:
-    """Every node's payload record, read and checked in node order (failing as the evaluator does)
-    and converted once for ``table``'s domain, stored under ``PREPARED`` for the rules."""
-    payload = payload if payload is not None else Payload()
-    records: list[dict] = []
-    for node in g.nodes:
-        rec = payload.record(node.id)
-        if node.kind in READERS:
-            parent = g.nodes[node.parents[0]].out_shape if node.parents else ()
-            typed = READERS[node.kind](node, rec, tuple(parent))
-            convert = table.params.get(node.kind)
-            rec = {**rec, PREPARED: typed if convert is None else convert(node, typed, *args)}
-        records.append(rec)
-    return records
-
-
 class IntervalPropagator:
     """A checked graph whose payload is read once, in node order, through the float evaluator's
     record readers (so it fails exactly as ``evaluate`` does; affine weights are converted to
@@ -108,7 +91,8 @@ class IntervalPropagator:
         if not checked:
             check(g)
         self.graph = g
-        self.records = prepared_records(g, payload, INTERVAL_RULES)
+        typed = read_payload(g, payload if payload is not None else Payload())
+        self.records = domain_records(g, typed, INTERVAL_RULES.params)
         self._frees = dead_after(g)
 
     def __call__(self, lower: Any, upper: Any, all_nodes: bool = True) -> list[Box]:

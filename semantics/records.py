@@ -21,7 +21,7 @@ from torchlean_bridge.payload import role_shape
 
 __all__ = ["LinearRecord", "ConvRecord", "BatchNormRecord", "LayerNormRecord", "const_values",
            "linear_record", "conv_record", "batch_norm_record", "layernorm_record", "fail", "READERS", "PREPARED",
-           "in_dtype"]
+           "in_dtype", "read_payload", "domain_records"]
 
 Record = Mapping[str, np.ndarray]
 
@@ -144,3 +144,29 @@ def in_dtype(record: Any, dt: np.dtype) -> Any:
     if isinstance(record, np.ndarray):
         return record.astype(dt, copy=False)
     return type(record)(*(None if a is None else a.astype(dt, copy=False) for a in record))
+
+
+def read_payload(g: Any, payload: Any) -> list[Any]:
+    """Every payload node's record read and checked in node order (failing as evaluation would),
+    ``None`` for the other nodes: the typed records a prepared graph converts once per domain."""
+    typed: list[Any] = []
+    for node in g.nodes:
+        if node.kind in READERS:
+            parent = g.nodes[node.parents[0]].out_shape if node.parents else ()
+            typed.append(READERS[node.kind](node, payload.record(node.id), tuple(parent)))
+        else:
+            typed.append(None)
+    return typed
+
+
+def domain_records(g: Any, typed: list[Any], convert: Mapping[str, Callable[..., Any]], *args: Any) -> list[dict]:
+    """Per node the record a domain's rules receive: ``{PREPARED: converted}`` for payload nodes
+    (``convert[kind](node, typed, *args)``, or the typed record as it is), ``{}`` for the others."""
+    out: list[dict] = []
+    for node, record in zip(g.nodes, typed):
+        if record is None:
+            out.append({})
+            continue
+        fn = convert.get(node.kind)
+        out.append({PREPARED: record if fn is None else fn(node, record, *args)})
+    return out

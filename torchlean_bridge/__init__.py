@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "evaluate": "torchlean_bridge.app.plan_exec",  # semantics.evaluate.evaluate, plus plan=
     "interval_bounds": "semantics.interval",
+    "prepare": "semantics.prepared",
     "check_containment": "semantics.sampling",
     "import_fx": "importers.fx",
     "import_export": "importers.torch_export",

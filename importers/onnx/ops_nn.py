@@ -137,9 +137,7 @@ def _conv_transpose_geometry(ctx: OnnxContext, spatial: tuple[int, ...], kernel:
 
 def _convolution(ctx: OnnxContext) -> list[Value]:
     """``Conv`` (weight ``[out, in/group, *k]``) and ``ConvTranspose`` (weight ``[in, out/group, *k]``)."""
-    weight = ctx.const(1)
-    if weight is None:
-        raise ctx.fail("the weight must be an initializer")
+    weight = ctx.needed(1, "weight")
     xs = ctx.shape(0)
     r = len(xs) - 2
     if r < 1:
@@ -205,15 +203,19 @@ def _global_pool(kind: str) -> Handler:
 
 # -- normalization ----------------------------------------------------------------------------
 
-def _unused_outputs(ctx: OnnxContext, what: str) -> None:
+def _unused_outputs(ctx: OnnxContext, what: str, training: bool = True) -> None:
     for name in ctx.node.output[1:]:
         if name and ctx.consumer_count(name):
-            raise ctx.fail(f"the {what} outputs are only produced in training")
+            raise ctx.fail(f"the {what} outputs are only produced in training" if training else
+                           f"the {what} outputs are read (only Y is lowered)")
 
 
 def _batch_norm(ctx: OnnxContext) -> list[Value]:
     if int(ctx.attr("training_mode", 0)) or not int(ctx.attr("spatial", 1)):
         raise ctx.fail("training mode or spatial=0")
+    if ctx.opset < 14 and any(ctx.node.output[1:]):
+        raise ctx.fail("statistics outputs declared: before BatchNormalization-14 that is training mode, where Y "
+                       "is normalized with the batch's own statistics")
     _unused_outputs(ctx, "running/saved statistics")
     xs = ctx.shape(0)
     if len(xs) < 2:
@@ -231,15 +233,13 @@ def _trivial(c: Const | None, fill: float) -> bool:
 
 
 def _layer_norm(ctx: OnnxContext) -> list[Value]:
-    _unused_outputs(ctx, "Mean/InvStdDev")
+    _unused_outputs(ctx, "Mean/InvStdDev", training=False)
     xs = ctx.shape(0)
     axis = ctx.axis(int(ctx.attr("axis", -1)), len(xs))
     nid = ctx.add("layernorm", [ctx.operand(0)], {"axis": axis, "eps": float(ctx.attr("epsilon", 1e-5))})
     suffix = xs[axis:]
     for i, role, fill in ((1, "weight", 1.0), (2, "bias", 0.0)):
-        c = ctx.const(i)
-        if ctx.has_input(i) and c is None:
-            raise ctx.fail(f"the {role} must be an initializer")
+        c = ctx.needed(i, role) if ctx.has_input(i) else None
         if c is None or _trivial(c, fill):
             continue
         if c.value.size != math.prod(suffix):
@@ -257,9 +257,7 @@ def _instance_norm(ctx: OnnxContext) -> list[Value]:
     per_channel = (xs[1],) + (1,) * (len(xs) - 2)
     step = "reshape:" + ",".join(map(str, per_channel))
     for i, kind in ((1, "mul_elem"), (2, "add")):
-        c = ctx.const(i)
-        if c is None:
-            raise ctx.fail("scale and bias must be initializers")
+        c = ctx.needed(i, "scale" if i == 1 else "bias")
         name = f"{ctx.node.output[0]}::{'scale' if i == 1 else 'bias'}"
         ctx.values[name] = c.derived(c.value.reshape(per_channel), step)
         y = ctx.elementwise(kind, [y, ctx.tensor(name)])
@@ -279,9 +277,7 @@ def _group_norm(ctx: OnnxContext) -> list[Value]:
                       ctx.source)
     per_channel = (xs[1],) + (1,) * (len(xs) - 2)
     for i, kind in ((1, "mul_elem"), (2, "add")):
-        c = ctx.const(i)
-        if c is None:
-            raise ctx.fail("scale and bias must be initializers")
+        c = ctx.needed(i, "scale" if i == 1 else "bias")
         if c.value.size != xs[1]:
             raise ctx.fail(f"scale/bias with {c.value.size} entries for {xs[1]} channels (opset 18's per-group "
                            "form is supported only with one channel per group)")
@@ -421,6 +417,15 @@ HANDLERS: dict[str, Handler] = {
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
     "LRN": _lrn, "GroupNormalization": _group_norm, "LpNormalization": _lp_norm,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "Einsum": _einsum,
+}
+
+# ONNX operator versions each handler implements (see ops_math.OPSETS): Gemm before 7 (C broadcast
+# only with broadcast=1) and BatchNormalization before 7 (is_test, consumed_inputs) are upgraded.
+OPSETS: dict[str, tuple[int, int]] = {
+    "Gemm": (7, 13), "MatMul": (1, 13), "Conv": (1, 22), "ConvTranspose": (1, 22), "MaxPool": (1, 22),
+    "AveragePool": (1, 22), "GlobalAveragePool": (1, 22), "GlobalMaxPool": (1, 22), "BatchNormalization": (7, 15),
+    "LayerNormalization": (17, 17), "InstanceNormalization": (1, 22), "LRN": (1, 13), "GroupNormalization": (18, 21),
+    "LpNormalization": (1, 22), "Softmax": (1, 13), "LogSoftmax": (1, 13), "Einsum": (12, 28),
 }
 
 EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "conv_transpose",

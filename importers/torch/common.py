@@ -14,7 +14,7 @@ import copy
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -24,8 +24,9 @@ from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 
 __all__ = ["Known", "Sym", "DataDependent", "Lowering", "NotLowerable", "FOLD_BLOCKLIST", "element_type", "normalize_axis",
-           "role_transform", "flat_values", "map_values", "source_line", "module_path", "target_name",
-           "op_base_name", "is_shape_query", "data_operands", "is_inplace_overload", "check_static", "check_training", "preserved_state",
+           "flat_values", "map_values", "source_line", "module_path", "target_name", "op_base_name",
+           "is_shape_query", "data_operands", "is_inplace_overload", "check_static", "check_training",
+           "preserved_state",
            "bind_aliases", "prod"]
 
 # ops that must never be folded even when their operands are known (randomness, side effects)
@@ -107,34 +108,6 @@ def normalize_axis(axis: int, rank: int, what: str = "dim") -> int:
     if not -max(rank, 1) <= axis < max(rank, 1):
         raise NotLowerable(f"{what} {axis} is out of range for rank {rank}")
     return axis % rank if rank else 0
-
-
-def role_transform(steps: Sequence[tuple[str, tuple[int, ...]]], source_shape: Sequence[int]) -> str | None:
-    """The role-map transform text for a chain of layout steps, simplified.
-
-    Consecutive permutations compose into one; an identity disappears; a 2-D swap is ``transpose``.
-    """
-    out: list[str] = []
-    perm: tuple[int, ...] | None = None
-    shape = tuple(source_shape)
-
-    def flush() -> None:
-        nonlocal perm
-        if perm is not None and perm != tuple(range(len(perm))):
-            out.append("transpose" if perm == (1, 0) else "permute:" + ",".join(map(str, perm)))
-        perm = None
-
-    for name, arg in steps:
-        if name == "permute":
-            perm = tuple(arg) if perm is None else tuple(perm[i] for i in arg)
-            shape = tuple(shape[i] for i in arg)
-        elif name == "reshape":
-            flush()
-            if tuple(arg) != shape:
-                out.append("reshape:" + ",".join(map(str, arg)))
-            shape = tuple(arg)
-    flush()
-    return ";".join(out) or None
 
 
 def flat_values(value: Any) -> list[Any]:

@@ -29,9 +29,10 @@ from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, UnsupportedError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import BOOL, FLOAT, INT64, fmt_shape
+from torchlean_bridge.roles import Transform
 
 from .common import (FOLD_BLOCKLIST, DataDependent, Known, Lowering, Sym, data_operands, element_type, flat_values,
-                     is_inplace_overload, map_values, module_path, op_base_name, role_transform, source_line,
+                     is_inplace_overload, map_values, module_path, op_base_name, source_line,
                      target_name)
 
 __all__ = ["Lowerer", "check_arguments"]
@@ -166,7 +167,7 @@ class Lowerer:
         arr = t.cpu().numpy().copy()
         if k.key is None:
             return self.builder.const(arr, source=self.source(), folded=True)
-        transform = role_transform(k.steps, k.key_shape) if k.steps else None
+        transform = Transform.of_layout(k.steps, k.key_shape).text if k.steps else None
         return self.builder.const(arr, key=k.key, transform=transform, folded=k.folded,
                                   source=self.source(tensor=k.key))
 
@@ -179,7 +180,7 @@ class Lowerer:
         if t.dtype in (torch.float16, torch.bfloat16):
             t = t.float()
         arr = np.asarray(t.cpu().numpy(), order="C")
-        transform = role_transform(steps, v.key_shape) if v.key and steps else None
+        transform = Transform.of_layout(steps, v.key_shape).text if v.key and steps else None
         self.builder.param(nid, role, arr, key=v.key, transform=transform)
 
     def add(self, kind: str, parents: Sequence[int], attrs: Mapping[str, Any] | None = None,

@@ -88,7 +88,6 @@ class Lowerer:
         self.name_prefix = ""  # the node names' prefix there (the call's own name, for an inlined function)
         self.unused_keys: set[str] = set()
         # matmul nodes with an import-time right operand: (fx node, input, weight), for x @ W + b
-        self.linear_candidates: dict[int, tuple[torch.fx.Node, Any, Known]] = {}
 
     # -- provenance -----------------------------------------------------------------------------
     def describe(self, node: torch.fx.Node) -> dict[str, Any]:

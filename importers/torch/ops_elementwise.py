@@ -75,9 +75,9 @@ def binary(kind: str, result: str | None = None):
 _add, _sub, _mul, _div = binary("add"), binary("sub"), binary("mul_elem"), binary("div", "float")
 
 
+@lowers(aten="add.Tensor add.Scalar", fx="operator.add operator.iadd torch.add", methods="add")
 def add(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Sym:
-    """Elementwise ``input + alpha * other`` (the framework targets lower through ``ops_nn.add``,
-    which first tries to fuse ``x @ W + b`` into ``linear``)."""
+    """Elementwise ``input + alpha * other`` (``x @ W + b`` becomes ``linear`` in passes.fuse_linear_bias)."""
     if not is_tensor(input):  # 1 + x
         input, other = other, input
     if alpha != 1:

@@ -80,33 +80,7 @@ def addmm(cx: Cx, input: Any, mat1: Any, mat2: Any, beta: float = 1, alpha: floa
 
 @lowers(aten="matmul.default mm.default bmm.default", fx="operator.matmul torch.matmul torch.mm torch.bmm", methods="matmul mm bmm")
 def matmul(cx: Cx, input: Any, other: Any) -> Sym:
-    out = cx.add("matmul", [cx.node(input, FLOAT), cx.node(other, FLOAT)])
-    if isinstance(other, Known) and other.tensor.dim() == 2 and cx.rank(input) >= 1 and cx.current is not None:
-        cx.linear_candidates[out.nid] = (cx.current, input, other)
-    return out
-
-
-@lowers(aten="add.Tensor add.Scalar", fx="operator.add operator.iadd torch.add", methods="add")
-def add(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Any:
-    """``x @ W + b`` with import-time ``W`` and a bias along the last axis is exactly ``linear``."""
-    if alpha == 1:
-        for product, bias in ((input, other), (other, input)):
-            fused = _fuse_bias(cx, product, bias)
-            if fused is not None:
-                return fused
-    return elementwise.add(cx, input, other, alpha)
-
-
-def _fuse_bias(cx: Cx, product: Any, bias: Any) -> Any:
-    if not isinstance(product, Sym) or not isinstance(bias, Known) or product.nid not in cx.linear_candidates:
-        return None
-    fx_node, x, weight = cx.linear_candidates[product.nid]
-    out_dim = weight.shape[1]
-    shape = cx.shape(product)
-    if len(fx_node.users) != 1 or len(bias.shape) > len(shape) or bias.shape[-1:] != (out_dim,) \
-            or prod(bias.shape) != out_dim:
-        return None
-    return linear(cx, x, weight, bias, weight_transposed=True)
+    return cx.add("matmul", [cx.node(input, FLOAT), cx.node(other, FLOAT)])
 
 
 @lowers(aten="baddbmm.default", fx="torch.baddbmm", methods="baddbmm")

@@ -65,11 +65,19 @@ def attr_value(node: Any, name: str, default: Any = None) -> Any:
         if a.name == name:
             v = helper.get_attribute_value(a)
             if isinstance(v, bytes):
-                return v.decode()
+                return _text(v, node, name)
             if isinstance(v, list):
-                return [x.decode() if isinstance(x, bytes) else x for x in v]
+                return [_text(x, node, name) if isinstance(x, bytes) else x for x in v]
             return v
     return default
+
+
+def _text(value: bytes, node: Any, name: str) -> str:
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise BridgeError(f"ONNX import: attribute `{name}` of a {node.op_type!r} node is not valid UTF-8 "
+                          f"({value[:40]!r})") from None
 
 
 class OnnxContext:
@@ -85,7 +93,6 @@ class OnnxContext:
         self._materialized: dict[str, int] = {}
         self.node: Any = None  # the ONNX node being lowered
         self.used_keys: set[str] = set()
-        self.fusable_linear: dict[int, str] = {}  # bias-free linear node -> the ONNX tensor it computes
         self.max_elements = builder.max_elements  # the size cap of nodes and of import-time folds
         self.graph_inputs: set[str] = set()  # the model's (unbound) graph inputs
         self.onnx_types: dict[str, int] = {}  # ONNX element types by tensor name (shape inference's)

@@ -51,7 +51,6 @@ def _gemm(ctx: OnnxContext) -> list[Value]:
             ctx.param_const(y, "bias", bias, reshape_to=(n,))
             return [y]
         if alpha == 1.0 and not ctx.has_input(2):
-            ctx.fusable_linear[y] = ctx.node.output[0]
             return [y]
     else:
         b = ctx.operand(1)
@@ -77,9 +76,7 @@ def _matmul(ctx: OnnxContext) -> list[Value]:
     weight = ctx.const(1)
     if weight is not None and weight.value.ndim == 2 and weight.value.dtype.kind == "f" and ctx.rank(0) >= 1 \
             and ctx.const(0) is None:
-        nid = _linear(ctx, ctx.operand(0), weight, transpose=True)
-        ctx.fusable_linear[nid] = ctx.node.output[0]
-        return [nid]
+        return [_linear(ctx, ctx.operand(0), weight, transpose=True)]
     return [ctx.add("matmul", [ctx.operand(0), ctx.operand(1)])]
 
 

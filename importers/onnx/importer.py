@@ -28,6 +28,7 @@ from torchlean_bridge.passes.canonicalize import canonical_kinds
 
 from . import ops_math, ops_nn, ops_tensor
 from ..builder import GraphBuilder
+from ..errors import add_node_note
 from .checks import DEFAULT_DOMAINS, check_model, newest_opset
 from .context import Const, NodeUnsupported, OnnxContext, unsupported_error
 from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
@@ -245,7 +246,7 @@ def _lower_nodes(ctx: OnnxContext, graph: Any) -> list[dict]:
             continue
         try:
             outs = _lower_one(ctx, node)
-        except BridgeError as e:  # NodeUnsupported, or a shape rule rejecting the lowered operands
+        except BridgeError as e:  # NotLowerable, or a shape rule rejecting the lowered operands
             needs = getattr(e, "needs", ())
             problems.append({**item, "reason": _reason(ctx, node, e), **({"needs": list(needs)} if needs else {})})
             poisoned.update(node.output)
@@ -295,7 +296,13 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
     if problem is not None:
         raise NodeUnsupported(problem)
     start = len(ctx.b.nodes)
-    outs = handler(ctx)
+    try:
+        outs = handler(ctx)
+    except BridgeError:
+        raise
+    except Exception as e:  # a bug in a handler: keep its traceback, say which node it met
+        add_node_note(e, f"ONNX node `{node.name or node.output[0]}` ({node.op_type}, opset {ctx.opset})")
+        raise
     for name, value in zip(node.output, outs):
         if name and isinstance(value, int) and value >= start:
             ctx.retag(value, name)

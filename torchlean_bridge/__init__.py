@@ -39,6 +39,8 @@ _LAZY = {
     "bind_checkpoint": "torchlean_bridge.abi",
     "audit": "torchlean_bridge.audit",
     "diff": "torchlean_bridge.diff",
+    "linear_bounds": "semantics.linear_bounds",
+    "load_vnnlib": "torchlean_bridge.app.vnnlib",
 }
 
 __all__ = ["Node", "Graph", "Source", "Payload", "RoleMap", "Binding", "Bundle", "BridgeError", "load_graph",

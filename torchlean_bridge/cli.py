@@ -28,6 +28,7 @@ COMMANDS = {
     "abi": "abi",
     "audit": "audit",
     "diff": "diff",
+    "verify": "verify",
 }
 
 

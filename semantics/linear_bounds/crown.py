@@ -179,7 +179,9 @@ class Crown:
         result = LinearBounds(lowers, uppers, "crown", fallback=dict(sorted(run.fallback.items())),
                               boxes=run.boxes if all_nodes else None)
         if spec_out is not None:
-            result.spec_lower, result.spec_upper, result.spec_coefficients = spec_out
+            s_lo, s_hi = _spec_box(self, run.boxes[g.outputs[0]], spec)  # never looser than the output box
+            result.spec_lower, result.spec_upper = np.maximum(spec_out[0], s_lo), np.minimum(spec_out[1], s_hi)
+            result.spec_coefficients = spec_out[2]
         return result
 
 
@@ -230,17 +232,18 @@ class _Run:
             v = node.id
             if crown.const[v] or node.kind == "input":
                 continue
-            if all_nodes:
-                self.refine(v, None)
-            if node.kind in _RELU_LIKE or smooth_for(node.kind, node.attrs) is not None:
+            relaxed = node.kind in _RELU_LIKE or smooth_for(node.kind, node.attrs) is not None
+            if node.kind == "prelu" and not crown.const[node.parents[1]]:
+                relaxed = False
+            if relaxed:
                 p = node.parents[0]
-                if node.kind == "prelu" and not crown.const[node.parents[1]]:
-                    continue
                 if not (crown.const[p] or g.nodes[p].kind == "input" or self.refined[p]):
                     lo, hi = self.boxes[p]
                     need = (lo < 0) & (hi > 0) if node.kind in _RELU_LIKE else lo < hi
                     self.refine(p, need)
                 self.lines[v] = self._relax(node)
+            if all_nodes:
+                self.refine(v, None)
 
     def _relax(self, node: Node) -> Lines:
         lo, hi = (x.reshape(self.crown.ishape(node.id)) for x in self.boxes[node.parents[0]])

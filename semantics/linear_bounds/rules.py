@@ -258,7 +258,7 @@ def _conv_transpose(ps, node, a):
 def _scale_rule(ps, node, a, parent: int, k: Box, b: Box | None) -> list:
     """z = k * z_p + b entrywise with k, b known only as boxes (batch norm, constants, divisions)."""
     c, r = _center(k)
-    new = a * ps.internal(c)
+    new = a * ps.internal(c)[:, None]
     err_vec = ps.internal(r) if np.any(r) else None
     m = ps.mag(parent)
     if err_vec is not None:

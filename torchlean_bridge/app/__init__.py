@@ -1,0 +1,1 @@
+"""The application layer: tools built on the core, semantics, importers and exporters."""

@@ -11,7 +11,7 @@ import torch.nn as nn
 from exporters.folder import save
 from importers.builder import GraphBuilder
 from semantics.evaluate import evaluate
-from torchlean_bridge.abi import abi, bind_checkpoint, format_abi
+from torchlean_bridge.app.abi import abi, bind_checkpoint, format_abi
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.roles import Binding, RoleMap
@@ -204,8 +204,8 @@ def test_module_prefix_from_data_parallel(tmp_path, strip):
 
 def test_public_names_work_even_after_the_submodules_are_imported():
     import torchlean_bridge as tlb
-    import torchlean_bridge.abi  # noqa: F401  (rebinds the package attribute to the module)
-    import torchlean_bridge.audit  # noqa: F401
+    import torchlean_bridge.app.abi  # noqa: F401  (must not shadow the public function)
+    import torchlean_bridge.app.audit  # noqa: F401
     b = bias_pair_bundle()
     assert tlb.abi(b).shapes == [[3, 3], [3], [3, 3], [3]]
     b2, report = tlb.bind_checkpoint(b, BIAS_PAIR)

@@ -11,7 +11,8 @@ import torch.nn as nn
 from exporters.folder import save
 from importers.builder import GraphBuilder
 from importers.checkpoints import load_checkpoint
-from torchlean_bridge.audit import audit
+from torchlean_bridge.app.audit import audit
+from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.seed import BIAS_PAIR, bias_pair_bundle
 
 SEED_FACTORY = '''
@@ -214,7 +215,7 @@ def test_onnx_model_with_exchanged_initializers(tmp_path, capsys):
     assert audit(bundle, load_checkpoint(good), reference=golden, inputs=inputs, tolerance=1e-5).ok
 
     # the same through the command line: the .onnx file itself is the checkpoint, golden outputs from onnxruntime
-    from torchlean_bridge.cli import main
+    from torchlean_bridge.app.cli import main
     save(bundle, tmp_path / "bundle")
     np.save(tmp_path / "x.npy", inputs[0][0])
     np.save(tmp_path / "y.npy", golden[0][0])
@@ -231,12 +232,13 @@ def test_no_reference_checks_only_the_binding():
 
 
 def test_golden_outputs_need_their_inputs():
-    with pytest.raises(Exception, match="need the inputs"):
+    with pytest.raises(BridgeError,
+                       match=r"^audit: golden outputs need the inputs they were computed on \(inputs=\.\.\.\)$"):
         audit(bias_pair_bundle(), BIAS_PAIR, reference=[np.zeros(3)])
 
 
 def test_audit_command(seed_files, capsys):
-    from torchlean_bridge.cli import main
+    from torchlean_bridge.app.cli import main
 
     def run_cli(*args):
         status = main(["audit", *map(str, args)])

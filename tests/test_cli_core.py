@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from torchlean_bridge.cli import main
+from torchlean_bridge.app.cli import main
 from tests.conftest import FIXTURES
 from tests.test_core_seed import SEED_DOT, SEED_LISTING
 

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from torchlean_bridge.cli import main  # noqa: E402
+from torchlean_bridge.app.cli import main  # noqa: E402
 from tests.test_core_seed import SEED_LISTING  # noqa: E402
 
 # executable-graph-types-and-lowering: the value table at x0 and the interval boxes for radius 0.05

@@ -17,8 +17,8 @@ nn = torch.nn
 import torchlean_bridge as tlb  # noqa: E402
 from importers.builder import GraphBuilder  # noqa: E402
 from torchlean_bridge.bundle import Bundle  # noqa: E402
-from torchlean_bridge.commands.demo import torch_onnx_bytes  # noqa: E402
-from torchlean_bridge.diff import make_inputs, match_nodes, ulp_distance  # noqa: E402
+from torchlean_bridge.app.commands.demo import torch_onnx_bytes  # noqa: E402
+from torchlean_bridge.app.diff import make_inputs, match_nodes, ulp_distance  # noqa: E402
 from torchlean_bridge.graph import Graph, Source  # noqa: E402
 from torchlean_bridge.seed import SEED_WEIGHTS, SEED_X0, seed_mlp_bundle  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
@@ -314,7 +314,7 @@ def _reference_file(tmp_path, m: nn.Module) -> str:
 
 
 def test_cli_diff_exit_codes_table_and_json(net, tmp_path, capsys):
-    from torchlean_bridge.cli import main
+    from torchlean_bridge.app.cli import main
     m, bundle, ids = net
     ref = _reference_file(tmp_path, m)
     tlb.save(bundle, tmp_path / "good")

@@ -120,7 +120,7 @@ def test_our_own_onnx_export_matches_node_by_node(net):
 
 
 def test_cli_against_onnx_files(net, tmp_path, capsys):
-    from torchlean_bridge.cli import main
+    from torchlean_bridge.app.cli import main
     model = onnx_bytes(net, X)
     (tmp_path / "net.onnx").write_bytes(model)
     bundle = tlb.import_onnx(model)

@@ -11,8 +11,8 @@ import pytest
 import semantics.interval as interval_module
 import torchlean_bridge as tlb
 from importers.builder import GraphBuilder
-from torchlean_bridge.cli import main
-from torchlean_bridge.commands.common import format_vector
+from torchlean_bridge.app.cli import main
+from torchlean_bridge.app.commands.common import format_vector
 from torchlean_bridge.errors import IntervalError
 from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.ops import REGISTRY

@@ -17,7 +17,7 @@ from fractions import Fraction
 import mpmath as mp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import torchlean_bridge as tlb
@@ -29,7 +29,7 @@ from torchlean_bridge.graph import Node
 from torchlean_bridge.ops.contracts import conv_out_shape, conv_transpose_out_shape
 
 mp.mp.dps = 60
-SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 WEIGHT = st.one_of(st.floats(-2, 2), st.sampled_from([0.0, 1.0, -1.0, 1e-300, 3e8]))
 
 
@@ -46,7 +46,9 @@ def box(draw, shape, scale: float = 4.0):
 
 
 def points(lo: np.ndarray, hi: np.ndarray, rng: np.random.Generator, n: int = 6) -> list[np.ndarray]:
-    out = [lo, hi, lo * 0.5 + hi * 0.5]
+    """The ends, the midpoint and random corners and interior points, all inside [lo, hi] (the midpoint
+    is clipped: on a subnormal box [5e-324, 5e-324], lo * 0.5 + hi * 0.5 rounds to 0)."""
+    out = [lo, hi, np.clip(lo * 0.5 + hi * 0.5, lo, hi)]
     for _ in range(n):
         out.append(np.where(rng.random(lo.shape) < 0.5, lo, hi))
         out.append(np.clip(lo + rng.random(lo.shape) * (hi - lo), lo, hi))
@@ -260,13 +262,30 @@ def test_cumsum_encloses_exact_running_sums(data):
                     magnitude=float(np.abs(np.concatenate([lo, hi])).sum()))
 
 
+@st.composite
+def sort_cases(draw):
+    shape = (draw(st.integers(1, 3)), draw(st.integers(1, 5)))
+    axis, descending = draw(st.integers(0, 1)), draw(st.booleans())
+    k = draw(st.integers(0, shape[axis]))
+    lo, hi = draw(box(shape))
+    return axis, k, descending, lo, hi
+
+
+def test_points_stay_inside_subnormal_and_degenerate_boxes():
+    rng = np.random.default_rng(0)
+    for lo, hi in ((5e-324, 5e-324), (-5e-324, 5e-324), (1e-310, 1.5e-310), (3.0, 3.0)):
+        lo, hi = np.full((2, 2), lo), np.full((2, 2), hi)
+        assert all(np.all(lo <= p) and np.all(p <= hi) for p in points(lo, hi, rng))
+
+
 @SETTINGS
-@given(st.data())
-def test_sort_boxes_are_the_exact_order_statistic_ranges(data):
-    shape = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5)))
-    axis, descending = data.draw(st.integers(0, 1)), data.draw(st.booleans())
-    k = data.draw(st.integers(0, shape[axis]))
-    lo, hi = data.draw(box(shape))
+@given(sort_cases())
+# failed about once in 17 runs before points() clipped its midpoint: a subnormal point box
+@example((0, 1, False, np.array([[5e-324]]), np.array([[5e-324]])))
+@example((1, 2, True, np.array([[5e-324, -5e-324]]), np.array([[5e-324, 0.0]])))
+def test_sort_boxes_are_the_exact_order_statistic_ranges(case):
+    axis, k, descending, lo, hi = case
+    shape = lo.shape
     attrs = {"axis": axis, "k": k, "descending": descending}
     node = Node(1, [0], "sort", shape[:axis] + (k,) + shape[axis + 1:], attrs)
     out = INTERVAL_RULES["sort"](node, [(lo, hi)], {})
@@ -443,15 +462,19 @@ def test_reduce_prod_tree_encloses_exact_products(data):
                           for x in pts])
 
 
-def test_reduce_prod_of_100k_entries_is_fast_and_sound():
-    """A pairwise tree: log2(k) vectorized steps, not one Python step per element."""
-    import time
+def test_reduce_prod_of_100k_entries_takes_log2_steps_and_is_sound(monkeypatch):
+    """A pairwise tree: ceil(log2(k)) vectorized interval products, not one Python step per element
+    (counted, not timed: the machine is shared)."""
+    import semantics.interval_arith as ia
+    calls = []
+    mul = ia.mul
+    monkeypatch.setattr(ia, "mul", lambda a, b: calls.append(np.shape(a[0])) or mul(a, b))
     rng = np.random.default_rng(2)
     x = rng.uniform(0.999, 1.001, 100_000)
     node = Node(1, [0], "reduce_prod", (), {"axes": (0,), "keepdim": False})
-    start = time.perf_counter()
     lo, hi = INTERVAL_RULES["reduce_prod"](node, [(x, x)], {})
-    assert time.perf_counter() - start < 1.0
+    assert len(calls) == math.ceil(math.log2(100_000)) == 17
+    assert calls[0] == (50_000,) and calls[-1] == (1,)
     exact = mp.mpf(1)  # 60 digits: mpmath's rounding (~1e-55 relative) is far below the box width
     for v in x:
         exact *= mp.mpf(float(v))
@@ -522,7 +545,7 @@ def _graph_case(name: str):
                    {"from_shape": [4], "to_shape": [2, 3, 4]})
         out = b.add("add", [b.add("add", [b.add("mul_elem", [mask, noise]), sl]),
                             b.add("add", [b.add("sub", [pr, steps]), b.add("div", [x, bn])])])
-    return b.finish([out])
+    return b.finish([out], canonical=False)  # each kind as built: these tests exercise its rules
 
 
 @pytest.mark.parametrize("name", ["movement", "pooling", "reductions", "logic", "misc"])

@@ -9,10 +9,13 @@ from torchlean_bridge.roles import Binding, RoleMap, apply_transform, transform_
 
 @pytest.mark.parametrize("transform", ["flip", "permute:0,0", "reshape:a", "cast:bogus", "transpose:1"])
 def test_invalid_transforms_are_refused_naming_the_key(transform):
-    with pytest.raises(tlb.BridgeError, match="binding `w` has an invalid transform step"):
-        Binding("w", 1, "weight", transform)
-    with pytest.raises(tlb.BridgeError):
-        RoleMap.from_json([{"key": "w", "node": 1, "role": "weight", "transform": transform}])
+    expected = (f"role map: binding `w` has an invalid transform step `{transform}` "
+                "(allowed: transpose, permute:<axes>, reshape:<dims>, cast:<numpy dtype>)")
+    for make in (lambda: Binding("w", 1, "weight", transform),
+                 lambda: RoleMap.from_json([{"key": "w", "node": 1, "role": "weight", "transform": transform}])):
+        with pytest.raises(tlb.BridgeError) as e:
+            make()
+        assert str(e.value) == expected
 
 
 def test_transforms_apply_left_to_right_and_agree_with_their_shape():

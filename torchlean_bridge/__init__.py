@@ -1,13 +1,13 @@
 """torchlean-bridge: PyTorch/ONNX models and checkpoints into TorchLean's checked graph IR, and back.
 
-The core (ops, graph, payload, roles, check, wire, pretty) needs only numpy. Everything that needs
-torch, onnx or safetensors is imported lazily on first use, so ``import torchlean_bridge`` is fast.
+The core (ops, graph, payload, roles, check, wire, pretty, passes) needs only numpy; the application
+layer (``torchlean_bridge.app``: ABI, audit, diff, the command line) and the ``semantics``,
+``importers`` and ``exporters`` packages are imported lazily on first use of their public names, so
+``import torchlean_bridge`` is fast and never imports torch (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from importlib import import_module
 from typing import Any
 
@@ -24,8 +24,9 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported on first access)
 _LAZY = {
-    "evaluate": "semantics.evaluate",
+    "evaluate": "torchlean_bridge.app.plan_exec",  # semantics.evaluate.evaluate, plus plan=
     "interval_bounds": "semantics.interval",
+    "prepare": "semantics.prepared",
     "check_containment": "semantics.sampling",
     "import_fx": "importers.fx",
     "import_export": "importers.torch_export",
@@ -35,10 +36,16 @@ _LAZY = {
     "save": "exporters.folder",
     "export_torchlean": "exporters.torchlean_json",
     "export_onnx": "exporters.onnx",
-    "abi": "torchlean_bridge.abi",
-    "bind_checkpoint": "torchlean_bridge.abi",
-    "audit": "torchlean_bridge.audit",
-    "diff": "torchlean_bridge.diff",
+    "abi": "torchlean_bridge.app.abi",
+    "bind_checkpoint": "torchlean_bridge.app.abi",
+    "audit": "torchlean_bridge.app.audit",
+    "diff": "torchlean_bridge.app.diff",
+    "plan_kernels": "torchlean_bridge.app.kernel_plan",
+    "KernelPolicy": "torchlean_bridge.app.kernel_plan",
+    "save_plan": "torchlean_bridge.app.kernel_plan",
+    "load_plan": "torchlean_bridge.app.kernel_plan",
+    "init_params": "torchlean_bridge.seeded_init",
+    "summary": "torchlean_bridge.app.summary",
     "linear_bounds": "semantics.linear_bounds",
     "load_vnnlib": "torchlean_bridge.app.vnnlib",
 }
@@ -46,23 +53,6 @@ _LAZY = {
 __all__ = ["Node", "Graph", "Source", "Payload", "RoleMap", "Binding", "Bundle", "BridgeError", "load_graph",
            "dump_graph", "check", "check_well_formed", "check_shapes", "infer_shapes", "listing", "to_dot",
            *_LAZY]
-
-
-# public functions that share their name with the module defining them (abi, audit, diff)
-_SHADOWED = frozenset(name for name, module in _LAZY.items() if module == f"{__name__}.{name}")
-
-
-class _Package(types.ModuleType):
-    """Keeps ``tlb.abi`` the function: importing the submodule ``torchlean_bridge.abi`` makes Python
-    set the package attribute to the module, which would shadow the public name."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

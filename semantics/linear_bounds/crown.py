@@ -34,9 +34,9 @@ from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.ops import FLOAT
 from torchlean_bridge.payload import Payload
 
-from ..interval import PREPARED, IntervalPropagator
+from ..interval import IntervalPropagator
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
-from ..records import batch_norm_record
+from ..records import PREPARED
 from .relax import Lines, relu_lines, smooth_for, smooth_lines
 from .rules import _ERR_SAFETY, BACKWARD, err_factor
 
@@ -194,7 +194,7 @@ def _spec_matrix(spec: Any, width: int) -> np.ndarray:
 
 def _spec_box(crown: Crown, box: Box, spec: Any) -> Box:
     """Interval bounds of C y from the output box (C rows applied per sample, outward rounded)."""
-    from ..interval_affine import AffineParams, linear_box
+    from ..rules.affine import AffineParams, linear_box
     c = _spec_matrix(spec, math.prod(crown.ishape(crown.graph.outputs[0])[1:]))
     lo, hi = (x.reshape(crown.n, -1) for x in box)
     return linear_box((lo, hi), AffineParams.of(c, np.zeros(c.shape[0])))
@@ -399,7 +399,7 @@ class _Pass:
         return p.weight, p.abs_weight, p.bias
 
     def batch_norm(self, node: Node):
-        return batch_norm_record(node, self.crown.ibp.records[node.id])
+        return self.crown.ibp.records[node.id][PREPARED]
 
     # -- accumulation -------------------------------------------------------------------------
 

@@ -30,8 +30,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import interval_arith as ia
+from ..interval_arith import erf_at, exp_at, tanh_at
 from ..interval_round import Box, down, lib_bounds, up
-from ..interval_unary import (INV_SQRT2, UNARY_RULES, erf_at, exp_at, sigmoid_at, softplus_at, tanh_at)
+from ..rules.activations import INV_SQRT2, gelu_box, sigmoid_at, softplus_at
+from ..rules.elementwise import pow_box
 
 __all__ = ["Lines", "relu_lines", "Smooth", "smooth_for", "smooth_lines", "SMOOTH_KINDS"]
 
@@ -94,7 +96,7 @@ _INV_SQRT_2PI = down(down(np.float64(0.3989422804014327))), up(up(np.float64(0.3
 
 
 def _gelu_f(x: np.ndarray) -> Box:
-    return UNARY_RULES["gelu"](ia.point(x), {"approximate": "none"})
+    return gelu_box(ia.point(x), {"approximate": "none"})
 
 
 def _gelu_df(x: np.ndarray) -> Box:
@@ -125,8 +127,8 @@ SMOOTH_KINDS = frozenset(SMOOTH) | {"pow"}
 
 def _power(p: int) -> Smooth:
     """x ** p for an integer p >= 2: convex when p is even; concave then convex (inflection 0) when odd."""
-    f = lambda x: UNARY_RULES["pow"](ia.point(x), {"exponent": float(p)})  # noqa: E731
-    fm = lambda x: UNARY_RULES["pow"](ia.point(x), {"exponent": float(p - 1)})  # noqa: E731
+    f = lambda x: pow_box(ia.point(x), {"exponent": float(p)})  # noqa: E731
+    fm = lambda x: pow_box(ia.point(x), {"exponent": float(p - 1)})  # noqa: E731
     df = lambda x: ia.scale(fm(x), float(p))  # noqa: E731
     return Smooth(f, df, (), (1,)) if p % 2 == 0 else Smooth(f, df, (0.0,), (-1, 1))
 

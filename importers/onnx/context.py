@@ -1,0 +1,233 @@
+"""The state one ONNX import carries: known values, the graph builder, and helpers handlers share.
+
+An ONNX tensor name resolves to either an IR node id (a value computed from the inputs) or a
+``Const`` (a value known at import time: an initializer, a ``Constant`` node, or something folded
+from them). A ``Const`` remembers which initializer it came from and the role transform that turns
+that initializer into it, so a weight reached through ``Transpose``/``Reshape``/``Cast`` is still
+bound in the role map with the exact transform.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from torchlean_bridge.errors import BridgeError, UnsupportedError
+from torchlean_bridge.graph import Source
+from torchlean_bridge.ops import Shape
+from torchlean_bridge.roles import Step, Transform
+
+from ..builder import GraphBuilder
+
+__all__ = ["Const", "OnnxContext", "NodeUnsupported", "Value", "attr_value",
+           "unsupported_error"]
+
+
+class NodeUnsupported(BridgeError):
+    """A handler cannot lower this node exactly (collected, reported with all others at once).
+
+    ``needs`` names the ONNX tensors that would let it lower if they were known at import time
+    (``import_onnx(..., constants=...)`` binds graph inputs; the ONNX backend binds them itself).
+    """
+
+    def __init__(self, message: str, needs: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.needs = tuple(needs)
+
+
+@dataclass(frozen=True)
+class Const:
+    """A tensor known at import time; ``key``/``transform`` say which initializer it is."""
+
+    value: np.ndarray
+    key: str | None = None
+    transform: str | None = None
+    folded: bool = False
+    initializer: bool = True  # False for a weight carried by a ``Constant`` node (bound only as a parameter)
+
+    def derived(self, value: np.ndarray, step: str | None) -> "Const":
+        """The result of a layout-only op on this constant: same key, one more transform step."""
+        if self.key is None or step is None:
+            return Const(value, folded=True)
+        return Const(value, self.key, Transform.parse(self.transform).then(step).text, True, self.initializer)
+
+
+Value = int | Const
+
+
+def attr_value(node: Any, name: str, default: Any = None) -> Any:
+    """An ONNX node attribute as a Python value (lists for repeated fields, str for strings)."""
+    from onnx import helper
+    for a in node.attribute:
+        if a.name == name:
+            v = helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                return v.decode()
+            if isinstance(v, list):
+                return [x.decode() if isinstance(x, bytes) else x for x in v]
+            return v
+    return default
+
+
+class OnnxContext:
+    """Values by ONNX name, the builder, the opset, and helpers for handlers."""
+
+    def __init__(self, builder: GraphBuilder, opset: int, declared_shapes: dict[str, Shape],
+                 consumers: dict[str, int]) -> None:
+        self.b = builder
+        self.opset = opset
+        self.values: dict[str, Value] = {}
+        self.declared = declared_shapes
+        self.consumers = consumers
+        self._materialized: dict[str, int] = {}
+        self.node: Any = None  # the ONNX node being lowered
+        self.used_keys: set[str] = set()
+        self.fusable_linear: dict[int, str] = {}  # bias-free linear node -> the ONNX tensor it computes
+        self.max_elements = builder.max_elements  # the size cap of nodes and of import-time folds
+        self.graph_inputs: set[str] = set()  # the model's (unbound) graph inputs
+        self.onnx_types: dict[str, int] = {}  # ONNX element types by tensor name (shape inference's)
+
+    def consumer_count(self, name: str) -> int:
+        """How many node inputs and graph outputs read an ONNX tensor."""
+        return self.consumers.get(name, 0)
+
+    def retag(self, nid: int, tensor: str | None = None) -> None:
+        """Record on IR node ``nid`` the ONNX tensor whose value it produces."""
+        node = self.b.nodes[nid]
+        src = node.source or self.source
+        self.b.nodes[nid] = node.with_(source=replace(src, tensor=tensor or self.node.output[0]))
+
+    # -- the node being lowered ---------------------------------------------------------------
+    @property
+    def source(self) -> Source:
+        n = self.node
+        return Source(framework="onnx", name=n.name or None, target=n.op_type)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """An attribute, or the default; float defaults are rounded to binary32 like stored ONNX floats."""
+        if isinstance(default, float):
+            default = float(np.float32(default))
+        return attr_value(self.node, name, default)
+
+    def fail(self, reason: str) -> NodeUnsupported:
+        return NodeUnsupported(reason)
+
+    # -- inputs -------------------------------------------------------------------------------
+    def has_input(self, i: int) -> bool:
+        return len(self.node.input) > i and self.node.input[i] != ""
+
+    def const(self, i: int) -> Const | None:
+        """Input ``i`` if it is known at import time."""
+        if not self.has_input(i):
+            return None
+        v = self.values[self.node.input[i]]
+        return v if isinstance(v, Const) else None
+
+    def needed(self, i: int, what: str) -> Const:
+        """Input ``i`` that must be known at import time (shapes, axes, pads, weights...)."""
+        c = self.const(i)
+        if c is None:
+            name = self.node.input[i] if self.has_input(i) else ""
+            raise NodeUnsupported(f"input {i} ({what}) must be a constant known at import time (bind graph input "
+                                  f"`{name}` with constants=... or --bind)" if name in self.graph_inputs else
+                                  f"input {i} ({what}) must be a constant known at import time", needs=[name])
+        return c
+
+    def static(self, i: int, what: str) -> np.ndarray:
+        """The value of input ``i`` that must be known at import time (shapes, axes, pads...)."""
+        return self.needed(i, what).value
+
+    def ints(self, i: int, what: str) -> list[int] | None:
+        if not self.has_input(i):
+            return None
+        return [int(v) for v in np.asarray(self.static(i, what)).reshape(-1)]
+
+    def operand(self, i: int) -> int:
+        """Input ``i`` as an IR node id; a constant becomes a (shared) ``const`` node."""
+        return self.tensor(self.node.input[i])
+
+    def tensor(self, name: str) -> int:
+        v = self.values[name]
+        if isinstance(v, int):
+            return v
+        if name not in self._materialized:
+            key = v.key if v.initializer else None
+            if key is not None:
+                self.used_keys.add(key)
+            self._materialized[name] = self.b.const(v.value, key=key, transform=v.transform if key else None,
+                                                    source=Source(framework="onnx", name=name, tensor=name),
+                                                    folded=v.folded)
+        return self._materialized[name]
+
+    def operands(self) -> list[int]:
+        return [self.operand(i) for i in range(len(self.node.input)) if self.node.input[i] != ""]
+
+    def shape(self, i: int) -> Shape:
+        v = self.values[self.node.input[i]]
+        return tuple(v.value.shape) if isinstance(v, Const) else self.b.shape(v)
+
+    def rank(self, i: int) -> int:
+        return len(self.shape(i))
+
+    def dtype(self, i: int) -> str:
+        from ..builder import element_type_of
+        v = self.values[self.node.input[i]]
+        return element_type_of(v.value) if isinstance(v, Const) else self.b.dtype(v)
+
+    def onnx_type(self, name: str) -> str:
+        """The ONNX element type of a tensor by ONNX's name for it (``uint8``, not the IR's int64)."""
+        from .inputs import element_type_name
+        v = self.values.get(name)
+        if isinstance(v, Const):
+            return str(v.value.dtype)
+        t = self.onnx_types.get(name)
+        return element_type_name(t) if t else self.b.dtype(v) if isinstance(v, int) else "unknown"
+
+    def axis(self, axis: int, rank: int) -> int:
+        """A possibly negative ONNX axis made non-negative (and checked)."""
+        a = axis + rank if axis < 0 else axis
+        if not 0 <= a < rank:
+            raise self.fail(f"axis {axis} is out of range for rank {rank}")
+        return a
+
+    # -- payload ------------------------------------------------------------------------------
+    def param(self, nid: int, role: str, i: int, reshape_to: Sequence[int] | None = None,
+              transpose: bool = False) -> None:
+        """Store constant input ``i`` as payload ``role`` of node ``nid``, bound to its initializer."""
+        self.param_const(nid, role, self.needed(i, role), reshape_to, transpose)
+
+    def param_const(self, nid: int, role: str, c: Const, reshape_to: Sequence[int] | None = None,
+                    transpose: bool = False) -> None:
+        value, transform = c.value, c.transform
+        if transpose:
+            value = value.T
+            transform = Transform.parse(transform).then("transpose").text
+        if reshape_to is not None and tuple(value.shape) != tuple(reshape_to):
+            value = value.reshape(tuple(reshape_to))
+            transform = Transform.parse(transform).then(Step("reshape", tuple(reshape_to))).text
+        if value.dtype.kind == "f" and value.dtype != np.float64 and value.dtype != np.float32:
+            value = value.astype(np.float32)
+            transform = Transform.parse(transform).then("cast:float32").text
+        if c.key is not None:
+            self.used_keys.add(c.key)
+        self.b.param(nid, role, np.asarray(value, order="C"), key=c.key, transform=transform if c.key else None)
+
+    def add(self, kind: str, parents: Sequence[int], attrs: dict | None = None, **kw: Any) -> int:
+        return self.b.add(kind, parents, attrs, source=self.source, **kw)
+
+    def elementwise(self, kind: str, operands: Sequence[int]) -> int:
+        return self.b.elementwise(kind, operands, source=self.source)
+
+    def scalar(self, value: float, dtype: Any = np.float32) -> int:
+        """A folded scalar constant (alpha/beta factors, divisors)."""
+        return self.b.const(np.asarray(value, dtype=dtype), source=self.source, folded=True)
+
+
+def unsupported_error(items: list[dict], opset: int) -> UnsupportedError:
+    """One error listing every node that could not be lowered (name, op type, opset, reason)."""
+    lines = [f"  {it['op']} (node `{it['name']}`, opset {opset}): {it['reason']}" for it in items]
+    ops = sorted({it["op"] for it in items})
+    return UnsupportedError(f"ONNX import: {len(items)} node(s) cannot be lowered ({', '.join(ops)}):\n"
+                            + "\n".join(lines), items=[{**it, "opset": opset} for it in items])

@@ -1,0 +1,129 @@
+"""Import-time constant folding for ONNX: anything that does not depend on a graph input.
+
+A node whose inputs are all known is computed with onnx's reference evaluator (so every op and
+opset folds with onnx's own semantics: Shape arithmetic, Range, ConstantOfShape, Cast...).
+``Shape``/``Size`` fold from static shapes even when their input is computed. Layout-only ops on an
+initializer keep the initializer's name and append the matching role transform, so a weight
+reached through ``Transpose`` or ``Reshape`` is still bound exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from torchlean_bridge.check import check_size
+from torchlean_bridge.ops.contracts import broadcast_shapes
+
+from .context import Const, OnnxContext, attr_value
+
+__all__ = ["NONDETERMINISTIC", "LAYOUT_OPS", "fold_node", "fold_shape", "check_fold_size"]
+
+NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                              "Multinomial", "Bernoulli"})
+_RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+# ops that only move or retype a tensor: folding them keeps the initializer's binding (with a transform)
+LAYOUT_OPS = _RESHAPES | {"Transpose", "Cast", "Identity", "Dropout"}
+
+
+def _squeeze_axes(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[int] | None:
+    if opset >= 13:
+        return [int(a) for a in feeds[node.input[1]].reshape(-1)] if len(node.input) > 1 and node.input[1] else None
+    return attr_value(node, "axes")
+
+
+def _gather_elements(node: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    data, idx = feeds[node.input[0]], feeds[node.input[1]].astype(np.int64)
+    axis = int(attr_value(node, "axis", 0)) % data.ndim
+    return np.take_along_axis(data, np.where(idx < 0, idx + data.shape[axis], idx), axis)
+
+
+def _run_reference(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnx's reference implementation, except where it fails on valid input: (Un)squeeze in their
+    opset < 13 attribute forms and GatherElements, computed here directly."""
+    if node.op_type in ("Squeeze", "Unsqueeze"):
+        x = feeds[node.input[0]]
+        axes = _squeeze_axes(node, opset, feeds)
+        if node.op_type == "Squeeze":
+            return [np.squeeze(x, axis=tuple(axes)) if axes else np.squeeze(x)]
+        return [np.expand_dims(x, tuple(axes))]
+    if node.op_type == "GatherElements":
+        return [_gather_elements(node, feeds)]
+    from onnx.reference import ReferenceEvaluator
+    evaluator = ReferenceEvaluator(node, opsets={"": opset})
+    return [np.asarray(v) for v in evaluator.run(None, feeds)]
+
+
+def _layout_step(node: Any, data: Const, result: np.ndarray) -> str | None:
+    """The role-transform step a layout-only op applies to its data input, else None."""
+    op = node.op_type
+    if op == "Transpose":
+        perm = attr_value(node, "perm") or list(range(data.value.ndim))[::-1]
+        return "transpose" if list(perm) == [1, 0] else "permute:" + ",".join(map(str, perm))
+    if op in _RESHAPES:
+        return "reshape:" + ",".join(map(str, result.shape))
+    if op == "Cast":
+        return f"cast:{result.dtype.name}"
+    return None
+
+
+def _generated_shape(node: Any, feeds: dict[str, np.ndarray]) -> tuple[int, ...] | None:
+    """The output shape of an op whose size is set by input values rather than input sizes."""
+    op, v = node.op_type, [feeds.get(n) for n in node.input]
+    if op == "ConstantOfShape":
+        return tuple(int(d) for d in v[0].reshape(-1))
+    if op == "Range":
+        start, limit, delta = (float(x) for x in v[:3])
+        return (max(int(np.ceil((limit - start) / delta)), 0),) if delta else None
+    if op == "Tile":
+        return tuple(int(d) * int(r) for d, r in zip(v[0].shape, v[1].reshape(-1)))
+    if op == "Expand":
+        return broadcast_shapes(v[0].shape, tuple(int(d) for d in v[1].reshape(-1)), "Expand")
+    return None
+
+
+def check_fold_size(ctx: OnnxContext, node: Any) -> None:
+    """Refuse a fold whose result would exceed ``ctx.max_elements``, before computing it.
+
+    The size comes from the input values for the generators (ConstantOfShape, Range, Tile, Expand),
+    else from onnx's shape inference when it knows the output shapes.
+    """
+    feeds = {n: ctx.values[n].value for n in node.input if n}
+    where = f"ONNX import: node `{node.name or node.output[0]}` ({node.op_type})"
+    shapes = [_generated_shape(node, feeds)] if node.op_type in ("ConstantOfShape", "Range", "Tile", "Expand") \
+        else [ctx.declared.get(o) for o in node.output if o]
+    for shape in shapes:
+        if shape is not None:
+            check_size(shape, ctx.max_elements, where)
+
+
+def fold_node(ctx: OnnxContext, node: Any) -> list[Const]:
+    """Values of every output of a node whose inputs are all constants."""
+    inputs = [ctx.values[n] if n else None for n in node.input]
+    if node.op_type in ("Identity", "Dropout") and isinstance(inputs[0], Const):
+        outs = [inputs[0]]
+        if len(node.output) > 1:
+            outs.append(Const(np.ones(inputs[0].value.shape, dtype=bool), folded=True))
+        return outs
+    feeds = {n: v.value for n, v in zip(node.input, inputs) if n}
+    results = _run_reference(node, ctx.opset, feeds)
+    if node.op_type == "Constant":
+        return [Const(results[0], key=node.output[0], initializer=False)]
+    data = inputs[0] if inputs else None
+    if isinstance(data, Const) and data.key is not None and len(results) == 1:
+        step = _layout_step(node, data, results[0])
+        if step is not None:
+            return [data.derived(results[0], step)]
+    return [Const(r, folded=True) for r in results]
+
+
+def fold_shape(ctx: OnnxContext, node: Any) -> list[Const] | None:
+    """``Shape``/``Size`` of a computed tensor: its static shape is known at import time."""
+    if node.op_type not in ("Shape", "Size"):
+        return None
+    shape = ctx.shape(0)
+    if node.op_type == "Size":
+        return [Const(np.asarray(int(np.prod(shape)), dtype=np.int64), folded=True)]
+    start, end = attr_value(node, "start", 0), attr_value(node, "end")
+    return [Const(np.asarray(shape[slice(start, end)], dtype=np.int64), folded=True)]

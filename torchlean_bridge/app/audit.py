@@ -1,0 +1,358 @@
+"""Mapping audits: does a checkpoint put each tensor in the role the trusted model gives it?
+
+Key and shape checks cannot tell two same-shaped tensors apart (the seed's swapped biases pass
+``load_state_dict``). The audit binds the checkpoint, evaluates the bound graph (float64) against a
+trusted reference (an ``nn.Module`` with trusted weights, or golden outputs for given inputs) and,
+when they disagree, searches the exchanges a key/shape check cannot see: swaps of two keys in one
+ambiguity group, and transposes of square matrices. It applies the best exchange greedily (up to
+``max_steps``, so two independent swaps are found too) and reports each with the error before and
+after. Inputs are the user's plus, for a module reference, a zero input and seeded random ones
+(``diff.make_inputs``), so a swap is observable; every exchange that changes no output on those
+inputs (identical tensors, or a difference the inputs never excite) is reported as a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint, square_matrix_keys
+from ..bundle import Bundle
+from ..check import check
+from ..errors import BridgeError
+from ..graph import Graph
+from ..payload import Payload, payload_errors
+from ..report import Finding, Report
+from ..roles import apply_transform
+from semantics.evaluate import as_array, input_sets
+
+__all__ = ["audit", "AuditReport", "Exchange"]
+
+Case = list[np.ndarray]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A swap of two keys' tensors, or (``second`` None) the transpose of one square matrix."""
+
+    first: str
+    second: str | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.first,) if self.second is None else (self.first, self.second)
+
+    def describe(self) -> str:
+        return f"transpose {self.first}" if self.second is None else f"swap {self.first} <-> {self.second}"
+
+    def apply(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = dict(tensors)
+        if self.second is None:
+            out[self.first] = tensors[self.first].T
+        else:
+            out[self.first], out[self.second] = tensors[self.second], tensors[self.first]
+        return out
+
+
+class AuditReport(Report):
+    """Binding findings, the comparison with the reference, and ``swaps``: the exchanges found."""
+
+    def __init__(self, findings: Sequence[Finding] = (), title: str = "audit") -> None:
+        super().__init__(list(findings), title)
+        self.error_before: float | None = None
+        self.error_after: float | None = None
+        self.inputs_used = 0
+
+    @property
+    def swaps(self) -> list[Finding]:
+        return self.of_kind("swap", "transpose")
+
+    def _extra_json(self) -> dict:
+        return {"error_before": self.error_before, "error_after": self.error_after,
+                "inputs_used": self.inputs_used, "swaps": [list(f.keys) for f in self.swaps]}
+
+
+# -- inputs and the reference ---------------------------------------------------------------------
+def _given_cases(g: Graph, inputs: Any) -> list[Case]:
+    return [] if inputs is None else input_sets(g, inputs, "audit")
+
+
+def _is_module(obj: Any) -> bool:
+    return hasattr(obj, "state_dict") and hasattr(obj, "parameters") and callable(obj)
+
+
+def _flat_outputs(value: Any) -> list[np.ndarray]:
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _flat_outputs(v)]
+    if isinstance(value, dict):
+        return [a for v in value.values() for a in _flat_outputs(v)]
+    return [np.asarray(as_array(value), dtype=np.float64)]
+
+
+def _module_outputs(module: Any, cases: list[Case]) -> list[list[np.ndarray]]:
+    """The trusted module on every case, in float64 (a copy: the caller's module is left untouched)."""
+    import torch
+    trusted = copy.deepcopy(module).double().eval()
+    out = []
+    with torch.no_grad():
+        for k, case in enumerate(cases):
+            args = [torch.from_numpy(np.asarray(x, order="C", dtype=np.float64 if x.dtype.kind == "f" else x.dtype))
+                    for x in case]
+            try:
+                out.append(_flat_outputs(trusted(*args)))
+            except Exception as e:  # the user's module: any failure is reported as bad input, not a traceback
+                raise BridgeError(f"audit: the reference module failed on input set {k} (run in float64): "
+                                  f"{type(e).__name__}: {e}") from None
+    return out
+
+
+def _golden(reference: Any, cases: list[Case]) -> list[list[np.ndarray]]:
+    """Golden outputs: one list per input set (a bare list of arrays pairs with a single set)."""
+    if not cases:
+        raise BridgeError("audit: golden outputs need the inputs they were computed on (inputs=...)")
+    if isinstance(reference, (list, tuple)) and reference and isinstance(reference[0], (list, tuple)):
+        per_case = [[np.asarray(as_array(a), np.float64) for a in outs] for outs in reference]
+    elif isinstance(reference, (list, tuple)):
+        per_case = [[np.asarray(as_array(a), np.float64) for a in reference]]
+    else:
+        per_case = [[np.asarray(as_array(reference), np.float64)]]
+    if len(per_case) != len(cases):
+        raise BridgeError(f"audit: {len(per_case)} golden output set(s) for {len(cases)} input set(s)")
+    return per_case
+
+
+def _aligned(g: Graph, outputs: list[list[np.ndarray]], what: str) -> list[list[np.ndarray]]:
+    """Reference outputs in the graph's output shapes (a reshape when only the layout of dims differs)."""
+    shapes = [g.nodes[o].out_shape for o in g.outputs]
+    result = []
+    for outs in outputs:
+        if len(outs) != len(shapes):
+            raise BridgeError(f"audit: {what} gives {len(outs)} output(s), the graph has {len(shapes)}")
+        row = []
+        for k, (a, shape) in enumerate(zip(outs, shapes)):
+            if a.size != int(np.prod(shape, dtype=np.int64)):
+                raise BridgeError(f"audit: {what} output {k} has shape {list(a.shape)}, the graph's is {list(shape)}")
+            row.append(a.reshape(shape))
+        result.append(row)
+    return result
+
+
+# -- evaluation of candidate assignments ----------------------------------------------------------
+class _Evaluator:
+    """Outputs of the graph for a given key -> tensor assignment, on every input set."""
+
+    def __init__(self, bundle: Bundle, slots: ABI, cases: list[Case]) -> None:
+        from semantics.evaluate import evaluate
+        self._evaluate = evaluate
+        self.bundle = bundle
+        self.slots = slots
+        self.cases = cases
+
+    def payload(self, tensors: dict[str, np.ndarray], changed: Sequence[str]) -> Payload:
+        base = self.bundle.payload  # shared arrays, new records: nothing here writes into an array
+        payload = Payload({n: base.record(n) for n in base.nodes()})
+        for key in changed:
+            for slot in self.slots.for_key(key):
+                payload.set(slot.node, slot.role, apply_transform(slot.transform, tensors[key]))
+        return payload
+
+    def outputs(self, payload: Payload) -> list[list[np.ndarray]] | None:
+        try:
+            return [[np.asarray(v, np.float64) for v in self._evaluate(self.bundle.graph, payload, case, "float64",
+                                                                       check=False)]
+                    for case in self.cases]
+        except BridgeError:
+            return None  # e.g. an exchange that makes a log argument negative: not a candidate
+
+
+def _max_error(ours: list[list[np.ndarray]] | None, ref: list[list[np.ndarray]]) -> float:
+    if ours is None:
+        return float("inf")
+    worst = 0.0
+    for a_case, r_case in zip(ours, ref):
+        for a, r in zip(a_case, r_case):
+            d = np.abs(a - r)
+            if d.size:
+                worst = max(worst, float(np.nanmax(d)) if not np.isnan(d).all() else float("inf"))
+            if np.isnan(a).any() != np.isnan(r).any():
+                worst = float("inf")
+    return worst
+
+
+def _scale(ref: list[list[np.ndarray]]) -> float:
+    peaks = [float(np.nanmax(np.abs(r))) for case in ref for r in case if r.size and not np.isnan(r).all()]
+    return max([1.0, *peaks])
+
+
+def _vector(a: np.ndarray) -> str:
+    return "[" + ", ".join(_fmt(float(v)) for v in a.reshape(-1)) + "]"
+
+
+def _worst_case(labelled: list[tuple[str, Case]], ours: list[list[np.ndarray]] | None,
+                ref: list[list[np.ndarray]]) -> str:
+    """Where the error is largest, with both values when the output is small enough to read."""
+    if ours is None:
+        return ""
+    errors = [_max_error([o], [r]) for o, r in zip(ours, ref)]
+    k = int(np.argmax(errors))
+    text = f"; worst on {labelled[k][0]}"
+    if len(ours[k]) == 1 and ours[k][0].size <= 8:
+        text += f": ours {_vector(ours[k][0])}, reference {_vector(ref[k][0])}"
+    return text
+
+
+def _candidates(groups: list[AmbiguityGroup], squares: list[str]) -> list[Exchange]:
+    out = [Exchange(a, b) for g in groups for i, a in enumerate(g.keys) for b in g.keys[i + 1:]]
+    return out + [Exchange(k) for k in squares]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6f}" if np.isfinite(x) else str(x)
+
+
+# -- the audit --------------------------------------------------------------------------------------
+def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, *, tolerance: float = 1e-6,
+          samples: int = 5, seed: int = 0, max_steps: int = 3, max_candidates: int = 5000,
+          strict: bool = True) -> AuditReport:
+    """Bind ``ckpt`` to ``bundle`` and compare the bound graph with ``reference``.
+
+    ``reference``: an ``nn.Module`` holding the trusted weights (run in float64 on a copy), or golden
+    outputs (a list of arrays in graph-output order for the one input set ``inputs``, or a list of
+    such lists, one per set). Without a reference only the binding is checked. Outputs agree when
+    the largest absolute difference is at most ``tolerance * max(1, max |reference|)``.
+    """
+    from importers.checkpoints import as_checkpoint
+    ckpt = as_checkpoint(ckpt)
+    bound, binding = bind_checkpoint(bundle, ckpt, strict=strict)
+    g = bundle.graph
+    report = AuditReport(binding.findings, title=f"audit of {ckpt.source}")
+    if reference is None:
+        report.add(Finding("no_reference", "no reference given: only keys, shapes, dtypes and values were "
+                                           "checked; exchanges within the ambiguity groups cannot be detected",
+                           severity="warning"))
+        return report
+    problems = payload_errors(g, bound.payload)
+    if problems:
+        report.add(Finding("not_evaluable", f"the bound graph cannot be evaluated: {problems[0]}"
+                           + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")))
+        return report
+
+    check(g)  # once here: candidates are then evaluated without re-checking the graph
+    labelled = [(f"the given input {k}", case) for k, case in enumerate(_given_cases(g, inputs))]
+    if _is_module(reference):
+        from .diff import make_inputs
+        labelled += [(f"the {label} input", case) for label, case in make_inputs(g, samples, seed)]
+    cases = [case for _, case in labelled]
+    if _is_module(reference):
+        ref = _aligned(g, _module_outputs(reference, cases), "the reference module")
+        what = f"the reference module {type(reference).__name__}"
+    else:
+        ref = _aligned(g, _golden(reference, cases), "the golden outputs")
+        what = "the golden outputs"
+    report.inputs_used = len(cases)
+    limit = tolerance * _scale(ref)
+    slots = abi(bound)
+    tensors = {key: np.asarray(ckpt[key]) for key in slots.keys if key in ckpt}
+    evaluator = _Evaluator(bound, slots, cases)
+    base_outputs = evaluator.outputs(bound.payload)
+    before = _max_error(base_outputs, ref)
+    report.error_before = before
+
+    groups = [g_ for g_ in binding.ambiguity_groups if all(k in tensors for k in g_.keys)]
+    squares = [k for k in square_matrix_keys(slots, ckpt) if k in tensors and not np.array_equal(tensors[k],
+                                                                                                 tensors[k].T)]
+    candidates = _candidates(groups, squares)
+    if len(candidates) > max_candidates:
+        report.add(Finding("truncated", f"{len(candidates)} possible exchanges; only the first {max_candidates} "
+                                        f"were tried", severity="warning"))
+        candidates = candidates[:max_candidates]
+
+    # one evaluation per exchange from the checkpoint as given: observability and the first search step
+    first_errors: dict[Exchange, float] = {}
+    for ex in candidates:
+        if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
+            report.add(Finding("indistinguishable", f"{ex.first} and {ex.second} hold identical tensors: an "
+                                                    f"exchange between them cannot be seen", keys=ex.keys,
+                               severity="warning"))
+            continue
+        outs = evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys))
+        first_errors[ex] = _max_error(outs, ref)
+        if base_outputs is not None and _max_error(outs, base_outputs) <= limit:
+            report.add(Finding("indistinguishable", f"{ex.describe()} changes no output on the {len(cases)} "
+                                                    f"input(s) used: these inputs cannot tell them apart",
+                               keys=ex.keys, severity="warning"))
+
+    if before <= limit:
+        report.error_after = before
+        report.add(Finding("agreement", f"outputs agree with {what}: max error {_fmt(before)} on {len(cases)} "
+                                        f"input(s)", severity="info", data={"max_error": before}))
+        return report
+
+    report.add(Finding("mismatch", f"outputs disagree with {what}: max error {_fmt(before)} on {len(cases)} "
+                                   f"input(s){_worst_case(labelled, base_outputs, ref)}",
+                       data={"max_error": before, "limit": limit}))
+    suspects = _suspects(reference, tensors, ckpt)
+    searched = [ex for ex in candidates if set(ex.keys) <= suspects]
+    steps, error = _search(evaluator, tensors, searched, {ex: first_errors[ex] for ex in searched
+                                                                  if ex in first_errors},
+                                    ref, before, limit, max_steps)
+    report.error_after = error
+    if error <= limit:
+        for ex, err_in, err_out in steps:
+            report.add(Finding("swap" if ex.second else "transpose",
+                               f"{ex.describe()}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=ex.keys,
+                               data={"error_before": err_in, "error_after": err_out}))
+    else:
+        best = min(first_errors.items(), key=lambda kv: kv[1], default=None)
+        hint = f" (the best single exchange, {best[0].describe()}, leaves {_fmt(best[1])})" if best else ""
+        report.add(Finding("unresolved", f"no exchange within the ambiguity groups restores agreement{hint}; the "
+                                         f"difference lies elsewhere (wrong values, or a role map or import error)",
+                           data={"candidates": len(candidates)}))
+    return report
+
+
+def _suspects(reference: Any, tensors: dict[str, np.ndarray], ckpt: Any) -> set[str]:
+    """Keys whose tensor may be misplaced: all of them, unless the reference module's own state_dict
+    names the same keys, in which case only those whose value differs from the trusted one (an
+    exchange must move both of its tensors away from their trusted values). This only narrows the
+    search; agreement is still decided by evaluating the graph."""
+    if not _is_module(reference):
+        return set(tensors)
+    from importers.checkpoints import as_checkpoint
+    trusted = as_checkpoint(reference.state_dict(), strip_prefix="module.")
+    suspects = set()
+    for key, value in tensors.items():
+        if key not in trusted or trusted.shape(key) != value.shape \
+                or not np.array_equal(np.asarray(trusted[key], np.float64), np.asarray(value, np.float64)):
+            suspects.add(key)
+    return suspects
+
+
+def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: list[Exchange],
+            first_errors: dict[Exchange, float], ref: list[list[np.ndarray]], error: float, limit: float,
+            max_steps: int) -> tuple[list[tuple[Exchange, float, float]], float]:
+    """Greedy: apply the exchange that lowers the error most, until agreement or no improvement."""
+    steps: list[tuple[Exchange, float, float]] = []
+    current, changed = tensors, set()
+    errors = first_errors
+    for _ in range(max_steps):
+        if not errors:
+            break
+        best, best_error = min(errors.items(), key=lambda kv: kv[1])
+        if not best_error < error:
+            break
+        steps.append((best, error, best_error))
+        current, error = best.apply(current), best_error
+        changed |= set(best.keys)
+        if error <= limit:
+            break
+        errors = {}
+        for ex in candidates:
+            if ex == best:
+                continue
+            trial = ex.apply(current)
+            errors[ex] = _max_error(evaluator.outputs(evaluator.payload(trial, sorted(changed | set(ex.keys)))), ref)
+    return steps, error

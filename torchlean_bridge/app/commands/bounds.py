@@ -1,0 +1,83 @@
+"""``torchlean-bridge bounds``: interval bounds of every node over an l-infinity ball, then a
+sampled containment check (exit 1 on a counterexample)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import numpy as np
+
+from ...errors import BridgeError, IntervalError
+from ...report import jsonable
+from .common import MAX_SAMPLES, bounded_int, format_vector, read_array, read_bundle
+
+HELP = "interval bounds of every node over an l-inf ball around --center, checked by sampling"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="BUNDLE", help="bundle folder or torchlean.ir.v1 file with inline payload")
+    p.add_argument("--center", metavar="FILE.npy", action="append", default=[], required=True,
+                   help="center of the input box, one .npy per graph input in graph-input order (repeat)")
+    p.add_argument("--radius", type=float, required=True,
+                   help="l-inf radius added around every float input entry (int/bool inputs stay points)")
+    p.add_argument("--samples", type=int, default=50,
+                   help="sampled points for the containment check (corners, center, uniform); 0 skips it")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample generator")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _box_text(lo: np.ndarray, hi: np.ndarray) -> str:
+    return f"{format_vector(np.atleast_1d(lo))} .. {format_vector(np.atleast_1d(hi))}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from semantics.interval import interval_bounds
+    from semantics.sampling import check_containment
+    if not math.isfinite(args.radius) or args.radius < 0:
+        raise BridgeError(f"bounds: --radius must be a finite number >= 0, got {args.radius}")
+    bounded_int(args.samples, "bounds: --samples", 0, MAX_SAMPLES)
+    bounded_int(args.seed, "bounds: --seed")
+    bundle = read_bundle(args.path)
+    g = bundle.graph
+    centers = [read_array(f) for f in args.center]
+    if len(centers) != len(g.inputs):
+        raise BridgeError(f"bounds: the graph has {len(g.inputs)} input(s), got {len(centers)} --center file(s)")
+    lower, upper = [], []
+    for nid, c in zip(g.inputs, centers):
+        if c.dtype.kind not in "fiub":
+            raise BridgeError(f"bounds: center for input {nid} has element type {c.dtype}, expected numbers")
+        r = args.radius if g[nid].dtype == "float" else 0.0
+        c64 = c.astype(np.float64)
+        lower.append(c64 - r)
+        upper.append(c64 + r)
+        if r:
+            # c - r and c + r are rounded: widen so the box contains the exact real ball
+            lower[-1], upper[-1] = np.nextafter(lower[-1], -np.inf), np.nextafter(upper[-1], np.inf)
+    boxes = interval_bounds(g, bundle.payload, lower, upper)
+    report, failure = None, None
+    if args.samples:
+        try:
+            report = check_containment(g, bundle.payload, lower, upper, samples=args.samples, seed=args.seed,
+                                       boxes=boxes)
+        except IntervalError as e:
+            failure = e
+    if args.json:
+        doc = {"radius": args.radius,
+               "nodes": [{"id": n.id, "kind": n.kind, "shape": list(n.out_shape), "lo": jsonable(boxes[n.id][0]),
+                          "hi": jsonable(boxes[n.id][1])} for n in g],
+               "containment": (report.to_json() if report else None) if failure is None
+               else {"ok": False, "node": failure.node, "message": str(failure)}}
+        print(json.dumps(doc, allow_nan=False))
+    else:
+        for n in g:
+            print(f"node {n.id}: {_box_text(*boxes[n.id])}")
+        if report is not None:
+            print(report)
+    if failure is not None:
+        if not args.json:
+            print(f"counterexample: {failure}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,32 @@
+"""``torchlean-bridge check``: validate a bundle or graph document."""
+
+from __future__ import annotations
+
+import argparse
+
+from ...check import check
+from ...payload import payload_errors
+from .common import read_bundle
+
+HELP = "validate structure and shapes (exit 0 valid, 1 invalid)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="BUNDLE_OR_GRAPH", help="bundle folder or torchlean.ir.v1 JSON file")
+    p.add_argument("--all", action="store_true", help="list every problem, not just the first")
+
+
+def run(args: argparse.Namespace) -> int:
+    bundle = read_bundle(args.path)
+    g = bundle.graph
+    errors = check(g, collect=True)
+    if not errors and len(bundle.payload):
+        errors = payload_errors(g, bundle.payload)
+    if not errors:
+        print(f"accepted: nodes={len(g)}, inputs={list(g.inputs)}, outputs={list(g.outputs)}")
+        return 0
+    for e in errors if args.all else errors[:1]:
+        print(str(e))
+    if not args.all and len(errors) > 1:
+        print(f"({len(errors) - 1} more problem(s); use --all to list them)")
+    return 1

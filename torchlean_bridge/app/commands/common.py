@@ -1,0 +1,108 @@
+"""What several commands share: reading a bundle or graph, progress display, numpy inputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from ...bundle import Bundle
+from ...errors import BridgeError
+
+__all__ = ["read_bundle", "read_array", "progress", "format_vector", "load_factory", "bounded_int", "MAX_SAMPLES"]
+
+
+def read_bundle(path: str) -> Bundle:
+    """A bundle folder, or a single torchlean.ir.v1 document (payload inline or absent)."""
+    from exporters.folder import load
+    return load(Path(path))
+
+
+MAX_SAMPLES = 10_000  # sampled or generated input sets a command evaluates, one at a time
+MAX_SEED = 2 ** 63 - 1
+
+
+def bounded_int(value: int, option: str, low: int = 0, high: int = MAX_SEED) -> int:
+    """A command-line integer within ``[low, high]``, else one clear BridgeError line (exit 2)."""
+    if not low <= value <= high:
+        raise BridgeError(f"{option} must be between {low} and {high}, got {value}")
+    return value
+
+
+def read_array(path: str) -> np.ndarray:
+    """A .npy file, memory-mapped until its header is known to fit (never a pickle)."""
+    from ...fileio import regular_file_size
+    from ...ops.contracts import DEFAULT_ELEMENT_LIMIT
+    if regular_file_size(path, "array") == 0:
+        raise BridgeError(f"cannot read array {path}: the file is empty")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise BridgeError(f"cannot read array {path}: {e}") from None
+    if not isinstance(arr, np.ndarray):  # an .npz archive
+        raise BridgeError(f"cannot read array {path}: expected one .npy array, got an archive")
+    if arr.size > DEFAULT_ELEMENT_LIMIT:
+        raise BridgeError(f"cannot read array {path}: {arr.size} elements, above the limit of "
+                          f"{DEFAULT_ELEMENT_LIMIT}")
+    return np.array(arr)
+
+
+def format_vector(a: Any, digits: int = 6) -> str:
+    """The seed's value-table formatting: ``[0.027540, -0.014730]``, scalars bare."""
+    arr = np.asarray(a)
+    if arr.ndim == 0:
+        return f"{float(arr):.{digits}f}"
+    return "[" + ", ".join(f"{float(v):.{digits}f}" for v in arr.reshape(-1)) + "]"
+
+
+@contextmanager
+def progress(total: int | None, description: str, quiet: bool = False) -> Iterator[Any]:
+    """A rich progress bar on a terminal; silent when piped or quiet. Yields ``advance(n=1)``."""
+    if quiet or not sys.stderr.isatty():
+        yield lambda n=1: None
+        return
+    from rich.progress import Progress
+    with Progress(transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)
+
+
+def iterate(items: Iterable[Any], total: int | None, description: str, quiet: bool = False) -> Iterator[Any]:
+    with progress(total, description, quiet) as advance:
+        for item in items:
+            yield item
+            advance()
+
+
+def load_factory(spec: str, option: str = "SOURCE") -> Any:
+    """``path/to/file.py:factory`` -> the nn.Module (in eval mode) the zero-argument factory returns."""
+    path, sep, name = spec.rpartition(":")
+    file = Path(path)
+    if not sep or not name or file.suffix != ".py":
+        raise BridgeError(f"{option} expects path/to/file.py:factory, got {spec!r}")
+    if not file.is_file():
+        raise BridgeError(f"{option}: no such file: {file}")
+    module_spec = importlib.util.spec_from_file_location(f"_tlb_factory_{file.stem}", file)
+    if module_spec is None or module_spec.loader is None:
+        raise BridgeError(f"{option}: cannot load {file} as Python")
+    code = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, str(file.resolve().parent))
+    try:
+        module_spec.loader.exec_module(code)
+        factory = getattr(code, name, None)
+        if not callable(factory):
+            raise BridgeError(f"{option}: {file} has no callable `{name}`")
+        model = factory()
+    except BridgeError:
+        raise
+    except Exception as e:  # user code: report it as bad input, not as our traceback
+        raise BridgeError(f"{option}: running {file}:{name} failed: {type(e).__name__}: {e}") from e
+    finally:
+        sys.path.pop(0)
+    if not (hasattr(model, "eval") and hasattr(model, "state_dict")):
+        raise BridgeError(f"{option}: {name}() returned {type(model).__name__}, not an nn.Module")
+    return model.eval()

@@ -1,0 +1,58 @@
+"""``torchlean-bridge eval``: evaluate a bundle on .npy inputs and print the value table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from ...report import jsonable
+from .common import format_vector, read_array, read_bundle
+
+HELP = "evaluate a bundle on .npy inputs (float64 reference or float32) and print node values"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="BUNDLE", help="bundle folder or torchlean.ir.v1 file with inline payload")
+    p.add_argument("--input", metavar="FILE.npy", action="append", default=[], required=True,
+                   help="one .npy per graph input, in graph-input order (repeat the option)")
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                   help="evaluation domain: float64 (TorchLean's binary64, default) or float32")
+    p.add_argument("--all-nodes", action="store_true", help="print every node's value, not just the outputs")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plan", metavar="PLAN", help="run each node with its provider in a saved kernel plan "
+                                                  "(a plan file, or a bundle folder holding kernel_plan.json)")
+
+
+def format_value(a: np.ndarray) -> str:
+    """The seed's table format for floats; integers and booleans printed exactly."""
+    if a.dtype.kind == "f":
+        return format_vector(a)
+    items = [str(int(v)) for v in a.reshape(-1)]
+    return items[0] if a.ndim == 0 else "[" + ", ".join(items) + "]"
+
+
+def run(args: argparse.Namespace) -> int:
+    from semantics.evaluate import evaluate
+    bundle = read_bundle(args.path)
+    g = bundle.graph
+    inputs = [read_array(f) for f in args.input]
+    if args.plan:  # see `torchlean-bridge plan --save`
+        from ..kernel_plan import load_plan
+        from ..plan_exec import execute_plan
+        values = execute_plan(g, bundle.payload, inputs, load_plan(args.plan, g), dtype=args.dtype,
+                              all_nodes=args.all_nodes)
+    else:
+        values = evaluate(g, bundle.payload, inputs, dtype=args.dtype, all_nodes=args.all_nodes)
+    ids = list(range(len(g))) if args.all_nodes else list(g.outputs)
+    table = values if args.all_nodes else dict(zip(g.outputs, values))
+    if args.json:
+        doc = {"dtype": args.dtype,
+               "nodes": [{"id": i, "kind": g[i].kind, "shape": list(g[i].out_shape), "element_type": g[i].dtype,
+                          "value": jsonable(table[i])} for i in ids]}
+        print(json.dumps(doc, allow_nan=False))
+    else:
+        for i in ids:
+            print(f"node {i}: {format_value(table[i])}")
+    return 0

@@ -1,0 +1,137 @@
+"""``torchlean-bridge import``: a PyTorch factory or an ONNX file into a bundle folder."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from ...bundle import Bundle
+from ...errors import BridgeError, CheckFailed
+from ...ops.contracts import MAX_RANK
+from .common import load_factory, progress
+
+HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
+DESCRIPTION = (
+    "Import a model into a bundle folder (graph.json, payload.safetensors, roles.json). SOURCE is model.onnx, "
+    "or path/to/file.py:factory where factory() returns an nn.Module (put in eval mode here); it is captured "
+    "with torch.export (--via export, the default) or torch.fx symbolic tracing (--via fx) on example inputs "
+    "of the --input-shape shapes (one per input; a suffix :int64 or :bool gives integer token ids or masks). "
+    "--checkpoint binds other weights through the role map. Prints nodes, parameters, ops used and the ext "
+    "ops that block torchlean.ir.v1 export.")
+
+DTYPES = ("float32", "float64", "int64", "bool")
+MAX_EXAMPLE_ELEMENTS = 2 ** 26  # an example input is materialized to trace the model; shapes, not data, matter
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="SOURCE", help="model.onnx or path/to/file.py:factory")
+    p.add_argument("-o", "--output", metavar="FOLDER", required=True, help="bundle folder to write")
+    p.add_argument("--via", choices=("export", "fx"), default="export",
+                   help="PyTorch capture: torch.export (default) or torch.fx symbolic tracing")
+    p.add_argument("--decompose", action="store_true", help="with --via export: lower core ATen "
+                   "(run_decompositions) instead of the exported operators")
+    p.add_argument("--input-shape", metavar="D0,D1,...[:DTYPE]", action="append", default=[],
+                   help="shape of one example input (repeat per input); DTYPE is float32 (default), "
+                        "float64, int64 or bool")
+    p.add_argument("--checkpoint", metavar="FILE", help="bind these weights (safetensors / state_dict) instead")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def parse_input_shape(text: str) -> tuple[tuple[int, ...], str]:
+    shape_text, _, dtype = text.partition(":")
+    dtype = dtype or "float32"
+    if dtype not in DTYPES:
+        raise BridgeError(f"--input-shape {text!r}: element type must be one of {', '.join(DTYPES)}")
+    try:
+        shape = tuple(int(d) for d in shape_text.split(",") if d.strip() != "")
+    except ValueError:
+        raise BridgeError(f"--input-shape {text!r}: expected comma-separated integers such as 1,4") from None
+    if any(d < 0 for d in shape):
+        raise BridgeError(f"--input-shape {text!r}: extents must be >= 0")
+    if len(shape) > MAX_RANK:
+        raise BridgeError(f"--input-shape {text!r}: rank {len(shape)} is above the limit of {MAX_RANK}")
+    if math.prod(shape) > MAX_EXAMPLE_ELEMENTS:
+        raise BridgeError(f"--input-shape {text!r}: {math.prod(shape)} elements, above the limit of "
+                          f"{MAX_EXAMPLE_ELEMENTS} for an example input")
+    return shape, dtype
+
+
+def example_inputs(specs: list[str]) -> tuple[Any, ...]:
+    """Seeded example tensors: normal floats, zero token ids, all-true masks."""
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for spec in specs:
+        shape, dtype = parse_input_shape(spec)
+        if dtype in ("float32", "float64"):
+            out.append(torch.randn(shape, generator=gen, dtype=getattr(torch, dtype)))
+        elif dtype == "int64":
+            out.append(torch.zeros(shape, dtype=torch.int64))
+        else:
+            out.append(torch.ones(shape, dtype=torch.bool))
+    return tuple(out)
+
+
+def import_source(args: argparse.Namespace) -> Bundle:
+    if args.source.endswith(".onnx"):
+        from importers.onnx import import_onnx
+        shapes = [parse_input_shape(s)[0] for s in args.input_shape] or None
+        return import_onnx(args.source, shapes)
+    if ".py:" not in args.source:
+        raise BridgeError(f"SOURCE must be model.onnx or path/to/file.py:factory, got {args.source!r}")
+    model = load_factory(args.source, "SOURCE")
+    if not args.input_shape:
+        raise BridgeError("a PyTorch SOURCE needs example inputs: give --input-shape once per input (e.g. 1,4)")
+    inputs = example_inputs(args.input_shape)
+    if args.via == "fx":
+        from importers.fx import import_fx
+        return import_fx(model, inputs)
+    from importers.torch_export import import_export
+    return import_export(model, inputs, decompose=args.decompose)
+
+
+def bind_weights(bundle: Bundle, path: str) -> Bundle:
+    try:
+        from importers.checkpoints import load_checkpoint
+        from ..abi import bind_checkpoint
+    except ImportError:
+        raise BridgeError("--checkpoint: checkpoint binding is not available in this installation") from None
+    bound, report = bind_checkpoint(bundle, load_checkpoint(path))
+    print(str(report))
+    if not report.ok:
+        raise CheckFailed(f"--checkpoint {path}: the checkpoint does not fit the imported graph (see above)")
+    return bound
+
+
+def summary_lines(bundle: Bundle) -> list[str]:
+    s = bundle.summary()
+    ops = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in s["ops"].items())
+    lines = [f"nodes: {s['nodes']} ({len(s['inputs'])} input(s), {len(s['outputs'])} output(s))",
+             f"parameters: {s['parameters']} values in {s['tensors']} tensors, {len(bundle.roles)} keys bound",
+             f"ops used: {ops}"]
+    blocking = s["v1_blocking"]
+    lines.append("torchlean.ir.v1 export: " + ("blocked by " + "; ".join(blocking) if blocking
+                                               else "nothing blocks it"))
+    unused = bundle.report.get("unused_tensors")
+    if unused:
+        lines.append(f"unused tensors (not read by the graph): {', '.join(unused)}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from exporters.folder import save
+    with progress(3, "importing", args.quiet) as advance:
+        bundle = import_source(args)
+        advance()
+        if args.checkpoint:
+            bundle = bind_weights(bundle, args.checkpoint)
+        advance()
+        save(bundle, args.output)
+        advance()
+    how = "onnx" if args.source.endswith(".onnx") else args.via + (" (core ATen)" if args.decompose else "")
+    print(f"imported {args.source} via {how}")
+    for line in summary_lines(bundle):
+        print(line)
+    print(f"wrote {args.output}")
+    return 0

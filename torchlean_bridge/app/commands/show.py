@@ -1,0 +1,46 @@
+"""``torchlean-bridge show``: the text listing, DOT, or a rendered SVG/PNG through Graphviz."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+
+from ...errors import BridgeError
+from ...fileio import atomic_write_bytes
+from ...pretty import listing, to_dot
+from .common import read_bundle
+
+HELP = "print the node listing, or GraphViz DOT / SVG / PNG"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="BUNDLE_OR_GRAPH")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--dot", action="store_true", help="print GraphViz DOT instead of the listing")
+    fmt.add_argument("--svg", metavar="FILE", help="render to SVG with Graphviz `dot`")
+    fmt.add_argument("--png", metavar="FILE", help="render to PNG with Graphviz `dot`")
+
+
+def render(dot_text: str, fmt: str, out: str) -> None:
+    exe = shutil.which("dot")
+    if exe is None:
+        raise BridgeError("Graphviz `dot` is not installed (apt-get install graphviz); "
+                          "use --dot to print the DOT text instead")
+    proc = subprocess.run([exe, f"-T{fmt}"], input=dot_text.encode(), capture_output=True)
+    if proc.returncode != 0:
+        raise BridgeError(f"Graphviz failed: {proc.stderr.decode(errors='replace').strip()}")
+    atomic_write_bytes(out, proc.stdout)
+
+
+def run(args: argparse.Namespace) -> int:
+    g = read_bundle(args.path).graph
+    if args.dot:
+        print(to_dot(g), end="")
+    elif args.svg or args.png:
+        out = args.svg or args.png
+        render(to_dot(g), "svg" if args.svg else "png", out)
+        print(f"wrote {out}")
+    else:
+        print(listing(g))
+    return 0

@@ -1,0 +1,597 @@
+"""Differential testing: our reference semantics against PyTorch, onnxruntime or onnx's reference
+evaluator, node by node, locating the first divergence.
+
+Values are matched through the provenance recorded at import (``Source.name`` = FX / torch.export
+node name, ``Source.tensor`` = ONNX tensor name); an IR node with no counterpart (an expanded
+broadcast, the inner half of a fused op) is reported as such, never guessed. Each node's tolerance
+comes from our own float32-vs-float64 gap at that node (with a floor), not from one global number:
+the framework computes in float32, so an error well beyond what float32 rounding did to *our*
+evaluation of the same node is a real divergence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..errors import BridgeError, EvalError
+from ..graph import Graph, Node
+from ..ops import BOOL, INT64
+from ..report import Finding, Report
+from ..roles import apply_transform
+from semantics.evaluate import input_sets
+
+__all__ = ["diff", "DiffReport", "NodeDiff", "make_inputs", "match_nodes", "ulp_distance",
+           "feeding_keys", "provenance", "AGAINST"]
+
+AGAINST = ("torch", "onnxruntime", "reference-evaluator", "plan")
+
+# budget = max(SAFETY * (our float32 - float64 gap), FLOOR_ULPS float32 ulps of the node's scale)
+SAFETY = 16.0
+FLOOR_ULPS = 64
+EPS32 = float(np.finfo(np.float32).eps)
+TINY = float(np.finfo(np.float32).tiny)
+
+# ops through which an int64 input keeps its meaning as an index (for choosing a valid range)
+_INDEX_PASSTHROUGH = {"reshape", "squeeze", "unsqueeze", "flatten", "expand", "broadcast_to", "slice",
+                      "detach", "permute", "transpose", "concat"}
+_EDGE_VALUES = np.array([0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1e-3, -1e-3, 10.0, -10.0, 1e-7, -3.0])
+_KINDS = ("normal", "uniform", "zeros", "edge")
+
+
+# -- inputs -----------------------------------------------------------------------------------
+
+def _index_bound(g: Graph, nid: int, consumers: list[list[int]]) -> int | None:
+    """The number of rows a gather reads through this int64 value (smallest over all gathers)."""
+    bound, stack, seen = None, [nid], {nid}
+    while stack:
+        v = stack.pop()
+        for c in consumers[v]:
+            node = g.nodes[c]
+            if node.kind == "gather" and len(node.parents) == 2 and node.parents[1] == v:
+                rows = g.nodes[node.parents[0]].out_shape[node.attrs["axis"]]
+                bound = rows if bound is None else min(bound, rows)
+            elif node.kind in _INDEX_PASSTHROUGH and c not in seen:
+                seen.add(c)
+                stack.append(c)
+    return bound
+
+
+def make_inputs(g: Graph, count: int, seed: int = 0) -> list[tuple[str, list[np.ndarray]]]:
+    """``count`` labelled input sets: normal, uniform(-1, 1), zeros, edge values, then normal/uniform.
+
+    int64 inputs feeding a gather take indices in its range (else small non-negative values), bool
+    inputs are fair coins.
+    """
+    rng = np.random.default_rng(seed)
+    consumers = g.consumers()
+    bounds = {i: _index_bound(g, i, consumers) for i in g.inputs if g.nodes[i].dtype == INT64}
+    sets = []
+    for k in range(count):
+        kind = _KINDS[k] if k < len(_KINDS) else _KINDS[k % 2]
+        arrays = []
+        for i in g.inputs:
+            node = g.nodes[i]
+            shape = node.out_shape
+            if node.dtype == INT64:
+                hi = bounds[i] or 4
+                if kind == "zeros":
+                    arrays.append(np.zeros(shape, np.int64))
+                elif kind == "edge":
+                    arrays.append(np.resize(np.array([0, hi - 1], np.int64), shape))
+                else:
+                    arrays.append(rng.integers(0, hi, size=shape, dtype=np.int64))
+            elif node.dtype == BOOL:
+                arrays.append(np.zeros(shape, bool) if kind == "zeros" else rng.random(shape) < 0.5)
+            elif kind == "normal":
+                arrays.append(rng.standard_normal(shape))
+            elif kind == "uniform":
+                arrays.append(rng.uniform(-1.0, 1.0, shape))
+            elif kind == "zeros":
+                arrays.append(np.zeros(shape))
+            else:
+                arrays.append(np.resize(rng.permutation(_EDGE_VALUES), shape).astype(np.float64))
+        sets.append((kind, arrays))
+    return sets
+
+
+def _given_inputs(g: Graph, inputs: Any) -> list[tuple[str, list[np.ndarray]]]:
+    """Inputs as the user gave them: one set (list in graph-input order, or one array), or a list of sets."""
+    return [(f"input {k}", one) for k, one in enumerate(input_sets(g, inputs, "diff"))]
+
+
+# -- matching ---------------------------------------------------------------------------------
+
+# which recorded provenance a runner's keys are: Source.framework values accepted, and the field
+_PROVENANCE = {"fx": ({"fx", "torch"}, "name"), "export": ({"export", "torch"}, "name"),
+               "onnx": ({"onnx"}, "tensor")}
+
+
+def _source_key(node: Node, framework: str) -> str | None:
+    frameworks, field_name = _PROVENANCE[framework]
+    src = node.source
+    if src is None or src.framework not in frameworks:
+        return None
+    return getattr(src, field_name)
+
+
+def match_nodes(g: Graph, framework: str) -> tuple[dict[int, str], dict[int, str]]:
+    """IR node -> framework key through provenance, and the reason each other node has none.
+
+    ``framework`` is ``fx``, ``export`` (keys: node names) or ``onnx`` (keys: tensor names); only
+    provenance recorded by that framework's import counts, so equal spellings never match by accident.
+
+    When several IR nodes carry one key (an importer lowered one framework op into several IR
+    nodes), the last of them produces the framework's value; the others have no counterpart.
+    """
+    owner: dict[str, int] = {}
+    for n in g.nodes:
+        key = _source_key(n, framework)
+        if key is not None:
+            owner[key] = n.id
+    matched, unmatched = {}, {}
+    for n in g.nodes:
+        key = _source_key(n, framework)
+        if key is None and n.source is not None and n.source.framework in _PROVENANCE[framework][0]:
+            unmatched[n.id] = "inserted by the importer: the framework has no value for it"
+        elif key is None:
+            origin = n.source.framework if n.source and n.source.framework else "unknown origin"
+            unmatched[n.id] = f"no {framework} provenance ({origin} node)"
+        elif owner[key] != n.id:
+            unmatched[n.id] = f"part of the lowering of {key} (node {owner[key]} holds its value)"
+        else:
+            matched[n.id] = key
+    return matched, unmatched
+
+
+def feeding_keys(bundle: Bundle, nid: int) -> list[str]:
+    """Checkpoint keys bound to the node, then to its ancestors (nearest first)."""
+    g = bundle.graph
+    seen, order, frontier = {nid}, [nid], [nid]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for p in g.nodes[v].parents:
+                if p not in seen:
+                    seen.add(p)
+                    nxt.append(p)
+        order.extend(sorted(nxt, reverse=True))
+        frontier = nxt
+    keys: list[str] = []
+    for v in order:
+        for b in bundle.roles.for_node(v):
+            if b.key not in keys:
+                keys.append(b.key)
+    return keys
+
+
+# -- comparison -------------------------------------------------------------------------------
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise distance in float32 ulps (both rounded to float32; NaN against a number is huge)."""
+    def ordered(x: np.ndarray) -> np.ndarray:
+        bits = np.asarray(x, dtype=np.float32, order="C").view(np.int32).astype(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(ordered(a) - ordered(b)).astype(np.float64)
+    both_nan = np.isnan(a) & np.isnan(b)
+    one_nan = np.isnan(a) ^ np.isnan(b)
+    return np.where(both_nan, 0.0, np.where(one_nan, np.inf, d))
+
+
+@dataclass
+class NodeDiff:
+    """One compared value (a node or a model output), aggregated over every input set."""
+
+    node: int
+    op: str
+    counterpart: str | None
+    source: str = ""
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    max_ulp: float = 0.0
+    budget: float = 0.0
+    gap32: float = 0.0
+    worst_ratio: float = 0.0  # max over inputs of error / budget
+    diverged_on: str | None = None  # label of the first input set where it diverged
+    problem: str | None = None  # shape mismatch, missing value, ...
+    status: str = "ok"  # ok | diverged | downstream | no counterpart
+    output: int | None = None  # output position, for output rows
+
+    @property
+    def diverged(self) -> bool:
+        return self.status in ("diverged", "downstream")
+
+    def to_json(self) -> dict[str, Any]:
+        d = {"node": self.node, "op": self.op, "counterpart": self.counterpart, "status": self.status,
+             "max_abs": self.max_abs, "max_rel": self.max_rel, "max_ulp": self.max_ulp, "budget": self.budget,
+             "float32_gap": self.gap32}
+        for k in ("output", "diverged_on", "problem"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        if self.source:
+            d["source"] = self.source
+        return d
+
+
+def _align(actual: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The framework value in the node's shape: equal, or differing only by size-1 axes."""
+    if tuple(actual.shape) == shape:
+        return actual
+    if actual.size == math.prod(shape) and [d for d in actual.shape if d != 1] == [d for d in shape if d != 1]:
+        return actual.reshape(shape)
+    return None
+
+
+def _compare(row: NodeDiff, label: str, actual: np.ndarray | None, ref64: np.ndarray, ours32: np.ndarray,
+             scale: float, integral: bool) -> None:
+    """Fold one input set's comparison into ``row``."""
+    if actual is None:
+        row.problem = row.problem or "the framework produced no value"
+        row.diverged_on = row.diverged_on or label
+        row.worst_ratio = math.inf
+        return
+    aligned = _align(np.asarray(actual), tuple(ref64.shape))
+    if aligned is None:
+        row.problem = row.problem or f"shape {list(np.shape(actual))} vs ours {list(ref64.shape)}"
+        row.diverged_on = row.diverged_on or label
+        row.worst_ratio = math.inf
+        return
+    if ref64.size == 0:
+        return
+    a = aligned.astype(np.float64)
+    r = ref64.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(a - r)
+        err = np.where(np.isnan(a) & np.isnan(r), 0.0, np.where(np.isnan(err), np.inf, err))
+        max_abs = float(err.max())
+        rel_den = np.maximum(np.abs(r), max(scale * EPS32, TINY))
+        max_rel = float((err / rel_den).max())
+    if integral:
+        budget, gap = 0.0, 0.0
+    else:
+        gap = float(np.nan_to_num(np.abs(ours32.astype(np.float64) - r), nan=np.inf).max())
+        budget = max(SAFETY * gap, FLOOR_ULPS * EPS32 * scale, TINY)
+    row.max_abs = max(row.max_abs, max_abs)
+    row.max_rel = max(row.max_rel, max_rel)
+    row.max_ulp = max(row.max_ulp, 0.0 if integral else float(ulp_distance(a, r).max()))
+    row.budget = max(row.budget, budget)
+    row.gap32 = max(row.gap32, gap)
+    ratio = math.inf if budget == 0.0 and max_abs > 0 else (max_abs / budget if budget else 0.0)
+    row.worst_ratio = max(row.worst_ratio, ratio)
+    if ratio > 1.0 and row.diverged_on is None:
+        row.diverged_on = label
+
+
+def _scale(g: Graph, nid: int, ref: dict[Hashable, np.ndarray]) -> float:
+    """Magnitude the node's rounding error is relative to: its value and its parents' values."""
+    vals = [ref[nid]] + [ref[p] for p in g.nodes[nid].parents]
+    return max((float(np.max(np.abs(v.astype(np.float64)))) for v in vals if v.size and v.dtype.kind == "f"),
+               default=1.0)
+
+
+# -- the report -------------------------------------------------------------------------------
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.3g}" if 1e-3 <= abs(x) < 1e4 else f"{x:.2e}"
+
+
+@dataclass
+class DiffReport(Report):
+    """Per-node and per-output errors against one oracle, and the first divergent node."""
+
+    against: str = ""
+    inputs: list[str] = field(default_factory=list)
+    nodes: list[NodeDiff] = field(default_factory=list)
+    outputs: list[NodeDiff] = field(default_factory=list)
+    first_divergence: Finding | None = None
+
+    def _extra_json(self) -> dict:
+        return {"against": self.against, "inputs": self.inputs,
+                "tolerance": {"safety": SAFETY, "floor_ulps": FLOOR_ULPS},
+                "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
+                "outputs": [r.to_json() for r in self.outputs], "nodes": [r.to_json() for r in self.nodes]}
+
+    def table(self, all_nodes: bool = True) -> str:
+        """Rows for the outputs and the nodes (all of them, or just the divergent ones)."""
+        head = (f"{'':>9}  {'op':<14} {'counterpart':<24} {'max abs':>9} {'max rel':>9} {'ulps':>9} "
+                f"{'budget':>9}  status")
+        lines = [head]
+
+        def line(label: str, r: NodeDiff) -> str:
+            cp = (r.counterpart or "-")[:24]
+            status = r.status + (f" on {r.diverged_on}" if r.diverged and r.diverged_on else "")
+            if r.problem:
+                status += f" ({r.problem})"
+            if r.status == "no counterpart":
+                return f"{label:>9}  {r.op:<14} {cp:<24} {'':>9} {'':>9} {'':>9} {'':>9}  {status}"
+            return (f"{label:>9}  {r.op:<14} {cp:<24} {_fmt(r.max_abs):>9} {_fmt(r.max_rel):>9} "
+                    f"{_fmt(r.max_ulp):>9} {_fmt(r.budget):>9}  {status}")
+
+        for r in self.nodes:
+            if all_nodes or r.diverged:
+                lines.append(line(f"node {r.node}", r))
+        for r in self.outputs:
+            lines.append(line(f"output {r.output}", r))
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        if self.first_divergence is not None:
+            verdict = f"DIVERGED: {self.first_divergence.message}"
+        elif not self.ok:
+            verdict = "FAILED"
+        else:
+            verdict = "agree"
+        if len(self.inputs) <= 6:
+            listed = ", ".join(self.inputs)
+        else:  # counts per kind, e.g. "23 normal, 23 uniform, 1 zeros, 1 edge"
+            kinds = [label.partition("(")[2].rstrip(")") or "given" for label in self.inputs]
+            listed = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+        return (f"{self.title}: {verdict}\n  {len(self.inputs)} input set(s): {listed}; "
+                f"budget per node = max({SAFETY:g} x our float32 gap, {FLOOR_ULPS} float32 ulps)")
+
+    def render(self, all_nodes: bool = True) -> str:
+        lines = [self.summary(), self.table(all_nodes)]
+        notable = [f for f in self.findings if f is not self.first_divergence]
+        if notable:
+            lines.append("findings:")
+            lines.extend(f"  [{f.severity}] {f.kind}: {f.message}" for f in notable)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render(all_nodes=True)
+
+
+# -- the engine -------------------------------------------------------------------------------
+
+def _oracle(bundle: Bundle, against: str, module: Any, onnx_model: Any,
+            example: list[np.ndarray]) -> tuple[Any, str | dict[int, str]]:
+    """The runner to compare with, and how its keys match nodes: a provenance tag (``fx``, ``export``,
+    ``onnx``) or, for our own ONNX export, the exact node -> tensor map the exporter made."""
+    from . import diff_runners as R
+    if against == "torch":
+        if module is None:
+            raise BridgeError("diff against torch needs the reference module (module=...)")
+        import torch.fx
+        from torch.export import ExportedProgram
+        if isinstance(module, ExportedProgram):
+            return R.TorchExportRunner(module, example), "export"
+        if isinstance(module, torch.fx.GraphModule) or bundle.report.get("framework") != "export":
+            runner = R.TorchFXRunner(module)
+            if not runner.traced:  # the FX importer lowers such a module through torch.export: so do we
+                try:
+                    runner = R.TorchExportRunner(module, example)
+                    runner.name = "torch (export; symbolic tracing fails on this module)"
+                except BridgeError:
+                    pass  # outputs only
+            return runner, "fx"
+        return R.TorchExportRunner(module, example, decompose=bool(bundle.report.get("decomposed"))), "export"
+    runner_cls = R.OnnxRuntimeRunner if against == "onnxruntime" else R.OnnxReferenceRunner
+    if onnx_model is not None:
+        return runner_cls(onnx_model), "onnx"
+    from exporters.onnx import to_onnx_model
+    own = to_onnx_model(bundle, expose_all_nodes=True)  # graph output i is node i's value
+    names = {i: o.name for i, o in enumerate(own.graph.output)}
+    runner = runner_cls(own)
+    runner.name += " (our ONNX export)"
+    runner.output_keys = [names[o] for o in bundle.graph.outputs]
+    return runner, names
+
+
+def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
+    """Payload tensors compared with the reference's own tensors of the same name (via the role map).
+
+    A value that differs from its key's tensor but equals another key's tensor names both keys.
+    """
+    from .diff_runners import reference_parameters
+    params = reference_parameters(reference)
+    if not params:
+        return []
+    expected: dict[tuple[int, str], tuple[str, np.ndarray]] = {}
+    findings: list[Finding] = []
+    for b in bundle.roles.bindings():
+        if b.key not in params:
+            continue
+        try:
+            expected[(b.node, b.role)] = (b.key, apply_transform(b.transform, params[b.key]).astype(np.float64))
+        except (BridgeError, ValueError) as e:
+            findings.append(Finding("parameter-mismatch", f"{b.key}: cannot apply transform {b.transform!r}: {e}",
+                                    node=b.node, keys=(b.key,)))
+    candidates = list(expected.values())
+    named_pairs: set[frozenset[str]] = set()
+    for (nid, role), (key, want) in expected.items():
+        have = bundle.payload.get(nid, role)
+        if have is None:
+            continue
+        have = have.astype(np.float64)
+        if have.shape == want.shape and np.allclose(have, want, rtol=4 * EPS32, atol=TINY, equal_nan=True):
+            continue
+        twins = [k for k, v in candidates if k != key and v.shape == have.shape
+                 and np.allclose(have, v, rtol=4 * EPS32, atol=TINY, equal_nan=True)]
+        if twins and frozenset((key, twins[0])) in named_pairs:
+            continue  # the exchange was reported from the other side
+        if twins:
+            named_pairs.add(frozenset((key, twins[0])))
+            msg = (f"{key} and {twins[0]} look exchanged: node {nid} `{role}` (bound to {key}) holds the "
+                   f"reference's {twins[0]}")
+        elif have.shape != want.shape:
+            msg = f"node {nid} `{role}` (bound to {key}) has shape {list(have.shape)}, reference {list(want.shape)}"
+        else:
+            msg = (f"node {nid} `{role}` (bound to {key}) differs from the reference's {key} "
+                   f"by up to {_fmt(float(np.max(np.abs(have - want))))}")
+        findings.append(Finding("parameter-mismatch", msg, node=nid, keys=(key, *twins[:1])))
+    return findings
+
+
+def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model: Any = None,
+         inputs: Any = None, random: int = 4, seed: int = 0, per_node: bool = True,
+         advance: Callable[[], None] | None = None, plan: Any = None) -> DiffReport:
+    """Compare ``bundle`` (our float64 reference, budgets from our float32) with an oracle.
+
+    ``against="plan"``: the oracle is ``plan``'s execution in float32 (each node by its planned
+    provider, see ``app/plan_exec.py``), matched node by node.
+
+    ``inputs``: one input set (arrays in graph-input order, or one array) or a list of sets; without
+    them ``random`` seeded sets are generated. ``advance`` is called after each input set (progress).
+    """
+    if against not in AGAINST:
+        raise BridgeError(f"diff: unknown oracle {against!r}; expected one of {', '.join(AGAINST)}")
+    from . import diff_runners as R
+    g = bundle.graph
+    if inputs is not None:
+        sets = _given_inputs(g, inputs)
+    else:
+        generated = make_inputs(g, max(int(random), 1), seed)
+        sets = [(f"input {k} ({kind})", arrays) for k, (kind, arrays) in enumerate(generated)]
+    ours64, ours32 = R.EvaluatorRunner(bundle, "float64"), R.EvaluatorRunner(bundle, "float32")
+    if against == "plan":
+        if plan is None:
+            raise BridgeError("diff against a kernel plan needs the plan (plan=...)")
+        from .plan_exec import PlanRunner
+        oracle, framework = PlanRunner(bundle, plan), {n.id: PlanRunner.key(n.id) for n in g.nodes}
+    else:
+        oracle, framework = _oracle(bundle, against, module, onnx_model, sets[0][1])
+    sets = [(label, oracle.rounded(arrays)) for label, arrays in sets]
+    title = f"diff against {oracle.name}"
+    report = DiffReport(title=title, against=oracle.name, inputs=[label for label, _ in sets])
+
+    if not per_node:
+        matched, unmatched = {}, {}
+    elif isinstance(framework, dict):
+        matched, unmatched = dict(framework), {}
+    else:
+        matched, unmatched = match_nodes(g, framework)
+    rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
+    outs, produced = _run_all(g, sets, (ours64, ours32), oracle, rows, matched, report, advance)
+    if produced is None:
+        report.add(Finding("no-inputs", "no input set could be compared (our evaluation was undefined on all)"))
+
+    for nid, key in matched.items():
+        if produced is not None and key not in produced:
+            unmatched[nid] = f"{key} is not among {oracle.name}'s values"
+    for nid, reason in unmatched.items():
+        rows[nid].status, rows[nid].counterpart, rows[nid].problem = "no counterpart", None, reason
+    _classify(g, rows)
+    for row in outs:
+        row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
+    report.nodes = list(rows.values())
+    report.outputs = outs
+    reference = module if against == "torch" else onnx_model
+    parameters = _parameter_findings(bundle, reference) if reference is not None else []
+    _add_findings(report, bundle, rows, outs, unmatched, parameters)
+    report.extend(parameters)
+    return report
+
+
+def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any, Any], oracle: Any,
+             rows: dict[int, NodeDiff], matched: dict[int, str], report: DiffReport,
+             advance: Callable[[], None] | None) -> tuple[list[NodeDiff], set | None]:
+    """Run every input set through our two precisions and the oracle, folding each comparison into
+    the rows; returns the output rows and the keys the oracle produced (None when nothing ran)."""
+    ours64, ours32 = ours
+    outs: list[NodeDiff] = []
+    produced: set | None = None
+    for label, arrays in sets:
+        try:
+            ref, low = ours64.run(arrays), ours32.run(arrays)
+        except EvalError as e:
+            report.add(Finding("input-skipped", f"{label}: our evaluation is undefined here: {e}",
+                               node=e.node, severity="warning"))
+            if advance:
+                advance()
+            continue
+        try:
+            theirs = oracle.run(arrays)
+        except BridgeError:
+            raise
+        except Exception as e:  # the oracle's own failure on this input
+            raise BridgeError(f"{oracle.name} failed on {label}: {type(e).__name__}: {e}") from None
+        if produced is None:  # the oracle knows its output keys after one run
+            outs, produced = _output_rows(g, oracle, report), set()
+        produced.update(theirs)
+        for row in outs:
+            _compare(row, label, theirs.get(row.counterpart), ref[row.node], low[row.node],
+                     _scale(g, row.node, ref), g.nodes[row.node].dtype != "float")
+        for nid, key in matched.items():
+            if key in theirs:
+                _compare(rows[nid], label, theirs[key], ref[nid], low[nid], _scale(g, nid, ref),
+                         g.nodes[nid].dtype != "float")
+        if advance:
+            advance()
+    return outs, produced
+
+
+def _output_rows(g: Graph, oracle: Any, report: DiffReport) -> list[NodeDiff]:
+    """One row per model output, paired by position with the oracle's outputs."""
+    if len(oracle.output_keys) != len(g.outputs):
+        report.add(Finding("output-count", f"the graph has {len(g.outputs)} output(s), {oracle.name} has "
+                                           f"{len(oracle.output_keys)}"))
+    return [NodeDiff(o, g.nodes[o].kind, str(k), str(g.nodes[o].source or ""), output=j)
+            for j, (o, k) in enumerate(zip(g.outputs, oracle.output_keys))]
+
+
+def _classify(g: Graph, rows: dict[int, NodeDiff]) -> None:
+    """Divergent nodes with a divergent ancestor are ``downstream``; the rest are root divergences."""
+    tainted = [False] * len(g.nodes)
+    for n in g.nodes:
+        row = rows.get(n.id)
+        upstream = any(tainted[p] for p in n.parents)
+        if row is not None and row.status != "no counterpart" and row.worst_ratio > 1.0:
+            row.status = "downstream" if upstream else "diverged"
+            tainted[n.id] = True
+        else:
+            tainted[n.id] = upstream
+
+
+def provenance(node: Node) -> str:
+    """Where a node came from, short: ``fx l2 (torch.nn.modules.linear.Linear) in l2``."""
+    src = node.source
+    if src is None:
+        return ""
+    parts = [src.framework, src.name or src.tensor, src.target and f"({src.target})",
+             src.module and f"in {src.module}"]
+    return " ".join(p for p in parts if p)
+
+
+def _describe(nid: int, g: Graph) -> str:
+    where = provenance(g.nodes[nid])
+    return f"node {nid} ({g.nodes[nid].kind}{', ' + where if where else ''})"
+
+
+def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff], outs: list[NodeDiff],
+                  unmatched: dict[int, str], parameters: list[Finding]) -> None:
+    g = bundle.graph
+    for r in (r for r in rows.values() if r.status == "diverged"):
+        keys = feeding_keys(bundle, r.node)
+        what = r.problem or (f"max abs error {_fmt(r.max_abs)} > budget {_fmt(r.budget)} "
+                             f"({_fmt(r.max_ulp)} float32 ulps)")
+        suspects = [p for p in parameters if p.keys and p.keys[0] in keys]
+        f = report.add(Finding(
+            "divergence", f"{_describe(r.node, g)} vs {r.counterpart}: {what} on {r.diverged_on}"
+                          + (f"; checkpoint keys feeding it: {', '.join(keys)}" if keys else "")
+                          + "".join(f"; suspect: {p.message}" for p in suspects),
+            node=r.node, keys=tuple(keys), data={**r.to_json(), "suspects": [list(p.keys) for p in suspects]}))
+        if report.first_divergence is None:
+            report.first_divergence = f
+    for r in (r for r in outs if r.status == "diverged"):
+        what = r.problem or f"max abs error {_fmt(r.max_abs)} > budget {_fmt(r.budget)}"
+        f = report.add(Finding("output-divergence",
+                               f"output {r.output} ({_describe(r.node, g)}): {what} on {r.diverged_on}",
+                               node=r.node, keys=tuple(feeding_keys(bundle, r.node)), data=r.to_json()))
+        if report.first_divergence is None:
+            report.first_divergence = f
+    if unmatched:
+        listed = ", ".join(f"{nid} ({g.nodes[nid].kind})" for nid in sorted(unmatched)[:20])
+        more = f" and {len(unmatched) - 20} more" if len(unmatched) > 20 else ""
+        report.add(Finding("no-counterpart", f"{len(unmatched)} node(s) without a counterpart, not compared: "
+                                             f"{listed}{more}", severity="info",
+                           data={str(k): v for k, v in sorted(unmatched.items())}))

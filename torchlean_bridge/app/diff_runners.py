@@ -1,0 +1,281 @@
+"""Runners for differential testing: one interface, every intermediate value captured.
+
+A runner turns the graph inputs into ``{match key: value}`` covering every value it computed, and
+names which keys are the model outputs (in order). Keys are what provenance recorded at import:
+our evaluator uses node ids, PyTorch runners FX / torch.export node names, ONNX runners tensor
+names. torch, onnx and onnxruntime are imported inside the runners that need them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..errors import BridgeError
+
+__all__ = ["Runner", "EvaluatorRunner", "TorchFXRunner", "TorchExportRunner", "OnnxRuntimeRunner",
+           "OnnxReferenceRunner", "expose_all_values", "reference_parameters"]
+
+Values = dict[Hashable, np.ndarray]
+
+
+class Runner:
+    """``run(inputs) -> {key: value}``; ``output_keys`` are the keys of the model outputs, in order."""
+
+    name = "runner"
+    output_keys: list[Hashable] = []
+    input_precision: type = np.float32  # what the runner's float inputs are rounded to
+
+    def rounded(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The inputs exactly as this runner sees them, held in float64 for the reference."""
+        return [x.astype(self.input_precision).astype(np.float64) if x.dtype.kind == "f" else x for x in inputs]
+
+    def run(self, inputs: Sequence[np.ndarray]) -> Values:
+        raise NotImplementedError
+
+
+class EvaluatorRunner(Runner):
+    """Our reference semantics at one precision, the whole value table keyed by node id."""
+
+    def __init__(self, bundle: Bundle, dtype: str) -> None:
+        from semantics.evaluate import evaluate
+        from ..check import check
+        check(bundle.graph)  # once, not on every input set
+        self._evaluate = evaluate
+        self.graph = bundle.graph
+        self.payload = bundle.payload.astype(dtype)  # converted once, not on every input set
+        self.dtype = dtype
+        self.name = f"ours ({dtype})"
+        self.output_keys = list(bundle.graph.outputs)
+
+    def run(self, inputs: Sequence[np.ndarray]) -> Values:
+        table = self._evaluate(self.graph, self.payload, list(inputs), dtype=self.dtype, all_nodes=True,
+                               check=False)
+        return {i: np.asarray(v) for i, v in enumerate(table)}
+
+
+# -- PyTorch ----------------------------------------------------------------------------------
+
+def _to_numpy(value: Any) -> np.ndarray | None:
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().resolve_conj().resolve_neg().numpy().copy()
+    return None
+
+
+def _float_dtype_of(module: Any) -> Any:
+    import torch
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
+def _torch_inputs(inputs: Sequence[np.ndarray], float_dtype: Any) -> list[Any]:
+    import torch
+    out = []
+    for x in inputs:
+        t = torch.from_numpy(np.asarray(x, order="C"))
+        out.append(t.to(float_dtype) if t.is_floating_point() else t)
+    return out
+
+
+def _recording_interpreter(graph_module: Any, record: dict[str, np.ndarray]) -> Any:
+    """An FX Interpreter that stores every tensor a node produces under the node's name."""
+    import torch.fx
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            result = super().run_node(n)
+            if n.op != "output":
+                value = _to_numpy(result)
+                if value is not None:
+                    record[n.name] = value
+            return result
+
+    return Recorder(graph_module)
+
+
+def _output_names(graph_module: Any) -> list[str]:
+    """Names of the FX nodes the output node returns, flattened in pytree order."""
+    import torch.fx
+    import torch.utils._pytree as pytree
+    out = next(n for n in graph_module.graph.nodes if n.op == "output")
+    leaves = pytree.tree_leaves(out.args[0])
+    return [leaf.name if isinstance(leaf, torch.fx.Node) else f"<constant {leaf!r}>" for leaf in leaves]
+
+
+class TorchFXRunner(Runner):
+    """PyTorch eager, node by node through ``torch.fx.symbolic_trace`` (or the GraphModule given).
+
+    A module symbolic tracing cannot handle (the importer then inlined it another way) runs as a
+    whole: only its outputs (keys ``output:0``, ...) can be compared.
+    """
+
+    name = "torch (fx)"
+
+    def __init__(self, module: Any) -> None:
+        import torch
+        import torch.fx
+        self.float_dtype = _float_dtype_of(module)
+        self.input_precision = np.float64 if self.float_dtype == torch.float64 else np.float32
+        self.traced = True
+        if isinstance(module, torch.fx.GraphModule):
+            self.module = module
+        else:
+            try:
+                self.module = torch.fx.symbolic_trace(module)
+            except Exception:  # tracing raises whatever the model code raises
+                self.module, self.traced = module, False
+                self.name = "torch (eager, outputs only)"
+        self.module.eval()
+        self.output_keys = _output_names(self.module) if self.traced else []
+
+    def run(self, inputs: Sequence[np.ndarray]) -> Values:
+        import torch
+        import torch.utils._pytree as pytree
+        record: dict[str, np.ndarray] = {}
+        args = _torch_inputs(inputs, self.float_dtype)
+        with torch.no_grad():
+            if self.traced:
+                _recording_interpreter(self.module, record).run(*args)
+                return record
+            leaves = [_to_numpy(v) for v in pytree.tree_leaves(self.module(*args))]
+        self.output_keys = [f"output:{k}" for k in range(len(leaves))]
+        return {key: v for key, v in zip(self.output_keys, leaves) if v is not None}
+
+
+class TorchExportRunner(Runner):
+    """PyTorch eager through the ``torch.export`` graph, keyed by its node names.
+
+    Parameters, buffers and constants are fed from the exported program's public graph signature.
+    """
+
+    name = "torch (export)"
+
+    def __init__(self, module_or_program: Any, example_inputs: Sequence[np.ndarray],
+                 decompose: bool = False) -> None:
+        import torch
+        from torch.export import ExportedProgram
+        if isinstance(module_or_program, ExportedProgram):
+            program = module_or_program
+        else:
+            from importers.torch_export import export_program
+            float_dtype = _float_dtype_of(module_or_program)
+            program = export_program(module_or_program, tuple(_torch_inputs(example_inputs, float_dtype)))
+        if decompose:
+            program = program.run_decompositions()
+        self.program = program
+        self.float_dtype = next((t.dtype for t in program.state_dict.values() if t.is_floating_point()),
+                                torch.float32)
+        self.input_precision = np.float64 if self.float_dtype == torch.float64 else np.float32
+        self.output_keys = [getattr(spec.arg, "name", "?") for spec in program.graph_signature.output_specs
+                            if spec.kind.name == "USER_OUTPUT"]
+
+    def _lifted(self, user_inputs: list[Any]) -> list[Any]:
+        from torch.export.graph_signature import InputKind
+        program, args, user = self.program, [], iter(user_inputs)
+        for spec in program.graph_signature.input_specs:
+            if spec.kind == InputKind.USER_INPUT:
+                args.append(next(user))
+            elif spec.target in program.state_dict:
+                args.append(program.state_dict[spec.target])
+            else:
+                args.append(program.constants[spec.target])
+        return args
+
+    def run(self, inputs: Sequence[np.ndarray]) -> Values:
+        import torch
+        record: dict[str, np.ndarray] = {}
+        args = self._lifted(_torch_inputs(inputs, self.float_dtype))
+        with torch.no_grad():
+            _recording_interpreter(self.program.graph_module, record).run(*args)
+        return record
+
+
+# -- ONNX -------------------------------------------------------------------------------------
+
+def expose_all_values(model: Any) -> Any:
+    """A copy of ``model`` where every node output is also a graph output (existing outputs first)."""
+    import onnx
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    have = {o.name for o in exposed.graph.output}
+    for node in exposed.graph.node:
+        for name in node.output:
+            if name and name not in have:
+                exposed.graph.output.append(onnx.ValueInfoProto(name=name))
+                have.add(name)
+    return exposed
+
+
+class _OnnxRunner(Runner):
+    def __init__(self, model: Any) -> None:
+        from importers.onnx import load_model
+        model = load_model(model)
+        initializers = {t.name for t in model.graph.initializer}
+        from onnx.helper import tensor_dtype_to_np_dtype
+        self.feeds = [(i.name, tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) if i.type.tensor_type.elem_type
+                       else np.dtype(np.float32))
+                      for i in model.graph.input if i.name not in initializers]
+        self.output_keys = [o.name for o in model.graph.output]
+        floats = [dt for _, dt in self.feeds if np.dtype(dt).kind == "f"]
+        self.input_precision = np.float64 if floats and all(dt == np.float64 for dt in floats) else np.float32
+        self.model = expose_all_values(model)
+
+    def _feed(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        if len(inputs) != len(self.feeds):
+            raise BridgeError(f"{self.name}: the model has {len(self.feeds)} inputs, got {len(inputs)}")
+        return {name: np.asarray(x, dtype=dt, order="C") for (name, dt), x in zip(self.feeds, inputs)}
+
+
+class OnnxRuntimeRunner(_OnnxRunner):
+    name = "onnxruntime"
+
+    def __init__(self, model: Any) -> None:
+        import onnxruntime as ort
+        super().__init__(model)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(self.model.SerializeToString(), options,
+                                                providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception family
+            raise BridgeError(f"onnxruntime rejected the model: {e}") from None
+        self.names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, inputs: Sequence[np.ndarray]) -> Values:
+        feeds = self._feed(inputs)
+        return {**feeds, **dict(zip(self.names, (np.asarray(v) for v in self.session.run(None, feeds))))}
+
+
+class OnnxReferenceRunner(_OnnxRunner):
+    """onnx's ReferenceEvaluator: a second, independent ONNX oracle written from the spec."""
+
+    name = "onnx reference evaluator"
+
+    def __init__(self, model: Any) -> None:
+        from onnx.reference import ReferenceEvaluator
+        super().__init__(model)
+        self.evaluator = ReferenceEvaluator(self.model)
+        self.names = list(self.evaluator.output_names)
+
+    def run(self, inputs: Sequence[np.ndarray]) -> Values:
+        feeds = self._feed(inputs)
+        return {**feeds, **dict(zip(self.names, (np.asarray(v) for v in self.evaluator.run(None, feeds))))}
+
+
+def reference_parameters(reference: Any) -> Mapping[str, np.ndarray]:
+    """The named tensors a reference holds: the state_dict of a module or an exported program, or an
+    ONNX model's initializers."""
+    if reference is None:
+        return {}
+    if hasattr(reference, "state_dict"):
+        state = reference.state_dict() if callable(reference.state_dict) else reference.state_dict
+        return {k: v for k, v in ((k, _to_numpy(t)) for k, t in state.items()) if v is not None}
+    from onnx import numpy_helper
+
+    from importers.onnx import load_model
+    return {t.name: numpy_helper.to_array(t) for t in load_model(reference).graph.initializer}

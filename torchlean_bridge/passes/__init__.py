@@ -1,0 +1,12 @@
+"""IR-to-IR passes: one transformation per module, one signature ``bundle -> (bundle, Note)``.
+
+Each module's docstring says what it does and why; docs/architecture.md lists them in the order the
+importers and exporters run them.
+"""
+
+from .base import GraphEdit, Note, Pass
+from .canonicalize import canonicalize
+from .common_subexpressions import eliminate_common_subexpressions
+from .dead_code import eliminate_dead_code
+
+__all__ = ["Note", "Pass", "GraphEdit", "canonicalize", "eliminate_common_subexpressions", "eliminate_dead_code"]

@@ -8,5 +8,7 @@ from .base import GraphEdit, Note, Pass
 from .canonicalize import canonicalize
 from .common_subexpressions import eliminate_common_subexpressions
 from .dead_code import eliminate_dead_code
+from .fuse_linear_bias import fuse_linear_bias
+from .v1_rewrite import rewrite_to_v1
 
-__all__ = ["Note", "Pass", "GraphEdit", "canonicalize", "eliminate_common_subexpressions", "eliminate_dead_code"]
+__all__ = ["Note", "Pass", "GraphEdit", "canonicalize", "eliminate_common_subexpressions", "eliminate_dead_code", "fuse_linear_bias", "rewrite_to_v1"]

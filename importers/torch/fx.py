@@ -95,7 +95,7 @@ def import_fx(module_or_graph_module: torch.nn.Module, example_inputs: Sequence[
         outputs = cx.run(gm.graph, seeds)
     cx.unused_keys = set(keys)
     bundle = cx.finish(outputs, {"framework": "fx", "model": type(module).__name__})
-    bind_aliases(bundle, module.state_dict())
+    bundle = bind_aliases(bundle, module.state_dict())
     return bundle
 
 

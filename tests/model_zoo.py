@@ -19,6 +19,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tests.torchvision_cpu import define_missing_ops
+
+define_missing_ops()  # transformers imports torchvision when installed (see tests/torchvision_cpu.py)
+
 __all__ = ["ZooCase", "CASES", "cases"]
 
 Made = tuple[nn.Module, tuple[torch.Tensor, ...]]

@@ -9,10 +9,12 @@ without a cycle.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -22,8 +24,9 @@ from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 
 __all__ = ["Known", "Sym", "DataDependent", "Lowering", "NotLowerable", "FOLD_BLOCKLIST", "element_type", "normalize_axis",
-           "flat_values", "map_values", "source_line", "module_path", "target_name",
-           "op_base_name", "is_shape_query", "is_inplace_overload", "check_static", "check_training",
+           "flat_values", "map_values", "source_line", "module_path", "target_name", "op_base_name",
+           "is_shape_query", "data_operands", "is_inplace_overload", "check_static", "check_training",
+           "preserved_state",
            "bind_aliases", "prod"]
 
 # ops that must never be folded even when their operands are known (randomness, side effects)
@@ -129,7 +132,8 @@ def map_values(value: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-_TORCH_DIR = str(torch.__file__).rsplit("/", 1)[0]
+_TORCH_DIR = str(torch.__file__).rsplit("/", 1)[0] + "/"  # the slash: torchvision/, timm/ are model code
+_IMPORTERS_DIR = __file__.rsplit("/", 2)[0] + "/"  # our own frames (an inlined function's wrapper) neither
 
 
 def source_line(stack_trace: str | None) -> str | None:
@@ -141,8 +145,8 @@ def source_line(stack_trace: str | None) -> str | None:
     if not stack_trace:
         return None
     frames = _FRAME.findall(stack_trace)
-    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
-    library = [f for f in frames if f[0].startswith(_TORCH_DIR + "/nn/")]
+    user = [f for f in frames if not f[0].startswith((_TORCH_DIR, _IMPORTERS_DIR))]
+    library = [f for f in frames if f[0].startswith(_TORCH_DIR + "nn/")]
     chosen = (user or library)
     if not chosen:
         return None
@@ -207,6 +211,22 @@ def is_inplace_overload(target: Any) -> bool:
     return bool(alias is not None and alias.is_write and not schema.arguments[0].kwarg_only)
 
 
+# ops whose value depends on their first operand's shape and dtype only (``x.new_zeros(...)``)
+SHAPE_OF_FIRST = frozenset({"new_zeros", "new_ones", "new_full", "new_empty", "zeros_like", "ones_like",
+                            "full_like", "empty_like"})
+
+
+def data_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes whose *values* ``node`` reads: a shape query reads none, ``x.new_zeros(n)`` not x."""
+    if is_shape_query(node):
+        return []
+    operands = list(node.all_input_nodes)
+    if node.op in ("call_method", "call_function") and op_base_name(node) in SHAPE_OF_FIRST and node.args \
+            and isinstance(node.args[0], torch.fx.Node) and node.args[0] in operands:
+        operands.remove(node.args[0])
+    return operands
+
+
 def check_static(shape: Iterable[Any], what: str) -> tuple[int, ...]:
     """Concrete ints or a clear error for symbolic (dynamic) dimensions."""
     out = []
@@ -226,6 +246,29 @@ def check_training(module: torch.nn.Module, framework: str) -> None:
     if module.training:
         raise BridgeError(f"{framework} import: {type(module).__name__} is in training mode (dropout and batch "
                           "norm compute something else there); call model.eval() before importing")
+
+
+@contextlib.contextmanager
+def preserved_state(module: torch.nn.Module) -> Iterator[None]:
+    """Leave the user's module as it was: tracing runs its Python, which may cache values in its
+    attributes (timm's LeViT stores attention biases in a dict; an fx trace left Proxy objects there).
+    Every submodule's attributes, and the contents of its dict/list/set attributes, are put back."""
+    saved = []
+    for sub in module.modules():
+        state = vars(sub)
+        saved.append((state, dict(state), {k: copy.copy(v) for k, v in state.items()
+                                           if type(v) in (dict, list, set)}))
+    try:
+        yield
+    finally:
+        for state, attributes, contents in saved:
+            for key in [k for k in state if k not in attributes]:
+                del state[key]
+            state.update(attributes)
+            for key, content in contents.items():
+                container = attributes[key]
+                container.clear()
+                container.update(content) if not isinstance(container, list) else container.extend(content)
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -181,3 +181,19 @@ def test_onnx_backend_suite_matches_the_expected_failures():
     assert len(results) > 2000
     assert not unexpected, "unlisted failures:\n" + "\n".join(f"{r.name}: {r.message}" for r in unexpected)
     assert not stale, "listed in onnx_expected_failures.txt but passing: " + ", ".join(r.name for r in stale)
+
+
+def test_cli_bind_freezes_an_input_from_a_npy_file(tmp_path, capsys):
+    from torchlean_bridge.app.cli import main
+    m = _model([N("Reshape", ["x", "s"], ["y"])], [("x", TP.FLOAT, ["batch", 6]), ("s", TP.INT64, [2])],
+               [("y", TP.FLOAT, None)])
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    np.save(tmp_path / "s.npy", np.array([3, 2]))
+    out = tmp_path / "b"
+    assert main(["import", str(tmp_path / "m.onnx"), "--bind", f"s={tmp_path / 's.npy'}", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "note: input `x`: dynamic dimension `batch` at axis 0 (batch) set to 1" in text
+    b = tlb.load(out)
+    assert b.graph.nodes[b.graph.outputs[0]].out_shape == (3, 2)
+    assert main(["import", str(tmp_path / "m.onnx"), "--bind", "s", "-o", str(tmp_path / "c")]) == 2
+    assert "--bind 's': expected NAME=FILE.npy" in capsys.readouterr().err

@@ -128,6 +128,9 @@ def _check_arity(graph: Any, opset: int) -> None:
             if not a.ref_attr_name and int(spec.type) != a.type:
                 raise _fail(f"{_node_label(i, node)}: attribute `{a.name}` is {_attribute_type_name(a.type)}, "
                             f"{node.op_type}-{schema.since_version} expects {_attribute_type_name(int(spec.type))}")
+        for a in node.attribute:  # onnx's shape inference aborts the process on this one
+            if node.op_type == "Split" and a.name == "num_outputs" and a.i != len(node.output):
+                raise _fail(f"{_node_label(i, node)}: num_outputs={a.i} but {len(node.output)} outputs")
         missing = sorted(n for n, spec in schema.attributes.items() if spec.required and n not in given)
         if missing:
             raise _fail(f"{_node_label(i, node)}: {node.op_type}-{schema.since_version} requires attribute(s) "

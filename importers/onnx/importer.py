@@ -115,7 +115,7 @@ def _declared_shapes(model: Any, shapes: dict[str, tuple[int, ...]], bound: dict
         elif t.name not in listed:
             g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     try:
-        inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(m)  # no data_prop: it computes Range etc. unbounded
     except Exception:  # noqa: BLE001 - inference is advisory: our rules still compute every shape
         return {}, {}
     out, types = {}, {}

@@ -92,3 +92,18 @@ def test_v1_rewrite_lists_what_blocks() -> None:
     v1, note = rewrite_to_v1(b.finish([out], canonical=False))
     assert [n.kind for n in v1.graph] == ["input", "reshape", "gelu"]
     assert [item["kind"] for item in note.facts["blocking"]] == ["gelu"]
+
+
+def test_broadcasts_an_onnx_op_does_itself_are_absorbed_once() -> None:
+    from torchlean_bridge.passes import absorb_broadcasts
+    b = GraphBuilder("builder")
+    x = b.input((2, 3))
+    bias = b.broadcast(b.const(np.ones(3)), (2, 3))
+    added = b.add("add", [x, bias])
+    shown = b.add("relu", [b.broadcast(b.const(np.ones(3)), (2, 3))])  # relu does not broadcast
+    bundle = b.finish([b.add("concat", [added, shown], {"axis": 0})], canonical=False)
+    same, note = absorb_broadcasts(bundle)
+    assert same is bundle
+    by_kind = {n.kind: n.id for n in bundle.graph if n.kind in ("add", "relu")}
+    assert list(note.facts["operands"]) == [(by_kind["add"], 1)]
+    assert note.facts["absorbed"] == {bundle.graph.nodes[by_kind["add"]].parents[1]}

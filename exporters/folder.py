@@ -77,10 +77,12 @@ def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
                           f"not written by tlb.save)")
     doc = loads_document(read_capped(folder / MANIFEST_FILE, "bundle manifest"))
     files = doc.get("files") if isinstance(doc, dict) else None
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
+    if not isinstance(doc, dict) or set(doc) != {"format", "files"} or doc["format"] != MANIFEST_FORMAT \
+            or not isinstance(files, dict):
         raise BridgeError(f"{where}: {MANIFEST_FILE} is not a `{MANIFEST_FORMAT}` manifest")
     for name, entry in files.items():
-        if name not in _CONTENT_FILES or not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+        if name not in _CONTENT_FILES or not isinstance(entry, dict) or set(entry) != {"bytes", "sha256"} \
+                or not isinstance(entry.get("sha256"), str) \
                 or not isinstance(entry.get("bytes"), int) or isinstance(entry.get("bytes"), bool):
             raise BridgeError(f"{where}: {MANIFEST_FILE} entry `{str(name)[:80]}` is not a bundle file with "
                               f"bytes and sha256")

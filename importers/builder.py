@@ -154,11 +154,12 @@ class GraphBuilder:
     def finish(self, outputs: Sequence[int], report: Mapping[str, Any] | None = None,
                keep_dead: bool = False, canonical: bool = True) -> Bundle:
         """The bundle in canonical form (torchlean_bridge.passes), then checked: dead nodes dropped
-        (inputs stay; all kept with ``keep_dead``), ids dense, layout steps in their one spelling and
-        repeated computations merged (unless ``canonical=False``: a graph exactly as built, for tests
-        of one kind's rules)."""
+        (inputs stay; all kept with ``keep_dead``), ids dense, ``x @ W + b`` as ``linear``, layout
+        steps in their one spelling, repeated computations merged (unless ``canonical=False``: the
+        graph exactly as built, for tests of one kind's rules)."""
         from torchlean_bridge.check import check
-        from torchlean_bridge.passes import canonicalize, eliminate_common_subexpressions, eliminate_dead_code
+        from torchlean_bridge.passes import (canonicalize, eliminate_common_subexpressions, eliminate_dead_code,
+                                             fuse_linear_bias)
         full_report = dict(report or {})
         full_report.setdefault("framework", self.framework)
         if self.notes:
@@ -167,6 +168,7 @@ class GraphBuilder:
         if not keep_dead:
             bundle, _ = eliminate_dead_code(bundle)
         if canonical and not keep_dead:
+            bundle, _ = fuse_linear_bias(bundle)
             bundle, _ = canonicalize(bundle)
             bundle, _ = eliminate_common_subexpressions(bundle)
         check(bundle.graph)

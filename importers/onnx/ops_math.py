@@ -49,35 +49,8 @@ def onnx_element_type(elem_type: int) -> str | None:
 
 def _binary(kind: str) -> Handler:
     def lower(ctx: OnnxContext) -> list[Value]:
-        if kind == "add":
-            fused = _fuse_linear_bias(ctx)
-            if fused is not None:
-                return [fused]
         return [ctx.elementwise(kind, [ctx.operand(0), ctx.operand(1)])]
     return lower
-
-
-def _fuse_linear_bias(ctx: OnnxContext) -> int | None:
-    """``MatMul`` (already a bias-free ``linear``) followed by ``Add`` of a per-output vector."""
-    for lin_i, bias_i in ((0, 1), (1, 0)):
-        name = ctx.node.input[lin_i]
-        nid = ctx.values.get(name)
-        bias = ctx.const(bias_i)
-        if not isinstance(nid, int) or ctx.fusable_linear.get(nid) != name or bias is None:
-            continue
-        out = ctx.b.shape(nid)
-        n = out[-1]
-        bshape = tuple(bias.value.shape)
-        if bias.value.size != n or len(bshape) > len(out) or any(d != 1 for d in bshape[:-1]) \
-                or (bshape and bshape[-1] != n) or bias.value.dtype.kind != "f":
-            continue
-        if ctx.consumer_count(name) != 1:
-            continue
-        ctx.param_const(nid, "bias", bias, reshape_to=(n,))
-        del ctx.fusable_linear[nid]
-        ctx.retag(nid)
-        return nid
-    return None
 
 
 def _unary(kind: str) -> Handler:

@@ -75,9 +75,9 @@ def binary(kind: str, result: str | None = None):
 _add, _sub, _mul, _div = binary("add"), binary("sub"), binary("mul_elem"), binary("div", "float")
 
 
+@lowers(aten="add.Tensor add.Scalar", fx="operator.add operator.iadd torch.add", methods="add")
 def add(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Sym:
-    """Elementwise ``input + alpha * other`` (the framework targets lower through ``ops_nn.add``,
-    which first tries to fuse ``x @ W + b`` into ``linear``)."""
+    """Elementwise ``input + alpha * other`` (``x @ W + b`` becomes ``linear`` in passes.fuse_linear_bias)."""
     if not is_tensor(input):  # 1 + x
         input, other = other, input
     if alpha != 1:
@@ -85,7 +85,7 @@ def add(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Sym:
     return _add(cx, input, other)
 
 
-@lowers(aten="sub.Tensor sub.Scalar", fx="operator.sub operator.isub torch.sub torch.subtract", methods="sub")
+@lowers(aten="sub.Tensor sub.Scalar", fx="operator.sub operator.isub torch.sub", methods="sub")
 def sub(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Sym:
     if alpha != 1:
         other = _mul(cx, other, alpha)
@@ -97,13 +97,13 @@ def rsub(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Sym:
     return sub(cx, other, input, alpha) if alpha == 1 else _sub(cx, other, _mul(cx, input, alpha))
 
 
-@lowers(aten="mul.Tensor mul.Scalar", fx="operator.mul operator.imul torch.mul torch.multiply", methods="mul")
+@lowers(aten="mul.Tensor mul.Scalar", fx="operator.mul operator.imul torch.mul", methods="mul")
 def mul(cx: Cx, input: Any, other: Any) -> Sym:
     return _mul(cx, input, other)
 
 
-@lowers(aten="div.Tensor div.Scalar div.Tensor_mode div.Scalar_mode true_divide.Tensor",
-        fx="operator.truediv operator.itruediv torch.div torch.divide torch.true_divide", methods="div true_divide")
+@lowers(aten="div.Tensor div.Scalar div.Tensor_mode div.Scalar_mode",
+        fx="operator.truediv operator.itruediv torch.div", methods="div")
 def div(cx: Cx, input: Any, other: Any, rounding_mode: str | None = None) -> Sym:
     if rounding_mode is not None:
         raise NotLowerable(f"division with rounding_mode={rounding_mode!r} has no exact IR op")
@@ -197,11 +197,9 @@ UNARY = {  # framework name -> IR kind (float result; integer inputs are cast as
     "sin": "sin", "cos": "cos", "tan": "tan", "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "inv", "erf": "erf",
     "log1p": "log1p", "silu": "silu", "mish": "mish", "hardswish": "hardswish", "selu": "selu",
     "softsign": "softsign", "abs": "abs", "neg": "neg", "sign": "sign", "floor": "floor", "ceil": "ceil",
-    "trunc": "trunc", "fix": "trunc", "exp2": "exp2", "log2": "log2", "atan": "atan", "arctan": "atan",
-    "asin": "asin", "arcsin": "asin", "acos": "acos", "arccos": "acos", "sinh": "sinh", "cosh": "cosh",
-    "asinh": "asinh", "arcsinh": "asinh", "acosh": "acosh", "arccosh": "acosh", "atanh": "atanh",
-    "arctanh": "atanh",
-}
+    "trunc": "trunc", "exp2": "exp2", "log2": "log2", "atan": "atan", "asin": "asin", "acos": "acos",
+    "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
+}  # (their aliases, arctan, fix, ..., follow from targets.ALIASES)
 
 
 def _unary(kind: str):
@@ -287,7 +285,7 @@ def softplus(cx: Cx, input: Any, beta: float = 1.0, threshold: float = 20.0) -> 
     return where(cx, COMPARE["gt"](cx, scaled, float(threshold)), x, soft)
 
 
-@lowers(aten="clamp.default clamp.Tensor", fx="torch.clamp torch.clip", methods="clamp clip")
+@lowers(aten="clamp.default clamp.Tensor", fx="torch.clamp", methods="clamp")
 def clamp(cx: Cx, input: Any, min: Any = None, max: Any = None) -> Sym:
     if is_tensor(min) or is_tensor(max):
         out: Any = input

@@ -14,6 +14,7 @@ from torchlean_bridge.check import check_well_formed
 from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.fileio import atomic_write_text
 from torchlean_bridge.payload import Payload
+from torchlean_bridge.report import jsonable
 from torchlean_bridge.roles import RoleMap
 from torchlean_bridge.wire import _read_source, dump_graph, dumps_document, loads_document, parse_document
 
@@ -33,7 +34,8 @@ def save(bundle: Bundle, folder: str | Path) -> Path:
     atomic_write_text(folder / ROLES_FILE, json.dumps(bundle.roles.to_json(), indent=1, sort_keys=True) + "\n")
     if bundle.report:
         atomic_write_text(folder / REPORT_FILE,
-                          json.dumps(bundle.report, indent=1, sort_keys=True, default=str) + "\n")
+                          json.dumps(jsonable(bundle.report), indent=1, sort_keys=True, default=str,
+                                     allow_nan=False) + "\n")
     elif (folder / REPORT_FILE).exists():
         (folder / REPORT_FILE).unlink()  # a report left by an earlier bundle would describe the wrong model
     return folder

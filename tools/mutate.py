@@ -39,7 +39,7 @@ PRESETS = {
     "check": (["torchlean_bridge/check.py"], ["tests/test_check_errors.py", "tests/test_core_seed.py"]),
     "interval": (["semantics/interval.py", "semantics/interval_unary.py", "semantics/interval_arith.py",
                   "semantics/interval_nonlinear.py", "semantics/interval_affine.py", "semantics/interval_round.py"],
-                 ["tests/test_interval_tightness.py", "tests/test_interval.py", "tests/test_extremes_and_json.py"]),
+                 ["tests/test_interval_tightness.py", "tests/test_interval.py"]),
     "audit": (["torchlean_bridge/app/audit.py"], ["tests/test_audit.py"]),
 }
 

@@ -18,10 +18,10 @@ from torchlean_bridge.fileio import atomic_write_text  # noqa: E402
 from torchlean_bridge.ops import REGISTRY  # noqa: E402
 
 LAYERS = [  # column title, module, attribute holding the op kinds it supports
-    ("float", "semantics.float_rules", "FLOAT_RULES"),
-    ("interval", "semantics.interval", "INTERVAL_RULES"),
+    ("float", "semantics.rules", "FLOAT_RULES"),
+    ("interval", "semantics.rules", "INTERVAL_RULES"),
     ("ONNX export", "exporters.onnx", "ONNX_EXPORTERS"),
-    ("FX/export import", "importers.torch_common", "EMITTED_KINDS"),
+    ("FX/export import", "importers.torch.targets", "EMITTED_KINDS"),
     ("ONNX import", "importers.onnx", "EMITTED_KINDS"),
 ]
 

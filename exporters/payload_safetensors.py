@@ -1,73 +1,197 @@
 """Payload <-> safetensors: tensors keyed ``"<node id>.<role>"``, a sha256 per tensor in the metadata.
 
 The hashes are checked on load, so a payload file that was edited or truncated is an error, not a
-silently different model.
+silently different model. The file is the standard safetensors layout (8-byte little-endian header
+length, JSON header, tensor bytes), written tensor by tensor to disk and read memory-mapped: the
+header is validated in full (element types, shapes within the element limit, offsets that tile
+the data exactly, canonical names) before any tensor is touched, and each tensor is a read-only
+view of the mapped file, so neither side holds a second copy of the whole payload.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
+import re
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from torchlean_bridge.errors import BridgeError
-from torchlean_bridge.fileio import atomic_write_bytes
+from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS
+from torchlean_bridge.errors import BridgeError, PayloadError
+from torchlean_bridge.fileio import atomic_write_stream, regular_file_size
 from torchlean_bridge.payload import Payload, tensor_sha256
 
-__all__ = ["payload_to_bytes", "payload_from_file"]
+__all__ = ["payload_to_bytes", "payload_from_file", "write_payload", "split_key", "MAX_HEADER_BYTES"]
 
 _META_KEY = "torchlean_bridge.sha256"
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own cap on the JSON header
+_KEY = re.compile(r"(0|[1-9][0-9]*)\.([A-Za-z_][A-Za-z0-9_]*)")
+_TAGS = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+         "U8": "u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "?"}
+_TAG_OF = {np.dtype(v).newbyteorder("<").str: k for k, v in _TAGS.items()}
+
+
+def _tag(a: np.ndarray, key: str) -> str:
+    tag = _TAG_OF.get(a.dtype.newbyteorder("<").str)
+    if tag is None:
+        raise PayloadError(f"payload tensor `{key}`: element type {a.dtype} has no safetensors encoding")
+    return tag
+
+
+def _layout(payload: Payload) -> tuple[bytes, list[tuple[str, np.ndarray]]]:
+    """The padded header and the tensors in file order (sorted names, contiguous offsets)."""
+    tensors = [(k, np.asarray(a, order="C")) for k, a in sorted(payload.flat().items())]
+    header: dict[str, Any] = {
+        "__metadata__": {_META_KEY: json.dumps({k: tensor_sha256(a) for k, a in tensors}, sort_keys=True)}}
+    offset = 0
+    for k, a in tensors:
+        header[k] = {"dtype": _tag(a, k), "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors aligns the data start to 8 bytes with spaces
+    return len(text).to_bytes(8, "little") + text, tensors
+
+
+def _write(payload: Payload, f: BinaryIO) -> None:
+    head, tensors = _layout(payload)
+    f.write(head)
+    for _, a in tensors:
+        le = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        f.write(memoryview(np.ascontiguousarray(le).reshape(-1)).cast("B"))
 
 
 def payload_to_bytes(payload: Payload) -> bytes:
-    from safetensors.numpy import save
-    tensors = {k: np.asarray(a, order="C") for k, a in sorted(payload.flat().items())}
-    meta = {_META_KEY: json.dumps({k: tensor_sha256(a) for k, a in tensors.items()}, sort_keys=True)}
-    return save(tensors, metadata=meta)
+    """The whole file in memory (tests and small payloads; ``write_payload`` streams to disk)."""
+    import io
+    buf = io.BytesIO()
+    _write(payload, buf)
+    return buf.getvalue()
 
 
 def write_payload(payload: Payload, path: str | Path) -> None:
-    atomic_write_bytes(path, payload_to_bytes(payload))
+    """Atomically, one tensor at a time (no concatenated copy of the payload in memory)."""
+    atomic_write_stream(path, lambda f: _write(payload, f))
 
 
-def _split_key(key: str) -> tuple[int, str]:
-    node, _, role = key.partition(".")
-    if not (node.isascii() and node.isdigit()) or not role:
-        raise BridgeError(f"payload file: tensor name `{key}` is not `<node id>.<role>`")
-    return int(node), role
+def split_key(key: str, where: str = "payload file") -> tuple[int, str]:
+    """``"<node id>.<role>"`` in canonical spelling only (``01.weight`` and ``1..weight`` are refused)."""
+    m = _KEY.fullmatch(key) if isinstance(key, str) else None
+    if m is None:
+        raise PayloadError(f"{where}: tensor name {key!r} is not `<node id>.<role>` (a decimal node id without "
+                           f"leading zeros, a dot, a role name)")
+    return int(m.group(1)), m.group(2)
 
 
-def payload_from_file(path: str | Path, verify: bool = True) -> Payload:
-    from safetensors import SafetensorError, safe_open
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate names")
+    return out
+
+
+def _header(data: mmap.mmap | bytes, size: int, path: Path) -> tuple[dict[str, Any], int]:
+    if size < 8:
+        raise BridgeError(f"cannot read payload {path}: {size} bytes is too short for a safetensors header")
+    n = int.from_bytes(data[:8], "little")
+    if n > MAX_HEADER_BYTES or 8 + n > size:
+        raise BridgeError(f"cannot read payload {path}: header length {n} does not fit the file of {size} bytes")
     try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as e:
+        header = json.loads(bytes(data[8:8 + n]).decode("utf-8"), parse_constant=_no_constant,
+                            object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise BridgeError(f"cannot read payload {path}: the header is not JSON ({type(e).__name__})") from None
+    if not isinstance(header, dict):
+        raise BridgeError(f"cannot read payload {path}: the header is not a JSON object")
+    return header, 8 + n
+
+
+def _entry(key: str, info: Any, data_len: int, path: Path, max_elements: int) -> tuple[np.dtype, tuple, int, int]:
+    ctx = f"payload {path}: tensor `{key}`"
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise BridgeError(f"{ctx}: expected {{dtype, shape, data_offsets}}, got {str(info)[:120]}")
+    tag, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if tag not in _TAGS:
+        raise BridgeError(f"{ctx}: element type {str(tag)[:40]} is not one of {', '.join(_TAGS)}")
+    nat = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    if not isinstance(shape, list) or not all(nat(d) for d in shape):
+        raise BridgeError(f"{ctx}: shape {str(shape)[:80]} is not a list of natural numbers")
+    count = 1
+    for d in shape:
+        count *= d
+    if count > max_elements:
+        raise BridgeError(f"{ctx}: shape {shape} has {count} elements, above the limit of {max_elements}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(nat(o) for o in offsets) \
+            or not offsets[0] <= offsets[1] <= data_len:
+        raise BridgeError(f"{ctx}: data_offsets {str(offsets)[:80]} are not within the {data_len} data bytes")
+    dtype = np.dtype(_TAGS[tag])
+    if offsets[1] - offsets[0] != count * dtype.itemsize:
+        raise BridgeError(f"{ctx}: {offsets[1] - offsets[0]} data bytes for shape {shape} of {tag} "
+                          f"(expected {count * dtype.itemsize})")
+    return dtype, tuple(shape), offsets[0], offsets[1]
+
+
+def _verify_hashes(path: Path, meta: Any, tensors: dict[str, np.ndarray]) -> None:
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise BridgeError(f"payload {path}: __metadata__ is not a mapping of strings")
+    if tensors and _META_KEY not in meta:
+        raise BridgeError(f"payload {path}: no `{_META_KEY}` metadata, so its tensors cannot be verified "
+                          f"(write it with tlb.save, or load with verify=False)")
+    try:
+        hashes = json.loads(meta.get(_META_KEY, "{}"))
+    except (ValueError, RecursionError):
+        raise BridgeError(f"payload {path}: corrupt hash metadata") from None
+    if not isinstance(hashes, dict) or not all(isinstance(v, str) for v in hashes.values()):
+        raise BridgeError(f"payload {path}: corrupt hash metadata")
+    unlisted = sorted(set(tensors) - set(hashes))
+    if unlisted:
+        raise BridgeError(f"payload {path}: tensors without a recorded sha256 (added after writing): {unlisted}")
+    for k, a in tensors.items():
+        if hashes[k] != tensor_sha256(a):
+            raise BridgeError(f"payload {path}: tensor `{k}` does not match its recorded sha256 "
+                              f"(the file was modified)")
+    missing = sorted(set(hashes) - set(tensors))
+    if missing:
+        raise BridgeError(f"payload {path}: tensors listed in the metadata are missing: {missing}")
+
+
+def payload_from_file(path: str | Path, verify: bool = True, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Payload:
+    """The payload of a safetensors file, each tensor a read-only view of the memory-mapped file."""
+    path = Path(path)
+    size = regular_file_size(path, "payload")
+    try:
+        with open(path, "rb") as f:
+            data: mmap.mmap | bytes = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except (OSError, ValueError) as e:
         raise BridgeError(f"cannot read payload {path}: {e}") from None
+    header, start = _header(data, size, path)
+    meta = header.pop("__metadata__", {})
+    spans, tensors = [], {}
+    for key, info in header.items():
+        split_key(key, f"payload {path}")
+        dtype, shape, lo, hi = _entry(key, info, size - start, path, max_elements)
+        spans.append((lo, hi, key))
+        if hi > lo:
+            arr = np.frombuffer(data, dtype=dtype, count=(hi - lo) // dtype.itemsize, offset=start + lo)
+        else:
+            arr = np.empty(0, dtype)
+        tensors[key] = arr.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
+    end = 0
+    for lo, hi, key in sorted(spans):
+        if lo != end:
+            raise BridgeError(f"cannot read payload {path}: tensor `{key}` starts at byte {lo}, expected {end} "
+                              f"(tensors overlap or leave gaps)")
+        end = hi
+    if end != size - start:
+        raise BridgeError(f"cannot read payload {path}: {size - start} data bytes, the tensors use {end}")
     if verify:
-        if tensors and _META_KEY not in meta:
-            raise BridgeError(f"payload {path}: no `{_META_KEY}` metadata, so its tensors cannot be verified "
-                              f"(write it with tlb.save, or load with verify=False)")
-        try:
-            hashes = json.loads(meta.get(_META_KEY, "{}"))
-        except ValueError:
-            raise BridgeError(f"payload {path}: corrupt hash metadata") from None
-        if not isinstance(hashes, dict):
-            raise BridgeError(f"payload {path}: corrupt hash metadata")
-        unlisted = sorted(set(tensors) - set(hashes))
-        if unlisted:
-            raise BridgeError(f"payload {path}: tensors without a recorded sha256 (added after writing): {unlisted}")
-        for k, a in tensors.items():
-            if k in hashes and hashes[k] != tensor_sha256(a):
-                raise BridgeError(f"payload {path}: tensor `{k}` does not match its recorded sha256 "
-                                  f"(the file was modified)")
-        missing = sorted(set(hashes) - set(tensors))
-        if missing:
-            raise BridgeError(f"payload {path}: tensors listed in the metadata are missing: {missing}")
+        _verify_hashes(path, meta, tensors)
     payload = Payload()
     for k, a in tensors.items():
-        node, role = _split_key(k)
-        payload.set(node, role, a)
+        payload.set(*split_key(k), a)
     return payload

@@ -1,7 +1,7 @@
 """Bundles as one torchlean.ir.v1 document in exactly the form TorchLean's importer accepts.
 
 Ext ops whose registry entry has an exact ``v1_rewrite`` (squeeze/unsqueeze -> reshape, expand ->
-broadcast_to, pools with v1 geometry) are rewritten; ``wire.graph_to_wire`` then writes payload
+broadcast_to, pools with v1 geometry) are rewritten by ``passes.v1_rewrite``; ``wire.graph_to_wire`` then writes payload
 fields inline (spec 3.2: grouped conv weights expanded dense, reductions as ``axes``/``keepdim``).
 Anything TorchLean cannot take (other ext ops, several inputs, int64/bool values, kinds its
 importer rejects, payloads that do not fit) is refused with every blocking node listed at once.
@@ -13,16 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from torchlean_bridge.bundle import Bundle
-from torchlean_bridge.errors import ExportError
+from torchlean_bridge.errors import BridgeError, ExportError
 from torchlean_bridge.fileio import atomic_write_text
 from torchlean_bridge.graph import Graph
-from torchlean_bridge.payload import payload_errors
-from torchlean_bridge.v1compat import to_v1_node, v1_blocking_nodes
+from torchlean_bridge.payload import Payload, payload_errors
+from torchlean_bridge.passes.v1_rewrite import rewrite_to_v1
+from torchlean_bridge.v1compat import v1_blocking_nodes
 from torchlean_bridge.wire import dumps_document, graph_to_wire
 
-from .payload_safetensors import write_payload
+from .folder import file_sha256
+from .payload_safetensors import payload_from_file, write_payload
 
-__all__ = ["export_torchlean", "torchlean_blocking_nodes", "to_v1_graph", "payload_file_for"]
+__all__ = ["export_torchlean", "torchlean_blocking_nodes", "to_v1_graph", "payload_file_for",
+           "read_companion_payload"]
 
 
 def torchlean_blocking_nodes(bundle: Bundle) -> list[dict[str, Any]]:
@@ -32,7 +35,8 @@ def torchlean_blocking_nodes(bundle: Bundle) -> list[dict[str, Any]]:
 
 def to_v1_graph(bundle: Bundle) -> Graph:
     """The graph with every ext node in its v1 form; ExportError listing every blocking node."""
-    blocking = torchlean_blocking_nodes(bundle)
+    v1, note = rewrite_to_v1(bundle)
+    blocking = note.facts["blocking"]
     if blocking:
         lines = [(f"  node {b['id']}: {b['kind']}" if b["id"] is not None else "  graph")
                  + (f" ({b['source']})" if b["source"] else "") + f": {b['reason']}" for b in blocking]
@@ -40,9 +44,7 @@ def to_v1_graph(bundle: Bundle) -> Graph:
                             node=blocking[0]["id"], op=blocking[0]["kind"])
         error.items = blocking
         raise error
-    g = bundle.graph
-    nodes = [to_v1_node(g, n) for n in g.nodes]
-    return Graph([n for n in nodes if n is not None], g.inputs, g.outputs)
+    return v1.graph
 
 
 def payload_file_for(file: str | Path) -> Path:
@@ -63,8 +65,30 @@ def export_torchlean(bundle: Bundle, file: str | Path | None, inline_payload: bo
         raise ExportError("torchlean.ir.v1 export: the payload does not fit the graph:\n"
                           + "\n".join(f"  {p.message}" for p in problems), node=problems[0].node)
     doc = graph_to_wire(g, bundle.payload if inline_payload else None)
+    if file is not None and not inline_payload:
+        # the pair is one unit: the payload goes first, then the document naming its size and sha256,
+        # so an interruption leaves the old document, which refuses the new payload
+        side = payload_file_for(file)
+        write_payload(bundle.payload, side)
+        doc["payload_file"] = {"name": side.name, "bytes": side.stat().st_size, "sha256": file_sha256(side)}
     if file is not None:
         atomic_write_text(file, dumps_document(doc))
-        if not inline_payload:
-            write_payload(bundle.payload, payload_file_for(file))
     return doc
+
+
+def read_companion_payload(document: Path, ref: Any) -> Payload:
+    """The payload a nodes-only document names in its ``payload_file`` field, checked against it."""
+    if not isinstance(ref, dict) or not isinstance(ref.get("name"), str) or not isinstance(ref.get("sha256"), str) \
+            or not isinstance(ref.get("bytes"), int):
+        raise BridgeError(f"{document}: `payload_file` must be {{name, bytes, sha256}}")
+    name = ref["name"]
+    if Path(name).name != name or name in ("", ".", ".."):
+        raise BridgeError(f"{document}: payload_file name {name!r} must be a file name beside the document")
+    side = document.parent / name
+    if not side.exists():
+        raise BridgeError(f"{document}: its payload file {side} is missing")
+    payload = payload_from_file(side)
+    if side.stat().st_size != ref["bytes"] or file_sha256(side) != ref["sha256"]:
+        raise BridgeError(f"{document}: payload file {side} does not match the size and sha256 the document "
+                          f"records (it is from another write)")
+    return payload

@@ -2,8 +2,8 @@
 
 Importers declare the shapes the framework reported; the builder computes the registry's rule for
 every node too and records any disagreement in the report, so validation (not the importer) is
-the judge. ``finish`` drops dead nodes, renumbers densely (ids equal positions, parents below) and
-moves the role bindings with their nodes.
+the judge. ``finish`` runs the shared passes (dead code and renumbering, canonicalization) so every
+importer emits the same canonical IR.
 """
 
 from __future__ import annotations
@@ -152,33 +152,24 @@ class GraphBuilder:
 
     # -- result -------------------------------------------------------------------------------
     def finish(self, outputs: Sequence[int], report: Mapping[str, Any] | None = None,
-               keep_dead: bool = False) -> Bundle:
-        """Drop nodes no output needs (inputs stay), renumber densely, check, return the bundle."""
+               keep_dead: bool = False, canonical: bool = True) -> Bundle:
+        """The bundle in canonical form (torchlean_bridge.passes), then checked: dead nodes dropped
+        (inputs stay; all kept with ``keep_dead``), ids dense, ``x @ W + b`` as ``linear``, layout
+        steps in their one spelling, repeated computations merged (unless ``canonical=False``: the
+        graph exactly as built, for tests of one kind's rules)."""
         from torchlean_bridge.check import check
-        live = set(range(len(self.nodes))) if keep_dead else set(self.inputs) | set(outputs)
-        if not keep_dead:
-            stack = list(outputs)
-            while stack:
-                nid = stack.pop()
-                for p in self.nodes[nid].parents:
-                    if p not in live:
-                        live.add(p)
-                        stack.append(p)
-        mapping: dict[int, int] = {}
-        nodes: list[Node] = []
-        for n in self.nodes:
-            if n.id in live:
-                mapping[n.id] = len(nodes)
-                nodes.append(n.with_(id=len(nodes), parents=tuple(mapping[p] for p in n.parents)))
-        payload = Payload({mapping[nid]: self.payload.record(nid) for nid in self.payload.nodes() if nid in mapping})
-        roles = RoleMap(self.bindings).renumbered(mapping)
-        dropped = sorted({b.key for b in self.bindings} - set(roles))
-        graph = Graph(nodes, [mapping[i] for i in self.inputs], [mapping[o] for o in outputs])
+        from torchlean_bridge.passes import (canonicalize, eliminate_common_subexpressions, eliminate_dead_code,
+                                             fuse_linear_bias)
         full_report = dict(report or {})
         full_report.setdefault("framework", self.framework)
         if self.notes:
             full_report["notes"] = list(self.notes)
-        if dropped:
-            full_report["unused_tensors"] = dropped
-        check(graph)
-        return Bundle(graph, payload, roles, full_report)
+        bundle = Bundle(Graph(self.nodes, self.inputs, outputs), self.payload, RoleMap(self.bindings), full_report)
+        if not keep_dead:
+            bundle, _ = eliminate_dead_code(bundle)
+        if canonical and not keep_dead:
+            bundle, _ = fuse_linear_bias(bundle)
+            bundle, _ = canonicalize(bundle)
+            bundle, _ = eliminate_common_subexpressions(bundle)
+        check(bundle.graph)
+        return bundle

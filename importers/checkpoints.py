@@ -14,14 +14,18 @@ of a large file are known without reading its data.
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from torchlean_bridge.errors import CheckpointError
+from torchlean_bridge.errors import BridgeError, CheckpointError
+from torchlean_bridge.fileio import read_capped
+from torchlean_bridge.ops.contracts import DEFAULT_ELEMENT_LIMIT, MAX_RANK
 from torchlean_bridge.report import Finding
 
 __all__ = ["Checkpoint", "load_checkpoint", "as_checkpoint"]
@@ -244,27 +248,54 @@ def _unpickler_reason(message: str) -> str:
     return "the weights-only unpickler refused it"
 
 
+def _torch_load(path: Path) -> Any:
+    """``torch.load(weights_only=True)``, memory-mapped where the file allows it (its storages are then
+    views of the file, so a corrupted size cannot make torch allocate it)."""
+    import torch
+    with warnings.catch_warnings():  # torch warns about pickle protocols before refusing; the refusal says it all
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        warnings.filterwarnings("ignore", category=UserWarning)
+        if zipfile.is_zipfile(path):
+            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+
+
 def _load_torch(path: Path, strip_prefix: str | None) -> Checkpoint:
     import pickle
-
-    import torch
     try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols before refusing; the refusal says it all
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        obj = _torch_load(path)
     except pickle.UnpicklingError as e:
         first = _unpickler_reason(str(e))
         raise CheckpointError(
             f"refused to load {path}: it is not a weights-only file (its pickle would construct objects "
             f"or run code that torch.load(weights_only=True) does not allow: {first}). Re-save it with "
             f"torch.save(model.state_dict(), ...) or convert it to safetensors") from None
-    except (OSError, RuntimeError, EOFError, ValueError) as e:
-        raise CheckpointError(f"cannot read PyTorch checkpoint {path}: {e}") from None
+    except MemoryError:
+        raise CheckpointError(f"cannot read PyTorch checkpoint {path}: it declares more data than fits in "
+                              f"memory (a corrupted file?)") from None
+    except Exception as e:  # noqa: BLE001 - torch.load is the entry point of untrusted bytes: whatever a
+        # corrupted file makes it raise (KeyError, IndexError, AttributeError, RuntimeError, ...) is bad input
+        raise CheckpointError(f"cannot read PyTorch checkpoint {path}: the file is corrupted or not a "
+                              f"PyTorch file ({type(e).__name__}: {str(e)[:200]})") from None
     arrays, findings = _state_dict_arrays(obj, str(path))
     return _eager(arrays, str(path), "torch", findings, strip_prefix)
 
 
 # -- ONNX --------------------------------------------------------------------------------------------
+def _initializer_problem(init: Any, data_types: set[int]) -> str | None:
+    """Why an initializer cannot be read, decided from its header before any data is decoded."""
+    if init.data_type not in data_types or init.data_type == 0:
+        return f"unknown element type code {init.data_type}"
+    if any(d < 0 for d in init.dims):
+        return f"negative dimension in {list(init.dims)}"
+    if len(init.dims) > MAX_RANK:
+        return f"rank {len(init.dims)} above the limit of {MAX_RANK}"
+    count = math.prod(init.dims)
+    if count > DEFAULT_ELEMENT_LIMIT:
+        return f"shape {list(init.dims)} has {count} elements, above the limit of {DEFAULT_ELEMENT_LIMIT}"
+    return None
+
+
 def _load_onnx(path: Path, strip_prefix: str | None) -> Checkpoint:
     import onnx
     from onnx import numpy_helper
@@ -272,14 +303,19 @@ def _load_onnx(path: Path, strip_prefix: str | None) -> Checkpoint:
         model = onnx.load(str(path))
     except Exception as e:  # onnx raises DecodeError, OSError, ValueError ... depending on the damage
         raise CheckpointError(f"cannot read ONNX model {path}: {e}") from None
+    data_types = set(onnx.TensorProto.DataType.values())
     arrays: dict[str, np.ndarray] = {}
     findings: list[Finding] = []
     for init in model.graph.initializer:
-        try:
-            arrays[init.name] = numpy_helper.to_array(init, base_dir=str(path.parent))
-        except (ValueError, TypeError, OSError) as e:
-            findings.append(Finding("unsupported", f"initializer `{init.name}` cannot be read: {e}",
-                                    keys=(init.name,), severity="warning"))
+        problem = _initializer_problem(init, data_types)
+        if problem is None:
+            try:
+                arrays[init.name] = numpy_helper.to_array(init, base_dir=str(path.parent))
+                continue
+            except (ValueError, TypeError, OSError) as e:
+                problem = str(e)
+        findings.append(Finding("unsupported", f"initializer `{init.name}` cannot be read: {problem}",
+                                keys=(init.name,), severity="warning"))
     return _eager(arrays, str(path), "onnx", findings, strip_prefix)
 
 
@@ -287,11 +323,38 @@ def _load_onnx(path: Path, strip_prefix: str | None) -> Checkpoint:
 _JSON_DTYPES = {"torch.int64": np.int64, "torch.int32": np.int32, "torch.bool": np.bool_}
 
 
+def _json_shape(value: Any) -> tuple[int, ...] | None:
+    """The shape of a rectangular nested list of JSON numbers (bools allowed), None otherwise;
+    iterative, so no nesting depth can exhaust the stack."""
+    shape, level = [], [value]
+    while level and isinstance(level[0], list):
+        if len(shape) >= MAX_RANK:
+            return None
+        extent = len(level[0])
+        if any(not isinstance(row, list) or len(row) != extent for row in level):
+            return None
+        shape.append(extent)
+        level = [x for row in level for x in row]
+    if any(isinstance(x, list) or not isinstance(x, (int, float)) for x in level):
+        return None
+    return tuple(shape)
+
+
+def _meta_shape(shape: Any) -> list[int] | None:
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return None
+    return shape if math.prod(shape) <= DEFAULT_ELEMENT_LIMIT else None
+
+
 def _load_torchlean_json(path: Path, strip_prefix: str | None) -> Checkpoint:
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read JSON checkpoint {path}: {e}") from None
+        doc = json.loads(read_capped(path, "JSON checkpoint"))
+    except BridgeError as e:
+        raise CheckpointError(e.message) from None
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"cannot read JSON checkpoint {path}: "
+                              f"{'nested too deeply' if isinstance(e, RecursionError) else e}") from None
     if not isinstance(doc, dict):
         raise CheckpointError("PyTorch import: expected a JSON object `{...}` or a wrapper `{ \"params\": {...} }`.")
     params = doc.get("params", doc) if isinstance(doc.get("params"), dict) else doc
@@ -302,19 +365,26 @@ def _load_torchlean_json(path: Path, strip_prefix: str | None) -> Checkpoint:
         if key == "meta" and params is doc:
             continue
         info = meta.get(key, {}) if isinstance(meta.get(key), dict) else {}
-        dtype = _JSON_DTYPES.get(info.get("dtype"), np.float64)
-        try:
-            raw = np.asarray(value)
-            if raw.dtype.kind not in "fiub":  # null, strings, ragged lists
-                raise TypeError(raw.dtype)
-            arr = raw.astype(dtype)
-            shape = [int(d) for d in info["shape"]] if "shape" in info else None
-        except (ValueError, TypeError):
+        tag = info.get("dtype")
+        if tag is not None and not isinstance(tag, str):
+            findings.append(Finding("non_tensor", f"`{key}`: meta dtype {str(tag)[:40]} is not a string; not loaded",
+                                    keys=(key,), severity="warning"))
+            continue
+        dtype = _JSON_DTYPES.get(tag, np.float64)
+        data_shape = _json_shape(value)
+        shape = _meta_shape(info["shape"]) if "shape" in info else None
+        if data_shape is None or ("shape" in info and shape is None):
             findings.append(Finding("non_tensor", f"`{key}` is not a rectangular array of numbers with a list "
-                                    "shape; not loaded", keys=(key,), severity="warning"))
+                                    "shape of natural numbers; not loaded", keys=(key,), severity="warning"))
+            continue
+        try:
+            arr = np.array(value, dtype=dtype)
+        except (OverflowError, ValueError):
+            findings.append(Finding("non_tensor", f"`{key}` holds a value that does not fit {np.dtype(dtype)}; "
+                                    "not loaded", keys=(key,), severity="warning"))
             continue
         if shape is not None and shape != list(arr.shape):
-            if min(shape, default=0) >= 0 and arr.size == int(np.prod(shape, dtype=np.int64)):
+            if arr.size == math.prod(shape):
                 arr = arr.reshape(shape)
             else:
                 findings.append(Finding("non_tensor", f"`{key}`: meta shape {info['shape']} does not match the "
@@ -335,7 +405,8 @@ def _sniff(path: Path) -> str:
     """The format from the suffix, else from the first bytes (zip = torch, JSON header = safetensors)."""
     if path.suffix.lower() in _SUFFIXES:
         return _SUFFIXES[path.suffix.lower()]
-    head = path.open("rb").read(16)
+    with path.open("rb") as f:
+        head = f.read(16)
     if head[:2] == b"PK" or head[:1] == b"\x80":
         return "torch"
     if len(head) > 9 and head[8:9] == b"{":

@@ -1,10 +1,10 @@
 """The reference evaluator: TorchLean's ``Graph.denoteAll`` over a float domain.
 
-Nodes are evaluated left to right in one loop (no recursion, so depth is unlimited); each node's
-value comes from ``FLOAT_RULES[kind]``. Without ``all_nodes`` a value is dropped right after its
-last reader, so memory follows the live frontier, not the graph. ``float64`` is the reference
-(TorchLean computes in binary64); ``float32`` mirrors PyTorch/onnxruntime (payload and inputs in
-binary32, binary32 BLAS). Every failure is an ``EvalError`` naming the node.
+``float64`` is the reference (TorchLean computes in binary64); ``float32`` mirrors PyTorch and
+onnxruntime (payload and inputs in binary32, binary32 BLAS). The loop, dead-value freeing and error
+context are ``semantics.domains.run``'s, shared with the interval domain; the rules are
+``semantics.rules``'. Inputs are read here, once, for every domain (``input_list``). Every refusal
+is an ``EvalError`` naming the node.
 """
 
 from __future__ import annotations
@@ -17,25 +17,21 @@ from torchlean_bridge.check import check as check_graph
 from torchlean_bridge.check import check_well_formed
 from torchlean_bridge.errors import BridgeError, EvalError
 from torchlean_bridge.graph import Graph, Node
-from torchlean_bridge.ops import BOOL, INT64, fmt_shape
 from torchlean_bridge.payload import Payload
 
-from .float_rules import FLOAT_RULES
-from .records import fail
+from .domains import DTYPES, FloatDomain, node_value, run
 
-__all__ = ["evaluate", "eval_node", "denote_all", "denote", "as_array", "input_list", "input_sets", "DTYPES"]
+__all__ = ["evaluate", "eval_node", "denote_all", "denote", "as_array", "input_list", "input_sets", "DTYPES",
+           "float_domain"]
 
-DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
-_RESULT_KINDS = {INT64: np.dtype(np.int64), BOOL: np.dtype(bool)}
-
-
-_DOMAINS = {**DTYPES, **{dt: dt for dt in DTYPES.values()}, np.float64: DTYPES["float64"],
-            np.float32: DTYPES["float32"]}
+_DOMAINS = {name: FloatDomain(dt) for name, dt in DTYPES.items()}
+_ALIASES = {**{dt: name for name, dt in DTYPES.items()}, np.float64: "float64", np.float32: "float32"}
 
 
-def _domain(dtype: str | np.dtype) -> np.dtype:
+def float_domain(dtype: str | np.dtype | type) -> FloatDomain:
+    """The float domain named by ``dtype`` ("float64", "float32", or the numpy dtype)."""
     try:
-        return _DOMAINS[dtype]
+        return _DOMAINS[_ALIASES.get(dtype, dtype)]
     except (KeyError, TypeError):
         raise BridgeError(f"IR eval: unsupported dtype {dtype!r} (use float64 or float32)") from None
 
@@ -106,26 +102,9 @@ def eval_node(node: Node, parent_values: Sequence[np.ndarray], record: Any, dtyp
     node's declared shape and element type (float results in the domain ``dtype``). Importers use
     this to fold constants.
     """
+    domain = float_domain(dtype)
     with np.errstate(all="ignore"):
-        return _node_value(node, parent_values, record or {}, _domain(dtype))
-
-
-def _node_value(node: Node, parent_values: Sequence[np.ndarray], record: Any, dt: np.dtype) -> np.ndarray:
-    """``eval_node`` for a resolved domain, inside the caller's ``errstate`` (the evaluator's loop)."""
-    rule = FLOAT_RULES.get(node.kind)
-    if rule is None:
-        raise fail(node, f"IR eval: node {node.id}: no float semantics for op kind `{node.kind}`")
-    try:
-        value = np.asarray(rule(node, parent_values, record, dt))
-    except BridgeError:
-        raise
-    except (ValueError, TypeError, LookupError, ArithmeticError) as e:
-        raise fail(node, f"IR eval: node {node.id}: {node.kind}: {e} ({node.summary()})") from None
-    if value.shape != node.out_shape:
-        raise fail(node, f"IR eval: node {node.id}: produced shape mismatch: produced={fmt_shape(value.shape)}, "
-                         f"declared={fmt_shape(node.out_shape)} ({node.summary()})")
-    want = _RESULT_KINDS.get(node.dtype, dt)
-    return value if value.dtype == want else value.astype(want)
+        return node_value(domain, node, parent_values, record or {})
 
 
 def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", all_nodes: bool = False,
@@ -137,48 +116,14 @@ def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float
     ``check`` validates structure and shapes first. With ``check=False`` only well-formedness is
     checked, as TorchLean's ``denoteAll`` does; each node then checks its own operands locally.
     """
-    dt = _domain(dtype)
+    domain = float_domain(dtype)
     if check:
         check_graph(g)
     else:
         check_well_formed(g)
     payload = payload if payload is not None else Payload()
-    arrays = input_list(inputs, len(g.inputs))
-    position = {nid: k for k, nid in enumerate(g.inputs)}
-    values: list[np.ndarray | None] = [None] * len(g.nodes)
-    frees: list[list[int]] = [[] for _ in g.nodes]
-    if not all_nodes:
-        for nid, last in enumerate(g.last_use()):
-            if last < len(g.nodes):
-                frees[last].append(nid)
-    with np.errstate(all="ignore"):  # partial ops check their domains; overflow to inf is a value
-        for node in g.nodes:
-            if node.kind == "input":
-                if node.id not in position:
-                    raise fail(node, f"IR eval: node {node.id}: input node is not listed among the graph inputs")
-                parents = [arrays[position[node.id]]]
-            else:
-                parents = [_parent(node, p, values) for p in node.parents]
-            values[node.id] = _node_value(node, parents, payload.record(node.id), dt)
-            for dead in frees[node.id]:
-                values[dead] = None
-    if all_nodes:
-        return values  # type: ignore[return-value]
-    out = []
-    for o in g.outputs:
-        if not 0 <= o < len(values):
-            raise EvalError(f"IR eval: outputId out of bounds: {o}")
-        out.append(values[o])
-    return out
-
-
-def _parent(node: Node, p: int, values: list[np.ndarray | None]) -> np.ndarray:
-    value = values[p] if 0 <= p < len(values) else None
-    if value is None:
-        available = sum(v is not None for v in values)
-        raise fail(node, f"IR eval: node {node.id}: parent {p} has not been evaluated "
-                         f"(available values: {available}) ({node.summary()})")
-    return value
+    seeds = dict(zip(g.inputs, input_list(inputs, len(g.inputs))))
+    return run(g, domain, seeds, payload.record, all_nodes=all_nodes)
 
 
 def denote_all(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64") -> list[np.ndarray]:

@@ -10,16 +10,18 @@ The arrays are returned as stored; the domain decides the arithmetic.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
 from torchlean_bridge.errors import EvalError
 from torchlean_bridge.graph import Node
 from torchlean_bridge.ops import Shape, fmt_shape, numel
+from torchlean_bridge.payload import role_shape
 
 __all__ = ["LinearRecord", "ConvRecord", "BatchNormRecord", "LayerNormRecord", "const_values",
-           "linear_record", "conv_record", "batch_norm_record", "layernorm_record", "fail"]
+           "linear_record", "conv_record", "batch_norm_record", "layernorm_record", "fail", "READERS", "PREPARED",
+           "in_dtype", "read_payload", "domain_records"]
 
 Record = Mapping[str, np.ndarray]
 
@@ -88,15 +90,11 @@ def conv_record(node: Node, rec: Record) -> ConvRecord:
     w, b = rec.get("weight"), rec.get("bias")
     if w is None or b is None:
         raise fail(node, f"IR eval: missing {node.kind} payload for node {node.id}")
-    a = node.attrs
-    if node.kind == "conv_transpose":
-        want = (a["in_channels"], a["out_channels"] // a["groups"], *a["kernel"])
-    else:
-        want = (a["out_channels"], a["in_channels"] // a["groups"], *a["kernel"])
-    if tuple(w.shape) != want or tuple(b.shape) != (a["out_channels"],):
+    want, want_bias = role_shape(node, "weight", ()), role_shape(node, "bias", ())  # from the node's attrs
+    if tuple(w.shape) != want or tuple(b.shape) != want_bias:
         raise fail(node, f"IR eval: {node.kind} {node.id}: payload does not match the node configuration "
                          f"(weight {fmt_shape(w.shape)}, bias {fmt_shape(b.shape)}; expected "
-                         f"{fmt_shape(want)}, [{a['out_channels']}])")
+                         f"{fmt_shape(want)}, {fmt_shape(want_bias)})")
     return ConvRecord(w, b)
 
 
@@ -105,14 +103,14 @@ def batch_norm_record(node: Node, rec: Record) -> BatchNormRecord:
     roles = [rec.get(r) for r in BatchNormRecord._fields]
     if any(r is None for r in roles):
         raise fail(node, f"IR eval: missing batch_norm_eval payload for node {node.id}")
-    if any(r.shape != (node.attrs["channels"],) for r in roles):
+    if any(r.shape != role_shape(node, name, ()) for name, r in zip(BatchNormRecord._fields, roles)):
         raise fail(node, f"IR eval: batch_norm_eval {node.id}: payload and node channel counts differ")
     return BatchNormRecord(*roles)
 
 
 def layernorm_record(node: Node, rec: Record, parent: Shape) -> LayerNormRecord:
     """``LayerNormParams``: optional gamma/beta over ``parent[axis:]`` (a flat vector also fits)."""
-    suffix = tuple(parent[node.attrs["axis"]:])
+    suffix = role_shape(node, "weight", (parent,))
     out = []
     for role in LayerNormRecord._fields:
         arr = rec.get(role)
@@ -125,3 +123,50 @@ def layernorm_record(node: Node, rec: Record, parent: Shape) -> LayerNormRecord:
             arr = arr.reshape(suffix)
         out.append(arr)
     return LayerNormRecord(*out)
+
+
+# kind -> reader(node, record, parent shape): every payload kind, one uniform signature
+READERS: dict[str, Callable[[Node, Record, Shape], Any]] = {
+    "const": lambda node, rec, parent: const_values(node, rec),
+    "linear": linear_record,
+    "conv": lambda node, rec, parent: conv_record(node, rec),
+    "conv_transpose": lambda node, rec, parent: conv_record(node, rec),
+    "layernorm": layernorm_record,
+    "batch_norm_eval": lambda node, rec, parent: batch_norm_record(node, rec),
+}
+
+# record key under which an evaluator stores a node's parameters, read and converted once
+PREPARED = "prepared"
+
+
+def in_dtype(record: Any, dt: np.dtype) -> Any:
+    """A typed record (or one array) with every array in ``dt`` (no copy when it already is)."""
+    if isinstance(record, np.ndarray):
+        return record.astype(dt, copy=False)
+    return type(record)(*(None if a is None else a.astype(dt, copy=False) for a in record))
+
+
+def read_payload(g: Any, payload: Any) -> list[Any]:
+    """Every payload node's record read and checked in node order (failing as evaluation would),
+    ``None`` for the other nodes: the typed records a prepared graph converts once per domain."""
+    typed: list[Any] = []
+    for node in g.nodes:
+        if node.kind in READERS:
+            parent = g.nodes[node.parents[0]].out_shape if node.parents else ()
+            typed.append(READERS[node.kind](node, payload.record(node.id), tuple(parent)))
+        else:
+            typed.append(None)
+    return typed
+
+
+def domain_records(g: Any, typed: list[Any], convert: Mapping[str, Callable[..., Any]], *args: Any) -> list[dict]:
+    """Per node the record a domain's rules receive: ``{PREPARED: converted}`` for payload nodes
+    (``convert[kind](node, typed, *args)``, or the typed record as it is), ``{}`` for the others."""
+    out: list[dict] = []
+    for node, record in zip(g.nodes, typed):
+        if record is None:
+            out.append({})
+            continue
+        fn = convert.get(node.kind)
+        out.append({PREPARED: record if fn is None else fn(node, record, *args)})
+    return out

@@ -18,9 +18,10 @@ import torch
 
 import torchlean_bridge as tlb
 from torchlean_bridge.roles import apply_transform
-from importers.torch_common import EMITTED_KINDS, Known, NotLowerable, Sym
-from importers.torch_ops import gather_axis
-from importers.torch_program import TorchLowerer
+from importers.torch.common import Known, NotLowerable, Sym
+from importers.torch.targets import EMITTED_KINDS
+from importers.torch.ops_index import gather_axis
+from importers.torch.program import TorchLowerer
 from tests.model_zoo import CASES, cases
 
 warnings.filterwarnings("ignore", category=FutureWarning)

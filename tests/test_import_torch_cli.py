@@ -48,8 +48,8 @@ def test_import_via_export_writes_the_bundle_and_prints_the_summary(model_file, 
         "ops used: gelu, input, linear×2",
         "torchlean.ir.v1 export: blocked by gelu (ext op without an exact torchlean.ir.v1 form)",
         f"wrote {out}"]
-    assert sorted(p.name for p in out.iterdir()) == ["graph.json", "payload.safetensors", "report.json",
-                                                      "roles.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["graph.json", "manifest.json", "payload.safetensors",
+                                                      "report.json", "roles.json"]
     bundle = tlb.load(out)
     assert set(bundle.roles) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     torch.manual_seed(1)

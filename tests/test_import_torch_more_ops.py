@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import torchlean_bridge as tlb
 from torchlean_bridge.errors import UnsupportedError
 from torchlean_bridge.roles import apply_transform
-from importers.torch_common import EMITTED_KINDS
+from importers.torch.targets import EMITTED_KINDS
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -175,6 +175,13 @@ CASES: dict[str, tuple[Any, ...]] = {
     "take_along_dim": (lambda s, x: torch.take_along_dim(x, x.argmax(1, keepdim=True), 1), X3, ("fx", "export")),
     "row_wise_index": (lambda s, x: (x[torch.arange(3), x[:, :, 0].argmax(-1)],
                                      x[:, torch.arange(4), x[0, :, :4].argmax(0)]), X3, ("fx", "export")),
+    # adaptive pooling whose output size does not divide the input: PyTorch's variable windows
+    "adaptive_avg_variable_windows": (lambda s, x: (F.adaptive_avg_pool2d(x, (3, 5)), F.adaptive_avg_pool1d(x[0], 4),
+                                                    F.adaptive_avg_pool2d(x[:, :, :1, :1], 3)), X4, D),
+    "adaptive_max_variable_windows": (lambda s, x: (F.adaptive_max_pool2d(x, (3, 4)), F.adaptive_max_pool1d(x[0], 5),
+                                                    F.adaptive_max_pool3d(x.unsqueeze(0), (3, 3, 4))), X4, D),
+    "adaptive_pool_modules": (lambda s, x: s.inner(x), X4, ("fx", "export"),
+                              nn.Sequential(nn.AdaptiveAvgPool2d((7, None)), nn.AdaptiveMaxPool2d((5, 4)))),
     "max_dim_values_indices": (lambda s, x: (torch.max(x, dim=-1).values, x.min(1, keepdim=True).indices.float(),
                                              torch.max(x, 0)[0]), X3, D),
     # 11. nearest upsampling

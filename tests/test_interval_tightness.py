@@ -695,7 +695,7 @@ def test_every_rule_has_a_tightness_check():
                   "bernoulli_mask", "rand_uniform", "isnan", "argmax", "argmin", "concat", "gather",
                   "gather_elements", "const", "matmul", "softmax", "log_softmax", "hard_masked_softmax",
                   "layernorm", "reduce_prod", "mse_loss"})
-    missing = sorted(set(INTERVAL_RULES) - set(NO_RULE) - covered)
+    missing = sorted(set(INTERVAL_RULES) - set(NO_RULE) - {"input"} - covered)  # input: the seeded box itself
     assert not missing, f"interval rules without a tightness check in {__file__}: {missing}"
     for kind in NO_RULE:
         net = unary_net(kind, (1,), {"name": "f", "input_shapes": [[1]], "output_shape": [1]}) \

@@ -148,7 +148,7 @@ def test_eval_node_folds_one_node_in_either_domain():
 
 
 def test_every_registered_op_has_float_semantics():
-    from semantics.float_rules import FLOAT_RULES
+    from semantics.rules import FLOAT_RULES
     from torchlean_bridge.ops import REGISTRY
     assert sorted(set(REGISTRY) - set(FLOAT_RULES)) == []
 
@@ -165,21 +165,21 @@ def test_values_are_dropped_after_their_last_use():
     import gc
     import weakref
 
-    import semantics.evaluate as ev
+    import semantics.domains as domains
     g, p = seed_mlp_graph(), seed_mlp_payload()
     refs = []
-    node_value = ev._node_value
+    node_value = domains.node_value
 
-    def spy(node, parents, record, dt):
-        v = node_value(node, parents, record, dt)
+    def spy(domain, node, parents, record):
+        v = node_value(domain, node, parents, record)
         refs.append(weakref.ref(v))
         return v
 
-    ev._node_value = spy
+    domains.node_value = spy
     try:
-        out = ev.evaluate(g, p, SEED_X0.copy())
+        out = tlb.evaluate(g, p, SEED_X0.copy())
     finally:
-        ev._node_value = node_value
+        domains.node_value = node_value
     gc.collect()
     assert [r() is not None for r in refs] == [False, False, False, False, False, True]
     assert out[0] is refs[-1]()

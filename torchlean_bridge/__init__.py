@@ -24,8 +24,9 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported on first access)
 _LAZY = {
-    "evaluate": "semantics.evaluate",
+    "evaluate": "torchlean_bridge.app.plan_exec",  # semantics.evaluate.evaluate, plus plan=
     "interval_bounds": "semantics.interval",
+    "prepare": "semantics.prepared",
     "check_containment": "semantics.sampling",
     "import_fx": "importers.fx",
     "import_export": "importers.torch_export",
@@ -39,6 +40,14 @@ _LAZY = {
     "bind_checkpoint": "torchlean_bridge.app.abi",
     "audit": "torchlean_bridge.app.audit",
     "diff": "torchlean_bridge.app.diff",
+    "plan_kernels": "torchlean_bridge.app.kernel_plan",
+    "KernelPolicy": "torchlean_bridge.app.kernel_plan",
+    "save_plan": "torchlean_bridge.app.kernel_plan",
+    "load_plan": "torchlean_bridge.app.kernel_plan",
+    "init_params": "torchlean_bridge.seeded_init",
+    "summary": "torchlean_bridge.app.summary",
+    "linear_bounds": "semantics.linear_bounds",
+    "load_vnnlib": "torchlean_bridge.app.vnnlib",
 }
 
 __all__ = ["Node", "Graph", "Source", "Payload", "RoleMap", "Binding", "Bundle", "BridgeError", "load_graph",

@@ -11,11 +11,12 @@ from __future__ import annotations
 from .errors import GraphError, ShapeRuleError
 from .graph import Graph, Node
 from .ops import Shape, fmt_shape, numel
+from .ops.contracts import DEFAULT_ELEMENT_LIMIT, current_element_limit, element_limit
 
 __all__ = ["check", "check_well_formed", "check_shapes", "infer_shapes", "DEFAULT_MAX_ELEMENTS",
            "check_size"]
 
-DEFAULT_MAX_ELEMENTS = 2 ** 31
+DEFAULT_MAX_ELEMENTS = DEFAULT_ELEMENT_LIMIT
 
 
 def _err(node: Node | None, message: str) -> GraphError:
@@ -123,12 +124,15 @@ def check_well_formed(g: Graph, collect: bool = False) -> list[GraphError]:
     return errors
 
 
-def check(g: Graph, collect: bool = False, max_elements: int = DEFAULT_MAX_ELEMENTS) -> list[GraphError]:
-    """Well-formedness then shapes. Raises the first problem, or returns all of them with collect."""
+def check(g: Graph, collect: bool = False, max_elements: int | None = None) -> list[GraphError]:
+    """Well-formedness then shapes. Raises the first problem, or returns all of them with collect.
+    ``max_elements`` (default: the current ``element_limit``) caps declared shapes and op buffers."""
     structural, broken = _structure_errors(g)
     if structural and not collect:
         raise structural[0]
-    shape_errors, _ = _shape_errors(g, broken, max_elements)
+    limit = current_element_limit() if max_elements is None else max_elements
+    with element_limit(limit):
+        shape_errors, _ = _shape_errors(g, broken, limit)
     if shape_errors and not collect:
         raise shape_errors[0]
     return structural + shape_errors
@@ -144,7 +148,7 @@ def infer_shapes(g: Graph) -> list[Shape]:
     structural, broken = _structure_errors(g)
     if structural:
         raise structural[0]
-    errors, inferred = _shape_errors(g, broken, DEFAULT_MAX_ELEMENTS)
+    errors, inferred = _shape_errors(g, broken, current_element_limit())
     if errors:
         raise errors[0]
     return [s for s in inferred if s is not None]

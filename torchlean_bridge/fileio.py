@@ -1,32 +1,65 @@
-"""Atomic file output: write to a temporary file beside the target, fsync, then rename."""
+"""File input and output that hostile paths and interrupted runs cannot turn into wrong results.
+
+Output: single files are written to a temporary file beside the target, fsynced and renamed into
+place; a multi-file output (a bundle folder) is built in a temporary folder beside the target and
+swapped in whole (``atomic_folder``), so the target holds the old complete state or the new one.
+Leftovers of an interrupted write are dot-named siblings (``.NAME.tmp-*``, ``.NAME.old-*``) that no
+reader looks at.
+
+Input: ``read_capped`` reads regular files only (not a FIFO, a device such as /dev/zero or a
+folder) and refuses, before reading, a file larger than its cap.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import shutil
+import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+from .errors import BridgeError
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_stream", "atomic_folder", "read_capped",
+           "regular_file_size", "fsync_folder", "MAX_DOCUMENT_BYTES", "TEMP_MARK", "ASIDE_MARK"]
+
+MAX_DOCUMENT_BYTES = 1 << 30  # a JSON document (graph, roles, report, checkpoint) larger than this is refused
+TEMP_MARK, ASIDE_MARK = ".tmp-", ".old-"
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+def regular_file_size(path: str | os.PathLike, what: str) -> int:
+    """The size of ``path`` if it is a regular file (symlinks followed); BridgeError otherwise."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, target)
-        _fsync_dir(target.parent)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise BridgeError(f"cannot read {what} {path}: no such file") from None
+    except OSError as e:
+        raise BridgeError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a device, FIFO or socket"
+        raise BridgeError(f"cannot read {what} {path}: it is {kind}, not a regular file")
+    return st.st_size
+
+
+def read_capped(path: str | os.PathLike, what: str, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; BridgeError naming ``what`` otherwise."""
+    size = regular_file_size(path, what)
+    if size > limit:
+        raise BridgeError(f"cannot read {what} {path}: {size} bytes, above the limit of {limit}")
+    try:
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # replaced between stat and open
+                raise BridgeError(f"cannot read {what} {path}: it is not a regular file")
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise BridgeError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise BridgeError(f"cannot read {what} {path}: more than {limit} bytes")
+    return data
 
 
 def _umask() -> int:
@@ -35,8 +68,8 @@ def _umask() -> int:
     return mask
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename itself durable (best effort: not every platform can open a folder)."""
+def fsync_folder(folder: str | os.PathLike) -> None:
+    """Make renames inside ``folder`` durable (best effort: not every platform can open a folder)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -49,5 +82,88 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def atomic_write_stream(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it into place."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
+        os.replace(tmp, target)
+        fsync_folder(target.parent)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    atomic_write_stream(path, lambda f: f.write(data))
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# -- folders ------------------------------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2); False where the system cannot."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(libc_name, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+@contextmanager
+def atomic_folder(target: str | os.PathLike, replaceable: Callable[[Path], bool]) -> Iterator[Path]:
+    """Yield a fresh temporary folder beside ``target``; on normal exit it replaces ``target`` whole.
+
+    An existing ``target`` is replaced only when ``replaceable(target)`` says it holds nothing but
+    what the caller writes (a folder of other files is refused, never deleted). The swap is one
+    atomic exchange where the system has one; elsewhere the old folder is renamed aside, the new
+    one renamed in and the old one removed. On an exception the temporary folder is removed and
+    ``target`` is untouched.
+    """
+    target = Path(target)
+    if target.exists() or target.is_symlink():
+        if not target.is_dir() or target.is_symlink():
+            raise BridgeError(f"cannot write a bundle folder at {target}: it exists and is not a folder")
+        if not replaceable(target):
+            raise BridgeError(f"refusing to replace {target}: it holds files that are not part of a bundle")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{TEMP_MARK}", dir=target.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
+        fsync_folder(tmp)
+        if not target.exists():
+            os.rename(tmp, target)
+        elif _exchange(tmp, target):
+            shutil.rmtree(tmp)  # now the old content
+        else:
+            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}{ASIDE_MARK}", dir=target.parent))
+            os.rmdir(aside)
+            os.rename(target, aside)
+            os.rename(tmp, target)
+            shutil.rmtree(aside, ignore_errors=True)
+        fsync_folder(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

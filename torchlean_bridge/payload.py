@@ -10,15 +10,15 @@ with several payloads (initial, trained, interval) and each can be checked again
 from __future__ import annotations
 
 import hashlib
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .errors import PayloadError
-from .graph import Graph
-from .ops import fmt_shape
+from .graph import Graph, Node
+from .ops import Shape, fmt_shape
 
-__all__ = ["Payload", "payload_errors", "tensor_sha256"]
+__all__ = ["Payload", "payload_errors", "foreign_record_errors", "role_shape", "tensor_sha256"]
 
 
 def tensor_sha256(a: np.ndarray) -> str:
@@ -102,19 +102,34 @@ class Payload:
         return f"Payload({len(self._records)} nodes, {len(self)} tensors, {self.num_parameters()} values)"
 
 
-def payload_errors(g: Graph, payload: Payload) -> list[PayloadError]:
-    """Every record that does not fit its node: unknown node, unknown role, missing role, shape."""
+def role_shape(node: Node, role: str, parent_shapes: Sequence[Shape]) -> Shape:
+    """The shape the registry's ParamRole declares for ``node``'s payload tensor ``role`` (the one
+    definition every reader, writer and evaluator uses)."""
+    for r in node.spec.params:
+        if r.name == role:
+            return tuple(r.shape(node.attrs, parent_shapes, node.out_shape))
+    raise KeyError(f"{node.kind} has no payload role {role!r}")
+
+
+def foreign_record_errors(g: Graph, payload: Payload) -> list[PayloadError]:
+    """Records keyed by a node that is not in the graph, or by a role its node does not have."""
     errors: list[PayloadError] = []
     for nid in payload.nodes():
         if not 0 <= nid < len(g.nodes):
             errors.append(PayloadError(f"payload: record for node {nid}, which is not in the graph", node=nid))
             continue
         node = g.nodes[nid]
-        roles = {r.name: r for r in (node.spec.params if node.spec else ())}
-        for role, arr in payload.record(nid).items():
+        roles = {r.name for r in (node.spec.params if node.spec else ())}
+        for role in payload.record(nid):
             if role not in roles:
                 errors.append(PayloadError(f"payload: node {nid} ({node.kind}) has no role `{role}`", node=nid,
                                            op=node.kind))
+    return errors
+
+
+def payload_errors(g: Graph, payload: Payload) -> list[PayloadError]:
+    """Every record that does not fit its node: unknown node, unknown role, missing role, shape."""
+    errors = foreign_record_errors(g, payload)
     for node in g.nodes:
         if node.spec is None:
             continue
@@ -127,7 +142,7 @@ def payload_errors(g: Graph, payload: Payload) -> list[PayloadError]:
                                                node=node.id, op=node.kind))
                 continue
             try:
-                want = tuple(role.shape(node.attrs, parent_shapes, node.out_shape))
+                want = role_shape(node, role.name, parent_shapes)
             except (IndexError, KeyError, ZeroDivisionError, TypeError):
                 continue  # the graph itself is malformed; check() reports that
             if tuple(arr.shape) != want:

@@ -23,8 +23,10 @@ import numpy as np
 from .check import DEFAULT_MAX_ELEMENTS
 from .errors import BridgeError, WireError
 from .graph import Graph, Node, Source
+from .fileio import read_capped
 from .ops import ELEMENT_TYPES, FLOAT, REGISTRY, Attr, OpSpec, fmt_shape, numel
-from .payload import Payload
+from .ops.contracts import MAX_RANK
+from .payload import Payload, role_shape
 
 __all__ = ["FORMAT", "load_graph", "parse_document", "loads_document", "dump_graph", "graph_to_wire",
            "dumps_document", "read_tensor"]
@@ -82,6 +84,8 @@ def _nats(v: Any, ctx: str) -> tuple[int, ...]:
 
 def _shape(v: Any, ctx: str, max_elements: int) -> tuple[int, ...]:
     s = _nats(v, ctx)
+    if len(s) > MAX_RANK:
+        raise _fail(f"{ctx}: declared shape has rank {len(s)}, above the limit of {MAX_RANK}")
     if numel(s) > max_elements:
         raise _fail(f"{ctx}: declared shape {fmt_shape(s)} has {numel(s)} elements, above the limit of "
                     f"{max_elements}")
@@ -146,15 +150,31 @@ def _decode_attrs(spec: OpSpec, raw: Mapping[str, Any], nid: int, max_elements: 
     return attrs
 
 
+def _leaves(value: Any, shape: tuple[int, ...], ctx: str) -> list:
+    """The numbers of a nested list that exactly matches ``shape``, row-major; JSON numbers only
+    (a bool or a string is not a number, whatever numpy would make of it)."""
+    level = [value]
+    for depth, extent in enumerate(shape):
+        nxt: list = []
+        for row in level:
+            if not isinstance(row, list) or len(row) != extent:
+                raise _fail(f"{ctx}: tensor does not match {fmt_shape(shape)}")
+            nxt.extend(row)
+        level = nxt
+    for x in level:
+        if type(x) is not float and type(x) is not int:
+            raise _fail(f"{ctx}: tensor entries must be numbers, got {_render(x)}")
+    return level
+
+
 def read_tensor(value: Any, shape: Sequence[int], ctx: str) -> np.ndarray:
     """TorchLean's ``parseTensor``: nested lists exactly matching ``shape``, finite numbers."""
     shape = tuple(shape)
+    leaves = _leaves(value, shape, ctx)
     try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (ValueError, TypeError, OverflowError):
-        raise _fail(f"{ctx}: tensor does not match {fmt_shape(shape)}") from None
-    if arr.shape != shape:
-        raise _fail(f"{ctx}: tensor does not match {fmt_shape(shape)}")
+        arr = np.array(leaves, dtype=np.float64).reshape(shape)
+    except OverflowError:
+        raise _fail(f"{ctx}: tensor contains NaN or Infinity") from None
     if not np.all(np.isfinite(arr)):
         raise _fail(f"{ctx}: tensor contains NaN or Infinity")
     return arr
@@ -296,12 +316,47 @@ def _stage_c(parsed: list[dict], strict: bool, max_elements: int) -> list[Node]:
     return nodes
 
 
-def _inline_payload(parsed: list[dict], nodes: list[Node]) -> Payload:
-    """TorchLean's ``parsePayload``: linear, conv, const values, layernorm, batch_norm_eval."""
+def _grouped(dense: np.ndarray, groups: int) -> np.ndarray:
+    """Dense ``[O, I, *k]`` (zeros off the diagonal blocks) to grouped ``[O, I/groups, *k]``."""
+    o, i, kernel = dense.shape[0], dense.shape[1], dense.shape[2:]
+    blocks = dense.reshape((groups, o // groups, groups, i // groups) + kernel)
+    diagonal = blocks[np.arange(groups), :, np.arange(groups)]  # [g, O/g, I/g, *k]
+    return diagonal.reshape((o, i // groups) + kernel)
+
+
+def _dense(grouped: np.ndarray, groups: int, in_channels: int) -> np.ndarray:
+    """Grouped ``[O, I/groups, *k]`` to dense ``[O, I, *k]``, the v1 wire layout."""
+    o, ig, kernel = grouped.shape[0], grouped.shape[1], grouped.shape[2:]
+    dense = np.zeros((groups, o // groups, groups, ig) + kernel)
+    dense[np.arange(groups), :, np.arange(groups)] = grouped.reshape((groups, o // groups, ig) + kernel)
+    return dense.reshape((o, in_channels) + kernel)
+
+
+def _conv_geometry(node: Node, ctx: str, max_elements: int) -> None:
+    """What reading an inline conv weight needs before any array is built (the rest is check()'s)."""
+    a, nid = node.attrs, node.id
+    if a["in_channels"] == 0:
+        raise _fail(f"{ctx}: convolution input channels must be nonzero", nid)
+    g = a["groups"]
+    if g == 0 or a["in_channels"] % g or a["out_channels"] % g:
+        raise _fail(f"{ctx}: groups {g} must be > 0 and divide in_channels {a['in_channels']} and out_channels "
+                    f"{a['out_channels']}", nid)
+    dense = (a["out_channels"], a["in_channels"], *a["kernel"])
+    if numel(dense) > max_elements:
+        raise _fail(f"{ctx}.weight: dense weight shape {fmt_shape(dense)} has {numel(dense)} elements, above "
+                    f"the limit of {max_elements}", nid)
+
+
+def _inline_payload(parsed: list[dict], nodes: list[Node], max_elements: int) -> Payload:
+    """TorchLean's ``parsePayload``: linear, conv, const values, layernorm, batch_norm_eval.
+
+    Role shapes come from the registry's ParamRole; linear records carry their own dimensions
+    (TorchLean's ``LinearWB``), which evaluation then checks against the node."""
     payload = Payload()
     for n, node in zip(parsed, nodes):
         raw, nid, kind = n["raw"], n["id"], node.kind
         ctx = f"node[{nid}]"
+        parents = [parsed[p]["shape"] for p in n["parents"]]
         if kind == "const" and "values" in raw:
             vals = read_tensor(_array(raw["values"], f"{ctx}.values"), (numel(node.out_shape),), f"{ctx}.values")
             payload.set(nid, "values", vals.reshape(node.out_shape))
@@ -312,27 +367,30 @@ def _inline_payload(parsed: list[dict], nodes: list[Node]) -> Payload:
             payload.set(nid, "bias", read_tensor(_field(raw, "bias", ctx), (out_dim,), f"{ctx}.bias"))
         elif kind == "conv" and "weight" in raw:
             a = node.attrs
-            if a["in_channels"] == 0:
-                raise _fail(f"{ctx}: convolution input channels must be nonzero", nid)
-            dense = read_tensor(raw["weight"], (a["out_channels"], a["in_channels"], *a["kernel"]), f"{ctx}.weight")
-            g, og, ig = a["groups"], a["out_channels"] // max(a["groups"], 1), a["in_channels"] // max(a["groups"], 1)
-            grouped = np.concatenate([dense[i * og:(i + 1) * og, i * ig:(i + 1) * ig] for i in range(g)], axis=0) \
-                if g > 1 else dense
-            payload.set(nid, "weight", grouped)
-            payload.set(nid, "bias", read_tensor(_field(raw, "bias", ctx), (a["out_channels"],), f"{ctx}.bias"))
+            _conv_geometry(node, ctx, max_elements)
+            grouped = role_shape(node, "weight", parents)
+            dense = read_tensor(raw["weight"], (grouped[0], a["in_channels"], *grouped[2:]), f"{ctx}.weight")
+            payload.set(nid, "weight", _grouped(dense, a["groups"]))
+            payload.set(nid, "bias", read_tensor(_field(raw, "bias", ctx), role_shape(node, "bias", parents),
+                                                 f"{ctx}.bias"))
             if "input_spatial" in raw and n["parents"]:
                 spatial = _nats(raw["input_spatial"], f"{ctx}.input_spatial")
-                parent = parsed[n["parents"][0]]["shape"][a["channel_axis"] + 1:]
+                parent = parents[0][a["channel_axis"] + 1:]
                 if spatial != tuple(parent):
                     raise _fail(f"{ctx}.input_spatial: payload input shape {fmt_shape(spatial)} does not match "
                                 f"parent shape {fmt_shape(parent)}", nid)
         elif kind in ("layernorm", "batch_norm_eval") and any(k in raw for k in _INLINE_ROLES[kind]):
-            if kind == "layernorm":
-                shape = tuple(parsed[n["parents"][0]]["shape"][node.attrs["axis"]:]) if n["parents"] else ()
-            else:
-                shape = (_nat(_field(raw, "channels", ctx), f"{ctx}.channels"),)
+            if kind == "layernorm" and (len(parents) != 1 or node.attrs["axis"] > len(parents[0])):
+                raise _fail(f"{ctx}: layernorm payload needs one parent with axis {node.attrs['axis']} within "
+                            f"its rank", nid)
+            if kind == "batch_norm_eval":
+                channels = _nat(_field(raw, "channels", ctx), f"{ctx}.channels")
+                if channels != node.attrs["channels"]:
+                    raise _fail(f"{ctx}.channels: payload has {channels} channels, the node {node.attrs['channels']}",
+                                nid)
             for field, role in _INLINE_ROLES[kind].items():
-                payload.set(nid, role, read_tensor(_field(raw, field, ctx), shape, f"{ctx}.{field}"))
+                payload.set(nid, role, read_tensor(_field(raw, field, ctx), role_shape(node, role, parents),
+                                                   f"{ctx}.{field}"))
     return payload
 
 
@@ -342,7 +400,7 @@ def parse_document(doc: Any, *, strict: bool = False,
     doc, parsed, outputs = _stage_a(doc, max_elements)
     inputs, outputs = _stage_b(doc, parsed, outputs, strict)
     nodes = _stage_c(parsed, strict, max_elements)
-    payload = _inline_payload(parsed, nodes)
+    payload = _inline_payload(parsed, nodes, max_elements)
     return Graph(nodes, inputs, outputs), payload
 
 
@@ -362,12 +420,7 @@ def _read_source(source: Any) -> Any:
         return loads_document(bytes(source))
     if isinstance(source, str) and source.lstrip().startswith("{"):
         return loads_document(source)
-    try:
-        with open(source, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise BridgeError(f"cannot read graph document {source}: {e.strerror or e}") from None
-    return loads_document(data)
+    return loads_document(read_capped(source, "graph document"))
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -441,12 +494,8 @@ def _inline_fields(node: Node, g: Graph, payload: Payload) -> dict[str, Any]:
                 "bias": _tensor_json(rec["bias"])}
     if kind == "conv":
         w = np.asarray(rec["weight"], dtype=np.float64)
-        g_, og, ig = a["groups"], a["out_channels"] // a["groups"], a["in_channels"] // a["groups"]
-        dense = np.zeros((a["out_channels"], a["in_channels"], *a["kernel"]))
-        for i in range(g_):
-            dense[i * og:(i + 1) * og, i * ig:(i + 1) * ig] = w[i * og:(i + 1) * og]
         pshape = g.nodes[node.parents[0]].out_shape
-        return {"weight": _tensor_json(dense), "bias": _tensor_json(rec["bias"]),
+        return {"weight": _tensor_json(_dense(w, a["groups"], a["in_channels"])), "bias": _tensor_json(rec["bias"]),
                 "input_spatial": list(pshape[a["channel_axis"] + 1:])}
     if kind in _INLINE_ROLES:
         out: dict[str, Any] = {}
@@ -456,7 +505,7 @@ def _inline_fields(node: Node, g: Graph, payload: Payload) -> dict[str, Any]:
             if role in rec:
                 out[field] = _tensor_json(rec[role])
             elif kind == "layernorm":
-                shape = g.nodes[node.parents[0]].out_shape[a["axis"]:]
+                shape = role_shape(node, role, [g.nodes[p].out_shape for p in node.parents])
                 out[field] = _tensor_json(np.ones(shape) if role == "weight" else np.zeros(shape))
         return out
     return {}

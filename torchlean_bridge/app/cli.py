@@ -28,6 +28,9 @@ COMMANDS = {
     "abi": "abi",
     "audit": "audit",
     "diff": "diff",
+    "plan": "plan",
+    "init": "init",
+    "verify": "verify",
 }
 
 

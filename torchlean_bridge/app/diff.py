@@ -28,7 +28,7 @@ from semantics.evaluate import input_sets
 __all__ = ["diff", "DiffReport", "NodeDiff", "make_inputs", "match_nodes", "ulp_distance",
            "feeding_keys", "provenance", "AGAINST"]
 
-AGAINST = ("torch", "onnxruntime", "reference-evaluator")
+AGAINST = ("torch", "onnxruntime", "reference-evaluator", "plan")
 
 # budget = max(SAFETY * (our float32 - float64 gap), FLOOR_ULPS float32 ulps of the node's scale)
 SAFETY = 16.0
@@ -434,8 +434,11 @@ def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
 
 def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model: Any = None,
          inputs: Any = None, random: int = 4, seed: int = 0, per_node: bool = True,
-         advance: Callable[[], None] | None = None) -> DiffReport:
+         advance: Callable[[], None] | None = None, plan: Any = None) -> DiffReport:
     """Compare ``bundle`` (our float64 reference, budgets from our float32) with an oracle.
+
+    ``against="plan"``: the oracle is ``plan``'s execution in float32 (each node by its planned
+    provider, see ``app/plan_exec.py``), matched node by node.
 
     ``inputs``: one input set (arrays in graph-input order, or one array) or a list of sets; without
     them ``random`` seeded sets are generated. ``advance`` is called after each input set (progress).
@@ -450,7 +453,13 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         generated = make_inputs(g, max(int(random), 1), seed)
         sets = [(f"input {k} ({kind})", arrays) for k, (kind, arrays) in enumerate(generated)]
     ours64, ours32 = R.EvaluatorRunner(bundle, "float64"), R.EvaluatorRunner(bundle, "float32")
-    oracle, framework = _oracle(bundle, against, module, onnx_model, sets[0][1])
+    if against == "plan":
+        if plan is None:
+            raise BridgeError("diff against a kernel plan needs the plan (plan=...)")
+        from .plan_exec import PlanRunner
+        oracle, framework = PlanRunner(bundle, plan), {n.id: PlanRunner.key(n.id) for n in g.nodes}
+    else:
+        oracle, framework = _oracle(bundle, against, module, onnx_model, sets[0][1])
     sets = [(label, oracle.rounded(arrays)) for label, arrays in sets]
     title = f"diff against {oracle.name}"
     report = DiffReport(title=title, against=oracle.name, inputs=[label for label, _ in sets])

@@ -8,8 +8,10 @@ bare TorchLean rule message.
 
 from __future__ import annotations
 
+import contextvars
 import math
-from typing import Callable, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 from ..errors import ShapeRuleError
 
@@ -31,9 +33,57 @@ __all__ = [
     "slice_extent",
     "check_axis",
     "resolve_reshape",
+    "MAX_RANK",
+    "DEFAULT_ELEMENT_LIMIT",
+    "element_limit",
+    "current_element_limit",
+    "check_buffer",
+    "window_buffers",
 ]
 
 Shape = tuple[int, ...]
+
+# numpy holds at most 64 axes; a declared rank above this is refused where it is read
+MAX_RANK = 32
+# the most elements one declared shape, or one buffer an op's evaluation allocates, may have
+DEFAULT_ELEMENT_LIMIT = 2 ** 31
+_ELEMENT_LIMIT: contextvars.ContextVar[int] = contextvars.ContextVar("element_limit", default=DEFAULT_ELEMENT_LIMIT)
+
+
+@contextmanager
+def element_limit(limit: int) -> Iterator[int]:
+    """Run a block (``check``, evaluation) with another element limit for shapes and buffers."""
+    token = _ELEMENT_LIMIT.set(int(limit))
+    try:
+        yield int(limit)
+    finally:
+        _ELEMENT_LIMIT.reset(token)
+
+
+def current_element_limit() -> int:
+    return _ELEMENT_LIMIT.get()
+
+
+def check_buffer(elements: int, what: str, tag: str) -> None:
+    """Refuse, in the shape rule, a buffer evaluation would allocate past the element limit: the rule
+    runs in ``check`` before any semantics, so the allocation never happens."""
+    limit = _ELEMENT_LIMIT.get()
+    if elements > limit:
+        raise ShapeRuleError(f"{tag}: evaluating it needs {what} of {elements} elements, above the limit of {limit}")
+
+
+def window_buffers(p: Shape, out: Shape, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                   padding_after: Sequence[int], tag: str) -> None:
+    """Buffers of a pooling window over the trailing ``len(kernel)`` axes: the padded input, the
+    per-axis window tables (``out * kernel``) and the window reads (``numel(out) * prod(kernel)``)."""
+    r = len(kernel)
+    lead, spatial, out_spatial = p[:len(p) - r], p[len(p) - r:], out[len(out) - r:]
+    # (ceil mode may pad up to one stride more on the far side)
+    padded = numel(lead) * math.prod(n + b + a + s for n, b, a, s in zip(spatial, padding, padding_after, stride))
+    check_buffer(padded, "a padded input", tag)
+    for o, k in zip(out_spatial, kernel):
+        check_buffer(o * k, "a window table", tag)
+    check_buffer(numel(out) * math.prod(kernel), "window reads", tag)
 
 
 def fmt_shape(shape: Sequence[int]) -> str:
@@ -144,6 +194,13 @@ def v1_pool_out_dim(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
 
+def _per_axis(tag: str, spatial_rank: int, **lists: Sequence[int]) -> None:
+    """Every per-axis attribute has one entry per spatial axis (importers build attrs from files)."""
+    for name, values in lists.items():
+        if len(values) != spatial_rank:
+            raise ShapeRuleError(f"{tag}: {name} has {len(values)} entries, expected spatial rank {spatial_rank}")
+
+
 def _conv_shape(p: Shape, extent: Callable[[int, int], int], *, spatial_rank: int, kernel: Sequence[int],
                 stride: Sequence[int], dilation: Sequence[int], groups: int, channel_axis: int, in_channels: int,
                 out_channels: int, tag: str) -> Shape:
@@ -183,6 +240,7 @@ def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride
                    groups: int, channel_axis: int, in_channels: int, out_channels: int,
                    tag: str = "conv") -> Shape:
     """``OpContracts.inferConvConfigOutShape``, checks in TorchLean's order."""
+    _per_axis(tag, spatial_rank, stride=stride, padding=padding, padding_after=padding_after, dilation=dilation)
     def extent(k: int, axis: int) -> int:
         d = window_out_dim(p[axis], kernel[k], stride[k], padding[k], padding_after[k], dilation[k])
         if d is None:
@@ -191,9 +249,15 @@ def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride
                 f"{tag}: axis {axis} window does not fit padded input: input={p[axis]}, "
                 f"padding=({padding[k]}, {padding_after[k]}), effectiveKernel={eff}")
         return d
-    return _conv_shape(p, extent, spatial_rank=spatial_rank, kernel=kernel, stride=stride, dilation=dilation,
-                       groups=groups, channel_axis=channel_axis, in_channels=in_channels,
-                       out_channels=out_channels, tag=tag)
+    out = _conv_shape(p, extent, spatial_rank=spatial_rank, kernel=kernel, stride=stride, dilation=dilation,
+                      groups=groups, channel_axis=channel_axis, in_channels=in_channels,
+                      out_channels=out_channels, tag=tag)
+    # the padded input, and one output row of the im2col matrix (the smallest block it is built in)
+    check_buffer(numel(p[:channel_axis + 1]) * math.prod(n + b + a for n, b, a in
+                                                           zip(p[channel_axis + 1:], padding, padding_after)),
+                 "a padded input", tag)
+    check_buffer(in_channels * math.prod(kernel) * numel(out[channel_axis + 2:]), "an im2col block", tag)
+    return out
 
 
 def conv_transpose_full_dim(size: int, kernel: int, stride: int, dilation: int) -> int:
@@ -209,6 +273,8 @@ def conv_transpose_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[in
                              tag: str = "conv_transpose") -> Shape:
     """PyTorch's ``conv_transposeNd`` / ONNX ``ConvTranspose`` extent per spatial axis:
     ``(in - 1)*stride + dilation*(kernel - 1) + 1 - padding - padding_after + output_padding``."""
+    _per_axis(tag, spatial_rank, stride=stride, padding=padding, padding_after=padding_after,
+              output_padding=output_padding, dilation=dilation)
     def extent(k: int, axis: int) -> int:
         if output_padding[k] >= max(stride[k], dilation[k]):
             raise ShapeRuleError(f"{tag}: axis {axis} output_padding {output_padding[k]} must be smaller than "
@@ -221,9 +287,16 @@ def conv_transpose_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[in
             raise ShapeRuleError(f"{tag}: axis {axis} output extent {d} is not positive (input={p[axis]}, "
                                  f"padding=({padding[k]}, {padding_after[k]}), output_padding={output_padding[k]})")
         return d
-    return _conv_shape(p, extent, spatial_rank=spatial_rank, kernel=kernel, stride=stride, dilation=dilation,
-                       groups=groups, channel_axis=channel_axis, in_channels=in_channels,
-                       out_channels=out_channels, tag=tag)
+    out = _conv_shape(p, extent, spatial_rank=spatial_rank, kernel=kernel, stride=stride, dilation=dilation,
+                      groups=groups, channel_axis=channel_axis, in_channels=in_channels,
+                      out_channels=out_channels, tag=tag)
+    # per sample: every (input cell, kernel offset) contribution, and the uncropped output
+    spatial = p[channel_axis + 1:]
+    check_buffer(out_channels * math.prod(kernel) * numel(spatial), "a contribution matrix", tag)
+    check_buffer(out_channels * math.prod(conv_transpose_full_dim(n, k, s, d)
+                                          for n, k, s, d in zip(spatial, kernel, stride, dilation)),
+                 "an uncropped output", tag)
+    return out
 
 
 def reduce_shape(p: Shape, axes: Sequence[int], keepdim: bool, tag: str) -> Shape:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import ShapeRuleError
 from .contracts import (Shape, can_broadcast_to, check_axis, conv_transpose_out_shape, fmt_shape, reduce_shape,
                         slice_extent,
-                        v1_pool_out_dim, window_out_dim)
+                        v1_pool_out_dim, window_buffers, window_out_dim)
 from .registry import BOOL, ELEMENT_TYPES, FLOAT, INT64, Attr, OpSpec, ParamRole, register, same_as_parent
 from .v1 import CONV_ATTRS, _axis_keep, _identity, _same_shape
 
@@ -283,6 +283,8 @@ def _pool_nd(tag: str):
             if o is None or o <= 0:
                 raise ShapeRuleError(f"{tag}: window does not fit axis {len(lead) + i} of extent {spatial[i]}")
             out.append(o)
+        window_buffers(s, lead + tuple(out), attrs["kernel"], attrs["stride"], attrs["padding"],
+                       attrs["padding_after"], tag)
         return lead + tuple(out)
     return rule
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import ShapeRuleError
 from .contracts import (Shape, can_broadcast_to, check_axis, concat_shape, conv_out_shape, fmt_array,
-                        fmt_shape, matmul_dims, numel, v1_pool_out_dim)
+                        fmt_shape, matmul_dims, numel, v1_pool_out_dim, window_buffers)
 from .registry import FLOAT, Attr, OpSpec, ParamRole, register, same_as_parent
 
 A = Mapping[str, Any]
@@ -149,7 +149,9 @@ def _pool(tag: str):
             raise ShapeRuleError(f"{tag}: stride extents must be nonzero")
         lead = tuple(s[:len(s) - r])
         spatial = s[len(s) - r:]
-        return lead + tuple(v1_pool_out_dim(spatial[i], kernel[i], stride[i], padding[i]) for i in range(r))
+        out = lead + tuple(v1_pool_out_dim(spatial[i], kernel[i], stride[i], padding[i]) for i in range(r))
+        window_buffers(s, out, kernel, stride, padding, padding, tag)
+        return out
     return rule
 
 

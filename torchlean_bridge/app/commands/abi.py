@@ -14,9 +14,14 @@ HELP = "print the parameter ABI: ordered slots (node, op, role, shape, dtype, ke
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="BUNDLE", help="bundle folder or torchlean.ir.v1 JSON file")
     p.add_argument("--json", action="store_true", help="print the ABI as JSON instead of a table")
+    p.add_argument("--summary", action="store_true", help="print the GraphSpec view: params and state per layer")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.summary:
+        from ..summary import summary
+        print(summary(read_bundle(args.path)))
+        return 0
     slots = abi(read_bundle(args.path))
     print(json.dumps(slots.to_json(), indent=1) if args.json else format_abi(slots))
     return 0

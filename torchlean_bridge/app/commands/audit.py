@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from ...errors import BridgeError
 from ...fileio import atomic_write_text
-from .common import read_array, read_bundle
+from .common import MAX_SAMPLES, bounded_int, read_array, read_bundle
 
 HELP = "bind a checkpoint and audit its key->role mapping (exit 0 clean, 1 any finding that is an error)"
 DESCRIPTION = (HELP + ". With --reference, the bound graph is compared with the trusted module on the given "
@@ -41,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from importers.checkpoints import load_checkpoint
 
     from ..audit import audit
+    bounded_int(args.samples, "audit: --samples", 0, MAX_SAMPLES)
+    bounded_int(args.seed, "audit: --seed")
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:
+        raise BridgeError(f"audit: --tolerance must be a finite number >= 0, got {args.tolerance}")
     bundle = read_bundle(args.bundle)
     ckpt = load_checkpoint(args.checkpoint, strip_prefix=None if args.keep_prefix else "module.")
     if args.reference and args.golden:

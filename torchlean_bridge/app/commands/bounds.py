@@ -12,7 +12,7 @@ import numpy as np
 
 from ...errors import BridgeError, IntervalError
 from ...report import jsonable
-from .common import format_vector, read_array, read_bundle
+from .common import MAX_SAMPLES, bounded_int, format_vector, read_array, read_bundle
 
 HELP = "interval bounds of every node over an l-inf ball around --center, checked by sampling"
 
@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from semantics.sampling import check_containment
     if not math.isfinite(args.radius) or args.radius < 0:
         raise BridgeError(f"bounds: --radius must be a finite number >= 0, got {args.radius}")
-    if args.samples < 0:
-        raise BridgeError(f"bounds: --samples must be >= 0, got {args.samples}")
+    bounded_int(args.samples, "bounds: --samples", 0, MAX_SAMPLES)
+    bounded_int(args.seed, "bounds: --seed")
     bundle = read_bundle(args.path)
     g = bundle.graph
     centers = [read_array(f) for f in args.center]

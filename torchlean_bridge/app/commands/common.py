@@ -13,7 +13,7 @@ import numpy as np
 from ...bundle import Bundle
 from ...errors import BridgeError
 
-__all__ = ["read_bundle", "read_array", "progress", "format_vector", "load_factory"]
+__all__ = ["read_bundle", "read_array", "progress", "format_vector", "load_factory", "bounded_int", "MAX_SAMPLES"]
 
 
 def read_bundle(path: str) -> Bundle:
@@ -22,11 +22,33 @@ def read_bundle(path: str) -> Bundle:
     return load(Path(path))
 
 
+MAX_SAMPLES = 10_000  # sampled or generated input sets a command evaluates, one at a time
+MAX_SEED = 2 ** 63 - 1
+
+
+def bounded_int(value: int, option: str, low: int = 0, high: int = MAX_SEED) -> int:
+    """A command-line integer within ``[low, high]``, else one clear BridgeError line (exit 2)."""
+    if not low <= value <= high:
+        raise BridgeError(f"{option} must be between {low} and {high}, got {value}")
+    return value
+
+
 def read_array(path: str) -> np.ndarray:
+    """A .npy file, memory-mapped until its header is known to fit (never a pickle)."""
+    from ...fileio import regular_file_size
+    from ...ops.contracts import DEFAULT_ELEMENT_LIMIT
+    if regular_file_size(path, "array") == 0:
+        raise BridgeError(f"cannot read array {path}: the file is empty")
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
         raise BridgeError(f"cannot read array {path}: {e}") from None
+    if not isinstance(arr, np.ndarray):  # an .npz archive
+        raise BridgeError(f"cannot read array {path}: expected one .npy array, got an archive")
+    if arr.size > DEFAULT_ELEMENT_LIMIT:
+        raise BridgeError(f"cannot read array {path}: {arr.size} elements, above the limit of "
+                          f"{DEFAULT_ELEMENT_LIMIT}")
+    return np.array(arr)
 
 
 def format_vector(a: Any, digits: int = 6) -> str:

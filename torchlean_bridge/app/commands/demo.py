@@ -26,6 +26,7 @@ from ...fileio import atomic_write_bytes, atomic_write_text
 from ...pretty import listing
 from ...seed import BIAS_PAIR, SEED_WEIGHTS, SEED_X0
 from .common import format_vector, iterate
+from .demo_init_plan import init_and_plan_story
 
 HELP = "run the end-to-end story on the built-in seed models"
 RADIUS = 0.05
@@ -230,9 +231,13 @@ def run(args: argparse.Namespace) -> int:
     show_bounds(bundles["fx"])
     write_exports(bundles["fx"], out)
     caught = swapped_biases(out)
+    story = init_and_plan_story(bundles["fx"], section)
     print(f"\ndone; artefacts in {out}/: {', '.join(sorted(p.name for p in out.iterdir()))}")
     if not (agree and caught):
         print("demo FAILED: " + ("an import disagrees with its oracle" if not agree else
                                  "the exchanged biases were not caught"))
+        return 1
+    if not story:
+        print("demo FAILED: PyTorch or the libtorch plan disagrees with the reference on the init-and-plan story")
         return 1
     return 0

@@ -7,7 +7,7 @@ import json
 
 from ...errors import BridgeError
 from ...fileio import atomic_write_text
-from .common import load_factory, progress, read_array, read_bundle
+from .common import MAX_SAMPLES, bounded_int, load_factory, progress, read_array, read_bundle
 
 HELP = "differential test against PyTorch or onnxruntime; exit 1 on divergence"
 DESCRIPTION = ("Evaluate the bundle with our float64 reference semantics and compare every node that has a "
@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..diff import diff
+    bounded_int(args.random, "diff: --random", 0, MAX_SAMPLES)
+    bounded_int(args.seed, "diff: --seed")
     bundle = read_bundle(args.bundle)
     if args.against == "torch" and not args.reference:
         raise BridgeError("--against torch needs --reference FILE.py:FACTORY")

@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="evaluation domain: float64 (TorchLean's binary64, default) or float32")
     p.add_argument("--all-nodes", action="store_true", help="print every node's value, not just the outputs")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plan", metavar="PLAN", help="run each node with its provider in a saved kernel plan "
+                                                  "(a plan file, or a bundle folder holding kernel_plan.json)")
 
 
 def format_value(a: np.ndarray) -> str:
@@ -36,7 +38,13 @@ def run(args: argparse.Namespace) -> int:
     bundle = read_bundle(args.path)
     g = bundle.graph
     inputs = [read_array(f) for f in args.input]
-    values = evaluate(g, bundle.payload, inputs, dtype=args.dtype, all_nodes=args.all_nodes)
+    if args.plan:  # see `torchlean-bridge plan --save`
+        from ..kernel_plan import load_plan
+        from ..plan_exec import execute_plan
+        values = execute_plan(g, bundle.payload, inputs, load_plan(args.plan, g), dtype=args.dtype,
+                              all_nodes=args.all_nodes)
+    else:
+        values = evaluate(g, bundle.payload, inputs, dtype=args.dtype, all_nodes=args.all_nodes)
     ids = list(range(len(g))) if args.all_nodes else list(g.outputs)
     table = values if args.all_nodes else dict(zip(g.outputs, values))
     if args.json:

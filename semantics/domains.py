@@ -1,0 +1,199 @@
+"""The one evaluator loop, over semantic domains: float64, float32, interval (and linear bounds to come).
+
+``run`` walks the nodes left to right (no recursion, so depth is unlimited), gives each node its
+parents' values and its payload record, calls the domain's rule for the node's kind, checks the
+result against the node's declared shape, and drops every value right after its last reader unless
+the whole table is asked for, so memory follows the live frontier, not the graph, in every domain.
+
+Errors. A rule refuses bad input by raising ``BridgeError`` (payload mismatch, a domain violation)
+or the domain's refusal type (``DomainError`` for intervals), which becomes the domain's error naming
+the node. Anything else a rule raises is either a malformed node that ``check`` was told not to
+look at (``check=False``: the node's own shape rule then reports it, as TorchLean's ``denoteAll``
+checks each node locally) or a bug: a bug keeps its traceback, with the node added as a note, the
+way ``torch.fx.Interpreter`` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from torchlean_bridge.errors import BridgeError, EvalError, IntervalError
+from torchlean_bridge.graph import Graph, Node
+from torchlean_bridge.ops import BOOL, INT64, fmt_shape
+
+from .interval_arith import DomainError
+from .interval_round import clean
+from .records import fail
+from .rules import FLOAT_RULES, INTERVAL_RULES
+
+__all__ = ["Domain", "FloatDomain", "IntervalDomain", "run", "node_value", "dead_after", "DTYPES"]
+
+Record = Mapping[str, np.ndarray]
+DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
+_RESULT_KINDS = {INT64: np.dtype(np.int64), BOOL: np.dtype(bool)}
+
+
+class Domain:
+    """What the loop needs from a domain: its rule table and how it calls, checks and reports."""
+
+    name: str
+    rules: Mapping[str, Callable[..., Any]]
+    refusals: tuple[type[Exception], ...] = ()
+
+    def call(self, rule: Callable[..., Any], node: Node, parents: Sequence[Any], record: Record) -> Any:
+        raise NotImplementedError
+
+    def finish(self, node: Node, value: Any) -> Any:
+        """The rule's result checked against the node (shape, element type)."""
+        raise NotImplementedError
+
+    def shape(self, value: Any) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def fail(self, node: Node, message: str) -> BridgeError:
+        raise NotImplementedError
+
+    def no_rule(self, node: Node) -> BridgeError:
+        return self.fail(node, f"no {self.name} rule for op kind `{node.kind}`")
+
+
+class FloatDomain(Domain):
+    """TorchLean's ``denote`` at Float (binary64, the reference) or binary32 (PyTorch's arithmetic)."""
+
+    rules = FLOAT_RULES
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.name = dtype.name
+
+    def call(self, rule, node, parents, record):
+        return np.asarray(rule(node, parents, record, self.dtype))
+
+    def finish(self, node, value):
+        if value.shape != node.out_shape:
+            raise fail(node, f"IR eval: node {node.id}: produced shape mismatch: produced={fmt_shape(value.shape)}, "
+                             f"declared={fmt_shape(node.out_shape)} ({node.summary()})")
+        want = _RESULT_KINDS.get(node.dtype, self.dtype)
+        return value if value.dtype == want else value.astype(want)
+
+    def shape(self, value):
+        return value.shape
+
+    def fail(self, node, message):
+        return fail(node, message if message.startswith("IR eval") else f"IR eval: node {node.id}: {message}")
+
+    def no_rule(self, node):
+        return fail(node, f"IR eval: node {node.id}: no float semantics for op kind `{node.kind}`")
+
+
+class IntervalDomain(Domain):
+    """Boxes ``(lo, hi)`` of float64 arrays enclosing each node's exact real value."""
+
+    name = "interval"
+    rules = INTERVAL_RULES
+    refusals = (DomainError,)
+
+    def call(self, rule, node, parents, record):
+        lo, hi = rule(node, parents, record)
+        return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+
+    def finish(self, node, value):
+        lo, hi = clean(*value)
+        if lo.shape != node.out_shape or hi.shape != node.out_shape:
+            raise self.fail(node, f"rule produced shape {fmt_shape(lo.shape)}, declared {fmt_shape(node.out_shape)}")
+        return lo, hi
+
+    def shape(self, value):
+        return value[0].shape
+
+    def fail(self, node, message):
+        return IntervalError(f"interval: node {node.id} ({node.kind}): {message}", node=node.id, op=node.kind,
+                             source=str(node.source) if node.source else None)
+
+
+def _malformed(node: Node, parent_shapes: Sequence[tuple[int, ...]]) -> str | None:
+    """The node's own shape rule on its parents' shapes: its message if the node is malformed."""
+    spec = node.spec
+    if spec is None:
+        return f"unknown op kind `{node.kind}`"
+    try:
+        inferred = tuple(spec.infer(node.attrs, list(parent_shapes), node.out_shape))
+    except BridgeError as e:  # ShapeRuleError (a bare rule message) or GraphError (attributes)
+        return f"{node.kind}: {e.message}"
+    if inferred != tuple(node.out_shape):
+        return (f"outShape mismatch: inferred={fmt_shape(inferred)}, declared={fmt_shape(node.out_shape)} "
+                f"({node.summary()})")
+    return None
+
+
+def node_value(domain: Domain, node: Node, parents: Sequence[Any], record: Record) -> Any:
+    """One node's value in ``domain`` (inside the caller's ``np.errstate``)."""
+    rule = domain.rules.get(node.kind)
+    if rule is None:
+        raise domain.no_rule(node)
+    try:
+        value = domain.call(rule, node, parents, record)
+    except BridgeError:
+        raise
+    except domain.refusals as e:
+        raise domain.fail(node, str(e)) from None
+    except Exception as e:
+        malformed = _malformed(node, [domain.shape(p) for p in parents]) if node.kind != "input" else None
+        if malformed is not None:
+            raise domain.fail(node, malformed) from e
+        e.add_note(f"while evaluating node {node.id} in the {domain.name} domain: {node.summary()}")
+        raise
+    return domain.finish(node, value)
+
+
+def dead_after(g: Graph) -> list[list[int]]:
+    """For each node id, the values whose last reader it is (freed right after it runs)."""
+    frees: list[list[int]] = [[] for _ in g.nodes]
+    for nid, last in enumerate(g.last_use()):
+        if last < len(g.nodes):
+            frees[last].append(nid)
+    return frees
+
+
+def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[int], Record],
+        all_nodes: bool = False, frees: Sequence[Sequence[int]] | None = None) -> list[Any]:
+    """The value of every node (``all_nodes``) or of the outputs, in ``domain``.
+
+    ``seeds`` maps each input node id to its value (the caller's array, or a box) as read at entry;
+    ``record(nid)`` is the node's payload record; ``frees`` (``dead_after(g)``) may be passed by a
+    caller that evaluates one graph many times.
+    """
+    values: list[Any] = [None] * len(g.nodes)
+    if not all_nodes and frees is None:
+        frees = dead_after(g)
+    with np.errstate(all="ignore"):  # partial ops check their domains; overflow to inf is a value
+        for node in g.nodes:
+            if node.kind == "input":
+                if node.id not in seeds:
+                    raise domain.fail(node, "input node is not listed among the graph inputs")
+                parents = [seeds[node.id]]
+            else:
+                parents = [_parent(domain, node, p, values) for p in node.parents]
+            values[node.id] = node_value(domain, node, parents, record(node.id))
+            if not all_nodes:
+                for dead in frees[node.id]:  # type: ignore[index]
+                    values[dead] = None
+    if all_nodes:
+        return values
+    out = []
+    for o in g.outputs:
+        if not 0 <= o < len(values):
+            raise EvalError(f"IR eval: outputId out of bounds: {o}")
+        out.append(values[o])
+    return out
+
+
+def _parent(domain: Domain, node: Node, p: int, values: list[Any]) -> Any:
+    value = values[p] if 0 <= p < len(values) else None
+    if value is None:
+        available = sum(v is not None for v in values)
+        raise domain.fail(node, f"parent {p} has not been evaluated (available values: {available}) "
+                                f"({node.summary()})")
+    return value

@@ -1,0 +1,69 @@
+"""A graph with its payload prepared once for repeated evaluation and bounding (``tlb.prepare``).
+
+``evaluate`` and ``interval_bounds`` check the graph and convert the payload on every call (float64
+copies of float32 weights, float64 weights and |W| for the interval domain): for a small MLP at
+batch 1 that conversion is most of an IBP call. ``prepare(g, payload)`` checks the graph and reads
+every payload record once (payload errors surface here, with the evaluator's messages), converts
+the records for a domain the first time that domain is used, and precomputes the dead-value
+schedule; each call then only runs the loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from torchlean_bridge.check import check
+from torchlean_bridge.graph import Graph
+from torchlean_bridge.payload import Payload
+
+from .domains import Domain, dead_after, run
+from .evaluate import float_domain, input_list
+from .interval import DOMAIN as INTERVAL, input_boxes
+from .interval_round import Box
+from .records import domain_records, read_payload
+from .rules import FLOAT_RULES, INTERVAL_RULES
+
+__all__ = ["prepare", "Prepared"]
+
+
+class Prepared:
+    """``g`` checked and its payload read once; ``.evaluate`` and ``.interval_bounds`` as the
+    module-level functions, without the per-call checks and conversions."""
+
+    def __init__(self, g: Graph, payload: Payload | None) -> None:
+        check(g)
+        self.graph = g
+        self._typed = read_payload(g, payload if payload is not None else Payload())
+        self._frees = dead_after(g)
+        self._records: dict[str, list[dict]] = {}
+
+    def _domain_records(self, domain: Domain) -> list[dict]:
+        records = self._records.get(domain.name)
+        if records is None:
+            if domain is INTERVAL:
+                records = domain_records(self.graph, self._typed, INTERVAL_RULES.params)
+            else:
+                records = domain_records(self.graph, self._typed, FLOAT_RULES.params, domain.dtype)
+            self._records[domain.name] = records
+        return records
+
+    def evaluate(self, inputs: Any, dtype: str = "float64", all_nodes: bool = False) -> list[np.ndarray]:
+        """As ``tlb.evaluate(g, payload, inputs, dtype=..., all_nodes=...)``."""
+        domain = float_domain(dtype)
+        seeds = dict(zip(self.graph.inputs, input_list(inputs, len(self.graph.inputs))))
+        return run(self.graph, domain, seeds, self._domain_records(domain).__getitem__, all_nodes=all_nodes,
+                   frees=self._frees)
+
+    def interval_bounds(self, lower: Any, upper: Any, all_nodes: bool = True) -> list[Box]:
+        """As ``tlb.interval_bounds(g, payload, lower, upper, all_nodes=...)``."""
+        seeds = input_boxes(self.graph, lower, upper)
+        return run(self.graph, INTERVAL, seeds, self._domain_records(INTERVAL).__getitem__, all_nodes=all_nodes,
+                   frees=self._frees)
+
+
+def prepare(g: Graph, payload: Payload | None) -> Prepared:
+    """``g`` with ``payload`` prepared for repeated ``.evaluate(inputs, dtype=...)`` and
+    ``.interval_bounds(lower, upper)`` calls."""
+    return Prepared(g, payload)

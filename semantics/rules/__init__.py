@@ -1,0 +1,22 @@
+"""Every op's rules, grouped by op family, each family holding its ops' float and interval rules side
+by side: ``layout`` (leaves, data movement, cast), ``indexing``, ``elementwise`` (arithmetic, math
+functions, comparisons, logic), ``activations``, ``reductions``, ``normalization``, ``softmax``,
+``affine`` (linear, matmul, conv), ``pooling`` (and resampling), ``rng``. Importing the package fills
+the domain tables ``FLOAT_RULES`` and ``INTERVAL_RULES`` (``table.py``); both cover the registry.
+"""
+
+from __future__ import annotations
+
+from torchlean_bridge.ops import REGISTRY
+
+from . import activations, affine, elementwise, indexing, layout, normalization, pooling, reductions, rng, softmax
+from .layout import NO_INTERVAL_RULE
+from .table import FLOAT_RULES, INTERVAL_RULES, POINTWISE_INTERVAL_KINDS
+
+__all__ = ["FLOAT_RULES", "INTERVAL_RULES", "NO_INTERVAL_RULE", "POINTWISE_INTERVAL_KINDS"]
+
+FAMILIES = (layout, indexing, elementwise, activations, reductions, normalization, softmax, affine, pooling, rng)
+
+for _table in (FLOAT_RULES, INTERVAL_RULES):
+    _missing = sorted(set(REGISTRY) - set(_table))
+    assert not _missing, f"ops without a {_table.domain} rule: {_missing}"

@@ -1,0 +1,270 @@
+"""Activations: relu and its relatives, sigmoid, softplus, safe_log, gelu/erf, silu, mish, hardswish, ...
+
+Interval rules are tight ranges, not codomain shortcuts. Non-monotone functions use their true
+extrema: gelu, silu, mish and hardswish have one global minimum (location and value precomputed with
+mpmath to 20 digits; the location is enclosed with a margin and the value rounded down, so the rule
+stays sound). Point values are enclosed by composing ``interval_arith``'s outward-rounded steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .. import interval_arith as ia
+from ..float_special import erf
+from ..interval_arith import DomainError, enclose_constant, erf_at, exp_at, expm1_at, log1p_at, log_at, monotone, \
+    tanh_at
+from ..interval_round import Box, down
+from .table import domain_error, float_rule, float_unary, interval_pointwise, interval_rule, on_ends
+
+__all__ = ["sigmoid", "softplus", "sigmoid_at", "softplus_at", "SELU_ALPHA", "SELU_SCALE"]
+
+PointFn = Callable[[np.ndarray], Box]
+
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
+INV_SQRT2 = enclose_constant(1.0 / math.sqrt(2.0))
+SQRT_2_OVER_PI = enclose_constant(_SQRT_2_OVER_PI)
+
+# -- piecewise linear -------------------------------------------------------------------------
+
+float_unary("relu", lambda x: np.maximum(x, 0))
+
+
+@float_rule("clamp")
+def clamp(node, xs, rec, dt):
+    y, lo, hi = xs[0], node.attrs["min"], node.attrs["max"]
+    if lo is not None:
+        y = np.maximum(y, lo)
+    if hi is not None:
+        y = np.minimum(y, hi)
+    return y
+
+
+on_ends("relu", "clamp")
+
+
+def _neg_part(a: Box) -> Box:
+    return np.minimum(a[0], 0.0), np.minimum(a[1], 0.0)
+
+
+def join_at_zero(a: Box, tail: Box) -> Box:
+    """x for x >= 0 joined to ``tail`` (the box of the x <= 0 piece on the clipped box, tail(0) = 0).
+    On a box straddling 0 the range is the hull of the two pieces, not their sum: a tail that is
+    positive (negative slope or alpha) would otherwise be added to the positive end."""
+    lo, hi = ia.add(ia.relu_box(a), tail)
+    straddle = (a[0] < 0) & (a[1] > 0)
+    return np.where(straddle, np.minimum(tail[0], 0.0), lo), np.where(straddle, np.maximum(tail[1], a[1]), hi)
+
+
+@float_rule("leaky_relu")
+def leaky_relu(node, xs, rec, dt):
+    x = xs[0]
+    return np.where(x > 0, x, x * node.attrs["negative_slope"])
+
+
+@interval_pointwise("leaky_relu")
+def leaky_relu_box(a: Box, attrs: Mapping[str, Any]) -> Box:
+    return join_at_zero(a, ia.scale(_neg_part(a), attrs["negative_slope"]))
+
+
+@float_rule("prelu")
+def prelu(node, xs, rec, dt):
+    x, slope = xs
+    return np.where(x >= 0, x, slope * x)
+
+
+@interval_rule("prelu")
+def prelu_box(node, ps, rec):
+    x, slope = ps
+    return join_at_zero(x, ia.mul(_neg_part(x), slope))
+
+
+@float_rule("hardsigmoid")
+def hardsigmoid(node, xs, rec, dt):
+    a = node.attrs
+    return np.clip(a["alpha"] * xs[0] + a["beta"], 0, 1)
+
+
+@interval_pointwise("hardsigmoid")
+def hardsigmoid_box(a: Box, attrs: Mapping[str, Any]) -> Box:
+    lo, hi = ia.add_const(ia.scale(a, attrs["alpha"]), attrs["beta"])
+    return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
+
+# -- exponential family -----------------------------------------------------------------------
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Spec: ``1 / (1 + exp(-x))``."""
+    return 1 / (1 + np.exp(-x))
+
+
+def sigmoid_at(x: np.ndarray) -> Box:
+    """1 / (1 + exp(-x)), enclosed step by step."""
+    lo, hi = ia.inv(ia.add_const(exp_at(-x), 1.0))
+    return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """Spec, sign-branched: ``x + log(1 + exp(-x))`` if ``x > 0``, else ``log(1 + exp(x))``."""
+    return np.where(x > 0, x, 0) + np.log(1 + np.exp(-np.abs(x)))
+
+
+def softplus_at(x: np.ndarray) -> Box:
+    """max(x, 0) + log1p(exp(-|x|)): no overflow, no cancellation."""
+    tail = monotone(log1p_at, exp_at(-np.abs(x)))
+    return ia.add(ia.point(np.maximum(x, 0.0)), tail)
+
+
+float_unary("sigmoid", sigmoid)
+float_unary("softplus", softplus)
+interval_pointwise("sigmoid")(lambda a, attrs: monotone(sigmoid_at, a))
+interval_pointwise("softplus")(lambda a, attrs: monotone(softplus_at, a))
+
+
+@float_rule("safe_log")
+def safe_log(node, xs, rec, dt):
+    arg = softplus(xs[0]) + xs[1]
+    if not np.all(arg > 0):
+        raise domain_error(node, "softplus(x) + eps is not > 0 (eps <= 0 or NaN)")
+    return np.log(arg)
+
+
+@interval_rule("safe_log")
+def safe_log_box(node, ps, rec):
+    x, eps = ps
+    s = monotone(softplus_at, x)
+    arg = ia.add(s, (np.broadcast_to(eps[0], s[0].shape), np.broadcast_to(eps[1], s[1].shape)))
+    if np.any(arg[0] <= 0):
+        raise DomainError("safe_log: softplus(x) + eps may be <= 0 (eps box reaches 0 or below)")
+    return monotone(log_at, arg)
+
+
+@float_rule("elu")
+def elu(node, xs, rec, dt):
+    x = xs[0]
+    return np.where(x > 0, x, node.attrs["alpha"] * np.expm1(np.minimum(x, 0)))
+
+
+float_unary("selu", lambda x: SELU_SCALE * np.where(x > 0, x, SELU_ALPHA * np.expm1(np.minimum(x, 0))))
+
+
+def _elu_with(a: Box, alpha: float, scale: float = 1.0) -> Box:
+    out = join_at_zero(a, ia.scale(monotone(expm1_at, _neg_part(a)), alpha))
+    return out if scale == 1.0 else ia.scale(out, scale)
+
+
+interval_pointwise("elu")(lambda a, attrs: _elu_with(a, float(attrs["alpha"])))
+interval_pointwise("selu")(lambda a, attrs: _elu_with(a, SELU_ALPHA, SELU_SCALE))
+
+
+@float_rule("celu")
+def celu(node, xs, rec, dt):
+    x, alpha = xs[0], node.attrs["alpha"]
+    return np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(np.minimum(x, 0) / alpha))
+
+
+@interval_pointwise("celu")
+def celu_box(a: Box, attrs: Mapping[str, Any]) -> Box:
+    alpha = float(attrs["alpha"])
+    if alpha == 0:
+        raise DomainError("celu: alpha must be nonzero")
+    inner = ia.div(_neg_part(a), (np.float64(alpha), np.float64(alpha)))
+    tail = ia.scale(monotone(expm1_at, inner), alpha)
+    return ia.add(ia.relu_box(a), (np.minimum(tail[0], 0.0), np.minimum(tail[1], 0.0)))
+
+
+float_unary("softsign", lambda x: x / (1 + np.abs(x)))
+
+
+def _softsign_at(x: np.ndarray) -> Box:
+    return ia.div(ia.point(x), ia.add_const(ia.point(np.abs(x)), 1.0))
+
+
+interval_pointwise("softsign")(lambda a, attrs: monotone(_softsign_at, a))
+
+# -- gelu, erf and the smooth unimodal activations -------------------------------------------
+
+
+@float_rule("gelu")
+def gelu(node, xs, rec, dt):
+    x = xs[0]
+    if node.attrs["approximate"] == "tanh":
+        return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+    return x * (0.5 * (1 + erf(x * _SQRT_HALF, dt)))
+
+
+@float_rule("erf")
+def erf_(node, xs, rec, dt):
+    return erf(xs[0], dt)
+
+
+interval_pointwise("erf")(lambda a, attrs: monotone(erf_at, a))
+
+float_unary("silu", lambda x: x * sigmoid(x))
+float_unary("hardswish", lambda x: x * np.clip(x + 3, 0, 6) / 6)
+float_unary("mish", lambda x: x * np.tanh(np.logaddexp(0, x)))
+
+
+def _gelu_erf_at(x: np.ndarray) -> Box:
+    px = ia.point(x)
+    t = monotone(erf_at, ia.mul(px, INV_SQRT2))
+    return ia.scale(ia.mul(px, ia.add_const(t, 1.0)), 0.5)
+
+
+def _gelu_tanh_at(x: np.ndarray) -> Box:
+    px = ia.point(x)
+    cube = ia.mul(ia.mul(px, px), px)
+    inner = ia.mul(ia.add(px, ia.scale(cube, 0.044715)), SQRT_2_OVER_PI)
+    t = monotone(tanh_at, inner)
+    return ia.scale(ia.mul(px, ia.add_const(t, 1.0)), 0.5)
+
+
+def _silu_at(x: np.ndarray) -> Box:
+    return ia.mul(ia.point(x), sigmoid_at(x))
+
+
+def _mish_at(x: np.ndarray) -> Box:
+    return ia.mul(ia.point(x), monotone(tanh_at, softplus_at(x)))
+
+
+def _hardswish_at(x: np.ndarray) -> Box:
+    r6 = ia.add_const(ia.point(x), 3.0)
+    r6 = np.clip(r6[0], 0.0, 6.0), np.clip(r6[1], 0.0, 6.0)
+    return ia.div(ia.mul(ia.point(x), r6), (np.float64(6.0), np.float64(6.0)))
+
+
+def _unimodal(f: PointFn, x_star: float, f_min: float) -> Callable[[Box, Mapping[str, Any]], Box]:
+    """Functions decreasing up to x_star and increasing after it, with minimum value f_min."""
+    margin = 1e-12 * (1.0 + abs(x_star))
+    floor = down(np.float64(f_min - 1e-15 * (1.0 + abs(f_min))))
+
+    def rule(a: Box, attrs: Mapping[str, Any]) -> Box:
+        lo, hi = a
+        f_lo, f_hi = f(lo), f(hi)
+        low = np.minimum(f_lo[0], f_hi[0])
+        low = np.where((lo <= x_star + margin) & (hi >= x_star - margin), np.minimum(low, floor), low)
+        return low, np.maximum(f_lo[1], f_hi[1])
+
+    return rule
+
+
+_GELU_ERF = _unimodal(_gelu_erf_at, -0.75179152469356445746, -0.16997120747990366169)
+_GELU_TANH = _unimodal(_gelu_tanh_at, -0.75246142207101625849, -0.17004075057125405064)
+
+
+@interval_pointwise("gelu")
+def gelu_box(a: Box, attrs: Mapping[str, Any]) -> Box:
+    if attrs.get("approximate", "none") == "tanh":
+        return _GELU_TANH(a, attrs)
+    return _GELU_ERF(a, attrs)
+
+
+interval_pointwise("silu")(_unimodal(_silu_at, -1.2784645427610737951, -0.27846454276107379511))
+interval_pointwise("mish")(_unimodal(_mish_at, -1.1924312145154952121, -0.30884341301725040663))
+interval_pointwise("hardswish")(_unimodal(_hardswish_at, -1.5, -0.375))

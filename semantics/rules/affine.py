@@ -1,0 +1,208 @@
+"""Affine maps: linear, matmul, conv, conv_transpose.
+
+Float: one BLAS product (conv through ``semantics.conv``'s im2col).
+
+Interval, in center-radius form. For y = A x + b over the box [c - r, c + r] the exact image is
+A c + b +- |A| r (each output's range is exact, not just enclosed). We compute fl(A c) and fl(|A| (r + g|c|)) with BLAS and widen by the
+order-independent dot-product error bound (``interval_round.dot_radius``), then add the bias with
+directed rounding. Two matrix products per layer, the same cost as auto_LiRPA's IBP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .. import interval_arith as ia
+from ..conv import conv_nd, conv_transpose_nd
+from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
+from ..records import in_dtype
+from .table import FLOAT_RULES, INTERVAL_RULES, float_params, float_rule, interval_rule, read_params
+
+__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box"]
+
+
+def affine_box(a: Box, apply: Callable[[np.ndarray], np.ndarray], apply_abs: Callable[[np.ndarray], np.ndarray],
+               n_terms: int, bias: np.ndarray | None = None) -> Box:
+    """Image of a box under x -> apply(x) + bias, apply linear with n_terms products per output
+    (count the bias as one more term). NaN ends (inf - inf) become the trivial bound."""
+    c, r = center_radius(*a)
+    with np.errstate(all="ignore"):
+        mid = apply(c)
+        if bias is not None:
+            mid += bias
+        rad = dot_radius(apply_abs, c, r, n_terms, None if bias is None else np.abs(bias))
+        return clean(down(mid - rad), up(mid + rad))
+
+
+@dataclass(frozen=True)
+class AffineParams:
+    """A linear or conv node's float64 weight, its absolute value, bias and (linear) an upper bound
+    of each output's row sum of |W|: prepared once per node (``IntervalPropagator``) and reused by
+    every propagation."""
+
+    weight: np.ndarray
+    abs_weight: np.ndarray
+    bias: np.ndarray
+    abs_row_sum: np.ndarray  # >= sum_j |W[i, j]| exactly, for linear weights [out, in]
+
+    @classmethod
+    def of(cls, weight: np.ndarray, bias: np.ndarray) -> "AffineParams":
+        w = np.asarray(weight, dtype=np.float64)
+        wabs = np.abs(w)
+        flat = wabs.reshape(w.shape[0], -1)
+        with np.errstate(all="ignore"):
+            row_sum = up(flat.sum(axis=1) * (1.0 + gamma(flat.shape[1])))
+        return cls(w, wabs, np.asarray(bias, dtype=np.float64), row_sum)
+
+
+# absorbs up to 8 round-to-nearest steps of a sum of non-negative terms (a factor 1 + 16u), and the
+# rounding of its own product: fl(t (1 + 18u)) >= t (1 + 18u)(1 - u) >= t (1 + 16u) for normal t
+_SAFETY = 1.0 + 18 * U
+# an l-inf ball's radii differ by rounding (r = up(hi - c) per entry): within this factor of their
+# maximum they are treated as uniform, trading the radius GEMM for row sums of |W|
+_NEAR_UNIFORM = 1.0 - 2.0 ** -40
+
+
+def linear_box(a: Box, p: AffineParams) -> Box:
+    """x @ W.T + b over the last axis, any leading axes, in center-radius form.
+
+    The radius is |W| r (one BLAS product, or max(r) * row sums when r is the same along the input
+    axis up to rounding, as for an l-inf ball) plus the rounding bound gamma_n (|W| |c| + |b|), where |W| |c| is
+    bounded by max|c| times the row sums (cheap, and only 1e-13 relative looser).
+    """
+    c, r = center_radius(*a)
+    g = gamma(p.weight.shape[1] + 1)
+    with np.errstate(all="ignore"):
+        mid = c @ p.weight.T
+        mid += p.bias
+        r_max = np.max(r, axis=-1, keepdims=True) if r.shape[-1] else None
+        if r_max is not None and np.all(np.min(r, axis=-1, keepdims=True) >= r_max * _NEAR_UNIFORM):
+            t = r_max * p.abs_row_sum  # |W| r <= max(r) |W| 1, at most 2**-40 relative looser here
+        else:
+            t = r @ p.abs_weight.T
+            t *= 1.0 + g
+        c_max = np.max(np.abs(c), axis=-1, keepdims=True) if c.shape[-1] else np.zeros(c.shape[:-1] + (1,))
+        t += (g * c_max) * p.abs_row_sum
+        t += g * np.abs(p.bias) + MIN_NORMAL  # t is now a normal float, so its products round relatively
+        t *= _SAFETY
+        return clean(down(mid - t), up(mid + t))
+
+
+def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int], transposed: bool = False
+             ) -> Box:
+    """Convolution (grouped, dilated, padded, any channel axis) through the float evaluator's im2col,
+    or transposed convolution through its scatter. Either way an output sums at most
+    ``in/groups * prod(kernel)`` products (plus the bias)."""
+    ca = attrs["channel_axis"]
+    zero = np.zeros(out_shape[ca])
+    geometry = dict(channel_axis=ca, stride=attrs["stride"], padding=attrs["padding"], dilation=attrs["dilation"],
+                    groups=attrs["groups"], out_spatial=tuple(out_shape[ca + 1:]))
+    if transposed:
+        kernel_fn = conv_transpose_nd
+    else:
+        kernel_fn, geometry["padding_after"] = conv_nd, attrs["padding_after"]
+    b = p.bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1))
+    terms = attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1
+    return affine_box(a, lambda v: kernel_fn(v, p.weight, zero, **geometry),
+                      lambda v: kernel_fn(v, p.abs_weight, zero, **geometry), terms, b)
+
+
+def _is_point(a: Box) -> bool:
+    return bool(np.array_equal(a[0], a[1]))
+
+
+def _four_product_matmul(a: Box, b: Box) -> Box:
+    """General interval matmul: per-term exact products (4 endpoint products), then bounded sums.
+
+    Works on [..., m, n] @ [..., n, p] (rank-1 operands promoted like torch.matmul), chunking the
+    inner axis so the [..., m, k, p] product tensors stay small.
+    """
+    (alo, ahi), (blo, bhi) = a, b
+    squeeze_m, squeeze_p = alo.ndim == 1, blo.ndim == 1
+    if squeeze_m:
+        alo, ahi = alo[None, :], ahi[None, :]
+    if squeeze_p:
+        blo, bhi = blo[:, None], bhi[:, None]
+    m, n, p = alo.shape[-2], alo.shape[-1], blo.shape[-1]
+    batch = np.broadcast_shapes(alo.shape[:-2], blo.shape[:-2])
+    chunk = max(1, (1 << 22) // max(1, math.prod(batch) * m * p))
+    lo = hi = None
+    for k0 in range(0, n, chunk):
+        sl = slice(k0, min(n, k0 + chunk))
+        x = (alo[..., :, sl, None], ahi[..., :, sl, None])
+        y = (blo[..., None, sl, :], bhi[..., None, sl, :])
+        t_lo, t_hi = ia.mul(x, y)
+        s_lo, s_hi = sum_bounds(t_lo, t_hi, axis=-2)
+        lo, hi = (s_lo, s_hi) if lo is None else ia.add((lo, hi), (s_lo, s_hi))
+    if lo is None:
+        lo = hi = np.zeros(batch + (m, p))
+    if squeeze_p:
+        lo, hi = lo[..., 0], hi[..., 0]
+    if squeeze_m:
+        row = (Ellipsis, 0) if squeeze_p else (Ellipsis, 0, slice(None))
+        lo, hi = lo[row], hi[row]
+    return lo, hi
+
+
+def matmul_box(a: Box, b: Box) -> Box:
+    """Exact-range center-radius form when one operand is a point (a constant), else 4 products."""
+    n = a[0].shape[-1]
+    if _is_point(b):
+        w = b[0]
+        wabs = np.abs(w)
+        return affine_box(a, lambda v: np.matmul(v, w), lambda v: np.matmul(v, wabs), n)
+    if _is_point(a):
+        w = a[0]
+        wabs = np.abs(w)
+        return affine_box(b, lambda v: np.matmul(w, v), lambda v: np.matmul(wabs, v), n)
+    return _four_product_matmul(a, b)
+
+
+# -- the rules --------------------------------------------------------------------------------
+
+for _kind in ("linear", "conv", "conv_transpose"):
+    FLOAT_RULES.params[_kind] = lambda node, record, dt: in_dtype(record, dt)
+    INTERVAL_RULES.params[_kind] = lambda node, record: AffineParams.of(*record)
+
+
+@float_rule("matmul")
+def matmul(node, xs, rec, dt):
+    return np.matmul(xs[0], xs[1])
+
+
+interval_rule("matmul")(lambda node, ps, rec: matmul_box(ps[0], ps[1]))
+
+
+@float_rule("linear")
+def linear(node, xs, rec, dt):
+    x = xs[0]
+    w, b = float_params(node, rec, x.shape, dt)
+    y = np.matmul(x, w.T)
+    y += b
+    return y
+
+
+@interval_rule("linear")
+def linear_rule(node, ps, rec):
+    return linear_box(ps[0], read_params(INTERVAL_RULES, node, rec, ps[0][0].shape))
+
+
+@float_rule("conv", "conv_transpose")
+def conv(node, xs, rec, dt):
+    a = node.attrs
+    w, b = float_params(node, rec, xs[0].shape, dt)
+    geometry = dict(channel_axis=a["channel_axis"], stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
+                    groups=a["groups"], out_spatial=node.out_shape[a["channel_axis"] + 1:])
+    if node.kind == "conv_transpose":
+        return conv_transpose_nd(xs[0], w, b, **geometry)
+    return conv_nd(xs[0], w, b, padding_after=a["padding_after"], **geometry)
+
+
+@interval_rule("conv", "conv_transpose")
+def conv_rule(node, ps, rec):
+    return conv_box(ps[0], read_params(INTERVAL_RULES, node, rec, ps[0][0].shape), node.attrs, node.out_shape,
+                    transposed=node.kind == "conv_transpose")

@@ -67,7 +67,8 @@ def _check_opsets(model: Any) -> int:
         seen.add(domain)
         if domain in DEFAULT_DOMAINS:
             if not 1 <= o.version <= newest_opset():
-                raise _fail(f"default-domain opset version {o.version} (the installed onnx defines 1..{newest_opset()})")
+                raise _fail(f"default-domain opset version {o.version} (the installed onnx defines "
+                            f"1..{newest_opset()})")
             default = int(o.version)
         elif not 1 <= o.version <= _MAX_DOMAIN_VERSION:
             raise _fail(f"opset version {o.version} for domain `{domain}`")
@@ -128,6 +129,9 @@ def _check_arity(graph: Any, opset: int) -> None:
             if not a.ref_attr_name and int(spec.type) != a.type:
                 raise _fail(f"{_node_label(i, node)}: attribute `{a.name}` is {_attribute_type_name(a.type)}, "
                             f"{node.op_type}-{schema.since_version} expects {_attribute_type_name(int(spec.type))}")
+        for a in node.attribute:  # onnx's shape inference aborts the process on this one
+            if node.op_type == "Split" and a.name == "num_outputs" and a.i != len(node.output):
+                raise _fail(f"{_node_label(i, node)}: num_outputs={a.i} but {len(node.output)} outputs")
         missing = sorted(n for n, spec in schema.attributes.items() if spec.required and n not in given)
         if missing:
             raise _fail(f"{_node_label(i, node)}: {node.op_type}-{schema.since_version} requires attribute(s) "

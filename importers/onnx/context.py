@@ -9,6 +9,7 @@ bound in the role map with the exact transform.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -20,13 +21,15 @@ from torchlean_bridge.ops import Shape
 from torchlean_bridge.roles import Step, Transform
 
 from ..builder import GraphBuilder
+from ..errors import NotLowerable
 
 __all__ = ["Const", "OnnxContext", "NodeUnsupported", "Value", "attr_value",
            "unsupported_error"]
 
 
-class NodeUnsupported(BridgeError):
-    """A handler cannot lower this node exactly (collected, reported with all others at once).
+class NodeUnsupported(NotLowerable):
+    """A handler cannot lower this node exactly (collected, reported with all others at once): the
+    importers' shared ``NotLowerable``, with the tensors that would make it lowerable.
 
     ``needs`` names the ONNX tensors that would let it lower if they were known at import time
     (``import_onnx(..., constants=...)`` binds graph inputs; the ONNX backend binds them itself).
@@ -160,6 +163,13 @@ class OnnxContext:
         if isinstance(v, int):
             return v
         if name not in self._materialized:
+            kind = v.value.dtype.kind
+            if v.value.dtype.name in ("float16", "bfloat16"):
+                raise NodeUnsupported(f"constant `{name}` is {v.value.dtype.name}: evaluating it in binary32 or "
+                                      f"binary64 would skip {v.value.dtype.name} rounding, so it is refused")
+            if kind not in "biuf":
+                raise NodeUnsupported(f"constant `{name}` has element type {v.value.dtype}, which the IR does not "
+                                      "support")
             key = v.key if v.initializer else None
             if key is not None:
                 self.used_keys.add(key)
@@ -212,11 +222,13 @@ class OnnxContext:
             value = value.T
             transform = Transform.parse(transform).then("transpose").text
         if reshape_to is not None and tuple(value.shape) != tuple(reshape_to):
+            if value.size != math.prod(reshape_to):
+                raise NodeUnsupported(f"{role} has shape {list(value.shape)}, expected {list(reshape_to)}")
             value = value.reshape(tuple(reshape_to))
             transform = Transform.parse(transform).then(Step("reshape", tuple(reshape_to))).text
-        if value.dtype.kind == "f" and value.dtype != np.float64 and value.dtype != np.float32:
-            value = value.astype(np.float32)
-            transform = Transform.parse(transform).then("cast:float32").text
+        if value.dtype not in (np.float64, np.float32) and (value.dtype.kind == "f" or value.dtype.name == "bfloat16"):
+            raise NodeUnsupported(f"{role} is {value.dtype.name}: evaluating it in binary32 or binary64 would skip "
+                                  f"{value.dtype.name} rounding, so it is refused")
         if c.key is not None:
             self.used_keys.add(c.key)
         self.b.param(nid, role, np.asarray(value, order="C"), key=c.key, transform=transform if c.key else None)

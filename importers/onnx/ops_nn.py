@@ -82,6 +82,18 @@ def _matmul(ctx: OnnxContext) -> list[Value]:
 
 # -- convolution and pooling geometry ----------------------------------------------------------
 
+def _check_window(ctx: OnnxContext, r: int, kernel: list[int], strides: list[int], dilations: list[int]) -> None:
+    """Kernel, strides and dilations: one positive entry per spatial axis (and pads, when given, two)."""
+    for what, values in (("kernel_shape", kernel), ("strides", strides), ("dilations", dilations)):
+        if len(values) != r or any(v < 1 for v in values):
+            raise ctx.fail(f"{what} {list(values)} (expected {r} positive entries)")
+    pads = ctx.attr("pads")
+    if pads is not None and (len(pads) != 2 * r or any(p < 0 for p in pads)):
+        raise ctx.fail(f"pads {list(pads)} (expected {2 * r} non-negative entries)")
+    if ctx.attr("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise ctx.fail(f"auto_pad={ctx.attr('auto_pad')}")
+
+
 def _window_pads(ctx: OnnxContext, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
                  dilations: list[int]) -> tuple[list[int], list[int]]:
     """Explicit ``pads`` or the ones ``auto_pad`` implies, as (before, after)."""
@@ -143,6 +155,9 @@ def _convolution(ctx: OnnxContext) -> list[Value]:
     kernel = list(ctx.attr("kernel_shape") or weight.value.shape[2:])
     strides = list(ctx.attr("strides") or [1] * r)
     dilations = list(ctx.attr("dilations") or [1] * r)
+    _check_window(ctx, r, kernel, strides, dilations)
+    if groups < 1:
+        raise ctx.fail(f"group={groups}")
     if ctx.node.op_type == "ConvTranspose":
         kind, out_channels = "conv_transpose", int(weight.value.shape[1]) * groups
         before, after, output_padding = _conv_transpose_geometry(ctx, xs[2:], kernel, strides, dilations)
@@ -173,6 +188,9 @@ def _pool(kind: str) -> Handler:
         r = len(kernel)
         strides = list(ctx.attr("strides") or [1] * r)
         dilations = list(ctx.attr("dilations") or [1] * r)
+        if len(xs) < r + 1:
+            raise ctx.fail(f"input rank {len(xs)} for a {r}-d window")
+        _check_window(ctx, r, kernel, strides, dilations)
         before, after = _window_pads(ctx, xs[len(xs) - r:], kernel, strides, dilations)
         attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
                  "padding_after": tuple(after), "dilation": tuple(dilations),
@@ -267,7 +285,7 @@ def _group_norm(ctx: OnnxContext) -> list[Value]:
     bias only when every group is one channel)."""
     xs = ctx.shape(0)
     groups = int(ctx.attr("num_groups"))
-    if len(xs) < 3 or xs[1] % groups:
+    if len(xs) < 3 or groups < 1 or xs[1] % groups:
         raise ctx.fail(f"{groups} groups of an input shaped {list(xs)}")
     blocks = ctx.b.reshape(ctx.operand(0), (xs[0], groups, math.prod(xs[1:]) // groups), ctx.source)
     y = ctx.b.reshape(ctx.add("layernorm", [blocks], {"axis": 2, "eps": float(ctx.attr("epsilon", 1e-5))}), xs,

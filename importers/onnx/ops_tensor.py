@@ -68,6 +68,8 @@ def _flatten(ctx: OnnxContext) -> list[Value]:
 def _transpose(ctx: OnnxContext) -> list[Value]:
     rank = ctx.rank(0)
     perm = ctx.attr("perm") or list(range(rank))[::-1]
+    if sorted(perm) != list(range(rank)):
+        raise ctx.fail(f"perm {list(perm)} is not a permutation of the {rank} axes")
     if list(perm) == list(range(rank)):
         return _alias(ctx)
     return [ctx.add("permute", [ctx.operand(0)], {"perm": tuple(perm)})]
@@ -111,9 +113,11 @@ def _split(ctx: OnnxContext) -> list[Value]:
     sizes = ctx.ints(1, "split") if ctx.opset >= 13 else ctx.attr("split")
     if not sizes:
         parts = int(ctx.attr("num_outputs", n_out))
+        if parts < 1:
+            raise ctx.fail(f"num_outputs={parts}")
         chunk = -(-s[axis] // parts)
         sizes = [min(chunk, s[axis] - i * chunk) for i in range(parts)]
-    if sum(sizes) != s[axis] or len(sizes) != n_out:
+    if sum(sizes) != s[axis] or len(sizes) != n_out or any(k < 0 for k in sizes):
         raise ctx.fail(f"split sizes {sizes} do not partition extent {s[axis]} into {n_out} outputs")
     x, outs, start = ctx.operand(0), [], 0
     for size in sizes:
@@ -309,6 +313,8 @@ def _resize_linear(ctx: OnnxContext, s: tuple[int, ...], coord: str, scales: lis
                        f"{', '.join(_LINEAR_COORDINATE_MODES)})")
     if scales is not None:
         for i, f, o in zip(s, scales, sizes):
+            if i == 0:
+                raise ctx.fail(f"linear resize of an empty axis (input shape {list(s)})")
             if Fraction(f) != Fraction(o, i):
                 raise ctx.fail(f"scale {f} on an axis of extent {i} gives {o} cells, and {o}/{i} is not the "
                                "scale the coordinates use; give sizes instead")

@@ -31,8 +31,8 @@ from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import BOOL, FLOAT, INT64, fmt_shape
 from torchlean_bridge.roles import Transform
 
-from .common import (FOLD_BLOCKLIST, DataDependent, Known, Lowering, Sym, element_type, flat_values, is_inplace_overload,
-                     is_shape_query, map_values, module_path, op_base_name, source_line,
+from .common import (FOLD_BLOCKLIST, DataDependent, Known, Lowering, Sym, data_operands, element_type, flat_values,
+                     is_inplace_overload, map_values, module_path, op_base_name, source_line,
                      target_name)
 
 __all__ = ["Lowerer", "check_arguments"]
@@ -85,7 +85,9 @@ class Lowerer:
         self.current: torch.fx.Node | None = None
         self.current_source: Source | None = None
         self.module_prefix = ""  # set while inlining a submodule's exported program
+        self.name_prefix = ""  # the node names' prefix there (the call's own name, for an inlined function)
         self.unused_keys: set[str] = set()
+        self.int_ranges: dict[int, tuple[int, int]] = {}  # int64 node id -> bounds proven at import
         # matmul nodes with an import-time right operand: (fx node, input, weight), for x @ W + b
 
     # -- provenance -----------------------------------------------------------------------------
@@ -93,7 +95,7 @@ class Lowerer:
         path = module_path(node)
         if self.module_prefix:
             path = self.module_prefix + ("." + path if path else "")
-        return {"name": self.module_prefix + ("." if self.module_prefix else "") + node.name,
+        return {"name": self.name_prefix + ("." if self.name_prefix else "") + node.name,
                 "target": target_name(node, self.submodule(node)), "module": path,
                 "location": source_line(node.meta.get("stack_trace"))}
 
@@ -235,7 +237,7 @@ class Lowerer:
         """Nodes whose value (statically) depends on ``seeds``; shape queries return plain numbers."""
         out = set(seeds)
         for n in graph.nodes:
-            if not is_shape_query(n) and any(a in out for a in n.all_input_nodes):
+            if any(a in out for a in data_operands(n)):
                 out.add(n)
         return out
 

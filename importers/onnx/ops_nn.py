@@ -247,19 +247,8 @@ def _trivial(c: Const | None, fill: float) -> bool:
     return c is not None and not c.initializer and bool(np.all(c.value == fill))
 
 
-def _layer_norm_statistics(ctx: OnnxContext, axis: int, eps: float) -> list[Value]:
-    """LayerNormalization's Mean and InvStdDev outputs by their definition: the mean and
-    1 / sqrt(variance + epsilon) over the normalized axes, kept as size-1 axes."""
-    x = ctx.operand(0)
-    axes = {"axes": tuple(range(axis, ctx.rank(0))), "keepdim": True}
-    mean = ctx.add("reduce_mean_axes", [x], axes)
-    centered = ctx.elementwise("sub", [x, mean])
-    variance = ctx.add("reduce_mean_axes", [ctx.elementwise("mul_elem", [centered, centered])], axes)
-    std = ctx.add("sqrt", [ctx.elementwise("add", [variance, ctx.scalar(eps)])])
-    return [mean, ctx.add("inv", [std])]
-
-
 def _layer_norm(ctx: OnnxContext) -> list[Value]:
+    _unused_outputs(ctx, "Mean/InvStdDev", training=False)
     xs = ctx.shape(0)
     axis = ctx.axis(int(ctx.attr("axis", -1)), len(xs))
     nid = ctx.add("layernorm", [ctx.operand(0)], {"axis": axis, "eps": float(ctx.attr("epsilon", 1e-5))})
@@ -271,11 +260,7 @@ def _layer_norm(ctx: OnnxContext) -> list[Value]:
         if c.value.size != math.prod(suffix):
             raise ctx.fail(f"{role} shape {list(c.value.shape)} does not cover the normalized shape {list(suffix)}")
         ctx.param_const(nid, role, c, reshape_to=suffix)
-    if not any(name and ctx.consumer_count(name) for name in ctx.node.output[1:]):
-        return [nid]
-    if int(ctx.attr("stash_type", 1)) != 1:
-        raise ctx.fail(f"stash_type={ctx.attr('stash_type')} (the statistics are computed in float32)")
-    return [nid, *_layer_norm_statistics(ctx, axis, float(ctx.attr("epsilon", 1e-5)))][:len(ctx.node.output)]
+    return [nid]
 
 
 def _instance_norm(ctx: OnnxContext) -> list[Value]:
@@ -461,4 +446,4 @@ OPSETS: dict[str, tuple[int, int]] = {
 EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "conv_transpose",
                    "max_pool", "avg_pool", "max_pool_nd", "avg_pool_nd", "reduce_mean_axes", "reduce_max",
                    "batch_norm_eval", "layernorm", "softmax", "log_softmax", "reshape", "permute", "reduce_sum", "pad",
-                   "slice", "pow", "div", "reduce_sum_axes", "abs", "sqrt", "inv", "sub"})
+                   "slice", "pow", "div", "reduce_sum_axes", "abs", "sqrt"})

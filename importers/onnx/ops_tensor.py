@@ -373,8 +373,8 @@ def _trilu(ctx: OnnxContext) -> list[Value]:
 
 def _pad(ctx: OnnxContext) -> list[Value]:
     mode = ctx.attr("mode", "constant")
-    if mode not in ("constant", *_INDEX_PAD_MODES):
-        raise ctx.fail(f"mode={mode} (constant, reflect, edge or wrap)")
+    if mode != "constant":
+        raise ctx.fail(f"mode={mode} (only constant padding is supported)")
     rank = ctx.rank(0)
     if ctx.opset < 11:
         pads, value = list(ctx.attr("pads")), float(ctx.attr("value", 0.0))
@@ -390,29 +390,8 @@ def _pad(ctx: OnnxContext) -> list[Value]:
         before[ax], after[ax] = pads[i], pads[i + len(axes)]
     if not any(before) and not any(after):
         return _alias(ctx)
-    if mode != "constant":
-        return [_index_pad(ctx, mode, before, after)]
     return [ctx.add("pad", [ctx.operand(0)], {"pads_before": tuple(before), "pads_after": tuple(after),
                                               "value": value})]
-
-
-_INDEX_PAD_MODES = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}  # ONNX mode -> numpy.pad mode
-
-
-def _index_pad(ctx: OnnxContext, mode: str, before: list[int], after: list[int]) -> int:
-    """reflect / edge / wrap padding as exact data movement: per padded axis, a ``gather`` of the
-    source positions numpy.pad (ONNX's reference) reads for that mode."""
-    s, x = ctx.shape(0), ctx.operand(0)
-    for ax, (b, a) in enumerate(zip(before, after)):
-        if not b and not a:
-            continue
-        if s[ax] == 0:
-            raise ctx.fail(f"mode={mode} padding of the empty axis {ax}")
-        if s[ax] + b + a > ctx.max_elements:
-            raise ctx.fail(f"padding axis {ax} to {s[ax] + b + a} entries is above the limit of {ctx.max_elements}")
-        positions = np.pad(np.arange(s[ax], dtype=np.int64), (b, a), mode=_INDEX_PAD_MODES[mode])
-        x = ctx.add("gather", [x, ctx.b.const(positions, source=ctx.source, folded=True)], {"axis": ax})
-    return x
 
 
 HANDLERS: dict[str, Handler] = {

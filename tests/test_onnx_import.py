@@ -517,12 +517,12 @@ def test_dynamic_batch_dimension_is_one_with_a_note_and_others_need_input_shapes
 def test_unsupported_ops_are_all_listed_at_once_with_names_and_opset() -> None:
     m = model([N("Mod", ["x", "x"], ["v"], name="top", fmod=1), N("Relu", ["v"], ["r"]),
                N("Hardmax", ["x"], ["h"], name="hm"), N("Pad", ["x", "p"], ["y"], name="pad", mode="reflect")],
-              [("x", [2, 3])], ["r", "h", "y"], [("k", i64(1)), ("p", i64(0, 1, 0, 1))], opset=13)
+              [("x", [2, 3])], ["r", "h", "y"], [("k", i64(1)), ("p", i64(0, -1, 0, 1))], opset=13)
     with pytest.raises(UnsupportedError) as e:
         tlb.import_onnx(m)
     msg = str(e.value)
     assert "3 node(s)" in msg and "node `top`, opset 13" in msg and "node `hm`, opset 13" in msg
-    assert "node `pad`, opset 13): mode=reflect" in msg
+    assert "node `pad`, opset 13): negative pads (before [0, -1], after [0, 1]) with mode=reflect" in msg
     assert [it["name"] for it in e.value.items] == ["top", "hm", "pad"]
 
 

@@ -1,18 +1,22 @@
-"""IBP speed and tightness: our ``interval_bounds`` against auto_LiRPA's IBP (a benchmark peer only).
+"""IBP and CROWN speed and tightness against auto_LiRPA (a benchmark peer only).
 
-Models: a 784-1024-1024-10 MLP (batch 1 and 64) and a small CNN (3x32x32: conv 16 k3, relu,
-conv 32 k3 stride 2, relu, flatten, linear 10). For each: median wall time of our propagation
-(float64, outward rounded, every node's box kept) and of auto_LiRPA's
-``compute_bounds(method="IBP")`` (float32, round-to-nearest), their ratio, and the output bound
-widths side by side.
+Models: a 784-1024-1024-10 ReLU MLP, a CNN (1x28x28: conv 8 k4 s2, relu, conv 16 k4 s2, relu,
+linear 100, relu, linear 10) and a residual CNN (conv 8 k4 s2, relu, [conv 8 k3, relu, conv 8 k3]
++ skip, relu, linear 10), each at batch 1 and 64, l-inf ball of radius --eps around random inputs.
+For each method (IBP, CROWN) and case: median wall time of ours (float64, outward rounded; the
+model read once, as auto_LiRPA's BoundedModule does) and of auto_LiRPA's ``compute_bounds`` in
+float32 (its usual precision) and float64, the time ratio ours/theirs(float32), and the largest
+ratio of our output width to each of theirs (ours is sound: it may be wider than the float64 peer
+only by outward rounding; a ratio below 1 is a tighter bound).
 
-auto_LiRPA is optional: install it for this script only (``pip install --no-deps
-/work/peers/auto_LiRPA`` plus appdirs, graphviz, ...), or it is picked up from
-/work/peers/auto_LiRPA if that checkout exists. Without it the peer column is skipped.
+auto_LiRPA is optional: fetch its GitHub source and ``pip install --no-deps -e`` it (plus appdirs,
+graphviz), or it is picked up from /work/peers/auto_LiRPA if that checkout exists. Its defaults are
+kept (CROWN with sparse intermediate bounds, patches for convolutions, adaptive ReLU lower slopes).
+Without it the peer columns are skipped.
 
-Run: ``python bench/bounds_bench.py [--repeat N] [--eps R] [--threads T]``. Both sides get the same
-number of BLAS/OpenMP threads (default 1: on a shared host a multi-threaded BLAS spins on busy
-cores and the timings measure the neighbours, not the code).
+Run: ``python bench/bounds_bench.py [--repeat N] [--eps R] [--threads T] [--only mlp,cnn,res]``. Both
+sides get the same number of BLAS/OpenMP threads (default 1: on a shared host a multi-threaded BLAS
+spins on busy cores and the timings measure the neighbours, not the code).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--eps", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for both sides")
+    parser.add_argument("--only", default="mlp,cnn,res", help="comma-separated cases: mlp, cnn, res")
+    parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
     return parser.parse_args()
 
 
@@ -51,6 +57,7 @@ import torch.nn as nn  # noqa: E402
 
 import torchlean_bridge as tlb  # noqa: E402
 from semantics.interval import IntervalPropagator  # noqa: E402
+from semantics.linear_bounds import Crown  # noqa: E402
 from torchlean_bridge.bundle import Bundle  # noqa: E402
 
 PEER_CHECKOUT = Path("/work/peers/auto_LiRPA")
@@ -76,8 +83,22 @@ def mlp() -> nn.Module:
 
 
 def cnn() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(32 * 14 * 14, 10))
+    return nn.Sequential(nn.Conv2d(1, 8, 4, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 4, stride=2, padding=1),
+                         nn.ReLU(), nn.Flatten(), nn.Linear(16 * 7 * 7, 100), nn.ReLU(), nn.Linear(100, 10))
+
+
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(1, 8, 4, stride=2, padding=1)
+        self.conv1 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 14 * 14, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.stem(x))
+        h = torch.relu(self.conv2(torch.relu(self.conv1(h))) + h)
+        return self.head(torch.flatten(h, 1))
 
 
 def build_ir(model: nn.Sequential, x: torch.Tensor) -> Bundle:
@@ -128,7 +149,8 @@ def median_times(fns: list[Callable[[], Any]], repeat: int) -> list[float]:
     return [statistics.median(ts) for ts in times]
 
 
-def _peer_bounds(model: nn.Module, x: torch.Tensor, eps: float) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+def _peer_bounds(model: nn.Module, x: torch.Tensor, eps: float, method: str
+                 ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     from auto_LiRPA import BoundedModule, BoundedTensor
     from auto_LiRPA.perturbations import PerturbationLpNorm
     with warnings.catch_warnings():
@@ -137,8 +159,9 @@ def _peer_bounds(model: nn.Module, x: torch.Tensor, eps: float) -> Callable[[], 
     bx = BoundedTensor(x, PerturbationLpNorm(norm=np.inf, eps=eps))
 
     def compute() -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
-            return bounded.compute_bounds(x=(bx,), method="IBP")
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return bounded.compute_bounds(x=(bx,), method=method)
     return compute
 
 
@@ -147,55 +170,49 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
     bundle = build_ir(model, x)
     c = x.double().numpy()
     lower, upper = c - eps, c + eps
-
-    # like auto_LiRPA's BoundedModule, the propagator reads the model once (float64 weights, |W|)
-    propagator = IntervalPropagator(bundle.graph, bundle.payload)
-
-    def ours() -> list:
-        return propagator(lower, upper)
-
-    def ours_one_shot() -> list:
-        return tlb.interval_bounds(bundle.graph, bundle.payload, lower, upper)
-
     out = bundle.graph.outputs[0]
-    lo, hi = ours()[out]
-    our_width = hi - lo
-    if peer is None:
-        t_ours, t_once = median_times([ours, ours_one_shot], repeat)
-        print(f"{name:<24} ours {t_ours * 1e3:8.2f} ms (one-shot interval_bounds {t_once * 1e3:.2f} ms)   "
-              f"output width mean {our_width.mean():.9g}")
-        return
-    theirs = _peer_bounds(model, x, eps)
-    # the same model in float64 through auto_LiRPA: the exact IBP widths up to binary64 rounding,
-    # and the cost of IBP in our arithmetic without our outward rounding
-    theirs64 = _peer_bounds(copy.deepcopy(model).double(), x.double(), eps)
-    t_ours, t_once, t_theirs, t_theirs64 = median_times([ours, ours_one_shot, theirs, theirs64], repeat)
-    lb, ub = theirs()
-    width32 = (ub - lb).double().numpy()
-    lb64, ub64 = theirs64()
-    width64 = (ub64 - lb64).numpy()
-    print(f"{name:<24} ours {t_ours * 1e3:8.2f} ms   auto_LiRPA {t_theirs * 1e3:8.2f} ms   "
-          f"ratio ours/theirs {t_ours / t_theirs:5.2f}   (one-shot interval_bounds {t_once * 1e3:.2f} ms; "
-          f"auto_LiRPA in float64 {t_theirs64 * 1e3:.2f} ms)")
-    print(f"{'':<24} output width mean: ours {our_width.mean():.12g}   auto_LiRPA float32 {width32.mean():.12g}   "
-          f"auto_LiRPA float64 {width64.mean():.12g}")
-    print(f"{'':<24} max relative excess of our width: over float32 {_excess(our_width, width32):.2g}, "
-          f"over float64 {_excess(our_width, width64):.2g} (our outward rounding)")
+    # like auto_LiRPA's BoundedModule, both of ours read the model once (float64 weights, |W|)
+    propagator = IntervalPropagator(bundle.graph, bundle.payload)
+    crown = Crown(bundle.graph, bundle.payload)
+    ours = {"IBP": lambda: propagator(lower, upper)[out],
+            "CROWN": lambda: (lambda r: (r.lower[0], r.upper[0]))(crown(lower, upper))}
+    for method, fn in ours.items():
+        fns = [fn]
+        if peer is not None:
+            fns += [_peer_bounds(model, x, eps, method), _peer_bounds(copy.deepcopy(model).double(), x.double(), eps,
+                                                                       method)]
+        times = median_times(fns, repeat)
+        lo, hi = fn()
+        width = hi - lo
+        line = f"{name:<28} {method:<5} ours {times[0] * 1e3:9.2f} ms"
+        if peer is None:
+            print(f"{line}   output width mean {width.mean():.9g}")
+            continue
+        w32 = [(b - a).double().numpy() for a, b in [fns[1]()]][0]
+        w64 = [(b - a).numpy() for a, b in [fns[2]()]][0]
+        print(f"{line}   auto_LiRPA f32 {times[1] * 1e3:9.2f} ms  f64 {times[2] * 1e3:9.2f} ms   "
+              f"time ratio ours/f32 {times[0] / times[1]:5.2f}   width ratio max: /f64 {_ratio(width, w64):.12f}  "
+              f"/f32 {_ratio(width, w32):.8f}")
 
 
-def _excess(ours: np.ndarray, theirs: np.ndarray) -> float:
-    return float(np.max((ours - theirs) / np.maximum(np.abs(theirs), 1e-300)))
+def _ratio(ours: np.ndarray, theirs: np.ndarray) -> float:
+    """Largest ours/theirs over the outputs (1 where both are 0)."""
+    with np.errstate(all="ignore"):
+        r = np.where(theirs > 0, ours / np.where(theirs > 0, theirs, 1.0), np.where(ours > 0, np.inf, 1.0))
+    return float(np.max(r))
 
 
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     peer = load_peer()
-    print(f"IBP, l-inf radius {args.eps}, median of {args.repeat} interleaved runs, {args.threads} thread(s) each")
-    net = mlp()
-    for batch in (1, 64):
-        run_case(f"MLP 784-1024-1024-10 b{batch}", net, torch.rand(batch, 784), args.eps, args.repeat, peer)
-    run_case("CNN 3x32x32 b1", cnn(), torch.rand(1, 3, 32, 32), args.eps, args.repeat, peer)
+    print(f"l-inf radius {args.eps}, median of {args.repeat} interleaved runs, {args.threads} thread(s) each")
+    models = {"mlp": ("MLP 784-1024-1024-10", mlp(), (784,)), "cnn": ("CNN 1x28x28", cnn(), (1, 28, 28)),
+              "res": ("residual CNN 1x28x28", Residual(), (1, 28, 28))}
+    for key in args.only.split(","):
+        name, net, shape = models[key]
+        for batch in (int(b) for b in args.batches.split(",")):
+            run_case(f"{name} b{batch}", net, torch.rand((batch,) + shape), args.eps, args.repeat, peer)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from torchlean_bridge.errors import BridgeError, PayloadError
 from torchlean_bridge.fileio import atomic_folder, read_capped
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, foreign_record_errors
+from torchlean_bridge.report import jsonable
 from torchlean_bridge.roles import RoleMap
 from torchlean_bridge.wire import dump_graph, dumps_document, loads_document, parse_document
 
@@ -60,8 +61,8 @@ def save(bundle: Bundle, folder: str | Path) -> Path:
         (tmp / ROLES_FILE).write_text(json.dumps(bundle.roles.to_json(), indent=1, sort_keys=True) + "\n",
                                       encoding="utf-8")
         if bundle.report:
-            (tmp / REPORT_FILE).write_text(json.dumps(bundle.report, indent=1, sort_keys=True, default=str) + "\n",
-                                           encoding="utf-8")
+            (tmp / REPORT_FILE).write_text(json.dumps(jsonable(bundle.report), indent=1, sort_keys=True, default=str,
+                                                      allow_nan=False) + "\n", encoding="utf-8")
         files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": file_sha256(tmp / name)}
                  for name in _CONTENT_FILES if (tmp / name).exists()}
         (tmp / MANIFEST_FILE).write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1,
@@ -77,10 +78,12 @@ def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
                           f"not written by tlb.save)")
     doc = loads_document(read_capped(folder / MANIFEST_FILE, "bundle manifest"))
     files = doc.get("files") if isinstance(doc, dict) else None
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
+    if not isinstance(doc, dict) or set(doc) != {"format", "files"} or doc["format"] != MANIFEST_FORMAT \
+            or not isinstance(files, dict):
         raise BridgeError(f"{where}: {MANIFEST_FILE} is not a `{MANIFEST_FORMAT}` manifest")
     for name, entry in files.items():
-        if name not in _CONTENT_FILES or not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+        if name not in _CONTENT_FILES or not isinstance(entry, dict) or set(entry) != {"bytes", "sha256"} \
+                or not isinstance(entry.get("sha256"), str) \
                 or not isinstance(entry.get("bytes"), int) or isinstance(entry.get("bytes"), bool):
             raise BridgeError(f"{where}: {MANIFEST_FILE} entry `{str(name)[:80]}` is not a bundle file with "
                               f"bytes and sha256")

@@ -1,7 +1,7 @@
 """Bundles as one torchlean.ir.v1 document in exactly the form TorchLean's importer accepts.
 
 Ext ops whose registry entry has an exact ``v1_rewrite`` (squeeze/unsqueeze -> reshape, expand ->
-broadcast_to, pools with v1 geometry) are rewritten; ``wire.graph_to_wire`` then writes payload
+broadcast_to, pools with v1 geometry) are rewritten by ``passes.v1_rewrite``; ``wire.graph_to_wire`` then writes payload
 fields inline (spec 3.2: grouped conv weights expanded dense, reductions as ``axes``/``keepdim``).
 Anything TorchLean cannot take (other ext ops, several inputs, int64/bool values, kinds its
 importer rejects, payloads that do not fit) is refused with every blocking node listed at once.
@@ -17,7 +17,8 @@ from torchlean_bridge.errors import BridgeError, ExportError
 from torchlean_bridge.fileio import atomic_write_text
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, payload_errors
-from torchlean_bridge.v1compat import to_v1_node, v1_blocking_nodes
+from torchlean_bridge.passes.v1_rewrite import rewrite_to_v1
+from torchlean_bridge.v1compat import v1_blocking_nodes
 from torchlean_bridge.wire import dumps_document, graph_to_wire
 
 from .folder import file_sha256
@@ -34,7 +35,8 @@ def torchlean_blocking_nodes(bundle: Bundle) -> list[dict[str, Any]]:
 
 def to_v1_graph(bundle: Bundle) -> Graph:
     """The graph with every ext node in its v1 form; ExportError listing every blocking node."""
-    blocking = torchlean_blocking_nodes(bundle)
+    v1, note = rewrite_to_v1(bundle)
+    blocking = note.facts["blocking"]
     if blocking:
         lines = [(f"  node {b['id']}: {b['kind']}" if b["id"] is not None else "  graph")
                  + (f" ({b['source']})" if b["source"] else "") + f": {b['reason']}" for b in blocking]
@@ -42,9 +44,7 @@ def to_v1_graph(bundle: Bundle) -> Graph:
                             node=blocking[0]["id"], op=blocking[0]["kind"])
         error.items = blocking
         raise error
-    g = bundle.graph
-    nodes = [to_v1_node(g, n) for n in g.nodes]
-    return Graph([n for n in nodes if n is not None], g.inputs, g.outputs)
+    return v1.graph
 
 
 def payload_file_for(file: str | Path) -> Path:

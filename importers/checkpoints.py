@@ -365,7 +365,12 @@ def _load_torchlean_json(path: Path, strip_prefix: str | None) -> Checkpoint:
         if key == "meta" and params is doc:
             continue
         info = meta.get(key, {}) if isinstance(meta.get(key), dict) else {}
-        dtype = _JSON_DTYPES.get(info.get("dtype"), np.float64)
+        tag = info.get("dtype")
+        if tag is not None and not isinstance(tag, str):
+            findings.append(Finding("non_tensor", f"`{key}`: meta dtype {str(tag)[:40]} is not a string; not loaded",
+                                    keys=(key,), severity="warning"))
+            continue
+        dtype = _JSON_DTYPES.get(tag, np.float64)
         data_shape = _json_shape(value)
         shape = _meta_shape(info["shape"]) if "shape" in info else None
         if data_shape is None or ("shape" in info and shape is None):

@@ -46,6 +46,7 @@ ONNX_COMPUTES_DIFFERENTLY = {
     "mha_batch_first": "attention as one packed MatMul, reshaped and transposed per head",
     "mha_seq_first": "attention as one packed MatMul, reshaped and transposed per head",
     "cross_attention": "projections as MatMul by initializers; the boolean mask as an additive float mask",
+    "encoder_stack": "attention's scale applied as sqrt(scale) to q and to k^T (two Mul per layer, torch one)",
     "sdpa_causal": "the causal mask as an additive float mask",
     "sdpa_mask": "the mask as an additive float mask, with a NaN guard",
     "contractions": "x @ W with a weight initializer (MatMul by an initializer imports as linear)",

@@ -191,11 +191,12 @@ def _line(text: str) -> int:
 
 
 def test_unlowerable_arguments_name_the_module_and_reason():
-    module = nn.Sequential(nn.Linear(4, 8), nn.Unflatten(1, (2, 4)), nn.AdaptiveAvgPool1d(3))
+    module = nn.Sequential(nn.Linear(4, 8), nn.Unflatten(1, (2, 4)), nn.Conv1d(2, 2, 3, padding=1,
+                                                                                 padding_mode="circular"))
     with pytest.raises(UnsupportedError) as e:
         tlb.import_fx(module.eval(), (torch.randn(1, 4),))
     assert e.value.items[0]["module"] == "2"
-    assert "adaptive pooling from [4] to [3] is not a fixed window" in e.value.items[0]["reason"]
+    assert "convolution padding_mode='circular' (only 'zeros' is supported)" in e.value.items[0]["reason"]
 
 
 def test_training_mode_is_refused_with_the_fix():

@@ -274,3 +274,15 @@ def test_eval_cli_with_a_saved_plan(tmp_path):
     r = _cli("eval", str(folder), "--input", str(tmp_path / "x.npy"), "--plan", str(folder), "--all-nodes")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[4:] == ["node 4: 0.027720", "node 5: 0.027713"]
+
+
+def test_policy_forms_and_plan_comparison_with_torchleans_pair():
+    g = seed_mlp_graph()
+    plan = plan_kernels(g)
+    assert plan == SEED_PLAN and plan == (tuple(SEED_PLAN[0]), tuple(SEED_PLAN[1]))
+    assert plan_kernels(g, "cpu") == plan == plan_kernels(g, {"device": "cpu"})
+    assert plan_kernels(g, {"preferred": "libtorch"}).capsule_names[0] == "libtorch.linear"
+    with pytest.raises(BridgeError, match="unknown policy field"):
+        plan_kernels(g, {"backend": "libtorch"})
+    k = plan.kernels[0]
+    assert (k.registered, k.selectable, k.executable, k.proved) == (True, True, True, False)

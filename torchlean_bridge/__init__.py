@@ -46,6 +46,8 @@ _LAZY = {
     "load_plan": "torchlean_bridge.app.kernel_plan",
     "init_params": "torchlean_bridge.seeded_init",
     "summary": "torchlean_bridge.app.summary",
+    "linear_bounds": "semantics.linear_bounds",
+    "load_vnnlib": "torchlean_bridge.app.vnnlib",
 }
 
 __all__ = ["Node", "Graph", "Source", "Payload", "RoleMap", "Binding", "Bundle", "BridgeError", "load_graph",

@@ -3,7 +3,8 @@
 Every tensor an importer reads (state_dict key, ONNX initializer, exported-program parameter) is
 bound explicitly. A tensor used by several nodes (tied weights) has one binding per use, and
 ``roles.uses(key)`` lists them. The transform is a small, applicable language, so binding a new
-checkpoint replays exactly what the importer did:
+checkpoint replays exactly what the importer did. ``Transform`` is the typed form (parsed once,
+composed by one rule for every importer); its text is the on-disk spelling (docs/formats.md):
 
 ``transpose`` (2-D), ``permute:1,0,2``, ``reshape:3,1,1``, ``cast:float64``; several joined by
 ``;`` apply left to right. ``None`` is identity.
@@ -18,7 +19,7 @@ import numpy as np
 
 from .errors import BridgeError
 
-__all__ = ["Binding", "RoleMap", "apply_transform", "transform_shape"]
+__all__ = ["Binding", "RoleMap", "Step", "Transform", "apply_transform", "transform_shape"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,12 @@ class Binding:
     transform: str | None = None
 
     def __post_init__(self) -> None:
-        _validate(self.transform, self.key)
+        Transform.parse(self.transform, self.key)  # refuses an invalid step, naming the binding
+
+    @property
+    def steps(self) -> "Transform":
+        """The transform, typed."""
+        return Transform.parse(self.transform, self.key)
 
     def to_json(self) -> dict[str, Any]:
         d = {"key": self.key, "node": self.node, "role": self.role}
@@ -38,82 +44,152 @@ class Binding:
         return d
 
 
-def _steps(transform: str | None) -> list[tuple[str, str]]:
-    if not transform:
-        return []
-    out = []
-    for step in transform.split(";"):
-        name, _, arg = step.strip().partition(":")
-        out.append((name, arg))
-    return out
-
-
-def _ints(arg: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in arg.split(",") if x != "")
-
-
 _CAST_TARGETS = frozenset(np.dtype(t).name for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32,
                                                      np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_))
+_GRAMMAR = "allowed: transpose, permute:<axes>, reshape:<dims>, cast:<numpy dtype>"
 
 
-def _is_dtype(name: str) -> bool:
-    return name in _CAST_TARGETS
+@dataclass(frozen=True)
+class Step:
+    """One transform step: ``transpose`` (2-D), ``permute`` (axes), ``reshape`` (dims) or ``cast`` (dtype)."""
 
+    name: str
+    dims: tuple[int, ...] = ()  # permute axes / reshape dims
+    dtype: str | None = None  # cast target
 
-def _validate(transform: str | None, key: str) -> None:
-    """Reject a transform the grammar does not allow, naming the binding, before anything uses it."""
-    for name, arg in _steps(transform):
+    def __str__(self) -> str:
+        if self.name in ("permute", "reshape"):
+            return f"{self.name}:{','.join(map(str, self.dims))}"
+        return f"cast:{self.dtype}" if self.name == "cast" else self.name
+
+    @classmethod
+    def parse(cls, text: str, key: str = "?") -> "Step":
+        """A step from its on-disk spelling; an invalid one is refused naming the binding."""
+        name, _, arg = text.strip().partition(":")
         try:
-            values = _ints(arg) if name in ("permute", "reshape") else ()
+            dims = tuple(int(x) for x in arg.split(",") if x != "") if name in ("permute", "reshape") else ()
         except ValueError:
-            values = None
+            dims = None
         ok = {"transpose": arg == "",
-              "permute": values is not None and sorted(values) == list(range(len(values))),
-              "reshape": values is not None and all(v >= 0 for v in values),
-              "cast": _is_dtype(arg)}.get(name, False)
+              "permute": dims is not None and sorted(dims) == list(range(len(dims))),
+              "reshape": dims is not None and all(v >= 0 for v in dims),
+              "cast": arg in _CAST_TARGETS}.get(name, False)
         if not ok:
             raise BridgeError(f"role map: binding `{key}` has an invalid transform step `{name}"
-                              f"{':' + arg if arg else ''}` (allowed: transpose, permute:<axes>, "
-                              "reshape:<dims>, cast:<numpy dtype>)")
+                              f"{':' + arg if arg else ''}` ({_GRAMMAR})")
+        return cls(name, dims or (), arg if name == "cast" else None)
 
-
-def apply_transform(transform: str | None, array: np.ndarray) -> np.ndarray:
-    """Turn an external tensor into the payload tensor the binding describes."""
-    a = np.asarray(array)
-    try:
-        return _apply_steps(transform, a)
-    except ValueError as e:  # e.g. a reshape that does not fit this tensor
-        raise BridgeError(f"transform `{transform}` cannot apply to a tensor of shape {list(a.shape)}: {e}") from None
-
-
-def _apply_steps(transform: str | None, a: np.ndarray) -> np.ndarray:
-    for name, arg in _steps(transform):
-        if name == "transpose":
+    def apply(self, a: np.ndarray) -> np.ndarray:
+        if self.name == "transpose":
             if a.ndim != 2:
                 raise BridgeError(f"transform transpose expects a matrix, got rank {a.ndim}")
-            a = a.T
-        elif name == "permute":
-            a = np.transpose(a, _ints(arg))
-        elif name == "reshape":
-            a = a.reshape(_ints(arg))
-        elif name == "cast":
-            a = a.astype(arg)
+            return a.T
+        if self.name == "permute":
+            return np.transpose(a, self.dims)
+        if self.name == "reshape":
+            return a.reshape(self.dims)
+        return a.astype(self.dtype)
+
+    def shape(self, s: tuple[int, ...]) -> tuple[int, ...]:
+        if self.name == "transpose":
+            return s[::-1] if len(s) == 2 else s
+        if self.name == "permute":
+            return tuple(s[i] for i in self.dims)
+        return self.dims if self.name == "reshape" else s
+
+    @property
+    def perm(self) -> tuple[int, ...] | None:
+        """The axis permutation of a transpose/permute step (None for the others)."""
+        return (1, 0) if self.name == "transpose" else self.dims if self.name == "permute" else None
+
+
+@dataclass(frozen=True)
+class Transform:
+    """A binding's transform: steps applied left to right to the external tensor.
+
+    ``then`` appends a step in canonical form, the one simplification rule for every importer:
+    consecutive permutations compose (an identity disappears; the 2-D swap is spelled ``transpose``),
+    consecutive reshapes keep the last, and a reshape to the shape the tensor already has (when the
+    caller knows it) is dropped. Casts are kept as written. ``str()`` is the on-disk spelling.
+    """
+
+    steps: tuple[Step, ...] = ()
+
+    @classmethod
+    def parse(cls, text: "str | Transform | None", key: str = "?") -> "Transform":
+        if isinstance(text, Transform):
+            return text
+        return cls(tuple(Step.parse(t, key) for t in text.split(";"))) if text else cls()
+
+    @classmethod
+    def of_layout(cls, steps: Sequence[tuple[str, Sequence[int]]], source_shape: Sequence[int]) -> "Transform":
+        """The canonical transform for a chain of ``("permute", axes)`` / ``("reshape", dims)`` steps."""
+        out, shape = cls(), tuple(source_shape)
+        for name, arg in steps:
+            out = out.then(Step(name, tuple(arg)), shape)
+            shape = Step(name, tuple(arg)).shape(shape)
+        return out
+
+    def then(self, step: "Step | str", shape: Sequence[int] | None = None) -> "Transform":
+        """This transform followed by ``step``; ``shape`` is the tensor's shape before it, if known."""
+        step = Step.parse(step) if isinstance(step, str) else step
+        steps = list(self.steps)
+        last = steps[-1] if steps else None
+        if step.perm is not None:
+            perm = step.perm
+            if last is not None and last.perm is not None and len(last.perm) == len(perm):
+                perm = tuple(last.perm[i] for i in perm)
+                steps.pop()
+            if perm != tuple(range(len(perm))):
+                steps.append(Step("transpose") if perm == (1, 0) else Step("permute", perm))
+        elif step.name == "reshape":
+            if last is not None and last.name == "reshape":
+                steps.pop()
+                shape = None  # the shape before the dropped reshape no longer applies
+            if shape is None or tuple(shape) != step.dims:
+                steps.append(step)
         else:
-            raise BridgeError(f"unknown role transform `{name}`")
-    return np.asarray(a, order="C")
+            steps.append(step)
+        return Transform(tuple(steps))
+
+    @property
+    def text(self) -> str | None:
+        """The on-disk spelling, None for the identity."""
+        return ";".join(map(str, self.steps)) or None
+
+    def __str__(self) -> str:
+        return self.text or ""
+
+    def __bool__(self) -> bool:
+        return bool(self.steps)
+
+    def apply(self, array: np.ndarray) -> np.ndarray:
+        """Turn an external tensor into the payload tensor the binding describes."""
+        a = np.asarray(array)
+        try:
+            for step in self.steps:
+                a = step.apply(a)
+        except ValueError as e:  # e.g. a reshape that does not fit this tensor
+            raise BridgeError(f"transform `{self.text}` cannot apply to a tensor of shape "
+                              f"{list(np.shape(array))}: {e}") from None
+        return np.asarray(a, order="C")
+
+    def shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """The payload shape an external tensor of ``shape`` has after the transform."""
+        s = tuple(shape)
+        for step in self.steps:
+            s = step.shape(s)
+        return s
 
 
-def transform_shape(transform: str | None, shape: Sequence[int]) -> tuple[int, ...]:
+def apply_transform(transform: str | Transform | None, array: np.ndarray) -> np.ndarray:
+    """Turn an external tensor into the payload tensor the binding describes."""
+    return Transform.parse(transform).apply(array)
+
+
+def transform_shape(transform: str | Transform | None, shape: Sequence[int]) -> tuple[int, ...]:
     """The payload shape an external tensor of ``shape`` has after the transform."""
-    s = tuple(shape)
-    for name, arg in _steps(transform):
-        if name == "transpose":
-            s = s[::-1] if len(s) == 2 else s
-        elif name == "permute":
-            s = tuple(s[i] for i in _ints(arg))
-        elif name == "reshape":
-            s = _ints(arg)
-    return s
+    return Transform.parse(transform).shape(shape)
 
 
 class RoleMap(Mapping[str, Binding]):

@@ -9,6 +9,7 @@ bound in the role map with the exact transform.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -17,15 +18,26 @@ import numpy as np
 from torchlean_bridge.errors import BridgeError, UnsupportedError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import Shape
+from torchlean_bridge.roles import Step, Transform
 
 from ..builder import GraphBuilder
+from ..errors import NotLowerable
 
-__all__ = ["Const", "OnnxContext", "NodeUnsupported", "compose_transform", "Value", "attr_value",
+__all__ = ["Const", "OnnxContext", "NodeUnsupported", "Value", "attr_value",
            "unsupported_error"]
 
 
-class NodeUnsupported(BridgeError):
-    """A handler cannot lower this node exactly (collected, reported with all others at once)."""
+class NodeUnsupported(NotLowerable):
+    """A handler cannot lower this node exactly (collected, reported with all others at once): the
+    importers' shared ``NotLowerable``, with the tensors that would make it lowerable.
+
+    ``needs`` names the ONNX tensors that would let it lower if they were known at import time
+    (``import_onnx(..., constants=...)`` binds graph inputs; the ONNX backend binds them itself).
+    """
+
+    def __init__(self, message: str, needs: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.needs = tuple(needs)
 
 
 @dataclass(frozen=True)
@@ -42,22 +54,10 @@ class Const:
         """The result of a layout-only op on this constant: same key, one more transform step."""
         if self.key is None or step is None:
             return Const(value, folded=True)
-        return Const(value, self.key, compose_transform(self.transform, step), True, self.initializer)
+        return Const(value, self.key, Transform.parse(self.transform).then(step).text, True, self.initializer)
 
 
 Value = int | Const
-
-
-def compose_transform(first: str | None, step: str) -> str | None:
-    """Append a transform step; consecutive reshapes collapse, two transposes cancel."""
-    steps = first.split(";") if first else []
-    if steps and step == "transpose" and steps[-1] == "transpose":
-        steps.pop()
-    elif steps and step.startswith("reshape:") and steps[-1].startswith("reshape:"):
-        steps[-1] = step
-    else:
-        steps.append(step)
-    return ";".join(steps) or None
 
 
 def attr_value(node: Any, name: str, default: Any = None) -> Any:
@@ -67,11 +67,19 @@ def attr_value(node: Any, name: str, default: Any = None) -> Any:
         if a.name == name:
             v = helper.get_attribute_value(a)
             if isinstance(v, bytes):
-                return v.decode()
+                return _text(v, node, name)
             if isinstance(v, list):
-                return [x.decode() if isinstance(x, bytes) else x for x in v]
+                return [_text(x, node, name) if isinstance(x, bytes) else x for x in v]
             return v
     return default
+
+
+def _text(value: bytes, node: Any, name: str) -> str:
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise BridgeError(f"ONNX import: attribute `{name}` of a {node.op_type!r} node is not valid UTF-8 "
+                          f"({value[:40]!r})") from None
 
 
 class OnnxContext:
@@ -87,8 +95,9 @@ class OnnxContext:
         self._materialized: dict[str, int] = {}
         self.node: Any = None  # the ONNX node being lowered
         self.used_keys: set[str] = set()
-        self.fusable_linear: dict[int, str] = {}  # bias-free linear node -> the ONNX tensor it computes
         self.max_elements = builder.max_elements  # the size cap of nodes and of import-time folds
+        self.graph_inputs: set[str] = set()  # the model's (unbound) graph inputs
+        self.onnx_types: dict[str, int] = {}  # ONNX element types by tensor name (shape inference's)
 
     def consumer_count(self, name: str) -> int:
         """How many node inputs and graph outputs read an ONNX tensor."""
@@ -126,12 +135,19 @@ class OnnxContext:
         v = self.values[self.node.input[i]]
         return v if isinstance(v, Const) else None
 
-    def static(self, i: int, what: str) -> np.ndarray:
-        """Input ``i`` that must be known at import time (shapes, axes, pads...)."""
+    def needed(self, i: int, what: str) -> Const:
+        """Input ``i`` that must be known at import time (shapes, axes, pads, weights...)."""
         c = self.const(i)
         if c is None:
-            raise self.fail(f"input {i} ({what}) must be a constant known at import time")
-        return c.value
+            name = self.node.input[i] if self.has_input(i) else ""
+            raise NodeUnsupported(f"input {i} ({what}) must be a constant known at import time (bind graph input "
+                                  f"`{name}` with constants=... or --bind)" if name in self.graph_inputs else
+                                  f"input {i} ({what}) must be a constant known at import time", needs=[name])
+        return c
+
+    def static(self, i: int, what: str) -> np.ndarray:
+        """The value of input ``i`` that must be known at import time (shapes, axes, pads...)."""
+        return self.needed(i, what).value
 
     def ints(self, i: int, what: str) -> list[int] | None:
         if not self.has_input(i):
@@ -147,6 +163,13 @@ class OnnxContext:
         if isinstance(v, int):
             return v
         if name not in self._materialized:
+            kind = v.value.dtype.kind
+            if v.value.dtype.name in ("float16", "bfloat16"):
+                raise NodeUnsupported(f"constant `{name}` is {v.value.dtype.name}: evaluating it in binary32 or "
+                                      f"binary64 would skip {v.value.dtype.name} rounding, so it is refused")
+            if kind not in "biuf":
+                raise NodeUnsupported(f"constant `{name}` has element type {v.value.dtype}, which the IR does not "
+                                      "support")
             key = v.key if v.initializer else None
             if key is not None:
                 self.used_keys.add(key)
@@ -170,6 +193,15 @@ class OnnxContext:
         v = self.values[self.node.input[i]]
         return element_type_of(v.value) if isinstance(v, Const) else self.b.dtype(v)
 
+    def onnx_type(self, name: str) -> str:
+        """The ONNX element type of a tensor by ONNX's name for it (``uint8``, not the IR's int64)."""
+        from .inputs import element_type_name
+        v = self.values.get(name)
+        if isinstance(v, Const):
+            return str(v.value.dtype)
+        t = self.onnx_types.get(name)
+        return element_type_name(t) if t else self.b.dtype(v) if isinstance(v, int) else "unknown"
+
     def axis(self, axis: int, rank: int) -> int:
         """A possibly negative ONNX axis made non-negative (and checked)."""
         a = axis + rank if axis < 0 else axis
@@ -181,23 +213,22 @@ class OnnxContext:
     def param(self, nid: int, role: str, i: int, reshape_to: Sequence[int] | None = None,
               transpose: bool = False) -> None:
         """Store constant input ``i`` as payload ``role`` of node ``nid``, bound to its initializer."""
-        c = self.const(i)
-        if c is None:
-            raise self.fail(f"input {i} ({role}) must be an initializer")
-        self.param_const(nid, role, c, reshape_to, transpose)
+        self.param_const(nid, role, self.needed(i, role), reshape_to, transpose)
 
     def param_const(self, nid: int, role: str, c: Const, reshape_to: Sequence[int] | None = None,
                     transpose: bool = False) -> None:
         value, transform = c.value, c.transform
         if transpose:
             value = value.T
-            transform = compose_transform(transform, "transpose")
+            transform = Transform.parse(transform).then("transpose").text
         if reshape_to is not None and tuple(value.shape) != tuple(reshape_to):
+            if value.size != math.prod(reshape_to):
+                raise NodeUnsupported(f"{role} has shape {list(value.shape)}, expected {list(reshape_to)}")
             value = value.reshape(tuple(reshape_to))
-            transform = compose_transform(transform, "reshape:" + ",".join(map(str, reshape_to)))
-        if value.dtype.kind == "f" and value.dtype != np.float64 and value.dtype != np.float32:
-            value = value.astype(np.float32)
-            transform = compose_transform(transform, "cast:float32")
+            transform = Transform.parse(transform).then(Step("reshape", tuple(reshape_to))).text
+        if value.dtype not in (np.float64, np.float32) and (value.dtype.kind == "f" or value.dtype.name == "bfloat16"):
+            raise NodeUnsupported(f"{role} is {value.dtype.name}: evaluating it in binary32 or binary64 would skip "
+                                  f"{value.dtype.name} rounding, so it is refused")
         if c.key is not None:
             self.used_keys.add(c.key)
         self.b.param(nid, role, np.asarray(value, order="C"), key=c.key, transform=transform if c.key else None)

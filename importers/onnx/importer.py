@@ -10,11 +10,12 @@ the last IR node of a lowering also carries the ONNX output tensor it computes.
 
 from __future__ import annotations
 
-import operator
+import math
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -26,19 +27,25 @@ from torchlean_bridge.ops import fmt_shape
 from torchlean_bridge.passes.canonicalize import canonical_kinds
 
 from . import ops_math, ops_nn, ops_tensor
+from .breadth import BREADTH_MODULES  # issue #15's handlers, one module per family
 from ..builder import GraphBuilder
+from ..errors import add_node_note
+from .checks import DEFAULT_DOMAINS, check_model, newest_opset
+from .external import is_external, mapped_array
 from .context import Const, NodeUnsupported, OnnxContext, unsupported_error
 from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
+from .inputs import InputShapes, bound_constants, check_tensor_type, element_type_name, static_input_shapes
 from .ops_math import onnx_element_type
+from .opsets import upgrade, upgrade_target, version_problem
 
 __all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
 
-HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS}
+HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS,
+            **{op: h for m in BREADTH_MODULES for op, h in m.HANDLERS.items()}}
 # what the handlers emit, after builder.finish's canonicalization (torchlean_bridge.passes.canonicalize)
-EMITTED_KINDS: frozenset[str] = canonical_kinds({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS | ops_nn.EMITS)
-MIN_OPSET, MAX_OPSET = 9, 21
-
-InputShapes = Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None
+EMITTED_KINDS: frozenset[str] = canonical_kinds({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS | ops_nn.EMITS
+                                                 | {k for m in BREADTH_MODULES for k in m.EMITS})
+MIN_OPSET, MAX_OPSET = 1, newest_opset()  # every opset the installed onnx defines
 
 
 def load_model(path_or_model: Any) -> Any:
@@ -62,11 +69,97 @@ def load_model(path_or_model: Any) -> Any:
     raise BridgeError(f"ONNX import: expected a path, bytes or onnx.ModelProto, got {type(path_or_model).__name__}")
 
 
-def _default_opset(model: Any) -> int:
-    for o in model.opset_import:
-        if o.domain in ("", "ai.onnx"):
-            return int(o.version)
-    raise BridgeError("ONNX import: the model imports no default-domain opset")
+def _read_model(path_or_model: Any) -> tuple[Any, Path | None]:
+    """The model and, when read from a path, its folder; external data stays on disk (mapped later)."""
+    if isinstance(path_or_model, (str, os.PathLike)):
+        import onnx
+        path = Path(path_or_model)
+        if not path.is_file():
+            raise BridgeError(f"ONNX import: no such file: {path}")
+        try:
+            return onnx.load(str(path), load_external_data=False), path.parent
+        except Exception as e:  # noqa: BLE001 - protobuf raises several unrelated types
+            raise BridgeError(f"ONNX import: cannot read {path}: {e}") from None
+    return load_model(path_or_model), None
+
+
+def _initializer_array(t: Any, base: Path | None) -> np.ndarray:
+    """An initializer's values (external data memory-mapped from ``base``); data that cannot be read
+    is a BridgeError naming it."""
+    from onnx import numpy_helper
+    if is_external(t) and base is not None:
+        mapped = mapped_array(t, base)
+        if mapped is not None:
+            return mapped
+        from onnx.external_data_helper import load_external_data_for_tensor
+        t = type(t).FromString(t.SerializeToString())
+        try:
+            load_external_data_for_tensor(t, str(base))
+        except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
+            raise BridgeError(f"ONNX import: cannot read initializer `{t.name}` (external data): "
+                              f"{type(e).__name__}: {e}"[:400]) from None
+        t.data_location = 0
+        del t.external_data[:]
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
+        where = {kv.key: kv.value for kv in t.external_data}.get("location")
+        detail = f" (external data `{where}`: load the model from its path, next to that file)" if where else ""
+        raise BridgeError(f"ONNX import: cannot read initializer `{t.name}`{detail}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}"[:400]) from None
+
+
+_SMALL_INITIALIZER = 4096  # elements: shape inference sees the values of initializers up to this size
+
+
+def _declared_shapes(model: Any, shapes: dict[str, tuple[int, ...]], bound: dict[str, np.ndarray]
+                     ) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """Static shapes (and element types) onnx's shape inference finds once the inputs' shapes are fixed.
+
+    Inference runs on a copy without the weight data: small initializers (shape operands) keep
+    their values, large ones become typed graph inputs, so no weight is copied or read.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+    src = model.graph
+    m = onnx.ModelProto()
+    m.ir_version = max(model.ir_version, 4)  # initializers need not be graph inputs
+    m.opset_import.extend(model.opset_import)
+    m.functions.extend(model.functions)
+    g = m.graph
+    g.node.extend(src.node)
+    g.output.extend(src.output)
+    listed = set()
+    for vi in src.input:
+        listed.add(vi.name)
+        if vi.name in bound:
+            g.initializer.append(numpy_helper.from_array(bound[vi.name], vi.name))
+            continue
+        new = g.input.add()
+        new.CopyFrom(vi)
+        if vi.name in shapes:
+            new.type.tensor_type.shape.Clear()
+            for d in shapes[vi.name]:
+                new.type.tensor_type.shape.dim.add().dim_value = d
+    for t in src.initializer:
+        small = not t.external_data and math.prod(t.dims) <= _SMALL_INITIALIZER
+        if small:
+            g.initializer.append(t)
+        elif t.name not in listed:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m)  # no data_prop: it computes Range etc. unbounded
+    except Exception:  # noqa: BLE001 - inference is advisory: our rules still compute every shape
+        return {}, {}
+    out, types = {}, {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(src.input):
+        if vi.type.WhichOneof("value") != "tensor_type":
+            continue
+        types[vi.name] = vi.type.tensor_type.elem_type
+        s = _static_shape(vi)
+        if s is not None and vi.name not in shapes:
+            out[vi.name] = s
+    return out, types
 
 
 def _static_shape(value_info: Any) -> tuple[int, ...] | None:
@@ -81,86 +174,6 @@ def _static_shape(value_info: Any) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
-def _given_shape(name: str, dims: Any) -> tuple[int, ...]:
-    """A caller's shape for input ``name``: a sequence of non-negative ints, else a BridgeError."""
-    try:
-        shape = tuple(operator.index(d) for d in dims)
-    except TypeError:
-        shape = None
-    if shape is None or isinstance(dims, (str, bytes)) or any(isinstance(d, bool) for d in dims) \
-            or any(d < 0 for d in shape):
-        raise BridgeError(f"ONNX import: input_shapes for `{name}` must be a sequence of non-negative ints, "
-                          f"got {dims!r}"[:300])
-    return shape
-
-
-def _initializer_array(t: Any) -> np.ndarray:
-    """An initializer's values; external data that cannot be read is a BridgeError naming it."""
-    from onnx import numpy_helper
-    try:
-        return numpy_helper.to_array(t)
-    except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
-        where = {kv.key: kv.value for kv in t.external_data}.get("location")
-        detail = f" (external data `{where}`: load the model from its path, next to that file)" if where else ""
-        raise BridgeError(f"ONNX import: cannot read initializer `{t.name}`{detail}: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}"[:400]) from None
-
-
-def _input_shapes(graph_inputs: list[Any], input_shapes: InputShapes) -> dict[str, tuple[int, ...]]:
-    """Every real input's static shape, from the model or the caller; a dynamic dim is an error."""
-    given: dict[str, tuple[int, ...]] = {}
-    if isinstance(input_shapes, Mapping):
-        unknown = sorted(set(input_shapes) - {i.name for i in graph_inputs})
-        if unknown:
-            raise BridgeError(f"ONNX import: input_shapes names unknown inputs {unknown}; the model's inputs are "
-                              f"{[i.name for i in graph_inputs]}")
-        given = {k: _given_shape(k, v) for k, v in input_shapes.items()}
-    elif input_shapes is not None:
-        shapes = list(input_shapes)
-        if len(shapes) != len(graph_inputs):
-            raise BridgeError(f"ONNX import: {len(shapes)} input shapes given for {len(graph_inputs)} inputs")
-        given = {i.name: _given_shape(i.name, s) for i, s in zip(graph_inputs, shapes)}
-    out = {}
-    for vi in graph_inputs:
-        if vi.name in given:
-            out[vi.name] = given[vi.name]
-            continue
-        dims = vi.type.tensor_type.shape.dim
-        if not vi.type.tensor_type.HasField("shape"):
-            raise BridgeError(f"ONNX import: input `{vi.name}` has no shape; pass input_shapes={{'{vi.name}': (...)}} "
-                              f"(CLI: --input-shape)")
-        for axis, d in enumerate(dims):
-            if not d.HasField("dim_value"):
-                label = f"`{d.dim_param}`" if d.dim_param else "unknown"
-                raise BridgeError(f"ONNX import: input `{vi.name}` has a dynamic dimension at axis {axis} ({label}); "
-                                  f"pass input_shapes={{'{vi.name}': (...)}} (CLI: --input-shape) to fix it")
-        out[vi.name] = tuple(int(d.dim_value) for d in dims)
-    return out
-
-
-def _declared_shapes(model: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """Static shapes onnx's shape inference finds once the inputs' shapes are fixed."""
-    import onnx
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for vi in m.graph.input:
-        if vi.name in shapes:
-            vi.type.tensor_type.shape.Clear()
-            for d in shapes[vi.name]:
-                vi.type.tensor_type.shape.dim.add().dim_value = d
-    del m.graph.value_info[:]
-    try:
-        inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is advisory: our rules still compute every shape
-        return {}
-    out = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-        s = _static_shape(vi)
-        if s is not None:
-            out[vi.name] = s
-    return out
-
-
 def _consumers(graph: Any) -> dict[str, int]:
     counts: dict[str, int] = {}
     for node in graph.node:
@@ -172,31 +185,50 @@ def _consumers(graph: Any) -> dict[str, int]:
     return counts
 
 
+def _upgraded(model: Any, opset: int) -> tuple[Any, int, list[str]]:
+    """The model upgraded when some node predates its handler (with a note), else as it is."""
+    target = upgrade_target(model.graph, opset)
+    if target is None:
+        return model, opset, []
+    model = upgrade(model, opset, target)
+    return model, target, [f"upgraded from opset {opset} to {target} with onnx.version_converter (the handlers "
+                           f"implement the newer operator versions)"]
+
+
 def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
-                max_elements: int = DEFAULT_MAX_ELEMENTS) -> Bundle:
+                max_elements: int = DEFAULT_MAX_ELEMENTS, constants: Mapping[str, Any] | None = None) -> Bundle:
     """An ONNX model (path, bytes or ModelProto) as a checked bundle.
 
-    ``input_shapes`` fixes dynamic input dimensions: ``{"x": (1, 3, 32, 32)}`` or a list in input order.
-    ``max_elements`` caps every node's size and every import-time fold, checked before computing it.
+    ``input_shapes`` fixes dynamic input dimensions: ``{"x": (1, 3, 32, 32)}`` or a list in input order
+    (a dynamic batch axis alone defaults to 1). ``constants`` freezes graph inputs to values
+    (``{"shape": np.array([1, -1])}``): shapes, axes, pads, scales, even weights given as inputs; what
+    follows from them folds. ``max_elements`` caps every node's size and every import-time fold,
+    checked before computing it.
     """
-    model = load_model(path_or_model)
-    opset = _default_opset(model)
-    if opset < MIN_OPSET:
-        raise BridgeError(f"ONNX import: opset {opset} is older than the supported {MIN_OPSET}..{MAX_OPSET}; "
-                          f"convert it with onnx.version_converter first")
+    model, base = _read_model(path_or_model)
+    opset = check_model(model)
+    model, opset, notes = _upgraded(model, opset)
     graph = model.graph
     init_names = {t.name for t in graph.initializer}
     real_inputs = [vi for vi in graph.input if vi.name not in init_names]
-    shapes = _input_shapes(real_inputs, input_shapes)
+    bound = bound_constants(real_inputs, constants)
+    free_inputs = [vi for vi in real_inputs if vi.name not in bound]
+    for vi in free_inputs:
+        check_tensor_type(vi, "input")
+    for vi in graph.output:
+        check_tensor_type(vi, "graph output")
+    shapes, batch_notes = static_input_shapes(free_inputs, input_shapes)
     b = GraphBuilder("onnx", max_elements)
-    ctx = OnnxContext(b, opset, _declared_shapes(model, shapes), _consumers(graph))
+    declared, onnx_types = _declared_shapes(model, shapes, bound)
+    ctx = OnnxContext(b, opset, declared, _consumers(graph))
+    ctx.onnx_types = onnx_types
+    ctx.graph_inputs = {vi.name for vi in free_inputs}
     for t in graph.initializer:
-        ctx.values[t.name] = Const(_initializer_array(t), key=t.name)
-    for vi in real_inputs:
+        ctx.values[t.name] = Const(_initializer_array(t, base), key=t.name)
+    for name, value in bound.items():
+        ctx.values[name] = Const(value, initializer=False)
+    for vi in free_inputs:
         etype = onnx_element_type(vi.type.tensor_type.elem_type)
-        if etype is None:
-            raise BridgeError(f"ONNX import: input `{vi.name}` has unsupported element type "
-                              f"{vi.type.tensor_type.elem_type}")
         ctx.values[vi.name] = b.input(shapes[vi.name], etype,
                                       source=Source(framework="onnx", name=vi.name, tensor=vi.name))
     problems = _lower_nodes(ctx, graph)
@@ -212,13 +244,19 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     static = sorted(init_names - ctx.used_keys)
     report: dict[str, Any] = {
         "framework": "onnx", "opset": opset, "producer": f"{model.producer_name} {model.producer_version}".strip(),
-        "inputs": [vi.name for vi in real_inputs], "outputs": [o.name for o in graph.output],
+        "inputs": [vi.name for vi in free_inputs], "outputs": [o.name for o in graph.output],
+        "output_types": [element_type_name(o.type.tensor_type.elem_type) if o.type.tensor_type.elem_type else None
+                         for o in graph.output],
+        "precision": "float64" if any(vi.type.tensor_type.elem_type == 11 for vi in list(free_inputs)
+                                      + list(graph.output)) else "float32",
         "external_shapes": {t.name: list(t.dims) for t in graph.initializer if t.name in ctx.used_keys},
     }
+    if bound:
+        report["bound_inputs"] = sorted(bound)
     if static:
         report["static_initializers"] = static
-    if opset > MAX_OPSET:
-        report["warnings"] = [f"opset {opset} is newer than {MAX_OPSET}; lowered with opset-{MAX_OPSET} rules"]
+    if notes or batch_notes:
+        report["notes"] = notes + batch_notes
     return b.finish(outputs, report)
 
 
@@ -240,12 +278,9 @@ def _lower_nodes(ctx: OnnxContext, graph: Any) -> list[dict]:
             continue
         try:
             outs = _lower_one(ctx, node)
-        except BridgeError as e:  # NodeUnsupported, or a shape rule rejecting the lowered operands
-            problems.append({**item, "reason": e.message})
-            poisoned.update(node.output)
-            continue
-        except (ValueError, TypeError, IndexError, KeyError) as e:  # a malformed node (missing attribute...)
-            problems.append({**item, "reason": f"malformed node: {type(e).__name__}: {e}"})
+        except BridgeError as e:  # NotLowerable, or a shape rule rejecting the lowered operands
+            needs = getattr(e, "needs", ())
+            problems.append({**item, "reason": _reason(ctx, node, e), **({"needs": list(needs)} if needs else {})})
             poisoned.update(node.output)
             continue
         for name, value in zip(node.output, outs):
@@ -257,8 +292,22 @@ def _lower_nodes(ctx: OnnxContext, graph: Any) -> list[dict]:
     return problems
 
 
+_IR_TYPE_REJECTION = re.compile(r"operand \d+ has element type \w+, expected float|element types differ|"
+                                r"branches differ in element type")
+
+
+def _reason(ctx: OnnxContext, node: Any, error: BridgeError) -> str:
+    """The problem's message; an element-type rejection names the operands' ONNX element types (the IR
+    holds every integer type as int64, which the user never wrote)."""
+    if isinstance(error, NodeUnsupported) or not _IR_TYPE_REJECTION.search(error.message):
+        return error.message
+    types = [ctx.onnx_type(n) for n in node.input if n]
+    return (f"operands of element types {', '.join(types)}: the IR's lowering of {node.op_type} computes on "
+            f"float tensors ({error.message})")
+
+
 def _lower_one(ctx: OnnxContext, node: Any) -> list:
-    if node.domain not in ("", "ai.onnx"):
+    if node.domain not in DEFAULT_DOMAINS:
         raise NodeUnsupported(f"custom domain `{node.domain}`")
     inputs = [ctx.values[n] for n in node.input if n]
     if all(isinstance(v, Const) for v in inputs) and node.op_type not in NONDETERMINISTIC \
@@ -275,8 +324,17 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
     handler = HANDLERS.get(node.op_type)
     if handler is None:
         raise NodeUnsupported("no lowering for this op type")
+    problem = version_problem(node.op_type, ctx.opset)
+    if problem is not None:
+        raise NodeUnsupported(problem)
     start = len(ctx.b.nodes)
-    outs = handler(ctx)
+    try:
+        outs = handler(ctx)
+    except BridgeError:
+        raise
+    except Exception as e:  # a bug in a handler: keep its traceback, say which node it met
+        add_node_note(e, f"ONNX node `{node.name or node.output[0]}` ({node.op_type}, opset {ctx.opset})")
+        raise
     for name, value in zip(node.output, outs):
         if name and isinstance(value, int) and value >= start:
             ctx.retag(value, name)

@@ -49,35 +49,8 @@ def onnx_element_type(elem_type: int) -> str | None:
 
 def _binary(kind: str) -> Handler:
     def lower(ctx: OnnxContext) -> list[Value]:
-        if kind == "add":
-            fused = _fuse_linear_bias(ctx)
-            if fused is not None:
-                return [fused]
         return [ctx.elementwise(kind, [ctx.operand(0), ctx.operand(1)])]
     return lower
-
-
-def _fuse_linear_bias(ctx: OnnxContext) -> int | None:
-    """``MatMul`` (already a bias-free ``linear``) followed by ``Add`` of a per-output vector."""
-    for lin_i, bias_i in ((0, 1), (1, 0)):
-        name = ctx.node.input[lin_i]
-        nid = ctx.values.get(name)
-        bias = ctx.const(bias_i)
-        if not isinstance(nid, int) or ctx.fusable_linear.get(nid) != name or bias is None:
-            continue
-        out = ctx.b.shape(nid)
-        n = out[-1]
-        bshape = tuple(bias.value.shape)
-        if bias.value.size != n or len(bshape) > len(out) or any(d != 1 for d in bshape[:-1]) \
-                or (bshape and bshape[-1] != n) or bias.value.dtype.kind != "f":
-            continue
-        if ctx.consumer_count(name) != 1:
-            continue
-        ctx.param_const(nid, "bias", bias, reshape_to=(n,))
-        del ctx.fusable_linear[nid]
-        ctx.retag(nid)
-        return nid
-    return None
 
 
 def _unary(kind: str) -> Handler:
@@ -110,8 +83,8 @@ def _prelu(ctx: OnnxContext) -> list[Value]:
 
 
 def _pow(ctx: OnnxContext) -> list[Value]:
-    exp = ctx.const(1)
-    if exp is None or exp.value.size == 0 or not np.all(exp.value == exp.value.reshape(-1)[0]):
+    exp = ctx.needed(1, "exponent")
+    if exp.value.size == 0 or not np.all(exp.value == exp.value.reshape(-1)[0]):
         raise ctx.fail("the exponent must be a constant with a single value")
     out_shape = broadcast_shapes(ctx.shape(0), tuple(exp.value.shape), "Pow")
     x = ctx.b.broadcast(ctx.operand(0), out_shape, ctx.source)
@@ -306,6 +279,29 @@ HANDLERS: dict[str, Handler] = {
     "TopK": _topk,
     "ArgMax": _arg("argmax"),
     "ArgMin": _arg("argmin"),
+}
+
+# The ONNX operator versions (``since_version``) each handler implements. Where a later version
+# changed semantics (not just added element types), the range stops before it; earlier versions with
+# other semantics (legacy ``broadcast``/``axis`` attributes before 7, Cast's string ``to``) are
+# reached by upgrading the model with onnx.version_converter.
+_UNARY_SINCE = {"Sin": 7, "Cos": 7, "Tan": 7, "Asin": 7, "Acos": 7, "Atan": 7, "Erf": 9, "Sign": 9, "IsNaN": 9,
+                "Sinh": 9, "Cosh": 9, "Asinh": 9, "Acosh": 9, "Atanh": 9, "HardSwish": 14, "Mish": 18, "Round": 11}
+_UNARY_LAST = {"Relu": 14, "Sin": 22, "Cos": 22, "Tan": 22, "Asin": 22, "Acos": 22, "Atan": 22, "Sinh": 22,
+               "Cosh": 22, "Asinh": 22, "Acosh": 22, "Atanh": 22, "Softplus": 22, "Softsign": 22, "HardSwish": 22,
+               "Mish": 22, "Round": 22, "IsNaN": 20, "Not": 1}
+OPSETS: dict[str, tuple[int, int]] = {
+    **{op: (7, 14) for op in ("Add", "Sub", "Mul", "Div")},
+    "Equal": (7, 19), "Less": (7, 13), "Greater": (7, 13), "LessOrEqual": (12, 16), "GreaterOrEqual": (12, 16),
+    "And": (7, 7), "Or": (7, 7),
+    **{op: (_UNARY_SINCE.get(op, 1), _UNARY_LAST.get(op, 13)) for op in _UNARY},
+    "LeakyRelu": (1, 16), "Elu": (1, 22), "Celu": (12, 28), "HardSigmoid": (1, 22), "Selu": (1, 22), "Gelu": (20, 20),
+    "PRelu": (7, 16), "Pow": (7, 15), "Max": (1, 13), "Min": (1, 13), "Sum": (1, 13), "Mean": (1, 13),
+    "Clip": (1, 13), "ThresholdedRelu": (10, 22), "Shrink": (9, 9), "IsInf": (10, 20), "Where": (9, 16),
+    "Cast": (6, 28), "ReduceSum": (1, 13), "ReduceMean": (1, 18), "ReduceMax": (1, 20), "ReduceMin": (1, 20),
+    "ReduceProd": (1, 18), "ReduceL1": (1, 18), "ReduceL2": (1, 18), "ReduceSumSquare": (1, 18),
+    "ReduceLogSum": (1, 28), "ReduceLogSumExp": (1, 28), "CumSum": (11, 14), "TopK": (1, 24), "ArgMax": (1, 13),
+    "ArgMin": (1, 13),
 }
 
 EMITS = frozenset({*_BINARY.values(), *_UNARY.values(), "leaky_relu", "elu", "celu", "hardsigmoid", "selu",

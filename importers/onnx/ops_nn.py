@@ -51,7 +51,6 @@ def _gemm(ctx: OnnxContext) -> list[Value]:
             ctx.param_const(y, "bias", bias, reshape_to=(n,))
             return [y]
         if alpha == 1.0 and not ctx.has_input(2):
-            ctx.fusable_linear[y] = ctx.node.output[0]
             return [y]
     else:
         b = ctx.operand(1)
@@ -77,13 +76,23 @@ def _matmul(ctx: OnnxContext) -> list[Value]:
     weight = ctx.const(1)
     if weight is not None and weight.value.ndim == 2 and weight.value.dtype.kind == "f" and ctx.rank(0) >= 1 \
             and ctx.const(0) is None:
-        nid = _linear(ctx, ctx.operand(0), weight, transpose=True)
-        ctx.fusable_linear[nid] = ctx.node.output[0]
-        return [nid]
+        return [_linear(ctx, ctx.operand(0), weight, transpose=True)]
     return [ctx.add("matmul", [ctx.operand(0), ctx.operand(1)])]
 
 
 # -- convolution and pooling geometry ----------------------------------------------------------
+
+def _check_window(ctx: OnnxContext, r: int, kernel: list[int], strides: list[int], dilations: list[int]) -> None:
+    """Kernel, strides and dilations: one positive entry per spatial axis (and pads, when given, two)."""
+    for what, values in (("kernel_shape", kernel), ("strides", strides), ("dilations", dilations)):
+        if len(values) != r or any(v < 1 for v in values):
+            raise ctx.fail(f"{what} {list(values)} (expected {r} positive entries)")
+    pads = ctx.attr("pads")
+    if pads is not None and (len(pads) != 2 * r or any(p < 0 for p in pads)):
+        raise ctx.fail(f"pads {list(pads)} (expected {2 * r} non-negative entries)")
+    if ctx.attr("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise ctx.fail(f"auto_pad={ctx.attr('auto_pad')}")
+
 
 def _window_pads(ctx: OnnxContext, spatial: tuple[int, ...], kernel: list[int], strides: list[int],
                  dilations: list[int]) -> tuple[list[int], list[int]]:
@@ -137,9 +146,7 @@ def _conv_transpose_geometry(ctx: OnnxContext, spatial: tuple[int, ...], kernel:
 
 def _convolution(ctx: OnnxContext) -> list[Value]:
     """``Conv`` (weight ``[out, in/group, *k]``) and ``ConvTranspose`` (weight ``[in, out/group, *k]``)."""
-    weight = ctx.const(1)
-    if weight is None:
-        raise ctx.fail("the weight must be an initializer")
+    weight = ctx.needed(1, "weight")
     xs = ctx.shape(0)
     r = len(xs) - 2
     if r < 1:
@@ -148,6 +155,9 @@ def _convolution(ctx: OnnxContext) -> list[Value]:
     kernel = list(ctx.attr("kernel_shape") or weight.value.shape[2:])
     strides = list(ctx.attr("strides") or [1] * r)
     dilations = list(ctx.attr("dilations") or [1] * r)
+    _check_window(ctx, r, kernel, strides, dilations)
+    if groups < 1:
+        raise ctx.fail(f"group={groups}")
     if ctx.node.op_type == "ConvTranspose":
         kind, out_channels = "conv_transpose", int(weight.value.shape[1]) * groups
         before, after, output_padding = _conv_transpose_geometry(ctx, xs[2:], kernel, strides, dilations)
@@ -178,6 +188,9 @@ def _pool(kind: str) -> Handler:
         r = len(kernel)
         strides = list(ctx.attr("strides") or [1] * r)
         dilations = list(ctx.attr("dilations") or [1] * r)
+        if len(xs) < r + 1:
+            raise ctx.fail(f"input rank {len(xs)} for a {r}-d window")
+        _check_window(ctx, r, kernel, strides, dilations)
         before, after = _window_pads(ctx, xs[len(xs) - r:], kernel, strides, dilations)
         attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
                  "padding_after": tuple(after), "dilation": tuple(dilations),
@@ -205,15 +218,19 @@ def _global_pool(kind: str) -> Handler:
 
 # -- normalization ----------------------------------------------------------------------------
 
-def _unused_outputs(ctx: OnnxContext, what: str) -> None:
+def _unused_outputs(ctx: OnnxContext, what: str, training: bool = True) -> None:
     for name in ctx.node.output[1:]:
         if name and ctx.consumer_count(name):
-            raise ctx.fail(f"the {what} outputs are only produced in training")
+            raise ctx.fail(f"the {what} outputs are only produced in training" if training else
+                           f"the {what} outputs are read (only Y is lowered)")
 
 
 def _batch_norm(ctx: OnnxContext) -> list[Value]:
     if int(ctx.attr("training_mode", 0)) or not int(ctx.attr("spatial", 1)):
         raise ctx.fail("training mode or spatial=0")
+    if ctx.opset < 14 and any(ctx.node.output[1:]):
+        raise ctx.fail("statistics outputs declared: before BatchNormalization-14 that is training mode, where Y "
+                       "is normalized with the batch's own statistics")
     _unused_outputs(ctx, "running/saved statistics")
     xs = ctx.shape(0)
     if len(xs) < 2:
@@ -231,15 +248,13 @@ def _trivial(c: Const | None, fill: float) -> bool:
 
 
 def _layer_norm(ctx: OnnxContext) -> list[Value]:
-    _unused_outputs(ctx, "Mean/InvStdDev")
+    _unused_outputs(ctx, "Mean/InvStdDev", training=False)
     xs = ctx.shape(0)
     axis = ctx.axis(int(ctx.attr("axis", -1)), len(xs))
     nid = ctx.add("layernorm", [ctx.operand(0)], {"axis": axis, "eps": float(ctx.attr("epsilon", 1e-5))})
     suffix = xs[axis:]
     for i, role, fill in ((1, "weight", 1.0), (2, "bias", 0.0)):
-        c = ctx.const(i)
-        if ctx.has_input(i) and c is None:
-            raise ctx.fail(f"the {role} must be an initializer")
+        c = ctx.needed(i, role) if ctx.has_input(i) else None
         if c is None or _trivial(c, fill):
             continue
         if c.value.size != math.prod(suffix):
@@ -257,9 +272,7 @@ def _instance_norm(ctx: OnnxContext) -> list[Value]:
     per_channel = (xs[1],) + (1,) * (len(xs) - 2)
     step = "reshape:" + ",".join(map(str, per_channel))
     for i, kind in ((1, "mul_elem"), (2, "add")):
-        c = ctx.const(i)
-        if c is None:
-            raise ctx.fail("scale and bias must be initializers")
+        c = ctx.needed(i, "scale" if i == 1 else "bias")
         name = f"{ctx.node.output[0]}::{'scale' if i == 1 else 'bias'}"
         ctx.values[name] = c.derived(c.value.reshape(per_channel), step)
         y = ctx.elementwise(kind, [y, ctx.tensor(name)])
@@ -272,16 +285,14 @@ def _group_norm(ctx: OnnxContext) -> list[Value]:
     bias only when every group is one channel)."""
     xs = ctx.shape(0)
     groups = int(ctx.attr("num_groups"))
-    if len(xs) < 3 or xs[1] % groups:
+    if len(xs) < 3 or groups < 1 or xs[1] % groups:
         raise ctx.fail(f"{groups} groups of an input shaped {list(xs)}")
     blocks = ctx.b.reshape(ctx.operand(0), (xs[0], groups, math.prod(xs[1:]) // groups), ctx.source)
     y = ctx.b.reshape(ctx.add("layernorm", [blocks], {"axis": 2, "eps": float(ctx.attr("epsilon", 1e-5))}), xs,
                       ctx.source)
     per_channel = (xs[1],) + (1,) * (len(xs) - 2)
     for i, kind in ((1, "mul_elem"), (2, "add")):
-        c = ctx.const(i)
-        if c is None:
-            raise ctx.fail("scale and bias must be initializers")
+        c = ctx.needed(i, "scale" if i == 1 else "bias")
         if c.value.size != xs[1]:
             raise ctx.fail(f"scale/bias with {c.value.size} entries for {xs[1]} channels (opset 18's per-group "
                            "form is supported only with one channel per group)")
@@ -421,6 +432,15 @@ HANDLERS: dict[str, Handler] = {
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
     "LRN": _lrn, "GroupNormalization": _group_norm, "LpNormalization": _lp_norm,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "Einsum": _einsum,
+}
+
+# ONNX operator versions each handler implements (see ops_math.OPSETS): Gemm before 7 (C broadcast
+# only with broadcast=1) and BatchNormalization before 7 (is_test, consumed_inputs) are upgraded.
+OPSETS: dict[str, tuple[int, int]] = {
+    "Gemm": (7, 13), "MatMul": (1, 13), "Conv": (1, 22), "ConvTranspose": (1, 22), "MaxPool": (1, 22),
+    "AveragePool": (1, 22), "GlobalAveragePool": (1, 22), "GlobalMaxPool": (1, 22), "BatchNormalization": (7, 15),
+    "LayerNormalization": (17, 17), "InstanceNormalization": (1, 22), "LRN": (1, 13), "GroupNormalization": (18, 21),
+    "LpNormalization": (1, 22), "Softmax": (1, 13), "LogSoftmax": (1, 13), "Einsum": (12, 28),
 }
 
 EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "conv_transpose",

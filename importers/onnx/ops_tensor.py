@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from torchlean_bridge.errors import ShapeRuleError
+from torchlean_bridge.ops import BOOL, INT64
 from torchlean_bridge.ops.contracts import broadcast_shapes, resolve_reshape
 
 from .context import Const, OnnxContext, Value
@@ -67,6 +68,8 @@ def _flatten(ctx: OnnxContext) -> list[Value]:
 def _transpose(ctx: OnnxContext) -> list[Value]:
     rank = ctx.rank(0)
     perm = ctx.attr("perm") or list(range(rank))[::-1]
+    if sorted(perm) != list(range(rank)):
+        raise ctx.fail(f"perm {list(perm)} is not a permutation of the {rank} axes")
     if list(perm) == list(range(rank)):
         return _alias(ctx)
     return [ctx.add("permute", [ctx.operand(0)], {"perm": tuple(perm)})]
@@ -110,9 +113,11 @@ def _split(ctx: OnnxContext) -> list[Value]:
     sizes = ctx.ints(1, "split") if ctx.opset >= 13 else ctx.attr("split")
     if not sizes:
         parts = int(ctx.attr("num_outputs", n_out))
+        if parts < 1:
+            raise ctx.fail(f"num_outputs={parts}")
         chunk = -(-s[axis] // parts)
         sizes = [min(chunk, s[axis] - i * chunk) for i in range(parts)]
-    if sum(sizes) != s[axis] or len(sizes) != n_out:
+    if sum(sizes) != s[axis] or len(sizes) != n_out or any(k < 0 for k in sizes):
         raise ctx.fail(f"split sizes {sizes} do not partition extent {s[axis]} into {n_out} outputs")
     x, outs, start = ctx.operand(0), [], 0
     for size in sizes:
@@ -280,11 +285,13 @@ def _resize_targets(ctx: OnnxContext, s: tuple[int, ...], legacy: bool) -> tuple
     if legacy:
         scales = [float(v) for v in np.asarray(ctx.static(1, "scales")).reshape(-1)]
     else:
-        scales_in = ctx.const(2)
+        scales_in = ctx.needed(2, "scales") if ctx.has_input(2) else None
         scales = [float(v) for v in scales_in.value.reshape(-1)] if scales_in is not None and scales_in.value.size \
             else None
     if scales is None:
-        sizes = [int(v) for v in (ctx.ints(3, "sizes") or [])]
+        if not ctx.has_input(3):
+            raise ctx.fail("neither scales nor sizes is given")
+        sizes = [int(v) for v in ctx.ints(3, "sizes")]
         if len(sizes) != len(s):
             raise ctx.fail(f"sizes {sizes} do not give one extent per axis of {list(s)}")
         return None, sizes
@@ -306,6 +313,8 @@ def _resize_linear(ctx: OnnxContext, s: tuple[int, ...], coord: str, scales: lis
                        f"{', '.join(_LINEAR_COORDINATE_MODES)})")
     if scales is not None:
         for i, f, o in zip(s, scales, sizes):
+            if i == 0:
+                raise ctx.fail(f"linear resize of an empty axis (input shape {list(s)})")
             if Fraction(f) != Fraction(o, i):
                 raise ctx.fail(f"scale {f} on an axis of extent {i} gives {o} cells, and {o}/{i} is not the "
                                "scale the coordinates use; give sizes instead")
@@ -325,14 +334,21 @@ def _depth_space(ctx: OnnxContext) -> list[Value]:
         raise ctx.fail(f"input rank {len(s)} (expected [N, C, H, W])")
     bs = int(ctx.attr("blocksize"))
     b, c, h, w = s
+    mode = ctx.attr("mode", "DCR")  # SpaceToDepth has the attribute from opset 28 on; DCR before
+    if mode not in ("DCR", "CRD"):
+        raise ctx.fail(f"mode={mode} (DCR or CRD)")
+    if bs < 1:
+        raise ctx.fail(f"blocksize {bs}")
     if ctx.node.op_type == "SpaceToDepth":
         if h % bs or w % bs:
             raise ctx.fail(f"spatial extents {h}x{w} are not multiples of blocksize {bs}")
-        split, perm, out = (b, c, h // bs, bs, w // bs, bs), (0, 3, 5, 1, 2, 4), (b, c * bs * bs, h // bs, w // bs)
+        split = (b, c, h // bs, bs, w // bs, bs)
+        perm = (0, 1, 3, 5, 2, 4) if mode == "CRD" else (0, 3, 5, 1, 2, 4)
+        out = (b, c * bs * bs, h // bs, w // bs)
     else:
         if c % (bs * bs):
             raise ctx.fail(f"{c} channels are not a multiple of blocksize^2 = {bs * bs}")
-        if ctx.attr("mode", "DCR") == "CRD":
+        if mode == "CRD":
             split, perm = (b, c // (bs * bs), bs, bs, h, w), (0, 1, 4, 2, 5, 3)
         else:
             split, perm = (b, bs, bs, c // (bs * bs), h, w), (0, 3, 4, 1, 5, 2)
@@ -351,7 +367,8 @@ def _trilu(ctx: OnnxContext) -> list[Value]:
     offset = np.arange(s[-1])[None, :] - np.arange(s[-2])[:, None]
     keep = offset >= k if ctx.attr("upper", 1) else offset <= k
     mask = ctx.b.const(keep, source=ctx.source, folded=True)
-    return [ctx.elementwise("where", [mask, ctx.operand(0), ctx.scalar(0.0)])]
+    zero = ctx.scalar(0, np.int64 if ctx.dtype(0) == INT64 else bool if ctx.dtype(0) == BOOL else np.float32)
+    return [ctx.elementwise("where", [mask, ctx.operand(0), zero])]
 
 
 def _pad(ctx: OnnxContext) -> list[Value]:
@@ -383,6 +400,17 @@ HANDLERS: dict[str, Handler] = {
     "Gather": _gather, "GatherElements": _gather, "GatherND": _gather_nd, "Expand": _expand, "Pad": _pad, "Tile": _tile,
     "Resize": _resize, "Upsample": _resize, "DepthToSpace": _depth_space, "SpaceToDepth": _depth_space,
     "Trilu": _trilu,
+}
+
+# ONNX operator versions each handler implements (see ops_math.OPSETS): Concat-1 (optional axis),
+# Split-1 (split as a second input), Tile-1 (tiles/axis inputs) and Upsample before 9 (scales as an
+# attribute) have other forms and are reached by upgrading the model.
+OPSETS: dict[str, tuple[int, int]] = {
+    "Identity": (1, 25), "Dropout": (1, 22), "Reshape": (1, 25), "Flatten": (1, 25), "Transpose": (1, 25),
+    "Squeeze": (1, 25), "Unsqueeze": (1, 25), "Concat": (4, 13), "Split": (2, 18), "Slice": (1, 13),
+    "Gather": (1, 13), "GatherElements": (11, 13), "GatherND": (11, 13), "Expand": (8, 13), "Pad": (2, 25),
+    "Tile": (6, 13), "Resize": (10, 19), "Upsample": (9, 10), "DepthToSpace": (1, 28), "SpaceToDepth": (1, 28),
+    "Trilu": (14, 14),
 }
 
 EMITS = frozenset({"reshape", "permute", "squeeze", "unsqueeze", "concat", "slice", "gather", "expand", "pad",

@@ -9,10 +9,12 @@ without a cycle.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -22,8 +24,9 @@ from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 
 __all__ = ["Known", "Sym", "DataDependent", "Lowering", "NotLowerable", "FOLD_BLOCKLIST", "element_type", "normalize_axis",
-           "role_transform", "flat_values", "map_values", "source_line", "module_path", "target_name",
-           "op_base_name", "is_shape_query", "is_inplace_overload", "check_static", "check_training",
+           "flat_values", "map_values", "source_line", "module_path", "target_name", "op_base_name",
+           "is_shape_query", "data_operands", "is_inplace_overload", "check_static", "check_training",
+           "preserved_state",
            "bind_aliases", "prod"]
 
 # ops that must never be folded even when their operands are known (randomness, side effects)
@@ -107,34 +110,6 @@ def normalize_axis(axis: int, rank: int, what: str = "dim") -> int:
     return axis % rank if rank else 0
 
 
-def role_transform(steps: Sequence[tuple[str, tuple[int, ...]]], source_shape: Sequence[int]) -> str | None:
-    """The role-map transform text for a chain of layout steps, simplified.
-
-    Consecutive permutations compose into one; an identity disappears; a 2-D swap is ``transpose``.
-    """
-    out: list[str] = []
-    perm: tuple[int, ...] | None = None
-    shape = tuple(source_shape)
-
-    def flush() -> None:
-        nonlocal perm
-        if perm is not None and perm != tuple(range(len(perm))):
-            out.append("transpose" if perm == (1, 0) else "permute:" + ",".join(map(str, perm)))
-        perm = None
-
-    for name, arg in steps:
-        if name == "permute":
-            perm = tuple(arg) if perm is None else tuple(perm[i] for i in arg)
-            shape = tuple(shape[i] for i in arg)
-        elif name == "reshape":
-            flush()
-            if tuple(arg) != shape:
-                out.append("reshape:" + ",".join(map(str, arg)))
-            shape = tuple(arg)
-    flush()
-    return ";".join(out) or None
-
-
 def flat_values(value: Any) -> list[Any]:
     """Leaves of nested tuples/lists/dicts (model outputs) in order."""
     if isinstance(value, (list, tuple)):
@@ -157,7 +132,8 @@ def map_values(value: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-_TORCH_DIR = str(torch.__file__).rsplit("/", 1)[0]
+_TORCH_DIR = str(torch.__file__).rsplit("/", 1)[0] + "/"  # the slash: torchvision/, timm/ are model code
+_IMPORTERS_DIR = __file__.rsplit("/", 2)[0] + "/"  # our own frames (an inlined function's wrapper) neither
 
 
 def source_line(stack_trace: str | None) -> str | None:
@@ -169,8 +145,8 @@ def source_line(stack_trace: str | None) -> str | None:
     if not stack_trace:
         return None
     frames = _FRAME.findall(stack_trace)
-    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
-    library = [f for f in frames if f[0].startswith(_TORCH_DIR + "/nn/")]
+    user = [f for f in frames if not f[0].startswith((_TORCH_DIR, _IMPORTERS_DIR))]
+    library = [f for f in frames if f[0].startswith(_TORCH_DIR + "nn/")]
     chosen = (user or library)
     if not chosen:
         return None
@@ -235,6 +211,22 @@ def is_inplace_overload(target: Any) -> bool:
     return bool(alias is not None and alias.is_write and not schema.arguments[0].kwarg_only)
 
 
+# ops whose value depends on their first operand's shape and dtype only (``x.new_zeros(...)``)
+SHAPE_OF_FIRST = frozenset({"new_zeros", "new_ones", "new_full", "new_empty", "zeros_like", "ones_like",
+                            "full_like", "empty_like"})
+
+
+def data_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes whose *values* ``node`` reads: a shape query reads none, ``x.new_zeros(n)`` not x."""
+    if is_shape_query(node):
+        return []
+    operands = list(node.all_input_nodes)
+    if node.op in ("call_method", "call_function") and op_base_name(node) in SHAPE_OF_FIRST and node.args \
+            and isinstance(node.args[0], torch.fx.Node) and node.args[0] in operands:
+        operands.remove(node.args[0])
+    return operands
+
+
 def check_static(shape: Iterable[Any], what: str) -> tuple[int, ...]:
     """Concrete ints or a clear error for symbolic (dynamic) dimensions."""
     out = []
@@ -256,19 +248,38 @@ def check_training(module: torch.nn.Module, framework: str) -> None:
                           "norm compute something else there); call model.eval() before importing")
 
 
+@contextlib.contextmanager
+def preserved_state(module: torch.nn.Module) -> Iterator[None]:
+    """Leave the user's module as it was: tracing runs its Python, which may cache values in its
+    attributes (timm's LeViT stores attention biases in a dict; an fx trace left Proxy objects there).
+    Every submodule's attributes, and the contents of its dict/list/set attributes, are put back."""
+    saved = []
+    for sub in module.modules():
+        state = vars(sub)
+        saved.append((state, dict(state), {k: copy.copy(v) for k, v in state.items()
+                                           if type(v) in (dict, list, set)}))
+    try:
+        yield
+    finally:
+        for state, attributes, contents in saved:
+            for key in [k for k in state if k not in attributes]:
+                del state[key]
+            state.update(attributes)
+            for key, content in contents.items():
+                container = attributes[key]
+                container.clear()
+                container.update(content) if not isinstance(container, list) else container.extend(content)
+
+
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
             and a.dtype == b.dtype)
 
 
-def bind_aliases(bundle: Bundle, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Tied parameters: keys sharing one tensor are bound to every use of that tensor.
-
-    torch.export names a tied tensor once, FX by whichever attribute the code read; either way each
-    key of the tie ends up with one binding per use, so ``roles.uses(key)`` lists all of them and
-    both importers give the same role map.
-    """
-    from torchlean_bridge.roles import Binding, RoleMap
+def bind_aliases(bundle: Bundle, state_dict: Mapping[str, torch.Tensor]) -> Bundle:
+    """Tied parameters: the keys sharing one tensor (by storage), bound to every use of it by
+    ``passes.bind_tied_weights``."""
+    from torchlean_bridge.passes import bind_tied_weights
     groups: list[list[str]] = []
     for key, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
@@ -278,19 +289,5 @@ def bind_aliases(bundle: Bundle, state_dict: Mapping[str, torch.Tensor]) -> None
             groups.append([key])
         else:
             group.append(key)
-    tied = [g for g in groups if len(g) > 1 and any(k in bundle.roles for k in g)]
-    if not tied:
-        return
-    members = {k for g in tied for k in g}
-    bindings = [b for b in bundle.roles.bindings() if b.key not in members]
-    for group in tied:
-        uses = sorted({(b.node, b.role, b.transform) for k in group for b in bundle.roles.uses(k)},
-                      key=lambda u: (u[0], u[1], u[2] or ""))
-        bindings += [Binding(k, node, role, transform) for k in group for node, role, transform in uses]
-    bundle.roles = RoleMap(bindings)
-    unused = [k for k in bundle.report.get("unused_tensors", []) if k not in members]
-    if unused:
-        bundle.report["unused_tensors"] = unused
-    else:
-        bundle.report.pop("unused_tensors", None)
-    bundle.report["tied_tensors"] = [sorted(g) for g in tied]
+    report = {**bundle.report, "tied_tensors": [g for g in groups if len(g) > 1]}
+    return bind_tied_weights(Bundle(bundle.graph, bundle.payload, bundle.roles, report))[0]

@@ -15,7 +15,7 @@ from torch.export import ExportedProgram
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError
 
-from .common import bind_aliases, check_training
+from .common import bind_aliases, check_training, preserved_state
 from .program import TorchLowerer, bind_and_run, graph_inputs
 
 __all__ = ["import_export", "export_program"]
@@ -23,11 +23,13 @@ __all__ = ["import_export", "export_program"]
 
 def export_program(module: torch.nn.Module, example_inputs: Sequence[Any] | Any,
                    kwargs: Mapping[str, Any] | None = None, strict: bool = False) -> ExportedProgram:
-    """``torch.export.export`` with the model's mode checked and failures as BridgeError."""
+    """``torch.export.export`` with the model's mode checked, its state left as it was, and failures as
+    BridgeError."""
     check_training(module, "export")
     args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     try:
-        return torch.export.export(module, args, kwargs=dict(kwargs or {}), strict=strict)
+        with preserved_state(module):
+            return torch.export.export(module, args, kwargs=dict(kwargs or {}), strict=strict)
     except Exception as e:  # noqa: BLE001 - export raises many exception types
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise BridgeError(f"export import: torch.export failed: {type(e).__name__}: {first}"[:500]) from None
@@ -59,5 +61,5 @@ def import_export(module_or_exported_program: torch.nn.Module | ExportedProgram,
     bundle = cx.finish(outputs, {"framework": "export", "decomposed": bool(decompose),
                                  "model": type(module).__name__ if module is not None else "ExportedProgram"})
     if module is not None:
-        bind_aliases(bundle, module.state_dict())
+        bundle = bind_aliases(bundle, module.state_dict())
     return bundle

@@ -8,6 +8,7 @@ torch.export and their ATen program is inlined, with parameters bound under the 
 
 from __future__ import annotations
 
+import traceback
 from typing import Any, Sequence
 
 import torch
@@ -16,11 +17,15 @@ from torch.fx.passes.shape_prop import ShapeProp
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, UnsupportedError
 
-from .common import NotLowerable, Sym, bind_aliases, check_static, check_training, element_type, flat_values
+from .common import (NotLowerable, Sym, bind_aliases, check_static, check_training, element_type, flat_values,
+                     preserved_state)
 from .program import TorchLowerer
 from .targets import module_lowering
 
-__all__ = ["import_fx", "trace"]
+__all__ = ["import_fx", "trace", "trace_failure"]
+
+# frames of torch and of this package are not the model's line
+_OWN_FRAMES = (str(torch.__file__).rsplit("/", 1)[0] + "/", __file__.rsplit("/", 2)[0] + "/")
 
 
 class _Tracer(torch.fx.Tracer):
@@ -32,24 +37,44 @@ class _Tracer(torch.fx.Tracer):
 
 
 def trace(module: torch.nn.Module) -> torch.fx.GraphModule:
+    """``symbolic_trace`` with stack traces; a failure names its actual cause and the model's line."""
     tracer = _Tracer()
     try:
         graph = tracer.trace(module)
     except Exception as e:  # noqa: BLE001 - tracing raises whatever the model code raises
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise BridgeError(f"fx import: symbolic tracing of {type(module).__name__} failed ({type(e).__name__}: "
-                          f"{first}); data-dependent control flow cannot be traced: use import_export "
-                          "(torch.export) instead"[:600]) from None
+        raise BridgeError(trace_failure(module, e)[:700]) from e
     return torch.fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
+def trace_failure(module: torch.nn.Module, error: BaseException) -> str:
+    """Why symbolic tracing stopped: data-dependent control flow (a Proxy used as a bool or an
+    iterator: fx's TraceError) or another error of the model's Python on proxies (a TypeError from
+    slicing with a Proxy, ...), at the innermost line of model code; either way torch.export, which
+    runs the real Python on example tensors, may succeed."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(_OWN_FRAMES)]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    if isinstance(error, torch.fx.proxy.TraceError):
+        cause = f"data-dependent control flow cannot be traced ({first})"
+    else:
+        cause = f"{type(error).__name__}: {first}; the model's Python does not run on symbolic values there"
+    return (f"fx import: symbolic tracing of {type(module).__name__} failed{where}: {cause}; use import_export "
+            "(torch.export) instead")
 
 
 def import_fx(module_or_graph_module: torch.nn.Module, example_inputs: Sequence[Any] | Any, *,
               max_elements: int | None = None) -> Bundle:
-    """Import an ``nn.Module`` or ``torch.fx.GraphModule`` evaluated on ``example_inputs``."""
+    """Import an ``nn.Module`` or ``torch.fx.GraphModule`` evaluated on ``example_inputs``; the
+    module is left as it was (``preserved_state``)."""
     module = module_or_graph_module
     if not isinstance(module, torch.nn.Module):
         raise BridgeError(f"fx import: expected an nn.Module or GraphModule, got {type(module).__name__}")
     check_training(module, "fx")
+    with preserved_state(module):
+        return _import_fx(module, example_inputs, max_elements)
+
+
+def _import_fx(module: torch.nn.Module, example_inputs: Sequence[Any] | Any, max_elements: int | None) -> Bundle:
     args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     keys = list(module.state_dict())
     if not isinstance(module, torch.fx.GraphModule) and _Tracer().is_leaf_module(module, ""):
@@ -95,7 +120,7 @@ def import_fx(module_or_graph_module: torch.nn.Module, example_inputs: Sequence[
         outputs = cx.run(gm.graph, seeds)
     cx.unused_keys = set(keys)
     bundle = cx.finish(outputs, {"framework": "fx", "model": type(module).__name__})
-    bind_aliases(bundle, module.state_dict())
+    bundle = bind_aliases(bundle, module.state_dict())
     return bundle
 
 

@@ -29,9 +29,10 @@ from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, UnsupportedError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import BOOL, FLOAT, INT64, fmt_shape
+from torchlean_bridge.roles import Transform
 
-from .common import (FOLD_BLOCKLIST, DataDependent, Known, Lowering, Sym, element_type, flat_values, is_inplace_overload,
-                     is_shape_query, map_values, module_path, op_base_name, role_transform, source_line,
+from .common import (FOLD_BLOCKLIST, DataDependent, Known, Lowering, Sym, data_operands, element_type, flat_values,
+                     is_inplace_overload, map_values, module_path, op_base_name, source_line,
                      target_name)
 
 __all__ = ["Lowerer", "check_arguments"]
@@ -84,16 +85,17 @@ class Lowerer:
         self.current: torch.fx.Node | None = None
         self.current_source: Source | None = None
         self.module_prefix = ""  # set while inlining a submodule's exported program
+        self.name_prefix = ""  # the node names' prefix there (the call's own name, for an inlined function)
         self.unused_keys: set[str] = set()
+        self.int_ranges: dict[int, tuple[int, int]] = {}  # int64 node id -> bounds proven at import
         # matmul nodes with an import-time right operand: (fx node, input, weight), for x @ W + b
-        self.linear_candidates: dict[int, tuple[torch.fx.Node, Any, Known]] = {}
 
     # -- provenance -----------------------------------------------------------------------------
     def describe(self, node: torch.fx.Node) -> dict[str, Any]:
         path = module_path(node)
         if self.module_prefix:
             path = self.module_prefix + ("." + path if path else "")
-        return {"name": self.module_prefix + ("." if self.module_prefix else "") + node.name,
+        return {"name": self.name_prefix + ("." if self.name_prefix else "") + node.name,
                 "target": target_name(node, self.submodule(node)), "module": path,
                 "location": source_line(node.meta.get("stack_trace"))}
 
@@ -165,7 +167,7 @@ class Lowerer:
         arr = t.cpu().numpy().copy()
         if k.key is None:
             return self.builder.const(arr, source=self.source(), folded=True)
-        transform = role_transform(k.steps, k.key_shape) if k.steps else None
+        transform = Transform.of_layout(k.steps, k.key_shape).text if k.steps else None
         return self.builder.const(arr, key=k.key, transform=transform, folded=k.folded,
                                   source=self.source(tensor=k.key))
 
@@ -178,7 +180,7 @@ class Lowerer:
         if t.dtype in (torch.float16, torch.bfloat16):
             t = t.float()
         arr = np.asarray(t.cpu().numpy(), order="C")
-        transform = role_transform(steps, v.key_shape) if v.key and steps else None
+        transform = Transform.of_layout(steps, v.key_shape).text if v.key and steps else None
         self.builder.param(nid, role, arr, key=v.key, transform=transform)
 
     def add(self, kind: str, parents: Sequence[int], attrs: Mapping[str, Any] | None = None,
@@ -235,7 +237,7 @@ class Lowerer:
         """Nodes whose value (statically) depends on ``seeds``; shape queries return plain numbers."""
         out = set(seeds)
         for n in graph.nodes:
-            if not is_shape_query(n) and any(a in out for a in n.all_input_nodes):
+            if any(a in out for a in data_operands(n)):
                 out.add(n)
         return out
 

@@ -66,18 +66,68 @@ def binary(kind: str, result: str | None = None):
         et = promote(cx, input, other)
         if result == "float":
             et = FLOAT
+        if et == INT64 and kind in INTEGER_ARITHMETIC:
+            return integer_arithmetic(cx, kind, input, other)
         a, b = cx.node(input, et), cx.node(other, et)
         return Sym(cx.builder.elementwise(kind, [a, b], source=cx.source()))
 
     return lower
 
 
+# -- integer arithmetic -----------------------------------------------------------------------------
+# The IR's arithmetic is float. An int64 sum, difference or product (RoBERTa's position ids: a
+# running count of the non-padding tokens) is computed on floats and converted back, which is exact
+# when every value involved is an integer of magnitude at most 2^24 (exact in float32 and float64):
+# the importer proves that from the operands' ranges (a bool is 0 or 1, a constant its own values,
+# a running sum of n entries n times their bound) and refuses where it cannot. ``round`` before the
+# conversion keeps interval boxes of these exact integers points.
+INTEGER_EXACT = 2 ** 24
+INTEGER_ARITHMETIC = {"add": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+                      "sub": lambda a, b: (a[0] - b[1], a[1] - b[0]),
+                      "mul_elem": lambda a, b: (min(x * y for x in a for y in b), max(x * y for x in a for y in b))}
+
+
+def integer_range(cx: Cx, v: Any) -> tuple[int, int] | None:
+    """Bounds of an integer or bool value known at import (None when unproven)."""
+    if isinstance(v, (bool, int)):
+        return int(v), int(v)
+    if isinstance(v, Sym):
+        return (0, 1) if cx.etype(v) == BOOL else cx.int_ranges.get(v.nid)
+    t = cx.known(v)
+    if t is None or t.is_floating_point() or t.is_complex():
+        return None
+    return (int(t.min()), int(t.max())) if t.numel() else (0, 0)
+
+
+def exact_integer(cx: Cx, value: Sym, bounds: tuple[int, int] | None, what: str) -> Sym:
+    """The int64 value of a float node computing an integer within ``bounds`` (refused unless they
+    are proven and within ``INTEGER_EXACT``)."""
+    if bounds is None:
+        raise NotLowerable(f"{what} of int64 values whose range is not known at import (the IR computes on "
+                           f"floats, exact for integers proven within +-2^24)")
+    if max(abs(bounds[0]), abs(bounds[1])) > INTEGER_EXACT:
+        raise NotLowerable(f"{what} of int64 values reaching {max(abs(bounds[0]), abs(bounds[1]))} (the IR computes "
+                           "on floats, exact for integers within +-2^24)")
+    out = cx.add("cast", [cx.add("round", [value.nid]).nid], {"dtype": INT64})
+    cx.int_ranges[out.nid] = bounds
+    return out
+
+
+def integer_arithmetic(cx: Cx, kind: str, input: Any, other: Any) -> Sym:
+    ra, rb = integer_range(cx, input), integer_range(cx, other)
+    bounds = INTEGER_ARITHMETIC[kind](ra, rb) if ra is not None and rb is not None else None
+    if bounds is not None and max(abs(x) for x in (*ra, *rb)) > INTEGER_EXACT:
+        bounds = (-INTEGER_EXACT - 1, INTEGER_EXACT + 1)  # an operand itself is beyond exact floats
+    value = Sym(cx.builder.elementwise(kind, [cx.node(input, FLOAT), cx.node(other, FLOAT)], source=cx.source()))
+    return exact_integer(cx, value, bounds, {"mul_elem": "product"}.get(kind, kind))
+
+
 _add, _sub, _mul, _div = binary("add"), binary("sub"), binary("mul_elem"), binary("div", "float")
 
 
+@lowers(aten="add.Tensor add.Scalar", fx="operator.add operator.iadd torch.add", methods="add")
 def add(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Sym:
-    """Elementwise ``input + alpha * other`` (the framework targets lower through ``ops_nn.add``,
-    which first tries to fuse ``x @ W + b`` into ``linear``)."""
+    """Elementwise ``input + alpha * other`` (``x @ W + b`` becomes ``linear`` in passes.fuse_linear_bias)."""
     if not is_tensor(input):  # 1 + x
         input, other = other, input
     if alpha != 1:
@@ -85,7 +135,7 @@ def add(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Sym:
     return _add(cx, input, other)
 
 
-@lowers(aten="sub.Tensor sub.Scalar", fx="operator.sub operator.isub torch.sub torch.subtract", methods="sub")
+@lowers(aten="sub.Tensor sub.Scalar", fx="operator.sub operator.isub torch.sub", methods="sub")
 def sub(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Sym:
     if alpha != 1:
         other = _mul(cx, other, alpha)
@@ -97,13 +147,13 @@ def rsub(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Sym:
     return sub(cx, other, input, alpha) if alpha == 1 else _sub(cx, other, _mul(cx, input, alpha))
 
 
-@lowers(aten="mul.Tensor mul.Scalar", fx="operator.mul operator.imul torch.mul torch.multiply", methods="mul")
+@lowers(aten="mul.Tensor mul.Scalar", fx="operator.mul operator.imul torch.mul", methods="mul")
 def mul(cx: Cx, input: Any, other: Any) -> Sym:
     return _mul(cx, input, other)
 
 
-@lowers(aten="div.Tensor div.Scalar div.Tensor_mode div.Scalar_mode true_divide.Tensor",
-        fx="operator.truediv operator.itruediv torch.div torch.divide torch.true_divide", methods="div true_divide")
+@lowers(aten="div.Tensor div.Scalar div.Tensor_mode div.Scalar_mode",
+        fx="operator.truediv operator.itruediv torch.div", methods="div")
 def div(cx: Cx, input: Any, other: Any, rounding_mode: str | None = None) -> Sym:
     if rounding_mode is not None:
         raise NotLowerable(f"division with rounding_mode={rounding_mode!r} has no exact IR op")
@@ -197,11 +247,9 @@ UNARY = {  # framework name -> IR kind (float result; integer inputs are cast as
     "sin": "sin", "cos": "cos", "tan": "tan", "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "inv", "erf": "erf",
     "log1p": "log1p", "silu": "silu", "mish": "mish", "hardswish": "hardswish", "selu": "selu",
     "softsign": "softsign", "abs": "abs", "neg": "neg", "sign": "sign", "floor": "floor", "ceil": "ceil",
-    "trunc": "trunc", "fix": "trunc", "exp2": "exp2", "log2": "log2", "atan": "atan", "arctan": "atan",
-    "asin": "asin", "arcsin": "asin", "acos": "acos", "arccos": "acos", "sinh": "sinh", "cosh": "cosh",
-    "asinh": "asinh", "arcsinh": "asinh", "acosh": "acosh", "arccosh": "acosh", "atanh": "atanh",
-    "arctanh": "atanh",
-}
+    "trunc": "trunc", "exp2": "exp2", "log2": "log2", "atan": "atan", "asin": "asin", "acos": "acos",
+    "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
+}  # (their aliases, arctan, fix, ..., follow from targets.ALIASES)
 
 
 def _unary(kind: str):
@@ -287,7 +335,7 @@ def softplus(cx: Cx, input: Any, beta: float = 1.0, threshold: float = 20.0) -> 
     return where(cx, COMPARE["gt"](cx, scaled, float(threshold)), x, soft)
 
 
-@lowers(aten="clamp.default clamp.Tensor", fx="torch.clamp torch.clip", methods="clamp clip")
+@lowers(aten="clamp.default clamp.Tensor", fx="torch.clamp", methods="clamp")
 def clamp(cx: Cx, input: Any, min: Any = None, max: Any = None) -> Sym:
     if is_tensor(min) or is_tensor(max):
         out: Any = input
@@ -348,7 +396,11 @@ def cast_to(cx: Cx, input: Any, dtype: torch.dtype | None) -> Any:
         return Known(input.tensor.to(dtype), folded=True)
     if cx.etype(input) == want:
         return input
-    return Sym(cx.node(input, want))
+    out = Sym(cx.node(input, want))
+    bounds = integer_range(cx, input) if want == INT64 and cx.etype(input) == BOOL else None
+    if bounds is not None:
+        cx.int_ranges[out.nid] = bounds
+    return out
 
 
 @lowers(aten="to.dtype to.dtype_layout to.device to.other _to_copy.default type_as.default", methods="to")

@@ -137,7 +137,8 @@ def getitem(cx: Cx, obj: Any, idx: Any) -> Any:
             x = unsqueeze(cx, x, axis)
             axis += 1
         elif isinstance(it, slice):
-            x = slice_axis(cx, x, axis, it.start, it.stop, 1 if it.step is None else it.step)
+            start, stop, step = (_slice_bound(cx, b) for b in (it.start, it.stop, it.step))
+            x = slice_axis(cx, x, axis, start, stop, 1 if step is None else step)
             axis += 1
         elif isinstance(it, int):
             x = select(cx, x, axis, it)
@@ -153,6 +154,17 @@ def getitem(cx: Cx, obj: Any, idx: Any) -> Any:
     if len(advanced) > 2:
         raise NotLowerable(f"indexing with {len(advanced)} index tensors (only one, or x[..., arange(n), j])")
     return gather_axis(cx, x, *advanced[0]) if advanced else x
+
+
+def _slice_bound(cx: Cx, bound: Any) -> int | None:
+    """A slice bound as Python reads it (``__index__``): an int, None, or a one-element integer tensor
+    known at import; a bound computed from the inputs would make the shape data-dependent."""
+    if bound is None or isinstance(bound, int):
+        return bound
+    k = cx.known(bound) if is_tensor(bound) else None
+    if k is not None and k.numel() == 1 and not k.is_floating_point() and k.dtype != torch.bool:
+        return int(k.item())
+    raise NotLowerable(f"slice bound {bound!r} is not an integer known at import"[:200])
 
 
 @lowers(aten="sym_size.int", methods="size")

@@ -62,7 +62,7 @@ def permute(cx: Cx, input: Any, *dims: Any) -> Any:
     return cx.add("permute", [cx.node(input)], {"perm": perm})
 
 
-@lowers(aten="transpose.int", fx="torch.transpose torch.swapaxes torch.swapdims", methods="transpose")
+@lowers(aten="transpose.int", fx="torch.transpose", methods="transpose")
 def transpose(cx: Cx, input: Any, dim0: int, dim1: int) -> Any:
     r = cx.rank(input)
     a, b = normalize_axis(dim0, r), normalize_axis(dim1, r)
@@ -132,7 +132,7 @@ def view_as(cx: Cx, input: Any, other: Any) -> Any:
     return reshape(cx, input, cx.shape(other))
 
 
-@lowers(aten="cat.default concat.default")
+@lowers(aten="cat.default")
 def cat(cx: Cx, tensors: Sequence[Any], dim: int = 0) -> Any:
     tensors = [x for x in tensors if cx.shape(x) != (0,)]  # PyTorch skips legacy empty tensors
     if len(tensors) == 1:
@@ -142,7 +142,7 @@ def cat(cx: Cx, tensors: Sequence[Any], dim: int = 0) -> Any:
     return cx.add("concat", [cx.node(x, et) for x in tensors], {"axis": ax})
 
 
-@lowers(fx="torch.cat torch.concat torch.concatenate")
+@lowers(fx="torch.cat")
 def f_cat(cx: Cx, tensors: Sequence[Any], dim: int = 0, axis: int | None = None) -> Any:
     """torch.cat and its aliases (numpy's ``axis`` spelling included)."""
     return cat(cx, tensors, dim if axis is None else axis)

@@ -80,33 +80,7 @@ def addmm(cx: Cx, input: Any, mat1: Any, mat2: Any, beta: float = 1, alpha: floa
 
 @lowers(aten="matmul.default mm.default bmm.default", fx="operator.matmul torch.matmul torch.mm torch.bmm", methods="matmul mm bmm")
 def matmul(cx: Cx, input: Any, other: Any) -> Sym:
-    out = cx.add("matmul", [cx.node(input, FLOAT), cx.node(other, FLOAT)])
-    if isinstance(other, Known) and other.tensor.dim() == 2 and cx.rank(input) >= 1 and cx.current is not None:
-        cx.linear_candidates[out.nid] = (cx.current, input, other)
-    return out
-
-
-@lowers(aten="add.Tensor add.Scalar", fx="operator.add operator.iadd torch.add", methods="add")
-def add(cx: Cx, input: Any, other: Any, alpha: float = 1) -> Any:
-    """``x @ W + b`` with import-time ``W`` and a bias along the last axis is exactly ``linear``."""
-    if alpha == 1:
-        for product, bias in ((input, other), (other, input)):
-            fused = _fuse_bias(cx, product, bias)
-            if fused is not None:
-                return fused
-    return elementwise.add(cx, input, other, alpha)
-
-
-def _fuse_bias(cx: Cx, product: Any, bias: Any) -> Any:
-    if not isinstance(product, Sym) or not isinstance(bias, Known) or product.nid not in cx.linear_candidates:
-        return None
-    fx_node, x, weight = cx.linear_candidates[product.nid]
-    out_dim = weight.shape[1]
-    shape = cx.shape(product)
-    if len(fx_node.users) != 1 or len(bias.shape) > len(shape) or bias.shape[-1:] != (out_dim,) \
-            or prod(bias.shape) != out_dim:
-        return None
-    return linear(cx, x, weight, bias, weight_transposed=True)
+    return cx.add("matmul", [cx.node(input, FLOAT), cx.node(other, FLOAT)])
 
 
 @lowers(aten="baddbmm.default", fx="torch.baddbmm", methods="baddbmm")
@@ -457,18 +431,21 @@ def _pool(cx: Cx, which: str, r: int, input: Any, kernel: list[int], stride: lis
 
 
 def adaptive_pool(which: str, r: int, with_indices: bool = False):
-    """Adaptive pooling whose output size divides the input size: a fixed window."""
+    """Adaptive pooling: a fixed window where the output size divides the input size, else PyTorch's
+    variable windows."""
 
     def lower(cx: Cx, input: Any, output_size: Any, return_indices: bool = False) -> Any:
         if return_indices:
             raise NotLowerable("adaptive max pooling with return_indices")
         spatial = cx.shape(input)[-r:]
         outs = [spatial[i] if o is None else int(o) for i, o in enumerate(_tuple_or_none(output_size, r))]
-        if any(o <= 0 or s % o for s, o in zip(spatial, outs)):
-            raise NotLowerable(f"adaptive pooling from {list(spatial)} to {outs} is not a fixed window "
-                               "(output size must divide the input size)")
-        k = [s // o for s, o in zip(spatial, outs)]
-        out = _pool(cx, which, r, input, k, k, [0] * r, [1] * r, False, True)
+        if any(o <= 0 for o in outs):
+            raise NotLowerable(f"adaptive pooling to an empty output size {outs}")
+        if any(s % o for s, o in zip(spatial, outs)):
+            out = _adaptive_windows(cx, which, input, spatial, outs)
+        else:
+            k = [s // o for s, o in zip(spatial, outs)]
+            out = _pool(cx, which, r, input, k, k, [0] * r, [1] * r, False, True)
         return (out, None) if with_indices else out
 
     return lower
@@ -483,6 +460,30 @@ ADAPTIVE_MAX_POOL = {r: register(adaptive_pool("max", r), fx=f"F.adaptive_max_po
 for _r in (1, 2, 3):
     register(max_pool_with_indices(_r), aten=f"max_pool{_r}d_with_indices.default")
     register(adaptive_pool("max", _r, with_indices=True), aten=f"adaptive_max_pool{_r}d.default")
+
+
+def _adaptive_windows(cx: Cx, which: str, input: Any, spatial: Sequence[int], outs: Sequence[int]) -> Any:
+    """PyTorch's variable windows, output cell o of an axis of n cells reading [floor(o n / m),
+    ceil((o + 1) n / m)): one axis at a time (a window is a product of intervals, so its mean is the
+    mean of the per-axis means and its max the max of maxima), each cell a slice reduced with keepdim,
+    the cells concatenated. Exact: the same windows, no fixed-stride approximation."""
+    x = input
+    first = cx.rank(input) - len(spatial)
+    for i, (n, m) in enumerate(zip(spatial, outs)):
+        axis = first + i
+        cells: dict[tuple[int, int], Any] = {}
+        parts = []
+        for o in range(m):
+            window = ((o * n) // m, -(-((o + 1) * n) // m))
+            if window not in cells:
+                part = layout.slice_axis(cx, x, axis, *window)
+                if window[1] - window[0] > 1:
+                    reduce = reduction.reduce_mean if which == "avg" else reduction.reduce_max
+                    part = reduce(cx, part, [axis], True)
+                cells[window] = part
+            parts.append(cells[window])
+        x = layout.cat(cx, parts, axis)
+    return x
 
 
 def _tuple_or_none(v: Any, n: int) -> list[Any]:

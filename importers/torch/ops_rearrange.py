@@ -125,7 +125,7 @@ register(triangle("tril"), aten="tril.default", fx="torch.tril", methods="tril")
 register(triangle("triu"), aten="triu.default", fx="torch.triu", methods="triu")
 
 
-@lowers(aten="outer.default ger.default", fx="torch.outer torch.ger", methods="outer ger")
+@lowers(aten="outer.default", fx="torch.outer", methods="outer")
 def outer(cx: Cx, input: Any, vec2: Any) -> Sym:
     """``input[:, None] * vec2[None, :]``."""
     if cx.rank(input) != 1 or cx.rank(vec2) != 1:

@@ -44,6 +44,45 @@ class ModuleCall:
         return self.lower(cx, self.module, self.path, *args, **kwargs)
 
 
+def is_model_function(target: Any) -> bool:
+    """A Python function of the model's code (not torch's own): FX keeps it as one call only when it
+    was wrapped (``torch.fx.wrap``), and its body can be lowered."""
+    module = getattr(target, "__module__", None) or ""
+    return inspect.isfunction(target) and module != "torch" and not module.startswith("torch.")
+
+
+class FunctionBody:
+    """The lowering of a wrapped function: its body, exported and inlined (``inline_function``)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, cx: "TorchLowerer", *args: Any, **kwargs: Any) -> Any:
+        return cx.inline_function(self.fn, args, kwargs)
+
+
+class _TensorSlot:
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+TENSOR_SLOT = _TensorSlot()  # where a tensor argument goes among a wrapped call's constant arguments
+
+
+class _FunctionCall(torch.nn.Module):
+    """``fn`` as a module whose inputs are the call's tensor arguments (the rest are constants)."""
+
+    def __init__(self, fn: Any, spec: Any, constants: Sequence[Any]) -> None:
+        super().__init__()
+        self.fn, self.spec, self.constants = fn, spec, list(constants)
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        given = iter(tensors)
+        leaves = [next(given) if c is TENSOR_SLOT else c for c in self.constants]
+        args, kwargs = torch.utils._pytree.tree_unflatten(leaves, self.spec)
+        return self.fn(*args, **kwargs)
+
+
 class TorchLowerer(Lowerer):
     """The lowerer of both importers; ``root`` is the module FX attributes and submodules live on."""
 
@@ -54,13 +93,17 @@ class TorchLowerer(Lowerer):
         self.root = root
         self.state_keys = set(state_dict_keys)
         self.constant_names: set[str] = set()  # model tensors outside state_dict(), folded without a key
+        self.function_programs: dict[Any, ExportedProgram] = {}  # inlined function bodies, by call signature
 
     # -- targets --------------------------------------------------------------------------------
     def resolve(self, node: torch.fx.Node) -> Lowering | None:
         if node.op == "call_function":
             if isinstance(node.target, torch._ops.OpOverload):
                 return aten_lowering(node.target)
-            return function_lowering(node.target)
+            lower = function_lowering(node.target)
+            if lower is None and is_model_function(node.target):
+                return FunctionBody(node.target)
+            return lower
         if node.op == "call_method":
             return method_lowering(node.target)
         if node.op == "call_module":
@@ -94,7 +137,7 @@ class TorchLowerer(Lowerer):
     def constant(self, name: str, tensor: torch.Tensor) -> Known:
         """A tensor no checkpoint carries (non-persistent buffer, plain attribute, lifted constant)."""
         self.constant_names.add(name)
-        return Known(tensor.detach(), folded=True)
+        return Known(tensor.detach().clone(), folded=True)  # a copy: folded in-place writes stay ours
 
     def param(self, path: str, name: str) -> Known | None:
         """A module's parameter or buffer as a Known bound to its state_dict key."""
@@ -113,7 +156,7 @@ class TorchLowerer(Lowerer):
             value = getattr(value, part)
         if isinstance(value, torch.Tensor):
             if target.startswith("_tensor_constant"):  # a literal tensor FX lifted while tracing
-                return Known(value.detach(), folded=True)
+                return Known(value.detach().clone(), folded=True)
             return self.known_tensor(".".join(p for p in (self.module_prefix, target) if p), value)
         if isinstance(value, torch.nn.Module):
             raise NotLowerable("a submodule used as a value (higher-order op)")
@@ -141,13 +184,40 @@ class TorchLowerer(Lowerer):
             raise NotLowerable(f"torch.export of this leaf module failed: {type(e).__name__}: "
                                f"{str(e).splitlines()[0] if str(e) else ''}"[:300]) from None
         flat_inputs = torch.utils._pytree.tree_leaves((tuple(args), kwargs))
-        saved = (self.module_prefix, self.problems, self.root, self.state_keys)
-        self.module_prefix, self.problems, self.root = path, [], module
-        self.state_keys = {f"{path}.{k}" if path else k for k in module.state_dict()} | saved[3]
+        keys = {f"{path}.{k}" if path else k for k in module.state_dict()}
+        return self.run_inlined(ep, flat_inputs, path, path, module, keys)
+
+    def inline_function(self, fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Lower the body of a Python function FX kept as one call (``torch.fx.wrap``: torchvision's
+        ``stochastic_depth``, Swin's ``shifted_window_attention``): export it on example tensors of
+        the recorded shapes and lower its ATen program in place. Its tensor arguments are the
+        program's inputs, so model tensors passed in keep their keys; other arguments are constants."""
+        leaves, spec = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
+        tensors = [v for v in leaves if isinstance(v, (Sym, Known, torch.Tensor))]
+        constants = [TENSOR_SLOT if isinstance(v, (Sym, Known, torch.Tensor)) else v for v in leaves]
+        examples = [self.example(v) for v in tensors]
+        key = (fn, str(spec), repr(constants), tuple((tuple(e.shape), e.dtype) for e in examples))
+        ep = self.function_programs.get(key)
+        if ep is None:
+            try:
+                ep = torch.export.export(_FunctionCall(fn, spec, constants), tuple(examples), strict=False)
+            except Exception as e:  # noqa: BLE001 - export raises many exception types
+                raise NotLowerable(f"torch.export of this function's body failed: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''}"[:300]) from None
+            self.function_programs[key] = ep
+        info = self.describe(self.current) if self.current is not None else {"name": "", "module": None}
+        return self.run_inlined(ep, tensors, info["module"] or "", info["name"], self.root, self.state_keys)
+
+    def run_inlined(self, ep: ExportedProgram, inputs: Sequence[Any], module_prefix: str, name_prefix: str,
+                    root: torch.nn.Module | None, state_keys: set[str]) -> Any:
+        """Lower an exported program in place of one node; its problems become that node's problem."""
+        saved = (self.module_prefix, self.name_prefix, self.problems, self.root, self.state_keys)
+        self.module_prefix, self.name_prefix, self.problems, self.root = module_prefix, name_prefix, [], root
+        self.state_keys = state_keys | saved[4]
         try:
-            outputs = bind_and_run(self, ep, flat_inputs)
+            outputs = bind_and_run(self, ep, inputs)
         finally:
-            self.module_prefix, self.problems, self.root, self.state_keys = saved
+            self.module_prefix, self.name_prefix, self.problems, self.root, self.state_keys = saved
         return torch.utils._pytree.tree_unflatten(outputs, ep.call_spec.out_spec)
 
     def example(self, v: Any) -> Any:

@@ -10,8 +10,8 @@ and ``register`` does the same for lowerings made by a factory (``unary("relu")`
 below are filled by those registrations as the op modules are imported (``program`` imports all of
 them); nothing else writes them. FX names are ``namespace.name`` with the namespaces of
 ``NAMESPACES``; a name the installed torch lacks is skipped. An in-place ``X_`` (method or ATen
-overload) lowers as ``X``: the lowerer rebinds the mutated operand to the result. Aliases the
-framework spells two ways are declared once, in ``ALIASES``.
+overload) lowers as ``X``: the lowerer rebinds the mutated operand to the result. Aliases (one
+operation, two names) are declared once, in ``ALIASES``, and follow every registration.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from .common import Lowering, is_inplace_overload
 
-__all__ = ["ATEN", "FUNCTIONS", "METHODS", "MODULES", "NAMESPACES", "ALIASES", "EMITTED_KINDS", "lowers",
+__all__ = ["ATEN", "FUNCTIONS", "METHODS", "MODULES", "NAMESPACES", "ALIASES", "ATEN_OVERLOAD_ALIASES",
+           "EMITTED_KINDS", "lowers",
            "register", "aten_lowering", "method_lowering", "function_lowering", "module_lowering"]
 
 ATEN: dict[str, Lowering] = {}
@@ -36,9 +37,18 @@ MODULES: dict[type, Lowering] = {}  # called as lower(cx, module, path, *args, *
 NAMESPACES: dict[str, Any] = {"torch": torch, "F": F, "operator": operator, "builtins": builtins,
                               "linalg": torch.linalg, "special": torch.special}
 
-# ATen overloads that are another overload under a second name (torch.export keeps the spelling
-# the model used; the decomposition table would map them): alias -> canonical overload
-ALIASES: dict[str, str] = {}
+# One operation under a second name, every alias in one place: a registration names the canonical
+# target and ``register`` adds its aliases as torch functions (same namespace), Tensor methods and
+# ATen packets (same overload names). torch.export keeps the spelling the model used.
+ALIASES: dict[str, str] = {
+    "arctan": "atan", "arcsin": "asin", "arccos": "acos", "arctanh": "atanh", "arcsinh": "asinh",
+    "arccosh": "acosh", "fix": "trunc", "absolute": "abs", "negative": "neg", "clip": "clamp",
+    "subtract": "sub", "multiply": "mul", "divide": "div", "true_divide": "div", "swapdims": "transpose",
+    "swapaxes": "transpose", "concat": "cat", "concatenate": "cat", "ger": "outer", "greater": "gt",
+    "greater_equal": "ge", "less": "lt", "less_equal": "le", "not_equal": "ne",
+}
+# ATen aliases whose overload names differ from the canonical one's: alias overload -> canonical
+ATEN_OVERLOAD_ALIASES: dict[str, str] = {"swapaxes.default": "transpose.int", "swapdims.default": "transpose.int"}
 
 # every IR kind a lowering can emit (docs/make_ops_md.py); tests/test_import_torch_targets.py records
 # what the lowerings actually emit on a corpus of models and compares
@@ -64,18 +74,34 @@ def _put(table: dict[Any, Lowering], key: Any, lowering: Lowering) -> None:
     table[key] = lowering
 
 
+def _with_aliases(name: str) -> list[str]:
+    """``name`` and its aliases (``transpose`` -> ``transpose``, ``swapdims``, ``swapaxes``); an in-place
+    name ``X_`` has the aliases of X, in place."""
+    base, suffix = (name[:-1], "_") if name.endswith("_") and not name.startswith("_") else (name, "")
+    return [name] + [alias + suffix for alias, canonical in ALIASES.items() if canonical == base]
+
+
+def _aten_with_aliases(name: str) -> list[str]:
+    packet, _, overload = name.partition(".")
+    names = [f"{p}.{overload}" for p in _with_aliases(packet)]
+    return names + [alias for alias, canonical in ATEN_OVERLOAD_ALIASES.items() if canonical == name]
+
+
 def register(lowering: L, *, aten: str = "", fx: str = "", methods: str = "",
              modules: Sequence[type] = ()) -> L:
     """Declare the targets ``lowering`` lowers (space-separated names; see the module docstring)."""
     for name in aten.split():
-        _put(ATEN, f"aten.{name}", lowering)
+        for spelling in _aten_with_aliases(name):
+            _put(ATEN, f"aten.{spelling}", lowering)
     for qualified in fx.split():
         namespace, _, name = qualified.rpartition(".")
-        target = getattr(NAMESPACES[namespace], name, None)
-        if target is not None:
-            _put(FUNCTIONS, target, lowering)
+        for spelling in _with_aliases(name):
+            target = getattr(NAMESPACES[namespace], spelling, None)
+            if target is not None:
+                _put(FUNCTIONS, target, lowering)
     for name in methods.split():
-        _put(METHODS, name, lowering)
+        for spelling in _with_aliases(name):
+            _put(METHODS, spelling, lowering)
     for module_type in modules:
         _put(MODULES, module_type, lowering)
     return lowering
@@ -87,13 +113,12 @@ def lowers(*, aten: str = "", fx: str = "", methods: str = "", modules: Sequence
 
 
 def aten_lowering(target: Any) -> Lowering | None:
-    """The lowering of an overload (through ``ALIASES``); ``aten.X_.overload`` lowers as
-    ``aten.X.overload``."""
-    name = ALIASES.get(str(target), str(target))
+    """The lowering of an overload; ``aten.X_.overload`` lowers as ``aten.X.overload``."""
+    name = str(target)
     lower = ATEN.get(name)
     if lower is None and is_inplace_overload(target):
         _, packet, overload = name.split(".", 2)
-        lower = ATEN.get(ALIASES.get(f"aten.{packet[:-1]}.{overload}", f"aten.{packet[:-1]}.{overload}"))
+        lower = ATEN.get(f"aten.{packet[:-1]}.{overload}")
     return lower
 
 

@@ -30,6 +30,7 @@ COMMANDS = {
     "diff": "diff",
     "plan": "plan",
     "init": "init",
+    "verify": "verify",
 }
 
 

@@ -226,7 +226,7 @@ def _executable(capsule: KernelCapsule, kind: str) -> bool:
     if capsule.provider == "reference":
         from semantics.rules import FLOAT_RULES
         return kind in FLOAT_RULES and kind != "custom"
-    return capsule.provider == "libtorch" and kind in TORCH_RULES
+    return capsule.provider == "libtorch" and kind in TORCH_RULES and _torch_importable()
 
 
 def capsule_states(capsule: KernelCapsule, kind: str, policy: KernelPolicy | None = None) -> dict[str, bool]:
@@ -250,8 +250,20 @@ class PlannedKernel:
     states: dict[str, bool] = field(compare=False, hash=False)
 
     @property
+    def registered(self) -> bool:
+        return self.states["registered"]
+
+    @property
+    def selectable(self) -> bool:
+        return self.states["selectable"]
+
+    @property
     def executable(self) -> bool:
         return self.states["executable"]
+
+    @property
+    def proved(self) -> bool:
+        return self.states["proved"]
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "kind": self.kind, "op": self.op, "capsule": self.capsule.name,
@@ -280,9 +292,18 @@ class KernelPlan:
         return len(self.kernels)
 
     def __eq__(self, other: object) -> bool:
+        """Equal plans; a pair ``(node ids, capsule names)`` compares with what TorchLean prints."""
+        if isinstance(other, tuple) and len(other) == 2:
+            return self.as_tuple() == (tuple(other[0]), tuple(other[1]))
         if not isinstance(other, KernelPlan):
             return NotImplemented
         return self.kernels == other.kernels and self.graph_digest == other.graph_digest
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def as_tuple(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """TorchLean's ``(plan.nodeIds, plan.capsuleNames)``."""
+        return tuple(self.node_ids), tuple(self.capsule_names)
 
     @property
     def node_ids(self) -> list[int]:
@@ -365,14 +386,29 @@ class KernelPlan:
                                   f"({k.capsule.name})", node=k.node)
 
 
-def _as_policy(policy: KernelPolicy | Mapping[str, Any] | None, device: str | None,
+_POLICY_KEYS = {"device": "device", "prefer": "prefer", "preferred": "prefer", "provider": "prefer", "only": "only",
+                "providers": "providers", "devices": "devices"}
+
+
+def _as_policy(policy: KernelPolicy | Mapping[str, Any] | str | None, device: str | None,
                prefer: str | None) -> KernelPolicy:
     if policy is None:
         policy = KernelPolicy()
+    elif isinstance(policy, str):  # a device name
+        policy = KernelPolicy(device=policy)
     elif isinstance(policy, Mapping):
-        policy = KernelPolicy(**policy)
+        unknown = sorted(str(k) for k in policy if k not in _POLICY_KEYS)
+        if unknown:
+            raise BridgeError(f"plan_kernels: unknown policy field(s) {', '.join(unknown)}; expected "
+                              f"{', '.join(_POLICY_KEYS)}")
+        fields = {_POLICY_KEYS[k]: v for k, v in policy.items()}
+        for key in ("providers", "devices"):
+            if fields.get(key) is not None:
+                fields[key] = tuple(fields[key])
+        policy = KernelPolicy(**fields)
     elif not isinstance(policy, KernelPolicy):
-        raise BridgeError(f"plan_kernels: policy must be a KernelPolicy or a mapping, got {type(policy).__name__}")
+        raise BridgeError(f"plan_kernels: policy must be a KernelPolicy, a mapping or a device name, got "
+                          f"{type(policy).__name__}")
     if device is not None:
         policy = replace(policy, device=_device(device))
     if prefer is not None:
@@ -380,8 +416,8 @@ def _as_policy(policy: KernelPolicy | Mapping[str, Any] | None, device: str | No
     return policy
 
 
-def plan_kernels(g: Graph, policy: KernelPolicy | Mapping[str, Any] | None = None, *, device: str | None = None,
-                 prefer: str | None = None) -> KernelPlan:
+def plan_kernels(g: Graph, policy: KernelPolicy | Mapping[str, Any] | str | None = None, *,
+                 device: str | None = None, prefer: str | None = None) -> KernelPlan:
     """TorchLean's ``checkedPlanGraph``: well-formedness first, then one capsule per runtime node.
 
     Raises ``PlanError`` (``no admissible kernel capsule for op {op} on device {device}``) at the

@@ -194,6 +194,13 @@ def v1_pool_out_dim(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
 
+def _per_axis(tag: str, spatial_rank: int, **lists: Sequence[int]) -> None:
+    """Every per-axis attribute has one entry per spatial axis (importers build attrs from files)."""
+    for name, values in lists.items():
+        if len(values) != spatial_rank:
+            raise ShapeRuleError(f"{tag}: {name} has {len(values)} entries, expected spatial rank {spatial_rank}")
+
+
 def _conv_shape(p: Shape, extent: Callable[[int, int], int], *, spatial_rank: int, kernel: Sequence[int],
                 stride: Sequence[int], dilation: Sequence[int], groups: int, channel_axis: int, in_channels: int,
                 out_channels: int, tag: str) -> Shape:
@@ -233,6 +240,7 @@ def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride
                    groups: int, channel_axis: int, in_channels: int, out_channels: int,
                    tag: str = "conv") -> Shape:
     """``OpContracts.inferConvConfigOutShape``, checks in TorchLean's order."""
+    _per_axis(tag, spatial_rank, stride=stride, padding=padding, padding_after=padding_after, dilation=dilation)
     def extent(k: int, axis: int) -> int:
         d = window_out_dim(p[axis], kernel[k], stride[k], padding[k], padding_after[k], dilation[k])
         if d is None:
@@ -265,6 +273,8 @@ def conv_transpose_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[in
                              tag: str = "conv_transpose") -> Shape:
     """PyTorch's ``conv_transposeNd`` / ONNX ``ConvTranspose`` extent per spatial axis:
     ``(in - 1)*stride + dilation*(kernel - 1) + 1 - padding - padding_after + output_padding``."""
+    _per_axis(tag, spatial_rank, stride=stride, padding=padding, padding_after=padding_after,
+              output_padding=output_padding, dilation=dilation)
     def extent(k: int, axis: int) -> int:
         if output_padding[k] >= max(stride[k], dilation[k]):
             raise ShapeRuleError(f"{tag}: axis {axis} output_padding {output_padding[k]} must be smaller than "

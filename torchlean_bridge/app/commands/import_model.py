@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shape of one example input (repeat per input); DTYPE is float32 (default), "
                         "float64, int64 or bool")
     p.add_argument("--checkpoint", metavar="FILE", help="bind these weights (safetensors / state_dict) instead")
+    p.add_argument("--bind", metavar="NAME=FILE.npy", action="append", default=[],
+                   help="ONNX: freeze graph input NAME to the array in FILE.npy (shapes, axes, pads, weights given "
+                        "as inputs); what follows from it folds at import. Repeat per input")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
@@ -73,11 +76,41 @@ def example_inputs(specs: list[str]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+MAX_BIND_BYTES = 2 ** 31  # a bound input is read into memory
+
+
+def parse_binds(specs: list[str]) -> dict[str, Any]:
+    """``NAME=FILE.npy`` pairs as arrays (numeric .npy files, no pickles)."""
+    import os
+
+    import numpy as np
+    out: dict[str, Any] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise BridgeError(f"--bind {spec!r}: expected NAME=FILE.npy")
+        if name in out:
+            raise BridgeError(f"--bind: input `{name}` is bound twice")
+        if not os.path.isfile(path):
+            raise BridgeError(f"--bind {spec!r}: no such file: {path}")
+        if os.path.getsize(path) > MAX_BIND_BYTES:
+            raise BridgeError(f"--bind {spec!r}: {os.path.getsize(path)} bytes, above the limit of {MAX_BIND_BYTES}")
+        try:
+            out[name] = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise BridgeError(f"--bind {spec!r}: not a numeric .npy file: {e}"[:300]) from None
+        if not isinstance(out[name], np.ndarray):
+            raise BridgeError(f"--bind {spec!r}: expected one array (.npy), got a {type(out[name]).__name__}")
+    return out
+
+
 def import_source(args: argparse.Namespace) -> Bundle:
     if args.source.endswith(".onnx"):
         from importers.onnx import import_onnx
         shapes = [parse_input_shape(s)[0] for s in args.input_shape] or None
-        return import_onnx(args.source, shapes)
+        return import_onnx(args.source, shapes, constants=parse_binds(args.bind) or None)
+    if args.bind:
+        raise BridgeError("--bind freezes ONNX graph inputs; it does not apply to a PyTorch SOURCE")
     if ".py:" not in args.source:
         raise BridgeError(f"SOURCE must be model.onnx or path/to/file.py:factory, got {args.source!r}")
     model = load_factory(args.source, "SOURCE")
@@ -113,6 +146,7 @@ def summary_lines(bundle: Bundle) -> list[str]:
     blocking = s["v1_blocking"]
     lines.append("torchlean.ir.v1 export: " + ("blocked by " + "; ".join(blocking) if blocking
                                                else "nothing blocks it"))
+    lines.extend(f"note: {note}" for note in bundle.report.get("notes", ()))
     unused = bundle.report.get("unused_tensors")
     if unused:
         lines.append(f"unused tensors (not read by the graph): {', '.join(unused)}")

@@ -1,0 +1,565 @@
+"""CROWN: backward linear bound propagation, sound in floating point.
+
+``linear_bounds(g, payload, lower, upper, method="crown")`` bounds every graph output over the input
+box. For each output (and, first, for the input of every relaxed nonlinear node: the intermediate
+bounds) a backward pass carries linear coefficients from the node to the graph inputs through the
+rules of ``rules.BACKWARD`` and the relaxations of ``relax``; the inputs' box then concretizes them.
+Intermediate bounds are computed only for the entries whose relaxation they can change (ReLU-like
+units that IBP leaves unstable; every entry of a smooth activation's input) and intersected with the
+IBP box. A node without a backward rule or relaxation is replaced by its box (IBP, or CROWN when it
+was refined): the result lists these nodes in ``fallback``.
+
+Soundness: every bound encloses the exact real value of the output for every real input in the
+box. IBP supplies sound boxes of every node; the coefficients are computed in binary64 and each
+rounding is charged to an error term per row (see ``rules``), the constant terms are summed with
+their rounding bound, and the final value is rounded outward. Boxes with infinite ends give
+infinite bounds, never NaN.
+
+The first axis is treated as a batch axis when every node keeps samples apart (as auto_LiRPA
+assumes); the coefficients are then ``[N, rows, ...]`` per sample instead of one block-diagonal
+matrix. Otherwise the whole graph is one sample.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from torchlean_bridge.check import check
+from torchlean_bridge.errors import BridgeError
+from torchlean_bridge.graph import Graph, Node
+from torchlean_bridge.ops import FLOAT
+from torchlean_bridge.payload import Payload
+
+from ..interval import IntervalPropagator
+from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
+from ..records import PREPARED
+from .relax import Lines, relu_lines, smooth_for, smooth_lines
+from .rules import _ERR_SAFETY, BACKWARD, err_factor
+
+__all__ = ["linear_bounds", "LinearBounds", "Crown", "METHODS"]
+
+METHODS = ("crown", "ibp")
+_BUDGET = 1 << 22  # coefficient entries per backward chunk (32 MiB of float64)
+_RELU_LIKE = frozenset({"relu", "leaky_relu", "prelu"})
+
+
+@dataclass
+class LinearBounds:
+    """Bounds of each graph output (arrays of the output's shape), optionally of every node.
+
+    ``fallback`` maps the nodes that were replaced by their box (no linear relaxation) to their kind.
+    With a ``spec`` matrix C, ``spec_lower``/``spec_upper`` bound ``C y`` per sample (``[N, K]``) and
+    ``spec_coefficients`` holds, per graph input, the coefficients of the lower bound of each row
+    (``[N, K] + input tail``): a direction in which the row decreases, for counterexample search.
+    """
+
+    lower: list[np.ndarray]
+    upper: list[np.ndarray]
+    method: str
+    fallback: dict[int, str] = field(default_factory=dict)
+    boxes: list[Box] | None = None
+    spec_lower: np.ndarray | None = None
+    spec_upper: np.ndarray | None = None
+    spec_coefficients: list[np.ndarray] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "lower": [x.tolist() for x in self.lower],
+                "upper": [x.tolist() for x in self.upper],
+                "fallback": {str(k): v for k, v in sorted(self.fallback.items())}}
+
+
+_BATCH_SAFE_ELEMENTWISE = frozenset({
+    "relu", "leaky_relu", "prelu", "sigmoid", "tanh", "gelu", "softplus", "exp", "pow", "neg", "add", "sub",
+    "mul_elem", "div", "detach", "abs", "sqrt", "log", "sin", "cos", "erf", "silu", "max_elem", "min_elem", "clamp",
+})
+
+
+def _keeps_batch(g: Graph, node: Node, n: int) -> bool:
+    """Whether node treats the first axis as independent samples of size n."""
+    k, a, shape = node.kind, node.attrs, node.out_shape
+    if len(shape) < 2 or shape[0] != n:
+        return False
+    parents = [g.nodes[p].out_shape for p in node.parents]
+    if k in _BATCH_SAFE_ELEMENTWISE:
+        return all(tuple(s) == tuple(shape) for s in parents)
+    if k == "linear":
+        return True
+    if k in ("conv", "conv_transpose", "batch_norm_eval"):
+        return a["channel_axis"] >= 1
+    if k in ("max_pool", "avg_pool", "max_pool_nd", "avg_pool_nd"):
+        return a["spatial_rank"] < len(shape)
+    if k in ("reshape", "flatten", "squeeze", "unsqueeze"):
+        return len(parents[0]) >= 1 and parents[0][0] == n
+    if k == "permute":
+        return a["perm"][0] == 0
+    if k == "transpose":
+        return a["axis1"] != 0 and a["axis2"] != 0
+    if k == "concat":
+        return a["axis"] != 0
+    if k == "slice":
+        return 0 not in a["axes"]
+    if k == "pad":
+        return a["pads_before"][0] == 0 and a["pads_after"][0] == 0
+    if k in ("broadcast_to", "expand"):
+        return len(parents[0]) == len(shape) and parents[0][0] == n
+    if k == "matmul":
+        return len(parents[0]) >= 2 and len(parents[1]) >= 2
+    return False
+
+
+class Crown:
+    """A checked graph with its payload read once (weights in float64, |W| precomputed), for many
+    boxes: ``Crown(g, payload)(lower, upper)``."""
+
+    def __init__(self, g: Graph, payload: Payload | None) -> None:
+        check(g)
+        self.graph = g
+        self.ibp = IntervalPropagator(g, payload)
+        nodes = g.nodes
+        depends = [False] * len(nodes)
+        for node in nodes:
+            depends[node.id] = node.kind == "input" or any(depends[p] for p in node.parents)
+        self.const = [not d for d in depends]
+        self.float_nodes = all(node.dtype == FLOAT for node in nodes if depends[node.id])
+        n = nodes[g.inputs[0]].out_shape[0] if g.inputs and nodes[g.inputs[0]].out_shape else None
+        self.batched = n is not None and all(
+            self.const[node.id] or (node.kind == "input" and node.out_shape and node.out_shape[0] == n)
+            or _keeps_batch(g, node, n) for node in nodes)
+        self.n = n if self.batched else 1
+        self._ancestors: dict[int, list[int]] = {}
+
+    def ishape(self, v: int) -> tuple[int, ...]:
+        s = tuple(self.graph.nodes[v].out_shape)
+        return s if self.batched else (1,) + s
+
+    def ancestors(self, t: int) -> list[int]:
+        """Non-constant ancestors of t (t included), last first: the order of a backward pass."""
+        got = self._ancestors.get(t)
+        if got is None:
+            mark = np.zeros(len(self.graph.nodes), dtype=bool)
+            mark[t] = True
+            for v in range(t, -1, -1):
+                if mark[v]:
+                    for p in self.graph.nodes[v].parents:
+                        mark[p] = True
+            got = [v for v in np.flatnonzero(mark)[::-1].tolist()]
+            self._ancestors[t] = got
+        return got
+
+    def __call__(self, lower: Any, upper: Any, method: str = "crown", spec: np.ndarray | None = None,
+                 all_nodes: bool = False) -> LinearBounds:
+        if method not in METHODS:
+            raise BridgeError(f"linear_bounds: unknown method {method!r} (use one of {', '.join(METHODS)})")
+        g = self.graph
+        boxes = self.ibp(lower, upper)
+        if len(g.outputs) != 1 and spec is not None:
+            raise BridgeError("linear_bounds: a spec matrix needs a graph with one output")
+        if method == "ibp" or not self.float_nodes:
+            result = LinearBounds([boxes[o][0] for o in g.outputs], [boxes[o][1] for o in g.outputs], "ibp",
+                                  boxes=boxes if all_nodes else None)
+            if spec is not None:
+                result.spec_lower, result.spec_upper = _spec_box(self, boxes[g.outputs[0]], spec)
+            return result
+        run = _Run(self, boxes)
+        run.prepare(all_nodes)
+        lowers, uppers = [], []
+        spec_out = None
+        for o in g.outputs:
+            if spec is not None:
+                spec_out = run.bound(o, None, spec=_spec_matrix(spec, math.prod(self.ishape(o)[1:])))
+                lo, hi = run.boxes[o]
+            else:
+                lo, hi = run.refine(o, None)
+            lowers.append(lo)
+            uppers.append(hi)
+        result = LinearBounds(lowers, uppers, "crown", fallback=dict(sorted(run.fallback.items())),
+                              boxes=run.boxes if all_nodes else None)
+        if spec_out is not None:
+            s_lo, s_hi = _spec_box(self, run.boxes[g.outputs[0]], spec)  # never looser than the output box
+            result.spec_lower, result.spec_upper = np.maximum(spec_out[0], s_lo), np.minimum(spec_out[1], s_hi)
+            result.spec_coefficients = spec_out[2]
+        return result
+
+
+def _spec_matrix(spec: Any, width: int) -> np.ndarray:
+    c = np.asarray(spec, dtype=np.float64)
+    if c.ndim != 2 or c.shape[1] != width or not np.all(np.isfinite(c)):
+        raise BridgeError(f"linear_bounds: spec must be a finite [K, {width}] matrix, got shape {list(c.shape)}")
+    return c
+
+
+def _spec_box(crown: Crown, box: Box, spec: Any) -> Box:
+    """Interval bounds of C y from the output box (C rows applied per sample, outward rounded)."""
+    from ..rules.affine import AffineParams, linear_box
+    c = _spec_matrix(spec, math.prod(crown.ishape(crown.graph.outputs[0])[1:]))
+    lo, hi = (x.reshape(crown.n, -1) for x in box)
+    return linear_box((lo, hi), AffineParams.of(c, np.zeros(c.shape[0])))
+
+
+class _Run:
+    """One call: the node boxes (refined as intermediate bounds are computed), relaxations, fallbacks."""
+
+    def __init__(self, crown: Crown, boxes: list[Box]) -> None:
+        self.crown = crown
+        self.graph = crown.graph
+        self.boxes = list(boxes)
+        self.lines: dict[int, Lines] = {}
+        self.fallback: dict[int, str] = {}
+        self.refined = [False] * len(boxes)
+        self._mag: dict[int, np.ndarray] = {}
+
+    def mag(self, v: int) -> np.ndarray:
+        """max(|lo|, |hi|) of v's box in the internal layout: bounds |z_v| entrywise."""
+        m = self._mag.get(v)
+        if m is None:
+            lo, hi = self.boxes[v]
+            m = np.maximum(np.abs(lo), np.abs(hi)).reshape(self.crown.ishape(v))
+            self._mag[v] = m
+        return m
+
+    def set_box(self, v: int, box: Box) -> None:
+        self.boxes[v] = box
+        self._mag.pop(v, None)
+
+    def prepare(self, all_nodes: bool) -> None:
+        """Intermediate bounds and relaxations, in node order."""
+        g, crown = self.graph, self.crown
+        for node in g.nodes:
+            v = node.id
+            if crown.const[v] or node.kind == "input":
+                continue
+            relaxed = node.kind in _RELU_LIKE or smooth_for(node.kind, node.attrs) is not None
+            if node.kind == "prelu" and not crown.const[node.parents[1]]:
+                relaxed = False
+            if relaxed:
+                p = node.parents[0]
+                if not (crown.const[p] or g.nodes[p].kind == "input" or self.refined[p]):
+                    lo, hi = self.boxes[p]
+                    need = (lo < 0) & (hi > 0) if node.kind in _RELU_LIKE else lo < hi
+                    self.refine(p, need)
+                self.lines[v] = self._relax(node)
+            if all_nodes:
+                self.refine(v, None)
+
+    def _relax(self, node: Node) -> Lines:
+        lo, hi = (x.reshape(self.crown.ishape(node.id)) for x in self.boxes[node.parents[0]])
+        out_lo, out_hi = (x.reshape(self.crown.ishape(node.id)) for x in self.boxes[node.id])
+        finite = np.isfinite(lo) & np.isfinite(hi)
+        safe_lo, safe_hi = np.where(finite, lo, 0.0), np.where(finite, hi, 0.0)
+        if node.kind == "relu":
+            lines = relu_lines(safe_lo, safe_hi, 0.0)
+        elif node.kind == "leaky_relu":
+            lines = relu_lines(safe_lo, safe_hi, float(node.attrs["negative_slope"]))
+        elif node.kind == "prelu":
+            s_lo, s_hi = self.boxes[node.parents[1]]
+            slope = s_lo.reshape(lo.shape)
+            lines = relu_lines(safe_lo, safe_hi, slope)
+            exact = (s_lo == s_hi).reshape(lo.shape)
+            finite &= exact
+        else:
+            lines = smooth_lines(smooth_for(node.kind, node.attrs), safe_lo, safe_hi)
+        if np.all(finite):
+            return lines
+        # entries with an unbounded input (or an inexact slope) keep their box: constant lines
+        a_l, b_l, a_u, b_u = lines
+        return (np.where(finite, a_l, 0.0), np.where(finite, b_l, out_lo), np.where(finite, a_u, 0.0),
+                np.where(finite, b_u, out_hi))
+
+    def refine(self, v: int, need: np.ndarray | None) -> Box:
+        """CROWN bounds of v's entries where ``need`` (all when None), intersected with v's box."""
+        crown = self.crown
+        lo, hi = (x.reshape(crown.ishape(v)).copy() for x in self.boxes[v])
+        tail = crown.ishape(v)[1:]
+        width = math.prod(tail)
+        flat_need = None if need is None else need.reshape(crown.n, width)
+        if flat_need is not None and not flat_need.any():
+            self.refined[v] = True
+            return self.boxes[v]
+        largest = max(math.prod(crown.ishape(p)[1:]) for p in crown.ancestors(v))
+        for b0, b1, rows in self._chunks(flat_need, width, largest):
+            low, up_ = self.bound(v, rows, batch=(b0, b1))[:2]
+            lf, hf = lo[b0:b1].reshape(b1 - b0, width), hi[b0:b1].reshape(b1 - b0, width)
+            lf[:, rows] = np.maximum(lf[:, rows], low)
+            hf[:, rows] = np.minimum(hf[:, rows], up_)
+            lo[b0:b1], hi[b0:b1] = lf.reshape(lo[b0:b1].shape), hf.reshape(hi[b0:b1].shape)
+        shape = self.graph.nodes[v].out_shape
+        box = lo.reshape(shape), hi.reshape(shape)
+        self.set_box(v, box)
+        self.refined[v] = True
+        return box
+
+    def _chunks(self, need: np.ndarray | None, width: int, largest: int):
+        """(batch start, batch end, rows) pieces with at most _BUDGET coefficient entries each."""
+        n = self.crown.n
+        per_sample = width if need is None else int(need.sum(axis=1).max())
+        group = 1 if 2 * per_sample * largest >= 1 << 16 else max(1, _BUDGET // max(1, 2 * per_sample * largest))
+        for b0 in range(0, n, group):
+            b1 = min(n, b0 + group)
+            rows = np.arange(width) if need is None else np.flatnonzero(need[b0:b1].any(axis=0))
+            if rows.size == 0:
+                continue
+            step = max(1, _BUDGET // max(1, 2 * (b1 - b0) * largest))
+            for r0 in range(0, rows.size, step):
+                yield b0, b1, rows[r0:r0 + step]
+
+    def bound(self, t: int, rows: np.ndarray | None, batch: tuple[int, int] | None = None,
+              spec: np.ndarray | None = None):
+        """Lower and upper bounds ``[n, R]`` of the rows of t (flat tail indices, or spec rows)."""
+        crown = self.crown
+        b0, b1 = batch if batch is not None else (0, crown.n)
+        if spec is None:
+            ps = _Pass(self, t, b0, b1, rows=rows)
+            low, neg_up = ps.run()
+            return low, -neg_up
+        best_lo = best_hi = None
+        coeffs = None
+        for s0 in range(0, crown.n, 1):
+            ps = _Pass(self, t, s0, s0 + 1, spec=spec, keep_inputs=True)
+            low, neg_up = ps.run()
+            best_lo = low if best_lo is None else np.concatenate([best_lo, low])
+            best_hi = -neg_up if best_hi is None else np.concatenate([best_hi, -neg_up])
+            part = [ps.input_coeffs.get(i, np.zeros((1, 2 * spec.shape[0]) + crown.ishape(i)[1:]))[:, :spec.shape[0]]
+                    for i in self.graph.inputs]
+            coeffs = part if coeffs is None else [np.concatenate([c, q]) for c, q in zip(coeffs, part)]
+        # also the plain output bounds, for the report
+        self.refine(t, None)
+        return best_lo, best_hi, coeffs
+
+
+class _Pass:
+    """One backward pass from node t for a batch slice, lower bounds of [C; -C] rows at once."""
+
+    def __init__(self, run: _Run, t: int, b0: int, b1: int, rows: np.ndarray | None = None,
+                 spec: np.ndarray | None = None, keep_inputs: bool = False) -> None:
+        self.run_ = run
+        self.crown = run.crown
+        self.graph = run.graph
+        self.batched = self.crown.batched
+        self.t, self.b0, self.b1 = t, b0, b1
+        n = b1 - b0
+        self.n_rows = n
+        self.row_ids = rows if spec is None else None
+        self.spec = spec
+        r = rows.size if spec is None else spec.shape[0]
+        self.rows = r
+        self.beta = np.zeros((n, 2 * r))
+        self.err = np.zeros((n, 2 * r))
+        self.keep_inputs = keep_inputs
+        self.input_coeffs: dict[int, np.ndarray] = {}
+
+    # -- helpers for the rules ----------------------------------------------------------------
+
+    def tail(self, v: int) -> tuple[int, ...]:
+        return self.crown.ishape(v)[1:]
+
+    def axis(self, a: int) -> int:
+        """The coefficient axis of value axis a (a >= 1 when batched)."""
+        return a + (1 if self.batched else 2)
+
+    def numel(self, v: int) -> int:
+        return math.prod(self.tail(v))
+
+    def _slice(self, x: np.ndarray) -> np.ndarray:
+        if self.crown.n > 1 and x.shape[0] == self.crown.n:
+            return x[self.b0:self.b1]
+        return x
+
+    def internal(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        return self._slice(x) if self.batched else x[None]
+
+    def mag(self, v: int) -> np.ndarray:
+        return self._slice(self.run_.mag(v))
+
+    def mag_value(self, v: int) -> np.ndarray:
+        m = self.mag(v)
+        return m if self.batched else m[0]
+
+    def box(self, v: int) -> Box:
+        lo, hi = self.run_.boxes[v]
+        s = self.crown.ishape(v)
+        return self._slice(lo.reshape(s)), self._slice(hi.reshape(s))
+
+    def box_value(self, v: int) -> Box:
+        return self.run_.boxes[v]
+
+    def is_const(self, v: int) -> bool:
+        return self.crown.const[v]
+
+    def const_value(self, v: int) -> np.ndarray | None:
+        lo, hi = self.run_.boxes[v]
+        return lo if np.array_equal(lo, hi) else None
+
+    def affine(self, node: Node):
+        p = self.crown.ibp.records[node.id][PREPARED]
+        return p.weight, p.abs_weight, p.bias
+
+    def batch_norm(self, node: Node):
+        return self.crown.ibp.records[node.id][PREPARED]
+
+    # -- accumulation -------------------------------------------------------------------------
+
+    def _flat(self, a: np.ndarray) -> np.ndarray:
+        return a.reshape(a.shape[0], a.shape[1], -1)
+
+    def dots(self, a: np.ndarray, vecs: list[np.ndarray]) -> np.ndarray:
+        """<a_row, vec> for each row and each vector: [n, rows, len(vecs)]."""
+        n = a.shape[0]
+        stack = np.stack([np.broadcast_to(v, (n,) + a.shape[2:]).reshape(n, -1) for v in vecs], axis=-1)
+        with np.errstate(all="ignore"):
+            return np.matmul(self._flat(a), stack)
+
+    def _acc(self, value: np.ndarray, error: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            self.beta = self.beta + value
+            self.err = up(up(self.err + error) + up(np.abs(self.beta) * (2 * U)) + MIN_NORMAL)
+
+    def add_dot(self, a: np.ndarray, vec: np.ndarray, q: np.ndarray | None, n: int,
+                radius: np.ndarray | None = None) -> None:
+        """beta += <a, vec>; err += gamma_n <|a|, |vec| + q> (+ <|a|, radius>)."""
+        f = err_factor(n)
+        w = np.abs(vec) if q is None else np.abs(vec) + q
+        w = w * f
+        if radius is not None:
+            w = w + radius * _ERR_SAFETY
+        val = self.dots(a, [vec])[..., 0]
+        e = self.dots(np.abs(a), [w])[..., 0]
+        self._acc(clean(val, val)[0], e * (1.0 + err_factor(self.numel_a(a))) + MIN_NORMAL)
+
+    def add_row_err(self, rows: slice, error: np.ndarray) -> None:
+        """err[:, rows] += error (an error bound that concerns only some rows)."""
+        with np.errstate(all="ignore"):
+            self.err[:, rows] = up(up(self.err[:, rows] + error) + MIN_NORMAL)
+
+    def numel_a(self, a: np.ndarray) -> int:
+        return math.prod(a.shape[2:])
+
+    def add_abs_err(self, a: np.ndarray, m: np.ndarray, factor: float) -> None:
+        """err += factor <|a|, m> (m >= 0)."""
+        e = self.dots(np.abs(a), [m])[..., 0]
+        self._acc(np.zeros_like(self.beta), e * (factor * (1.0 + err_factor(self.numel_a(a)))) + MIN_NORMAL)
+
+    def concretize(self, v: int, a: np.ndarray) -> None:
+        """min over v's box of <a, z_v>: <a, c> - <|a|, r> for [c - r, c + r] covering the box."""
+        lo, hi = self.box(v)
+        c, r = center_radius(lo, hi)
+        inf = ~np.isfinite(r)
+        r_fin = np.where(inf, 0.0, r)
+        n = self.numel_a(a)
+        val = self.dots(a, [c])[..., 0]
+        t = self.dots(np.abs(a), [r_fin, np.abs(c) + r_fin] + ([inf.astype(np.float64)] if inf.any() else []))
+        with np.errstate(all="ignore"):
+            value = val - t[..., 0]
+            if inf.any():
+                value = np.where(t[..., 2] > 0, -np.inf, value)
+            self._acc(value, t[..., 1] * (2.0 * err_factor(n + 1)) + MIN_NORMAL)
+        if self.keep_inputs and self.graph.nodes[v].kind == "input":
+            self.input_coeffs[v] = a
+
+    # -- the pass -----------------------------------------------------------------------------
+
+    def _relaxed(self, v: int, a: np.ndarray) -> list:
+        """Lines a_l z + b_l <= f(z) <= a_u z + b_u: the lower bound takes a_l where a >= 0, a_u elsewhere.
+
+        Only the columns where the two lines differ need the sign test, only those with a nonzero
+        intercept add to the constant, and only those with a slope other than 0 or 1 round.
+        """
+        a_l, b_l, a_u, b_u = (self._slice(x).reshape(self._slice(x).shape[0], -1) for x in self.run_.lines[v])
+        p = self.graph.nodes[v].parents[0]
+        n, rows = a.shape[0], a.shape[1]
+        flat = a.reshape(n, rows, -1)
+        width = flat.shape[-1]
+        cols_any = lambda mask: np.flatnonzero(mask.any(axis=0))  # noqa: E731
+        differ = cols_any((a_l != a_u) | (b_l != b_u))
+        new = flat * a_l[:, None]
+        if differ.size:
+            part = flat[:, :, differ]
+            new[:, :, differ] = np.where(part >= 0, part * a_l[:, None, differ], part * a_u[:, None, differ])
+        icpt = cols_any((b_l != 0) | (b_u != 0))
+        if icpt.size:
+            part = flat[:, :, icpt]
+            with np.errstate(all="ignore"):
+                prod = np.where(part >= 0, part * b_l[:, None, icpt], part * b_u[:, None, icpt])
+                val = prod.sum(axis=-1)
+                e = np.abs(prod).sum(axis=-1) * err_factor(width + 1)
+            self._acc(np.where(np.isnan(val), -np.inf, val), e)
+        inexact = cols_any(~(((a_l == 0) | (a_l == 1)) & ((a_u == 0) | (a_u == 1))))
+        if inexact.size:
+            m = self.mag(p).reshape(self.mag(p).shape[0], -1)[:, inexact]
+            self.add_abs_err(new[:, :, inexact], m, 2.0 * U * _ERR_SAFETY)
+        return [(p, new.reshape(a.shape))]
+
+    def _initial(self) -> np.ndarray:
+        """[C; -C] per sample: C the spec, or the identity rows picked by row_ids."""
+        n, r, tail = self.n_rows, self.rows, self.tail(self.t)
+        if self.spec is not None:
+            a = np.broadcast_to(np.concatenate([self.spec, -self.spec])[None], (n, 2 * r, self.spec.shape[1]))
+            return a.reshape((n, 2 * r) + tail)
+        a = np.zeros((n, 2 * r, math.prod(tail)))
+        a[:, np.arange(r), self.row_ids] = 1.0
+        a[:, r + np.arange(r), self.row_ids] = -1.0
+        return a.reshape((n, 2 * r) + tail)
+
+    def _start(self) -> dict[int, np.ndarray]:
+        """The first step: rows of the identity through a linear target are rows of W (exact, no product)."""
+        node = self.graph.nodes[self.t]
+        if self.row_ids is None or node.kind != "linear" or math.prod(self.tail(self.t)[:-1]) != 1:
+            return {self.t: self._initial()}
+        w, _, bias = self.affine(node)
+        p = node.parents[0]
+        picked = w[self.row_ids]
+        n = self.n_rows
+        both = np.empty((2 * picked.shape[0], picked.shape[1]))
+        both[:picked.shape[0]] = picked
+        np.negative(picked, out=both[picked.shape[0]:])
+        a = np.broadcast_to(both[None], (n,) + both.shape)
+        self.beta = self.beta + np.concatenate([bias[self.row_ids], -bias[self.row_ids]])[None]
+        return {p: a.reshape((n, a.shape[1]) + self.tail(p))}
+
+    def run(self) -> tuple[np.ndarray, np.ndarray]:
+        run, g = self.run_, self.graph
+        coeffs: dict[int, np.ndarray] = self._start()
+        for v in self.crown.ancestors(self.t):
+            a = coeffs.pop(v, None)
+            if a is None:
+                continue
+            node = g.nodes[v]
+            if self.crown.const[v] or node.kind == "input":
+                self.concretize(v, a)
+                continue
+            if v in run.lines:
+                out = self._relaxed(v, a)
+            else:
+                rule = BACKWARD.get(node.kind)
+                out = None if rule is None else rule(self, node, a)
+            if out is None:
+                run.fallback[v] = node.kind
+                self.concretize(v, a)
+                continue
+            for p, ap in out:
+                if p in coeffs:
+                    coeffs[p] = coeffs[p] + ap
+                    self.add_abs_err(coeffs[p], self.mag(p), 2.0 * U * _ERR_SAFETY)
+                else:
+                    coeffs[p] = ap
+        with np.errstate(all="ignore"):
+            low = down(down(self.beta - self.err))
+        low = np.where(np.isnan(low), -np.inf, low)
+        r = self.rows
+        return low[:, :r], low[:, r:]
+
+
+def linear_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any, method: str = "crown",
+                  spec: Any = None, all_nodes: bool = False) -> LinearBounds:
+    """Sound linear (CROWN) or interval (``method="ibp"``) bounds of every output over the input box.
+
+    ``lower``/``upper`` as for ``interval_bounds``. ``spec``: an optional ``[K, outputs per sample]``
+    matrix C; ``spec_lower``/``spec_upper`` then bound ``C y`` (tighter than bounding y first).
+    ``all_nodes=True`` refines and returns every node's box. For many boxes, build ``Crown(g, payload)``
+    once and call it.
+    """
+    return Crown(g, payload)(lower, upper, method=method, spec=spec, all_nodes=all_nodes)

@@ -1,0 +1,243 @@
+"""Sound linear relaxations of elementwise functions: ``a_l z + b_l <= f(z) <= a_u z + b_u`` on [l, u].
+
+Every relaxation holds for the *exact real* f on the whole real interval [l, u] (l, u floats, the
+node's input bounds). Slopes are chosen by heuristics in plain floating point (any slope is sound);
+the intercepts are then computed rigorously for the chosen slope:
+
+* ReLU-like functions (relu, leaky_relu, prelu with constant slopes) are piecewise linear: the
+  chord touches both ends and by convexity (concavity when the negative slope exceeds 1) lies above
+  (below) f; its intercept is the outward-rounded max (min) over the two ends of f(z) - k z. The
+  other side is the line s z through the origin with s between the two slopes, chosen as auto_LiRPA's
+  default "adaptive" rule (slope 1 when the chord's slope exceeds 1/2).
+* Smooth functions (sigmoid, tanh, exp, softplus, gelu, integer powers) are described by a point
+  enclosure of f and of f', and their convexity pieces. For a slope s the intercept of the lower line
+  is a lower bound of min over [l, u] of g(z) = f(z) - s z, taken piece by piece: on a concave piece
+  g is concave and its minimum is at an end; on a convex piece g is convex and lies above its tangent
+  at any point d (we find d ~ argmin by bisection on f'), so min g >= g(d) - |g'(d)| max(d - a, b - d)
+  with g'(d) enclosed. Upper lines are symmetric. A few candidate slopes (chord, tangents at the ends,
+  the midpoint and the quartiles) are tried and the one closest to f at the midpoint is kept.
+
+This is where auto_LiRPA's CROWN is unsound for x**2 on [2, 5] (upper line below 25 at z = 5): here
+the upper intercept is the max of f(z) - s z over the two ends, so the line is above f at both ends,
+and by convexity on all of [l, u].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .. import interval_arith as ia
+from ..interval_arith import erf_at, exp_at, tanh_at
+from ..interval_round import Box, down, lib_bounds, up
+from ..rules.activations import INV_SQRT2, gelu_box, sigmoid_at, softplus_at
+from ..rules.elementwise import pow_box
+
+__all__ = ["Lines", "relu_lines", "Smooth", "smooth_for", "smooth_lines", "SMOOTH_KINDS"]
+
+# (a_l, b_l, a_u, b_u): a_l z + b_l <= f(z) <= a_u z + b_u on the node's input box
+Lines = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+_BISECT_STEPS = 44
+
+
+def relu_lines(lo: np.ndarray, hi: np.ndarray, slope: np.ndarray | float) -> Lines:
+    """Lines for f(z) = z (z >= 0), slope * z (z < 0), per entry (slope broadcastable)."""
+    a = np.broadcast_to(np.asarray(slope, dtype=np.float64), lo.shape)
+    one = np.ones_like(lo)
+    with np.errstate(all="ignore"):
+        mixed = (lo < 0) & (hi > 0)
+        # chord through (l, a l) and (u, u); its slope is any float (soundness is in the intercept)
+        k = np.where(mixed, (hi - a * lo) / np.where(mixed, hi - lo, 1.0), 0.0)
+        fl_lo, fl_hi = ia.mul(ia.point(a), ia.point(lo))  # f(l) = a l, enclosed
+        convex = a <= 1.0
+        # f(u) - k u and f(l) - k l, rounded up (for an upper chord) or down (for a lower chord)
+        c_up = np.maximum(up(fl_hi - down(k * lo)), up(hi - down(k * hi)))
+        c_dn = np.minimum(down(fl_lo - up(k * lo)), down(hi - up(k * hi)))
+        # the line through the origin: its slope lies between a and 1 (auto_LiRPA's "adaptive" choice:
+        # slope 1 when the chord is steeper than 1/2, i.e. u > -l for relu)
+        s = np.where(k > 0.5, one, a)
+        a_l = np.where(lo >= 0, one, np.where(hi <= 0, a, np.where(convex, s, k)))
+        b_l = np.where(mixed & ~convex, c_dn, 0.0)
+        a_u = np.where(lo >= 0, one, np.where(hi <= 0, a, np.where(convex, k, s)))
+        b_u = np.where(mixed & convex, c_up, 0.0)
+    return a_l, b_l, a_u, b_u
+
+
+@dataclass(frozen=True)
+class Smooth:
+    """A smooth elementwise function: point enclosures of f and f', and its convexity pieces.
+
+    ``breaks`` are exact floats splitting the line into pieces with ``curvature`` +1 (convex),
+    -1 (concave) or 0 (unknown: a sliver around an irrational inflection point, bounded through the
+    Lipschitz constant ``lipschitz`` of f there).
+    """
+
+    f: Callable[[np.ndarray], Box]
+    df: Callable[[np.ndarray], Box]
+    breaks: tuple[float, ...]
+    curvature: tuple[int, ...]
+    lipschitz: float = 0.0
+
+
+def _sigmoid_df(x: np.ndarray) -> Box:
+    return ia.mul(sigmoid_at(x), sigmoid_at(-x))  # s(x) s(-x): no cancellation near 1
+
+
+def _tanh_df(x: np.ndarray) -> Box:
+    lo, hi = lib_bounds(np.cosh, np.abs(x))
+    c = np.maximum(lo, 1.0), np.maximum(hi, 1.0)
+    return ia.inv(ia.square(c))  # 1 / cosh^2
+
+
+_INV_SQRT_2PI = down(down(np.float64(0.3989422804014327))), up(up(np.float64(0.3989422804014327)))
+
+
+def _gelu_f(x: np.ndarray) -> Box:
+    return gelu_box(ia.point(x), {"approximate": "none"})
+
+
+def _gelu_df(x: np.ndarray) -> Box:
+    """Phi(x) + x phi(x): Phi = (1 + erf(x / sqrt 2)) / 2, phi = exp(-x^2 / 2) / sqrt(2 pi)."""
+    px = ia.point(x)
+    t = erf_at(x * INV_SQRT2[0]), erf_at(x * INV_SQRT2[1])
+    e = ia.min_box(t[0], t[1])[0], ia.max_box(t[0], t[1])[1]
+    big_phi = ia.scale(ia.add_const(e, 1.0), 0.5)
+    half_sq = ia.scale(ia.square(px), -0.5)
+    ex = exp_at(half_sq[0])[0], exp_at(half_sq[1])[1]
+    ex = np.minimum(ex[0], ex[1]), np.maximum(ex[0], ex[1])
+    phi = ia.mul(ex, _INV_SQRT_2PI)
+    return ia.add(big_phi, ia.mul(px, phi))
+
+
+_SQRT2_LO, _SQRT2_HI = float(down(down(np.float64(np.sqrt(2.0))))), float(up(up(np.float64(np.sqrt(2.0)))))
+
+SMOOTH: dict[str, Smooth] = {
+    "sigmoid": Smooth(sigmoid_at, _sigmoid_df, (0.0,), (1, -1)),
+    "tanh": Smooth(tanh_at, _tanh_df, (0.0,), (1, -1)),
+    "exp": Smooth(exp_at, exp_at, (), (1,)),
+    "softplus": Smooth(softplus_at, sigmoid_at, (), (1,)),
+    # gelu'' = phi(x) (2 - x^2): concave, convex on [-sqrt 2, sqrt 2], concave; |gelu'| < 1.2 near +-sqrt 2
+    "gelu": Smooth(_gelu_f, _gelu_df, (-_SQRT2_HI, -_SQRT2_LO, _SQRT2_LO, _SQRT2_HI), (-1, 0, 1, 0, -1), 1.2),
+}
+SMOOTH_KINDS = frozenset(SMOOTH) | {"pow"}
+
+
+def _power(p: int) -> Smooth:
+    """x ** p for an integer p >= 2: convex when p is even; concave then convex (inflection 0) when odd."""
+    f = lambda x: pow_box(ia.point(x), {"exponent": float(p)})  # noqa: E731
+    fm = lambda x: pow_box(ia.point(x), {"exponent": float(p - 1)})  # noqa: E731
+    df = lambda x: ia.scale(fm(x), float(p))  # noqa: E731
+    return Smooth(f, df, (), (1,)) if p % 2 == 0 else Smooth(f, df, (0.0,), (-1, 1))
+
+
+def smooth_for(kind: str, attrs: Mapping[str, Any]) -> Smooth | None:
+    """The description of a node's function, or None when this kind/attribute has no relaxation here."""
+    if kind == "gelu":
+        return SMOOTH["gelu"] if attrs.get("approximate", "none") == "none" else None
+    if kind == "pow":
+        p = float(attrs["exponent"])
+        return _power(int(p)) if p == int(p) and 2 <= p <= 64 else None
+    return SMOOTH.get(kind)
+
+
+def _g(fn: Smooth, z: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
+    """A lower (side -1) or upper (+1) bound of f(z) - s z at the float points z."""
+    f_lo, f_hi = fn.f(z)
+    with np.errstate(all="ignore"):
+        if side < 0:
+            return down(f_lo - up(s * z))
+        return up(f_hi - down(s * z))
+
+
+def _stationary(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, increasing: bool) -> np.ndarray:
+    """A point d of [a, b] near where f'(d) = s, f' monotone on [a, b] (bisection, vectorized)."""
+    lo, hi = a.copy(), b.copy()
+    for _ in range(_BISECT_STEPS):
+        mid = lo * 0.5 + hi * 0.5
+        d_lo, d_hi = fn.df(mid)
+        below = (d_lo * 0.5 + d_hi * 0.5 < s) == increasing
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+    return np.clip(lo * 0.5 + hi * 0.5, a, b)
+
+
+def _extremum(fn: Smooth, lo: np.ndarray, hi: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
+    """Rigorous min (side -1) or max (+1) of f(z) - s z over [lo, hi], piece by piece."""
+    edges = (-np.inf,) + fn.breaks + (np.inf,)
+    best = np.full(lo.shape, np.inf if side < 0 else -np.inf)
+    pick = np.minimum if side < 0 else np.maximum
+    with np.errstate(all="ignore"):
+        for p, curv in enumerate(fn.curvature):
+            a, b = np.maximum(lo, edges[p]), np.minimum(hi, edges[p + 1])
+            there = a <= b
+            if not np.any(there):
+                continue
+            a, b = np.where(there, a, lo), np.where(there, b, lo)
+            ends = pick(_g(fn, a, s, side), _g(fn, b, s, side))
+            if curv == 0:  # unknown curvature on a sliver: ends -+ Lipschitz * width
+                slack = up(up(fn.lipschitz + np.abs(s)) * up(b - a))
+                value = down(ends - slack) if side < 0 else up(ends + slack)
+            elif curv == side:  # the extremum of g sits at an end (concave g for a min, convex for a max)
+                value = ends
+            else:
+                value = _tangent_bound(fn, a, b, s, side, curv > 0)
+            best = np.where(there, pick(best, value), best)
+    return best
+
+
+def _tangent_bound(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, side: int, increasing: bool
+                   ) -> np.ndarray:
+    """Min of a convex g (side -1) or max of a concave g (+1) over [a, b]: g(d) -+ |g'(d)| max(d - a, b - d)."""
+    da_lo, da_hi = fn.df(a)
+    db_lo, db_hi = fn.df(b)
+    if increasing:  # f' increasing: g monotone on the piece when s is outside [f'(a), f'(b)]
+        at_a, at_b = da_lo >= s, db_hi <= s
+    else:
+        at_a, at_b = da_hi <= s, db_lo >= s
+    d = _stationary(fn, a, b, s, increasing)
+    d_lo, d_hi = fn.df(d)
+    slope = np.maximum(np.abs(up(d_hi - s)), np.abs(down(d_lo - s)))
+    reach = up(np.maximum(up(d - a), up(b - d)))
+    if side < 0:
+        inner = down(_g(fn, d, s, side) - up(up(slope) * reach))
+    else:
+        inner = up(_g(fn, d, s, side) + up(up(slope) * reach))
+    # monotone g: the extremum is at the end g moves away from
+    return np.where(at_a, _g(fn, a, s, side), np.where(at_b, _g(fn, b, s, side), inner))
+
+
+def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
+    """The best of a few candidate lines on each side, with rigorous intercepts (finite lo <= hi)."""
+    with np.errstate(all="ignore"):
+        width = hi - lo
+        f_lo_l, f_hi_l = fn.f(lo)
+        f_lo_u, f_hi_u = fn.f(hi)
+        mid = lo * 0.5 + hi * 0.5
+        chord = np.where(width > 0, ((f_lo_u + f_hi_u) - (f_lo_l + f_hi_l)) * 0.5 / np.where(width > 0, width, 1.0),
+                         0.0)
+        slopes = [chord]
+        for t in (lo, hi, mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75):
+            d_lo, d_hi = fn.df(t)
+            slopes.append(d_lo * 0.5 + d_hi * 0.5)
+        out = []
+        for side in (-1, 1):
+            best_s = best_c = best_v = None
+            for s in slopes:
+                s = np.where(np.isfinite(s), s, 0.0)
+                c = _extremum(fn, lo, hi, s, side)
+                v = s * mid + c
+                better = None if best_v is None else (v > best_v if side < 0 else v < best_v)
+                if better is None:
+                    best_s, best_c, best_v = s, c, v
+                else:
+                    best_s, best_c, best_v = (np.where(better, s, best_s), np.where(better, c, best_c),
+                                              np.where(better, v, best_v))
+            out += [best_s, best_c]
+        point = width == 0  # a point box: the constant enclosure of f there
+        out[0], out[2] = np.where(point, 0.0, out[0]), np.where(point, 0.0, out[2])
+        out[1] = np.where(point, f_lo_l, out[1])
+        out[3] = np.where(point, f_hi_l, out[3])
+    return out[0], out[1], out[2], out[3]

@@ -1,0 +1,361 @@
+"""Backward rules of the linear-bound domain: how a node passes its coefficients to its parents.
+
+A backward pass keeps, for every node v it reached, coefficients ``A_v`` of shape
+``[N, rows] + tail(v)`` (N the batch, ``tail`` the node's shape without the batch axis) such that
+``target >= sum_v <A_v, z_v> + beta - err`` for every input in the box, row by row (the driver bounds
+``-target`` the same way for the upper bounds). A rule replaces ``<A_v, z_v>`` by an expression in
+v's parents. Linear ops are exact up to floating point: the computed ``A_p = fl(T(A_v))`` differs
+from the exact adjoint by at most ``gamma_n |T|(|A_v|)`` (Higham's order-independent dot-product
+bound), and its effect on the bound is at most ``gamma_n <|A_v|, |L|(M_p)>``, where ``|L|`` is the
+forward map with absolute weights and ``M_p`` bounds ``|z_p|`` from p's box. So every rule costs its
+adjoint product plus one matrix-vector product for the error term, never a second big product.
+
+Rules are keyed by op kind (``BACKWARD``); each returns ``[(parent id, A_p), ...]`` and adds its
+constant term and rounding error through ``Pass.add``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .. import interval_arith as ia
+from ..conv import avg_pool_divisor, conv_nd, conv_transpose_nd, pool_nd, pool_out_spatial
+from ..interval_round import U, Box, down, gamma, up
+
+if TYPE_CHECKING:
+    from .crown import Pass
+
+__all__ = ["BACKWARD", "Rule"]
+
+Rule = Callable[["Pass", object, np.ndarray], list]
+BACKWARD: dict[str, Rule] = {}
+
+# relative growth allowed for an error term computed in floating point from non-negative terms
+_ERR_SAFETY = 1.0 + 64 * U
+
+
+def rule(*kinds: str):
+    def deco(fn: Rule) -> Rule:
+        for k in kinds:
+            BACKWARD[k] = fn
+        return fn
+    return deco
+
+
+def err_factor(n: int) -> float:
+    """gamma_n, inflated so that it also covers the rounding of the error term's own computation."""
+    g = gamma(n)
+    return g * (1.0 + 2 * gamma(n)) * _ERR_SAFETY
+
+
+# -- shape ops (exact: coefficients are only moved) ---------------------------------------------
+
+
+@rule("detach")
+def _identity(ps: "Pass", node, a: np.ndarray) -> list:
+    return [(node.parents[0], a)]
+
+
+@rule("reshape", "flatten", "squeeze", "unsqueeze")
+def _reshape(ps, node, a):
+    p = node.parents[0]
+    return [(p, a.reshape(a.shape[:2] + ps.tail(p)))]
+
+
+@rule("permute", "transpose")
+def _permute(ps, node, a):
+    rank = len(node.out_shape)
+    if node.kind == "permute":
+        perm = list(node.attrs["perm"])
+    else:
+        perm = list(range(rank))
+        i, j = node.attrs["axis1"], node.attrs["axis2"]
+        perm[i], perm[j] = perm[j], perm[i]
+    inverse = np.argsort(perm)
+    axes = [0, 1] + [ps.axis(int(x)) for x in inverse] if not ps.batched else \
+        [0, 1] + [int(x) + 1 for x in inverse[1:]]
+    return [(node.parents[0], a.transpose(axes))]
+
+
+@rule("concat")
+def _concat(ps, node, a):
+    ax = ps.axis(node.attrs["axis"])
+    out, start = [], 0
+    for p in node.parents:
+        size = ps.tail(p)[ax - 2]
+        out.append((p, a[(slice(None),) * ax + (slice(start, start + size),)]))
+        start += size
+    return out
+
+
+@rule("slice")
+def _slice(ps, node, a):
+    p = node.parents[0]
+    grown = np.zeros(a.shape[:2] + ps.tail(p))
+    index = [slice(None)] * grown.ndim
+    for ax, st, en, sp in zip(*(node.attrs[k] for k in ("axes", "starts", "ends", "steps"))):
+        index[ps.axis(ax)] = slice(st, en, sp)
+    grown[tuple(index)] = a
+    return [(p, grown)]
+
+
+@rule("pad")
+def _pad(ps, node, a):
+    p = node.parents[0]
+    before, after = node.attrs["pads_before"], node.attrs["pads_after"]
+    rank = len(node.out_shape)
+    keep = [slice(None)] * a.ndim
+    for ax in range(rank):
+        if ps.batched and ax == 0:
+            continue
+        keep[ps.axis(ax)] = slice(before[ax], a.shape[ps.axis(ax)] - after[ax])
+    inner = a[tuple(keep)]
+    value = float(node.attrs["value"])
+    if value != 0.0:
+        mask = np.ones(ps.tail(node.id))
+        mask[tuple(keep[2:])] = 0.0
+        ps.add_dot(a, np.broadcast_to(mask * value, (1,) + mask.shape), None, mask.size)
+    return [(p, inner)]
+
+
+@rule("broadcast_to", "expand")
+def _broadcast(ps, node, a):
+    """Sum over the broadcast axes: gamma_k <|A|, M_v> covers the rounding of the sums."""
+    p = node.parents[0]
+    src = ps.tail(p)
+    lead = len(ps.tail(node.id)) - len(src)
+    axes = tuple(range(2, 2 + lead)) + tuple(2 + lead + i for i, s in enumerate(src)
+                                              if s == 1 and a.shape[2 + lead + i] != 1)
+    if not axes:
+        return [(p, a.reshape(a.shape[:2] + src))]
+    k = math.prod(a.shape[x] for x in axes)
+    ps.add_abs_err(a, ps.mag(node.id), err_factor(k))
+    return [(p, a.sum(axis=axes).reshape(a.shape[:2] + src))]
+
+# -- affine ops -------------------------------------------------------------------------------
+
+
+def _nonzero_columns(a: np.ndarray) -> np.ndarray | None:
+    """Indices of the last axis where some coefficient is nonzero, when that skips a quarter or more."""
+    live = np.flatnonzero(np.any(a.reshape(-1, a.shape[-1]) != 0, axis=0))
+    return live if live.size < 0.75 * a.shape[-1] else None
+
+
+@rule("linear")
+def _linear(ps, node, a):
+    p = node.parents[0]
+    w, abs_w, bias = ps.affine(node)
+    out = w.shape[0]
+    q = ps.mag(p) @ abs_w.T  # |W| M_p: bounds |W z_p| entrywise
+    n = max(out, ps.numel(node.id)) + 1
+    ps.add_dot(a, np.broadcast_to(bias, q.shape), q, n)
+    live = _nonzero_columns(a)
+    a_live, w_live = (a, w) if live is None else (a[..., live], w[live])
+    paired = _paired_product(ps, a_live, w_live, q if live is None else q[..., live], p, n)
+    return [(p, paired if paired is not None else a_live @ w_live)]
+
+
+def _paired_product(ps, a: np.ndarray, w: np.ndarray, q: np.ndarray, parent: int, n: int) -> np.ndarray | None:
+    """[X; Y] @ W as [X W; -(X W) + (X + Y) W] when X + Y is zero on most columns.
+
+    A pass bounds rows [C; -C] together, and the halves stay negatives of each other except on the
+    columns where a relaxation chose different lines for the two signs (the unstable units): there
+    the sum is sparse, and one product of the narrow part replaces the second full product. The
+    upper half then carries the errors of both products and of the subtraction:
+    gamma <|X| + |X + Y|, q> + u <|result|, M_p>.
+    """
+    rows = a.shape[1]
+    if rows % 2 or rows < 16:
+        return None
+    r = rows // 2
+    x, y = a[:, :r], a[:, r:]
+    total = x + y
+    cols = np.flatnonzero(np.any(total.reshape(-1, total.shape[-1]) != 0, axis=0))
+    if cols.size > 0.6 * a.shape[-1]:
+        return None
+    top = x @ w
+    bottom = total[..., cols] @ w[cols] - top
+    e = ps.dots(np.abs(x), [q])[..., 0] + ps.dots(np.abs(total[..., cols]), [q[..., cols]])[..., 0]
+    ps.add_row_err(slice(r, rows), e * err_factor(n) * (1.0 + err_factor(ps.numel_a(a))))
+    m = ps.mag(parent)
+    e2 = ps.dots(np.abs(bottom), [m])[..., 0] * (2.0 * U * _ERR_SAFETY * (1.0 + err_factor(ps.numel_a(bottom))))
+    ps.add_row_err(slice(r, rows), e2)
+    return np.concatenate([top, bottom], axis=1)
+
+
+@rule("matmul")
+def _matmul(ps, node, a):
+    """A product with one constant operand (the other's box is a point); else no rule (IBP box)."""
+    x, y = node.parents
+    if ps.is_const(y) and not ps.is_const(x):
+        b = ps.const_value(y)
+        if b is None or b.ndim != 2 or len(ps.graph.nodes[x].out_shape) < 2:
+            return None
+        q = ps.mag(x) @ np.abs(b)
+        ps.add_abs_err(a, q, err_factor(b.shape[0] + 1))
+        return [(x, a @ b.T)]
+    if ps.is_const(x) and not ps.is_const(y):
+        b = ps.const_value(x)
+        if b is None or b.ndim != 2 or len(ps.graph.nodes[y].out_shape) < (3 if ps.batched else 2):
+            return None
+        q = np.abs(b) @ ps.mag(y)
+        ps.add_abs_err(a, q, err_factor(b.shape[1] + 1))
+        return [(y, b.T @ a)]
+    return None
+
+
+def _geometry(node, out_spatial):
+    a = node.attrs
+    return dict(channel_axis=1, stride=a["stride"], padding=a["padding"], dilation=a["dilation"], groups=a["groups"],
+                out_spatial=tuple(out_spatial))
+
+
+@rule("conv")
+def _conv(ps, node, a):
+    p = node.parents[0]
+    w, abs_w, bias = ps.affine(node)
+    at = node.attrs
+    ca = at["channel_axis"]
+    in_shape, out_shape = ps.graph.nodes[p].out_shape, node.out_shape
+    zero = np.zeros(at["out_channels"])
+    fwd = dict(_geometry(node, out_shape[ca + 1:]), padding_after=at["padding_after"], channel_axis=ca)
+    q = conv_nd(ps.mag_value(p), abs_w, zero, **fwd)
+    b = np.broadcast_to(bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1)), q.shape)
+    terms = at["out_channels"] // at["groups"] * math.prod(at["kernel"])
+    ps.add_dot(a, ps.internal(b), ps.internal(q), max(terms, ps.numel(node.id)) + 1)
+    flat = a.reshape((-1,) + tuple(out_shape[ca:]))
+    back = conv_transpose_nd(flat, w, np.zeros(at["in_channels"]), **_geometry(node, in_shape[ca + 1:]))
+    return [(p, back.reshape(a.shape[:2] + ps.tail(p)))]
+
+
+@rule("conv_transpose")
+def _conv_transpose(ps, node, a):
+    p = node.parents[0]
+    w, abs_w, bias = ps.affine(node)
+    at = node.attrs
+    ca = at["channel_axis"]
+    in_shape, out_shape = ps.graph.nodes[p].out_shape, node.out_shape
+    geo = _geometry(node, out_shape[ca + 1:])
+    geo["channel_axis"] = ca
+    q = conv_transpose_nd(ps.mag_value(p), abs_w, np.zeros(at["out_channels"]), **geo)
+    b = np.broadcast_to(bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1)), q.shape)
+    terms = at["in_channels"] // at["groups"] * math.prod(at["kernel"])
+    ps.add_dot(a, ps.internal(b), ps.internal(q), max(terms, ps.numel(node.id)) + 1)
+    flat = a.reshape((-1,) + tuple(out_shape[ca:]))
+    # the adjoint of a transposed convolution is the convolution with the same weight; cells of the
+    # uncropped output past its end read nothing, so the padding after makes every window fit
+    spatial_in = in_shape[ca + 1:]
+    after = [max(0, (i - 1) * s + (k - 1) * d + 1 - pb - o) for i, s, k, d, pb, o in
+             zip(spatial_in, at["stride"], at["kernel"], at["dilation"], at["padding"], out_shape[ca + 1:])]
+    back = conv_nd(flat, w, np.zeros(at["in_channels"]), channel_axis=1, stride=at["stride"], padding=at["padding"],
+                   padding_after=after, dilation=at["dilation"], groups=at["groups"], out_spatial=tuple(spatial_in))
+    return [(p, back.reshape(a.shape[:2] + ps.tail(p)))]
+
+
+def _scale_rule(ps, node, a, parent: int, k: Box, b: Box | None) -> list:
+    """z = k * z_p + b entrywise with k, b known only as boxes (batch norm, constants, divisions)."""
+    c, r = _center(k)
+    new = a * ps.internal(c)[:, None]
+    err_vec = ps.internal(r) if np.any(r) else None
+    m = ps.mag(parent)
+    if err_vec is not None:
+        ps.add_abs_err(a, err_vec * m, _ERR_SAFETY)
+    ps.add_abs_err(new, m, 2.0 * U * _ERR_SAFETY)
+    if b is not None:
+        bc, br = _center(b)
+        ps.add_dot(a, ps.internal(np.broadcast_to(bc, node.out_shape)), None, ps.numel(node.id),
+                   radius=ps.internal(np.broadcast_to(br, node.out_shape)))
+    return [(parent, new)]
+
+
+def _center(k: Box) -> Box:
+    lo, hi = (np.asarray(x, dtype=np.float64) for x in k)
+    c = lo * 0.5 + hi * 0.5
+    with np.errstate(all="ignore"):
+        r = np.maximum(hi - c, c - lo)
+        r = np.where(r > 0, r * (1.0 + 4 * U) + 2.0 ** -1070, 0.0)
+    return c, r
+
+
+@rule("batch_norm_eval")
+def _batch_norm(ps, node, a):
+    p = node.parents[0]
+    rec = ps.batch_norm(node)
+    ax, rank = node.attrs["channel_axis"], len(node.out_shape)
+    shape = (-1,) + (1,) * (rank - ax - 1)
+    ch = lambda v: np.asarray(v, dtype=np.float64).reshape(shape)  # noqa: E731
+    var = np.maximum(ch(rec.running_var), 0.0)
+    v_lo, v_hi = ia.add_const((var, var), node.attrs["eps"])
+    with np.errstate(all="ignore"):
+        den = np.maximum(down(np.sqrt(np.maximum(v_lo, 0.0))), 0.0), up(np.sqrt(v_hi))
+    if np.any(den[0] <= 0):
+        return None
+    k = ia.div(ia.point(ch(rec.weight)), den)
+    b = ia.sub(ia.point(ch(rec.bias)), ia.mul(ia.point(ch(rec.running_mean)), k))
+    full = lambda box: (np.broadcast_to(box[0], node.out_shape), np.broadcast_to(box[1], node.out_shape))  # noqa
+    return _scale_rule(ps, node, a, p, full(k), full(b))
+
+
+@rule("neg")
+def _neg(ps, node, a):
+    return [(node.parents[0], -a)]
+
+
+@rule("add", "sub")
+def _add(ps, node, a):
+    x, y = node.parents
+    out = []
+    for p, sign in ((x, 1.0), (y, 1.0 if node.kind == "add" else -1.0)):
+        if ps.is_const(p):
+            ps.concretize(p, a if sign > 0 else -a)
+        else:
+            out.append((p, a if sign > 0 else -a))
+    return out
+
+
+@rule("mul_elem", "div")
+def _mul(ps, node, a):
+    x, y = node.parents
+    if node.kind == "div":
+        if not ps.is_const(y) or ps.is_const(x):
+            return None
+        box = ps.box_value(y)
+        if np.any(ia.contains_zero(box)):
+            return None
+        return _scale_rule(ps, node, a, x, ia.inv(box), None)
+    if ps.is_const(y) and not ps.is_const(x):
+        return _scale_rule(ps, node, a, x, ps.box_value(y), None)
+    if ps.is_const(x) and not ps.is_const(y):
+        return _scale_rule(ps, node, a, y, ps.box_value(x), None)
+    return None
+
+
+@rule("avg_pool", "avg_pool_nd")
+def _avg_pool(ps, node, a):
+    p = node.parents[0]
+    at = node.attrs
+    r = at["spatial_rank"]
+    in_shape, out_shape = ps.graph.nodes[p].out_shape, node.out_shape
+    out_sp, in_sp = pool_out_spatial(out_shape, r), tuple(in_shape[len(in_shape) - r:])
+    if node.kind == "avg_pool":
+        divisor = np.full(out_sp, float(math.prod(at["kernel"])))
+        dil, after = (1,) * r, at["padding"]
+    else:
+        divisor = avg_pool_divisor(at, in_sp, out_sp).astype(np.float64)
+        dil, after = at["dilation"], at["padding_after"]
+        if np.any(divisor == 0):
+            return None
+    geometry = dict(kernel=at["kernel"], stride=at["stride"], padding=at["padding"], padding_after=after,
+                    dilation=dil, out_spatial=out_sp)
+    sums = pool_nd(ps.mag_value(p), mode="avg", divisor=1.0, **geometry)
+    q = sums / divisor
+    scaled = a / divisor
+    ps.add_abs_err(a, ps.internal(q), err_factor(math.prod(at["kernel"]) + 2))
+    flat = scaled.reshape((-1, 1) + out_sp)
+    ones = np.ones((1, 1) + tuple(at["kernel"]))
+    back = conv_transpose_nd(flat, ones, np.zeros(1), channel_axis=1, stride=at["stride"], padding=at["padding"],
+                             dilation=dil, groups=1, out_spatial=in_sp)
+    return [(p, back.reshape(a.shape[:2] + ps.tail(p)))]

@@ -1,0 +1,577 @@
+"""Regression tests for issue #12: each class of hostile input is refused where it enters, with a
+BridgeError naming where and what; op buffers are sized before allocation; multi-file outputs are
+written as a unit."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import torchlean_bridge as tlb
+from exporters.folder import GRAPH_FILE, MANIFEST_FILE, PAYLOAD_FILE, REPORT_FILE, ROLES_FILE
+from torchlean_bridge.app.cli import main
+from torchlean_bridge.errors import CheckpointError, GraphError, PayloadError, WireError
+from torchlean_bridge.graph import Graph, Node
+from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle
+from torchlean_bridge.wire import parse_document
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def seed_doc() -> dict:
+    return tlb.export_torchlean(seed_mlp_bundle(), None)
+
+
+def conv_doc(groups: int = 1, **attrs) -> dict:
+    """One inline conv: input [1, 2, 4] (channel axis 1), out 2 channels, kernel 3."""
+    conv = {"id": 1, "kind": "conv", "parents": [0], "shape": [1, 2, 2], "spatial_rank": 1, "kernel": [3],
+            "stride": [1], "padding": [0], "padding_after": [0], "dilation": [1], "groups": groups,
+            "channel_axis": 1, "in_channels": 2, "out_channels": 2,
+            "weight": [[[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], [[0.7, 0.8, 0.9], [1.0, 1.1, 1.2]]], "bias": [0.0, 1.0]}
+    conv.update(attrs)
+    return {"format": "torchlean.ir.v1", "input_id": 0, "output_ids": [1],
+            "nodes": [{"id": 0, "kind": "input", "parents": [], "shape": [1, 2, 4]}, conv]}
+
+
+def norm_doc(kind: str) -> dict:
+    norm = {"id": 1, "kind": kind, "parents": [0], "shape": [2, 3]}
+    if kind == "layernorm":
+        norm.update(axis=1, eps=1e-5, gamma=[1.0, 1.0, 1.0], beta=[0.0, 0.0, 0.0])
+    else:
+        norm.update(channel_axis=1, channels=3, eps=1e-5, gamma=[1.0, 1.0, 1.0], beta=[0.0, 0.0, 0.0],
+                    mean=[0.0, 0.0, 0.0], var=[1.0, 1.0, 1.0])
+    return {"format": "torchlean.ir.v1", "input_id": 0, "output_ids": [1],
+            "nodes": [{"id": 0, "kind": "input", "parents": [], "shape": [2, 3]}, norm]}
+
+
+# -- silent acceptances: inline tensors take JSON numbers only ---------------------------------------
+
+@pytest.mark.parametrize("bad", [True, False, "1e2", " 3 ", None])
+@pytest.mark.parametrize("where", ["linear.weight", "linear.bias", "conv.weight", "conv.bias", "layernorm.gamma",
+                                   "batch_norm_eval.beta", "batch_norm_eval.var", "const.values"])
+def test_inline_tensors_refuse_non_numbers(where: str, bad) -> None:
+    kind, field = where.split(".")
+    if kind == "linear":
+        doc = seed_doc()
+        node = doc["nodes"][1]
+    elif kind == "conv":
+        doc = conv_doc()
+        node = doc["nodes"][1]
+    elif kind == "const":
+        doc = {"format": "torchlean.ir.v1", "input_id": 0, "output_ids": [2],
+               "nodes": [{"id": 0, "kind": "input", "parents": [], "shape": [2]},
+                         {"id": 1, "kind": "const", "parents": [], "shape": [2], "values": [1.0, 2.0]},
+                         {"id": 2, "kind": "add", "parents": [0, 1], "shape": [2]}]}
+        node = doc["nodes"][1]
+    else:
+        doc = norm_doc(kind)
+        node = doc["nodes"][1]
+    parse_document(copy.deepcopy(doc))  # the unmutated document is accepted
+    target = node[field]
+    while isinstance(target[0], list):
+        target = target[0]
+    target[0] = bad
+    with pytest.raises(WireError, match=rf"node\[1\]\.{field}: tensor entries must be numbers, got"):
+        parse_document(doc)
+
+
+def test_inline_tensor_of_numbers_still_reads_ints_and_floats() -> None:
+    doc = seed_doc()
+    doc["nodes"][1]["bias"] = [1, 2, 3.5, 0, -4]
+    _, payload = parse_document(doc)
+    assert payload.get(1, "bias").tolist() == [1.0, 2.0, 3.5, 0.0, -4.0]
+
+
+def test_inline_grouped_conv_reads_the_diagonal_blocks_and_writes_them_back_dense() -> None:
+    doc = conv_doc(groups=2)
+    dense = doc["nodes"][1]["weight"]
+    dense[0][1] = [0.0, 0.0, 0.0]
+    dense[1][0] = [0.0, 0.0, 0.0]
+    g, payload = parse_document(doc)
+    np.testing.assert_array_equal(payload.get(1, "weight"), [[[0.1, 0.2, 0.3]], [[1.0, 1.1, 1.2]]])
+    assert tlb.export_torchlean(tlb.Bundle(g, payload), None)["nodes"][1]["weight"] == dense
+
+
+def test_inline_conv_with_huge_groups_is_refused_at_once() -> None:
+    start = time.monotonic()
+    with pytest.raises(WireError, match="groups 2147483648 must be > 0 and divide"):
+        parse_document(conv_doc(groups=2 ** 31))
+    with pytest.raises(WireError, match="groups 0"):
+        parse_document(conv_doc(groups=0))
+    assert time.monotonic() - start < 1.0
+
+
+# -- silent acceptances: payload names and records ---------------------------------------------------
+
+def _rename_payload(folder: Path, old: str, new: str) -> None:
+    """Rename one tensor and re-record every hash, so that only the name is wrong."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from exporters.folder import file_sha256
+    from torchlean_bridge.payload import tensor_sha256
+    path = folder / PAYLOAD_FILE
+    with safe_open(str(path), framework="numpy") as f:
+        tensors = {(new if k == old else k): f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(path), metadata={"torchlean_bridge.sha256": json.dumps(
+        {k: tensor_sha256(a) for k, a in tensors.items()})})
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    manifest["files"][PAYLOAD_FILE] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("01.weight", "tensor name '01.weight' is not `<node id>.<role>`"),
+    ("1..weight", "tensor name '1..weight' is not `<node id>.<role>`"),
+    ("+1.weight", "is not `<node id>.<role>`"),
+    ("1.weight ", "is not `<node id>.<role>`"),
+    ("1.bogus", r"node 1 \(linear\) has no role `bogus`"),
+    ("2.weight", r"node 2 \(relu\) has no role `weight`"),
+    ("9.weight", "record for node 9, which is not in the graph"),
+])
+def test_bundle_payload_names_must_be_canonical_and_fit_the_graph(tmp_path, name: str, message: str) -> None:
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    assert tlb.load(tmp_path / "b") == seed_mlp_bundle()
+    _rename_payload(tmp_path / "b", "1.weight", name)
+    with pytest.raises(PayloadError, match=message):
+        tlb.load(tmp_path / "b")
+
+
+def test_inline_fields_on_a_node_without_payload_roles_are_not_read(tmp_path) -> None:
+    doc = seed_doc()
+    doc["nodes"][2]["weight"] = [[1.0]]  # relu has no payload: ignored by the reader, as TorchLean does
+    (tmp_path / "g.json").write_text(json.dumps(doc))
+    assert tlb.load(tmp_path / "g.json").payload.get(2, "weight") is None
+
+
+# -- safetensors payload headers --------------------------------------------------------------------
+
+def _payload_file(tmp_path: Path) -> Path:
+    from exporters.payload_safetensors import write_payload
+    path = tmp_path / "p.safetensors"
+    write_payload(seed_mlp_bundle().payload, path)
+    return path
+
+
+def _with_header(path: Path, edit) -> None:
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n:])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda h: h["1.bias"].update(dtype="F8_E9"), "element type F8_E9 is not one of"),
+    (lambda h: h["1.bias"].update(shape=[-5]), "is not a list of natural numbers"),
+    (lambda h: h["1.bias"].update(shape=[2 ** 40, 2 ** 40]), "above the limit"),
+    (lambda h: h["1.bias"].update(data_offsets=[0, 10 ** 12]), "are not within"),
+    (lambda h: h["1.bias"].update(data_offsets=[0, 8]), "data bytes for shape"),
+    (lambda h: h["1.weight"].update(data_offsets=h["1.bias"]["data_offsets"]), "data bytes for shape|overlap"),
+    (lambda h: h.update({"1.extra": {"dtype": "F64", "shape": [0], "data_offsets": [0, 0], "x": 1}}),
+     "expected {dtype, shape, data_offsets}"),
+])
+def test_corrupted_payload_headers_are_refused(tmp_path, edit, message: str) -> None:
+    from exporters.payload_safetensors import payload_from_file
+    path = _payload_file(tmp_path)
+    assert payload_from_file(path) == seed_mlp_bundle().payload
+    _with_header(path, edit)
+    with pytest.raises(tlb.BridgeError, match=message):
+        payload_from_file(path)
+
+
+def test_payload_header_length_past_the_file_is_refused(tmp_path) -> None:
+    from exporters.payload_safetensors import payload_from_file
+    path = _payload_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[:8] = (2 ** 62).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(tlb.BridgeError, match="header length .* does not fit"):
+        payload_from_file(path)
+
+
+def test_payload_is_read_memory_mapped_and_written_in_the_safetensors_layout(tmp_path) -> None:
+    import mmap
+
+    from safetensors.numpy import load_file
+
+    from exporters.payload_safetensors import payload_from_file
+    path = _payload_file(tmp_path)
+    payload = payload_from_file(path)
+    for _, _, arr in payload.items():
+        base = arr
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        base = base.obj if isinstance(base, memoryview) else base
+        assert isinstance(base, mmap.mmap) and not arr.flags.writeable
+    assert {k: v.tolist() for k, v in load_file(str(path)).items()} == \
+        {k: v.tolist() for k, v in seed_mlp_bundle().payload.flat().items()}
+
+
+# -- readers: non-regular files and size caps -------------------------------------------------------
+
+@pytest.mark.parametrize("name", [GRAPH_FILE, ROLES_FILE, REPORT_FILE, PAYLOAD_FILE, MANIFEST_FILE])
+@pytest.mark.parametrize("how", ["folder", "dev_zero", "fifo"])
+def test_bundle_files_that_are_not_regular_files_are_refused(tmp_path, name: str, how: str) -> None:
+    b = seed_mlp_bundle()
+    b.report = {"note": 1}
+    tlb.save(b, tmp_path / "b")
+    target = tmp_path / "b" / name
+    target.unlink()
+    if how == "folder":
+        target.mkdir()
+    elif how == "dev_zero":
+        target.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(target)
+    start = time.monotonic()
+    with pytest.raises(tlb.BridgeError, match=rf"{name}: it is (a folder|a device, FIFO or socket), not a regular"):
+        tlb.load(tmp_path / "b")
+    assert time.monotonic() - start < 2.0
+
+
+def test_graph_document_linked_to_dev_zero_is_refused(tmp_path) -> None:
+    (tmp_path / "g.json").symlink_to("/dev/zero")
+    with pytest.raises(tlb.BridgeError, match="not a regular file"):
+        tlb.load_graph(tmp_path / "g.json")
+    with pytest.raises(tlb.BridgeError, match="not a regular file"):
+        tlb.load(tmp_path / "g.json")
+
+
+def test_documents_above_the_size_cap_are_refused_before_reading(tmp_path) -> None:
+    from torchlean_bridge.fileio import read_capped
+    (tmp_path / "big.json").write_bytes(b" " * 1001)
+    with pytest.raises(tlb.BridgeError, match="1001 bytes, above the limit of 1000"):
+        read_capped(tmp_path / "big.json", "graph document", limit=1000)
+
+
+def test_declared_rank_above_the_limit_is_refused() -> None:
+    doc = seed_doc()
+    doc["nodes"][0]["shape"] = [1] * 65
+    with pytest.raises(WireError, match="rank 65, above the limit of 32"):
+        parse_document(doc)
+
+
+# -- op buffers are sized in the shape rule -----------------------------------------------------------
+
+def _graph(*nodes: Node, inputs=(0,)) -> Graph:
+    return Graph(list(nodes), list(inputs), [nodes[-1].id])
+
+
+def _conv_node(**over) -> Node:
+    attrs = dict(spatial_rank=2, kernel=(1, 1), stride=(10 ** 7, 10 ** 7), padding=(10 ** 6, 10 ** 6),
+                 padding_after=(10 ** 6, 10 ** 6), dilation=(1, 1), groups=1, channel_axis=1, in_channels=1,
+                 out_channels=1)
+    attrs.update(over)
+    return Node(1, [0], "conv", (1, 1, 1, 1), attrs)
+
+
+def test_conv_with_huge_padding_and_stride_is_refused_by_check_before_evaluation() -> None:
+    from semantics.evaluate import evaluate
+    g = _graph(Node(0, [], "input", (1, 1, 2, 2)), _conv_node())
+    payload = tlb.Payload({1: {"weight": np.ones((1, 1, 1, 1)), "bias": np.zeros(1)}})
+    with pytest.raises(GraphError, match="conv: evaluating it needs a padded input of 4000008000004 elements"):
+        tlb.check(g)
+    with pytest.raises(tlb.BridgeError, match="padded input"):
+        evaluate(g, payload, np.zeros((1, 1, 2, 2)))
+    from semantics.interval import interval_bounds
+    with pytest.raises(tlb.BridgeError, match="padded input"):
+        interval_bounds(g, payload, np.zeros((1, 1, 2, 2)), np.ones((1, 1, 2, 2)))
+
+
+def test_conv_with_a_huge_kernel_is_refused_for_its_im2col_block() -> None:
+    g = _graph(Node(0, [], "input", (1, 1, 300, 300)),
+               Node(1, [0], "conv", (1, 1, 151, 151), dict(spatial_rank=2, kernel=(150, 150), stride=(1, 1),
+                                                           padding=(0, 0), padding_after=(0, 0), dilation=(1, 1),
+                                                           groups=1, channel_axis=1, in_channels=1, out_channels=1)))
+    assert tlb.check(g, max_elements=2 ** 31) == []
+    with pytest.raises(GraphError, match="an im2col block of 3397500 elements, above the limit of 1000000"):
+        tlb.check(g, max_elements=10 ** 6)
+
+
+def test_max_pool_with_a_huge_kernel_is_refused() -> None:
+    pool = dict(spatial_rank=1, kernel=(10 ** 9,), stride=(1,), padding=(5 * 10 ** 8,))
+    g = _graph(Node(0, [], "input", (1, 1, 4)), Node(1, [0], "max_pool", (1, 1, 5), pool))
+    with pytest.raises(GraphError, match="max_pool: evaluating it needs a window table of 5000000000 elements"):
+        tlb.check(g)
+    nd = dict(pool, padding_after=(5 * 10 ** 8,), dilation=(1,), ceil_mode=False, count_include_pad=True)
+    g = _graph(Node(0, [], "input", (1, 1, 4)), Node(1, [0], "avg_pool_nd", (1, 1, 5), nd))
+    with pytest.raises(GraphError, match="avg_pool_nd: evaluating it needs"):
+        tlb.check(g)
+
+
+def test_conv_transpose_buffers_are_sized() -> None:
+    attrs = dict(spatial_rank=1, kernel=(3,), stride=(10 ** 6,), padding=(1500000,), padding_after=(1500000,),
+                 output_padding=(0,), dilation=(1,), groups=1, channel_axis=1, in_channels=1, out_channels=1)
+    g = _graph(Node(0, [], "input", (1, 1, 4)), Node(1, [0], "conv_transpose", (1, 1, 3), attrs))
+    assert tlb.check(g) == []
+    with pytest.raises(GraphError, match="conv_transpose: evaluating it needs an uncropped output of 3000003 "
+                                         "elements, above the limit of 1000000"):
+        tlb.check(g, max_elements=10 ** 6)
+
+
+def test_the_element_limit_applies_to_evaluation_too() -> None:
+    from semantics.evaluate import evaluate
+    from torchlean_bridge.ops.contracts import element_limit
+    b = seed_mlp_bundle()
+    with element_limit(4):
+        with pytest.raises(GraphError, match="above the limit of 4"):
+            evaluate(b.graph, b.payload, SEED_X0)
+    assert evaluate(b.graph, b.payload, SEED_X0)[0].shape == ()
+
+
+# -- checkpoints --------------------------------------------------------------------------------------
+
+def test_onnx_checkpoint_with_an_unknown_data_type_is_a_finding(tmp_path) -> None:
+    import onnx
+    from onnx import helper, numpy_helper
+    good = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    bad = numpy_helper.from_array(np.ones((2,), np.float32), "b")
+    bad.data_type = 999
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])], [good, bad])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(graph).SerializeToString())
+    ckpt = tlb.load_checkpoint(path)
+    assert list(ckpt) == ["w"]
+    assert [f.message for f in ckpt.findings if f.kind == "unsupported"] == [
+        "initializer `b` cannot be read: unknown element type code 999"]
+
+
+def _mutations(data: bytes) -> list[bytes]:
+    """Truncations at every 7th byte and single-byte corruptions at every 5th."""
+    out = [data[:i] for i in range(0, len(data), 7)]
+    for i in range(0, len(data), 5):
+        b = bytearray(data)
+        b[i] ^= 0xFF
+        out.append(bytes(b))
+    return out
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_corrupted_pytorch_checkpoints_raise_checkpoint_errors(tmp_path, legacy: bool) -> None:
+    import torch
+    path = tmp_path / "w.pt"
+    torch.save({"w": torch.arange(6.0).reshape(2, 3), "n": torch.tensor([1, 2])}, path,
+               _use_new_zipfile_serialization=not legacy)
+    assert sorted(tlb.load_checkpoint(path)) == ["n", "w"]
+    data = path.read_bytes()
+    kinds = set()
+    for mutated in _mutations(data):
+        path.write_bytes(mutated)
+        try:
+            ckpt = tlb.load_checkpoint(path)
+            for key in ckpt:
+                ckpt[key].sum()
+            kinds.add("read")
+        except CheckpointError:
+            kinds.add("refused")
+    assert "refused" in kinds
+
+
+@pytest.mark.parametrize("shape", [[float("inf")], [1e300, 0], [2 ** 40, 2 ** 40], [-1, 3], [True], ["3"], [2.0, 3],
+                                   None, [[2, 3]]])
+def test_json_checkpoint_meta_shapes_must_be_natural_numbers_within_the_limit(tmp_path, shape) -> None:
+    doc = {"params": {"w": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "b": [0.0]}, "meta": {"w": {"shape": shape}}}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    ckpt = tlb.load_checkpoint(path)
+    assert list(ckpt) == ["b"]
+    assert [f.keys for f in ckpt.findings if f.kind == "non_tensor"] == [("w",)]
+
+
+def test_json_checkpoint_with_deep_nesting_is_refused_or_noted(tmp_path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"w": ' + "[" * 100000 + "1" + "]" * 100000 + "}")
+    with pytest.raises(CheckpointError, match="nested too deeply"):
+        tlb.load_checkpoint(path)
+    path.write_text('{"w": ' + "[" * 500 + "1" + "]" * 500 + ', "b": [1]}')
+    ckpt = tlb.load_checkpoint(path)
+    assert list(ckpt) == ["b"] and [f.keys for f in ckpt.findings if f.kind == "non_tensor"] == [("w",)]
+
+
+def test_json_checkpoint_values_that_do_not_fit_the_dtype_are_noted(tmp_path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"params": {"n": [2 ** 70], "ok": [1]},
+                                "meta": {"n": {"dtype": "torch.int64"}, "ok": {"dtype": ["x"]}}}))
+    ckpt = tlb.load_checkpoint(path)
+    assert list(ckpt) == [] and sorted(f.keys for f in ckpt.findings) == [("n",), ("ok",)]
+
+
+# -- CLI arguments: exit 2, one line, never a traceback -----------------------------------------------
+
+@pytest.fixture()
+def cli_files(tmp_path):
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    np.save(tmp_path / "x.npy", np.asarray(SEED_X0))
+    (tmp_path / "empty.npy").write_bytes(b"")
+    from safetensors.numpy import save_file
+    save_file({k: np.asarray(v) for k, v in seed_mlp_bundle().payload.flat().items()}, str(tmp_path / "w.safetensors"))
+    (tmp_path / "m.py").write_text("import torch\n\ndef make():\n    return torch.nn.Linear(4, 3)\n")
+    return tmp_path
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "{b}", "--input", "{empty}"], "cannot read array .*empty.npy: the file is empty"),
+    (["bounds", "{b}", "--center", "{empty}", "--radius", "0.1"], "the file is empty"),
+    (["audit", "{b}", "--checkpoint", "{w}", "--input", "{empty}", "--golden", "{x}"], "the file is empty"),
+    (["eval", "{b}", "--input", "{b}"], "it is a folder, not a regular file"),
+    (["eval", "{b}", "--input", "/dev/zero"], "not a regular file"),
+    (["bounds", "{b}", "--center", "{x}", "--radius", "0.1", "--seed", "-1"], "--seed must be between 0 and"),
+    (["bounds", "{b}", "--center", "{x}", "--radius", "0.1", "--samples", "10000000000"],
+     "--samples must be between 0 and 10000, got 10000000000"),
+    (["bounds", "{b}", "--center", "{x}", "--radius", "nan"], "--radius must be a finite number"),
+    (["audit", "{b}", "--checkpoint", "{w}", "--seed", "-5"], "--seed must be between"),
+    (["audit", "{b}", "--checkpoint", "{w}", "--tolerance", "inf"], "--tolerance must be a finite number"),
+    (["diff", "{b}", "--against", "reference-evaluator", "--random", "-3"], "--random must be between 0"),
+    (["import", "{m}:make", "--input-shape", "99999999999,99999999", "-o", "{out}"], "above the limit of 67108864"),
+    (["import", "{m}:make", "--input-shape", ",".join(["1"] * 40), "-o", "{out}"], "rank 40 is above the limit"),
+])
+def test_bad_cli_arguments_exit_2_with_one_line(cli_files, capsys, argv: list[str], message: str) -> None:
+    names = {"b": cli_files / "b", "x": cli_files / "x.npy", "empty": cli_files / "empty.npy",
+             "w": cli_files / "w.safetensors", "m": cli_files / "m.py", "out": cli_files / "out"}
+    start = time.monotonic()
+    code, err = _cli(capsys, *(a.format(**names) for a in argv))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and "Traceback" not in err
+    import re
+    assert re.search(message, err), err
+    assert time.monotonic() - start < 10
+
+
+# -- atomicity: bundle folders and JSON + payload pairs -------------------------------------------------
+
+def _other_bundle() -> tlb.Bundle:
+    b = seed_mlp_bundle()
+    b.payload.set(1, "bias", b.payload.get(1, "bias") + 1.0)
+    b.report = {"other": True}
+    return b
+
+
+def test_save_writes_a_manifest_that_load_verifies(tmp_path) -> None:
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    manifest = json.loads((tmp_path / "b" / MANIFEST_FILE).read_text())
+    assert manifest["format"] == "torchlean_bridge.bundle.v1"
+    assert sorted(manifest["files"]) == [GRAPH_FILE, PAYLOAD_FILE, REPORT_FILE, ROLES_FILE]
+    (tmp_path / "b" / ROLES_FILE).write_text("[]\n")  # a valid file, but not the one written
+    with pytest.raises(tlb.BridgeError, match="roles.json does not match its size and sha256 in manifest.json"):
+        tlb.load(tmp_path / "b")
+
+
+@pytest.mark.parametrize("name", [GRAPH_FILE, PAYLOAD_FILE, ROLES_FILE, MANIFEST_FILE])
+def test_a_bundle_missing_a_file_is_refused_naming_it(tmp_path, capsys, name: str) -> None:
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    (tmp_path / "b" / name).unlink()
+    with pytest.raises(tlb.BridgeError, match=name.replace(".", r"\.") + ".*missing|missing.*" + name):
+        tlb.load(tmp_path / "b")
+    code, err = _cli(capsys, "check", tmp_path / "b")
+    assert code == 2 and name in err
+
+
+def test_a_file_added_after_writing_is_refused(tmp_path) -> None:
+    b = seed_mlp_bundle()
+    b.report = {}
+    tlb.save(b, tmp_path / "b")
+    (tmp_path / "b" / REPORT_FILE).write_text("{}\n")
+    with pytest.raises(tlb.BridgeError, match="report.json not listed in manifest.json"):
+        tlb.load(tmp_path / "b")
+
+
+def test_save_replaces_a_bundle_whole_and_refuses_a_folder_of_other_files(tmp_path) -> None:
+    tlb.save(_other_bundle(), tmp_path / "b")
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    back = tlb.load(tmp_path / "b")
+    assert back == seed_mlp_bundle() and back.report == seed_mlp_bundle().report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]  # no temporary or aside folder left
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(tlb.BridgeError, match="refusing to replace"):
+        tlb.save(seed_mlp_bundle(), tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_a_failure_midway_leaves_the_old_bundle(tmp_path, monkeypatch) -> None:
+    import exporters.folder as folder
+    tlb.save(_other_bundle(), tmp_path / "b")
+
+    def broken(payload, path):
+        Path(path).write_bytes(b"half")
+        raise OSError("disk full")
+    monkeypatch.setattr(folder, "write_payload", broken)
+    with pytest.raises(OSError, match="disk full"):
+        tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    assert tlb.load(tmp_path / "b") == _other_bundle()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def test_a_killed_save_leaves_the_old_or_the_new_bundle(tmp_path) -> None:
+    """SIGKILL a process that saves two different bundles over one folder, at many moments: the folder
+    always loads as one of them (or is absent), never as a mixture, and check never accepts a mixture."""
+    script = tmp_path / "writer.py"
+    script.write_text(
+        "import sys\nsys.path.insert(0, %r)\n" % str(ROOT)
+        + "import numpy as np, torchlean_bridge as tlb\nfrom torchlean_bridge.seed import seed_mlp_bundle\n"
+        "a = seed_mlp_bundle(); b = seed_mlp_bundle(); b.payload.set(1, 'bias', np.ones(5))\n"
+        "print('ready', flush=True)\n"
+        "for i in range(100000):\n    tlb.save(a if i % 2 else b, sys.argv[1])\n")
+    a, b = seed_mlp_bundle(), seed_mlp_bundle()
+    b.payload.set(1, "bias", np.ones(5))
+    target = tmp_path / "out"
+    seen = set()
+    for delay in (0.0, 0.013, 0.031, 0.057, 0.089, 0.13, 0.21):
+        proc = subprocess.Popen([sys.executable, str(script), str(target)], stdout=subprocess.PIPE)
+        assert proc.stdout.readline().strip() == b"ready"
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        if target.exists():
+            loaded = tlb.load(target)
+            assert loaded == a or loaded == b
+            seen.add("a" if loaded == a else "b")
+    assert seen
+
+
+def test_export_pair_is_tied_by_the_payload_hash(tmp_path, capsys) -> None:
+    from exporters.payload_safetensors import write_payload
+    from exporters.torchlean_json import payload_file_for
+    doc = tmp_path / "m.json"
+    tlb.export_torchlean(seed_mlp_bundle(), doc, inline_payload=False)
+    back = tlb.load(doc)
+    assert back.graph == seed_mlp_bundle().graph and back.payload == seed_mlp_bundle().payload
+    # an export interrupted after the new payload but before the new document
+    write_payload(_other_bundle().payload, payload_file_for(doc))
+    with pytest.raises(tlb.BridgeError, match="does not match the size and sha256 the document records"):
+        tlb.load(doc)
+    code, err = _cli(capsys, "check", doc)
+    assert code == 2 and "does not match" in err
+    payload_file_for(doc).unlink()
+    with pytest.raises(tlb.BridgeError, match="its payload file .* is missing"):
+        tlb.load(doc)
+
+
+def test_leftover_temporary_folders_are_ignored(tmp_path) -> None:
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    (tmp_path / ".b.tmp-xyz").mkdir()
+    (tmp_path / ".b.tmp-xyz" / GRAPH_FILE).write_text("{}")
+    assert tlb.load(tmp_path / "b") == seed_mlp_bundle()
+    tlb.save(_other_bundle(), tmp_path / "b")
+    assert tlb.load(tmp_path / "b") == _other_bundle()
+    shutil.rmtree(tmp_path / ".b.tmp-xyz")

@@ -1,0 +1,190 @@
+"""VNN-LIB parsing (the VNN-COMP subset, clear errors outside it) and ``verify``.
+
+Verify is checked for its two promises on networks it has never seen: never ``unsat`` where a
+counterexample exists (dense sampling of the box finds none, and properties satisfied at the
+centre by construction are always ``sat``), never ``sat`` without a counterexample that reproduces
+(in the box, satisfying the rows in float64, float32 and onnxruntime, re-evaluated here).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torchlean_bridge as tlb
+from torchlean_bridge.app.verify import load_model, verify
+from torchlean_bridge.app.vnnlib import parse_vnnlib
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "fixtures" / "verify"
+
+
+def decl(n_in: int, n_out: int) -> str:
+    return "\n".join([f"(declare-const X_{i} Real)" for i in range(n_in)]
+                     + [f"(declare-const Y_{j} Real)" for j in range(n_out)]) + "\n"
+
+
+def box(lo, hi) -> str:
+    return "\n".join(f"(assert (>= X_{i} {float(a)!r}))\n(assert (<= X_{i} {float(b)!r}))" for i, (a, b) in
+                     enumerate(zip(lo, hi))) + "\n"
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+
+def test_parse_boxes_terms_and_disjunctions():
+    text = decl(2, 3) + """; comment
+(assert (<= X_0 1.5)) (assert (>= X_0 -0.5))
+(assert (and (<= X_1 2) (>= X_1 0)))
+(assert (or (and (<= Y_0 Y_1) (>= (+ Y_2 (* 2 Y_0)) 1.0))
+            (and (< (- Y_1 Y_2) -3e-1))))
+"""
+    p = parse_vnnlib(text)
+    assert (p.n_inputs, p.n_outputs, len(p.cases)) == (2, 3, 1)
+    case = p.cases[0]
+    np.testing.assert_array_equal(case.lower, [-0.5, 0.0])
+    np.testing.assert_array_equal(case.upper, [1.5, 2.0])
+    (c1, d1, s1), (c2, d2, s2) = case.groups
+    np.testing.assert_array_equal(c1, [[1, -1, 0], [-2, 0, -1]])
+    np.testing.assert_array_equal(d1, [0, -1.0])
+    assert not s1.any()
+    np.testing.assert_array_equal(c2, [[0, 1, -1]])
+    np.testing.assert_allclose(d2, [-0.3])
+    assert s2.all()
+
+
+def test_input_disjunction_gives_several_boxes():
+    text = decl(1, 1) + "(assert (or (and (>= X_0 0) (<= X_0 1)) (and (>= X_0 2) (<= X_0 3))))\n(assert (>= Y_0 5))\n"
+    p = parse_vnnlib(text)
+    assert [(c.lower[0], c.upper[0]) for c in p.cases] == [(0.0, 1.0), (2.0, 3.0)]
+    assert all(len(c.groups) == 1 for c in p.cases)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("(assert (<= X_0 1))", "X_0 is not bounded on both sides"),
+    ("(assert (>= X_0 0)) (assert (<= X_0 1)) (assert (<= (+ X_0 Y_0) 1))", "mixes inputs X and outputs Y"),
+    ("(assert (>= X_0 0)) (assert (<= X_0 1)) (assert (<= (* Y_0 Y_0) 1))", "product of two variables"),
+    ("(assert (>= X_0 0)) (assert (<= X_0 1)) (assert (= Y_0 1))", "'=' is outside"),
+    ("(assert (>= X_0 0)) (assert (<= X_0 1)) (assert (not (<= Y_0 1)))", "'not' is outside"),
+    ("(define-fun f () Real 1.0)", "command 'define-fun' is outside"),
+    ("(assert (>= X_0 0)) (assert (<= X_0 Z))", "'Z' is neither a number"),
+    ("(assert (>= X_0 0)", "never closed"),
+    ("(assert (>= X_0 0)))", "unbalanced"),
+    ("(assert (>= X_0 0)) (assert (<= X_0 1)) (assert (<= (+ X_0 X_0) 1))", None),
+])
+def test_errors_outside_the_subset(body, message):
+    text = decl(1, 1) + body + "\n"
+    if message is None:  # 2 X_0 <= 1 is a bound on one variable: accepted
+        assert parse_vnnlib(text).cases[0].upper[0] == 0.5
+        return
+    with pytest.raises(tlb.BridgeError, match=message):
+        parse_vnnlib(text)
+
+
+def test_declarations_must_be_contiguous_and_real():
+    with pytest.raises(tlb.BridgeError, match="missing X_1"):
+        parse_vnnlib("(declare-const X_0 Real)(declare-const X_2 Real)(declare-const Y_0 Real)")
+    with pytest.raises(tlb.BridgeError, match="sort 'Int'"):
+        parse_vnnlib("(declare-const X_0 Int)")
+
+
+def test_load_vnnlib_checks_counts(tmp_path):
+    f = tmp_path / "p.vnnlib"
+    f.write_text(decl(2, 1) + box([0, 0], [1, 1]) + "(assert (<= Y_0 0))\n")
+    p = tlb.load_vnnlib(f, input_shape=(1, 2))
+    assert p.cases[0].lower.shape == (1, 2)
+    with pytest.raises(tlb.BridgeError, match="declares 2 inputs"):
+        tlb.load_vnnlib(f, input_shape=(1, 3))
+    with pytest.raises(tlb.BridgeError, match="cannot read"):
+        tlb.load_vnnlib(tmp_path / "missing.vnnlib")
+
+# -- verify on the committed fixtures -----------------------------------------------------------
+
+
+def _reproduces(model, prop, found):
+    x = np.array(found["x"])
+    case_ok = False
+    for case in prop.cases:
+        if np.all(x >= case.lower.reshape(-1)) and np.all(x <= case.upper.reshape(-1)):
+            case_ok = True
+            x_shaped = x.reshape(model.input_shape)
+            ys = [model.evaluate(x_shaped, "float64"), model.evaluate(x_shaped, "float32"),
+                  model.onnxruntime(x_shaped)]
+            assert any(all(np.all(np.where(s, c @ y < d, c @ y <= d)) for y in ys) for c, d, s in case.groups)
+    assert case_ok
+    assert np.array_equal(x.astype(np.float32).astype(np.float64), x)  # a binary32 point
+
+
+@pytest.mark.parametrize("net, prop, want", [("acas_like", "acas_robust", "unsat"), ("acas_like", "acas_sat", "sat"),
+                                             ("acas_like", "acas_min", "sat"), ("cnn_small", "cnn_robust", "unsat")])
+def test_fixture_answers(net, prop, want):
+    model = load_model(FIX / f"{net}.onnx")
+    p = tlb.load_vnnlib(FIX / f"{prop}.vnnlib")
+    r = verify(model, p, timeout=20)
+    assert r.result == want, r
+    if want == "sat":
+        _reproduces(model, p, r.counterexample)
+
+
+def test_crown_proves_what_ibp_cannot_at_once():
+    model = load_model(FIX / "acas_like.onnx")
+    p = tlb.load_vnnlib(FIX / "acas_robust.vnnlib")
+    assert verify(model, p, method="crown", timeout=20).boxes_explored == 1
+    ibp = verify(model, p, method="ibp", timeout=1.0)
+    assert ibp.result in ("unknown", "unsat") and ibp.boxes_explored > 1
+
+
+def _random_net(seed: int) -> tlb.Bundle:
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(3, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(), nn.Linear(12, 3)).eval()
+    return tlb.import_fx(net, (torch.zeros(1, 3),))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_never_wrong_on_unseen_networks(seed, tmp_path):
+    """Threshold properties Y_0 - Y_1 <= t for t across the range: the answer agrees with dense sampling."""
+    from exporters.folder import save
+    b = _random_net(seed)
+    save(b, tmp_path / "net")
+    model = load_model(tmp_path / "net")
+    rng = np.random.default_rng(seed)
+    c = rng.uniform(-1, 1, 3)
+    lo, hi = c - 0.3, c + 0.3
+    xs = lo + rng.random((4000, 3)) * (hi - lo)
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs[:400]])
+    margin = ys[:, 0] - ys[:, 1]
+    for t in (margin.min() - 1.0, margin.min() + 1e-3, np.median(margin), margin.max() + 1.0):
+        prop = parse_vnnlib(decl(3, 3) + box(lo, hi) + f"(assert (<= (- Y_0 Y_1) {float(t)!r}))\n")
+        r = verify(model, prop, timeout=5, seed=seed)
+        if np.any(margin <= t):
+            assert r.result != "unsat", (t, r)
+        if r.result == "sat":
+            _reproduces(model, prop, r.counterexample)
+        if t > margin.min():
+            assert r.result == "sat"  # a sampled point satisfies it: the search must find one too
+
+
+def test_cli_json_and_text(tmp_path):
+    cmd = [sys.executable, "-m", "torchlean_bridge", "verify", str(FIX / "acas_like.onnx"),
+           str(FIX / "acas_sat.vnnlib"), "--json", "--timeout", "20"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["result"] == "sat" and doc["time_s"] > 0 and len(doc["counterexample"]["x"]) == 5
+    assert "bounds" in doc
+    text = subprocess.run(cmd[:-3] + ["--method", "ibp", "--timeout", "0.5"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert text.returncode == 0 and text.stdout.split()[0] in ("sat", "unknown")
+    bad = subprocess.run(cmd[:5] + ["--timeout", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--timeout" in bad.stderr
+    wrong = tmp_path / "p.vnnlib"
+    wrong.write_text(decl(4, 5) + box([0] * 4, [1] * 4) + "(assert (<= Y_0 0))\n")
+    mismatch = subprocess.run(cmd[:5] + [str(wrong)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert mismatch.returncode == 2 and "declares 4 inputs" in mismatch.stderr

@@ -1,0 +1,369 @@
+"""``verify``: a VNN-LIB property against a network: ``unsat``, ``sat`` (with a counterexample) or ``unknown``.
+
+For each input box of the property: sound bounds of the constrained output combinations ``C y``
+(CROWN with the property's rows as the specification, or IBP). A group of rows is refuted when one
+row's lower bound exceeds its right-hand side by a margin that covers binary32 evaluation (the margin
+is ``2**-17 (|C_k|_1 max|y| + |d_k|)``: a float32 counterexample within rounding of the boundary
+would not be refuted). Groups left open are attacked (the box centre, random points, the corners
+that minimize each row's linear lower bound, then projected steps along the local linear bounds'
+coefficients) and the box is split along the input with the largest |coefficient| x width, until
+every group is refuted (``unsat``), a counterexample reproduces (``sat``) or the time is up
+(``unknown``).
+
+A candidate is reported only when it lies in the box as a binary32 point and satisfies one group's
+rows in float64 and float32 evaluation of the IR and in onnxruntime on the ONNX model (strict rows
+strictly). So ``unsat`` rests on the sound bounds and ``sat`` on three independent evaluations.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..errors import BridgeError
+from ..report import jsonable
+from .vnnlib import Case, Property, load_vnnlib
+
+__all__ = ["verify", "verify_files", "VerifyResult", "load_model"]
+
+_MARGIN = 2.0 ** -17
+_RESULTS = ("unsat", "sat", "unknown")
+
+
+@dataclass
+class VerifyResult:
+    result: str
+    time_s: float
+    method: str
+    counterexample: dict[str, Any] | None = None
+    bounds: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""
+    boxes_explored: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"result": self.result, "time_s": round(self.time_s, 6), "method": self.method,
+                               "boxes_explored": self.boxes_explored, "bounds": self.bounds}
+        if self.counterexample is not None:
+            doc["counterexample"] = self.counterexample
+        if self.reason:
+            doc["reason"] = self.reason
+        return jsonable(doc)
+
+    def __str__(self) -> str:
+        lines = [self.result]
+        for b in self.bounds:
+            lines.append(f"  box {b['case']}: output lower {_fmt(b['lower'])}")
+            lines.append(f"  box {b['case']}: output upper {_fmt(b['upper'])}")
+        if self.counterexample is not None:
+            lines.append(f"  counterexample x = {_fmt(self.counterexample['x'])}")
+            lines.append(f"  y (float64) = {_fmt(self.counterexample['y'])}")
+        if self.reason:
+            lines.append(f"  {self.reason}")
+        lines.append(f"  method {self.method}, {self.boxes_explored} box(es), {self.time_s:.3f} s")
+        return "\n".join(lines)
+
+
+def _fmt(v: list[float]) -> str:
+    body = ", ".join(f"{x:.9g}" for x in v[:12])
+    return "[" + body + (", ..." if len(v) > 12 else "") + "]"
+
+
+@dataclass
+class _Model:
+    """The network in the three evaluators a counterexample must pass."""
+
+    bundle: Bundle
+    onnx_bytes: bytes | None
+    onnx_error: str = ""
+
+    def __post_init__(self) -> None:
+        from semantics.linear_bounds import Crown
+        g = self.bundle.graph
+        if len(g.inputs) != 1 or len(g.outputs) != 1:
+            raise BridgeError(f"verify: the network must have one input and one output, it has {len(g.inputs)} "
+                              f"and {len(g.outputs)}")
+        self.input_shape = tuple(g.nodes[g.inputs[0]].out_shape)
+        self.n_outputs = int(np.prod(g.nodes[g.outputs[0]].out_shape))
+        self.crown = Crown(g, self.bundle.payload)
+        self._session = None
+
+    def evaluate(self, x: np.ndarray, dtype: str) -> np.ndarray:
+        from semantics.evaluate import evaluate
+        x = x.astype(np.float32 if dtype == "float32" else np.float64)
+        return np.asarray(evaluate(self.bundle.graph, self.bundle.payload, [x], dtype=dtype)[0],
+                          dtype=np.float64).reshape(-1)
+
+    def onnxruntime(self, x: np.ndarray) -> np.ndarray | None:
+        if self._session is None:
+            if self.onnx_bytes is None:
+                return None
+            try:
+                import onnxruntime as ort
+                self._session = ort.InferenceSession(self.onnx_bytes, providers=["CPUExecutionProvider"])
+            except Exception as e:  # noqa: BLE001 - any runtime failure means: cannot re-check
+                self.onnx_error = f"onnxruntime cannot run the model: {e}"
+                self.onnx_bytes = None
+                return None
+        inp = self._session.get_inputs()[0]
+        out = self._session.run(None, {inp.name: x.astype(np.float32).reshape(self.input_shape)})[0]
+        return np.asarray(out, dtype=np.float64).reshape(-1)
+
+
+def load_model(path: str | Path) -> _Model:
+    """An ONNX file (dynamic dimensions fixed to 1) or a bundle folder (exported to ONNX for the runtime)."""
+    p = Path(path)
+    if p.is_dir() or p.suffix.lower() != ".onnx":
+        from exporters.folder import load
+        bundle = load(p)
+        try:
+            from exporters.onnx import export_onnx
+            data, error = export_onnx(bundle).SerializeToString(), ""
+        except (BridgeError, ImportError) as e:
+            data, error = None, f"the bundle cannot be exported to ONNX for onnxruntime: {e}"
+        model = _Model(bundle, data)
+        model.onnx_error = error
+        return model
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise BridgeError(f"verify: cannot read {path}: {e}") from None
+    import onnx
+    from importers.onnx import import_onnx
+    try:
+        proto = onnx.load_from_string(data)
+    except Exception as e:  # noqa: BLE001 - protobuf raises its own DecodeError
+        raise BridgeError(f"verify: {path} is not an ONNX model: {e}") from None
+    init = {t.name for t in proto.graph.initializer}
+    shapes = []
+    for vi in proto.graph.input:
+        if vi.name in init:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        shapes.append(tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in dims))
+    return _Model(import_onnx(proto, input_shapes=shapes), data)
+
+
+def _margin(c: np.ndarray, d: np.ndarray, y_mag: float) -> np.ndarray:
+    return _MARGIN * (np.abs(c).sum(axis=1) * y_mag + np.abs(d))
+
+
+class _Search:
+    """Bounds, attacks and input splitting for one property, within a deadline."""
+
+    def __init__(self, model: _Model, prop: Property, method: str, deadline: float, seed: int) -> None:
+        self.model, self.prop, self.method, self.deadline = model, prop, method, deadline
+        self.rng = np.random.default_rng(seed)
+        self.boxes = 0
+        self.rejected = 0  # candidates that passed float64 but failed a re-check
+
+    def time_left(self) -> bool:
+        return time.perf_counter() < self.deadline
+
+    def bound(self, lo: np.ndarray, hi: np.ndarray, c: np.ndarray):
+        r = self.model.crown(lo, hi, method=self.method, spec=c if c.shape[0] else None)
+        self.boxes += 1
+        if not c.shape[0]:
+            return r, np.zeros((1, 0)), None
+        return r, r.spec_lower, r.spec_coefficients
+
+    # -- candidates ---------------------------------------------------------------------------
+
+    def check(self, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
+        """A reproduced counterexample at (the binary32 point nearest) x, or None."""
+        x = _float32_inside(x, lo, hi)
+        if x is None:
+            return None
+        y64 = self.model.evaluate(x, "float64")
+        hits = [g for g in groups if _satisfies(y64, g)]
+        if not hits:
+            return None
+        y32 = self.model.evaluate(x, "float32")
+        yrt = self.model.onnxruntime(x)
+        for g in hits:
+            if _satisfies(y32, g) and yrt is not None and _satisfies(yrt, g):
+                return {"x": x.reshape(-1).tolist(), "y": y64.tolist(), "y_float32": y32.tolist(),
+                        "y_onnxruntime": yrt.tolist()}
+        self.rejected += 1
+        return None
+
+    def attack(self, lo: np.ndarray, hi: np.ndarray, groups, coeffs, budget: int) -> dict[str, Any] | None:
+        """Centre, corners of each row's linear lower bound, random points, then projected steps."""
+        pts = [lo * 0.5 + hi * 0.5]
+        if coeffs is not None:
+            for k in range(coeffs.shape[1]):
+                pts.append(np.where(coeffs[0, k].reshape(lo.shape) > 0, lo, hi))
+        for _ in range(budget):
+            pts.append(np.where(self.rng.random(lo.shape) < 0.5, lo, hi))
+            pts.append(lo + self.rng.random(lo.shape) * (hi - lo))
+        best, best_x = np.inf, None
+        for x in pts:
+            if not self.time_left():
+                return None
+            found = self.check(x, lo, hi, groups)
+            if found is not None:
+                return found
+            score = min(_violation(self.model.evaluate(x, "float64"), g) for g in groups)
+            if score < best:
+                best, best_x = score, x
+        return self._descend(best_x, lo, hi, groups) if best_x is not None else None
+
+    def _descend(self, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
+        """Projected sign steps along the coefficients of linear bounds on a small box around x."""
+        width = hi - lo
+        step = 0.25
+        for _ in range(24):
+            if not self.time_left() or step < 1e-4:
+                return None
+            y = self.model.evaluate(x, "float64")
+            g = min(groups, key=lambda g: _violation(y, g))
+            c, d, _ = g
+            k = int(np.argmax(c @ y - d)) if c.shape[0] else 0
+            if not c.shape[0]:
+                return self.check(x, lo, hi, groups)
+            delta = np.maximum(width * 1e-3, 0.0)
+            r = self.model.crown(np.maximum(x - delta, lo), np.minimum(x + delta, hi), method="crown", spec=c[k:k + 1])
+            coef = r.spec_coefficients[0][0, 0].reshape(x.shape) if r.spec_coefficients else np.zeros_like(x)
+            trial = np.clip(x - step * width * np.sign(coef), lo, hi)
+            found = self.check(trial, lo, hi, groups)
+            if found is not None:
+                return found
+            if _violation(self.model.evaluate(trial, "float64"), g) < _violation(y, g):
+                x = trial
+            else:
+                step *= 0.5
+        return None
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def case(self, index: int, case: Case, report: list) -> tuple[str, dict[str, Any] | None]:
+        """'unsat' when every group is refuted on every sub-box; 'sat' with a counterexample; else 'unknown'."""
+        lo0, hi0 = case.lower, case.upper
+        queue: list[tuple[float, int, np.ndarray, np.ndarray, list]] = [(0.0, 0, lo0, hi0, list(case.groups))]
+        order = 1
+        first = True
+        while queue:
+            if not self.time_left():
+                return "unknown", None
+            _, _, lo, hi, groups = heapq.heappop(queue)
+            c = np.concatenate([g[0] for g in groups]) if groups else np.zeros((0, self.prop.n_outputs))
+            r, spec_lo, coeffs = self.bound(lo, hi, c)
+            y_lo, y_hi = r.lower[0].reshape(-1), r.upper[0].reshape(-1)
+            top = first
+            if first:
+                report.append({"case": index, "lower": y_lo.tolist(), "upper": y_hi.tolist(),
+                               "fallback": sorted(set(r.fallback.values()))})
+                first = False
+            y_mag = float(np.max(np.maximum(np.abs(y_lo), np.abs(y_hi)), initial=0.0))
+            open_groups, open_rows, start, worst = [], [], 0, []
+            for g in groups:
+                cg, dg, _ = g
+                rows = slice(start, start + cg.shape[0])
+                start += cg.shape[0]
+                gap = spec_lo[0, rows] - dg - _margin(cg, dg, y_mag)
+                if cg.shape[0] and np.any(gap > 0):
+                    continue  # some row of the group cannot hold anywhere in the box
+                open_groups.append(g)
+                open_rows.append(rows)
+                worst.append(float(np.max(gap, initial=-np.inf)))
+            if not open_groups:
+                continue
+            sub = None
+            if coeffs is not None:
+                sub = coeffs[0][:, np.r_[tuple(np.arange(s.start, s.stop) for s in open_rows)]]
+            found = self.attack(lo, hi, open_groups, sub, budget=8 if top else 2)
+            if found is not None:
+                return "sat", found
+            dim = _split_axis(lo, hi, sub)
+            if dim is None:
+                return "unknown", None
+            mid = lo.reshape(-1)[dim] * 0.5 + hi.reshape(-1)[dim] * 0.5
+            if not lo.reshape(-1)[dim] < mid < hi.reshape(-1)[dim]:
+                return "unknown", None
+            for part in (0, 1):
+                a, b = lo.copy().reshape(-1), hi.copy().reshape(-1)
+                if part == 0:
+                    b[dim] = mid
+                else:
+                    a[dim] = mid
+                heapq.heappush(queue, (-max(worst), order, a.reshape(lo.shape), b.reshape(hi.shape), open_groups))
+                order += 1
+        return "unsat", None
+
+
+def _split_axis(lo: np.ndarray, hi: np.ndarray, coeffs: np.ndarray | None) -> int | None:
+    width = (hi - lo).reshape(-1)
+    if not np.any(width > 0):
+        return None
+    if coeffs is None or not coeffs.size:
+        return int(np.argmax(width))
+    score = (np.abs(coeffs.reshape(coeffs.shape[1], -1)).max(axis=0) + 1e-12) * width
+    return int(np.argmax(score))
+
+
+def _float32_inside(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+    """The binary32 point nearest x moved inside [lo, hi], as float64 (None when the box holds no such point)."""
+    x32 = np.clip(x, lo, hi).astype(np.float32)
+    low = x32.astype(np.float64) < lo
+    x32 = np.where(low, np.nextafter(x32, np.float32(np.inf)), x32)
+    high = x32.astype(np.float64) > hi
+    x32 = np.where(high, np.nextafter(x32, np.float32(-np.inf)), x32)
+    out = x32.astype(np.float64)
+    return out if np.all(out >= lo) and np.all(out <= hi) else None
+
+
+def _satisfies(y: np.ndarray, group) -> bool:
+    c, d, strict = group
+    if not np.all(np.isfinite(y)):
+        return False
+    v = c @ y
+    return bool(np.all(np.where(strict, v < d, v <= d)))
+
+
+def _violation(y: np.ndarray, group) -> float:
+    c, d, _ = group
+    return float(np.max(c @ y - d, initial=-np.inf)) if c.shape[0] else -np.inf
+
+
+def verify(model: _Model, prop: Property, method: str = "crown", timeout: float | None = 60.0,
+           seed: int = 0) -> VerifyResult:
+    """Decide the property on the model (see the module docstring)."""
+    if method not in ("crown", "ibp"):
+        raise BridgeError(f"verify: unknown method {method!r} (use crown or ibp)")
+    if timeout is not None and not (timeout > 0):
+        raise BridgeError(f"verify: timeout must be a positive number of seconds, got {timeout}")
+    start = time.perf_counter()
+    if prop.n_outputs != model.n_outputs:
+        raise BridgeError(f"verify: the property declares {prop.n_outputs} outputs Y_j, the network has "
+                          f"{model.n_outputs}")
+    prop = prop.shaped(model.input_shape)
+    deadline = start + (timeout if timeout is not None else float("inf"))
+    search = _Search(model, prop, method, deadline, seed)
+    report: list[dict[str, Any]] = []
+    answer, reason = "unsat", ""
+    for i, case in enumerate(prop.cases):
+        result, found = search.case(i, case, report)
+        if result == "sat":
+            return VerifyResult("sat", time.perf_counter() - start, method, found, report,
+                                boxes_explored=search.boxes)
+        if result == "unknown":
+            answer = "unknown"
+            reason = "timeout" if not search.time_left() else "the bounds could not decide every box"
+            break
+    if answer == "unknown" and search.rejected and model.onnx_error:
+        reason += f"; {search.rejected} float64 counterexample(s) could not be re-checked: {model.onnx_error}"
+    return VerifyResult(answer, time.perf_counter() - start, method, None, report, reason=reason,
+                        boxes_explored=search.boxes)
+
+
+def verify_files(model_path: str | Path, vnnlib_path: str | Path, method: str = "crown",
+                 timeout: float | None = 60.0, seed: int = 0) -> VerifyResult:
+    model = load_model(model_path)
+    prop = load_vnnlib(vnnlib_path)
+    return verify(model, prop, method=method, timeout=timeout, seed=seed)
+

@@ -1,0 +1,297 @@
+"""VNN-LIB properties, the subset VNN-COMP uses (numpy only).
+
+A property declares real constants ``X_0 .. X_{n-1}`` (the flattened network input) and
+``Y_0 .. Y_{m-1}`` (the flattened output) and asserts a formula; a counterexample is an input whose
+output satisfies every assertion. Supported: ``(declare-const X_i Real)``, ``(assert F)`` where F is
+built from ``and``, ``or`` and the comparisons ``<=``, ``>=``, ``<``, ``>`` between linear terms
+(numbers, variables, ``+``, ``-``, ``*`` by a constant). Every atom mentions only inputs or only
+outputs. After conversion to a disjunction of conjunctions, each disjunct bounds every input from
+both sides by single-variable atoms (a box) and constrains the outputs by ``C y <= d`` rows.
+Anything else (other commands, ``=``, ``not``, ``=>``, non-linear terms, unbounded inputs, atoms
+mixing X and Y) is refused with a ``BridgeError`` naming the line.
+
+Strict comparisons are kept as flags: a counterexample must satisfy them strictly, and a proof of
+infeasibility is the same for ``<`` and ``<=`` (the proof has a margin).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import BridgeError
+
+__all__ = ["load_vnnlib", "parse_vnnlib", "Property", "Case"]
+
+_MAX_DISJUNCTS = 100_000
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+_VAR = re.compile(r"^([XY])_(\d+)$")
+
+
+@dataclass
+class Case:
+    """One input box with the output constraints that make a counterexample inside it: the outputs
+    must satisfy ``C y <= d`` (row i strictly when ``strict[i]``) for the rows of at least one group."""
+
+    lower: np.ndarray
+    upper: np.ndarray
+    groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)  # (C, d, strict)
+
+
+@dataclass
+class Property:
+    n_inputs: int
+    n_outputs: int
+    cases: list[Case]
+    path: str = "<string>"
+
+    def shaped(self, input_shape: Sequence[int]) -> "Property":
+        """The boxes reshaped to the network's input shape (checked against the input count)."""
+        size = int(np.prod(input_shape))
+        if size != self.n_inputs:
+            raise BridgeError(f"VNN-LIB {self.path}: declares {self.n_inputs} inputs X_i, the network input "
+                              f"{list(input_shape)} has {size}")
+        return Property(self.n_inputs, self.n_outputs,
+                        [Case(c.lower.reshape(input_shape), c.upper.reshape(input_shape), c.groups) for c in self.cases],
+                        self.path)
+
+
+class _Error(BridgeError):
+    pass
+
+
+def _tokens(text: str, where: str) -> list[tuple[str, int]]:
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split(";", 1)[0]
+        out.extend((m.group(0), number) for m in _TOKEN.finditer(line))
+    return out
+
+
+def _parse_sexprs(tokens: list[tuple[str, int]], where: str) -> list[Any]:
+    """Nested lists of (token, line) leaves; iterative, so deep nesting cannot overflow the stack."""
+    stack: list[list] = [[]]
+    lines: list[int] = []
+    for tok, line in tokens:
+        if tok == "(":
+            stack.append([])
+            lines.append(line)
+        elif tok == ")":
+            if len(stack) == 1:
+                raise _Error(f"VNN-LIB {where}: line {line}: unbalanced ')'")
+            done = stack.pop()
+            stack[-1].append((done, lines.pop()))
+        else:
+            stack[-1].append((tok, line))
+    if len(stack) != 1:
+        raise _Error(f"VNN-LIB {where}: line {lines[-1]}: '(' is never closed")
+    return stack[0]
+
+
+def _number(tok: str) -> float | None:
+    try:
+        v = float(tok)
+    except ValueError:
+        return None
+    return v if np.isfinite(v) else None
+
+
+class _Linear:
+    """A linear term: {variable: coefficient} + constant."""
+
+    def __init__(self, coef: dict[str, float] | None = None, const: float = 0.0) -> None:
+        self.coef = coef or {}
+        self.const = const
+
+    def scaled(self, k: float) -> "_Linear":
+        return _Linear({v: c * k for v, c in self.coef.items()}, self.const * k)
+
+    def plus(self, other: "_Linear") -> "_Linear":
+        coef = dict(self.coef)
+        for v, c in other.coef.items():
+            coef[v] = coef.get(v, 0.0) + c
+        return _Linear(coef, self.const + other.const)
+
+
+class _Parser:
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.declared: dict[str, int] = {}
+
+    def fail(self, line: int, message: str) -> _Error:
+        return _Error(f"VNN-LIB {self.where}: line {line}: {message}")
+
+    def term(self, expr: Any) -> _Linear:
+        node, line = expr
+        if isinstance(node, str):
+            v = _number(node)
+            if v is not None:
+                return _Linear(const=v)
+            if node not in self.declared:
+                raise self.fail(line, f"{node!r} is neither a number nor a declared X_i / Y_j")
+            return _Linear({node: 1.0})
+        if not node or not isinstance(node[0][0], str):
+            raise self.fail(line, "empty or malformed term")
+        op, args = node[0][0], node[1:]
+        if op == "+":
+            total = _Linear()
+            for a in args:
+                total = total.plus(self.term(a))
+            return total
+        if op == "-":
+            if len(args) == 1:
+                return self.term(args[0]).scaled(-1.0)
+            if not args:
+                raise self.fail(line, "'-' without operands")
+            total = self.term(args[0])
+            for a in args[1:]:
+                total = total.plus(self.term(a).scaled(-1.0))
+            return total
+        if op == "*":
+            parts = [self.term(a) for a in args]
+            variable = [p for p in parts if p.coef]
+            if len(variable) > 1:
+                raise self.fail(line, "a product of two variables is not linear (outside the VNN-LIB subset)")
+            k = float(np.prod([p.const for p in parts if not p.coef]))
+            return variable[0].scaled(k) if variable else _Linear(const=k)
+        raise self.fail(line, f"term operator {op!r} is outside the supported subset (+, -, *)")
+
+    def formula(self, expr: Any) -> list[list[tuple[_Linear, bool, int]]]:
+        """DNF: a list of conjunctions of atoms (term <= 0, strict?, line)."""
+        node, line = expr
+        if isinstance(node, str) or not node or not isinstance(node[0][0], str):
+            raise self.fail(line, f"expected a formula, got {node!r}" if isinstance(node, str) else "malformed formula")
+        op, args = node[0][0], node[1:]
+        if op == "and":
+            dnf: list[list] = [[]]
+            for a in args:
+                part = self.formula(a)
+                if len(dnf) * len(part) > _MAX_DISJUNCTS:
+                    raise self.fail(line, f"more than {_MAX_DISJUNCTS} disjuncts after distributing 'and' over 'or'")
+                dnf = [x + y for x in dnf for y in part]
+            return dnf
+        if op == "or":
+            out: list[list] = []
+            for a in args:
+                out.extend(self.formula(a))
+            if len(out) > _MAX_DISJUNCTS:
+                raise self.fail(line, f"more than {_MAX_DISJUNCTS} disjuncts")
+            return out
+        if op in ("<=", ">=", "<", ">"):
+            if len(args) < 2:
+                raise self.fail(line, f"{op!r} needs two operands")
+            terms = [self.term(a) for a in args]
+            conj = []
+            for left, right in zip(terms, terms[1:]):  # chained comparisons: each adjacent pair
+                diff = left.plus(right.scaled(-1.0)) if op in ("<=", "<") else right.plus(left.scaled(-1.0))
+                conj.append((diff, op in ("<", ">"), line))
+            return [conj]
+        raise self.fail(line, f"{op!r} is outside the supported VNN-LIB subset (and, or, <=, >=, <, >)")
+
+    def run(self, forms: list[Any]) -> tuple[int, int, list[list]]:
+        asserts = []
+        for node, line in forms:
+            if isinstance(node, str) or not node or not isinstance(node[0][0], str):
+                raise self.fail(line, "expected a command such as (declare-const X_0 Real) or (assert ...)")
+            cmd = node[0][0]
+            if cmd == "declare-const":
+                if len(node) != 3 or not all(isinstance(x[0], str) for x in node[1:]):
+                    raise self.fail(line, "declare-const expects a name and a sort")
+                name, sort = node[1][0], node[2][0]
+                if sort != "Real":
+                    raise self.fail(line, f"sort {sort!r} is outside the subset (Real)")
+                if not _VAR.match(name):
+                    raise self.fail(line, f"constant {name!r}: the subset names inputs X_i and outputs Y_j")
+                if name in self.declared:
+                    raise self.fail(line, f"{name} is declared twice")
+                self.declared[name] = line
+            elif cmd == "assert":
+                if len(node) != 2:
+                    raise self.fail(line, "assert expects one formula")
+                asserts.append(node[1])
+            else:
+                raise self.fail(line, f"command {cmd!r} is outside the supported VNN-LIB subset "
+                                      f"(declare-const, assert)")
+        counts = {}
+        for kind in "XY":
+            idx = sorted(int(_VAR.match(n).group(2)) for n in self.declared if n[0] == kind)
+            if idx != list(range(len(idx))):
+                missing = sorted(set(range(max(idx, default=-1) + 1)) - set(idx))
+                raise _Error(f"VNN-LIB {self.where}: {kind}_i must be declared for i = 0..n-1; missing "
+                             f"{', '.join(f'{kind}_{i}' for i in missing[:5])}")
+            counts[kind] = len(idx)
+        if counts["X"] == 0 or counts["Y"] == 0:
+            raise _Error(f"VNN-LIB {self.where}: declares {counts['X']} inputs and {counts['Y']} outputs; "
+                         f"both must be at least 1")
+        dnf: list[list] = [[]]
+        for a in asserts:
+            part = self.formula(a)
+            if len(dnf) * len(part) > _MAX_DISJUNCTS:
+                raise _Error(f"VNN-LIB {self.where}: more than {_MAX_DISJUNCTS} disjuncts")
+            dnf = [x + y for x in dnf for y in part]
+        return counts["X"], counts["Y"], dnf
+
+
+def parse_vnnlib(text: str, where: str = "<string>") -> Property:
+    """A property from VNN-LIB text (see the module docstring for the subset)."""
+    p = _Parser(where)
+    n_in, n_out, dnf = p.run(_parse_sexprs(_tokens(text, where), where))
+    cases: dict[bytes, Case] = {}
+    for conj in dnf:
+        lo, hi = np.full(n_in, -np.inf), np.full(n_in, np.inf)
+        rows, rhs, strict = [], [], []
+        empty = False
+        for term, is_strict, line in conj:
+            kinds = {v[0] for v in term.coef if term.coef[v] != 0}
+            if kinds == {"X", "Y"}:
+                raise p.fail(line, "an atom mixes inputs X and outputs Y (outside the VNN-LIB subset)")
+            if not kinds:  # a constant comparison: true or false
+                if term.const > 0 or (is_strict and term.const >= 0):
+                    empty = True
+                continue
+            if kinds == {"X"}:
+                live = [(v, c) for v, c in term.coef.items() if c != 0]
+                if len(live) != 1:
+                    raise p.fail(line, "input constraints must bound one X_i at a time (a box)")
+                (v, c), = live
+                i, bound = int(v[2:]), -term.const / c
+                if c > 0:  # c x + k <= 0  ->  x <= -k / c
+                    hi[i] = min(hi[i], bound)
+                else:
+                    lo[i] = max(lo[i], bound)
+                continue
+            row = np.zeros(n_out)
+            for v, c in term.coef.items():
+                row[int(v[2:])] += c
+            rows.append(row)
+            rhs.append(-term.const)
+            strict.append(is_strict)
+        if empty or np.any(lo > hi):
+            continue  # this disjunct is unsatisfiable by itself
+        unbounded = np.flatnonzero(~np.isfinite(lo) | ~np.isfinite(hi))
+        if unbounded.size:
+            raise _Error(f"VNN-LIB {where}: input X_{unbounded[0]} is not bounded on both sides in some disjunct "
+                         f"(the subset needs a box on every input)")
+        key = lo.tobytes() + hi.tobytes()
+        case = cases.setdefault(key, Case(lo, hi))
+        case.groups.append((np.array(rows).reshape(len(rows), n_out), np.array(rhs, dtype=np.float64),
+                            np.array(strict, dtype=bool)))
+    return Property(n_in, n_out, list(cases.values()), where)
+
+
+def load_vnnlib(path: str | Path, input_shape: Sequence[int] | None = None,
+                n_outputs: int | None = None) -> Property:
+    """Read a VNN-LIB file; with ``input_shape`` the boxes take the network's input shape, with
+    ``n_outputs`` the output count is checked."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BridgeError(f"VNN-LIB {path}: cannot read: {e}") from None
+    prop = parse_vnnlib(text, str(path))
+    if n_outputs is not None and prop.n_outputs != n_outputs:
+        raise BridgeError(f"VNN-LIB {path}: declares {prop.n_outputs} outputs Y_j, the network has {n_outputs}")
+    return prop.shaped(input_shape) if input_shape is not None else prop

@@ -20,6 +20,7 @@ from torchlean_bridge.errors import BridgeError, PayloadError
 from torchlean_bridge.fileio import atomic_folder, read_capped
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, foreign_record_errors
+from torchlean_bridge.report import jsonable
 from torchlean_bridge.roles import RoleMap
 from torchlean_bridge.wire import dump_graph, dumps_document, loads_document, parse_document
 
@@ -60,8 +61,8 @@ def save(bundle: Bundle, folder: str | Path) -> Path:
         (tmp / ROLES_FILE).write_text(json.dumps(bundle.roles.to_json(), indent=1, sort_keys=True) + "\n",
                                       encoding="utf-8")
         if bundle.report:
-            (tmp / REPORT_FILE).write_text(json.dumps(bundle.report, indent=1, sort_keys=True, default=str) + "\n",
-                                           encoding="utf-8")
+            (tmp / REPORT_FILE).write_text(json.dumps(jsonable(bundle.report), indent=1, sort_keys=True, default=str,
+                                                      allow_nan=False) + "\n", encoding="utf-8")
         files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": file_sha256(tmp / name)}
                  for name in _CONTENT_FILES if (tmp / name).exists()}
         (tmp / MANIFEST_FILE).write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1,

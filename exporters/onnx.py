@@ -4,14 +4,13 @@ One small function per IR kind in ``ONNX_EXPORTERS`` writes the ONNX nodes for i
 bound in the role map become initializers under their external names, in their external layout
 (the binding's transform is undone and replayed as ONNX ``Transpose``/``Reshape``/``Cast`` nodes,
 or folded into ``Gemm``'s ``transB``), so importing the result gives back the same role map.
-Explicit ``broadcast_to`` nodes feeding elementwise ops are left to ONNX's implicit broadcasting,
-which is what the importer turns back into them. Auxiliary constants (shapes, axes, scalars) are
+Explicit ``broadcast_to`` nodes feeding elementwise ops are left to ONNX's implicit broadcasting
+(decided by ``passes.absorb_broadcasts``), which is what the importer turns back into them. Auxiliary constants (shapes, axes, scalars) are
 ``Constant`` nodes, never initializers. Output is deterministic: same bundle, same bytes.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -19,18 +18,16 @@ from typing import Any, Callable
 import numpy as np
 
 from torchlean_bridge.bundle import Bundle
-from torchlean_bridge.errors import ExportError, ShapeRuleError
+from torchlean_bridge.errors import ExportError
 from torchlean_bridge.fileio import atomic_write_bytes
 from torchlean_bridge.graph import Node
 from torchlean_bridge.ops import BOOL, INT64
-from torchlean_bridge.ops.contracts import broadcast_shapes
+from torchlean_bridge.passes.absorb_broadcasts import absorb_broadcasts
 from torchlean_bridge.roles import transform_shape
 
 __all__ = ["export_onnx", "to_onnx_model", "ONNX_EXPORTERS", "OPSET", "IR_VERSION", "blocking_nodes"]
 
 OPSET, IR_VERSION = 21, 10
-_BROADCASTING = frozenset({"add", "sub", "mul_elem", "div", "max_elem", "min_elem", "prelu", "where", "eq", "ne",
-                           "lt", "le", "gt", "ge", "logical_and", "logical_or", "safe_log"})
 
 
 def _elem_type(dtype: str) -> int:
@@ -65,7 +62,10 @@ class OnnxWriter:
             self.bindings.setdefault((b.node, b.role), []).append(b)
         shapes = bundle.report.get("external_shapes", {}) if isinstance(bundle.report, dict) else {}
         self.external_shapes = shapes if isinstance(shapes, dict) else {}
-        self.absorbed = self._absorbed_broadcasts()
+        _, absorption = absorb_broadcasts(bundle)
+        self.absorbed_operands: dict[tuple[int, int], int] = absorption.facts["operands"]
+        # with every node exposed, each broadcast's own value is written too
+        self.absorbed: frozenset[int] = frozenset() if expose_all_nodes else absorption.facts["absorbed"]
         self.output_names = self._output_names()
 
     # -- naming -------------------------------------------------------------------------------
@@ -203,42 +203,10 @@ class OnnxWriter:
         bound = (node.id, role) in self.bindings
         return bound or not (zero_default and not np.any(value))
 
-    # -- broadcasting -------------------------------------------------------------------------
-    def _absorbed_broadcasts(self) -> set[int]:
-        """``broadcast_to`` nodes every consumer can replace by ONNX's implicit broadcasting."""
-        consumers = self.g.consumers()
-        outputs = set(self.g.outputs)
-        absorbed = set()
-        for n in self.g.nodes:
-            if n.kind != "broadcast_to" or n.id in outputs or self.expose_all or not consumers[n.id]:
-                continue
-            if all(self._absorbable(self.g.nodes[c], n.id) for c in consumers[n.id]):
-                absorbed.add(n.id)
-        return absorbed
-
-    def _absorbable(self, consumer: Node, bid: int) -> bool:
-        if consumer.kind not in _BROADCASTING:
-            return False
-        shapes = []
-        for p in consumer.parents:
-            pn = self.g.nodes[p]
-            shapes.append(self.g.nodes[pn.parents[0]].out_shape if pn.kind == "broadcast_to" else pn.out_shape)
-        try:
-            return functools.reduce(broadcast_shapes, shapes) == consumer.out_shape
-        except ShapeRuleError:
-            return False
-
+    # -- broadcasting (decided once by passes.absorb_broadcasts) -------------------------------------
     def operands(self, node: Node) -> list[str]:
-        """Parent value names; absorbed broadcasts are skipped (ONNX broadcasts implicitly)."""
-        names = []
-        for p in node.parents:
-            pn = self.g.nodes[p]
-            if p in self.absorbed or (pn.kind == "broadcast_to" and node.kind in _BROADCASTING
-                                      and self._absorbable(node, p)):
-                names.append(self.value(pn.parents[0]))
-            else:
-                names.append(self.value(p))
-        return names
+        """Parent value names; an absorbed broadcast reads its source (ONNX broadcasts implicitly)."""
+        return [self.value(self.absorbed_operands.get((node.id, i), p)) for i, p in enumerate(node.parents)]
 
 
 Exporter = Callable[[OnnxWriter, Node], None]

@@ -447,6 +447,85 @@ class _HFWrap(nn.Module):
         return self.model(input_ids=input_ids, use_cache=False, return_dict=True).last_hidden_state
 
 
+# -- real architectures from torchvision and timm (small configs, random weights) ---------------------------
+def _torchvision():
+    from tests.torchvision_cpu import import_torchvision
+    return import_torchvision()
+
+
+def tv_alexnet() -> Made:
+    """Adaptive average pooling 1x1 -> 6x6 at this input size (variable windows)."""
+    return _torchvision().models.alexnet(weights=None, num_classes=10), (_x(1, 3, 63, 63),)
+
+
+def tv_resnet18() -> Made:
+    return _randomize_bn(_torchvision().models.resnet18(weights=None, num_classes=10)), (_x(1, 3, 32, 32),)
+
+
+def tv_mobilenet_v3() -> Made:
+    return _randomize_bn(_torchvision().models.mobilenet_v3_small(weights=None, num_classes=10)), (_x(1, 3, 32, 32),)
+
+
+def tv_efficientnet() -> Made:
+    """Squeeze-excitation, SiLU, and torchvision's fx-wrapped ``stochastic_depth``."""
+    return _randomize_bn(_torchvision().models.efficientnet_b0(weights=None, num_classes=10)), (_x(1, 3, 32, 32),)
+
+
+def tv_convnext() -> Made:
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+    _torchvision()
+    blocks = [CNBlockConfig(16, 32, 1), CNBlockConfig(32, None, 1)]
+    return ConvNeXt(blocks, stochastic_depth_prob=0.1, layer_scale=0.5, num_classes=10), (_x(1, 3, 32, 32),)
+
+
+def tv_swin() -> Made:
+    """Shifted windows: the attention mask built by slice assignment inside the fx-wrapped
+    ``shifted_window_attention``, ``roll``, ``_patch_merging_pad``."""
+    _torchvision()
+    from torchvision.models.swin_transformer import SwinTransformer
+    model = SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=[4, 4],
+                            stochastic_depth_prob=0.1, num_classes=10)
+    return model, (_x(1, 3, 32, 32),)
+
+
+def tv_maxvit() -> Made:
+    """Block and grid attention (``swapaxes``), MBConv with squeeze-excitation."""
+    _torchvision()
+    from torchvision.models.maxvit import MaxVit
+    model = MaxVit(input_size=(32, 32), stem_channels=8, partition_size=2, block_channels=[16, 32],
+                   block_layers=[1, 1], head_dim=8, stochastic_depth_prob=0.1, num_classes=10)
+    return _randomize_bn(model), (_x(1, 3, 32, 32),)
+
+
+def timm_levit() -> Made:
+    """Attention biases cached in a dict attribute by forward (the import must leave it as it was)."""
+    _torchvision()
+    from timm.models.levit import Levit
+    model = Levit(img_size=64, embed_dim=(32, 48), key_dim=8, depth=(1, 1), num_heads=(2, 2), num_classes=10)
+    return _randomize_bn(model), (_x(1, 3, 64, 64),)
+
+
+def timm_vit() -> Made:
+    _torchvision()
+    from timm.models.vision_transformer import VisionTransformer
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+    return model, (_x(1, 3, 32, 32),)
+
+
+def hf_roberta() -> Made:
+    """Position ids from a running count of the non-padding tokens (integer cumsum and arithmetic)."""
+    from transformers import RobertaConfig, RobertaModel
+    cfg = RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        vocab_size=100, max_position_embeddings=64)
+    ids = torch.randint(2, 100, (2, 8))
+    ids[1, -3:] = cfg.pad_token_id
+    return _HFWrap(RobertaModel(cfg)), (ids,)
+
+
+REAL_ARCHITECTURES = ("tv_alexnet", "tv_resnet18", "tv_mobilenet_v3", "tv_efficientnet", "tv_convnext", "tv_swin",
+                      "tv_maxvit", "timm_levit", "timm_vit")
+
+
 # -- the catalogue -----------------------------------------------------------------------------------------
 CASES: dict[str, ZooCase] = {c.name: c for c in [
     ZooCase("seed_mlp", seed_mlp, tags=("mlp",)),
@@ -483,6 +562,12 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
     ZooCase("hf_gpt2", hf_gpt2, fx=False, slow=True, tags=("transformers",)),
     ZooCase("hf_llama", hf_llama, fx=False, slow=True, float64=False, tags=("transformers",)),
 ]}
+# real architectures nobody here wrote (torchvision, timm): slow, and only where those are installed
+# (tests/test_import_torch_real.py); kept out of CASES, whose routes include the ONNX round trips
+REAL: dict[str, ZooCase] = {name: ZooCase(name, globals()[name], slow=True, tags=("real",))
+                            for name in REAL_ARCHITECTURES}
+REAL["hf_roberta"] = ZooCase("hf_roberta", hf_roberta, fx=False, slow=True, tags=("real", "transformers"))
+REAL["hf_bert"] = ZooCase("hf_bert", hf_bert, fx=False, slow=True, tags=("real", "transformers"))
 
 
 def cases(importer: str | None = None, slow: bool | None = None, tag: str | None = None) -> list[ZooCase]:

@@ -169,3 +169,34 @@ def test_an_unlisted_input_with_a_broken_id_is_reported_without_indexing_by_it()
     assert [e.message for e in tlb.check(Graph(nodes, [0], [2]), collect=True)] == [
         "IR graph: id discipline violated at index 1: nodes[1].id = 9",
         "IR graph: input nodes [9] are not listed among the graph inputs"]
+
+
+def test_collect_mode_keeps_going_after_every_kind_of_error():
+    """One problem of each kind, each followed by another: a `break` for a `continue` after any of them,
+    a node not marked broken (re-checked for shapes or sizes), or a second report for a second bad
+    parent changes this list."""
+    nodes = [Node(0, [], "input", (2, 3)),
+             Node(9, [0], "relu", (2, 4)),            # id discipline (its shape would also be wrong)
+             Node(2, [1], "fft", (2, 3)),             # unknown kind
+             Node(3, [0, 0], "relu", (2, 5)),         # bad arity (its shape would also be wrong)
+             Node(4, [5, 6], "add", (2, 3)),          # two forward parents: reported once
+             Node(5, [0], "tanh", (2, 3)),
+             Node(6, [], "input", (3,)),
+             Node(7, [0, 6], "add", (2, 3)),          # shape rule error
+             Node(8, [6, 0], "sub", (2, 3)),          # shape rule error
+             Node(9, [], "input", (8,)),              # above max_elements
+             Node(10, [], "input", (8,)),             # above max_elements
+             Node(11, [3], "relu", (2, 5))]           # reads a broken node
+    g = Graph(nodes, [0, 6, 9, 10], [5, 7, 8, 11])
+    size = "declared shape [8] has 8 elements, above the limit of 7 (raise max_elements to allow it)"
+    assert [e.message for e in tlb.check(g, collect=True, max_elements=7)] == [
+        "IR graph: id discipline violated at index 1: nodes[1].id = 9",
+        "IR graph: node 2: unknown op kind `fft`",
+        f"IR graph: node 3: bad parent count for relu: expected 1..1, got 2 ({summary(nodes, 3)})",
+        f"IR graph: node 4: parent id 5 is not < 4 ({summary(nodes, 4)})",
+        "IR graph: node 7: add: shape mismatch: [2, 3] vs [3]",
+        "IR graph: node 8: sub: shape mismatch: [3] vs [2, 3]",
+        f"IR graph: node 9: {size}",
+        f"IR graph: node 10: {size}",
+    ]
+    assert [e.node for e in tlb.check_well_formed(g, collect=True)] == [9, 2, 3, 4]

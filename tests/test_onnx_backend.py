@@ -197,3 +197,46 @@ def test_cli_bind_freezes_an_input_from_a_npy_file(tmp_path, capsys):
     assert b.graph.nodes[b.graph.outputs[0]].out_shape == (3, 2)
     assert main(["import", str(tmp_path / "m.onnx"), "--bind", "s", "-o", str(tmp_path / "c")]) == 2
     assert "--bind 's': expected NAME=FILE.npy" in capsys.readouterr().err
+
+
+# -- external data ---------------------------------------------------------------------------
+
+def _external_model(tmp_path, location="weights.bin"):
+    w = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
+    m = _model([N("MatMul", ["x", "W"], ["h"]), N("Relu", ["h"], ["y"])], [("x", TP.FLOAT, [2, 64])],
+               [("y", TP.FLOAT, [2, 32])], [("W", w)])
+    onnx.save(m, str(tmp_path / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=location, size_threshold=0)
+    return tmp_path / "m.onnx", w
+
+
+def test_external_data_is_memory_mapped_and_evaluates_and_saves(tmp_path):
+    path, w = _external_model(tmp_path)
+    b = tlb.import_onnx(path)
+    x = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_allclose(tlb.evaluate(b.graph, b.payload, [x], dtype="float32")[0], np.maximum(x @ w, 0),
+                               rtol=1e-5)
+    tlb.save(b, tmp_path / "bundle")
+    again = tlb.load(tmp_path / "bundle")
+    np.testing.assert_array_equal(tlb.evaluate(again.graph, again.payload, [x])[0], tlb.evaluate(b.graph, b.payload,
+                                                                                                [x])[0])
+
+
+def test_external_data_outside_the_model_folder_is_refused(tmp_path):
+    path, _ = _external_model(tmp_path)
+    m = onnx.load(str(path), load_external_data=False)
+    for location in ("../weights.bin", "/etc/passwd"):
+        for kv in m.graph.initializer[0].external_data:
+            if kv.key == "location":
+                kv.value = location
+        onnx.save(m, str(tmp_path / "evil.onnx"))
+        with pytest.raises(tlb.BridgeError, match="must be a relative path inside the model's folder"):
+            tlb.import_onnx(tmp_path / "evil.onnx")
+    for kv in m.graph.initializer[0].external_data:
+        if kv.key == "length":
+            kv.value = "12"
+        if kv.key == "location":
+            kv.value = "weights.bin"
+    onnx.save(m, str(tmp_path / "short.onnx"))
+    with pytest.raises(tlb.BridgeError, match=r"length 12 do not hold \[64, 32\] x float32"):
+        tlb.import_onnx(tmp_path / "short.onnx")

@@ -36,7 +36,8 @@ def seed_models() -> list:
         [h.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 4, 4])], [h.make_tensor_value_info("z", TP.FLOAT, None)],
         [nh.from_array(r.standard_normal((4, 3, 3, 3)).astype(np.float32), "W"),
          nh.from_array(np.zeros(4, np.float32), "B"), nh.from_array(np.array([1, 16]), "s"),
-         nh.from_array(r.standard_normal((5, 16)).astype(np.float32), "G"), nh.from_array(np.ones(5, np.float32), "gb")])
+         nh.from_array(r.standard_normal((5, 16)).astype(np.float32), "G"),
+         nh.from_array(np.ones(5, np.float32), "gb")])
     layout = h.make_graph(
         [h.make_node("Unsqueeze", ["x"], ["u"], axes=[0]), h.make_node("Pad", ["u"], ["p"], pads=[0, 1, 0, 0, 1, 0]),
          h.make_node("Split", ["p"], ["a", "b"], axis=2), h.make_node("Concat", ["b", "a"], ["q"], axis=2),

@@ -447,6 +447,17 @@ def _tensor_json(a: np.ndarray) -> Any:
     return a.tolist()
 
 
+def _node_wire_named(node: Node, g: Graph, payload: Payload | None, include_source: bool) -> dict[str, Any]:
+    """``_node_wire``, its refusals (a non-finite attribute or payload entry) naming the node."""
+    try:
+        return _node_wire(node, g, payload, include_source)
+    except BridgeError as e:
+        if e.node is not None:
+            raise
+        raise BridgeError(f"node {node.id} ({node.kind}): {e.message}", node=node.id, op=node.kind,
+                          source=str(node.source) if node.source else None) from None
+
+
 def _node_wire(node: Node, g: Graph, payload: Payload | None, include_source: bool) -> dict[str, Any]:
     d: dict[str, Any] = {"id": node.id, "kind": node.kind, "parents": list(node.parents),
                          "shape": list(node.out_shape)}
@@ -506,7 +517,7 @@ def graph_to_wire(g: Graph, payload: Payload | None = None, *, include_source: b
                            "output_ids": list(g.outputs)}
     if len(g.inputs) != 1:
         doc["input_ids"] = list(g.inputs)
-    doc["nodes"] = [_node_wire(n, g, payload, include_source) for n in g.nodes]
+    doc["nodes"] = [_node_wire_named(n, g, payload, include_source) for n in g.nodes]
     return doc
 
 

@@ -67,7 +67,8 @@ def _check_opsets(model: Any) -> int:
         seen.add(domain)
         if domain in DEFAULT_DOMAINS:
             if not 1 <= o.version <= newest_opset():
-                raise _fail(f"default-domain opset version {o.version} (the installed onnx defines 1..{newest_opset()})")
+                raise _fail(f"default-domain opset version {o.version} (the installed onnx defines "
+                            f"1..{newest_opset()})")
             default = int(o.version)
         elif not 1 <= o.version <= _MAX_DOMAIN_VERSION:
             raise _fail(f"opset version {o.version} for domain `{domain}`")

@@ -21,13 +21,15 @@ from torchlean_bridge.ops import Shape
 from torchlean_bridge.roles import Step, Transform
 
 from ..builder import GraphBuilder
+from ..errors import NotLowerable
 
 __all__ = ["Const", "OnnxContext", "NodeUnsupported", "Value", "attr_value",
            "unsupported_error"]
 
 
-class NodeUnsupported(BridgeError):
-    """A handler cannot lower this node exactly (collected, reported with all others at once).
+class NodeUnsupported(NotLowerable):
+    """A handler cannot lower this node exactly (collected, reported with all others at once): the
+    importers' shared ``NotLowerable``, with the tensors that would make it lowerable.
 
     ``needs`` names the ONNX tensors that would let it lower if they were known at import time
     (``import_onnx(..., constants=...)`` binds graph inputs; the ONNX backend binds them itself).

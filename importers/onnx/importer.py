@@ -28,7 +28,9 @@ from torchlean_bridge.passes.canonicalize import canonical_kinds
 
 from . import ops_math, ops_nn, ops_tensor
 from ..builder import GraphBuilder
+from ..errors import add_node_note
 from .checks import DEFAULT_DOMAINS, check_model, newest_opset
+from .external import is_external, mapped_array
 from .context import Const, NodeUnsupported, OnnxContext, unsupported_error
 from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
 from .inputs import InputShapes, bound_constants, check_tensor_type, element_type_name, static_input_shapes
@@ -64,9 +66,37 @@ def load_model(path_or_model: Any) -> Any:
     raise BridgeError(f"ONNX import: expected a path, bytes or onnx.ModelProto, got {type(path_or_model).__name__}")
 
 
-def _initializer_array(t: Any) -> np.ndarray:
-    """An initializer's values; external data that cannot be read is a BridgeError naming it."""
+def _read_model(path_or_model: Any) -> tuple[Any, Path | None]:
+    """The model and, when read from a path, its folder; external data stays on disk (mapped later)."""
+    if isinstance(path_or_model, (str, os.PathLike)):
+        import onnx
+        path = Path(path_or_model)
+        if not path.is_file():
+            raise BridgeError(f"ONNX import: no such file: {path}")
+        try:
+            return onnx.load(str(path), load_external_data=False), path.parent
+        except Exception as e:  # noqa: BLE001 - protobuf raises several unrelated types
+            raise BridgeError(f"ONNX import: cannot read {path}: {e}") from None
+    return load_model(path_or_model), None
+
+
+def _initializer_array(t: Any, base: Path | None) -> np.ndarray:
+    """An initializer's values (external data memory-mapped from ``base``); data that cannot be read
+    is a BridgeError naming it."""
     from onnx import numpy_helper
+    if is_external(t) and base is not None:
+        mapped = mapped_array(t, base)
+        if mapped is not None:
+            return mapped
+        from onnx.external_data_helper import load_external_data_for_tensor
+        t = type(t).FromString(t.SerializeToString())
+        try:
+            load_external_data_for_tensor(t, str(base))
+        except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
+            raise BridgeError(f"ONNX import: cannot read initializer `{t.name}` (external data): "
+                              f"{type(e).__name__}: {e}"[:400]) from None
+        t.data_location = 0
+        del t.external_data[:]
     try:
         return numpy_helper.to_array(t)
     except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
@@ -172,7 +202,7 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     follows from them folds. ``max_elements`` caps every node's size and every import-time fold,
     checked before computing it.
     """
-    model = load_model(path_or_model)
+    model, base = _read_model(path_or_model)
     opset = check_model(model)
     model, opset, notes = _upgraded(model, opset)
     graph = model.graph
@@ -191,7 +221,7 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     ctx.onnx_types = onnx_types
     ctx.graph_inputs = {vi.name for vi in free_inputs}
     for t in graph.initializer:
-        ctx.values[t.name] = Const(_initializer_array(t), key=t.name)
+        ctx.values[t.name] = Const(_initializer_array(t, base), key=t.name)
     for name, value in bound.items():
         ctx.values[name] = Const(value, initializer=False)
     for vi in free_inputs:
@@ -245,7 +275,7 @@ def _lower_nodes(ctx: OnnxContext, graph: Any) -> list[dict]:
             continue
         try:
             outs = _lower_one(ctx, node)
-        except BridgeError as e:  # NodeUnsupported, or a shape rule rejecting the lowered operands
+        except BridgeError as e:  # NotLowerable, or a shape rule rejecting the lowered operands
             needs = getattr(e, "needs", ())
             problems.append({**item, "reason": _reason(ctx, node, e), **({"needs": list(needs)} if needs else {})})
             poisoned.update(node.output)
@@ -295,7 +325,13 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
     if problem is not None:
         raise NodeUnsupported(problem)
     start = len(ctx.b.nodes)
-    outs = handler(ctx)
+    try:
+        outs = handler(ctx)
+    except BridgeError:
+        raise
+    except Exception as e:  # a bug in a handler: keep its traceback, say which node it met
+        add_node_note(e, f"ONNX node `{node.name or node.output[0]}` ({node.op_type}, opset {ctx.opset})")
+        raise
     for name, value in zip(node.output, outs):
         if name and isinstance(value, int) and value >= start:
             ctx.retag(value, name)

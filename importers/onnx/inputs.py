@@ -95,7 +95,8 @@ def _given_shapes(graph_inputs: list[Any], input_shapes: InputShapes) -> dict[st
     if input_shapes is None:
         return {}
     if isinstance(input_shapes, (str, bytes)):
-        raise BridgeError(f"ONNX import: input_shapes must be a mapping or a list of shapes, got {input_shapes!r}"[:200])
+        raise BridgeError(f"ONNX import: input_shapes must be a mapping or a list of shapes, "
+                          f"got {input_shapes!r}"[:200])
     shapes = list(input_shapes)
     if len(shapes) != len(graph_inputs):
         raise BridgeError(f"ONNX import: {len(shapes)} input shapes given for {len(graph_inputs)} inputs")

@@ -276,14 +276,10 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
             and a.dtype == b.dtype)
 
 
-def bind_aliases(bundle: Bundle, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Tied parameters: keys sharing one tensor are bound to every use of that tensor.
-
-    torch.export names a tied tensor once, FX by whichever attribute the code read; either way each
-    key of the tie ends up with one binding per use, so ``roles.uses(key)`` lists all of them and
-    both importers give the same role map.
-    """
-    from torchlean_bridge.roles import Binding, RoleMap
+def bind_aliases(bundle: Bundle, state_dict: Mapping[str, torch.Tensor]) -> Bundle:
+    """Tied parameters: the keys sharing one tensor (by storage), bound to every use of it by
+    ``passes.bind_tied_weights``."""
+    from torchlean_bridge.passes import bind_tied_weights
     groups: list[list[str]] = []
     for key, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
@@ -293,19 +289,5 @@ def bind_aliases(bundle: Bundle, state_dict: Mapping[str, torch.Tensor]) -> None
             groups.append([key])
         else:
             group.append(key)
-    tied = [g for g in groups if len(g) > 1 and any(k in bundle.roles for k in g)]
-    if not tied:
-        return
-    members = {k for g in tied for k in g}
-    bindings = [b for b in bundle.roles.bindings() if b.key not in members]
-    for group in tied:
-        uses = sorted({(b.node, b.role, b.transform) for k in group for b in bundle.roles.uses(k)},
-                      key=lambda u: (u[0], u[1], u[2] or ""))
-        bindings += [Binding(k, node, role, transform) for k in group for node, role, transform in uses]
-    bundle.roles = RoleMap(bindings)
-    unused = [k for k in bundle.report.get("unused_tensors", []) if k not in members]
-    if unused:
-        bundle.report["unused_tensors"] = unused
-    else:
-        bundle.report.pop("unused_tensors", None)
-    bundle.report["tied_tensors"] = [sorted(g) for g in tied]
+    report = {**bundle.report, "tied_tensors": [g for g in groups if len(g) > 1]}
+    return bind_tied_weights(Bundle(bundle.graph, bundle.payload, bundle.roles, report))[0]

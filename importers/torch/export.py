@@ -61,5 +61,5 @@ def import_export(module_or_exported_program: torch.nn.Module | ExportedProgram,
     bundle = cx.finish(outputs, {"framework": "export", "decomposed": bool(decompose),
                                  "model": type(module).__name__ if module is not None else "ExportedProgram"})
     if module is not None:
-        bind_aliases(bundle, module.state_dict())
+        bundle = bind_aliases(bundle, module.state_dict())
     return bundle

@@ -120,7 +120,7 @@ def _import_fx(module: torch.nn.Module, example_inputs: Sequence[Any] | Any, max
         outputs = cx.run(gm.graph, seeds)
     cx.unused_keys = set(keys)
     bundle = cx.finish(outputs, {"framework": "fx", "model": type(module).__name__})
-    bind_aliases(bundle, module.state_dict())
+    bundle = bind_aliases(bundle, module.state_dict())
     return bundle
 
 

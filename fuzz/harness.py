@@ -603,6 +603,21 @@ def cli_case(base: list[list[str]], f: dict[str, str], rng: random.Random) -> Ca
     return Case("cli", argv, label=" ".join(argv)[:120])
 
 
+def innermost_project_file(traceback_text: str) -> str:
+    """The repository path of the innermost project frame in a traceback ("" if none)."""
+    import re
+    frames = re.findall(r'File "([^"]+)", line \d+', traceback_text)
+    for f in reversed(frames):
+        rel = Path(f)
+        try:
+            rel = rel.resolve().relative_to(ROOT)
+        except ValueError:
+            continue
+        if not str(rel).startswith("fuzz/"):
+            return str(rel)
+    return ""
+
+
 def run_cases(worker: Worker, cases: Iterable[Case], on_result: Callable[[Result], None] | None = None) -> Counter:
     counts: Counter = Counter()
     for case in cases:

@@ -27,6 +27,7 @@ from torchlean_bridge.ops import fmt_shape
 from torchlean_bridge.passes.canonicalize import canonical_kinds
 
 from . import ops_math, ops_nn, ops_tensor
+from .breadth import BREADTH_MODULES  # issue #15's handlers, one module per family
 from ..builder import GraphBuilder
 from ..errors import add_node_note
 from .checks import DEFAULT_DOMAINS, check_model, newest_opset
@@ -39,9 +40,11 @@ from .opsets import upgrade, upgrade_target, version_problem
 
 __all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
 
-HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS}
+HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS,
+            **{op: h for m in BREADTH_MODULES for op, h in m.HANDLERS.items()}}
 # what the handlers emit, after builder.finish's canonicalization (torchlean_bridge.passes.canonicalize)
-EMITTED_KINDS: frozenset[str] = canonical_kinds({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS | ops_nn.EMITS)
+EMITTED_KINDS: frozenset[str] = canonical_kinds({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS | ops_nn.EMITS
+                                                 | {k for m in BREADTH_MODULES for k in m.EMITS})
 MIN_OPSET, MAX_OPSET = 1, newest_opset()  # every opset the installed onnx defines
 
 

@@ -37,9 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PRESETS = {
     "check": (["torchlean_bridge/check.py"], ["tests/test_check_errors.py", "tests/test_core_seed.py"]),
-    "interval": (["semantics/interval.py", "semantics/interval_unary.py", "semantics/interval_arith.py",
-                  "semantics/interval_nonlinear.py", "semantics/interval_affine.py", "semantics/interval_round.py"],
-                 ["tests/test_interval_tightness.py", "tests/test_interval.py"]),
+    "interval": (["semantics/interval.py", "semantics/interval_arith.py", "semantics/interval_round.py",
+                  "semantics/rules/activations.py", "semantics/rules/softmax.py", "semantics/rules/normalization.py",
+                  "semantics/rules/affine.py", "semantics/rules/reductions.py", "semantics/rules/elementwise.py"],
+                 ["tests/test_interval_tightness.py", "tests/test_interval_edges.py", "tests/test_interval.py"]),
     "audit": (["torchlean_bridge/app/audit.py"], ["tests/test_audit.py"]),
 }
 

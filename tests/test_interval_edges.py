@@ -205,3 +205,80 @@ def test_prelu_and_where_and_compare_on_two_input_boxes_broadcast():
     for a, b, wa, wb in zip(lo, hi, want_lo, want_hi):
         assert abs(Fraction(a) - wa) <= Fraction(1e-15) and abs(Fraction(b) - wb) <= Fraction(1e-15)
         assert Fraction(a) <= wa and wb <= Fraction(b)
+
+
+def _cancelling_rows(n: int = 6) -> np.ndarray:
+    """Rows whose float dot products with ones lose the small terms: 1e16 + 1 - 1e16 + ... ."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for _ in range(n):
+        big = 10.0 ** rng.integers(15, 18)
+        row = np.array([big, 1.0, -big, 0.75, 3.0 * big, -3.0 * big, 1e-3, 0.5])
+        rows.append(rng.permutation(row))
+    return np.array(rows)
+
+
+def test_affine_rounding_margins_cover_catastrophic_cancellation():
+    """The exact images of point boxes whose float sums cancel: the gamma_n (|W| |c| + |b|) term is what
+    keeps them inside (a margin cut by a constant factor or by |c| leaves them out)."""
+    x = _cancelling_rows()
+    w = np.vstack([np.ones(8), np.linspace(-1, 1, 8), (-1.0) ** np.arange(8)])
+    b = np.array([0.1, -0.3, 1e16])
+    exact_of = lambda xs, ws, bs: [[sum(Fraction(v) * Fraction(u) for v, u in zip(row, wr)) + Fraction(bb)  # noqa: E731
+                                    for wr, bb in zip(ws, bs)] for row in xs]
+    lin = Net()
+    lin.add("linear", [lin.input(x.shape)], shape=(x.shape[0], 3), weight=w, bias=b)
+    mm = Net()
+    mm.add("matmul", [mm.input(x.shape), mm.add("const", [], {}, shape=(8, 3), values=w.T)])
+    conv = Net()
+    conv.add("conv", [conv.input((1, 8))], dict(spatial_rank=1, kernel=[8], stride=[1], padding=[0], padding_after=[0],
+                                                dilation=[1], groups=1, channel_axis=0, in_channels=1, out_channels=3),
+             weight=w.reshape(3, 1, 8), bias=b)
+    for net, bias in ((lin, b), (mm, np.zeros(3))):
+        lo, hi = net.boxes(x, x)[-1]
+        for r, row in enumerate(exact_of(x, w, bias)):
+            for j, e in enumerate(row):
+                assert Fraction(lo[r, j]) <= e <= Fraction(hi[r, j]), (net.nodes[-1].kind, r, j)
+    for row in x:
+        lo, hi = conv.boxes(row[None, :], row[None, :])[-1]
+        for j, e in enumerate(exact_of([row], w, b)[0]):
+            assert Fraction(lo[j, 0]) <= e <= Fraction(hi[j, 0]), ("conv", j)
+    pool = unary_net("avg_pool", (1, 8), dict(spatial_rank=1, kernel=[8], stride=[1], padding=[0]))
+    for row in x:
+        lo, hi = pool.boxes(row[None, :], row[None, :])[-1]
+        e = sum(Fraction(v) for v in row) / 8
+        assert Fraction(lo[0, 0]) <= e <= Fraction(hi[0, 0])
+
+
+def test_safe_log_refuses_an_eps_box_reaching_below_zero_and_accepts_one_above():
+    net = Net()
+    net.add("safe_log", [net.input((2, 3)), net.input(())])
+    with pytest.raises(IntervalError) as e:
+        net.boxes([np.zeros((2, 3)), np.array(-1.0)], [np.ones((2, 3)), np.array(0.5)])
+    assert str(e.value) == ("interval: node 2 (safe_log): safe_log: softplus(x) + eps may be <= 0 "
+                            "(eps box reaches 0 or below)")
+    lo, hi = net.boxes([np.full((2, 3), -30.0), np.array(1e-3)], [np.zeros((2, 3)), np.array(1e-3)])[2]
+    assert np.all(lo <= math.log(1e-3 + math.log1p(math.exp(-30.0)))) and np.all(hi >= math.log(1e-3 + math.log(2)))
+
+
+def test_linear_over_an_empty_input_axis_is_its_bias():
+    net = Net()
+    net.add("linear", [net.input((2, 0))], shape=(2, 3), weight=np.zeros((3, 0)), bias=np.array([1.0, -2.0, 0.5]))
+    lo, hi = net.boxes(np.zeros((2, 0)), np.zeros((2, 0)))[-1]
+    bias = np.array([[1.0, -2.0, 0.5]] * 2)
+    assert np.all(lo <= bias) and np.all(bias <= hi) and np.max(hi - lo) <= 1e-14
+
+
+def test_interval_bounds_checks_the_graph_first():
+    from torchlean_bridge.errors import GraphError
+    from torchlean_bridge.graph import Graph, Node
+    import torchlean_bridge as tlb
+    g = Graph([Node(0, [], "input", (2,)), Node(1, [0], "relu", (3,))])
+    with pytest.raises(GraphError, match=r"^IR graph: node 1: outShape mismatch: inferred=\[2\], declared=\[3\]"):
+        tlb.interval_bounds(g, None, np.zeros(2), np.zeros(2))
+    from semantics.interval import IntervalPropagator
+    with pytest.raises(GraphError):
+        IntervalPropagator(g, None)
+    ok = Graph([Node(0, [], "input", (2,)), Node(1, [0], "relu", (2,)), Node(2, [1], "neg", (2,))])
+    boxes = IntervalPropagator(ok, None)(np.array([-1.0, 2.0]), np.array([1.0, 3.0]))
+    assert len(boxes) == 3 and boxes[2][0].tolist() == [-1.0, -3.0] and boxes[2][1].tolist() == [0.0, -2.0]

@@ -15,7 +15,7 @@ import numpy as np
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS, check_size
 from torchlean_bridge.errors import BridgeError, ShapeRuleError
-from torchlean_bridge.graph import Graph, Node, Source
+from torchlean_bridge.graph import Graph, Node, Source, normalized_attrs
 from torchlean_bridge.ops import BOOL, FLOAT, INT64, REGISTRY, Shape, fmt_shape
 from torchlean_bridge.ops.contracts import broadcast_shapes
 from torchlean_bridge.payload import Payload
@@ -70,12 +70,13 @@ class GraphBuilder:
             raise BridgeError(f"builder: unknown op kind `{kind}`")
         nid = len(self.nodes)
         src = self._source(source)
-        probe = Node(nid, parents, kind, tuple(shape) if shape is not None else (), attrs or {}, source=src)
+        probe_shape = tuple(int(d) for d in shape) if shape is not None else ()
+        node_attrs = normalized_attrs(kind, attrs or {}, probe_shape)
         parent_shapes = [self.nodes[p].out_shape for p in parents]
         parent_types = [self.nodes[p].dtype for p in parents]
         try:
-            inferred = tuple(spec.infer(probe.attrs, parent_shapes, probe.out_shape))
-            etype = spec.element_type(probe.attrs, parent_types, dtype or FLOAT)
+            inferred = tuple(spec.infer(node_attrs, parent_shapes, probe_shape))
+            etype = spec.element_type(node_attrs, parent_types, dtype or FLOAT)
         except ShapeRuleError as e:
             raise BridgeError(f"{self.framework} import: node {nid} ({kind}"
                               f"{', ' + str(src) if src else ''}): {e.message}", node=nid, op=kind,
@@ -85,7 +86,9 @@ class GraphBuilder:
             self.notes.append(f"node {nid} ({kind}): framework shape {fmt_shape(declared)} differs from the rule's "
                               f"{fmt_shape(inferred)}")
         check_size(declared, self.max_elements, f"{self.framework} import: node {nid} ({kind})")
-        self.nodes.append(Node(nid, parents, kind, declared, probe.attrs, dtype=dtype or etype, source=src))
+        if kind == "const" and (attrs or {}).get("value_shape") is None:
+            node_attrs["value_shape"] = declared
+        self.nodes.append(Node(nid, parents, kind, declared, node_attrs, dtype=dtype or etype, source=src))
         return nid
 
     def input(self, shape: Sequence[int], dtype: str = FLOAT,

@@ -512,6 +512,16 @@ def timm_vit() -> Made:
     return model, (_x(1, 3, 32, 32),)
 
 
+def hf_roberta() -> Made:
+    """Position ids from a running count of the non-padding tokens (integer cumsum and arithmetic)."""
+    from transformers import RobertaConfig, RobertaModel
+    cfg = RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        vocab_size=100, max_position_embeddings=64)
+    ids = torch.randint(2, 100, (2, 8))
+    ids[1, -3:] = cfg.pad_token_id
+    return _HFWrap(RobertaModel(cfg)), (ids,)
+
+
 REAL_ARCHITECTURES = ("tv_alexnet", "tv_resnet18", "tv_mobilenet_v3", "tv_efficientnet", "tv_convnext", "tv_swin",
                       "tv_maxvit", "timm_levit", "timm_vit")
 
@@ -556,6 +566,8 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
 # (tests/test_import_torch_real.py); kept out of CASES, whose routes include the ONNX round trips
 REAL: dict[str, ZooCase] = {name: ZooCase(name, globals()[name], slow=True, tags=("real",))
                             for name in REAL_ARCHITECTURES}
+REAL["hf_roberta"] = ZooCase("hf_roberta", hf_roberta, fx=False, slow=True, tags=("real", "transformers"))
+REAL["hf_bert"] = ZooCase("hf_bert", hf_bert, fx=False, slow=True, tags=("real", "transformers"))
 
 
 def cases(importer: str | None = None, slow: bool | None = None, tag: str | None = None) -> list[ZooCase]:

@@ -200,3 +200,39 @@ def test_unsupported_targets_point_at_the_models_line():
         tlb.import_fx(nn.Sequential(nn.Linear(3, 3), Unsupported()).eval(), (torch.randn(2, 3),))
     line = Unsupported.forward.__code__.co_firstlineno + 1
     assert f"test_import_torch_behaviour.py:{line}" in str(info.value), str(info.value)
+
+
+class PositionIds(nn.Module):
+    """RoBERTa's position ids: a running count of the non-padding tokens, offset by the padding id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = nn.Embedding(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids.ne(1).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask
+        return self.positions(positions.long() + 1)
+
+
+IDS = torch.tensor([[5, 7, 9, 2, 1, 1], [3, 1, 4, 1, 5, 9]])
+
+
+@pytest.mark.parametrize("via", ["export", "decomposed"])
+def test_integer_running_sums_and_arithmetic_are_exact(via):
+    module = PositionIds().eval()
+    bundle = tlb.import_export(module, (IDS,), decompose=via == "decomposed")
+    _close(bundle, module, IDS)
+    (lo, hi), = tlb.interval_bounds(bundle.graph, bundle.payload, [IDS.numpy()], [IDS.numpy()], all_nodes=False)
+    want = module(IDS).detach().double().numpy()
+    assert np.all(lo <= want) and np.all(want <= hi) and float(np.max(hi - lo)) < 1e-6  # point indices stay points
+
+
+class UnboundedIntegers(nn.Module):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return (ids * ids + 1).float()
+
+
+def test_integer_arithmetic_without_a_proven_range_is_refused():
+    with pytest.raises(UnsupportedError, match=r"product of int64 values whose range is not known at import"):
+        tlb.import_export(UnboundedIntegers().eval(), (IDS,))

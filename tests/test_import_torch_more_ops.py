@@ -175,6 +175,11 @@ CASES: dict[str, tuple[Any, ...]] = {
     "take_along_dim": (lambda s, x: torch.take_along_dim(x, x.argmax(1, keepdim=True), 1), X3, ("fx", "export")),
     "row_wise_index": (lambda s, x: (x[torch.arange(3), x[:, :, 0].argmax(-1)],
                                      x[:, torch.arange(4), x[0, :, :4].argmax(0)]), X3, ("fx", "export")),
+    # integer running sums and arithmetic, exact on floats for ranges proven at import
+    "integer_cumsum": (lambda s, x: ((x > 0).long().cumsum(1) * 3 - torch.cumsum(x < 0, -1)).float(), X3, D),
+    # strided views of contiguous tensors (what decompositions leave of pooling)
+    "as_strided": (lambda s, x: (torch.as_strided(x * 2, (3, 4), (4, 1), 2), torch.as_strided(x + 1, (2, 3), (1, 6)),
+                                 F.adaptive_avg_pool2d(x, 1)), X3.reshape(2, 3, 12), ("export", "decomposed")),
     # adaptive pooling whose output size does not divide the input: PyTorch's variable windows
     "adaptive_avg_variable_windows": (lambda s, x: (F.adaptive_avg_pool2d(x, (3, 5)), F.adaptive_avg_pool1d(x[0], 4),
                                                     F.adaptive_avg_pool2d(x[:, :, :1, :1], 3)), X4, D),
@@ -342,7 +347,8 @@ REFUSED: dict[str, tuple[Any, ...]] = {
                      "sort indices"),
     "two_index_tensors_not_row_wise": (lambda s, x: x[torch.tensor([0, 2]), x[0, :2, 0].argmax(0, keepdim=True)], X3,
                                        ("fx", "export"), "getitem|index", "only x[..., arange(n), j]"),
-    "integer_cumsum": (lambda s, x: (x > 0).long().cumsum(1), X3, ("fx", "export"), "cumsum", "integer"),
+    "integer_cumsum_unbounded": (lambda s, x: (x * 100).long().cumsum(1), X3, ("fx", "export"), "cumsum",
+                                 "running sum of int64 values whose range is not known at import"),
     "integer_prod": (lambda s, x: (x > 0).long().prod(1), X3, ("fx", "export"), "prod", "integer"),
 }
 

@@ -56,13 +56,18 @@ def test_float64_models_evaluate_and_answer_in_float64():
     assert backend.prepare(m).dtype == "float64" and tlb.import_onnx(m).report["precision"] == "float64"
 
 
-def test_outputs_have_the_models_integer_types_and_never_wrap():
-    m = _model([N("Cast", ["x"], ["y"], to=TP.INT32)], [("x", TP.FLOAT, [3])], [("y", TP.INT32, [3])])
+def test_outputs_have_the_models_integer_types_and_narrowing_casts_never_wrap():
+    m = _model([N("Cast", ["x"], ["y"], to=TP.INT64)], [("x", TP.FLOAT, [3])], [("y", TP.INT64, [3])])
     (y,) = backend.run_model(m, [np.array([1.5, -2.5, 7.0], np.float32)])
-    assert y.dtype == np.int32 and y.tolist() == [1, -2, 7]
-    m = _model([N("Identity", ["x"], ["y"])], [("x", TP.INT64, [2])], [("y", TP.UINT8, [2])])
+    assert y.dtype == np.int64 and y.tolist() == [1, -2, 7]
+    m = _model([N("ArgMax", ["x"], ["i"], axis=0), N("Cast", ["i"], ["y"], to=TP.UINT8)], [("x", TP.FLOAT, [300])],
+               [("y", TP.UINT8, [1])])
+    with pytest.raises(UnsupportedError, match="cast of a computed int64 tensor to uint8: values outside uint8 wrap"):
+        backend.run_model(m, [np.zeros(300, np.float32)])
+    from torchlean_bridge.app.onnx_backend import _output_array
+    assert _output_array(np.array([3, 200]), TP.UINT8, "y").dtype == np.uint8
     with pytest.raises(tlb.BridgeError, match=r"output `y` holds values in \[3, 300\], outside uint8"):
-        backend.run_model(m, [np.array([3, 300])])
+        _output_array(np.array([3, 300]), TP.UINT8, "y")
 
 
 def test_run_node_builds_a_one_node_model():
@@ -240,3 +245,15 @@ def test_external_data_outside_the_model_folder_is_refused(tmp_path):
     onnx.save(m, str(tmp_path / "short.onnx"))
     with pytest.raises(tlb.BridgeError, match=r"length 12 do not hold \[64, 32\] x float32"):
         tlb.import_onnx(tmp_path / "short.onnx")
+
+
+def test_layer_normalization_mean_and_inv_std_dev_outputs_match_onnx_reference():
+    m = _model([N("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"], axis=1, epsilon=1e-3)],
+               [("x", TP.FLOAT, [2, 3, 4])], [("y", TP.FLOAT, None), ("mean", TP.FLOAT, None),
+                                              ("inv", TP.FLOAT, None)],
+               [("s", np.full((3, 4), 2.0, np.float32)), ("b", np.full((3, 4), 0.5, np.float32))])
+    x = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+    ours = backend.run_model(m, [x])
+    for a, r in zip(ours, _reference(m, {"x": x})):
+        assert a.shape == r.shape
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)

@@ -184,6 +184,10 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
     c["Pad_opset13_inputs"] = model([N("Pad", ["x", "p", "v"], ["y"])], [("x", [2, 3])], ["y"],
                                     [("p", i64(0, 1, 1, 2)), ("v", np.array(0.5, np.float32))])
     c["Pad_opset9_attrs"] = one("Pad", opset=9, pads=[1, 0, 0, 1], value=2.0)
+    c["Pad_opset9_edge"] = one("Pad", shape=(3, 4), opset=9, pads=[2, 0, 1, 3], mode="edge")
+    for mode in ("reflect", "edge", "wrap"):
+        c[f"Pad_opset19_{mode}"] = model([N("Pad", ["x", "p"], ["y"], mode=mode)], [("x", [3, 4])], ["y"],
+                                         [("p", i64(2, 1, 1, 3))], opset=19, ir_version=9)
     c["Pad_opset18_axes"] = model([N("Pad", ["x", "p", "", "a"], ["y"])], [("x", [2, 3])], ["y"],
                                   [("p", i64(1, 2)), ("a", i64(-1))], opset=18)
     c["ReduceSum_opset11_attr"] = one("ReduceSum", shape=(2, 3, 4), opset=11, axes=[1], keepdims=0)
@@ -517,12 +521,12 @@ def test_dynamic_batch_dimension_is_one_with_a_note_and_others_need_input_shapes
 def test_unsupported_ops_are_all_listed_at_once_with_names_and_opset() -> None:
     m = model([N("Mod", ["x", "x"], ["v"], name="top", fmod=1), N("Relu", ["v"], ["r"]),
                N("Hardmax", ["x"], ["h"], name="hm"), N("Pad", ["x", "p"], ["y"], name="pad", mode="reflect")],
-              [("x", [2, 3])], ["r", "h", "y"], [("k", i64(1)), ("p", i64(0, 1, 0, 1))], opset=13)
+              [("x", [2, 3])], ["r", "h", "y"], [("k", i64(1)), ("p", i64(0, -1, 0, 1))], opset=13)
     with pytest.raises(UnsupportedError) as e:
         tlb.import_onnx(m)
     msg = str(e.value)
     assert "3 node(s)" in msg and "node `top`, opset 13" in msg and "node `hm`, opset 13" in msg
-    assert "node `pad`, opset 13): mode=reflect" in msg
+    assert "node `pad`, opset 13): negative pads (before [0, -1], after [0, 1]) with mode=reflect" in msg
     assert [it["name"] for it in e.value.items] == ["top", "hm", "pad"]
 
 

@@ -4,6 +4,7 @@ graph it has nothing to do for exactly as it was."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import torchlean_bridge as tlb
 from importers.builder import GraphBuilder
@@ -107,3 +108,30 @@ def test_broadcasts_an_onnx_op_does_itself_are_absorbed_once() -> None:
     by_kind = {n.kind: n.id for n in bundle.graph if n.kind in ("add", "relu")}
     assert list(note.facts["operands"]) == [(by_kind["add"], 1)]
     assert note.facts["absorbed"] == {bundle.graph.nodes[by_kind["add"]].parents[1]}
+
+
+def test_a_graph_is_validated_once_and_carries_the_fact() -> None:
+    from torchlean_bridge.check import check
+    from torchlean_bridge.errors import GraphError
+    from torchlean_bridge.ops import REGISTRY
+    b = GraphBuilder("builder")
+    x = b.input((2, 3))
+    g = b.finish([b.add("relu", [b.add("tanh", [x])])]).graph
+    assert g.validated_under is not None  # finish validated it
+    calls = []
+    spec = REGISTRY["relu"]
+    rule = spec.infer
+    object.__setattr__(spec, "infer", lambda *a: calls.append(a) or rule(*a))
+    try:
+        check(g)
+        tlb.evaluate(g, None, [np.zeros((2, 3))])
+        tlb.interval_bounds(g, None, np.zeros((2, 3)), np.ones((2, 3)))
+        assert calls == []  # nothing re-ran the rules
+        check(g, max_elements=6)  # a smaller limit than the one it passed under is checked again
+        assert calls and g.validated_under == 6
+        with pytest.raises(GraphError, match="above the limit of 5"):
+            check(g, max_elements=5)
+    finally:
+        object.__setattr__(spec, "infer", rule)
+    same = tlb.Graph(g.nodes, g.inputs, g.outputs)
+    assert same == g and same.validated_under is None  # the fact belongs to the checked object

@@ -26,6 +26,8 @@ def _err(node: Node | None, message: str) -> GraphError:
 
 def check_size(shape: Shape, limit: int, where: str) -> None:
     """Refuse a declared shape before anything of that size could be allocated."""
+    if any(d < 0 for d in shape):
+        raise GraphError(f"{where}: declared shape {fmt_shape(shape)} has a negative extent")
     n = numel(shape)
     if n > limit:
         raise GraphError(f"{where}: declared shape {fmt_shape(shape)} has {n} elements, "
@@ -117,7 +119,20 @@ def _shape_errors(g: Graph, broken: set[int], max_elements: int) -> tuple[list[G
     return errors, inferred
 
 
+def _validated(g: Graph, max_elements: int) -> bool:
+    """Whether ``check`` already passed ``g`` under this element limit or a smaller one."""
+    limit = getattr(g, "validated_under", None)
+    return limit is not None and max_elements >= limit
+
+
+def _mark_validated(g: Graph, max_elements: int) -> None:
+    limit = getattr(g, "validated_under", None)
+    object.__setattr__(g, "validated_under", max_elements if limit is None else min(limit, max_elements))
+
+
 def check_well_formed(g: Graph, collect: bool = False) -> list[GraphError]:
+    if getattr(g, "validated_under", None) is not None:
+        return []
     errors, _ = _structure_errors(g)
     if errors and not collect:
         raise errors[0]
@@ -126,15 +141,23 @@ def check_well_formed(g: Graph, collect: bool = False) -> list[GraphError]:
 
 def check(g: Graph, collect: bool = False, max_elements: int | None = None) -> list[GraphError]:
     """Well-formedness then shapes. Raises the first problem, or returns all of them with collect.
-    ``max_elements`` (default: the current ``element_limit``) caps declared shapes and op buffers."""
+    ``max_elements`` (default: the current ``element_limit``) caps declared shapes and op buffers.
+
+    A graph that passes carries that fact (``Graph.validated_under``, the limit it passed under), so
+    the evaluator, the bound propagators and the runners calling ``check`` again on the same graph do
+    not re-run the rules (a graph is immutable)."""
+    limit = current_element_limit() if max_elements is None else max_elements
+    if _validated(g, limit):
+        return []
     structural, broken = _structure_errors(g)
     if structural and not collect:
         raise structural[0]
-    limit = current_element_limit() if max_elements is None else max_elements
     with element_limit(limit):
         shape_errors, _ = _shape_errors(g, broken, limit)
     if shape_errors and not collect:
         raise shape_errors[0]
+    if not structural and not shape_errors:
+        _mark_validated(g, limit)
     return structural + shape_errors
 
 
@@ -145,6 +168,8 @@ check_shapes = check
 
 def infer_shapes(g: Graph) -> list[Shape]:
     """The shapes the rules infer for every node; raises on the first problem."""
+    if _validated(g, current_element_limit()):
+        return [n.out_shape for n in g.nodes]  # validation found every declared shape equal to the rule's
     structural, broken = _structure_errors(g)
     if structural:
         raise structural[0]

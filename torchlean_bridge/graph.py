@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from .ops import FLOAT, REGISTRY, OpSpec, Shape
 
-__all__ = ["Source", "Node", "Graph", "freeze_attr"]
+__all__ = ["Source", "Node", "Graph", "freeze_attr", "normalized_attrs"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,16 @@ def freeze_attr(value: Any) -> Any:
     return value
 
 
+def normalized_attrs(kind: str, attrs: Mapping[str, Any], out_shape: Shape) -> dict[str, Any]:
+    """The registry's defaults, then ``attrs`` frozen (lists become tuples); a const's value_shape."""
+    spec = REGISTRY.get(kind)
+    out = dict(spec.defaults()) if spec else {}
+    out.update({k: freeze_attr(v) for k, v in dict(attrs).items()})
+    if kind == "const" and out.get("value_shape") is None:
+        out["value_shape"] = tuple(out_shape)
+    return out
+
+
 @dataclass(frozen=True, eq=True)
 class Node:
     id: int
@@ -72,12 +82,7 @@ class Node:
     def __post_init__(self) -> None:
         object.__setattr__(self, "parents", tuple(int(p) for p in self.parents))
         object.__setattr__(self, "out_shape", tuple(int(d) for d in self.out_shape))
-        spec = REGISTRY.get(self.kind)
-        attrs = dict(spec.defaults()) if spec else {}
-        attrs.update({k: freeze_attr(v) for k, v in dict(self.attrs).items()})
-        if self.kind == "const" and attrs.get("value_shape") is None:
-            attrs["value_shape"] = self.out_shape
-        object.__setattr__(self, "attrs", attrs)
+        object.__setattr__(self, "attrs", normalized_attrs(self.kind, self.attrs, self.out_shape))
 
     @property
     def spec(self) -> OpSpec | None:
@@ -94,6 +99,14 @@ class Node:
                 f"outShape={fmt_shape(self.out_shape)})")
 
     def with_(self, **changes: Any) -> "Node":
+        """A copy with ``changes``; moving a node (id, parents, source) skips re-normalizing its attributes."""
+        if changes.keys() <= {"id", "parents", "source"}:
+            node = object.__new__(Node)
+            for f in fields(Node):
+                object.__setattr__(node, f.name, changes.get(f.name, getattr(self, f.name)))
+            object.__setattr__(node, "id", int(node.id))
+            object.__setattr__(node, "parents", tuple(int(p) for p in node.parents))
+            return node
         return replace(self, **changes)
 
 
@@ -113,6 +126,9 @@ class Graph:
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "inputs", tuple(int(i) for i in inputs))
         object.__setattr__(self, "outputs", tuple(int(o) for o in outputs))
+        # the smallest element limit ``check`` passed this graph under (None: not yet validated);
+        # a graph is immutable, so a graph validated once stays valid (check.py reads this)
+        object.__setattr__(self, "validated_under", None)
 
     def __len__(self) -> int:
         return len(self.nodes)

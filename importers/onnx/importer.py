@@ -27,6 +27,7 @@ from torchlean_bridge.ops import fmt_shape
 from torchlean_bridge.passes.canonicalize import canonical_kinds
 
 from . import ops_math, ops_nn, ops_tensor
+from .breadth import BREADTH_MODULES  # issue #15's handlers, one module per family
 from ..builder import GraphBuilder
 from ..errors import add_node_note
 from .checks import DEFAULT_DOMAINS, check_model, newest_opset
@@ -39,9 +40,11 @@ from .opsets import upgrade, upgrade_target, version_problem
 
 __all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
 
-HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS}
+HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS,
+            **{op: h for m in BREADTH_MODULES for op, h in m.HANDLERS.items()}}
 # what the handlers emit, after builder.finish's canonicalization (torchlean_bridge.passes.canonicalize)
-EMITTED_KINDS: frozenset[str] = canonical_kinds({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS | ops_nn.EMITS)
+EMITTED_KINDS: frozenset[str] = canonical_kinds({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS | ops_nn.EMITS
+                                                 | {k for m in BREADTH_MODULES for k in m.EMITS})
 MIN_OPSET, MAX_OPSET = 1, newest_opset()  # every opset the installed onnx defines
 
 
@@ -314,7 +317,13 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
             return fold_node(ctx, node)
         except Exception as e:  # noqa: BLE001 - the reference evaluator raises assorted errors
             if node.op_type not in HANDLERS:
-                raise NodeUnsupported(f"cannot fold: {e}") from None
+                subgraphs = [a.name for a in node.attribute if a.type in (5, 10)]  # GRAPH, GRAPHS
+                if subgraphs:
+                    raise NodeUnsupported(f"control flow (subgraph attribute `{subgraphs[0]}`) has no IR op, and "
+                                          "it does not fold: its subgraphs read tensors computed at run time") \
+                        from None
+                raise NodeUnsupported(f"cannot fold (onnx's reference evaluator: {type(e).__name__}: {e})"[:300]) \
+                    from None
     shape_fold = fold_shape(ctx, node)
     if shape_fold is not None:
         return shape_fold

@@ -14,11 +14,13 @@ from typing import Any
 from torchlean_bridge.errors import BridgeError
 
 from . import ops_math, ops_nn, ops_tensor
+from .breadth import BREADTH_MODULES
 from .checks import DEFAULT_DOMAINS
 
 __all__ = ["OPSETS", "since_version", "upgrade_target", "upgrade", "version_problem"]
 
-OPSETS: dict[str, tuple[int, int]] = {**ops_math.OPSETS, **ops_tensor.OPSETS, **ops_nn.OPSETS}
+OPSETS: dict[str, tuple[int, int]] = {**ops_math.OPSETS, **ops_tensor.OPSETS, **ops_nn.OPSETS,
+                                      **{op: r for m in BREADTH_MODULES for op, r in m.OPSETS.items()}}
 
 
 def since_version(op: str, opset: int) -> int | None:

@@ -87,6 +87,7 @@ class Lowerer:
         self.module_prefix = ""  # set while inlining a submodule's exported program
         self.name_prefix = ""  # the node names' prefix there (the call's own name, for an inlined function)
         self.unused_keys: set[str] = set()
+        self.int_ranges: dict[int, tuple[int, int]] = {}  # int64 node id -> bounds proven at import
         # matmul nodes with an import-time right operand: (fx node, input, weight), for x @ W + b
 
     # -- provenance -----------------------------------------------------------------------------

@@ -66,10 +66,60 @@ def binary(kind: str, result: str | None = None):
         et = promote(cx, input, other)
         if result == "float":
             et = FLOAT
+        if et == INT64 and kind in INTEGER_ARITHMETIC:
+            return integer_arithmetic(cx, kind, input, other)
         a, b = cx.node(input, et), cx.node(other, et)
         return Sym(cx.builder.elementwise(kind, [a, b], source=cx.source()))
 
     return lower
+
+
+# -- integer arithmetic -----------------------------------------------------------------------------
+# The IR's arithmetic is float. An int64 sum, difference or product (RoBERTa's position ids: a
+# running count of the non-padding tokens) is computed on floats and converted back, which is exact
+# when every value involved is an integer of magnitude at most 2^24 (exact in float32 and float64):
+# the importer proves that from the operands' ranges (a bool is 0 or 1, a constant its own values,
+# a running sum of n entries n times their bound) and refuses where it cannot. ``round`` before the
+# conversion keeps interval boxes of these exact integers points.
+INTEGER_EXACT = 2 ** 24
+INTEGER_ARITHMETIC = {"add": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+                      "sub": lambda a, b: (a[0] - b[1], a[1] - b[0]),
+                      "mul_elem": lambda a, b: (min(x * y for x in a for y in b), max(x * y for x in a for y in b))}
+
+
+def integer_range(cx: Cx, v: Any) -> tuple[int, int] | None:
+    """Bounds of an integer or bool value known at import (None when unproven)."""
+    if isinstance(v, (bool, int)):
+        return int(v), int(v)
+    if isinstance(v, Sym):
+        return (0, 1) if cx.etype(v) == BOOL else cx.int_ranges.get(v.nid)
+    t = cx.known(v)
+    if t is None or t.is_floating_point() or t.is_complex():
+        return None
+    return (int(t.min()), int(t.max())) if t.numel() else (0, 0)
+
+
+def exact_integer(cx: Cx, value: Sym, bounds: tuple[int, int] | None, what: str) -> Sym:
+    """The int64 value of a float node computing an integer within ``bounds`` (refused unless they
+    are proven and within ``INTEGER_EXACT``)."""
+    if bounds is None:
+        raise NotLowerable(f"{what} of int64 values whose range is not known at import (the IR computes on "
+                           f"floats, exact for integers proven within +-2^24)")
+    if max(abs(bounds[0]), abs(bounds[1])) > INTEGER_EXACT:
+        raise NotLowerable(f"{what} of int64 values reaching {max(abs(bounds[0]), abs(bounds[1]))} (the IR computes "
+                           "on floats, exact for integers within +-2^24)")
+    out = cx.add("cast", [cx.add("round", [value.nid]).nid], {"dtype": INT64})
+    cx.int_ranges[out.nid] = bounds
+    return out
+
+
+def integer_arithmetic(cx: Cx, kind: str, input: Any, other: Any) -> Sym:
+    ra, rb = integer_range(cx, input), integer_range(cx, other)
+    bounds = INTEGER_ARITHMETIC[kind](ra, rb) if ra is not None and rb is not None else None
+    if bounds is not None and max(abs(x) for x in (*ra, *rb)) > INTEGER_EXACT:
+        bounds = (-INTEGER_EXACT - 1, INTEGER_EXACT + 1)  # an operand itself is beyond exact floats
+    value = Sym(cx.builder.elementwise(kind, [cx.node(input, FLOAT), cx.node(other, FLOAT)], source=cx.source()))
+    return exact_integer(cx, value, bounds, {"mul_elem": "product"}.get(kind, kind))
 
 
 _add, _sub, _mul, _div = binary("add"), binary("sub"), binary("mul_elem"), binary("div", "float")
@@ -346,7 +396,11 @@ def cast_to(cx: Cx, input: Any, dtype: torch.dtype | None) -> Any:
         return Known(input.tensor.to(dtype), folded=True)
     if cx.etype(input) == want:
         return input
-    return Sym(cx.node(input, want))
+    out = Sym(cx.node(input, want))
+    bounds = integer_range(cx, input) if want == INT64 and cx.etype(input) == BOOL else None
+    if bounds is not None:
+        cx.int_ranges[out.nid] = bounds
+    return out
 
 
 @lowers(aten="to.dtype to.dtype_layout to.device to.other _to_copy.default type_as.default", methods="to")

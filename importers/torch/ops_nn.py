@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
-from torchlean_bridge.ops.contracts import v1_pool_out_dim, window_out_dim
 
 from . import ops_elementwise as elementwise
 from . import ops_layout as layout
@@ -413,21 +412,10 @@ def avg_pool(r: int):
 
 def _pool(cx: Cx, which: str, r: int, input: Any, kernel: list[int], stride: list[int], padding: list[int],
           dilation: list[int], ceil_mode: bool, count_include_pad: bool) -> Sym:
-    spatial = cx.shape(input)[-r:]
-    exact_v1 = all(d == 1 for d in dilation) and (which == "max" or count_include_pad or not any(padding))
-    if exact_v1:
-        torch_out = [window_out_dim(spatial[i], kernel[i], stride[i], padding[i], padding[i], 1, ceil_mode)
-                     for i in range(r)]
-        v1_out = [v1_pool_out_dim(spatial[i], kernel[i], stride[i], padding[i]) for i in range(r)]
-        exact_v1 = torch_out == v1_out
-    x = cx.node(input, FLOAT)
-    if exact_v1:
-        return cx.add(f"{which}_pool", [x], {"spatial_rank": r, "kernel": kernel, "stride": stride,
-                                             "padding": padding})
-    return cx.add(f"{which}_pool_nd", [x], {"spatial_rank": r, "kernel": kernel, "stride": stride,
-                                            "padding": padding, "padding_after": padding, "dilation": dilation,
-                                            "ceil_mode": bool(ceil_mode),
-                                            "count_include_pad": bool(count_include_pad)})
+    """The general pool; passes.canonicalize makes it the v1 pool when v1's geometry is exact."""
+    return cx.add(f"{which}_pool_nd", [cx.node(input, FLOAT)],
+                  {"spatial_rank": r, "kernel": kernel, "stride": stride, "padding": padding, "padding_after": padding,
+                   "dilation": dilation, "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad)})
 
 
 def adaptive_pool(which: str, r: int, with_indices: bool = False):

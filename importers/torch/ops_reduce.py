@@ -13,7 +13,8 @@ from torchlean_bridge.ops import BOOL, FLOAT
 
 from .common import DataDependent, NotLowerable, Sym, normalize_axis, prod
 from .lowerer import Lowerer
-from .ops_elementwise import COMPARE, add, clamp, div, is_tensor, maximum, minimum, square, sub, unary, where
+from .ops_elementwise import (COMPARE, add, clamp, div, exact_integer, integer_range, is_tensor, maximum, minimum,
+                              square, sub, unary, where)
 from .ops_layout import reshape
 from .targets import lowers, register
 
@@ -320,9 +321,15 @@ def softmin(cx: Cx, input: Any, dim: int | None = None, _stacklevel: int = 3, dt
 
 @lowers(aten="cumsum.default", fx="torch.cumsum", methods="cumsum")
 def cumsum(cx: Cx, input: Any, dim: int, dtype: Any = None) -> Sym:
-    """torch.cumsum over a float tensor (an integer running sum has no IR op)."""
-    if dtype is not None and dtype not in (torch.float32, torch.float64):
+    """torch.cumsum: float running sums; an integer or bool tensor's (int64 in PyTorch) are computed
+    on floats and proven exact from the entries' range (``ops_elementwise.exact_integer``)."""
+    axis = normalize_axis(int(dim), cx.rank(input))
+    integer = cx.etype(input) != FLOAT and (dtype is None or not dtype.is_floating_point)
+    if dtype is not None and dtype not in (torch.float32, torch.float64) and not integer:
         raise NotLowerable(f"cumsum with dtype={dtype}")
-    if cx.etype(input) != FLOAT:
-        raise NotLowerable(f"cumsum of a {cx.etype(input)} tensor (integer running sums have no IR op)")
-    return cx.add("cumsum", [cx.node(input, FLOAT)], {"axis": normalize_axis(int(dim), cx.rank(input))})
+    total = cx.add("cumsum", [cx.node(input, FLOAT)], {"axis": axis})
+    if not integer:
+        return total
+    entries, n = integer_range(cx, input), cx.shape(input)[axis]
+    bounds = None if entries is None else (n * min(entries[0], 0), n * max(entries[1], 0))
+    return exact_integer(cx, total, bounds, "running sum")

@@ -1,0 +1,7 @@
+"""The handler modules issue #15 adds, one per op family; each has ``HANDLERS``, ``OPSETS`` and ``EMITS``
+like ops_math / ops_tensor / ops_nn, and the importer's tables merge them. A handler here may override
+an older module's handler for the same op type (the newer one lowers more forms exactly)."""
+
+from . import ops_cast, ops_index, ops_norm
+
+BREADTH_MODULES = (ops_cast, ops_index, ops_norm)

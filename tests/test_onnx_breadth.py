@@ -1,0 +1,177 @@
+"""Issue #15's ONNX ops (importers/onnx/ops_cast, ops_index, ops_norm, ...) against onnxruntime.
+
+Each case builds a small model with random data, imports it with tlb.import_onnx and evaluates it
+with tlb.evaluate; the result must equal onnxruntime's (bit-for-bit for data movement, within
+binary32 rounding for arithmetic). Forms that are not lowered exactly must be refused by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+import torchlean_bridge as tlb
+from torchlean_bridge.errors import UnsupportedError
+
+ort = pytest.importorskip("onnxruntime")
+N = helper.make_node
+RNG = np.random.default_rng(15)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=18):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+                          [onnx.numpy_helper.from_array(v, n) for n, v in inits])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _ours(m, feeds, **kw):
+    b = tlb.import_onnx(m, **kw)
+    names = b.report["inputs"]
+    return [np.asarray(v) for v in tlb.evaluate(b.graph, b.payload, [feeds[n] for n in names])]
+
+
+def _ort(m, feeds):
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _agree(m, feeds, exact=False, **kw):
+    for a, b in zip(_ours(m, feeds, **kw), _ort(m, feeds)):
+        assert a.shape == b.shape
+        if exact:
+            assert np.array_equal(a.astype(b.dtype), b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "wrap", "constant"])
+def test_pad_modes_gather_the_positions_onnxruntime_reads(mode):
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    pads = np.array([0, 1, 2, 3, 1, 0, 1, 2], np.int64)
+    m = _model([N("Pad", ["x", "p"], ["y"], mode=mode)], [("x", TP.FLOAT, x.shape)], [("y", TP.FLOAT, None)],
+               inits=[("p", pads)])
+    _agree(m, {"x": x}, exact=True)
+
+
+def test_pad_refuses_negative_pads_outside_constant_mode():
+    m = _model([N("Pad", ["x", "p"], ["y"], mode="edge")], [("x", TP.FLOAT, [4])], [("y", TP.FLOAT, None)],
+               inits=[("p", np.array([-1, 1], np.int64))])
+    with pytest.raises(UnsupportedError, match="negative pads"):
+        tlb.import_onnx(m)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_elements_with_constant_indices_follows_write_order(reduction):
+    data = RNG.standard_normal((4, 5)).astype(np.float32)
+    upd = RNG.standard_normal((3, 5)).astype(np.float32)
+    idx = np.array([[0, 1, 2, 3, 0], [1, 2, 3, 0, 1], [3, 3, 0, 1, 2]], np.int64)  # distinct per column
+    if reduction != "none":
+        idx = np.array([[0, 1, 1, 3, 0], [0, 1, 3, 0, 0], [0, 3, 1, 1, 2]], np.int64)  # repeated writes
+    m = _model([N("ScatterElements", ["d", "i", "u"], ["y"], axis=0, reduction=reduction)],
+               [("d", TP.FLOAT, data.shape), ("u", TP.FLOAT, upd.shape)], [("y", TP.FLOAT, None)],
+               inits=[("i", idx)])
+    _agree(m, {"d": data, "u": upd})
+
+
+def test_scatter_nd_blocks_and_repeated_adds():
+    data = RNG.standard_normal((4, 3, 2)).astype(np.float32)
+    idx = np.array([[[1], [3]], [[1], [-4]]], np.int64)
+    upd = RNG.standard_normal((2, 2, 3, 2)).astype(np.float32)
+    m = _model([N("ScatterND", ["d", "i", "u"], ["y"], reduction="add")],
+               [("d", TP.FLOAT, data.shape), ("u", TP.FLOAT, upd.shape)], [("y", TP.FLOAT, None)],
+               inits=[("i", idx)])
+    _agree(m, {"d": data, "u": upd})
+
+
+def test_scatter_refuses_repeated_positions_without_reduction_and_computed_indices():
+    m = _model([N("ScatterND", ["d", "i", "u"], ["y"])], [("d", TP.FLOAT, [4]), ("u", TP.FLOAT, [2])],
+               [("y", TP.FLOAT, None)], inits=[("i", np.array([[1], [1]], np.int64))])
+    with pytest.raises(UnsupportedError, match="repeat a position with reduction=none"):
+        tlb.import_onnx(m)
+    m = _model([N("ScatterND", ["d", "i", "u"], ["y"])],
+               [("d", TP.FLOAT, [4]), ("i", TP.INT64, [2, 1]), ("u", TP.FLOAT, [2])], [("y", TP.FLOAT, None)])
+    with pytest.raises(UnsupportedError, match="must be a constant known at import time"):
+        tlb.import_onnx(m)
+
+
+@pytest.mark.parametrize("opset,axis", [(11, -1), (11, 0), (9, 1)])
+def test_one_hot_matches_onnxruntime_including_negative_and_out_of_range(opset, axis):
+    idx = np.array([[0, -1, 3], [5, -6, 2]], np.int64)
+    m = _model([N("OneHot", ["i", "d", "v"], ["y"], axis=axis)], [("i", TP.INT64, idx.shape)],
+               [("y", TP.FLOAT, None)], inits=[("d", np.array(4, np.int64)), ("v", np.array([-2.0, 7.0], np.float32))],
+               opset=opset)
+    _agree(m, {"i": idx}, exact=True)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_arg_select_last_index_picks_the_last_of_ties(op, keepdims):
+    x = RNG.integers(0, 3, (3, 6)).astype(np.float32)  # many ties
+    m = _model([N(op, ["x"], ["y"], axis=1, keepdims=keepdims, select_last_index=1)],
+               [("x", TP.FLOAT, x.shape)], [("y", TP.INT64, None)])
+    _agree(m, {"x": x}, exact=True)
+
+
+def test_gather_nd_batch_dims():
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    idx = np.array([[[0, 1], [2, -1]], [[1, 0], [0, 3]]], np.int64)
+    m = _model([N("GatherND", ["x", "i"], ["y"], batch_dims=1)], [("x", TP.FLOAT, x.shape)],
+               [("y", TP.FLOAT, None)], inits=[("i", idx)])
+    _agree(m, {"x": x}, exact=True)
+
+
+def test_range_and_nonzero_fold_when_known_and_name_their_inputs_otherwise():
+    m = _model([N("Range", ["a", "b", "c"], ["y"])], [("a", TP.FLOAT, []), ("b", TP.FLOAT, []), ("c", TP.FLOAT, [])],
+               [("y", TP.FLOAT, None)])
+    with pytest.raises(UnsupportedError, match="Range.*must be constants known at import time") as e:
+        tlb.import_onnx(m)
+    assert e.value.items[0]["needs"] == ["a", "b", "c"]
+    b = tlb.import_onnx(m, constants={"a": np.float32(1), "b": np.float32(4), "c": np.float32(0.5)})
+    assert np.array_equal(tlb.evaluate(b.graph, b.payload, [])[0], np.arange(1, 4, 0.5, dtype=np.float32))
+    m = _model([N("NonZero", ["x"], ["y"])], [("x", TP.FLOAT, [3])], [("y", TP.INT64, None)])
+    with pytest.raises(UnsupportedError, match="NonZero.*must be constants"):
+        tlb.import_onnx(m)
+
+
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_rms_normalization(axis):
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    scale = RNG.standard_normal(x.shape[axis:] if axis >= 0 else x.shape[axis:]).astype(np.float32)
+    m = _model([N("RMSNormalization", ["x", "s"], ["y"], axis=axis, epsilon=1e-3)], [("x", TP.FLOAT, x.shape)],
+               [("y", TP.FLOAT, None)], inits=[("s", scale)], opset=23)
+    from onnx.reference import ReferenceEvaluator
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    np.testing.assert_allclose(_ours(m, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_layer_normalization_mean_and_inv_std_dev_outputs():
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    w, bias = RNG.standard_normal((3, 4)).astype(np.float32), RNG.standard_normal((3, 4)).astype(np.float32)
+    m = _model([N("LayerNormalization", ["x", "w", "b"], ["y", "mean", "inv"], axis=1)], [("x", TP.FLOAT, x.shape)],
+               [("y", TP.FLOAT, None), ("mean", TP.FLOAT, None), ("inv", TP.FLOAT, None)],
+               inits=[("w", w), ("b", bias)], opset=17)
+    for a, b in zip(_ours(m, {"x": x}), _ort(m, {"x": x})):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_selu_with_any_constants():
+    x = RNG.standard_normal((3, 4)).astype(np.float32) * 3
+    m = _model([N("Selu", ["x"], ["y"], alpha=2.5, gamma=0.75)], [("x", TP.FLOAT, x.shape)], [("y", TP.FLOAT, None)])
+    _agree(m, {"x": x})
+
+
+def test_cast_like_computed_and_constant_operands():
+    x = (RNG.standard_normal((5,)) * 10).astype(np.float32)
+    m = _model([N("CastLike", ["x", "t"], ["y"]), N("CastLike", ["c", "x"], ["k"]), N("Add", ["x", "k"], ["z"])],
+               [("x", TP.FLOAT, x.shape)], [("y", TP.INT64, None), ("z", TP.FLOAT, None)],
+               inits=[("t", np.array([1], np.int64)), ("c", np.array(3, np.int64))])
+    _agree(m, {"x": x}, exact=True)
+    m = _model([N("CastLike", ["x", "t"], ["y"])], [("x", TP.FLOAT, [2])], [("y", TP.FLOAT16, None)],
+               inits=[("t", np.array([1], np.float16))])
+    with pytest.raises(tlb.BridgeError, match="float16"):
+        tlb.import_onnx(m)

@@ -243,6 +243,25 @@ def test_affine_rounding_margins_cover_catastrophic_cancellation():
         lo, hi = conv.boxes(row[None, :], row[None, :])[-1]
         for j, e in enumerate(exact_of([row], w, b)[0]):
             assert Fraction(lo[j, 0]) <= e <= Fraction(hi[j, 0]), ("conv", j)
+    # the cancellation in the weights instead, at the centre 1 (a product that is exact, in a sum that is not)
+    ones, w2 = np.ones((2, 8)), _cancelling_rows(3)
+    lin2 = Net()
+    lin2.add("linear", [lin2.input((2, 8))], shape=(2, 3), weight=w2, bias=np.zeros(3))
+    lo, hi = lin2.boxes(ones, ones)[-1]
+    for j, e in enumerate(exact_of(ones[:1], w2, np.zeros(3))[0]):
+        assert Fraction(lo[0, j]) <= e <= Fraction(hi[0, j]) and Fraction(lo[1, j]) <= e <= Fraction(hi[1, j]), j
+    conv2 = Net()
+    conv2.add("conv", [conv2.input((1, 8))], dict(spatial_rank=1, kernel=[8], stride=[1], padding=[0],
+                                                  padding_after=[0], dilation=[1], groups=1, channel_axis=0,
+                                                  in_channels=1, out_channels=3),
+              weight=w2.reshape(3, 1, 8), bias=np.zeros(3))
+    mm2 = Net()
+    mm2.add("matmul", [mm2.input((2, 8)), mm2.add("const", [], {}, shape=(8, 3), values=w2.T)])
+    for j, e in enumerate(exact_of(ones[:1], w2, np.zeros(3))[0]):
+        lo, hi = conv2.boxes(ones[:1], ones[:1])[-1]
+        assert Fraction(lo[j, 0]) <= e <= Fraction(hi[j, 0]), ("conv", j)
+        lo, hi = mm2.boxes(ones, ones)[-1]
+        assert Fraction(lo[0, j]) <= e <= Fraction(hi[0, j]), ("matmul", j)
     pool = unary_net("avg_pool", (1, 8), dict(spatial_rank=1, kernel=[8], stride=[1], padding=[0]))
     for row in x:
         lo, hi = pool.boxes(row[None, :], row[None, :])[-1]

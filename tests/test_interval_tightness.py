@@ -225,9 +225,10 @@ def _two_input_box(kind, a, b, dtypes=("float", "float")):
     return net.boxes([a[0], b[0]], [a[1], b[1]])[2]
 
 
-# left box, right box per column: decided true / decided false / undecided / touching ends / equal points
-CMP_A = (np.array([0.0, 2.0, 0.0, 0.0, 1.0, 1.0]), np.array([1.0, 3.0, 2.0, 1.0, 1.0, 2.0]))
-CMP_B = (np.array([1.5, 0.0, 1.0, 1.0, 1.0, 5.0]), np.array([2.0, 1.0, 3.0, 4.0, 1.0, 6.0]))
+# left box, right box per column: decided true / decided false / undecided / touching ends / equal points /
+# disjoint / equal lower ends only / equal upper ends only / a point inside a box
+CMP_A = (np.array([0.0, 2.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.5]), np.array([1.0, 3.0, 2.0, 1.0, 1.0, 2.0, 2.0, 3.0, 1.5]))
+CMP_B = (np.array([1.5, 0.0, 1.0, 1.0, 1.0, 5.0, 1.0, 2.0, 1.0]), np.array([2.0, 1.0, 3.0, 4.0, 1.0, 6.0, 3.0, 3.0, 2.0]))
 
 
 def _exact_truth(op, a, b):

@@ -3,8 +3,9 @@ torch.fx and torch.export.
 
 Each import must evaluate in float32 within 1e-4 of the module's own output (relative to the
 output's scale), and ``diff`` against torch must agree on the route. Where the model's own Python is
-not symbolically traceable (transformers' encoders), fx refuses naming the cause and the line. The models are built at small
-input sizes so the whole file stays within a few minutes on two cores (marked slow).
+not symbolically traceable (transformers' encoders), fx refuses naming the cause and the line. The
+models are built at small input sizes so the whole file stays within a few minutes on two cores
+(marked slow).
 """
 
 from __future__ import annotations

@@ -92,6 +92,8 @@ def _check_ssa(graph: Any) -> None:
         inits.add(t.name)
         written.setdefault(t.name, f"initializer `{t.name}`")  # an initializer may also be a graph input
     for i, node in enumerate(graph.node):
+        if not any(node.output):
+            raise _fail(f"{_node_label(i, node)} has no outputs")
         for name in node.output:
             if not name:
                 continue

@@ -89,7 +89,8 @@ def index_select(cx: Cx, input: Any, dim: int, index: Any) -> Sym:
 
 
 @lowers(aten="as_strided.default")
-def as_strided(cx: Cx, input: Any, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Any:
+def as_strided(cx: Cx, input: Any, size: Sequence[int], stride: Sequence[int],
+               storage_offset: int | None = None) -> Any:
     """A strided view of a contiguous tensor (what decompositions leave of pooling and unfold): entry i
     of the result is the input's flat entry ``offset + sum_k i_k stride_k``, a gather from the
     flattened input at those constant positions (a reshape when they are 0, 1, 2, ...). Views of

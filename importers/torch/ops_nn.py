@@ -77,7 +77,8 @@ def addmm(cx: Cx, input: Any, mat1: Any, mat2: Any, beta: float = 1, alpha: floa
     return elementwise.add(cx, out, input if beta == 1 else elementwise.mul(cx, input, beta))
 
 
-@lowers(aten="matmul.default mm.default bmm.default", fx="operator.matmul torch.matmul torch.mm torch.bmm", methods="matmul mm bmm")
+@lowers(aten="matmul.default mm.default bmm.default", fx="operator.matmul torch.matmul torch.mm torch.bmm",
+        methods="matmul mm bmm")
 def matmul(cx: Cx, input: Any, other: Any) -> Sym:
     return cx.add("matmul", [cx.node(input, FLOAT), cx.node(other, FLOAT)])
 
@@ -151,7 +152,8 @@ def _tuple(v: Any, n: int) -> list[int]:
     return v * n if len(v) == 1 else v
 
 
-@lowers(aten="conv1d.default conv2d.default conv3d.default conv1d.padding conv2d.padding conv3d.padding", fx="F.conv1d F.conv2d F.conv3d")
+@lowers(aten="conv1d.default conv2d.default conv3d.default conv1d.padding conv2d.padding conv3d.padding",
+        fx="F.conv1d F.conv2d F.conv3d")
 def conv(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
          dilation: Any = 1, groups: int = 1) -> Sym:
     w = _param(cx, weight, "convolution weight")
@@ -181,7 +183,8 @@ def conv(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, pad
     return out
 
 
-@lowers(aten="conv_transpose1d.default conv_transpose2d.input conv_transpose3d.input", fx="F.conv_transpose1d F.conv_transpose2d F.conv_transpose3d")
+@lowers(aten="conv_transpose1d.default conv_transpose2d.input conv_transpose3d.input",
+        fx="F.conv_transpose1d F.conv_transpose2d F.conv_transpose3d")
 def conv_transpose(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
                    output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Sym:
     """``F.conv_transposeNd`` (its argument order: groups before dilation); the weight keeps

@@ -175,3 +175,55 @@ def test_cast_like_computed_and_constant_operands():
                inits=[("t", np.array([1], np.float16))])
     with pytest.raises(tlb.BridgeError, match="float16"):
         tlb.import_onnx(m)
+
+
+def _reference(m, feeds):
+    from onnx.reference import ReferenceEvaluator
+    return ReferenceEvaluator(m).run(None, feeds)
+
+
+@pytest.mark.parametrize("interleaved,rot", [(0, 0), (1, 0), (0, 4), (1, 4)])
+def test_rotary_embedding_against_onnx_reference(interleaved, rot):
+    x = RNG.standard_normal((2, 3, 5, 8)).astype(np.float32)  # [B, H, S, D]
+    half = (rot or 8) // 2
+    cos, sin = RNG.standard_normal((7, half)).astype(np.float32), RNG.standard_normal((7, half)).astype(np.float32)
+    pos = np.array([[0, 1, 2, 3, 4], [6, 5, 4, 3, 2]], np.int64)
+    m = _model([N("RotaryEmbedding", ["x", "c", "s", "p"], ["y"], interleaved=interleaved,
+                  rotary_embedding_dim=rot)],
+               [("x", TP.FLOAT, x.shape), ("c", TP.FLOAT, cos.shape), ("s", TP.FLOAT, sin.shape),
+                ("p", TP.INT64, pos.shape)], [("y", TP.FLOAT, None)], opset=23)
+    feeds = {"x": x, "c": cos, "s": sin, "p": pos}
+    np.testing.assert_allclose(_ours(m, feeds)[0], _reference(m, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal,mask,softcap,mode", [(1, None, 0.0, 0), (0, "bool", 2.0, 2), (1, "float", 0.0, 3),
+                                                      (0, None, 0.0, 1)])
+def test_attention_gqa_with_past_against_onnx_reference(causal, mask, softcap, mode):
+    q = RNG.standard_normal((2, 4, 3, 8)).astype(np.float32)
+    k, v = RNG.standard_normal((2, 2, 3, 8)).astype(np.float32), RNG.standard_normal((2, 2, 3, 6)).astype(np.float32)
+    pk, pv = RNG.standard_normal((2, 2, 2, 8)).astype(np.float32), RNG.standard_normal((2, 2, 2, 6)).astype(np.float32)
+    feeds = {"q": q, "k": k, "v": v, "pk": pk, "pv": pv}
+    ins = [("q", TP.FLOAT, q.shape), ("k", TP.FLOAT, k.shape), ("v", TP.FLOAT, v.shape)]
+    names = ["q", "k", "v", ""]
+    if mask == "bool":
+        feeds["m"] = RNG.random((3, 4)) < 0.7  # shorter than kv: padded with False
+        feeds["m"][1] = False  # a fully masked row
+        ins.append(("m", TP.BOOL, (3, 4)))
+        names[3] = "m"
+    elif mask == "float":
+        feeds["m"] = RNG.standard_normal((2, 1, 3, 5)).astype(np.float32)
+        ins.append(("m", TP.FLOAT, (2, 1, 3, 5)))
+        names[3] = "m"
+    ins += [("pk", TP.FLOAT, pk.shape), ("pv", TP.FLOAT, pv.shape)]
+    attrs = {"is_causal": causal, "qk_matmul_output_mode": mode, **({"softcap": softcap} if softcap else {})}
+    m = _model([N("Attention", names + ["pk", "pv"], ["y", "pres_k", "pres_v", "qk"], **attrs)], ins,
+               [(n, TP.FLOAT, None) for n in ("y", "pres_k", "pres_v", "qk")], opset=23)
+    for a, b in zip(_ours(m, feeds), _reference(m, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_refuses_a_softmax_precision_it_cannot_honour():
+    m = _model([N("Attention", ["q", "k", "v"], ["y"], softmax_precision=TP.DOUBLE)],
+               [(n, TP.FLOAT, (1, 1, 2, 4)) for n in "qkv"], [("y", TP.FLOAT, None)], opset=23)
+    with pytest.raises(UnsupportedError, match="softmax_precision=11"):
+        tlb.import_onnx(m)

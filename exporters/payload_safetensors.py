@@ -14,16 +14,18 @@ import json
 import mmap
 import re
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Mapping, NamedTuple
 
 import numpy as np
 
 from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS
 from torchlean_bridge.errors import BridgeError, PayloadError
 from torchlean_bridge.fileio import atomic_write_stream, regular_file_size
+from torchlean_bridge.ops.contracts import MAX_RANK
 from torchlean_bridge.payload import Payload, tensor_sha256
 
-__all__ = ["payload_to_bytes", "payload_from_file", "write_payload", "split_key", "MAX_HEADER_BYTES"]
+__all__ = ["payload_to_bytes", "payload_from_file", "write_payload", "split_key", "index_safetensors",
+           "SafetensorsIndex", "MAX_HEADER_BYTES"]
 
 _META_KEY = "torchlean_bridge.sha256"
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own cap on the JSON header
@@ -95,31 +97,64 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _header(data: mmap.mmap | bytes, size: int, path: Path) -> tuple[dict[str, Any], int]:
+# every element type a safetensors file may declare, with its size in bytes
+_ITEMSIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+              "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "I64": 8, "U64": 8, "F64": 8}
+
+
+class SafetensorsIndex(NamedTuple):
+    """A validated safetensors header over the memory-mapped file: ``entries[key] = (tag, shape, lo, hi)``
+    with byte offsets relative to ``start``; the offsets tile the data exactly."""
+
+    data: Any  # mmap.mmap (or b"" for an empty file)
+    start: int
+    metadata: dict[str, str]
+    entries: dict[str, tuple[str, tuple[int, ...], int, int]]
+
+    def array(self, key: str) -> np.ndarray:
+        """A read-only view of one tensor of a numpy element type (not BF16/F8/C64, which callers convert)."""
+        tag, shape, lo, hi = self.entries[key]
+        dtype = np.dtype(_TAGS[tag])
+        if hi == lo:
+            return np.empty(shape, dtype.newbyteorder("="))
+        arr = np.frombuffer(self.data, dtype=dtype, count=(hi - lo) // dtype.itemsize, offset=self.start + lo)
+        return arr.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
+
+    def raw(self, key: str, dtype: str) -> np.ndarray:
+        """One tensor's bytes as ``dtype`` elements (e.g. ``<u2`` for BF16), a read-only view."""
+        _, shape, lo, hi = self.entries[key]
+        dt = np.dtype(dtype)
+        if hi == lo:
+            return np.empty(shape, dt)
+        return np.frombuffer(self.data, dtype=dt, count=(hi - lo) // dt.itemsize, offset=self.start + lo).reshape(shape)
+
+
+def _header(data: mmap.mmap | bytes, size: int, what: str) -> tuple[dict[str, Any], int]:
     if size < 8:
-        raise BridgeError(f"cannot read payload {path}: {size} bytes is too short for a safetensors header")
+        raise BridgeError(f"cannot read {what}: {size} bytes is too short for a safetensors header")
     n = int.from_bytes(data[:8], "little")
     if n > MAX_HEADER_BYTES or 8 + n > size:
-        raise BridgeError(f"cannot read payload {path}: header length {n} does not fit the file of {size} bytes")
+        raise BridgeError(f"cannot read {what}: header length {n} does not fit the file of {size} bytes")
     try:
         header = json.loads(bytes(data[8:8 + n]).decode("utf-8"), parse_constant=_no_constant,
                             object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise BridgeError(f"cannot read payload {path}: the header is not JSON ({type(e).__name__})") from None
+        raise BridgeError(f"cannot read {what}: the header is not JSON ({type(e).__name__})") from None
     if not isinstance(header, dict):
-        raise BridgeError(f"cannot read payload {path}: the header is not a JSON object")
+        raise BridgeError(f"cannot read {what}: the header is not a JSON object")
     return header, 8 + n
 
 
-def _entry(key: str, info: Any, data_len: int, path: Path, max_elements: int) -> tuple[np.dtype, tuple, int, int]:
-    ctx = f"payload {path}: tensor `{key}`"
+def _entry(key: str, info: Any, data_len: int, what: str, max_elements: int,
+           tags: Mapping[str, int]) -> tuple[str, tuple[int, ...], int, int]:
+    ctx = f"{what}: tensor `{key}`"
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
         raise BridgeError(f"{ctx}: expected {{dtype, shape, data_offsets}}, got {str(info)[:120]}")
     tag, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if tag not in _TAGS:
-        raise BridgeError(f"{ctx}: element type {str(tag)[:40]} is not one of {', '.join(_TAGS)}")
+    if not isinstance(tag, str) or tag not in tags:
+        raise BridgeError(f"{ctx}: element type {str(tag)[:40]} is not one of {', '.join(tags)}")
     nat = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
-    if not isinstance(shape, list) or not all(nat(d) for d in shape):
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(nat(d) for d in shape):
         raise BridgeError(f"{ctx}: shape {str(shape)[:80]} is not a list of natural numbers")
     count = 1
     for d in shape:
@@ -129,16 +164,40 @@ def _entry(key: str, info: Any, data_len: int, path: Path, max_elements: int) ->
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(nat(o) for o in offsets) \
             or not offsets[0] <= offsets[1] <= data_len:
         raise BridgeError(f"{ctx}: data_offsets {str(offsets)[:80]} are not within the {data_len} data bytes")
-    dtype = np.dtype(_TAGS[tag])
-    if offsets[1] - offsets[0] != count * dtype.itemsize:
+    if offsets[1] - offsets[0] != count * tags[tag]:
         raise BridgeError(f"{ctx}: {offsets[1] - offsets[0]} data bytes for shape {shape} of {tag} "
-                          f"(expected {count * dtype.itemsize})")
-    return dtype, tuple(shape), offsets[0], offsets[1]
+                          f"(expected {count * tags[tag]})")
+    return tag, tuple(shape), offsets[0], offsets[1]
 
 
-def _verify_hashes(path: Path, meta: Any, tensors: dict[str, np.ndarray]) -> None:
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise BridgeError(f"payload {path}: __metadata__ is not a mapping of strings")
+def index_safetensors(path: str | Path, what: str, max_elements: int = DEFAULT_MAX_ELEMENTS,
+                      tags: Mapping[str, int] = _ITEMSIZES) -> SafetensorsIndex:
+    """Memory-map a safetensors file and validate its whole header before any tensor is touched."""
+    path = Path(path)
+    what = f"{what} {path}"
+    size = regular_file_size(path, what.split(" ")[0])
+    try:
+        with open(path, "rb") as f:
+            data: mmap.mmap | bytes = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except (OSError, ValueError) as e:
+        raise BridgeError(f"cannot read {what}: {e}") from None
+    header, start = _header(data, size, what)
+    meta = header.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise BridgeError(f"{what}: __metadata__ is not a mapping of strings")
+    entries = {key: _entry(key, info, size - start, what, max_elements, tags) for key, info in header.items()}
+    end = 0
+    for lo, hi, key in sorted((e[2], e[3], k) for k, e in entries.items()):
+        if lo != end:
+            raise BridgeError(f"cannot read {what}: tensor `{key}` starts at byte {lo}, expected {end} "
+                              f"(tensors overlap or leave gaps)")
+        end = hi
+    if end != size - start:
+        raise BridgeError(f"cannot read {what}: {size - start} data bytes, the tensors use {end}")
+    return SafetensorsIndex(data, start, meta, entries)
+
+
+def _verify_hashes(path: Path, meta: Mapping[str, str], tensors: dict[str, np.ndarray]) -> None:
     if tensors and _META_KEY not in meta:
         raise BridgeError(f"payload {path}: no `{_META_KEY}` metadata, so its tensors cannot be verified "
                           f"(write it with tlb.save, or load with verify=False)")
@@ -163,34 +222,12 @@ def _verify_hashes(path: Path, meta: Any, tensors: dict[str, np.ndarray]) -> Non
 def payload_from_file(path: str | Path, verify: bool = True, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Payload:
     """The payload of a safetensors file, each tensor a read-only view of the memory-mapped file."""
     path = Path(path)
-    size = regular_file_size(path, "payload")
-    try:
-        with open(path, "rb") as f:
-            data: mmap.mmap | bytes = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-    except (OSError, ValueError) as e:
-        raise BridgeError(f"cannot read payload {path}: {e}") from None
-    header, start = _header(data, size, path)
-    meta = header.pop("__metadata__", {})
-    spans, tensors = [], {}
-    for key, info in header.items():
+    index = index_safetensors(path, "payload", max_elements, {t: np.dtype(d).itemsize for t, d in _TAGS.items()})
+    for key in index.entries:
         split_key(key, f"payload {path}")
-        dtype, shape, lo, hi = _entry(key, info, size - start, path, max_elements)
-        spans.append((lo, hi, key))
-        if hi > lo:
-            arr = np.frombuffer(data, dtype=dtype, count=(hi - lo) // dtype.itemsize, offset=start + lo)
-        else:
-            arr = np.empty(0, dtype)
-        tensors[key] = arr.reshape(shape).astype(dtype.newbyteorder("="), copy=False)
-    end = 0
-    for lo, hi, key in sorted(spans):
-        if lo != end:
-            raise BridgeError(f"cannot read payload {path}: tensor `{key}` starts at byte {lo}, expected {end} "
-                              f"(tensors overlap or leave gaps)")
-        end = hi
-    if end != size - start:
-        raise BridgeError(f"cannot read payload {path}: {size - start} data bytes, the tensors use {end}")
+    tensors = {key: index.array(key) for key in index.entries}
     if verify:
-        _verify_hashes(path, meta, tensors)
+        _verify_hashes(path, index.metadata, tensors)
     payload = Payload()
     for k, a in tensors.items():
         payload.set(*split_key(k), a)

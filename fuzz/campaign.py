@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(tmp) / kind
             work.mkdir()
             shown: Counter = Counter()
+            where: Counter = Counter()
             slowest = [0.0]
 
             def report(result: h.Result) -> None:
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                     if isinstance(result.case.argument, str) and Path(result.case.argument).is_file():
                         shutil.copy(result.case.argument, Path(tempfile.gettempdir()) / f"tlb-fuzz-slow-{kind}")
                 v = result.verdict
+                if v == "crash":
+                    where[h.innermost_project_file(result.detail).split("/")[0] or "?"] += 1
                 if v in h.BAD_CLASSES and shown[v] < args.show:
                     shown[v] += 1
                     print(f"  [{kind} {v}] {result.case.label}: {result.detail[-1500:]}", file=sys.stderr)
@@ -87,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             total_bad += bad
             classes = ", ".join(f"{c}={counts[c]}" for c in ("bridge", "accepted") + h.BAD_CLASSES)
             print(f"{kind:>10}: {sum(counts.values())} cases in {time.monotonic() - start:.0f} s "
-                  f"(slowest {slowest[0]:.2f} s): {classes}")
+                  f"(slowest {slowest[0]:.2f} s): {classes}"
+                  + (f" (crashes by package: {dict(where)})" if where else ""))
     print("no bad outcomes" if not total_bad else f"{total_bad} bad outcome(s)")
     return 1 if total_bad else 0
 

@@ -187,8 +187,10 @@ def random_json(rng: random.Random, depth: int = 0) -> Any:
         return rng.choice((True, False, None))
     if r < 0.55:
         return rng.choice(("", "1e2", " 3 ", "relu", "conv", "input", "float", "int64", "\u00e9", "x" * 300))
-    if r < 0.7 or depth > 3:
+    if r < 0.62 or depth > 3:
         return [rng.choice(INTERESTING_INTS[:8]) for _ in range(rng.randrange(0, 5))]
+    if r < 0.7:
+        return [rng.choice(INTERESTING_INTS) for _ in range(rng.randrange(0, 5))]
     if r < 0.85:
         return [random_json(rng, depth + 1) for _ in range(rng.randrange(0, 4))]
     return {rng.choice(("id", "kind", "shape", "parents", "weight", "axis")): random_json(rng, depth + 1)}
@@ -221,7 +223,8 @@ def mutate_json(doc: Any, rng: random.Random, rounds: int | None = None) -> Any:
         if op < 0.35:
             doc = _set(doc, path, random_json(rng))
         elif op < 0.5 and isinstance(value, (int, float)) and not isinstance(value, bool):
-            doc = _set(doc, path, rng.choice((value + 1, value - 1, -value, value * 1000, value + 2 ** 31, 0)))
+            doc = _set(doc, path, rng.choice((value + 1, value - 1, -value, value * 1000, value * 10 ** 6,
+                                              value + 2 ** 31, 0, 2 ** 31, 10 ** 9)))
         elif op < 0.6 and path:
             parent = _get(doc, path[:-1])
             if isinstance(parent, dict):
@@ -466,9 +469,58 @@ def bundle_case(saved: list[Path], work: Path, rng: random.Random, index: int) -
     return Case("bundle", str(dst), label=f"{which} structure")
 
 
-def onnx_case(models: list[bytes], work: Path, rng: random.Random, index: int) -> Case:
+def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
+    """A structural mutation of a serialized model: an attribute's integers, a tensor's or a value
+    info's dimensions, an initializer's element type, a node's inputs or the opset set to interesting values."""
+    import onnx
+    model = onnx.ModelProto()
+    model.ParseFromString(data)
+    g = model.graph
+    for _ in range(rng.randrange(1, 3)):
+        op = rng.random()
+        ints = list(INTERESTING_INTS) + [0, 1, 2, 3]
+        if op < 0.4 and g.node:
+            node = rng.choice(g.node)
+            attrs = [a for a in node.attribute if a.ints or a.type == onnx.AttributeProto.INT]
+            if attrs:
+                a = rng.choice(attrs)
+                if a.ints:
+                    a.ints[rng.randrange(len(a.ints))] = rng.choice(ints) % (1 << 63)
+                else:
+                    a.i = rng.choice(ints) % (1 << 63)
+            else:
+                node.attribute.append(onnx.helper.make_attribute(
+                    rng.choice(("axis", "group", "kernel_shape", "strides", "pads", "dilations")),
+                    rng.choice((rng.choice(ints) % (1 << 63), [rng.choice(ints) % (1 << 63)] * rng.randrange(1, 5)))))
+        elif op < 0.6:
+            infos = list(g.input) + list(g.output)
+            dims = [d for vi in infos for d in vi.type.tensor_type.shape.dim]
+            if dims:
+                rng.choice(dims).dim_value = rng.choice(ints) % (1 << 63)
+        elif op < 0.75 and g.initializer:
+            init = rng.choice(g.initializer)
+            if init.dims and rng.random() < 0.7:
+                init.dims[rng.randrange(len(init.dims))] = rng.choice(ints) % (1 << 63)
+            else:
+                init.data_type = rng.choice((0, 1, 6, 7, 9, 10, 16, 999))
+        elif op < 0.85 and g.node:
+            node = rng.choice(g.node)
+            node.input.append(rng.choice(list(node.input) + [""]) if node.input else "x")
+        elif op < 0.9:
+            for imp in model.opset_import:
+                imp.version = rng.choice((1, 6, 13, 17, 21, 99, 2 ** 40))
+        else:
+            return mutate_bytes(model.SerializeToString(), rng)
+    return model.SerializeToString()
+
+
+def onnx_case(models: list[bytes], work: Path, rng: random.Random, index: int, structural: bool = True) -> Case:
     path = work / f"case{index % 64}.onnx"
-    path.write_bytes(mutate_bytes(rng.choice(models), rng))
+    seed = rng.choice(models)
+    if structural and rng.random() < 0.5:
+        path.write_bytes(mutate_onnx(seed, rng))
+        return Case("onnx", str(path), label="structure")
+    path.write_bytes(mutate_bytes(seed, rng))
     return Case("onnx", str(path), label="bytes")
 
 
@@ -549,6 +601,21 @@ def cli_case(base: list[list[str]], f: dict[str, str], rng: random.Random) -> Ca
         else:
             argv[i:i] = [rng.choice(("--samples", "--seed", "--random")), rng.choice(CLI_VALUES)]
     return Case("cli", argv, label=" ".join(argv)[:120])
+
+
+def innermost_project_file(traceback_text: str) -> str:
+    """The repository path of the innermost project frame in a traceback ("" if none)."""
+    import re
+    frames = re.findall(r'File "([^"]+)", line \d+', traceback_text)
+    for f in reversed(frames):
+        rel = Path(f)
+        try:
+            rel = rel.resolve().relative_to(ROOT)
+        except ValueError:
+            continue
+        if not str(rel).startswith("fuzz/"):
+            return str(rel)
+    return ""
 
 
 def run_cases(worker: Worker, cases: Iterable[Case], on_result: Callable[[Result], None] | None = None) -> Counter:

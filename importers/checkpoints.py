@@ -7,8 +7,8 @@ NaN/Inf values are all listed in ``checkpoint.findings`` (kinds ``non_tensor``, 
 
 Safety: PyTorch files are read only through ``torch.load(weights_only=True)``; a pickle that
 would construct arbitrary objects (and so could run code) is refused with ``CheckpointError``.
-safetensors files are memory-mapped and each tensor is read on first access, so shapes and dtypes
-of a large file are known without reading its data.
+safetensors files are memory-mapped (header validated whole, each tensor a read-only view of the
+file), so shapes and dtypes of a large file are known without reading its data.
 """
 
 from __future__ import annotations
@@ -147,18 +147,17 @@ def _eager(arrays: dict[str, np.ndarray], source: str, fmt: str, findings: list[
 
 # -- safetensors -----------------------------------------------------------------------------------
 def _load_safetensors(path: Path, strip_prefix: str | None) -> Checkpoint:
-    from safetensors import SafetensorError, safe_open
+    """Memory-mapped: the header is validated whole, each tensor is a read-only view of the file
+    (bfloat16 is widened exactly, on first access, to float32)."""
+    from exporters.payload_safetensors import index_safetensors
     source = str(path)
     try:
-        with safe_open(source, framework="numpy") as f:
-            keys = list(f.keys())
-            info = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in keys}
-            metadata = f.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read safetensors checkpoint {source}: {e}") from None
+        index = index_safetensors(path, "safetensors checkpoint")
+    except BridgeError as e:
+        raise CheckpointError(e.message) from None
     findings: list[Finding] = []
     dtypes: dict[str, np.dtype] = {}
-    for k, (shape, tag) in info.items():
+    for k, (tag, _, _, _) in index.entries.items():
         if tag == "BF16":
             dtypes[k] = np.dtype(np.float32)
             findings.append(Finding("widened", f"`{k}` is bfloat16; widened exactly to float32", keys=(k,),
@@ -168,22 +167,17 @@ def _load_safetensors(path: Path, strip_prefix: str | None) -> Checkpoint:
         else:
             findings.append(Finding("unsupported", f"`{k}` has element type {tag}, which has no numpy "
                                     f"equivalent; not loaded", keys=(k,), severity="warning"))
-    renamed, notes = _strip([k for k in keys if k in dtypes], strip_prefix, source)
+    renamed, notes = _strip([k for k in index.entries if k in dtypes], strip_prefix, source)
 
     def read(key: str) -> np.ndarray:
         original = renamed[key]
-        try:
-            if info[original][1] == "BF16":
-                with safe_open(source, framework="pt") as f:
-                    return f.get_tensor(original).float().numpy()
-            with safe_open(source, framework="numpy") as f:
-                return f.get_tensor(original)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"cannot read tensor `{original}` from {source}: {e}") from None
+        if index.entries[original][0] == "BF16":  # the upper half of a float32: exact
+            return (index.raw(original, "<u2").astype(np.uint32) << 16).view(np.float32)
+        return index.array(original)
 
-    return Checkpoint({new: info[old][0] for new, old in renamed.items()},
+    return Checkpoint({new: index.entries[old][1] for new, old in renamed.items()},
                       {new: dtypes[old] for new, old in renamed.items()}, read, source=source,
-                      format="safetensors", findings=findings + notes, metadata=metadata)
+                      format="safetensors", findings=findings + notes, metadata=index.metadata)
 
 
 # -- PyTorch ---------------------------------------------------------------------------------------

@@ -178,12 +178,15 @@ def _inside(shift: int, size: int, stride: int, out: int) -> tuple[int, int, int
 
 def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
             padding_after: Sequence[int], dilation: Sequence[int], out_spatial: Sequence[int],
-            divisor: np.ndarray | float | None = None) -> np.ndarray:
+            divisor: np.ndarray | float | None = None, sequential: bool = False) -> np.ndarray:
     """Max (cells outside the input ignored) or sum-then-divide pooling over the trailing axes.
 
     ``divisor`` (average mode) is a scalar or an array broadcasting over ``out_spatial``. Cells in
     the padding, or past it (ceil mode), add nothing to a sum and are skipped by the maximum, so a
-    window made only of padding gives -inf.
+    window made only of padding gives -inf. Mode ``max_first`` is TorchLean's ``maxPoolValue``: the
+    first in-range cell (row-major window order) seeds the maximum and a later cell replaces it only
+    when ``cell > best`` (a NaN after the first cell is ignored, the first of equal maxima wins).
+    ``sequential`` sums every window cell by cell in row-major order from +0.0 whatever its size.
     """
     r = len(kernel)
     spatial = x.shape[x.ndim - r:]
@@ -191,17 +194,23 @@ def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence
     if any(o == 0 for o in out_spatial):
         return np.zeros(out_shape, x.dtype)
     lead = (Ellipsis,)
-    if math.prod(kernel) <= _OFFSET_LOOP_LIMIT:
+    if math.prod(kernel) <= _OFFSET_LOOP_LIMIT or sequential or mode == "max_first":
         # fold in, kernel offset by kernel offset (row-major), the cells inside the input; no padding is built
         acc = np.full(out_shape, -np.inf if mode == "max" else 0.0, x.dtype)
+        seen = np.zeros(out_shape, bool) if mode == "max_first" else None
         fold = np.maximum if mode == "max" else np.add
         for offs in itertools.product(*(range(kk) for kk in kernel)):
             spans = [_inside(f * d - pb, n, s, o)
                      for f, d, pb, n, s, o in zip(offs, dilation, padding, spatial, stride, out_spatial)]
             if all(hi > lo for lo, hi, _ in spans):
-                target = acc[lead + tuple(slice(lo, hi) for lo, hi, _ in spans)]
+                region = lead + tuple(slice(lo, hi) for lo, hi, _ in spans)
+                target = acc[region]
                 cells = x[lead + tuple(slice(q, q + (hi - lo - 1) * s + 1, s) for (lo, hi, q), s in zip(spans, stride))]
-                fold(target, cells, out=target)
+                if seen is not None:
+                    np.copyto(target, cells, where=~seen[region] | (cells > target))
+                    seen[region] = True
+                else:
+                    fold(target, cells, out=target)
     else:  # many offsets (global pooling): one reduction over a window view of the padded input
         extra = [max(0, (o - 1) * s + d * (kk - 1) + 1 - (n + pb + pa)) for o, s, d, kk, n, pb, pa
                  in zip(out_spatial, stride, dilation, kernel, spatial, padding, padding_after)]
@@ -213,7 +222,7 @@ def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence
                   + tuple(slice(None, None, d) for d in dilation)]
         red_axes = tuple(range(win.ndim - r, win.ndim))
         acc = win.max(axis=red_axes) if mode == "max" else win.sum(axis=red_axes)
-    if mode == "max":
+    if mode in ("max", "max_first"):
         return acc
     acc /= np.asarray(divisor, acc.dtype)
     return acc

@@ -26,9 +26,9 @@ from torchlean_bridge.ops import BOOL, INT64, fmt_shape
 from .interval_arith import DomainError
 from .interval_round import clean
 from .records import fail
-from .rules import FLOAT_RULES, INTERVAL_RULES
+from .rules import EXACT_RULES, FLOAT_RULES, INTERVAL_RULES
 
-__all__ = ["Domain", "FloatDomain", "IntervalDomain", "run", "node_value", "dead_after", "DTYPES"]
+__all__ = ["Domain", "FloatDomain", "ExactDomain", "IntervalDomain", "run", "node_value", "dead_after", "DTYPES"]
 
 Record = Mapping[str, np.ndarray]
 DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
@@ -86,6 +86,35 @@ class FloatDomain(Domain):
 
     def no_rule(self, node):
         return fail(node, f"IR eval: node {node.id}: no float semantics for op kind `{node.kind}`")
+
+
+class _Overlay(Mapping):
+    """``first``'s rule where it has one, else ``rest``'s."""
+
+    def __init__(self, first: Mapping[str, Any], rest: Mapping[str, Any]) -> None:
+        self.first, self.rest = first, rest
+
+    def __getitem__(self, kind: str) -> Any:
+        rule = self.first.get(kind)
+        return rule if rule is not None else self.rest[kind]
+
+    def __iter__(self):
+        return iter(set(self.first) | set(self.rest))
+
+    def __len__(self) -> int:
+        return len(set(self.first) | set(self.rest))
+
+
+class ExactDomain(FloatDomain):
+    """float64 with TorchLean's accumulation orders and C libm (``EXACT_RULES``): the value table of
+    TorchLean's ``Graph.denoteAll`` at Float, bit for bit, on the v1 kinds; ext ops (not part of
+    TorchLean) run their documented float64 rule."""
+
+    rules = _Overlay(EXACT_RULES, FLOAT_RULES)
+
+    def __init__(self) -> None:
+        super().__init__(DTYPES["float64"])
+        self.name = "exact float64"
 
 
 class IntervalDomain(Domain):

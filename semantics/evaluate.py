@@ -19,21 +19,29 @@ from torchlean_bridge.errors import BridgeError, EvalError
 from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.payload import Payload
 
-from .domains import DTYPES, FloatDomain, node_value, run
+from .domains import DTYPES, ExactDomain, FloatDomain, node_value, run
+from .rules.rng import stream_records
 
 __all__ = ["evaluate", "eval_node", "denote_all", "denote", "as_array", "input_list", "input_sets", "DTYPES",
            "float_domain"]
 
 _DOMAINS = {name: FloatDomain(dt) for name, dt in DTYPES.items()}
 _ALIASES = {**{dt: name for name, dt in DTYPES.items()}, np.float64: "float64", np.float32: "float32"}
+EXACT = ExactDomain()
 
 
-def float_domain(dtype: str | np.dtype | type) -> FloatDomain:
-    """The float domain named by ``dtype`` ("float64", "float32", or the numpy dtype)."""
+def float_domain(dtype: str | np.dtype | type, exact: bool = False) -> FloatDomain:
+    """The float domain named by ``dtype`` ("float64", "float32", or the numpy dtype); with
+    ``exact`` the exact float64 mode (TorchLean's fold orders and libm)."""
     try:
-        return _DOMAINS[_ALIASES.get(dtype, dtype)]
+        domain = _DOMAINS[_ALIASES.get(dtype, dtype)]
     except (KeyError, TypeError):
         raise BridgeError(f"IR eval: unsupported dtype {dtype!r} (use float64 or float32)") from None
+    if exact:
+        if domain.name != "float64":
+            raise BridgeError(f"IR eval: exact mode computes in float64 (TorchLean's Float), not {domain.name}")
+        return EXACT
+    return domain
 
 
 def as_array(value: Any) -> np.ndarray:
@@ -94,41 +102,45 @@ def input_sets(g: Graph, inputs: Any, context: str = "IR eval") -> list[list[np.
     return sets
 
 
-def eval_node(node: Node, parent_values: Sequence[np.ndarray], record: Any, dtype: str | np.dtype = "float64"
-              ) -> np.ndarray:
+def eval_node(node: Node, parent_values: Sequence[np.ndarray], record: Any, dtype: str | np.dtype = "float64",
+              exact: bool = False) -> np.ndarray:
     """One node's value from its parents' values and its payload record (``{role: ndarray}``).
 
     For an ``input`` node, ``parent_values`` is ``[the caller's array]``. The result has the
     node's declared shape and element type (float results in the domain ``dtype``). Importers use
     this to fold constants.
     """
-    domain = float_domain(dtype)
+    domain = float_domain(dtype, exact)
     with np.errstate(all="ignore"):
         return node_value(domain, node, parent_values, record or {})
 
 
 def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", all_nodes: bool = False,
-             check: bool = True) -> list[np.ndarray]:
+             check: bool = True, exact: bool = False) -> list[np.ndarray]:
     """Outputs in ``g.outputs`` order, or with ``all_nodes`` one value per node id.
 
     ``inputs``: arrays or torch tensors in ``g.inputs`` order, or one array (a list of plain
     numbers is one array) for a one-input graph; see ``input_list``.
     ``check`` validates structure and shapes first. With ``check=False`` only well-formedness is
     checked, as TorchLean's ``denoteAll`` does; each node then checks its own operands locally.
+    ``exact`` (float64 only) reproduces TorchLean's accumulation orders (sequential folds from +0.0)
+    and C libm, so the v1 kinds' values are bit-identical to TorchLean's ``Graph.denoteAll`` at Float;
+    the default float64 mode uses BLAS, pairwise sums and numpy's functions (a few ulps apart).
     """
-    domain = float_domain(dtype)
+    domain = float_domain(dtype, exact)
     if check:
         check_graph(g)
     else:
         check_well_formed(g)
     payload = payload if payload is not None else Payload()
     seeds = dict(zip(g.inputs, input_list(inputs, len(g.inputs))))
-    return run(g, domain, seeds, payload.record, all_nodes=all_nodes)
+    return run(g, domain, seeds, stream_records(g, payload.record), all_nodes=all_nodes)
 
 
-def denote_all(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64") -> list[np.ndarray]:
+def denote_all(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", exact: bool = False
+               ) -> list[np.ndarray]:
     """TorchLean's ``Graph.denoteAll``: the whole value table."""
-    return evaluate(g, payload, inputs, dtype=dtype, all_nodes=True)
+    return evaluate(g, payload, inputs, dtype=dtype, all_nodes=True, exact=exact)
 
 
 def denote(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64") -> list[np.ndarray]:

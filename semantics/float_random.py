@@ -37,9 +37,9 @@ def uniform(seed: int, node_index: int, shape: tuple[int, ...], dtype: np.dtype)
 
 
 def bernoulli(keep: float, seed: int, node_index: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """Entry 0 if ``q <= 0``; 1 if not ``1 > q``; else 1 exactly when ``q > u / 2^32``."""
+    """``q > 0 ? (1 > q ? (q > u / 2^32 ? 1 : 0) : 1) : 0``: a NaN keep probability gives all zeros."""
     q = dtype.type(keep)
-    if q <= 0:
+    if not q > 0:
         return np.zeros(shape, dtype)
     if not (1 > q):
         return np.ones(shape, dtype)

@@ -24,6 +24,7 @@ from .interval import DOMAIN as INTERVAL, input_boxes
 from .interval_round import Box
 from .records import domain_records, read_payload
 from .rules import FLOAT_RULES, INTERVAL_RULES
+from .rules.rng import stream_records
 
 __all__ = ["prepare", "Prepared"]
 
@@ -49,12 +50,13 @@ class Prepared:
             self._records[domain.name] = records
         return records
 
-    def evaluate(self, inputs: Any, dtype: str = "float64", all_nodes: bool = False) -> list[np.ndarray]:
-        """As ``tlb.evaluate(g, payload, inputs, dtype=..., all_nodes=...)``."""
-        domain = float_domain(dtype)
+    def evaluate(self, inputs: Any, dtype: str = "float64", all_nodes: bool = False, exact: bool = False
+                 ) -> list[np.ndarray]:
+        """As ``tlb.evaluate(g, payload, inputs, dtype=..., all_nodes=..., exact=...)``."""
+        domain = float_domain(dtype, exact)
         seeds = dict(zip(self.graph.inputs, input_list(inputs, len(self.graph.inputs))))
-        return run(self.graph, domain, seeds, self._domain_records(domain).__getitem__, all_nodes=all_nodes,
-                   frees=self._frees)
+        records = stream_records(self.graph, self._domain_records(domain).__getitem__)
+        return run(self.graph, domain, seeds, records, all_nodes=all_nodes, frees=self._frees)
 
     def interval_bounds(self, lower: Any, upper: Any, all_nodes: bool = True) -> list[Box]:
         """As ``tlb.interval_bounds(g, payload, lower, upper, all_nodes=...)``."""

@@ -316,8 +316,18 @@ def test_conv_transpose_buffers_are_sized() -> None:
     g = _graph(Node(0, [], "input", (1, 1, 4)), Node(1, [0], "conv_transpose", (1, 1, 3), attrs))
     assert tlb.check(g) == []
     with pytest.raises(GraphError, match="conv_transpose: evaluating it needs an uncropped output of 3000003 "
-                                         "elements, above the limit of 1000000"):
-        tlb.check(g, max_elements=10 ** 6)
+                                         "elements, above the limit of 2000000"):
+        tlb.check(g, max_elements=2 * 10 ** 6)
+
+
+def test_window_attributes_above_the_limit_are_refused_before_any_strided_view() -> None:
+    g = _graph(Node(0, [], "input", (1, 1, 4, 4)), _conv_node(stride=(2 ** 62, 1), padding=(0, 0),
+                                                              padding_after=(0, 0)))
+    with pytest.raises(GraphError, match=r"conv: stride \[4611686018427387904, 1\] has an entry above the limit"):
+        tlb.check(g)
+    g = _graph(Node(0, [], "input", (1, 1, 4, 4)), _conv_node(stride=(1,), padding=(0, 0), padding_after=(0, 0)))
+    with pytest.raises(GraphError, match="conv: stride has 1 entries, expected spatial rank 2"):
+        tlb.check(g)
 
 
 def test_the_element_limit_applies_to_evaluation_too() -> None:

@@ -240,3 +240,15 @@ def test_external_data_outside_the_model_folder_is_refused(tmp_path):
     onnx.save(m, str(tmp_path / "short.onnx"))
     with pytest.raises(tlb.BridgeError, match=r"length 12 do not hold \[64, 32\] x float32"):
         tlb.import_onnx(tmp_path / "short.onnx")
+
+
+def test_layer_normalization_mean_and_inv_std_dev_outputs_match_onnx_reference():
+    m = _model([N("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"], axis=1, epsilon=1e-3)],
+               [("x", TP.FLOAT, [2, 3, 4])], [("y", TP.FLOAT, None), ("mean", TP.FLOAT, None),
+                                              ("inv", TP.FLOAT, None)],
+               [("s", np.full((3, 4), 2.0, np.float32)), ("b", np.full((3, 4), 0.5, np.float32))])
+    x = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+    ours = backend.run_model(m, [x])
+    for a, r in zip(ours, _reference(m, {"x": x})):
+        assert a.shape == r.shape
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)

@@ -184,6 +184,10 @@ def _build_cases() -> dict[str, onnx.ModelProto]:
     c["Pad_opset13_inputs"] = model([N("Pad", ["x", "p", "v"], ["y"])], [("x", [2, 3])], ["y"],
                                     [("p", i64(0, 1, 1, 2)), ("v", np.array(0.5, np.float32))])
     c["Pad_opset9_attrs"] = one("Pad", opset=9, pads=[1, 0, 0, 1], value=2.0)
+    c["Pad_opset9_edge"] = one("Pad", shape=(3, 4), opset=9, pads=[2, 0, 1, 3], mode="edge")
+    for mode in ("reflect", "edge", "wrap"):
+        c[f"Pad_opset19_{mode}"] = model([N("Pad", ["x", "p"], ["y"], mode=mode)], [("x", [3, 4])], ["y"],
+                                         [("p", i64(2, 1, 1, 3))], opset=19, ir_version=9)
     c["Pad_opset18_axes"] = model([N("Pad", ["x", "p", "", "a"], ["y"])], [("x", [2, 3])], ["y"],
                                   [("p", i64(1, 2)), ("a", i64(-1))], opset=18)
     c["ReduceSum_opset11_attr"] = one("ReduceSum", shape=(2, 3, 4), opset=11, axes=[1], keepdims=0)

@@ -32,6 +32,7 @@ _LAZY = {
     "import_export": "importers.torch_export",
     "import_onnx": "importers.onnx",
     "load_checkpoint": "importers.checkpoints",
+    "recover_keys": "importers.onnx_keys",
     "load": "exporters.folder",
     "save": "exporters.folder",
     "export_torchlean": "exporters.torchlean_json",

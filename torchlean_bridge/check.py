@@ -26,6 +26,8 @@ def _err(node: Node | None, message: str) -> GraphError:
 
 def check_size(shape: Shape, limit: int, where: str) -> None:
     """Refuse a declared shape before anything of that size could be allocated."""
+    if any(d < 0 for d in shape):
+        raise GraphError(f"{where}: declared shape {fmt_shape(shape)} has a negative extent")
     n = numel(shape)
     if n > limit:
         raise GraphError(f"{where}: declared shape {fmt_shape(shape)} has {n} elements, "

@@ -37,7 +37,8 @@ from torchlean_bridge.payload import Payload
 from ..interval import IntervalPropagator
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
 from ..records import PREPARED
-from .relax import Lines, relu_lines, smooth_for, smooth_lines
+from ..conv import pool_out_spatial
+from .relax import Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
 from .rules import _ERR_SAFETY, BACKWARD, err_factor
 
 __all__ = ["linear_bounds", "LinearBounds", "Crown", "METHODS"]
@@ -45,6 +46,7 @@ __all__ = ["linear_bounds", "LinearBounds", "Crown", "METHODS"]
 METHODS = ("crown", "ibp")
 _BUDGET = 1 << 22  # coefficient entries per backward chunk (32 MiB of float64)
 _RELU_LIKE = frozenset({"relu", "leaky_relu", "prelu"})
+_MAX_POOLS = frozenset({"max_pool", "max_pool_nd"})
 
 
 @dataclass
@@ -208,6 +210,7 @@ class _Run:
         self.graph = crown.graph
         self.boxes = list(boxes)
         self.lines: dict[int, Lines] = {}
+        self.pools: dict[int, tuple[np.ndarray, ...]] = {}
         self.fallback: dict[int, str] = {}
         self.refined = [False] * len(boxes)
         self._mag: dict[int, np.ndarray] = {}
@@ -235,6 +238,11 @@ class _Run:
             relaxed = node.kind in _RELU_LIKE or smooth_for(node.kind, node.attrs) is not None
             if node.kind == "prelu" and not crown.const[node.parents[1]]:
                 relaxed = False
+            if node.kind in _MAX_POOLS and not crown.const[node.parents[0]]:
+                p = node.parents[0]
+                if not (g.nodes[p].kind == "input" or self.refined[p]):
+                    self.refine(p, self.boxes[p][0] < self.boxes[p][1])
+                self.pools[v] = self._pool(node)
             if relaxed:
                 p = node.parents[0]
                 if not (crown.const[p] or g.nodes[p].kind == "input" or self.refined[p]):
@@ -268,6 +276,19 @@ class _Run:
         a_l, b_l, a_u, b_u = lines
         return (np.where(finite, a_l, 0.0), np.where(finite, b_l, out_lo), np.where(finite, a_u, 0.0),
                 np.where(finite, b_u, out_hi))
+
+    def _pool(self, node: Node) -> tuple[np.ndarray, ...]:
+        """Max pooling's relaxation per (sample, leading index, output cell): see relax.max_pool_relaxation."""
+        a, r = node.attrs, node.attrs["spatial_rank"]
+        p = node.parents[0]
+        tail = self.crown.ishape(p)[1:]
+        spatial, out_sp = tuple(tail[len(tail) - r:]), pool_out_spatial(node.out_shape, r)
+        idx, valid = window_indices(spatial, out_sp, a["kernel"], a["stride"], a["padding"],
+                                    a.get("dilation", (1,) * r))
+        n = self.crown.n
+        lo, hi = (x.reshape(n, -1, int(np.prod(spatial))) for x in self.boxes[p])
+        jstar, decided, umax = max_pool_relaxation(lo, hi, idx, valid)
+        return jstar, decided, umax, np.int64(np.prod(spatial))
 
     def refine(self, v: int, need: np.ndarray | None) -> Box:
         """CROWN bounds of v's entries where ``need`` (all when None), intersected with v's box."""
@@ -504,6 +525,33 @@ class _Pass:
         a[:, r + np.arange(r), self.row_ids] = -1.0
         return a.reshape((n, 2 * r) + tail)
 
+    def _pooled(self, v: int, a: np.ndarray) -> list:
+        """max >= x_j* for the lower side; max <= x_j* where j* decides the window, else <= max u.
+        The coefficients move to the cells j* (scattered, summing where windows share a cell)."""
+        jstar, decided, umax, cells = (self._slice(x) if np.ndim(x) else x for x in self.run_.pools[v])
+        p = self.graph.nodes[v].parents[0]
+        n, rows = a.shape[:2]
+        flat = a.reshape(n, rows, jstar.shape[1], jstar.shape[2])
+        pos = flat >= 0
+        to_cell = np.where(pos | decided[:, None], flat, 0.0)
+        with np.errstate(all="ignore"):
+            const = np.where(pos | decided[:, None], 0.0, flat * umax[:, None])
+            val = const.reshape(n, rows, -1).sum(axis=-1)
+            e = np.abs(const).reshape(n, rows, -1).sum(axis=-1) * err_factor(const[0, 0].size + 1)
+        self._acc(np.where(np.isnan(val), -np.inf, val), e)
+        out = np.zeros((n, rows, jstar.shape[1], int(cells)))
+        ni = np.arange(n)[:, None, None, None]
+        ri = np.arange(rows)[None, :, None, None]
+        li = np.arange(jstar.shape[1])[None, None, :, None]
+        np.add.at(out, (ni, ri, li, jstar[:, None]), to_cell)
+        # the scatter's sums round: gamma_k <|coefficients|, M at their cells>, k windows per cell at most
+        m = self.mag(p).reshape(n, 1, jstar.shape[1], int(cells))
+        m_at = np.take_along_axis(np.broadcast_to(m, (n, 1) + m.shape[2:]), jstar[:, None], axis=-1)
+        k = int(np.bincount(jstar.reshape(-1)).max()) if jstar.size else 1
+        err = (np.abs(to_cell) * m_at).reshape(n, rows, -1).sum(axis=-1) * err_factor(k + 1)
+        self._acc(np.zeros_like(val), err)
+        return [(p, out.reshape((n, rows) + self.tail(p)))]
+
     def _start(self) -> dict[int, np.ndarray]:
         """The first step: rows of the identity through a linear target are rows of W (exact, no product)."""
         node = self.graph.nodes[self.t]
@@ -533,6 +581,8 @@ class _Pass:
                 continue
             if v in run.lines:
                 out = self._relaxed(v, a)
+            elif v in run.pools:
+                out = self._pooled(v, a)
             else:
                 rule = BACKWARD.get(node.kind)
                 out = None if rule is None else rule(self, node, a)

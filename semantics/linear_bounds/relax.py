@@ -32,7 +32,7 @@ import numpy as np
 from .. import interval_arith as ia
 from ..interval_arith import erf_at, exp_at, tanh_at
 from ..interval_round import Box, down, lib_bounds, up
-from ..rules.activations import INV_SQRT2, gelu_box, sigmoid_at, softplus_at
+from ..rules.activations import INV_SQRT2, _elu_with, gelu_box, sigmoid_at, softplus_at
 from ..rules.elementwise import pow_box
 
 __all__ = ["Lines", "relu_lines", "Smooth", "smooth_for", "smooth_lines", "SMOOTH_KINDS"]
@@ -122,7 +122,7 @@ SMOOTH: dict[str, Smooth] = {
     # gelu'' = phi(x) (2 - x^2): concave, convex on [-sqrt 2, sqrt 2], concave; |gelu'| < 1.2 near +-sqrt 2
     "gelu": Smooth(_gelu_f, _gelu_df, (-_SQRT2_HI, -_SQRT2_LO, _SQRT2_LO, _SQRT2_HI), (-1, 0, 1, 0, -1), 1.2),
 }
-SMOOTH_KINDS = frozenset(SMOOTH) | {"pow"}
+SMOOTH_KINDS = frozenset(SMOOTH) | {"pow", "elu"}
 
 
 def _power(p: int) -> Smooth:
@@ -133,8 +133,19 @@ def _power(p: int) -> Smooth:
     return Smooth(f, df, (), (1,)) if p % 2 == 0 else Smooth(f, df, (0.0,), (-1, 1))
 
 
+def _elu(alpha: float) -> Smooth:
+    """elu with 0 < alpha <= 1: x above 0, alpha (e^x - 1) below; f' = alpha e^x <= 1 grows, so convex."""
+    def df(x: np.ndarray) -> Box:
+        e_lo, e_hi = ia.scale(exp_at(np.minimum(x, 0.0)), alpha)
+        return np.where(x > 0, 1.0, e_lo), np.where(x >= 0, 1.0, e_hi)  # at 0: the subgradients [alpha, 1]
+    return Smooth(lambda x: _elu_with(ia.point(x), alpha), df, (), (1,))
+
+
 def smooth_for(kind: str, attrs: Mapping[str, Any]) -> Smooth | None:
     """The description of a node's function, or None when this kind/attribute has no relaxation here."""
+    if kind == "elu":
+        alpha = float(attrs["alpha"])
+        return _elu(alpha) if 0 < alpha <= 1 else None
     if kind == "gelu":
         return SMOOTH["gelu"] if attrs.get("approximate", "none") == "none" else None
     if kind == "pow":
@@ -241,3 +252,35 @@ def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
         out[1] = np.where(point, f_lo_l, out[1])
         out[3] = np.where(point, f_hi_l, out[3])
     return out[0], out[1], out[2], out[3]
+
+
+def window_indices(spatial: tuple[int, ...], out_spatial: tuple[int, ...], kernel, stride, padding, dilation
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Flat input-cell index of every (output cell, window offset), ``[O, K]``, and whether that
+    cell lies inside the input (padded cells are outside and ignored by max pooling)."""
+    flat = np.zeros((1, 1), dtype=np.int64)
+    valid = np.ones((1, 1), dtype=bool)
+    for size, out, k, s, p, d in zip(spatial, out_spatial, kernel, stride, padding, dilation):
+        coord = np.arange(out)[:, None] * s - p + np.arange(k)[None, :] * d  # [out, k]
+        ok = (coord >= 0) & (coord < size)
+        flat = (flat[:, None, :, None] * size + np.where(ok, coord, 0)[None, :, None, :]).reshape(
+            flat.shape[0] * out, flat.shape[1] * k)
+        valid = (valid[:, None, :, None] & ok[None, :, None, :]).reshape(valid.shape[0] * out, valid.shape[1] * k)
+    return flat, valid
+
+
+def max_pool_relaxation(lo: np.ndarray, hi: np.ndarray, idx: np.ndarray, valid: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For max pooling over windows ``idx`` of the flattened cells (``lo``/``hi``: ``[..., cells]``):
+    the cell j* with the largest lower end (max >= x_j* always), whether it decides the window
+    (its lower end reaches every other upper end, so max = x_j*), and the largest upper end (a
+    constant upper bound otherwise). Exact comparisons, nothing rounds."""
+    l_win = np.where(valid, lo[..., idx], -np.inf)
+    u_win = np.where(valid, hi[..., idx], -np.inf)
+    best = np.argmax(l_win, axis=-1)
+    jstar = np.take_along_axis(np.broadcast_to(idx, l_win.shape), best[..., None], axis=-1)[..., 0]
+    l_best = np.take_along_axis(l_win, best[..., None], axis=-1)[..., 0]
+    others = u_win.copy()
+    np.put_along_axis(others, best[..., None], -np.inf, axis=-1)
+    decided = l_best >= others.max(axis=-1)
+    return jstar, decided, u_win.max(axis=-1)

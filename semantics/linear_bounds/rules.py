@@ -16,6 +16,7 @@ constant term and rounding error through ``Pass.add``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING, Callable
 
@@ -207,6 +208,34 @@ def _matmul(ps, node, a):
     return None
 
 
+def conv_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, dilation, groups: int,
+                 in_spatial: tuple[int, ...]) -> np.ndarray:
+    """The transpose of a convolution applied to many coefficient rows at once.
+
+    ``a`` is ``[M, C_out, *out_spatial]`` (M = samples x rows), ``weight`` ``[C_out, C_in/g, *kernel]``;
+    the result is ``[M, C_in, *in_spatial]``. One GEMM per group over all rows and output cells
+    (``W^T`` times the rows), then each kernel offset's contributions are added into the uncropped
+    input in one strided slice: a loop over kernel offsets, never over cells or rows.
+    """
+    m, c_out = a.shape[:2]
+    out_sp, kernel = tuple(a.shape[2:]), tuple(weight.shape[2:])
+    g, cog, cig = groups, c_out // groups, weight.shape[1]
+    length = math.prod(out_sp)
+    x = np.ascontiguousarray(a.reshape(m, g, cog, length).transpose(1, 2, 0, 3)).reshape(g, cog, m * length)
+    wt = weight.reshape(g, cog, cig * math.prod(kernel)).transpose(0, 2, 1)
+    cols = np.matmul(wt, x).reshape((g, cig) + kernel + (m,) + out_sp)
+    full = tuple((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, stride, kernel, dilation))
+    ext = tuple(max(f, p + i) for f, p, i in zip(full, padding, in_spatial))
+    acc = np.zeros((g, cig, m) + ext)
+    for offs in itertools.product(*(range(k) for k in kernel)):
+        target = (slice(None),) * 3 + tuple(slice(f * d, f * d + (o - 1) * s + 1, s)
+                                            for f, d, o, s in zip(offs, dilation, out_sp, stride))
+        acc[target] += cols[(slice(None), slice(None)) + offs]
+    keep = (slice(None),) * 3 + tuple(slice(p, p + i) for p, i in zip(padding, in_spatial))
+    out = acc[keep].reshape((g * cig, m) + tuple(in_spatial))
+    return np.moveaxis(out, 1, 0)
+
+
 def _geometry(node, out_spatial):
     a = node.attrs
     return dict(channel_axis=1, stride=a["stride"], padding=a["padding"], dilation=a["dilation"], groups=a["groups"],
@@ -227,7 +256,7 @@ def _conv(ps, node, a):
     terms = at["out_channels"] // at["groups"] * math.prod(at["kernel"])
     ps.add_dot(a, ps.internal(b), ps.internal(q), max(terms, ps.numel(node.id)) + 1)
     flat = a.reshape((-1,) + tuple(out_shape[ca:]))
-    back = conv_transpose_nd(flat, w, np.zeros(at["in_channels"]), **_geometry(node, in_shape[ca + 1:]))
+    back = conv_adjoint(flat, w, at["stride"], at["padding"], at["dilation"], at["groups"], tuple(in_shape[ca + 1:]))
     return [(p, back.reshape(a.shape[:2] + ps.tail(p)))]
 
 
@@ -356,6 +385,5 @@ def _avg_pool(ps, node, a):
     ps.add_abs_err(a, ps.internal(q), err_factor(math.prod(at["kernel"]) + 2))
     flat = scaled.reshape((-1, 1) + out_sp)
     ones = np.ones((1, 1) + tuple(at["kernel"]))
-    back = conv_transpose_nd(flat, ones, np.zeros(1), channel_axis=1, stride=at["stride"], padding=at["padding"],
-                             dilation=dil, groups=1, out_spatial=in_sp)
+    back = conv_adjoint(flat, ones, at["stride"], at["padding"], dil, 1, in_sp)
     return [(p, back.reshape(a.shape[:2] + ps.tail(p)))]

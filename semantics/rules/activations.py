@@ -18,7 +18,8 @@ from ..float_special import erf
 from ..interval_arith import DomainError, enclose_constant, erf_at, exp_at, expm1_at, log1p_at, log_at, monotone, \
     tanh_at
 from ..interval_round import Box, down
-from .table import domain_error, float_rule, float_unary, interval_pointwise, interval_rule, on_ends
+from ..folds import libm
+from .table import exact_rule, float_rule, float_unary, interval_pointwise, interval_rule, on_ends
 
 __all__ = ["sigmoid", "softplus", "sigmoid_at", "softplus_at", "SELU_ALPHA", "SELU_SCALE"]
 
@@ -33,7 +34,11 @@ SQRT_2_OVER_PI = enclose_constant(_SQRT_2_OVER_PI)
 
 # -- piecewise linear -------------------------------------------------------------------------
 
-float_unary("relu", lambda x: np.maximum(x, 0))
+@float_rule("relu")
+def relu(node, xs, rec, dt):
+    """``reluSpec``: ``if x == 0 then 0 else max(x, 0)`` with Lean's max: -0.0 gives +0.0, NaN stays NaN."""
+    return np.where(xs[0] <= 0, dt.type(0), xs[0])
+
 
 
 @float_rule("clamp")
@@ -99,9 +104,12 @@ def hardsigmoid_box(a: Box, attrs: Mapping[str, Any]) -> Box:
 # -- exponential family -----------------------------------------------------------------------
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """Spec: ``1 / (1 + exp(-x))``."""
-    return 1 / (1 + np.exp(-x))
+def sigmoid(x: np.ndarray, exp=np.exp) -> np.ndarray:
+    """TorchLean's two branches (Activation.lean @25576b9, spec section 2.2): ``1 / (1 + exp(-x))``
+    for x > 0, ``exp(x) / (1 + exp(x))`` otherwise (no overflow to 0 below -709.78; NaN stays NaN)."""
+    positive = x > 0
+    e = exp(np.where(positive, -x, x))
+    return np.where(positive, 1 / (1 + e), e / (1 + e))
 
 
 def sigmoid_at(x: np.ndarray) -> Box:
@@ -110,9 +118,22 @@ def sigmoid_at(x: np.ndarray) -> Box:
     return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
 
 
-def softplus(x: np.ndarray) -> np.ndarray:
+def softplus(x: np.ndarray, exp=np.exp, log=np.log) -> np.ndarray:
     """Spec, sign-branched: ``x + log(1 + exp(-x))`` if ``x > 0``, else ``log(1 + exp(x))``."""
-    return np.where(x > 0, x, 0) + np.log(1 + np.exp(-np.abs(x)))
+    return np.where(x > 0, x, 0) + log(1 + exp(-np.abs(x)))
+
+
+def _exp(x: np.ndarray) -> np.ndarray:
+    return libm("exp", x)
+
+
+def _log(x: np.ndarray) -> np.ndarray:
+    return libm("log", x)
+
+
+exact_rule("sigmoid")(lambda node, xs, rec, dt: sigmoid(xs[0], _exp))
+exact_rule("softplus")(lambda node, xs, rec, dt: softplus(xs[0], _exp, _log))
+exact_rule("safe_log")(lambda node, xs, rec, dt: _log(softplus(xs[0], _exp, _log) + xs[1]))
 
 
 def softplus_at(x: np.ndarray) -> Box:
@@ -129,10 +150,9 @@ interval_pointwise("softplus")(lambda a, attrs: monotone(softplus_at, a))
 
 @float_rule("safe_log")
 def safe_log(node, xs, rec, dt):
-    arg = softplus(xs[0]) + xs[1]
-    if not np.all(arg > 0):
-        raise domain_error(node, "softplus(x) + eps is not > 0 (eps <= 0 or NaN)")
-    return np.log(arg)
+    """``log(softplus(x) + eps)`` with no domain check (TorchLean's ``safeLogSpec``): eps <= 0 may
+    give -inf or NaN, as in TorchLean."""
+    return np.log(softplus(xs[0]) + xs[1])
 
 
 @interval_rule("safe_log")

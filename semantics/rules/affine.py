@@ -10,6 +10,7 @@ directed rounding. Two matrix products per layer, the same cost as auto_LiRPA's 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -20,7 +21,8 @@ from .. import interval_arith as ia
 from ..conv import conv_nd, conv_transpose_nd
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
 from ..records import in_dtype
-from .table import FLOAT_RULES, INTERVAL_RULES, float_params, float_rule, interval_rule, read_params
+from ..folds import fold_dot
+from .table import FLOAT_RULES, INTERVAL_RULES, exact_rule, float_params, float_rule, interval_rule, read_params
 
 __all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box"]
 
@@ -206,3 +208,67 @@ def conv(node, xs, rec, dt):
 def conv_rule(node, ps, rec):
     return conv_box(ps[0], read_params(INTERVAL_RULES, node, rec, ps[0][0].shape), node.attrs, node.out_shape,
                     transposed=node.kind == "conv_transpose")
+
+
+# -- exact mode: TorchLean's folds (``matmulFlat``, ``linearLeading``, ``groupedConvSpec``) ----------
+
+
+@exact_rule("matmul")
+def matmul_exact(node, xs, rec, dt):
+    """Each output ``acc = 0; for j: acc = acc + L[.., i, j] * R[.., j, k]``, rank-1 operands promoted."""
+    left, right = xs
+    n = left.shape[-1]
+    if left.ndim == 1 and right.ndim == 1:
+        return fold_dot(lambda j: left[j], lambda j: right[j], n, ())
+    if left.ndim == 1:
+        return fold_dot(lambda j: left[j], lambda j: right[..., j, :], n, node.out_shape)
+    if right.ndim == 1:
+        return fold_dot(lambda j: left[..., :, j], lambda j: right[j], n, node.out_shape)
+    return fold_dot(lambda j: left[..., :, j:j + 1], lambda j: right[..., j:j + 1, :], n, node.out_shape)
+
+
+@exact_rule("linear")
+def linear_exact(node, xs, rec, dt):
+    """Per output ``acc = 0; for k: acc = acc + W[o, k] * x[k]``, then ``acc + b[o]``."""
+    x = xs[0]
+    w, b = float_params(node, rec, x.shape, dt)
+    wt = np.ascontiguousarray(w.T)
+    y = fold_dot(lambda k: x[..., k:k + 1], lambda k: wt[k], w.shape[1], node.out_shape)
+    y += b
+    return y
+
+
+@exact_rule("conv")
+def conv_exact(node, xs, rec, dt):
+    """``groupedConvSpec``: per output, ``acc = 0``, outer loop over the group's input channels, inner
+    loop over kernel offsets in row-major order, ``acc = acc + x * w`` with padded cells read as +0.0;
+    the bias added last. One vector step per (channel, offset) over every output at once."""
+    a = node.attrs
+    w, b = float_params(node, rec, xs[0].shape, dt)
+    x, ca, groups = xs[0], a["channel_axis"], a["groups"]
+    lead, spatial = x.shape[:ca], x.shape[ca + 1:]
+    out_spatial = tuple(node.out_shape[ca + 1:])
+    n = int(np.prod(lead, dtype=np.int64))
+    cin_g, cout_g = a["in_channels"] // groups, a["out_channels"] // groups
+    pad = [(0, 0), (0, 0)] + list(zip(a["padding"], a["padding_after"]))
+    xp = np.pad(x.reshape((n, a["in_channels"]) + spatial), pad).reshape((n, groups, cin_g, 1) +
+                                                                        tuple(s + p + q for s, (p, q) in
+                                                                              zip(spatial, pad[2:])))
+    wg = w.reshape((groups, cout_g, cin_g) + tuple(a["kernel"]))
+    steps = [(j, offs) for j in range(cin_g) for offs in itertools.product(*(range(k) for k in a["kernel"]))]
+    rank = len(spatial)
+
+    def window(step: int) -> np.ndarray:
+        j, offs = steps[step]
+        index = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                      for o, d, m, s in zip(offs, a["dilation"], out_spatial, a["stride"]))
+        return xp[(slice(None), slice(None), j, slice(None)) + index]
+
+    def weight(step: int) -> np.ndarray:
+        j, offs = steps[step]
+        return wg[(slice(None), slice(None), j) + offs].reshape((groups, cout_g) + (1,) * rank)
+
+    acc = fold_dot(window, weight, len(steps), (n, groups, cout_g) + out_spatial)
+    acc = acc.reshape((n, a["out_channels"]) + out_spatial)
+    acc += b.reshape((-1,) + (1,) * rank)
+    return acc.reshape(node.out_shape)

@@ -22,7 +22,8 @@ from ..interval_arith import DomainError, decreasing, exp_at, expm1_at, library_
     tanh_at
 from ..interval_round import Box, down, lib_bounds, up
 from ..records import fail
-from .table import domain_error, float_binary, float_rule, float_unary, interval_pointwise, \
+from ..folds import libm
+from .table import domain_error, exact_rule, float_binary, float_rule, float_unary, interval_pointwise, \
     interval_rule, on_ends
 
 __all__ = ["LOG_DOMAIN_MESSAGE", "sqrt_box", "inv_box"]
@@ -35,8 +36,21 @@ LOG_DOMAIN_MESSAGE = ("IR eval: log: input contains values <= 0 (or NaN); use `s
 float_binary("add", np.add)
 float_binary("sub", np.subtract)
 float_binary("mul_elem", np.multiply)
-float_binary("max_elem", np.maximum)
-float_binary("min_elem", np.minimum)
+
+
+def lean_max(x: np.ndarray, y) -> np.ndarray:
+    """Lean core's ``maxOfLe``: ``if x <= y then y else x`` (order-dependent with NaN and signed
+    zeros: max(1, NaN) = 1, max(NaN, 1) = NaN; spec section 2.2)."""
+    return np.where(x <= y, y, x)
+
+
+def lean_min(x: np.ndarray, y) -> np.ndarray:
+    """``minOfLe``: ``if x <= y then x else y`` (min(NaN, 1) = 1, min(0.0, -0.0) = +0.0)."""
+    return np.where(x <= y, x, y)
+
+
+float_binary("max_elem", lean_max)
+float_binary("min_elem", lean_min)
 interval_rule("add")(lambda node, ps, rec: ia.add(ps[0], ps[1]))
 interval_rule("sub")(lambda node, ps, rec: ia.sub(ps[0], ps[1]))
 interval_rule("mul_elem")(lambda node, ps, rec: ia.mul(ps[0], ps[1]))
@@ -145,6 +159,17 @@ def log(node, xs, rec, dt):
     return np.log(x)
 
 
+for _kind in ("exp", "tanh", "sin", "cos"):
+    exact_rule(_kind)((lambda name: lambda node, xs, rec, dt: libm(name, xs[0]))(_kind))
+
+
+@exact_rule("log")
+def log_exact(node, xs, rec, dt):
+    if not np.all(xs[0] > 0):
+        raise fail(node, LOG_DOMAIN_MESSAGE)
+    return libm("log", xs[0])
+
+
 @interval_pointwise("log")
 def log_box(a: Box, attrs: Mapping[str, Any]) -> Box:
     if np.any(a[0] <= 0):
@@ -183,17 +208,21 @@ def log2_box(a: Box, attrs: Mapping[str, Any]) -> Box:
 # -- roots ------------------------------------------------------------------------------------
 
 
-# Spec 2.2's sqrt has no domain check (Lean gives NaN below 0); sqrt(-0.0) = -0.0 is kept.
-_defined_where("sqrt", np.sqrt, lambda x: x >= 0, "negative values")
+@float_rule("sqrt")
+def sqrt(node, xs, rec, dt):
+    """TorchLean's ``sqrtSpec``: ``sqrt(max(x, 0))``, so a negative input (and -0.0) gives +0.0 and
+    NaN stays NaN (spec section 2.2, corrected 12-01)."""
+    return np.sqrt(lean_max(xs[0], dt.type(0)))
+
+
 _defined_where("rsqrt", lambda x: 1 / np.sqrt(x), lambda x: x > 0, "values <= 0")
 
 
 def sqrt_box(a: Box) -> Box:
-    """sqrt on the box clipped to [0, inf) (TorchLean's rule); fails when the box is all negative."""
-    if np.any(a[1] < 0):
-        raise DomainError(f"sqrt: box lies below 0 (hi = {float(np.min(a[1]))})")
+    """sqrt(max(x, 0)) (TorchLean's ``sqrtSpec``): the box clipped to [0, inf), a box below 0 gives [0, 0]."""
     with np.errstate(all="ignore"):
-        return np.maximum(down(np.sqrt(np.maximum(a[0], 0.0))), 0.0), up(np.sqrt(a[1]))
+        return (np.maximum(down(np.sqrt(np.maximum(a[0], 0.0))), 0.0),
+                np.where(a[1] <= 0, 0.0, up(np.sqrt(np.maximum(a[1], 0.0)))))
 
 
 interval_pointwise("sqrt")(lambda a, attrs: sqrt_box(a))
@@ -201,6 +230,8 @@ interval_pointwise("sqrt")(lambda a, attrs: sqrt_box(a))
 
 @interval_pointwise("rsqrt")
 def rsqrt_box(a: Box, attrs: Mapping[str, Any]) -> Box:
+    if np.any(a[1] < 0):
+        raise DomainError(f"rsqrt: box lies below 0 (hi = {float(np.min(a[1]))})")
     s = sqrt_box(a)
     with np.errstate(all="ignore"):
         return down(1.0 / s[1]), up(1.0 / s[0])

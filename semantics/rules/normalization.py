@@ -18,8 +18,9 @@ from .. import interval_arith as ia
 from ..interval_arith import DomainError
 from ..interval_round import Box, down, sum_bounds, up
 from ..records import in_dtype
-from .elementwise import sqrt_box
-from .table import FLOAT_RULES, INTERVAL_RULES, float_params, float_rule, interval_rule, read_params
+from .elementwise import lean_max, sqrt_box
+from ..folds import fold_sum
+from .table import FLOAT_RULES, INTERVAL_RULES, exact_rule, float_params, float_rule, interval_rule, read_params
 
 __all__ = ["layernorm_box", "batch_norm_box"]
 
@@ -33,15 +34,32 @@ def layernorm(node, xs, rec, dt):
     if x.size == 0:
         return x
     axes = tuple(range(ax, x.ndim))
-    mean = np.mean(x, axis=axes, keepdims=True)
-    centered = x - mean
-    var = np.maximum(np.mean(centered * centered, axis=axes, keepdims=True), 0)
+    centered = x - np.mean(x, axis=axes, keepdims=True)
+    # TorchLean's reduceVar centres again: two-pass population variance of the centred row
+    again = centered - np.mean(centered, axis=axes, keepdims=True)
+    var = lean_max(np.mean(again * again, axis=axes, keepdims=True), dt.type(0))
     y = centered / np.sqrt(var + node.attrs["eps"])
-    if gamma is not None:
-        y *= gamma
-    if beta is not None:
-        y += beta
+    y *= gamma if gamma is not None else dt.type(1)
+    y += beta if beta is not None else dt.type(0)  # Lean adds its zero beta: -0.0 becomes +0.0
     return y
+
+
+@exact_rule("layernorm")
+def layernorm_exact(node, xs, rec, dt):
+    """``Spec.layerNorm`` on the [R, E] view: mean = fold/E, c = x - mean, var = max(reduceVar(c), 0)
+    with reduceVar centring again, y = c / sqrt(var + eps) * gamma + beta (ones/zeros when absent)."""
+    x, ax = xs[0], node.attrs["axis"]
+    gamma, beta = float_params(node, rec, x.shape, dt)
+    if x.size == 0:
+        return x
+    e = int(np.prod(x.shape[ax:]))
+    rows = x.reshape(-1, e)
+    c = rows - (fold_sum(rows, 1) / e)[:, None]
+    d = c - (fold_sum(c, 1) / e)[:, None]
+    var = lean_max(fold_sum(d * d, 1) / e, 0.0)
+    y = c / np.sqrt(var + node.attrs["eps"])[:, None]
+    y = y * (gamma.reshape(-1) if gamma is not None else 1.0) + (beta.reshape(-1) if beta is not None else 0.0)
+    return y.reshape(x.shape)
 
 
 @float_rule("batch_norm_eval")
@@ -50,7 +68,7 @@ def batch_norm_eval(node, xs, rec, dt):
     p = float_params(node, rec, x.shape, dt)
     shape = (-1,) + (1,) * (x.ndim - ax - 1)
     mean, var, gamma, beta = (a.reshape(shape) for a in (p.running_mean, p.running_var, p.weight, p.bias))
-    return (x - mean) / np.sqrt(np.maximum(var, 0) + node.attrs["eps"]) * gamma + beta
+    return (x - mean) / np.sqrt(lean_max(var, dt.type(0)) + node.attrs["eps"]) * gamma + beta
 
 
 def layernorm_box(a: Box, axis: int, eps: float, gamma: np.ndarray | None, beta: np.ndarray | None) -> Box:

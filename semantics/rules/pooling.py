@@ -17,7 +17,7 @@ from ..conv import EMPTY_WINDOW, avg_pool_divisor, pool_nd, pool_out_spatial
 from ..interval_arith import DomainError, divide_exact
 from ..interval_round import Box, clean, down, gamma, up
 from ..resize import resize_linear, resize_linear_box
-from .table import domain_error, float_rule, interval_rule, on_ends
+from .table import domain_error, exact_rule, float_rule, interval_rule, on_ends
 
 __all__ = ["avg_pool_box"]
 
@@ -28,8 +28,9 @@ def _out_spatial(node: Node) -> tuple[int, ...]:
 
 @float_rule("max_pool")
 def max_pool(node, xs, rec, dt):
+    """TorchLean's ``maxPoolValue``: padded cells ignored, the first maximum wins (``cell > best``)."""
     a, r = node.attrs, node.attrs["spatial_rank"]
-    return pool_nd(xs[0], mode="max", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
+    return pool_nd(xs[0], mode="max_first", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
                    padding_after=a["padding"], dilation=(1,) * r, out_spatial=_out_spatial(node))
 
 
@@ -50,6 +51,16 @@ def avg_pool(node, xs, rec, dt):
     return pool_nd(xs[0], mode="avg", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
                    padding_after=a["padding"], dilation=(1,) * r, out_spatial=_out_spatial(node),
                    divisor=float(math.prod(a["kernel"])))
+
+
+@exact_rule("avg_pool")
+def avg_pool_exact(node, xs, rec, dt):
+    """Every window summed cell by cell in row-major order from +0.0 (padded cells add +0.0, which
+    changes nothing), whatever the window's size; then divided by prod(kernel)."""
+    a, r = node.attrs, node.attrs["spatial_rank"]
+    return pool_nd(xs[0], mode="avg", kernel=a["kernel"], stride=a["stride"], padding=a["padding"],
+                   padding_after=a["padding"], dilation=(1,) * r, out_spatial=_out_spatial(node),
+                   divisor=float(math.prod(a["kernel"])), sequential=True)
 
 
 @float_rule("avg_pool_nd")

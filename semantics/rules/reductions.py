@@ -17,8 +17,9 @@ from ..interval_arith import DomainError, divide_exact
 from ..interval_round import Box, clean, down, gamma, sum_bounds, up
 from ..records import fail
 from torchlean_bridge.ops import fmt_shape
-from .table import FLOAT_RULES, INTERVAL_RULES, FloatRule, IntervalRule, domain_error, float_rule, interval_rule, \
-    on_ends
+from ..folds import fold_sum
+from .table import FLOAT_RULES, INTERVAL_RULES, FloatRule, IntervalRule, domain_error, exact_rule, float_rule, \
+    interval_rule, on_ends
 
 __all__ = ["running_sum", "sorted_values", "mean_box"]
 
@@ -48,6 +49,32 @@ float_rule("reduce_sum")(lambda node, xs, rec, dt: np.sum(xs[0], axis=node.attrs
 float_rule("reduce_mean")(lambda node, xs, rec, dt: np.mean(xs[0], axis=node.attrs["axis"]))
 interval_rule("reduce_sum")(lambda node, ps, rec: sum_bounds(*ps[0], node.attrs["axis"]))
 interval_rule("reduce_mean")(lambda node, ps, rec: mean_box(ps[0], node.attrs["axis"]))
+
+# exact mode: ``tensorFoldlSpec (+) 0`` (row-major for ``sum``), ``reduce_mean = sum / axisSize``
+exact_rule("sum")(lambda node, xs, rec, dt: fold_sum(xs[0].reshape(-1), 0))
+exact_rule("reduce_sum")(lambda node, xs, rec, dt: fold_sum(xs[0], node.attrs["axis"]))
+exact_rule("reduce_mean")(lambda node, xs, rec, dt: fold_sum(xs[0], node.attrs["axis"])
+                          / xs[0].shape[node.attrs["axis"]])
+
+
+def _lowered_reduction(mean: bool) -> FloatRule:
+    """TorchLean's importer lowers a multi-axis reduction to one single-axis reduction per axis, the
+    largest axis first (each followed by a reshape re-inserting it when ``keepdim``)."""
+    def run(node, xs, rec, dt):
+        axes, x = sorted(node.attrs["axes"], reverse=True), xs[0]
+        if mean and any(x.shape[a] == 0 for a in axes):
+            raise domain_error(node, f"reduction over an empty axis of shape {fmt_shape(x.shape)}")
+        for a in axes:
+            n = x.shape[a]
+            x = fold_sum(x, a) / n if mean else fold_sum(x, a)
+            if node.attrs["keepdim"]:
+                x = np.expand_dims(x, a)
+        return x
+    return run
+
+
+exact_rule("reduce_sum_axes")(_lowered_reduction(mean=False))
+exact_rule("reduce_mean_axes")(_lowered_reduction(mean=True))
 
 # -- reductions over several axes -------------------------------------------------------------
 
@@ -215,6 +242,15 @@ def mse_loss(node, xs, rec, dt):
                          f"vs {fmt_shape(xs[1].shape)}")
     d = xs[0] - xs[1]
     return np.sum(d * d) / max(d.size, 1)
+
+
+@exact_rule("mse_loss")
+def mse_loss_exact(node, xs, rec, dt):
+    """``sumSpec ((y - t) * (y - t)) / meanDenominator``: a row-major fold from +0.0."""
+    if xs[0].shape != xs[1].shape:
+        return mse_loss(node, xs, rec, dt)  # the default rule's refusal
+    d = xs[0] - xs[1]
+    return fold_sum((d * d).reshape(-1), 0) / max(d.size, 1)
 
 
 @interval_rule("mse_loss")

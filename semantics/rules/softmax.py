@@ -17,7 +17,8 @@ from ..interval_arith import exp_at, log_at
 from ..interval_round import Box, clean, down, sum_nonneg_bounds, up
 from ..records import fail
 from .activations import sigmoid_at, softplus_at
-from .table import float_rule, interval_rule
+from ..folds import fold_sum, libm
+from .table import exact_rule, float_rule, interval_rule
 
 __all__ = ["softmax_box", "log_softmax_box"]
 
@@ -47,13 +48,54 @@ def log_softmax(node, xs, rec, dt):
 def hard_masked_softmax(node, xs, rec, dt):
     x = xs[0]
     allowed = np.asarray(node.attrs["allowed"], dtype=bool).reshape(x.shape)
+    if x.ndim == 0:  # Spec.hardMaskedSoftmaxSpec on a scalar: 1 if allowed, else 0
+        return np.asarray(1 if allowed else 0, dtype=dt)
     if x.shape[-1] == 0:
         return x
-    m = np.max(x, axis=-1, keepdims=True, where=allowed, initial=-np.inf)
+    any_allowed = allowed.any(axis=-1, keepdims=True)
+    m = np.where(any_allowed[..., 0], _first_seeded_max(x, allowed), 0)[..., None]
     e = np.zeros_like(x)
     np.exp(x - m, out=e, where=allowed)
-    total = np.sum(e, axis=-1, keepdims=True)
-    return np.divide(e, total, out=np.zeros_like(x), where=total > 0)
+    # TorchLean divides every numerator, blocked zeros included (0 / NaN is NaN); a fully blocked row is zeros
+    return np.where(any_allowed, e / np.sum(e, axis=-1, keepdims=True), 0)
+
+
+def _first_seeded_max(x: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+    """TorchLean's row maximum over the last axis: seeded with the first (allowed) entry, replaced by
+    a later entry only when it is greater, so NaN counts only as the first entry. Equal to the
+    largest non-NaN entry unless the first is NaN (which value of +-0 wins does not matter here:
+    the maximum is only subtracted before exp)."""
+    keep = np.ones(x.shape, bool) if allowed is None else allowed
+    m = np.fmax.reduce(np.where(keep, x, -np.inf), axis=-1)
+    first = np.argmax(keep, axis=-1)[..., None]
+    first_value = np.take_along_axis(x, first, axis=-1)[..., 0]
+    return np.where(np.isnan(first_value), np.nan, m)
+
+
+@exact_rule("softmax")
+def softmax_exact(node, xs, rec, dt):
+    """``softmaxSpec``: the axis moved innermost, e = exp(x - m) (libm), divided by its fold from +0.0."""
+    x, ax = xs[0], node.attrs["axis"]
+    if not ax < x.ndim or x.shape[ax] == 0:
+        return softmax(node, xs, rec, dt)
+    inner = np.moveaxis(x, ax, -1)
+    e = libm("exp", inner - _first_seeded_max(inner)[..., None])
+    return np.moveaxis(e / fold_sum(e, -1)[..., None], -1, ax)
+
+
+@exact_rule("hard_masked_softmax")
+def hard_masked_softmax_exact(node, xs, rec, dt):
+    """``hardMaskedSoftmaxVecSpec`` per last-axis row: numerators exp(x - rowMax) where allowed, 0
+    elsewhere, each divided by their fold; a fully blocked row is zeros; a scalar is 1 or 0."""
+    x = xs[0]
+    allowed = np.asarray(node.attrs["allowed"], dtype=bool).reshape(x.shape)
+    if x.ndim == 0 or x.shape[-1] == 0:
+        return hard_masked_softmax(node, xs, rec, dt)
+    any_allowed = allowed.any(axis=-1)
+    m = np.where(any_allowed, _first_seeded_max(x, allowed), 0.0)
+    numerators = np.where(allowed, libm("exp", np.where(allowed, x - m[..., None], 0.0)), 0.0)
+    y = numerators / fold_sum(numerators, -1)[..., None]
+    return np.where(any_allowed[..., None], y, 0.0)
 
 
 def _log_others(num: np.ndarray, den: np.ndarray, axis: int, allowed: np.ndarray | None, upper: bool) -> np.ndarray:
@@ -108,4 +150,7 @@ interval_rule("log_softmax")(lambda node, ps, rec: log_softmax_box(ps[0], node.a
 @interval_rule("hard_masked_softmax")
 def hard_masked_softmax_box(node, ps, rec):
     allowed = np.asarray(node.attrs["allowed"], dtype=bool).reshape(ps[0][0].shape)
+    if allowed.ndim == 0:
+        one = np.asarray(1.0 if allowed else 0.0)
+        return one, one
     return softmax_box(ps[0], ps[0][0].ndim - 1, allowed)

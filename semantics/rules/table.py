@@ -10,6 +10,10 @@ together::
     @interval_rule("relu")
     def relu_box(node, boxes, rec): ...     # boxes: parent (lo, hi) pairs of float64 arrays
 
+``EXACT_RULES`` holds the exact float64 mode's rules (TorchLean's fold orders and C libm, see
+``semantics.folds``) for the v1 kinds whose default float64 rule rounds differently; every other
+kind runs its ``FLOAT_RULES`` rule in that mode.
+
 ``rec`` is the node's payload record (``{role: ndarray}``); rules read it through ``read_params``,
 which checks it against the node (``semantics.records``) and converts it for the domain, or returns
 the parameters an evaluator prepared once (``PREPARED``). A new domain (linear bounds) adds one
@@ -26,7 +30,7 @@ from torchlean_bridge.graph import Node
 
 from ..records import PREPARED, READERS, fail
 
-__all__ = ["RuleTable", "FLOAT_RULES", "INTERVAL_RULES", "float_rule", "interval_rule", "float_unary",
+__all__ = ["RuleTable", "FLOAT_RULES", "INTERVAL_RULES", "EXACT_RULES", "float_rule", "interval_rule", "exact_rule", "float_unary",
            "float_binary", "interval_pointwise", "on_ends", "POINTWISE_INTERVAL_KINDS", "read_params",
            "float_params", "domain_error", "FloatRule", "IntervalRule", "Box"]
 
@@ -59,8 +63,11 @@ class RuleTable(dict):
 
 FLOAT_RULES = RuleTable("float")
 INTERVAL_RULES = RuleTable("interval")
+# the exact float64 mode: TorchLean's accumulation orders and libm where they differ from FLOAT_RULES
+EXACT_RULES = RuleTable("exact float64")
 float_rule = FLOAT_RULES.register
 interval_rule = INTERVAL_RULES.register
+exact_rule = EXACT_RULES.register
 
 
 def float_unary(kind: str, fn: Callable[[np.ndarray], np.ndarray]) -> None:

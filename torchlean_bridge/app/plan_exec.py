@@ -121,12 +121,15 @@ def execute_plan(g: Graph, payload: Payload | None, inputs: Any, plan: Any, dtyp
 
 
 def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", all_nodes: bool = False,
-             check: bool = True, plan: Any = None) -> list[np.ndarray]:
-    """``tlb.evaluate``: the reference evaluator (``semantics.evaluate.evaluate``), or with ``plan``
-    (a ``KernelPlan``, a ``KernelPolicy`` or a saved plan's path) each node run by its planned provider."""
+             check: bool = True, plan: Any = None, exact: bool = False) -> list[np.ndarray]:
+    """``tlb.evaluate``: the reference evaluator (``semantics.evaluate.evaluate``, ``exact`` its
+    TorchLean-exact float64 mode), or with ``plan`` (a ``KernelPlan``, a ``KernelPolicy`` or a saved
+    plan's path) each node run by its planned provider."""
     if plan is None:
         from semantics.evaluate import evaluate as reference_evaluate
-        return reference_evaluate(g, payload, inputs, dtype=dtype, all_nodes=all_nodes, check=check)
+        return reference_evaluate(g, payload, inputs, dtype=dtype, all_nodes=all_nodes, check=check, exact=exact)
+    if exact:
+        raise BridgeError("evaluate: exact=True is the reference evaluator's mode; it does not apply to a plan")
     return execute_plan(g, payload, inputs, plan, dtype=dtype, all_nodes=all_nodes, check=check)
 
 

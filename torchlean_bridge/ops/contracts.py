@@ -39,6 +39,7 @@ __all__ = [
     "current_element_limit",
     "check_buffer",
     "window_buffers",
+    "check_per_axis",
 ]
 
 Shape = tuple[int, ...]
@@ -77,6 +78,7 @@ def window_buffers(p: Shape, out: Shape, kernel: Sequence[int], stride: Sequence
     """Buffers of a pooling window over the trailing ``len(kernel)`` axes: the padded input, the
     per-axis window tables (``out * kernel``) and the window reads (``numel(out) * prod(kernel)``)."""
     r = len(kernel)
+    check_per_axis(tag, r, stride=stride, padding=padding, padding_after=padding_after)
     lead, spatial, out_spatial = p[:len(p) - r], p[len(p) - r:], out[len(out) - r:]
     # (ceil mode may pad up to one stride more on the far side)
     padded = numel(lead) * math.prod(n + b + a + s for n, b, a, s in zip(spatial, padding, padding_after, stride))
@@ -194,11 +196,15 @@ def v1_pool_out_dim(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
 
-def _per_axis(tag: str, spatial_rank: int, **lists: Sequence[int]) -> None:
+def check_per_axis(tag: str, spatial_rank: int, **lists: Sequence[int]) -> None:
     """Every per-axis attribute has one entry per spatial axis (importers build attrs from files)."""
+    limit = _ELEMENT_LIMIT.get()
     for name, values in lists.items():
         if len(values) != spatial_rank:
             raise ShapeRuleError(f"{tag}: {name} has {len(values)} entries, expected spatial rank {spatial_rank}")
+        for v in values:
+            if v > limit:  # no extent can be larger, and strided views would overflow their byte steps
+                raise ShapeRuleError(f"{tag}: {name} {fmt_shape(values)} has an entry above the limit of {limit}")
 
 
 def _conv_shape(p: Shape, extent: Callable[[int, int], int], *, spatial_rank: int, kernel: Sequence[int],
@@ -240,7 +246,8 @@ def conv_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[int], stride
                    groups: int, channel_axis: int, in_channels: int, out_channels: int,
                    tag: str = "conv") -> Shape:
     """``OpContracts.inferConvConfigOutShape``, checks in TorchLean's order."""
-    _per_axis(tag, spatial_rank, stride=stride, padding=padding, padding_after=padding_after, dilation=dilation)
+    check_per_axis(tag, spatial_rank, kernel=kernel, stride=stride, padding=padding, padding_after=padding_after,
+              dilation=dilation)
     def extent(k: int, axis: int) -> int:
         d = window_out_dim(p[axis], kernel[k], stride[k], padding[k], padding_after[k], dilation[k])
         if d is None:
@@ -273,7 +280,7 @@ def conv_transpose_out_shape(p: Shape, *, spatial_rank: int, kernel: Sequence[in
                              tag: str = "conv_transpose") -> Shape:
     """PyTorch's ``conv_transposeNd`` / ONNX ``ConvTranspose`` extent per spatial axis:
     ``(in - 1)*stride + dilation*(kernel - 1) + 1 - padding - padding_after + output_padding``."""
-    _per_axis(tag, spatial_rank, stride=stride, padding=padding, padding_after=padding_after,
+    check_per_axis(tag, spatial_rank, kernel=kernel, stride=stride, padding=padding, padding_after=padding_after,
               output_padding=output_padding, dilation=dilation)
     def extent(k: int, axis: int) -> int:
         if output_padding[k] >= max(stride[k], dilation[k]):

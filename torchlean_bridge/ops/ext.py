@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import ShapeRuleError
 from .contracts import (Shape, can_broadcast_to, check_axis, conv_transpose_out_shape, fmt_shape, reduce_shape,
                         slice_extent,
-                        v1_pool_out_dim, window_buffers, window_out_dim)
+                        check_per_axis, v1_pool_out_dim, window_buffers, window_out_dim)
 from .registry import BOOL, ELEMENT_TYPES, FLOAT, INT64, Attr, OpSpec, ParamRole, register, same_as_parent
 from .v1 import CONV_ATTRS, _axis_keep, _identity, _same_shape
 
@@ -272,6 +272,7 @@ def _pool_nd(tag: str):
         s, r = p[0], attrs["spatial_rank"]
         if r <= 0 or r > len(s):
             raise ShapeRuleError(f"{tag}: spatial rank {r} invalid for input rank {len(s)}")
+        check_per_axis(tag, r, **{k: attrs[k] for k in ("kernel", "stride", "padding", "padding_after", "dilation")})
         if any(k == 0 for k in attrs["kernel"]) or any(k == 0 for k in attrs["stride"]) \
                 or any(k == 0 for k in attrs["dilation"]):
             raise ShapeRuleError(f"{tag}: kernel, stride and dilation extents must be nonzero")

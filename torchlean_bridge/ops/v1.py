@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import ShapeRuleError
 from .contracts import (Shape, can_broadcast_to, check_axis, concat_shape, conv_out_shape, fmt_array,
-                        fmt_shape, matmul_dims, numel, v1_pool_out_dim, window_buffers)
+                        fmt_shape, matmul_dims, numel, v1_pool_out_dim, window_buffers, check_per_axis)
 from .registry import FLOAT, Attr, OpSpec, ParamRole, register, same_as_parent
 
 A = Mapping[str, Any]
@@ -143,6 +143,7 @@ def _pool(tag: str):
             raise ShapeRuleError(f"{tag}: spatial rank must be > 0")
         if r > len(s):
             raise ShapeRuleError(f"{tag}: kernel rank {r} exceeds input rank {len(s)}")
+        check_per_axis(tag, r, kernel=kernel, stride=stride, padding=padding)
         if any(k == 0 for k in kernel):
             raise ShapeRuleError(f"{tag}: kernel extents must be nonzero")
         if any(k == 0 for k in stride):

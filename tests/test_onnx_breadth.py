@@ -334,3 +334,15 @@ def test_every_integer_kind_refuses_interval_bounds_by_name():
         x = [np.zeros(3, np.int64 if dtype == "int64" else np.float64)] * arity
         with pytest.raises(tlb.BridgeError, match=f"no interval rule for {kind}: "):
             tlb.interval_bounds(g, None, x, x)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_unsigned_bitshift_exports_to_onnxruntime(direction):
+    x = np.array([1, 200, 255, 7, 128, 3], np.uint8)
+    s = np.array([0, 1, 7, 8, 9, 3], np.uint8)
+    m = _model([N("BitShift", ["x", "s"], ["y"], direction=direction)], [("x", TP.UINT8, [6]), ("s", TP.UINT8, [6])],
+               [("y", TP.UINT8, None)], opset=18)
+    exported = tlb.export_onnx(tlb.import_onnx(m))
+    feeds = {exported.graph.input[0].name: x.astype(np.int64), exported.graph.input[1].name: s.astype(np.int64)}
+    got = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.array_equal(got, _reference(m, {"x": x, "s": s})[0].astype(np.int64))

@@ -9,7 +9,6 @@ folder whose manifest is missing, lists a file that is not there, or disagrees w
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from torchlean_bridge.report import jsonable
 from torchlean_bridge.roles import RoleMap
 from torchlean_bridge.wire import dump_graph, dumps_document, loads_document, parse_document
 
-from .payload_safetensors import payload_from_file, write_payload
+from .payload_safetensors import file_sha256, payload_from_file, write_payload
 
 __all__ = ["save", "load", "GRAPH_FILE", "PAYLOAD_FILE", "ROLES_FILE", "REPORT_FILE", "MANIFEST_FILE",
            "MANIFEST_FORMAT", "file_sha256"]
@@ -36,15 +35,6 @@ _CONTENT_FILES = (GRAPH_FILE, PAYLOAD_FILE, ROLES_FILE, REPORT_FILE)
 # saved beside a bundle by `torchlean-bridge plan --save` (app/kernel_plan.py); made for the old graph,
 # so a new save may replace it with the rest of the folder
 _COMPANION_FILES = ("kernel_plan.json",)
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, read in blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _is_bundle_folder(folder: Path) -> bool:

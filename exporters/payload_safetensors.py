@@ -10,6 +10,7 @@ view of the mapped file, so neither side holds a second copy of the whole payloa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import re
@@ -25,7 +26,7 @@ from torchlean_bridge.ops.contracts import MAX_RANK
 from torchlean_bridge.payload import Payload, tensor_sha256
 
 __all__ = ["payload_to_bytes", "payload_from_file", "write_payload", "split_key", "index_safetensors",
-           "SafetensorsIndex", "MAX_HEADER_BYTES"]
+           "SafetensorsIndex", "MAX_HEADER_BYTES", "file_sha256"]
 
 _META_KEY = "torchlean_bridge.sha256"
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own cap on the JSON header
@@ -232,3 +233,12 @@ def payload_from_file(path: str | Path, verify: bool = True, max_elements: int =
     for k, a in tensors.items():
         payload.set(*split_key(k), a)
     return payload
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -21,8 +21,7 @@ from torchlean_bridge.passes.v1_rewrite import rewrite_to_v1
 from torchlean_bridge.v1compat import v1_blocking_nodes
 from torchlean_bridge.wire import dumps_document, graph_to_wire
 
-from .folder import file_sha256
-from .payload_safetensors import payload_from_file, write_payload
+from .payload_safetensors import file_sha256, payload_from_file, write_payload
 
 __all__ = ["export_torchlean", "torchlean_blocking_nodes", "to_v1_graph", "payload_file_for",
            "read_companion_payload"]

@@ -187,12 +187,16 @@ def dead_after(g: Graph) -> list[list[int]]:
 
 
 def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[int], Record],
-        all_nodes: bool = False, frees: Sequence[Sequence[int]] | None = None) -> list[Any]:
+        all_nodes: bool = False, frees: Sequence[Sequence[int]] | None = None, local_checks: bool = False
+        ) -> list[Any]:
     """The value of every node (``all_nodes``) or of the outputs, in ``domain``.
 
     ``seeds`` maps each input node id to its value (the caller's array, or a box) as read at entry;
     ``record(nid)`` is the node's payload record; ``frees`` (``dead_after(g)``) may be passed by a
-    caller that evaluates one graph many times.
+    caller that evaluates one graph many times. ``local_checks`` (a graph whose shapes were not
+    checked up front) also runs each node's shape rule on its parents' shapes once the rule has
+    run (its own checks and messages come first, as in TorchLean's ``denoteAll``), so a malformed
+    node is refused, never silently broadcast.
     """
     values: list[Any] = [None] * len(g.nodes)
     if not all_nodes and frees is None:
@@ -206,6 +210,10 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
             else:
                 parents = [_parent(domain, node, p, values) for p in node.parents]
             values[node.id] = node_value(domain, node, parents, record(node.id))
+            if local_checks and node.kind != "input":  # after the rule's own checks and messages
+                malformed = _malformed(node, [domain.shape(p) for p in parents])
+                if malformed is not None:
+                    raise domain.fail(node, malformed)
             if not all_nodes:
                 for dead in frees[node.id]:  # type: ignore[index]
                     values[dead] = None

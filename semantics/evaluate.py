@@ -134,7 +134,7 @@ def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float
         check_well_formed(g)
     payload = payload if payload is not None else Payload()
     seeds = dict(zip(g.inputs, input_list(inputs, len(g.inputs))))
-    return run(g, domain, seeds, stream_records(g, payload.record), all_nodes=all_nodes)
+    return run(g, domain, seeds, stream_records(g, payload.record), all_nodes=all_nodes, local_checks=not check)
 
 
 def denote_all(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", exact: bool = False

@@ -512,6 +512,50 @@ def timm_vit() -> Made:
     return model, (_x(1, 3, 32, 32),)
 
 
+def tv_squeezenet() -> Made:
+    return _torchvision().models.squeezenet1_1(weights=None, num_classes=10), (_x(1, 3, 64, 64),)
+
+
+def tv_shufflenet() -> Made:
+    """Channel shuffle (view/transpose/view) and chunk."""
+    return _randomize_bn(_torchvision().models.shufflenet_v2_x0_5(weights=None, num_classes=10)), (_x(1, 3, 32, 32),)
+
+
+def tv_densenet() -> Made:
+    from torchvision.models.densenet import DenseNet
+    _torchvision()
+    model = DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=8, num_classes=10)
+    return _randomize_bn(model), (_x(1, 3, 32, 32),)
+
+
+def tv_googlenet() -> Made:
+    """Inception branches concatenated; the input transform off (``transform_input=False``)."""
+    model = _torchvision().models.googlenet(weights=None, num_classes=10, aux_logits=False, init_weights=False)
+    return _randomize_bn(model), (_x(1, 3, 64, 64),)
+
+
+def tv_regnet() -> Made:
+    return _randomize_bn(_torchvision().models.regnet_y_400mf(weights=None, num_classes=10)), (_x(1, 3, 32, 32),)
+
+
+def tv_r3d() -> Made:
+    """A video model: 3-D convolutions, batch norm and pooling over (time, height, width)."""
+    return _randomize_bn(_torchvision().models.video.r3d_18(weights=None, num_classes=10)), (_x(1, 3, 4, 32, 32),)
+
+
+def timm_mobilevit() -> Made:
+    """Unfolded patches attended as tokens; its forward branches on a tensor's value, so fx refuses."""
+    _torchvision()
+    import timm
+    return _randomize_bn(timm.create_model("mobilevit_xxs", pretrained=False, num_classes=10)), (_x(1, 3, 64, 64),)
+
+
+def timm_poolformer() -> Made:
+    _torchvision()
+    import timm
+    return timm.create_model("poolformer_s12", pretrained=False, num_classes=10), (_x(1, 3, 64, 64),)
+
+
 def hf_roberta() -> Made:
     """Position ids from a running count of the non-padding tokens (integer cumsum and arithmetic)."""
     from transformers import RobertaConfig, RobertaModel
@@ -523,7 +567,8 @@ def hf_roberta() -> Made:
 
 
 REAL_ARCHITECTURES = ("tv_alexnet", "tv_resnet18", "tv_mobilenet_v3", "tv_efficientnet", "tv_convnext", "tv_swin",
-                      "tv_maxvit", "timm_levit", "timm_vit")
+                      "tv_maxvit", "tv_squeezenet", "tv_shufflenet", "tv_densenet", "tv_googlenet", "tv_regnet", "tv_r3d",
+                      "timm_levit", "timm_vit", "timm_poolformer")
 
 
 # -- the catalogue -----------------------------------------------------------------------------------------
@@ -566,6 +611,7 @@ CASES: dict[str, ZooCase] = {c.name: c for c in [
 # (tests/test_import_torch_real.py); kept out of CASES, whose routes include the ONNX round trips
 REAL: dict[str, ZooCase] = {name: ZooCase(name, globals()[name], slow=True, tags=("real",))
                             for name in REAL_ARCHITECTURES}
+REAL["timm_mobilevit"] = ZooCase("timm_mobilevit", timm_mobilevit, fx=False, slow=True, tags=("real",))
 REAL["hf_roberta"] = ZooCase("hf_roberta", hf_roberta, fx=False, slow=True, tags=("real", "transformers"))
 REAL["hf_bert"] = ZooCase("hf_bert", hf_bert, fx=False, slow=True, tags=("real", "transformers"))
 

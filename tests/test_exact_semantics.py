@@ -474,3 +474,60 @@ def test_exact_mode_uses_the_c_library_where_numpy_differs():
     with pytest.raises(tlb.BridgeError, match="exact mode computes in float64"):
         g, x = _unary("exp", np.zeros(2))
         tlb.evaluate(g, None, x, dtype="float32", exact=True)
+
+
+# -- the application layer: eval --exact, diff's per-node comparison with the exact mode -------------
+
+
+def test_eval_prints_the_value_table_of_either_mode(tmp_path, capsys):
+    from torchlean_bridge.app.cli import main
+    from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle
+    tlb.save(seed_mlp_bundle(), tmp_path / "seed")
+    np.save(tmp_path / "x.npy", SEED_X0)
+    args = ["eval", str(tmp_path / "seed"), "--input", str(tmp_path / "x.npy"), "--all-nodes"]
+    assert main(args) == 0
+    default = capsys.readouterr().out
+    assert main(args + ["--exact"]) == 0
+    assert capsys.readouterr().out == default  # the seed MLP is bit-identical in both modes at x0
+    assert main(args + ["--exact", "--json"]) == 0
+    import json
+    doc = json.loads(capsys.readouterr().out)
+    table = tlb.evaluate(seed_mlp_bundle().graph, seed_mlp_bundle().payload, SEED_X0, all_nodes=True, exact=True)
+    assert doc["exact"] is True and [n["value"] for n in doc["nodes"]] == [np.asarray(v).tolist() for v in table]
+    assert main(args + ["--exact", "--dtype", "float32"]) == 2
+
+
+def test_ulp64_distance_counts_representable_steps():
+    from torchlean_bridge.app.diff import ulp64_distance
+    one = np.array([1.0])
+    assert ulp64_distance(one, one) == 0
+    assert ulp64_distance(one, np.nextafter(one, 2)) == 1
+    assert ulp64_distance(np.array([0.0]), np.array([-0.0])) == 1
+    assert ulp64_distance(np.array([5e-324]), np.array([-5e-324])) == 3
+    assert ulp64_distance(np.array([np.nan]), np.array([np.nan])) == 0
+    assert ulp64_distance(np.array([np.nan]), one) == math.inf
+
+
+def test_diff_says_per_node_whether_default_is_bit_identical_to_exact():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3)).eval()
+    bundle = tlb.import_fx(module, (torch.randn(2, 64),))
+    report = tlb.diff(bundle, against="torch", module=module, random=2)
+    rows = {r.node: r for r in report.nodes}
+    assert all(r.exact_ulps is not None for r in rows.values())
+    x = [arr for _, arr in __import__("torchlean_bridge.app.diff", fromlist=["make_inputs"]).make_inputs(
+        bundle.graph, 2, 0)]
+    from torchlean_bridge.app.diff import ulp64_distance
+    worst = {n.id: 0.0 for n in bundle.graph.nodes}
+    for arrays in x:
+        arrays = [a.astype(np.float32).astype(np.float64) for a in arrays]  # as the torch oracle rounds them
+        d = tlb.evaluate(bundle.graph, bundle.payload.astype("float64"), arrays, all_nodes=True)
+        e = tlb.evaluate(bundle.graph, bundle.payload.astype("float64"), arrays, all_nodes=True, exact=True)
+        for n in bundle.graph.nodes:
+            worst[n.id] = max(worst[n.id], ulp64_distance(d[n.id], e[n.id]))
+    assert {nid: r.exact_ulps for nid, r in rows.items()} == worst
+    assert any(v > 0 for v in worst.values())  # a 64-term BLAS dot product is not the sequential fold
+    text = report.render()
+    assert "vs exact" in text and "bit-identical" in report.summary()
+    assert report.to_json()["nodes"][0]["exact_ulps"] == 0

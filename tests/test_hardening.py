@@ -101,6 +101,11 @@ def test_inline_grouped_conv_reads_the_diagonal_blocks_and_writes_them_back_dens
     assert tlb.export_torchlean(tlb.Bundle(g, payload), None)["nodes"][1]["weight"] == dense
 
 
+def test_inline_grouped_conv_with_weights_across_groups_is_refused() -> None:
+    with pytest.raises(WireError, match="nonzero entries outside its groups' diagonal blocks"):
+        parse_document(conv_doc(groups=2))  # every dense entry is nonzero
+
+
 def test_inline_conv_with_huge_groups_is_refused_at_once() -> None:
     start = time.monotonic()
     with pytest.raises(WireError, match="groups 2147483648 must be > 0 and divide"):
@@ -585,3 +590,17 @@ def test_leftover_temporary_folders_are_ignored(tmp_path) -> None:
     tlb.save(_other_bundle(), tmp_path / "b")
     assert tlb.load(tmp_path / "b") == _other_bundle()
     shutil.rmtree(tmp_path / ".b.tmp-xyz")
+
+
+def test_check_refuses_declared_shapes_with_negative_extents() -> None:
+    """Graphs built in code or by an importer (not only read from JSON) cannot carry a -1 extent."""
+    g = _graph(Node(0, [], "input", (-1,)), Node(1, [0], "relu", (-1,)))
+    with pytest.raises(GraphError, match=r"node 0: declared shape \[-1\] has a negative extent"):
+        tlb.check(g)
+    g = _graph(Node(0, [], "input", (0, 2 ** 62, 2 ** 62)), Node(1, [0], "relu", (0, 2 ** 62, 2 ** 62)))
+    with pytest.raises(GraphError, match="has an extent above the limit"):
+        tlb.check(g)
+    doc = seed_doc()
+    doc["nodes"][0]["shape"] = [0, 2 ** 62]
+    with pytest.raises(WireError, match="has an extent above the limit"):
+        parse_document(doc)

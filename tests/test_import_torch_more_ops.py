@@ -177,6 +177,9 @@ CASES: dict[str, tuple[Any, ...]] = {
                                      x[:, torch.arange(4), x[0, :, :4].argmax(0)]), X3, ("fx", "export")),
     # integer running sums and arithmetic, exact on floats for ranges proven at import
     "integer_cumsum": (lambda s, x: ((x > 0).long().cumsum(1) * 3 - torch.cumsum(x < 0, -1)).float(), X3, D),
+    # strided views of contiguous tensors (what decompositions leave of pooling)
+    "as_strided": (lambda s, x: (torch.as_strided(x * 2, (3, 4), (4, 1), 2), torch.as_strided(x + 1, (2, 3), (1, 6)),
+                                 F.adaptive_avg_pool2d(x, 1)), X3.reshape(2, 3, 12), ("export", "decomposed")),
     # adaptive pooling whose output size does not divide the input: PyTorch's variable windows
     "adaptive_avg_variable_windows": (lambda s, x: (F.adaptive_avg_pool2d(x, (3, 5)), F.adaptive_avg_pool1d(x[0], 4),
                                                     F.adaptive_avg_pool2d(x[:, :, :1, :1], 3)), X4, D),

@@ -291,3 +291,19 @@ def test_infinite_boxes_give_infinite_bounds_not_nan():
     b = bundle(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)), (1, 2))
     res = tlb.linear_bounds(b.graph, b.payload, np.array([[-np.inf, 0.0]]), np.array([[1.0, 1.0]]))
     assert not np.any(np.isnan(res.lower[0])) and not np.any(np.isnan(res.upper[0]))
+
+
+@pytest.mark.parametrize("name", ["cnn", "residual", "max pool overlapping"])
+def test_patch_passes_agree_with_dense_passes(name, monkeypatch):
+    """Convolutional intermediate bounds in patch form equal the dense computation up to rounding."""
+    import semantics.linear_bounds.crown as crown_mod
+    make, shape, eps = CASES[name]
+    b = bundle(make(), shape)
+    c = np.random.default_rng(3).uniform(-1, 1, shape)
+    patched = tlb.linear_bounds(b.graph, b.payload, c - eps, c + eps, all_nodes=True)
+    monkeypatch.setattr(crown_mod, "patchable", lambda run, t: False)
+    dense = tlb.linear_bounds(b.graph, b.payload, c - eps, c + eps, all_nodes=True)
+    for (plo, phi), (dlo, dhi) in zip(patched.boxes, dense.boxes):
+        scale = 1e-9 * (1 + np.abs(dlo).max() + np.abs(dhi).max())
+        np.testing.assert_allclose(plo, dlo, rtol=0, atol=scale)
+        np.testing.assert_allclose(phi, dhi, rtol=0, atol=scale)

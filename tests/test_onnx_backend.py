@@ -56,13 +56,18 @@ def test_float64_models_evaluate_and_answer_in_float64():
     assert backend.prepare(m).dtype == "float64" and tlb.import_onnx(m).report["precision"] == "float64"
 
 
-def test_outputs_have_the_models_integer_types_and_never_wrap():
-    m = _model([N("Cast", ["x"], ["y"], to=TP.INT32)], [("x", TP.FLOAT, [3])], [("y", TP.INT32, [3])])
+def test_outputs_have_the_models_integer_types_and_narrowing_casts_never_wrap():
+    m = _model([N("Cast", ["x"], ["y"], to=TP.INT64)], [("x", TP.FLOAT, [3])], [("y", TP.INT64, [3])])
     (y,) = backend.run_model(m, [np.array([1.5, -2.5, 7.0], np.float32)])
-    assert y.dtype == np.int32 and y.tolist() == [1, -2, 7]
-    m = _model([N("Identity", ["x"], ["y"])], [("x", TP.INT64, [2])], [("y", TP.UINT8, [2])])
+    assert y.dtype == np.int64 and y.tolist() == [1, -2, 7]
+    m = _model([N("ArgMax", ["x"], ["i"], axis=0), N("Cast", ["i"], ["y"], to=TP.UINT8)], [("x", TP.FLOAT, [300])],
+               [("y", TP.UINT8, [1])])
+    with pytest.raises(UnsupportedError, match="cast of a computed int64 tensor to uint8: values outside uint8 wrap"):
+        backend.run_model(m, [np.zeros(300, np.float32)])
+    from torchlean_bridge.app.onnx_backend import _output_array
+    assert _output_array(np.array([3, 200]), TP.UINT8, "y").dtype == np.uint8
     with pytest.raises(tlb.BridgeError, match=r"output `y` holds values in \[3, 300\], outside uint8"):
-        backend.run_model(m, [np.array([3, 300])])
+        _output_array(np.array([3, 300]), TP.UINT8, "y")
 
 
 def test_run_node_builds_a_one_node_model():

@@ -39,7 +39,7 @@ def seed_models() -> list:
          nh.from_array(r.standard_normal((5, 16)).astype(np.float32), "G"),
          nh.from_array(np.ones(5, np.float32), "gb")])
     layout = h.make_graph(
-        [h.make_node("Unsqueeze", ["x"], ["u"], axes=[0]), h.make_node("Pad", ["u"], ["p"], pads=[0, 1, 0, 0, 1, 0]),
+        [h.make_node("Unsqueeze", ["x"], ["u"], axes=[0]), h.make_node("Pad", ["u"], ["p"], pads=[0, 1, 0, 0, 1, 0], mode="reflect"),
          h.make_node("Split", ["p"], ["a", "b"], axis=2), h.make_node("Concat", ["b", "a"], ["q"], axis=2),
          h.make_node("Squeeze", ["q"], ["sq"], axes=[0]), h.make_node("Transpose", ["sq"], ["t"], perm=[1, 0]),
          h.make_node("Slice", ["t"], ["z"], starts=[0], ends=[2], axes=[0])], "g",
@@ -51,7 +51,7 @@ def seed_models() -> list:
         [nh.from_array(np.array(0), "a"), nh.from_array(np.array(3), "b"), nh.from_array(np.array(1), "c"),
          nh.from_array(np.array([1]), "ax")])
     return [h.make_model(conv, opset_imports=[h.make_opsetid("", 13)]),
-            h.make_model(layout, opset_imports=[h.make_opsetid("", 11)]),
+            h.make_model(layout, opset_imports=[h.make_opsetid("", 9)]),
             h.make_model(shapes, opset_imports=[h.make_opsetid("", 13)])]
 
 

@@ -10,6 +10,7 @@ torchvision when it is installed, so the test modules that build transformers mo
 from __future__ import annotations
 
 import importlib.util
+import pathlib
 
 import torch
 
@@ -19,18 +20,31 @@ _LIBRARY: torch.library.Library | None = None
 
 
 def define_missing_ops() -> None:
-    """Define ``torchvision::nms``/``qnms`` (schemas only) unless torchvision's extension did."""
+    """Define ``torchvision::nms``/``qnms`` (schemas only) unless torchvision's extension loads here."""
     global _LIBRARY
-    if _LIBRARY is not None or importlib.util.find_spec("torchvision") is None:
+    spec = importlib.util.find_spec("torchvision")
+    if _LIBRARY is not None or spec is None or _extension_loads(spec):
         return
-    try:
-        torch.ops.torchvision.nms  # noqa: B018 - defined by a loadable extension
-        return
-    except (AttributeError, RuntimeError):
-        pass
     _LIBRARY = torch.library.Library("torchvision", "DEF")
     _LIBRARY.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _LIBRARY.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+
+
+def _extension_loads(spec) -> bool:
+    """A torchvision build matching this torch (its ``_C`` library loads and defines the ops itself)."""
+    try:
+        torch.ops.torchvision.nms  # noqa: B018 - already defined (loaded, or by an earlier call)
+        return True
+    except (AttributeError, RuntimeError):
+        pass
+    folder = pathlib.Path(spec.origin).parent
+    for library in sorted(folder.glob("_C*.so")) + sorted(folder.glob("_C*.pyd")):
+        try:
+            torch.ops.load_library(str(library))
+            return True
+        except (OSError, RuntimeError):
+            continue
+    return False
 
 
 def import_torchvision():

@@ -32,6 +32,8 @@ def check_size(shape: Shape, limit: int, where: str) -> None:
     if n > limit:
         raise GraphError(f"{where}: declared shape {fmt_shape(shape)} has {n} elements, "
                          f"above the limit of {limit} (raise max_elements to allow it)")
+    if any(d > limit for d in shape):  # even next to a 0 extent: numpy cannot lay such an array out
+        raise GraphError(f"{where}: declared shape {fmt_shape(shape)} has an extent above the limit of {limit}")
 
 
 def _structure_errors(g: Graph) -> tuple[list[GraphError], set[int]]:

@@ -89,6 +89,8 @@ def _shape(v: Any, ctx: str, max_elements: int) -> tuple[int, ...]:
     if numel(s) > max_elements:
         raise _fail(f"{ctx}: declared shape {fmt_shape(s)} has {numel(s)} elements, above the limit of "
                     f"{max_elements}")
+    if any(d > max_elements for d in s):  # even next to a 0 extent: numpy cannot lay such an array out
+        raise _fail(f"{ctx}: declared shape {fmt_shape(s)} has an extent above the limit of {max_elements}")
     return s
 
 
@@ -154,7 +156,7 @@ def _leaves(value: Any, shape: tuple[int, ...], ctx: str) -> list:
     """The numbers of a nested list that exactly matches ``shape``, row-major; JSON numbers only
     (a bool or a string is not a number, whatever numpy would make of it)."""
     level = [value]
-    for depth, extent in enumerate(shape):
+    for extent in shape:
         nxt: list = []
         for row in level:
             if not isinstance(row, list) or len(row) != extent:
@@ -370,7 +372,11 @@ def _inline_payload(parsed: list[dict], nodes: list[Node], max_elements: int) ->
             _conv_geometry(node, ctx, max_elements)
             grouped = role_shape(node, "weight", parents)
             dense = read_tensor(raw["weight"], (grouped[0], a["in_channels"], *grouped[2:]), f"{ctx}.weight")
-            payload.set(nid, "weight", _grouped(dense, a["groups"]))
+            grouped_weight = _grouped(dense, a["groups"])
+            if a["groups"] > 1 and not np.array_equal(_dense(grouped_weight, a["groups"], a["in_channels"]), dense):
+                raise _fail(f"{ctx}.weight: a grouped convolution's dense weight has nonzero entries outside its "
+                            f"groups' diagonal blocks", nid)
+            payload.set(nid, "weight", grouped_weight)
             payload.set(nid, "bias", read_tensor(_field(raw, "bias", ctx), role_shape(node, "bias", parents),
                                                  f"{ctx}.bias"))
             if "input_spatial" in raw and n["parents"]:

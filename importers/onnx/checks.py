@@ -73,7 +73,8 @@ def _check_opsets(model: Any) -> int:
         elif not 1 <= o.version <= _MAX_DOMAIN_VERSION:
             raise _fail(f"opset version {o.version} for domain `{domain}`")
     if default is None:
-        raise BridgeError("ONNX import: the model imports no default-domain opset")
+        raise BridgeError(f"ONNX import: the model imports no default-domain (ai.onnx) opset, only "
+                          f"{sorted(seen) or 'no domains'}; its ops are outside what the importer lowers")
     return default
 
 
@@ -91,6 +92,8 @@ def _check_ssa(graph: Any) -> None:
         inits.add(t.name)
         written.setdefault(t.name, f"initializer `{t.name}`")  # an initializer may also be a graph input
     for i, node in enumerate(graph.node):
+        if not any(node.output):
+            raise _fail(f"{_node_label(i, node)} has no outputs")
         for name in node.output:
             if not name:
                 continue

@@ -317,7 +317,13 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
             return fold_node(ctx, node)
         except Exception as e:  # noqa: BLE001 - the reference evaluator raises assorted errors
             if node.op_type not in HANDLERS:
-                raise NodeUnsupported(f"cannot fold: {e}") from None
+                subgraphs = [a.name for a in node.attribute if a.type in (5, 10)]  # GRAPH, GRAPHS
+                if subgraphs:
+                    raise NodeUnsupported(f"control flow (subgraph attribute `{subgraphs[0]}`) has no IR op, and "
+                                          "it does not fold: its subgraphs read tensors computed at run time") \
+                        from None
+                raise NodeUnsupported(f"cannot fold (onnx's reference evaluator: {type(e).__name__}: {e})"[:300]) \
+                    from None
     shape_fold = fold_shape(ctx, node)
     if shape_fold is not None:
         return shape_fold

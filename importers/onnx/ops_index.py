@@ -68,6 +68,10 @@ def _pad(ctx: OnnxContext) -> list[Value]:
             continue
         if s[ax] == 0 or (mode == "reflect" and s[ax] == 1):
             raise ctx.fail(f"mode={mode} pads axis {ax} of extent {s[ax]}")
+        padded = math.prod(s) // s[ax] * (s[ax] + b + a)  # the result's size, checked before any allocation
+        if padded > ctx.max_elements:
+            raise ctx.fail(f"padding axis {ax} to {s[ax] + b + a} entries gives {padded} elements, above the limit "
+                           f"of {ctx.max_elements}")
         idx = np.pad(np.arange(s[ax]), (b, a), mode=mode)
         x = ctx.add("gather", [x, _index_const(ctx, idx)], {"axis": ax})
     return [x]

@@ -16,7 +16,7 @@ from torchlean_bridge.ops.contracts import broadcast_shapes
 
 from .context import Const, OnnxContext, Value
 
-__all__ = ["HANDLERS", "EMITS", "onnx_element_type"]
+__all__ = ["HANDLERS", "EMITS", "onnx_element_type", "refuse_wrapping_cast"]
 
 Handler = Callable[[OnnxContext], list[Value]]
 
@@ -150,11 +150,26 @@ def _is_inf(ctx: OnnxContext) -> list[Value]:
     return [tests[0] if len(tests) == 1 else ctx.elementwise("logical_or", tests)]
 
 
+_INT64 = 7
+
+
+def refuse_wrapping_cast(ctx: OnnxContext, to: int) -> None:
+    """A computed tensor cast to an integer type other than int64: ONNX wraps values outside that
+    type (300 -> 44 as uint8), and the IR holds every integer as int64, so it is refused (constants
+    fold with ONNX's own conversion; bool sources always fit)."""
+    if to in _INTS and to != _INT64 and ctx.const(0) is None and ctx.dtype(0) != BOOL:
+        from .inputs import element_type_name
+        name = element_type_name(to)
+        raise ctx.fail(f"cast of a computed {ctx.onnx_type(ctx.node.input[0])} tensor to {name}: values outside "
+                       f"{name} wrap around, which the IR (integers as int64) cannot express")
+
+
 def _cast(ctx: OnnxContext) -> list[Value]:
     to = int(ctx.attr("to"))
     target = onnx_element_type(to)
     if target is None or to in _NARROW_FLOATS:
         raise ctx.fail(f"cast to ONNX element type {to} (a narrower float rounds values; no exact IR op)")
+    refuse_wrapping_cast(ctx, to)
     if ctx.dtype(0) == target:
         return [ctx.values[ctx.node.input[0]]]
     return [ctx.add("cast", [ctx.operand(0)], {"dtype": target})]

@@ -273,6 +273,8 @@ def _instance_norm(ctx: OnnxContext) -> list[Value]:
     step = "reshape:" + ",".join(map(str, per_channel))
     for i, kind in ((1, "mul_elem"), (2, "add")):
         c = ctx.needed(i, "scale" if i == 1 else "bias")
+        if c.value.size != xs[1]:
+            raise ctx.fail(f"{'scale' if i == 1 else 'bias'} with {c.value.size} entries for {xs[1]} channels")
         name = f"{ctx.node.output[0]}::{'scale' if i == 1 else 'bias'}"
         ctx.values[name] = c.derived(c.value.reshape(per_channel), step)
         y = ctx.elementwise(kind, [y, ctx.tensor(name)])

@@ -265,6 +265,8 @@ def _resize(ctx: OnnxContext) -> list[Value]:
         raise ctx.fail(f"coordinate_transformation_mode={coord} with nearest_mode={rounding} does not repeat "
                        "each entry; exact pairs: " + ", ".join(f"{c}/{r}" for c, r in _NEAREST_REPEAT_EXACT))
     if scales is None:
+        if any(i == 0 for i in s):
+            raise ctx.fail(f"nearest resize of an empty axis (input shape {list(s)})")
         if any(o % i for o, i in zip(sizes, s)):
             raise ctx.fail(f"sizes {sizes} are not integer multiples of {list(s)}")
         scales = [o / i for o, i in zip(sizes, s)]

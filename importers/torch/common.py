@@ -23,7 +23,8 @@ from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 
-__all__ = ["Known", "Sym", "DataDependent", "Lowering", "NotLowerable", "FOLD_BLOCKLIST", "element_type", "normalize_axis",
+__all__ = ["Known", "Sym", "DataDependent", "Lowering", "NotLowerable", "FOLD_BLOCKLIST", "element_type",
+           "normalize_axis",
            "flat_values", "map_values", "source_line", "module_path", "target_name", "op_base_name",
            "is_shape_query", "data_operands", "is_inplace_overload", "check_static", "check_training",
            "preserved_state",

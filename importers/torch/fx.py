@@ -1,9 +1,10 @@
 """``import_fx``: a module traced with ``torch.fx.symbolic_trace`` (or a given ``GraphModule``).
 
 Shapes come from running the example inputs through ``ShapeProp``; each FX node is lowered by the
-lowerings registered for its targets (leaf modules, functions, methods; see ``targets``). ``torch.nn`` leaf modules FX cannot
-trace into (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``) are exported with
-torch.export and their ATen program is inlined, with parameters bound under the module's path.
+lowering registered for its target (leaf module, function or method; see ``targets``). ``torch.nn``
+leaf modules FX cannot trace into (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``) and
+functions FX kept whole (``torch.fx.wrap``) are exported with torch.export and their ATen program is
+inlined, with parameters bound under their keys.
 """
 
 from __future__ import annotations

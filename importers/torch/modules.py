@@ -120,13 +120,14 @@ def _simple(fn: Lowering, *attrs: str) -> ModuleLowering:
 
 
 for _module, _lowering in {
-    nn.ReLU: _simple(elementwise.unary("relu")), nn.Tanh: _simple(elementwise.unary("tanh")), nn.Sigmoid: _simple(elementwise.unary("sigmoid")),
-    nn.SiLU: _simple(elementwise.unary("silu")), nn.Mish: _simple(elementwise.unary("mish")), nn.Hardswish: _simple(elementwise.unary("hardswish")),
-    nn.SELU: _simple(elementwise.unary("selu")), nn.Softsign: _simple(elementwise.unary("softsign")),
+    **{module: _simple(elementwise.unary(kind)) for module, kind in (
+        (nn.ReLU, "relu"), (nn.Tanh, "tanh"), (nn.Sigmoid, "sigmoid"), (nn.SiLU, "silu"), (nn.Mish, "mish"),
+        (nn.Hardswish, "hardswish"), (nn.SELU, "selu"), (nn.Softsign, "softsign"))},
     nn.GELU: _simple(elementwise.gelu, "approximate"), nn.LeakyReLU: _simple(elementwise.leaky_relu, "negative_slope"),
     nn.ELU: _simple(elementwise.elu, "alpha"), nn.CELU: _simple(elementwise.celu, "alpha"),
-    nn.Softplus: _simple(elementwise.softplus, "beta", "threshold"), nn.Hardtanh: _simple(elementwise.hardtanh, "min_val", "max_val"),
-    nn.ReLU6: _simple(elementwise.relu6), nn.Hardsigmoid: _simple(elementwise.hardsigmoid), nn.LogSigmoid: _simple(elementwise.log_sigmoid),
+    nn.Softplus: _simple(elementwise.softplus, "beta", "threshold"),
+    nn.Hardtanh: _simple(elementwise.hardtanh, "min_val", "max_val"), nn.ReLU6: _simple(elementwise.relu6),
+    nn.Hardsigmoid: _simple(elementwise.hardsigmoid), nn.LogSigmoid: _simple(elementwise.log_sigmoid),
     nn.Softmax: _simple(reduction.softmax, "dim"), nn.LogSoftmax: _simple(reduction.log_softmax, "dim"),
     nn.Softmin: _simple(reduction.softmin, "dim"), nn.GLU: _simple(rearrange.glu, "dim"),
     nn.Flatten: _simple(layout.flatten, "start_dim", "end_dim"),
@@ -139,8 +140,8 @@ for _r, (_mp, _ap, _aap, _amp) in enumerate(((nn.MaxPool1d, nn.AvgPool1d, nn.Ada
                                              (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d),
                                              (nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool3d)),
                                             start=1):
-    register(_simple(nn_ops.MAX_POOL[_r], "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"),
-             modules=[_mp])
+    register(_simple(nn_ops.MAX_POOL[_r], "kernel_size", "stride", "padding", "dilation", "ceil_mode",
+                     "return_indices"), modules=[_mp])
     register(_simple(nn_ops.AVG_POOL[_r], "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
                      "divisor_override"), modules=[_ap])
     register(_simple(nn_ops.ADAPTIVE_AVG_POOL[_r], "output_size"), modules=[_aap])

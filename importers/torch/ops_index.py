@@ -88,6 +88,44 @@ def index_select(cx: Cx, input: Any, dim: int, index: Any) -> Sym:
     return gather_axis(cx, input, normalize_axis(dim, cx.rank(input)), index)
 
 
+@lowers(aten="as_strided.default")
+def as_strided(cx: Cx, input: Any, size: Sequence[int], stride: Sequence[int],
+               storage_offset: int | None = None) -> Any:
+    """A strided view of a contiguous tensor (what decompositions leave of pooling and unfold): entry i
+    of the result is the input's flat entry ``offset + sum_k i_k stride_k``, a gather from the
+    flattened input at those constant positions (a reshape when they are 0, 1, 2, ...). Views of
+    non-contiguous storage (the framework's recorded strides) are refused."""
+    node = cx.current.args[0] if cx.current is not None and cx.current.args else None
+    meta = cx.meta_of(node) if isinstance(node, torch.fx.Node) else None
+    shape = cx.shape(input)
+    if meta is None or not hasattr(meta, "stride") or not _is_contiguous(shape, tuple(meta.stride())) \
+            or int(meta.storage_offset()) != 0:
+        raise NotLowerable("as_strided of a tensor that is not a contiguous, offset-free view (only those "
+                           "are its logical values)")
+    size, stride = [int(d) for d in size], [int(d) for d in stride]
+    if len(size) != len(stride) or any(d < 0 for d in size) or any(st < 0 for st in stride):
+        raise NotLowerable(f"as_strided with size {size} and stride {stride}")
+    positions = torch.full(size, int(storage_offset or 0), dtype=torch.int64)
+    for axis, (n, st) in enumerate(zip(size, stride)):
+        positions += (torch.arange(n, dtype=torch.int64) * st).reshape([n if k == axis else 1
+                                                                        for k in range(len(size))])
+    total = prod(shape)
+    if positions.numel() and int(positions.max()) >= total:
+        raise NotLowerable(f"as_strided reads position {int(positions.max())} of a tensor of {total} entries")
+    if torch.equal(positions.reshape(-1), torch.arange(positions.numel())):
+        return reshape(cx, input, size)
+    return gather_axis(cx, reshape(cx, input, [-1]), 0, Known(positions, folded=True))
+
+
+def _is_contiguous(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    expected = 1
+    for n, st in zip(reversed(shape), reversed(stride)):
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return len(shape) == len(stride)
+
+
 @lowers(aten="index.Tensor")
 def index(cx: Cx, input: Any, indices: Sequence[Any]) -> Sym:
     """aten.index.Tensor: one tensor index (the others None) is a gather on that axis; see

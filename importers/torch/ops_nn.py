@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
-from torchlean_bridge.ops.contracts import v1_pool_out_dim, window_out_dim
 
 from . import ops_elementwise as elementwise
 from . import ops_layout as layout
@@ -78,7 +77,8 @@ def addmm(cx: Cx, input: Any, mat1: Any, mat2: Any, beta: float = 1, alpha: floa
     return elementwise.add(cx, out, input if beta == 1 else elementwise.mul(cx, input, beta))
 
 
-@lowers(aten="matmul.default mm.default bmm.default", fx="operator.matmul torch.matmul torch.mm torch.bmm", methods="matmul mm bmm")
+@lowers(aten="matmul.default mm.default bmm.default", fx="operator.matmul torch.matmul torch.mm torch.bmm",
+        methods="matmul mm bmm")
 def matmul(cx: Cx, input: Any, other: Any) -> Sym:
     return cx.add("matmul", [cx.node(input, FLOAT), cx.node(other, FLOAT)])
 
@@ -152,7 +152,8 @@ def _tuple(v: Any, n: int) -> list[int]:
     return v * n if len(v) == 1 else v
 
 
-@lowers(aten="conv1d.default conv2d.default conv3d.default conv1d.padding conv2d.padding conv3d.padding", fx="F.conv1d F.conv2d F.conv3d")
+@lowers(aten="conv1d.default conv2d.default conv3d.default conv1d.padding conv2d.padding conv3d.padding",
+        fx="F.conv1d F.conv2d F.conv3d")
 def conv(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
          dilation: Any = 1, groups: int = 1) -> Sym:
     w = _param(cx, weight, "convolution weight")
@@ -182,7 +183,8 @@ def conv(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, pad
     return out
 
 
-@lowers(aten="conv_transpose1d.default conv_transpose2d.input conv_transpose3d.input", fx="F.conv_transpose1d F.conv_transpose2d F.conv_transpose3d")
+@lowers(aten="conv_transpose1d.default conv_transpose2d.input conv_transpose3d.input",
+        fx="F.conv_transpose1d F.conv_transpose2d F.conv_transpose3d")
 def conv_transpose(cx: Cx, input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
                    output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Sym:
     """``F.conv_transposeNd`` (its argument order: groups before dilation); the weight keeps
@@ -413,21 +415,10 @@ def avg_pool(r: int):
 
 def _pool(cx: Cx, which: str, r: int, input: Any, kernel: list[int], stride: list[int], padding: list[int],
           dilation: list[int], ceil_mode: bool, count_include_pad: bool) -> Sym:
-    spatial = cx.shape(input)[-r:]
-    exact_v1 = all(d == 1 for d in dilation) and (which == "max" or count_include_pad or not any(padding))
-    if exact_v1:
-        torch_out = [window_out_dim(spatial[i], kernel[i], stride[i], padding[i], padding[i], 1, ceil_mode)
-                     for i in range(r)]
-        v1_out = [v1_pool_out_dim(spatial[i], kernel[i], stride[i], padding[i]) for i in range(r)]
-        exact_v1 = torch_out == v1_out
-    x = cx.node(input, FLOAT)
-    if exact_v1:
-        return cx.add(f"{which}_pool", [x], {"spatial_rank": r, "kernel": kernel, "stride": stride,
-                                             "padding": padding})
-    return cx.add(f"{which}_pool_nd", [x], {"spatial_rank": r, "kernel": kernel, "stride": stride,
-                                            "padding": padding, "padding_after": padding, "dilation": dilation,
-                                            "ceil_mode": bool(ceil_mode),
-                                            "count_include_pad": bool(count_include_pad)})
+    """The general pool; passes.canonicalize makes it the v1 pool when v1's geometry is exact."""
+    return cx.add(f"{which}_pool_nd", [cx.node(input, FLOAT)],
+                  {"spatial_rank": r, "kernel": kernel, "stride": stride, "padding": padding, "padding_after": padding,
+                   "dilation": dilation, "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad)})
 
 
 def adaptive_pool(which: str, r: int, with_indices: bool = False):

@@ -39,6 +39,7 @@ from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
 from ..records import PREPARED
 from ..conv import pool_out_spatial
 from .relax import Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
+from .patches import PatchMismatch, PatchPass, patchable
 from .rules import _ERR_SAFETY, BACKWARD, err_factor
 
 __all__ = ["linear_bounds", "LinearBounds", "Crown", "METHODS"]
@@ -214,6 +215,7 @@ class _Run:
         self.fallback: dict[int, str] = {}
         self.refined = [False] * len(boxes)
         self._mag: dict[int, np.ndarray] = {}
+        self._patchable: dict[int, bool] = {}
 
     def mag(self, v: int) -> np.ndarray:
         """max(|lo|, |hi|) of v's box in the internal layout: bounds |z_v| entrywise."""
@@ -333,8 +335,13 @@ class _Run:
         crown = self.crown
         b0, b1 = batch if batch is not None else (0, crown.n)
         if spec is None:
-            ps = _Pass(self, t, b0, b1, rows=rows)
-            low, neg_up = ps.run()
+            if self._patchable.setdefault(t, patchable(self, t)):
+                try:
+                    low, neg_up = PatchPass(self, t, b0, b1, rows).run()
+                    return low, -neg_up
+                except PatchMismatch:
+                    self._patchable[t] = False
+            low, neg_up = _Pass(self, t, b0, b1, rows=rows).run()
             return low, -neg_up
         best_lo = best_hi = None
         coeffs = None

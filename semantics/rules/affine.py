@@ -233,7 +233,8 @@ def linear_exact(node, xs, rec, dt):
     x = xs[0]
     w, b = float_params(node, rec, x.shape, dt)
     wt = np.ascontiguousarray(w.T)
-    y = fold_dot(lambda k: x[..., k:k + 1], lambda k: wt[k], w.shape[1], node.out_shape)
+    xt = np.ascontiguousarray(np.moveaxis(x, -1, 0))[..., None]  # row k: x[..., k] as a contiguous column
+    y = fold_dot(lambda k: xt[k], lambda k: wt[k], w.shape[1], node.out_shape)
     y += b
     return y
 
@@ -258,11 +259,18 @@ def conv_exact(node, xs, rec, dt):
     steps = [(j, offs) for j in range(cin_g) for offs in itertools.product(*(range(k) for k in a["kernel"]))]
     rank = len(spatial)
 
+    offsets = list(itertools.product(*(range(k) for k in a["kernel"])))
+    # every (offset, channel) window copied once, contiguous: the im2col matrix, read back step by step
+    cols = np.stack([xp[(slice(None), slice(None), slice(None), slice(None)) +
+                        tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                              for o, d, m, s in zip(offs, a["dilation"], out_spatial, a["stride"]))]
+                     for offs in offsets])  # [offsets, n, groups, cin_g, 1, *out]
+    cols = np.ascontiguousarray(np.moveaxis(cols, 3, 0))  # [cin_g, offsets, n, groups, 1, *out]
+    position = {offs: i for i, offs in enumerate(offsets)}
+
     def window(step: int) -> np.ndarray:
         j, offs = steps[step]
-        index = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
-                      for o, d, m, s in zip(offs, a["dilation"], out_spatial, a["stride"]))
-        return xp[(slice(None), slice(None), j, slice(None)) + index]
+        return cols[j, position[offs]]
 
     def weight(step: int) -> np.ndarray:
         j, offs = steps[step]

@@ -98,7 +98,7 @@ def inv_box(a: Box, attrs: Mapping[str, Any] | None = None) -> Box:
 
 
 @float_rule("pow")
-def pow_(node, xs, rec, dt):
+def power(node, xs, rec, dt):
     x, e = xs[0], node.attrs["exponent"]
     if e < 0 and np.any(x == 0):
         raise domain_error(node, f"zero raised to the negative power {e}")

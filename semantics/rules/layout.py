@@ -110,7 +110,7 @@ def concat(node, xs, rec, dt):
 
 
 @float_rule("slice")
-def slice_(node, xs, rec, dt):
+def strided_slice(node, xs, rec, dt):
     index = [slice(None)] * xs[0].ndim
     a = node.attrs
     for ax, start, end, step in zip(a["axes"], a["starts"], a["ends"], a["steps"]):

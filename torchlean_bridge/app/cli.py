@@ -1,4 +1,4 @@
-"""The command line: one module per command under ``torchlean_bridge/commands``.
+"""The command line: one module per command under ``torchlean_bridge/app/commands``.
 
 Exit status: 0 success, 1 a check failed (invalid graph, divergence, audit finding), 2 bad usage
 or unreadable input.

@@ -184,6 +184,26 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(both_nan, 0.0, np.where(one_nan, np.inf, d))
 
 
+def ulp64_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest distance in float64 ulps (steps between representable doubles, +0 and -0 one
+    apart) between two float64 arrays; NaN against NaN is 0, NaN against a number inf."""
+    a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
+    if a.size == 0:
+        return 0.0
+
+    def ordered(x: np.ndarray) -> np.ndarray:  # monotone in the value: -0.0 -> -1, +0.0 -> 0
+        bits = np.ascontiguousarray(x).view(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFFFFFFFFFFFFFF) - 1, bits)
+
+    oa, ob = ordered(a), ordered(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        same_sign = (oa < 0) == (ob < 0)  # the int64 difference is exact; across signs it could overflow
+        d = np.where(same_sign, np.abs(np.where(same_sign, oa - ob, 0)).astype(np.float64),
+                     np.abs(oa.astype(np.float64)) + np.abs(ob.astype(np.float64)))
+    d = np.where(np.isnan(a) & np.isnan(b), 0.0, np.where(np.isnan(a) | np.isnan(b), np.inf, d))
+    return float(d.max())
+
+
 @dataclass
 class NodeDiff:
     """One compared value (a node or a model output), aggregated over every input set."""
@@ -202,6 +222,7 @@ class NodeDiff:
     problem: str | None = None  # shape mismatch, missing value, ...
     status: str = "ok"  # ok | diverged | downstream | no counterpart
     output: int | None = None  # output position, for output rows
+    exact_ulps: float | None = None  # default float64 vs the exact mode, float64 ulps (0: bit-identical)
 
     @property
     def diverged(self) -> bool:
@@ -211,7 +232,7 @@ class NodeDiff:
         d = {"node": self.node, "op": self.op, "counterpart": self.counterpart, "status": self.status,
              "max_abs": self.max_abs, "max_rel": self.max_rel, "max_ulp": self.max_ulp, "budget": self.budget,
              "float32_gap": self.gap32}
-        for k in ("output", "diverged_on", "problem"):
+        for k in ("output", "diverged_on", "problem", "exact_ulps"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         if self.source:
@@ -285,6 +306,13 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}" if 1e-3 <= abs(x) < 1e4 else f"{x:.2e}"
 
 
+def _fmt_exact(ulps: float | None) -> str:
+    """'=' where the default float64 value is bit-identical to the exact mode's, else the ulps apart."""
+    if ulps is None:
+        return "-"
+    return "=" if ulps == 0 else f"{_fmt(ulps)} ulp"
+
+
 @dataclass
 class DiffReport(Report):
     """Per-node and per-output errors against one oracle, and the first divergent node."""
@@ -304,7 +332,7 @@ class DiffReport(Report):
     def table(self, all_nodes: bool = True) -> str:
         """Rows for the outputs and the nodes (all of them, or just the divergent ones)."""
         head = (f"{'':>9}  {'op':<14} {'counterpart':<24} {'max abs':>9} {'max rel':>9} {'ulps':>9} "
-                f"{'budget':>9}  status")
+                f"{'budget':>9} {'vs exact':>9}  status")
         lines = [head]
 
         def line(label: str, r: NodeDiff) -> str:
@@ -312,10 +340,11 @@ class DiffReport(Report):
             status = r.status + (f" on {r.diverged_on}" if r.diverged and r.diverged_on else "")
             if r.problem:
                 status += f" ({r.problem})"
+            exact = _fmt_exact(r.exact_ulps)
             if r.status == "no counterpart":
-                return f"{label:>9}  {r.op:<14} {cp:<24} {'':>9} {'':>9} {'':>9} {'':>9}  {status}"
+                return f"{label:>9}  {r.op:<14} {cp:<24} {'':>9} {'':>9} {'':>9} {'':>9} {exact:>9}  {status}"
             return (f"{label:>9}  {r.op:<14} {cp:<24} {_fmt(r.max_abs):>9} {_fmt(r.max_rel):>9} "
-                    f"{_fmt(r.max_ulp):>9} {_fmt(r.budget):>9}  {status}")
+                    f"{_fmt(r.max_ulp):>9} {_fmt(r.budget):>9} {exact:>9}  {status}")
 
         for r in self.nodes:
             if all_nodes or r.diverged:
@@ -336,8 +365,13 @@ class DiffReport(Report):
         else:  # counts per kind, e.g. "23 normal, 23 uniform, 1 zeros, 1 edge"
             kinds = [label.partition("(")[2].rstrip(")") or "given" for label in self.inputs]
             listed = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+        exact = [r for r in self.nodes if r.exact_ulps is not None]
+        same = sum(r.exact_ulps == 0 for r in exact)
+        vs_exact = (f"\n  default float64 vs exact mode (TorchLean's fold orders and libm): {same} of {len(exact)} "
+                    f"node(s) bit-identical" + (f", at most {_fmt(max(r.exact_ulps for r in exact))} ulps apart"
+                                                 if same < len(exact) else "")) if exact else ""
         return (f"{self.title}: {verdict}\n  {len(self.inputs)} input set(s): {listed}; "
-                f"budget per node = max({SAFETY:g} x our float32 gap, {FLOOR_ULPS} float32 ulps)")
+                f"budget per node = max({SAFETY:g} x our float32 gap, {FLOOR_ULPS} float32 ulps){vs_exact}")
 
     def render(self, all_nodes: bool = True) -> str:
         lines = [self.summary(), self.table(all_nodes)]
@@ -453,6 +487,7 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         generated = make_inputs(g, max(int(random), 1), seed)
         sets = [(f"input {k} ({kind})", arrays) for k, (kind, arrays) in enumerate(generated)]
     ours64, ours32 = R.EvaluatorRunner(bundle, "float64"), R.EvaluatorRunner(bundle, "float32")
+    exact64 = R.EvaluatorRunner(bundle, "float64", exact=True) if per_node else None
     if against == "plan":
         if plan is None:
             raise BridgeError("diff against a kernel plan needs the plan (plan=...)")
@@ -471,7 +506,7 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     else:
         matched, unmatched = match_nodes(g, framework)
     rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
-    outs, produced = _run_all(g, sets, (ours64, ours32), oracle, rows, matched, report, advance)
+    outs, produced = _run_all(g, sets, (ours64, ours32, exact64), oracle, rows, matched, report, advance)
     if produced is None:
         report.add(Finding("no-inputs", "no input set could be compared (our evaluation was undefined on all)"))
 
@@ -497,12 +532,13 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
              advance: Callable[[], None] | None) -> tuple[list[NodeDiff], set | None]:
     """Run every input set through our two precisions and the oracle, folding each comparison into
     the rows; returns the output rows and the keys the oracle produced (None when nothing ran)."""
-    ours64, ours32 = ours
+    ours64, ours32, exact64 = ours
     outs: list[NodeDiff] = []
     produced: set | None = None
     for label, arrays in sets:
         try:
             ref, low = ours64.run(arrays), ours32.run(arrays)
+            exact = exact64.run(arrays) if exact64 is not None else {}
         except EvalError as e:
             report.add(Finding("input-skipped", f"{label}: our evaluation is undefined here: {e}",
                                node=e.node, severity="warning"))
@@ -521,6 +557,10 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
         for row in outs:
             _compare(row, label, theirs.get(row.counterpart), ref[row.node], low[row.node],
                      _scale(g, row.node, ref), g.nodes[row.node].dtype != "float")
+        for nid, value in exact.items():
+            if g.nodes[nid].dtype == "float":
+                row = rows[nid]
+                row.exact_ulps = max(row.exact_ulps or 0.0, ulp64_distance(ref[nid], value))
         for nid, key in matched.items():
             if key in theirs:
                 _compare(rows[nid], label, theirs[key], ref[nid], low[nid], _scale(g, nid, ref),

@@ -39,7 +39,7 @@ class Runner:
 class EvaluatorRunner(Runner):
     """Our reference semantics at one precision, the whole value table keyed by node id."""
 
-    def __init__(self, bundle: Bundle, dtype: str) -> None:
+    def __init__(self, bundle: Bundle, dtype: str, exact: bool = False) -> None:
         from semantics.evaluate import evaluate
         from ..check import check
         check(bundle.graph)  # once, not on every input set
@@ -47,12 +47,13 @@ class EvaluatorRunner(Runner):
         self.graph = bundle.graph
         self.payload = bundle.payload.astype(dtype)  # converted once, not on every input set
         self.dtype = dtype
-        self.name = f"ours ({dtype})"
+        self.exact = exact  # the exact float64 mode: TorchLean's fold orders and C libm
+        self.name = f"ours ({dtype}{', exact' if exact else ''})"
         self.output_keys = list(bundle.graph.outputs)
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         table = self._evaluate(self.graph, self.payload, list(inputs), dtype=self.dtype, all_nodes=True,
-                               check=False)
+                               check=False, exact=self.exact)
         return {i: np.asarray(v) for i, v in enumerate(table)}
 
 

@@ -32,11 +32,14 @@ _DOUBLE = 11
 
 
 def _precision(model: Any) -> str:
-    """float64 when the model's interface has a double tensor, else float32 (the model's precision)."""
+    """float64 when the model computes in double anywhere it says so (a double graph input or output,
+    a double initializer, a Cast to double), else float32: the model's declared precision."""
     graph = model.graph
     init = {t.name for t in graph.initializer}
     types = [vi.type.tensor_type.elem_type for vi in list(graph.input) + list(graph.output)
              if vi.name not in init and vi.type.HasField("tensor_type")]
+    types += [t.data_type for t in graph.initializer]
+    types += [a.i for n in graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"]
     return "float64" if _DOUBLE in types else "float32"
 
 

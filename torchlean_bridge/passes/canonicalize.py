@@ -12,7 +12,8 @@ Canonical forms:
 - ``expand`` -> ``broadcast_to``
 - ``max_pool_nd`` / ``avg_pool_nd`` whose geometry v1 expresses exactly -> ``max_pool`` / ``avg_pool``
   (the registry's ``v1_rewrite`` decides, so the decision lives in one place)
-- ``permute`` exchanging exactly two axes -> ``transpose(axis1 < axis2)``
+- a ``permute``/``transpose`` of one nothing else reads -> one permutation; the identity -> its input;
+  a permutation exchanging exactly two axes -> ``transpose(axis1 < axis2)``, any other -> ``permute``
 - sums over every axis without keepdim -> ``sum``; one axis without keepdim -> ``reduce_sum``/
   ``reduce_mean`` (axis); any other axis set -> ``reduce_*_axes``; no axis at all -> the input itself
 - ``gather`` by an unbound constant index that is a step-1-or-more progression -> ``slice`` (then a
@@ -40,6 +41,7 @@ CANONICAL_FORMS = {"squeeze": "reshape", "unsqueeze": "reshape", "flatten": "res
                    "avg_pool_nd": "avg_pool (when v1 geometry is exact)"}
 _VIA_REGISTRY = ("expand", "max_pool_nd", "avg_pool_nd")
 _RESHAPES = ("squeeze", "unsqueeze", "flatten", "reshape")
+_PERMUTATIONS = ("permute", "transpose")
 _REDUCTIONS = {"sum": "sum", "reduce_sum": "sum", "reduce_sum_axes": "sum",
                "reduce_mean": "mean", "reduce_mean_axes": "mean"}
 
@@ -78,7 +80,7 @@ class _Canonicalizer:
             if rewritten is not None:
                 self.edit.keep(node, kind=rewritten[0], attrs=rewritten[1])
                 return self.note(node, rewritten[0])
-        elif kind == "permute":
+        elif kind in _PERMUTATIONS:
             return self.permute(node)
         elif kind in _REDUCTIONS:
             return self.reduction(node)
@@ -105,13 +107,27 @@ class _Canonicalizer:
         self.edit.keep(node, kind="reshape", parents=(parent,), attrs=attrs)
 
     def permute(self, node: Node) -> None:
-        perm = tuple(node.attrs["perm"])
+        """``permute``/``transpose``: a permutation of a permutation nothing else reads is one; then the
+        identity disappears, a single swap is ``transpose`` and anything else ``permute``."""
+        perm = _perm(node)
+        (parent,) = self.edit.parents(node)
+        pnode, old_parent = self.edit.nodes[parent], node.parents[0]
+        merged = pnode.kind in _PERMUTATIONS and len(self.consumers[old_parent]) == 1 \
+            and old_parent not in self.outputs and old_parent not in self.bound
+        if merged:
+            inner = _perm(pnode)
+            perm, parent = tuple(inner[i] for i in perm), pnode.parents[0]
         moved = [i for i, p in enumerate(perm) if p != i]
+        if not moved and node.id not in self.outputs and node.id not in self.bound:
+            self.edit.alias(node, parent)
+            return self.note(node, "its input (the permutation is the identity)")
         if len(moved) == 2:
-            a, b = moved
-            self.edit.keep(node, kind="transpose", attrs={"axis1": a, "axis2": b})
-            return self.note(node, "transpose")
-        self.edit.keep(node)
+            kind, attrs = "transpose", {"axis1": moved[0], "axis2": moved[1]}
+        else:
+            kind, attrs = "permute", {"perm": perm}
+        if merged or kind != node.kind or any(node.attrs.get(k) != v for k, v in attrs.items()):
+            self.note(node, kind + (" (merged with its parent permutation)" if merged else ""))
+        self.edit.keep(node, kind=kind, parents=(parent,), attrs=attrs)
 
     def reduction(self, node: Node) -> None:
         family = _REDUCTIONS[node.kind]
@@ -177,6 +193,16 @@ class _Canonicalizer:
         return int(flat[0]), int(flat[-1]) + 1, step, index.out_shape == ()
 
 
+def _perm(node: Node) -> tuple[int, ...]:
+    """A permute/transpose node's axis permutation (output axis i reads input axis perm[i])."""
+    if node.kind == "permute":
+        return tuple(node.attrs["perm"])
+    perm = list(range(len(node.out_shape)))
+    a, b = node.attrs["axis1"], node.attrs["axis2"]
+    perm[a], perm[b] = perm[b], perm[a]
+    return tuple(perm)
+
+
 def canonicalize(bundle: Bundle) -> tuple[Bundle, Note]:
     return _Canonicalizer(bundle).run()
 
@@ -184,7 +210,7 @@ def canonicalize(bundle: Bundle) -> tuple[Bundle, Note]:
 # what each kind can become: an importer that lowers to ``kinds`` emits ``canonical_kinds(kinds)``
 _IMAGES = {"squeeze": {"reshape"}, "unsqueeze": {"reshape"}, "flatten": {"reshape"}, "expand": {"broadcast_to"},
            "max_pool_nd": {"max_pool_nd", "max_pool"}, "avg_pool_nd": {"avg_pool_nd", "avg_pool"},
-           "permute": {"permute", "transpose"}, "gather": {"gather", "slice", "reshape"},
+           "permute": {"permute", "transpose"}, "transpose": {"permute", "transpose"}, "gather": {"gather", "slice", "reshape"},
            **{k: {"sum", "reduce_sum", "reduce_sum_axes"} for k in ("sum", "reduce_sum", "reduce_sum_axes")},
            **{k: {"reduce_mean", "reduce_mean_axes"} for k in ("reduce_mean", "reduce_mean_axes")}}
 

@@ -119,8 +119,14 @@ def show_listing_and_values(b: Bundle) -> None:
     section("2. our IR (from torch.fx)")
     print(listing(b.graph))
     section(f"3. value table at x0 = {format_vector(SEED_X0)} (float64)")
-    for i, v in enumerate(evaluate(b.graph, b.payload, [SEED_X0], dtype="float64", all_nodes=True)):
+    table = evaluate(b.graph, b.payload, [SEED_X0], dtype="float64", all_nodes=True)
+    for i, v in enumerate(table):
         print(f"node {i}: {format_vector(v)}")
+    exact = evaluate(b.graph, b.payload, [SEED_X0], dtype="float64", all_nodes=True, exact=True)
+    from ..diff import ulp64_distance
+    apart = [ulp64_distance(v, e) for v, e in zip(table, exact)]
+    print("default float64 vs the exact mode (TorchLean's sequential folds and C libm), per node: "
+          + ", ".join(f"{i} {'bit-identical' if d == 0 else f'{d:g} ulps apart'}" for i, d in enumerate(apart)))
 
 
 def show_agreement(bundles: dict[str, Bundle], module: Any, program: Any, onnx_file: Path, quiet: bool) -> bool:

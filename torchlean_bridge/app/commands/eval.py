@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 
+from ...errors import BridgeError
 from ...report import jsonable
 from .common import format_vector, read_array, read_bundle
 
@@ -19,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one .npy per graph input, in graph-input order (repeat the option)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                    help="evaluation domain: float64 (TorchLean's binary64, default) or float32")
+    p.add_argument("--exact", action="store_true",
+                   help="the exact float64 mode: TorchLean's accumulation orders and C libm, bit-identical to "
+                        "TorchLean's Graph.denoteAll at Float on the v1 kinds (float64 only)")
     p.add_argument("--all-nodes", action="store_true", help="print every node's value, not just the outputs")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plan", metavar="PLAN", help="run each node with its provider in a saved kernel plan "
@@ -38,17 +42,19 @@ def run(args: argparse.Namespace) -> int:
     bundle = read_bundle(args.path)
     g = bundle.graph
     inputs = [read_array(f) for f in args.input]
+    if args.exact and (args.plan or args.dtype != "float64"):
+        raise BridgeError("eval: --exact is the float64 reference evaluator's mode (no --plan, no --dtype float32)")
     if args.plan:  # see `torchlean-bridge plan --save`
         from ..kernel_plan import load_plan
         from ..plan_exec import execute_plan
         values = execute_plan(g, bundle.payload, inputs, load_plan(args.plan, g), dtype=args.dtype,
                               all_nodes=args.all_nodes)
     else:
-        values = evaluate(g, bundle.payload, inputs, dtype=args.dtype, all_nodes=args.all_nodes)
+        values = evaluate(g, bundle.payload, inputs, dtype=args.dtype, all_nodes=args.all_nodes, exact=args.exact)
     ids = list(range(len(g))) if args.all_nodes else list(g.outputs)
     table = values if args.all_nodes else dict(zip(g.outputs, values))
     if args.json:
-        doc = {"dtype": args.dtype,
+        doc = {"dtype": args.dtype, "exact": args.exact,
                "nodes": [{"id": i, "kind": g[i].kind, "shape": list(g[i].out_shape), "element_type": g[i].dtype,
                           "value": jsonable(table[i])} for i in ids]}
         print(json.dumps(doc, allow_nan=False))

@@ -71,8 +71,8 @@ def _mod(ctx: OnnxContext) -> list[Value]:
     elif ctx.dtype(0) == BOOL:
         raise ctx.fail("Mod of bool operands")
     else:
-        from .opsets import since_version
-        if not fmod and (since_version("Mod", ctx.opset) or 0) < 28:
+        import onnx.defs
+        if not fmod and onnx.defs.get_schema("Mod", ctx.opset, "").since_version < 28:
             raise ctx.fail("fmod=0 with float operands (before Mod-28, ONNX requires fmod=1 for floats)")
         attrs = {"fmod": fmod}
     return [_binary_int(ctx, "mod", attrs)]

@@ -25,7 +25,7 @@ from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.roles import Binding, RoleMap, apply_transform
 
-__all__ = ["recover_keys", "file_hints"]
+__all__ = ["recover_keys", "file_hints", "reference_tensors"]
 
 
 def recover_keys(bundle: Bundle, state_dict: Mapping[str, Any], onnx_model: Any = None) -> Bundle:
@@ -69,6 +69,15 @@ def recover_keys(bundle: Bundle, state_dict: Mapping[str, Any], onnx_model: Any 
     if unrecovered:
         report["unrecovered_keys"] = unrecovered
     return dataclasses.replace(bundle, roles=RoleMap(bindings), report=report)
+
+
+def reference_tensors(reference: Any) -> Mapping[str, Any]:
+    """The named tensors of a reference: an ``nn.Module``'s state_dict, a mapping, or a checkpoint path."""
+    state_dict = getattr(reference, "state_dict", None)
+    if callable(state_dict):
+        return state_dict()
+    from importers.checkpoints import as_checkpoint
+    return as_checkpoint(reference)
 
 
 def file_hints(onnx_model: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:

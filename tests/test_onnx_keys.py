@@ -87,3 +87,59 @@ def test_a_tensor_the_reference_lacks_keeps_its_name_and_is_reported(exported):
     recovered = tlb.recover_keys(bundle, state, str(path))
     missing = [k for k, why in recovered.report["unrecovered_keys"].items() if why.startswith("no tensor")]
     assert len(missing) == 1 and missing[0] in bundle.roles
+
+
+class Mlp(nn.Module):
+    """Two same-shaped biases a checkpoint can exchange unnoticed (the seed chapter's case)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(4, 6), nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.relu(self.l1(x)))
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["torchscript", "dynamo"])
+def mlp_onnx(request, tmp_path_factory):
+    torch.manual_seed(1)
+    module = Mlp().eval()
+    path = tmp_path_factory.mktemp("mlp") / "mlp.onnx"
+    torch.onnx.export(module, (torch.randn(2, 3, 4),), str(path), dynamo=request.param)  # 3-d: MatMul renames
+    return module, path
+
+
+def test_import_with_a_reference_names_the_state_dict_keys(mlp_onnx):
+    module, path = mlp_onnx
+    state = module.state_dict()
+    assert not set(state) >= set(tlb.import_onnx(str(path)).roles)
+    bundle = tlb.import_onnx(str(path), reference=module)
+    assert set(bundle.roles) == set(state)
+    for key in state:
+        b = bundle.roles[key]
+        expected = apply_transform(b.transform, state[key].numpy())
+        np.testing.assert_array_equal(bundle.payload.get(b.node, b.role), expected)
+
+
+def test_audit_of_an_onnx_bundle_names_the_swapped_keys(mlp_onnx):
+    module, path = mlp_onnx
+    swapped = {k: v.clone() for k, v in module.state_dict().items()}
+    swapped["l1.bias"], swapped["l2.bias"] = swapped["l2.bias"].clone(), swapped["l1.bias"].clone()
+    report = tlb.audit(tlb.import_onnx(str(path)), swapped, reference=module)
+    assert [f.keys for f in report.swaps] == [("l1.bias", "l2.bias")]
+
+
+def test_cli_import_with_a_checkpoint_binds_an_onnx_file_by_its_keys(mlp_onnx, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    from safetensors.torch import save_file
+    module, path = mlp_onnx
+    ckpt = tmp_path / "w.safetensors"
+    save_file(module.state_dict(), str(ckpt))
+    out = tmp_path / "bundle"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "torchlean_bridge", "import", str(path), "-o", str(out),
+                           "--checkpoint", str(ckpt), "--quiet"], capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert set(tlb.load(out).roles) == set(module.state_dict())

@@ -196,14 +196,17 @@ def _upgraded(model: Any, opset: int) -> tuple[Any, int, list[str]]:
 
 
 def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
-                max_elements: int = DEFAULT_MAX_ELEMENTS, constants: Mapping[str, Any] | None = None) -> Bundle:
+                max_elements: int = DEFAULT_MAX_ELEMENTS, constants: Mapping[str, Any] | None = None,
+                reference: Any = None) -> Bundle:
     """An ONNX model (path, bytes or ModelProto) as a checked bundle.
 
     ``input_shapes`` fixes dynamic input dimensions: ``{"x": (1, 3, 32, 32)}`` or a list in input order
     (a dynamic batch axis alone defaults to 1). ``constants`` freezes graph inputs to values
     (``{"shape": np.array([1, -1])}``): shapes, axes, pads, scales, even weights given as inputs; what
     follows from them folds. ``max_elements`` caps every node's size and every import-time fold,
-    checked before computing it.
+    checked before computing it. ``reference`` (an ``nn.Module``, a state_dict or a checkpoint path)
+    names the weights: bindings the exporter renamed (``onnx::MatMul_14``) take the reference's keys
+    where the values prove them (``tlb.recover_keys``; the report lists what stays unproven).
     """
     model, base = _read_model(path_or_model)
     opset = check_model(model)
@@ -257,7 +260,11 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
         report["static_initializers"] = static
     if notes or batch_notes:
         report["notes"] = notes + batch_notes
-    return b.finish(outputs, report)
+    bundle = b.finish(outputs, report)
+    if reference is not None:
+        from importers.onnx_keys import recover_keys, reference_tensors
+        bundle = recover_keys(bundle, reference_tensors(reference), model)
+    return bundle
 
 
 def _lower_nodes(ctx: OnnxContext, graph: Any) -> list[dict]:

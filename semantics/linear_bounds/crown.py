@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -377,6 +377,7 @@ class _Pass:
         self.beta = np.zeros((n, 2 * r))
         self.err = np.zeros((n, 2 * r))
         self.keep_inputs = keep_inputs
+        self.live: dict[int, np.ndarray] = {}
         self.input_coeffs: dict[int, np.ndarray] = {}
 
     # -- helpers for the rules ----------------------------------------------------------------
@@ -502,23 +503,27 @@ class _Pass:
         flat = a.reshape(n, rows, -1)
         width = flat.shape[-1]
         cols_any = lambda mask: np.flatnonzero(mask.any(axis=0))  # noqa: E731
-        differ = cols_any((a_l != a_u) | (b_l != b_u))
+        differ = (a_l != a_u) | (b_l != b_u)
+        icpt = (b_l != 0) | (b_u != 0)
+        inexact = ~(((a_l == 0) | (a_l == 1)) & ((a_u == 0) | (a_u == 1)))
+        special = cols_any(differ | icpt | inexact)  # one gather of these columns serves all three
         new = flat * a_l[:, None]
-        if differ.size:
-            part = flat[:, :, differ]
-            new[:, :, differ] = np.where(part >= 0, part * a_l[:, None, differ], part * a_u[:, None, differ])
-        icpt = cols_any((b_l != 0) | (b_u != 0))
-        if icpt.size:
-            part = flat[:, :, icpt]
+        if special.size:
+            part = flat[:, :, special]
+            pos = part >= 0
+            sl, su = a_l[:, None, special], a_u[:, None, special]
+            new_part = np.where(pos, part * sl, part * su)
+            new[:, :, special] = new_part
             with np.errstate(all="ignore"):
-                prod = np.where(part >= 0, part * b_l[:, None, icpt], part * b_u[:, None, icpt])
+                prod = np.where(pos, part * b_l[:, None, special], part * b_u[:, None, special])
                 val = prod.sum(axis=-1)
                 e = np.abs(prod).sum(axis=-1) * err_factor(width + 1)
             self._acc(np.where(np.isnan(val), -np.inf, val), e)
-        inexact = cols_any(~(((a_l == 0) | (a_l == 1)) & ((a_u == 0) | (a_u == 1))))
-        if inexact.size:
-            m = self.mag(p).reshape(self.mag(p).shape[0], -1)[:, inexact]
-            self.add_abs_err(new[:, :, inexact], m, 2.0 * U * _ERR_SAFETY)
+            m = self.mag(p).reshape(self.mag(p).shape[0], -1)[:, special]
+            self.add_abs_err(new_part, m, 2.0 * U * _ERR_SAFETY)
+        live = cols_any((a_l != 0) | (a_u != 0))
+        if live.size < 0.75 * width and len(self.tail(p)) == 1:
+            self.live[p] = live  # the columns a linear parent must read (the others are exactly 0)
         return [(p, new.reshape(a.shape))]
 
     def _initial(self) -> np.ndarray:
@@ -599,6 +604,7 @@ class _Pass:
                 continue
             for p, ap in out:
                 if p in coeffs:
+                    self.live.pop(p, None)
                     coeffs[p] = coeffs[p] + ap
                     self.add_abs_err(coeffs[p], self.mag(p), 2.0 * U * _ERR_SAFETY)
                 else:

@@ -214,8 +214,8 @@ class PatchPass:
         s, d, k = at["stride"], at["dilation"], at["kernel"]
         full = tuple((kk - 1) * st + (ke - 1) * dd + 1 for kk, st, ke, dd in zip((kh, kw), s, k, d))
         back = conv_adjoint(p.reshape((n * rows,) + p.shape[2:]), params.weight, s, (0, 0), d, at["groups"], full)
-        new_geo = (tuple(a * b for a, b in zip(geo[0], s)), tuple(a * b + c for a, b, c in zip(geo[1], s, at["padding"])),
-                   full)
+        new_geo = (tuple(a * b for a, b in zip(geo[0], s)),
+                   tuple(a * b + c for a, b, c in zip(geo[1], s, at["padding"])), full)
         return parent, (back.reshape((n, rows) + back.shape[1:]), new_geo)
 
     def _batch_norm(self, node, p: np.ndarray, geo):

@@ -220,6 +220,21 @@ def _tangent_bound(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, side
     return np.where(at_a, _g(fn, a, s, side), np.where(at_b, _g(fn, b, s, side), inner))
 
 
+def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f0: np.ndarray) -> np.ndarray:
+    """The slope f'(d) of a tangent at d in [a, b] that passes through (z0, f0), by bisection on
+    f(d) + f'(d)(z0 - d) - f0 (increasing in d where the tangent sweeps across the point). Only a
+    candidate slope: its intercept is computed rigorously afterwards."""
+    left, right = a.copy(), b.copy()
+    for _ in range(_BISECT_STEPS):
+        d = left * 0.5 + right * 0.5
+        f_lo, f_hi = fn.f(d)
+        df_lo, df_hi = fn.df(d)
+        h = (f_lo + f_hi) * 0.5 + (df_lo + df_hi) * 0.5 * (z0 - d) - f0
+        left, right = np.where(h < 0, d, left), np.where(h < 0, right, d)
+    df_lo, df_hi = fn.df(left * 0.5 + right * 0.5)
+    return (df_lo + df_hi) * 0.5
+
+
 def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
     """The best of a few candidate lines on each side, with rigorous intercepts (finite lo <= hi)."""
     with np.errstate(all="ignore"):
@@ -233,6 +248,9 @@ def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
         for t in (lo, hi, mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75):
             d_lo, d_hi = fn.df(t)
             slopes.append(d_lo * 0.5 + d_hi * 0.5)
+        f_l, f_u = (f_lo_l + f_hi_l) * 0.5, (f_lo_u + f_hi_u) * 0.5
+        slopes.append(_tangent_through(fn, mid, hi, lo, f_l))  # upper line of an S-shape: from (l, f(l))
+        slopes.append(_tangent_through(fn, lo, mid, hi, f_u))  # lower line: through (u, f(u))
         out = []
         for side in (-1, 1):
             best_s = best_c = best_v = None

@@ -153,7 +153,7 @@ def _linear(ps, node, a):
     q = ps.mag(p) @ abs_w.T  # |W| M_p: bounds |W z_p| entrywise
     n = max(out, ps.numel(node.id)) + 1
     ps.add_dot(a, np.broadcast_to(bias, q.shape), q, n)
-    live = _nonzero_columns(a)
+    live = ps.live.pop(node.id, None) if ps.live.get(node.id) is not None else _nonzero_columns(a)
     a_live, w_live = (a, w) if live is None else (a[..., live], w[live])
     paired = _paired_product(ps, a_live, w_live, q if live is None else q[..., live], p, n)
     return [(p, paired if paired is not None else a_live @ w_live)]

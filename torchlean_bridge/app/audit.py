@@ -214,6 +214,15 @@ def _fmt(x: float) -> str:
 
 
 # -- the audit --------------------------------------------------------------------------------------
+def _with_reference_keys(bundle: Bundle, module: Any) -> Bundle:
+    """An ONNX bundle whose weights the exporter renamed takes the trusted module's keys, proven by
+    value against the file's own weights (never against the checkpoint under audit, whose values
+    could prove a swap)."""
+    from importers.onnx_keys import recover_keys
+    state = module.state_dict()
+    return bundle if set(state) >= set(bundle.roles) else recover_keys(bundle, state)
+
+
 def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, *, tolerance: float = 1e-6,
           samples: int = 5, seed: int = 0, max_steps: int = 3, max_candidates: int = 5000,
           strict: bool = True) -> AuditReport:
@@ -226,6 +235,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     """
     from importers.checkpoints import as_checkpoint
     ckpt = as_checkpoint(ckpt)
+    if _is_module(reference) and bundle.report.get("framework") == "onnx":
+        bundle = _with_reference_keys(bundle, reference)
     bound, binding = bind_checkpoint(bundle, ckpt, strict=strict)
     g = bundle.graph
     report = AuditReport(binding.findings, title=f"audit of {ckpt.source}")

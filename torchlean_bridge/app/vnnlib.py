@@ -55,9 +55,8 @@ class Property:
         if size != self.n_inputs:
             raise BridgeError(f"VNN-LIB {self.path}: declares {self.n_inputs} inputs X_i, the network input "
                               f"{list(input_shape)} has {size}")
-        return Property(self.n_inputs, self.n_outputs,
-                        [Case(c.lower.reshape(input_shape), c.upper.reshape(input_shape), c.groups) for c in self.cases],
-                        self.path)
+        cases = [Case(c.lower.reshape(input_shape), c.upper.reshape(input_shape), c.groups) for c in self.cases]
+        return Property(self.n_inputs, self.n_outputs, cases, self.path)
 
 
 class _Error(BridgeError):

@@ -124,13 +124,16 @@ def import_source(args: argparse.Namespace) -> Bundle:
     return import_export(model, inputs, decompose=args.decompose)
 
 
-def bind_weights(bundle: Bundle, path: str) -> Bundle:
-    try:
-        from importers.checkpoints import load_checkpoint
-        from ..abi import bind_checkpoint
-    except ImportError:
-        raise BridgeError("--checkpoint: checkpoint binding is not available in this installation") from None
-    bound, report = bind_checkpoint(bundle, load_checkpoint(path))
+def bind_weights(bundle: Bundle, path: str, source: str) -> Bundle:
+    """Bind the checkpoint; an ONNX file's renamed weights (``onnx::MatMul_14``) first take the
+    checkpoint's keys where the values prove them."""
+    from importers.checkpoints import load_checkpoint
+    from importers.onnx_keys import recover_keys
+    from ..abi import bind_checkpoint
+    ckpt = load_checkpoint(path)
+    if bundle.report.get("framework") == "onnx" and not set(ckpt) >= set(bundle.roles):
+        bundle = recover_keys(bundle, ckpt, source)
+    bound, report = bind_checkpoint(bundle, ckpt)
     print(str(report))
     if not report.ok:
         raise CheckFailed(f"--checkpoint {path}: the checkpoint does not fit the imported graph (see above)")
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         bundle = import_source(args)
         advance()
         if args.checkpoint:
-            bundle = bind_weights(bundle, args.checkpoint)
+            bundle = bind_weights(bundle, args.checkpoint, args.source)
         advance()
         save(bundle, args.output)
         advance()

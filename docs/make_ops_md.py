@@ -21,7 +21,7 @@ LAYERS = [  # column title, module, attribute holding the op kinds it supports
     ("float", "semantics.rules", "FLOAT_RULES"),
     ("interval", "semantics.rules", "INTERVAL_RULES"),
     ("ONNX export", "exporters.onnx", "ONNX_EXPORTERS"),
-    ("FX/export import", "importers.torch.targets", "EMITTED_KINDS"),
+    ("FX/export import", "importers.torch.program", "EMITTED_KINDS"),
     ("ONNX import", "importers.onnx", "EMITTED_KINDS"),
 ]
 

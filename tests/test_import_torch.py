@@ -19,7 +19,7 @@ import torch
 import torchlean_bridge as tlb
 from torchlean_bridge.roles import apply_transform
 from importers.torch.common import Known, NotLowerable, Sym
-from importers.torch.targets import EMITTED_KINDS
+from importers.torch.program import EMITTED_KINDS
 from importers.torch.ops_index import gather_axis
 from importers.torch.program import TorchLowerer
 from tests.model_zoo import CASES, cases

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import torchlean_bridge as tlb
 from torchlean_bridge.errors import UnsupportedError
 from torchlean_bridge.roles import apply_transform
-from importers.torch.targets import EMITTED_KINDS
+from importers.torch.program import EMITTED_KINDS
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

@@ -19,7 +19,8 @@ import torch.nn as nn
 
 import torchlean_bridge as tlb
 from importers.torch import ops_reduce, targets
-from importers.torch.targets import EMITTED_KINDS, register
+from importers.torch.program import EMITTED_KINDS
+from importers.torch.targets import register
 from torchlean_bridge.errors import UnsupportedError
 from tests import test_import_torch_more_ops as more_ops
 from tests.model_zoo import cases

@@ -23,9 +23,13 @@ from . import modules, ops_elementwise, ops_index, ops_layout, ops_nn, ops_rearr
 from . import ops_resize  # noqa: F401
 from .common import Known, Lowering, NotLowerable, Sym, check_static, element_type
 from .lowerer import Lowerer
-from .targets import aten_lowering, function_lowering, method_lowering, module_lowering
+from .targets import OTHER_EMITTED_KINDS, aten_lowering, function_lowering, method_lowering, module_lowering
 
-__all__ = ["TorchLowerer", "ModuleCall", "bind_program", "bind_and_run", "graph_inputs", "IGNORED_KWARGS"]
+__all__ = ["EMITTED_KINDS", "TorchLowerer", "ModuleCall", "bind_program", "bind_and_run", "graph_inputs", "IGNORED_KWARGS"]
+
+# every IR kind a lowering can emit (docs/make_ops_md.py): a kind added to an elementwise table is in
+EMITTED_KINDS: frozenset[str] = OTHER_EMITTED_KINDS | frozenset(ops_elementwise.UNARY_LOWERINGS) \
+    | frozenset(ops_elementwise.COMPARE)
 
 # keyword arguments that say where or how a tensor is stored, never what it holds
 IGNORED_KWARGS = frozenset({"device", "layout", "pin_memory", "memory_format", "non_blocking", "copy"})

@@ -502,6 +502,51 @@ ONNX_EXPORTERS: dict[str, Exporter] = {
 }
 
 
+def _mod(w: OnnxWriter, node: Node) -> None:
+    """Mod-13 (the exported opset) needs fmod=1 on floats; a float numpy.mod node is a blocking node."""
+    if node.dtype != "int64" and not node.attrs["fmod"]:
+        raise ExportError(f"ONNX export: node {node.id}: mod with fmod=0 on floats needs Mod-28 (opset {OPSET} "
+                          f"has none)", node=node.id, op=node.kind)
+    w.emit("Mod", w.operands(node), w.out(node), node, fmod=int(node.attrs["fmod"]))
+
+
+def _bitwise_not(w: OnnxWriter, node: Node) -> None:
+    """int64 BitwiseNot is ~x: the node's value only for a signed type (unsigned ~x is 2^bits - 1 - x)."""
+    if not node.attrs["signed"]:
+        raise ExportError(f"ONNX export: node {node.id}: bitwise_not of a uint{node.attrs['bits']} value has no "
+                          f"int64 ONNX form", node=node.id, op=node.kind)
+    w.emit("BitwiseNot", w.operands(node), w.out(node), node)
+
+
+def _bitshift(w: OnnxWriter, node: Node) -> None:
+    """Unsigned types only (BitShift-11): on uint{bits} with the shift clamped to bits - 1, and 0 where the
+    shift is bits or more (what the IR defines; C++ leaves such shifts undefined)."""
+    from onnx import TensorProto
+    bits = int(node.attrs["bits"])
+    if node.attrs["signed"] or bits == 64:
+        raise ExportError(f"ONNX export: node {node.id}: bitshift on {'int' if node.attrs['signed'] else 'uint'}"
+                          f"{bits} needs BitShift-28 (opset {OPSET} has none)", node=node.id, op=node.kind)
+    utype = {8: TensorProto.UINT8, 16: TensorProto.UINT16, 32: TensorProto.UINT32}[bits]
+    x, s = w.operands(node)
+    top = w.constant(np.asarray(bits - 1, np.int64), node)
+    shifted = w.emit("BitShift", [w.emit("Cast", [x], None, node, to=utype),
+                                  w.emit("Cast", [w.emit("Min", [s, top], None, node)], None, node, to=utype)],
+                     None, node, direction="LEFT" if node.attrs["left"] else "RIGHT")
+    wide = w.emit("Cast", [shifted], None, node, to=TensorProto.INT64)
+    w.emit("Where", [w.emit("Greater", [s, top], None, node), w.constant(np.asarray(0, np.int64), node), wide],
+           w.out(node), node)
+
+
+# integer ops (issue #15): int64 Add/Sub/... compute the same values wherever the IR's node is defined (the IR
+# refuses results outside the node's element type; ONNX int64 wraps only beyond int64).
+ONNX_EXPORTERS.update({
+    "int_add": _simple("Add"), "int_sub": _simple("Sub"), "int_mul": _simple("Mul"), "int_div": _simple("Div"),
+    "int_max": _simple("Max"), "int_min": _simple("Min"), "bitwise_and": _simple("BitwiseAnd"),
+    "bitwise_or": _simple("BitwiseOr"), "bitwise_xor": _simple("BitwiseXor"), "bitwise_not": _bitwise_not,
+    "mod": _mod, "bitshift": _bitshift,
+})
+
+
 def blocking_nodes(bundle: Bundle) -> list[Node]:
     """Nodes ONNX export cannot write (no exporter for their kind)."""
     return [n for n in bundle.graph.nodes if n.kind != "input" and n.kind not in ONNX_EXPORTERS]

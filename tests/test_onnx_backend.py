@@ -119,8 +119,8 @@ def test_narrow_floats_are_refused_by_name_never_widened():
 
 
 def test_messages_name_the_onnx_element_type_and_non_tensor_inputs():
-    m = _model([N("Add", ["x", "x"], ["y"])], [("x", TP.UINT8, [2])], [("y", TP.UINT8, [2])], opset=14)
-    with pytest.raises(UnsupportedError, match="operands of element types uint8, uint8"):
+    m = _model([N("Neg", ["x"], ["y"])], [("x", TP.INT8, [2])], [("y", TP.INT8, [2])], opset=14)
+    with pytest.raises(UnsupportedError, match="operands of element types int8:"):
         tlb.import_onnx(m)
     m = _model([N("Identity", ["x"], ["y"])], [("x", TP.STRING, [2])], [("y", TP.STRING, [2])])
     with pytest.raises(tlb.BridgeError, match="input `x` has element type string"):

@@ -175,3 +175,174 @@ def test_cast_like_computed_and_constant_operands():
                inits=[("t", np.array([1], np.float16))])
     with pytest.raises(tlb.BridgeError, match="float16"):
         tlb.import_onnx(m)
+
+
+def _reference(m, feeds):
+    from onnx.reference import ReferenceEvaluator
+    return ReferenceEvaluator(m).run(None, feeds)
+
+
+@pytest.mark.parametrize("interleaved,rot", [(0, 0), (1, 0), (0, 4), (1, 4)])
+def test_rotary_embedding_against_onnx_reference(interleaved, rot):
+    x = RNG.standard_normal((2, 3, 5, 8)).astype(np.float32)  # [B, H, S, D]
+    half = (rot or 8) // 2
+    cos, sin = RNG.standard_normal((7, half)).astype(np.float32), RNG.standard_normal((7, half)).astype(np.float32)
+    pos = np.array([[0, 1, 2, 3, 4], [6, 5, 4, 3, 2]], np.int64)
+    m = _model([N("RotaryEmbedding", ["x", "c", "s", "p"], ["y"], interleaved=interleaved,
+                  rotary_embedding_dim=rot)],
+               [("x", TP.FLOAT, x.shape), ("c", TP.FLOAT, cos.shape), ("s", TP.FLOAT, sin.shape),
+                ("p", TP.INT64, pos.shape)], [("y", TP.FLOAT, None)], opset=23)
+    feeds = {"x": x, "c": cos, "s": sin, "p": pos}
+    np.testing.assert_allclose(_ours(m, feeds)[0], _reference(m, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal,mask,softcap,mode", [(1, None, 0.0, 0), (0, "bool", 2.0, 2), (1, "float", 0.0, 3),
+                                                      (0, None, 0.0, 1)])
+def test_attention_gqa_with_past_against_onnx_reference(causal, mask, softcap, mode):
+    q = RNG.standard_normal((2, 4, 3, 8)).astype(np.float32)
+    k, v = RNG.standard_normal((2, 2, 3, 8)).astype(np.float32), RNG.standard_normal((2, 2, 3, 6)).astype(np.float32)
+    pk, pv = RNG.standard_normal((2, 2, 2, 8)).astype(np.float32), RNG.standard_normal((2, 2, 2, 6)).astype(np.float32)
+    feeds = {"q": q, "k": k, "v": v, "pk": pk, "pv": pv}
+    ins = [("q", TP.FLOAT, q.shape), ("k", TP.FLOAT, k.shape), ("v", TP.FLOAT, v.shape)]
+    names = ["q", "k", "v", ""]
+    if mask == "bool":
+        feeds["m"] = RNG.random((3, 4)) < 0.7  # shorter than kv: padded with False
+        feeds["m"][1] = False  # a fully masked row
+        ins.append(("m", TP.BOOL, (3, 4)))
+        names[3] = "m"
+    elif mask == "float":
+        feeds["m"] = RNG.standard_normal((2, 1, 3, 5)).astype(np.float32)
+        ins.append(("m", TP.FLOAT, (2, 1, 3, 5)))
+        names[3] = "m"
+    ins += [("pk", TP.FLOAT, pk.shape), ("pv", TP.FLOAT, pv.shape)]
+    attrs = {"is_causal": causal, "qk_matmul_output_mode": mode, **({"softcap": softcap} if softcap else {})}
+    m = _model([N("Attention", names + ["pk", "pv"], ["y", "pres_k", "pres_v", "qk"], **attrs)], ins,
+               [(n, TP.FLOAT, None) for n in ("y", "pres_k", "pres_v", "qk")], opset=23)
+    for a, b in zip(_ours(m, feeds), _reference(m, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_refuses_a_softmax_precision_it_cannot_honour():
+    m = _model([N("Attention", ["q", "k", "v"], ["y"], softmax_precision=TP.DOUBLE)],
+               [(n, TP.FLOAT, (1, 1, 2, 4)) for n in "qkv"], [("y", TP.FLOAT, None)], opset=23)
+    with pytest.raises(UnsupportedError, match="softmax_precision=11"):
+        tlb.import_onnx(m)
+
+
+_INT_OPS = [("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}), ("Max", {}), ("Min", {}), ("Mod", {"fmod": 0}),
+            ("Mod", {"fmod": 1})]
+
+
+@pytest.mark.parametrize("op,attrs", _INT_OPS)
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint16, np.int64])
+def test_integer_arithmetic_is_exact_in_the_models_type(op, attrs, dtype):
+    info = np.iinfo(dtype)
+    a = RNG.integers(max(info.min, -9) if op != "Sub" else 0, 10, (3, 4)).astype(dtype)
+    b = RNG.integers(1, 5, (4,)).astype(dtype)
+    if op == "Sub":
+        a = a + b.max()
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    m = _model([N(op, ["a", "b"], ["y"], **attrs)], [("a", t, a.shape), ("b", t, b.shape)], [("y", t, None)],
+               opset=18)
+    (want,) = _reference(m, {"a": a, "b": b})
+    (got,) = _ours(m, {"a": a, "b": b})
+    assert got.dtype == np.int64 and np.array_equal(got, want.astype(np.int64))
+
+
+def test_integer_results_outside_the_type_are_refused_never_wrapped():
+    m = _model([N("Add", ["a", "b"], ["y"])], [("a", TP.INT8, [2]), ("b", TP.INT8, [2])], [("y", TP.INT8, None)])
+    b = tlb.import_onnx(m)
+    assert tlb.evaluate(b.graph, b.payload, [np.array([1, 2], np.int8), np.array([3, 4], np.int8)])[0].tolist() == [4, 6]
+    with pytest.raises(tlb.BridgeError, match=r"result 200 is outside int8 \(ONNX would wrap it\)"):
+        tlb.evaluate(b.graph, b.payload, [np.array([100, 2], np.int8), np.array([100, 4], np.int8)])
+    m = _model([N("Mul", ["a", "b"], ["y"])], [("a", TP.INT64, [1]), ("b", TP.INT64, [1])], [("y", TP.INT64, None)])
+    b = tlb.import_onnx(m)
+    with pytest.raises(tlb.BridgeError, match="beyond int64"):
+        tlb.evaluate(b.graph, b.payload, [np.array([2 ** 40]), np.array([2 ** 40])])
+    m = _model([N("Div", ["a", "b"], ["y"])], [("a", TP.INT32, [1]), ("b", TP.INT32, [1])], [("y", TP.INT32, None)])
+    b = tlb.import_onnx(m)
+    with pytest.raises(tlb.BridgeError, match="integer division by zero"):
+        tlb.evaluate(b.graph, b.payload, [np.array([3], np.int32), np.array([0], np.int32)])
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint32, np.int8, np.int64])
+def test_bitshift_matches_onnx_reference_including_out_of_range_shifts(direction, dtype):
+    info = np.iinfo(dtype)
+    x = RNG.integers(info.min, min(info.max, 2 ** 62), (12,), endpoint=False).astype(dtype)
+    s = np.array([0, 1, 3, 7, 8, 9, 31, 33, 63, 64, -1, 2])
+    if np.dtype(dtype).kind == "u":
+        s = np.abs(s)
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    m = _model([N("BitShift", ["x", "s"], ["y"], direction=direction)], [("x", t, x.shape), ("s", t, s.shape)],
+               [("y", t, None)], opset=28)
+    feeds = {"x": x, "s": s.astype(dtype)}
+    (want,) = _reference(m, feeds)
+    assert np.array_equal(_ours(m, feeds)[0], want.astype(np.int64))
+
+
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16])
+def test_bitwise_ops(op, dtype):
+    info = np.iinfo(dtype)
+    a, b = (RNG.integers(info.min, info.max, (6,), endpoint=True).astype(dtype) for _ in range(2))
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    names = ["a"] if op == "BitwiseNot" else ["a", "b"]
+    m = _model([N(op, names, ["y"])], [(n, t, (6,)) for n in names], [("y", t, None)])
+    feeds = {"a": a, "b": b} if op != "BitwiseNot" else {"a": a}
+    (want,) = _reference(m, feeds)
+    assert np.array_equal(_ours(m, feeds)[0], want.astype(np.int64))
+
+
+def test_float_mod_and_xor():
+    a = RNG.standard_normal(8).astype(np.float32) * 5
+    b = RNG.standard_normal(8).astype(np.float32)
+    m = _model([N("Mod", ["a", "b"], ["y"], fmod=1)], [("a", TP.FLOAT, [8]), ("b", TP.FLOAT, [8])],
+               [("y", TP.FLOAT, None)])
+    _agree(m, {"a": a, "b": b})
+    m = _model([N("Mod", ["a", "b"], ["y"], fmod=0)], [("a", TP.FLOAT, [8]), ("b", TP.FLOAT, [8])],
+               [("y", TP.FLOAT, None)], opset=13)
+    with pytest.raises(UnsupportedError, match="fmod=0 with float operands"):
+        tlb.import_onnx(m)
+    x, y = RNG.random(6) < 0.5, RNG.random(6) < 0.5
+    m = _model([N("Xor", ["x", "y"], ["z"])], [("x", TP.BOOL, [6]), ("y", TP.BOOL, [6])], [("z", TP.BOOL, None)])
+    _agree(m, {"x": x, "y": y}, exact=True)
+
+
+def test_integer_ops_export_to_onnx_and_refuse_interval_bounds():
+    m = _model([N("Add", ["a", "b"], ["s"]), N("Mod", ["s", "b"], ["y"])], [("a", TP.INT64, [4]), ("b", TP.INT64, [4])],
+               [("y", TP.INT64, None)])
+    bundle = tlb.import_onnx(m)
+    feeds = {"a": np.array([5, -7, 9, 2]), "b": np.array([3, 3, -4, 5])}
+    exported = tlb.export_onnx(bundle)
+    got = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.array_equal(got, _ort(m, feeds)[0])
+    with pytest.raises(tlb.BridgeError, match="no interval rule for int_add"):
+        tlb.interval_bounds(bundle.graph, bundle.payload, [feeds["a"], feeds["b"]], [feeds["a"], feeds["b"]])
+
+
+def test_every_integer_kind_refuses_interval_bounds_by_name():
+    from semantics.rules.integer import INTERVAL_REFUSALS
+    from torchlean_bridge.graph import Graph, Node
+    for kind in sorted(INTERVAL_REFUSALS):
+        arity = 1 if kind == "bitwise_not" else 2
+        dtype = "float" if kind == "mod" else "int64"
+        attrs = {"left": True} if kind == "bitshift" else {}
+        nodes = [Node(i, (), "input", (3,), {}, dtype=dtype) for i in range(arity)]
+        nodes.append(Node(arity, tuple(range(arity)), kind, (3,), attrs, dtype=dtype))
+        g = Graph(nodes, list(range(arity)), [arity])
+        x = [np.zeros(3, np.int64 if dtype == "int64" else np.float64)] * arity
+        with pytest.raises(tlb.BridgeError, match=f"no interval rule for {kind}: "):
+            tlb.interval_bounds(g, None, x, x)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_unsigned_bitshift_exports_to_onnxruntime(direction):
+    x = np.array([1, 200, 255, 7, 128, 3], np.uint8)
+    s = np.array([0, 1, 7, 8, 9, 3], np.uint8)
+    m = _model([N("BitShift", ["x", "s"], ["y"], direction=direction)], [("x", TP.UINT8, [6]), ("s", TP.UINT8, [6])],
+               [("y", TP.UINT8, None)], opset=18)
+    exported = tlb.export_onnx(tlb.import_onnx(m))
+    feeds = {exported.graph.input[0].name: x.astype(np.int64), exported.graph.input[1].name: s.astype(np.int64)}
+    got = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.array_equal(got, _reference(m, {"x": x, "s": s})[0].astype(np.int64))

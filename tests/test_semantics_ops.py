@@ -794,6 +794,56 @@ def _avg_pool_nd(d: Draw) -> Example:
 # -- the tests --------------------------------------------------------------------------------
 
 # ops whose meaning is TorchLean's own (no PyTorch counterpart): tested in test_semantics.py
+# -- integer arithmetic and bit operations (issue #15): exact, against torch's int64 ops ---------------------
+
+_INT_TORCH = {"int_add": torch.add, "int_sub": torch.sub, "int_mul": torch.mul, "int_max": torch.maximum,
+              "int_min": torch.minimum, "int_div": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+              "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor}
+
+
+def _int_case(kind: str) -> None:
+    @case(kind)
+    def gen(d: Draw) -> Example:
+        shape = d.shape()
+        a = d.rng.integers(-30000, 30000, shape)
+        b = d.rng.integers(-30000, 30000, shape)
+        if kind == "int_div":
+            b = np.where(b == 0, 7, b)
+        if kind in ("int_add", "int_sub", "int_mul"):
+            a, b = a // 200, b // 200  # results inside int32
+        fn = _INT_TORCH[kind]
+        return Example({"bits": 32, "signed": True}, [a, b], lambda t, p: fn(t[0], t[1]))
+
+
+for _k in _INT_TORCH:
+    _int_case(_k)
+
+
+@case("bitwise_not")
+def _bitwise_not(d: Draw) -> Example:
+    return Example({"bits": 16, "signed": True}, [d.rng.integers(-32768, 32768, d.shape())],
+                   lambda t, p: torch.bitwise_not(t[0]))
+
+
+@case("bitshift")
+def _bitshift(d: Draw) -> Example:
+    shape, left = d.shape(), d.bool()
+    x, s = d.rng.integers(-2 ** 40, 2 ** 40, shape), d.rng.integers(0, 64, shape)
+    fn = torch.bitwise_left_shift if left else torch.bitwise_right_shift  # int64 two's complement, arithmetic
+    return Example({"left": left, "bits": 64, "signed": True}, [x, s], lambda t, p: fn(t[0], t[1]))
+
+
+@case("mod")
+def _mod(d: Draw) -> Example:
+    shape, fmod = d.shape(), d.bool()
+    if d.bool():
+        a, b = d.normal(shape), d.normal(shape) + 0.5
+    else:
+        a, b = d.rng.integers(-50, 50, shape), d.rng.integers(1, 9, shape) * d.choice([-1, 1])
+    fn = torch.fmod if fmod else torch.remainder
+    return Example({"fmod": fmod}, [a, b], lambda t, p: fn(t[0], t[1]))
+
+
 NOT_IN_TORCH = {"input", "const", "custom", "rand_uniform", "bernoulli_mask"}
 
 

@@ -361,3 +361,48 @@ def _float_to_bool(kind: str):
 
 
 register(OpSpec("isnan", "ext", 1, 1, _identity, dtype=_float_to_bool("isnan"), doc="elementwise, bool result"))
+
+# -- integer arithmetic and bit operations (issue #15) -------------------------------------------
+# Computed exactly on int64 values; `bits`/`signed` name the ONNX element type (int8..uint64) whose range
+# the result must fit: a result outside it (where ONNX would wrap) is refused at evaluation, never wrapped.
+# Shifts and bitwise ops are defined modulo 2^bits by ONNX, so those wrap exactly as the type does.
+
+INT_TYPE_ATTRS = (Attr("bits", "nat", 64, choices=(8, 16, 32, 64)), Attr("signed", "bool", True))
+
+
+def _int_only(kind: str):
+    def rule(attrs: A, parents: DT, declared: str) -> str:
+        for i, dt in enumerate(parents):
+            if dt != INT64:
+                raise ShapeRuleError(f"{kind}: operand {i} has element type {dt}, expected int64")
+        return INT64
+    return rule
+
+
+_INT_BINARY = {
+    "int_add": "a + b", "int_sub": "a - b", "int_mul": "a * b",
+    "int_div": "a / b truncated toward zero (ONNX integer Div); division by zero is refused",
+    "int_max": "max(a, b)", "int_min": "min(a, b)",
+    "bitwise_and": "a & b", "bitwise_or": "a | b", "bitwise_xor": "a ^ b",
+}
+for _k, _doc in _INT_BINARY.items():
+    register(OpSpec(_k, "ext", 2, 2, _same_shape(_k), attrs=INT_TYPE_ATTRS, dtype=_int_only(_k),
+                    doc=f"integer {_doc}, exact; the result must fit the `bits`/`signed` type"))
+register(OpSpec("bitwise_not", "ext", 1, 1, _identity, attrs=INT_TYPE_ATTRS, dtype=_int_only("bitwise_not"),
+                doc="integer ~a in the `bits`/`signed` type (ONNX BitwiseNot)"))
+register(OpSpec("bitshift", "ext", 2, 2, _same_shape("bitshift"),
+                attrs=(Attr("left", "bool"),) + INT_TYPE_ATTRS, dtype=_int_only("bitshift"),
+                doc="a << b or a >> b in the `bits`-bit type (ONNX BitShift: bits shifted out are lost, a shift "
+                    "by `bits` or more gives 0)"))
+
+
+def _mod_dtype(attrs: A, parents: DT, declared: str) -> str:
+    if parents[0] != parents[1] or parents[0] == BOOL:
+        raise ShapeRuleError(f"mod: operands of element types {parents[0]} and {parents[1]}")
+    return parents[0]
+
+
+register(OpSpec("mod", "ext", 2, 2, _same_shape("mod"), attrs=(Attr("fmod", "bool", False),) + INT_TYPE_ATTRS,
+                dtype=_mod_dtype,
+                doc="remainder: numpy.fmod (sign of a, `fmod`) or numpy.mod (sign of b), float or int64 (ONNX "
+                    "Mod, torch.fmod / torch.remainder); an integer remainder by zero is refused"))

@@ -292,3 +292,53 @@ def test_fx_imported_cnn_with_batchnorm_and_exchanged_conv_weights(tmp_path):
         ("3.weight", "5.weight")]
     clean = audit(bundle, net.state_dict(), reference=net)
     assert clean.ok, str(clean)
+
+
+# -- the report's fields (what --json consumers read) ---------------------------------------------
+def test_swap_and_mismatch_findings_carry_their_figures(seed_files):
+    same, sd, _ = seed_files
+    report = audit(bias_pair_bundle(), sd, reference=same, inputs=[np.zeros(3)], samples=0)
+    doc = report.to_json()
+    by_kind = {f["kind"]: f for f in doc["findings"]}
+    assert by_kind["swap"]["data"] == {"error_before": 1.0, "error_after": 0.0}
+    assert by_kind["mismatch"]["data"]["max_error"] == 1.0
+    assert by_kind["mismatch"]["data"]["limit"] == pytest.approx(1e-6)
+    assert (doc["error_before"], doc["error_after"], doc["inputs_used"]) == (1.0, 0.0, 1)
+    assert doc["swaps"] == [["0.bias", "2.bias"]]
+
+
+def test_agreement_carries_its_error(seed_files):
+    same, _, _ = seed_files
+    (agreement,) = [f for f in audit(bias_pair_bundle(), same.state_dict(), reference=same).to_json()["findings"]
+                    if f["kind"] == "agreement"]
+    assert agreement["data"] == {"max_error": 0.0}
+
+
+def test_too_many_candidates_are_truncated_and_said(seed_files):
+    same, sd, _ = seed_files
+    report = audit(bias_pair_bundle(), sd, reference=same, inputs=[np.zeros(3)], samples=0, max_candidates=1)
+    (truncated,) = kinds(report, "truncated")
+    assert truncated.severity == "warning"
+    assert truncated.message == "2 possible exchanges; only the first 1 were tried"
+
+
+def test_the_mismatch_names_the_worst_input(seed_files):
+    """Three given inputs on which the exchanged biases cost 0, 0.5 and 1 (relu(x0 - 1) + 1 against
+    relu(x0 + 1) - 1): the mismatch names the third."""
+    same, sd, _ = seed_files
+    xs = [np.array([2.0, 0.0, 0.0]), np.array([0.5, 0.0, 0.0]), np.array([0.0, 0.0, 0.0])]
+    errors = [float(np.abs(same(torch.tensor(x, dtype=torch.float32)).detach().numpy()
+                           - _swapped_module(same, sd)(torch.tensor(x, dtype=torch.float32)).detach().numpy()).max())
+              for x in xs]
+    worst = int(np.argmax(errors))
+    assert len(set(errors)) > 1  # the inputs tell the cases apart
+    report = audit(bias_pair_bundle(), sd, reference=same, inputs=[[x] for x in xs], samples=0)
+    (mismatch,) = kinds(report, "mismatch")
+    assert f"worst on the given input {worst}:" in mismatch.message
+
+
+def _swapped_module(same: nn.Module, sd) -> nn.Module:
+    import copy
+    m = copy.deepcopy(same)
+    m.load_state_dict(sd)
+    return m

@@ -342,3 +342,57 @@ def _swapped_module(same: nn.Module, sd) -> nn.Module:
     m = copy.deepcopy(same)
     m.load_state_dict(sd)
     return m
+
+
+def _three_layer() -> tuple:
+    """3 -> 3 -> 3 with random weights: both weights square (each may be transposed), both biases of
+    length 3 (an ambiguity group each)."""
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3)).double()
+    gb = GraphBuilder("builder")
+    x = gb.input([3])
+    h = gb.add("linear", [x], shape=[3])
+    gb.param(h, "weight", np.zeros((3, 3)), key="0.weight")
+    gb.param(h, "bias", np.zeros(3), key="0.bias")
+    y = gb.add("linear", [gb.add("relu", [h])], shape=[3])
+    gb.param(y, "weight", np.zeros((3, 3)), key="2.weight")
+    gb.param(y, "bias", np.zeros(3), key="2.bias")
+    return net, gb.finish([y])
+
+
+def test_unresolved_names_the_best_single_exchange():
+    """Wrong values (not an exchange): the report says so and names the single exchange that came
+    closest, with its error computed here independently in torch."""
+    net, bundle = _three_layer()
+    sd = {k: v.clone() for k, v in net.state_dict().items()}
+    sd["0.bias"] = sd["0.bias"] + 0.75  # damage no exchange can undo
+    xs = [np.array([0.3, -0.2, 0.9]), np.array([-1.0, 0.5, 0.25])]
+
+    def error(state) -> float:
+        m = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3)).double()
+        m.load_state_dict(state)
+        return max(float((m(torch.tensor(x)) - net(torch.tensor(x))).abs().max()) for x in xs)
+
+    exchanges = {"swap 0.bias <-> 2.bias": {"0.bias": sd["2.bias"], "2.bias": sd["0.bias"]},
+                 "swap 0.weight <-> 2.weight": {"0.weight": sd["2.weight"], "2.weight": sd["0.weight"]},
+                 "transpose 0.weight": {"0.weight": sd["0.weight"].T},
+                 "transpose 2.weight": {"2.weight": sd["2.weight"].T}}
+    errors = {name: error({**sd, **change}) for name, change in exchanges.items()}
+    best = min(errors, key=errors.get)
+    assert sorted(errors.values())[0] < sorted(errors.values())[1]  # one best, clearly
+    report = audit(bundle, sd, reference=net, inputs=[[x] for x in xs], samples=0)
+    (unresolved,) = kinds(report, "unresolved")
+    assert unresolved.message == (
+        f"no exchange within the ambiguity groups restores agreement (the best single exchange, {best}, "
+        f"leaves {errors[best]:.6f}); the difference lies elsewhere (wrong values, or a role map or import error)")
+    assert report.swaps == [] and not report.ok
+
+
+def test_an_ambiguity_group_with_a_missing_key_is_not_searched():
+    """A checkpoint lacking 2.bias (non-strict binding): the bias group cannot be exchanged, the
+    audit still runs and reports the missing key."""
+    net, bundle = _three_layer()
+    sd = {k: v.clone() for k, v in net.state_dict().items() if k != "2.bias"}
+    report = audit(bundle, sd, reference=net, inputs=[np.zeros(3)], samples=0, strict=False)
+    assert all("2.bias" not in f.keys for f in report.swaps)
+    assert any("2.bias" in f.message for f in report.findings)

@@ -12,7 +12,7 @@ memory is its own:
 
     python bench/scale_bench.py [--gib 1.0] [--nodes 1000000] [--dir DIR] [--keep] [--skip-chain]
 
-Peak RSS comes from getrusage; the anonymous peak from sampling /proc/self/status (RssAnon) every
+Peak RSS comes from /proc/self/status (VmHWM); the anonymous peak from sampling /proc/self/status (RssAnon) every
 few milliseconds in a thread, so it can miss a spike shorter than that. Targets (issue 17): import +
 evaluate + save peak RSS <= 1.3x model bytes, import <= 1.5x onnxruntime's session creation, 10^6-node
 load, check and evaluate <= 3 s each.
@@ -51,8 +51,11 @@ PRELUDE = textwrap.dedent("""
         t = time.perf_counter(); out = fn(*a, **k); return out, time.perf_counter() - t
     result = {}
 """)
+# VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over fork + exec, so a child would report the
+# parent's (generator's) peak instead of its own.
 EPILOGUE = textwrap.dedent("""
-    result['peak_rss'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with open('/proc/self/status') as f:
+        result['peak_rss'] = next(int(l.split()[1]) * 1024 for l in f if l.startswith('VmHWM:'))
     result['peak_anon'] = anon_peak[0]
     print('RESULT ' + json.dumps(result))
 """)

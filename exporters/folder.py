@@ -17,6 +17,7 @@ from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.check import check_well_formed
 from torchlean_bridge.errors import BridgeError, PayloadError
 from torchlean_bridge.fileio import atomic_folder, read_capped
+from torchlean_bridge.gcpause import gc_paused
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, foreign_record_errors
 from torchlean_bridge.report import jsonable
@@ -42,6 +43,7 @@ def _is_bundle_folder(folder: Path) -> bool:
     return all(p.name in _CONTENT_FILES or p.name in (MANIFEST_FILE, *_COMPANION_FILES) for p in folder.iterdir())
 
 
+@gc_paused
 def save(bundle: Bundle, folder: str | Path) -> Path:
     """Write the bundle folder as a unit (the old folder, if any, is replaced whole); returns it."""
     folder = Path(folder)
@@ -125,6 +127,7 @@ def _load_document(path: Path) -> Bundle:
     return Bundle(graph, _checked(graph, payload, str(path)))
 
 
+@gc_paused
 def load(path: str | Path) -> Bundle:
     """A bundle folder, or a single torchlean.ir.v1 document (payload inline, in a companion file, or absent)."""
     path = Path(path)

@@ -9,6 +9,7 @@ problem once: a node whose parent is already broken is skipped, not re-reported 
 from __future__ import annotations
 
 from .errors import GraphError, ShapeRuleError
+from .gcpause import gc_paused
 from .graph import Graph, Node
 from .ops import Shape, fmt_shape, numel
 from .ops.contracts import DEFAULT_ELEMENT_LIMIT, current_element_limit, element_limit
@@ -141,6 +142,7 @@ def check_well_formed(g: Graph, collect: bool = False) -> list[GraphError]:
     return errors
 
 
+@gc_paused
 def check(g: Graph, collect: bool = False, max_elements: int | None = None) -> list[GraphError]:
     """Well-formedness then shapes. Raises the first problem, or returns all of them with collect.
     ``max_elements`` (default: the current ``element_limit``) caps declared shapes and op buffers.

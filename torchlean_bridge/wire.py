@@ -24,6 +24,7 @@ from .check import DEFAULT_MAX_ELEMENTS
 from .errors import BridgeError, WireError
 from .graph import Graph, Node, Source
 from .fileio import read_capped
+from .gcpause import gc_paused
 from .ops import ELEMENT_TYPES, FLOAT, REGISTRY, Attr, OpSpec, fmt_shape, numel
 from .ops.contracts import MAX_RANK
 from .payload import Payload, role_shape
@@ -400,6 +401,7 @@ def _inline_payload(parsed: list[dict], nodes: list[Node], max_elements: int) ->
     return payload
 
 
+@gc_paused
 def parse_document(doc: Any, *, strict: bool = False,
                    max_elements: int = DEFAULT_MAX_ELEMENTS) -> tuple[Graph, Payload]:
     """A wire document (already decoded JSON) to a graph and its inline payload (maybe empty)."""
@@ -410,6 +412,7 @@ def parse_document(doc: Any, *, strict: bool = False,
     return Graph(nodes, inputs, outputs), payload
 
 
+@gc_paused
 def load_graph(source: Any, *, strict: bool = False, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Graph:
     """Parse a torchlean.ir.v1 document (path, JSON text, bytes or dict) and check its structure."""
     from .check import check_well_formed
@@ -527,6 +530,7 @@ def graph_to_wire(g: Graph, payload: Payload | None = None, *, include_source: b
     return doc
 
 
+@gc_paused
 def dump_graph(g: Graph, *, include_source: bool = True) -> dict[str, Any]:
     """Wire dict, nodes only (no tensors)."""
     return graph_to_wire(g, None, include_source=include_source)

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from torchlean_bridge.errors import BridgeError, EvalError
+from torchlean_bridge.gcpause import gc_paused
 from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape
 from torchlean_bridge.payload import Payload
@@ -120,6 +121,7 @@ def execute_plan(g: Graph, payload: Payload | None, inputs: Any, plan: Any, dtyp
     return [values[o] for o in g.outputs]
 
 
+@gc_paused
 def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", all_nodes: bool = False,
              check: bool = True, plan: Any = None, exact: bool = False) -> list[np.ndarray]:
     """``tlb.evaluate``: the reference evaluator (``semantics.evaluate.evaluate``, ``exact`` its

@@ -71,7 +71,7 @@ def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
         if np.any(lo > hi):
             k = int(np.argmax((lo > hi).reshape(-1)))
             raise _error(node, f"lower bound exceeds upper bound at flat index {k}: "
-                               f"{lo.reshape(-1)[k]!r} > {hi.reshape(-1)[k]!r}")
+                               f"{float(lo.reshape(-1)[k])!r} > {float(hi.reshape(-1)[k])!r}")
         if node.dtype in (INT64, BOOL) and not np.array_equal(lo, hi):
             raise _error(node, f"{node.dtype} inputs need a point box (lower == upper)")
         if node.dtype == BOOL and not np.all((lo == 0) | (lo == 1)):

@@ -226,9 +226,10 @@ def _two_input_box(kind, a, b, dtypes=("float", "float")):
     return net.boxes([a[0], b[0]], [a[1], b[1]])[2]
 
 
-# left box, right box per column: decided true / decided false / undecided / touching ends / equal points
-CMP_A = (np.array([0.0, 2.0, 0.0, 0.0, 1.0, 1.0]), np.array([1.0, 3.0, 2.0, 1.0, 1.0, 2.0]))
-CMP_B = (np.array([1.5, 0.0, 1.0, 1.0, 1.0, 5.0]), np.array([2.0, 1.0, 3.0, 4.0, 1.0, 6.0]))
+# left box, right box per column: decided true / decided false / undecided / touching ends / equal points /
+# disjoint / equal lower ends only / equal upper ends only / a point inside a box
+CMP_A = (np.array([0.0, 2.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.5]), np.array([1.0, 3.0, 2.0, 1.0, 1.0, 2.0, 2.0, 3.0, 1.5]))
+CMP_B = (np.array([1.5, 0.0, 1.0, 1.0, 1.0, 5.0, 1.0, 2.0, 1.0]), np.array([2.0, 1.0, 3.0, 4.0, 1.0, 6.0, 3.0, 3.0, 2.0]))
 
 
 def _exact_truth(op, a, b):
@@ -347,9 +348,9 @@ def test_argmax_argmin_boxes_are_the_indices_that_can_win():
                 a, b = (lo_in, hi_in) if largest else (-hi_in, -lo_in)
                 a, b = np.moveaxis(a, axis, -1), np.moveaxis(b, axis, -1)
                 # j can be the first winner iff b_j > a_i for every i < j and b_j >= a_i for every i > j
-                can = np.stack([np.all(b[..., j:j + 1] > a[..., :j], axis=-1) & np.all(b[..., j:j + 1] >= a[..., j + 1:],
-                                                                                       axis=-1)
-                                for j in range(a.shape[-1])], axis=-1)
+                can = np.stack([np.all(b[..., j:j + 1] > a[..., :j], axis=-1)
+                                & np.all(b[..., j:j + 1] >= a[..., j + 1:], axis=-1) for j in range(a.shape[-1])],
+                               axis=-1)
                 idx = np.arange(a.shape[-1])
                 first = np.min(np.where(can, idx, 99), axis=-1).astype(float)
                 last = np.max(np.where(can, idx, -1), axis=-1).astype(float)
@@ -392,7 +393,8 @@ FLOAT_EXACT_MONOTONE = {
     "relu": [({}, (2, 3))], "floor": [({}, (2, 3))], "ceil": [({}, (2, 3))], "round": [({}, (2, 3))],
     "trunc": [({}, (2, 3))], "sign": [({}, (2, 3))],
     "clamp": [({"min": -0.5, "max": 1.0}, (2, 3)), ({"min": None, "max": 0.3}, (2, 3))],
-    "sort": [({"axis": a, "k": k, "descending": d}, (3, 4, 5)) for a in range(3) for k in (1, 3) for d in (False, True)],
+    "sort": [({"axis": a, "k": k, "descending": d}, (3, 4, 5)) for a in range(3) for k in (1, 3)
+             for d in (False, True)],
     "cast": [({"dtype": "float"}, (2, 3))],
 }
 
@@ -401,8 +403,10 @@ ROUNDED_MONOTONE = {
     "sum": [({}, (2, 3, 4))],
     "reduce_sum": [({"axis": a}, (2, 3, 4)) for a in range(3)],
     "reduce_mean": [({"axis": a}, (2, 3, 4)) for a in range(3)],
-    "reduce_sum_axes": [({"axes": ax, "keepdim": k}, (2, 3, 4)) for ax in ([0], [1], [2], [0, 2]) for k in (False, True)],
-    "reduce_mean_axes": [({"axes": ax, "keepdim": k}, (2, 3, 4)) for ax in ([0], [1], [2], [0, 1]) for k in (False, True)],
+    "reduce_sum_axes": [({"axes": ax, "keepdim": k}, (2, 3, 4)) for ax in ([0], [1], [2], [0, 2])
+                        for k in (False, True)],
+    "reduce_mean_axes": [({"axes": ax, "keepdim": k}, (2, 3, 4)) for ax in ([0], [1], [2], [0, 1])
+                         for k in (False, True)],
     "cumsum": [({"axis": a, "exclusive": e, "reverse": r}, (3, 4, 5)) for a in range(3) for e in (False, True)
                for r in (False, True)],
     "avg_pool": [(POOL, (2, 3, 4))],

@@ -15,6 +15,7 @@ so a mutant costs its tests' run time, not an interpreter start-up. Runs are seq
     python tools/mutate.py --preset interval --sample 60    # interval rules, 60 mutants drawn (seeded)
     python tools/mutate.py --preset audit --lines 100-180   # only the mutation points on those lines
     python tools/mutate.py semantics/resize.py --tests tests/test_interval_ops.py -k resize --list
+    python tools/mutate.py --preset interval --survivors-of run.json --tests tests/test_interval_*.py
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PRESETS = {
     "check": (["torchlean_bridge/check.py"], ["tests/test_check_errors.py", "tests/test_core_seed.py"]),
-    "interval": (["semantics/interval.py", "semantics/interval_unary.py", "semantics/interval_arith.py",
-                  "semantics/interval_nonlinear.py", "semantics/interval_affine.py", "semantics/interval_round.py"],
-                 ["tests/test_interval_tightness.py", "tests/test_interval.py"]),
+    "interval": (["semantics/interval.py", "semantics/interval_arith.py", "semantics/interval_round.py",
+                  "semantics/rules/activations.py", "semantics/rules/softmax.py", "semantics/rules/normalization.py",
+                  "semantics/rules/affine.py", "semantics/rules/reductions.py", "semantics/rules/elementwise.py"],
+                 ["tests/test_interval_tightness.py", "tests/test_interval_edges.py", "tests/test_interval.py"]),
     "audit": (["torchlean_bridge/app/audit.py"], ["tests/test_audit.py"]),
 }
+# the float rules beside the interval rules in semantics/rules/ are the float evaluator's, tested against
+# torch by tests/test_semantics*.py: the interval preset leaves them out
+PRESET_SKIPS = {"interval": ({"float_rule"}, {"sigmoid", "softplus", "log_softmax", "softmax"})}
 
 COMPARE_SWAPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                  ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
@@ -126,10 +131,24 @@ def _ops(node: ast.AST, parent_is_fstring: bool) -> list[str]:
     return ops
 
 
-def points(tree: ast.AST) -> list[Point]:
+def _skipped(fn: ast.AST, skip_decorators: set[str], skip_functions: set[str]) -> bool:
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    names = {d.func.id if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) else getattr(d, "id", None)
+             for d in fn.decorator_list}
+    return fn.name in skip_functions or bool(names & skip_decorators)
+
+
+def points(tree: ast.AST, skip_decorators: set[str] = frozenset(),
+           skip_functions: set[str] = frozenset()) -> list[Point]:
+    """Every mutation point, except inside functions decorated with one of ``skip_decorators`` or named
+    in ``skip_functions`` (e.g. the float rules living beside the interval rules of an op family)."""
     out = []
     fstring_parts = {id(p) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for p in n.values}
+    skipped = {id(n) for fn in ast.walk(tree) if _skipped(fn, skip_decorators, skip_functions) for n in ast.walk(fn)}
     for i, node in enumerate(_walk(tree)):
+        if id(node) in skipped:
+            continue
         for op in _ops(node, id(node) in fstring_parts):
             out.append(Point(i, op, getattr(node, "lineno", 0)))
     return out
@@ -266,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lines", help="only mutation points on lines A-B")
     p.add_argument("--list", action="store_true", help="list the mutation points and exit")
+    p.add_argument("--skip-decorator", action="append", default=[], help="leave out functions with this decorator")
+    p.add_argument("--skip-function", action="append", default=[], help="leave out the function of this name")
     p.add_argument("--json", metavar="FILE", help="write every result as JSON")
+    p.add_argument("--survivors-of", metavar="FILE.json",
+                   help="re-test only the survivors of an earlier --json run (e.g. with more --tests)")
     args = p.parse_args(argv)
     modules, tests = list(args.modules), list(args.tests)
     if args.preset:
@@ -275,10 +298,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give modules and --tests, or --preset")
     extra = ["-k", args.keyword] if args.keyword else []
     trees = {m: ast.parse((ROOT / m).read_text(), m) for m in modules}
-    todo = [Point(pt.index, pt.op, pt.line, m) for m, t in trees.items() for pt in points(t)]
+    skip_decorators, skip_functions = set(args.skip_decorator), set(args.skip_function)
+    if args.preset in PRESET_SKIPS:
+        skip_decorators |= PRESET_SKIPS[args.preset][0]
+        skip_functions |= PRESET_SKIPS[args.preset][1]
+    todo = [Point(pt.index, pt.op, pt.line, m) for m, t in trees.items()
+            for pt in points(t, skip_decorators, skip_functions)]
     if args.lines:
         a, b = map(int, args.lines.split("-"))
         todo = [pt for pt in todo if a <= pt.line <= b]
+    if args.survivors_of:
+        earlier = json.loads(Path(args.survivors_of).read_text())["results"]
+        wanted = {(r["module"], r["line"], r["op"], r["mutant"]) for r in earlier if r["status"] == "SURVIVED"}
+        todo = [pt for pt in todo if (pt.path, pt.line, pt.op, mutant_source(trees[pt.path], pt)[1]) in wanted]
     if args.sample is not None and args.sample < len(todo):
         todo = sorted(random.Random(args.seed).sample(todo, args.sample), key=lambda q: (q.path, q.index))
     if args.list:

@@ -71,6 +71,8 @@ def _layout_step(node: Any, data: Const, result: np.ndarray) -> str | None:
 def _generated_shape(node: Any, feeds: dict[str, np.ndarray]) -> tuple[int, ...] | None:
     """The output shape of an op whose size is set by input values rather than input sizes."""
     op, v = node.op_type, [feeds.get(n) for n in node.input]
+    if len(v) < {"ConstantOfShape": 1, "Range": 3, "Tile": 2, "Expand": 2}.get(op, 0) or any(x is None for x in v):
+        return None  # the handler refuses the missing operand by name
     if op == "ConstantOfShape":
         return tuple(int(d) for d in v[0].reshape(-1))
     if op == "Range":
@@ -90,7 +92,7 @@ def check_fold_size(ctx: OnnxContext, node: Any) -> None:
     else from onnx's shape inference when it knows the output shapes.
     """
     feeds = {n: ctx.values[n].value for n in node.input if n}
-    where = f"ONNX import: node `{node.name or node.output[0]}` ({node.op_type})"
+    where = f"ONNX import: node `{node.name or (node.output[0] if node.output else '?')}` ({node.op_type})"
     shapes = [_generated_shape(node, feeds)] if node.op_type in ("ConstantOfShape", "Range", "Tile", "Expand") \
         else [ctx.declared.get(o) for o in node.output if o]
     for shape in shapes:

@@ -400,6 +400,8 @@ def _einsum(ctx: OnnxContext) -> list[Value]:
     if not terms or "..." in eq or len(terms) != len(ctx.node.input) or len(terms) > 2 \
             or any(len(set(t)) != len(t) for t in (*terms, out)) or any(c not in "".join(terms) for c in out):
         raise ctx.fail(f"equation `{eq}` (only explicit one- or two-operand contractions are supported)")
+    if any(len(t) != len(ctx.shape(i)) for i, t in enumerate(terms)):
+        raise ctx.fail(f"equation `{eq}`: a term's letters do not match its operand's rank")
     if len(terms) == 1:
         x, letters = _sum_letters(ctx, ctx.operand(0), terms[0], set(terms[0]) - set(out))
         return [_permute_letters(ctx, x, letters, out)]

@@ -23,7 +23,7 @@ from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS
 from torchlean_bridge.errors import BridgeError, PayloadError
 from torchlean_bridge.fileio import atomic_write_stream, regular_file_size
 from torchlean_bridge.ops.contracts import MAX_RANK
-from torchlean_bridge.payload import Payload, tensor_sha256
+from torchlean_bridge.payload import Payload, tensor_hash_prefix, tensor_sha256
 
 __all__ = ["payload_to_bytes", "payload_from_file", "write_payload", "split_key", "index_safetensors",
            "SafetensorsIndex", "MAX_HEADER_BYTES", "file_sha256"]
@@ -198,7 +198,24 @@ def index_safetensors(path: str | Path, what: str, max_elements: int = DEFAULT_M
     return SafetensorsIndex(data, start, meta, entries)
 
 
-def _verify_hashes(path: Path, meta: Mapping[str, str], tensors: dict[str, np.ndarray]) -> None:
+def _stored_sha256(f: BinaryIO, index: SafetensorsIndex, key: str, a: np.ndarray) -> str:
+    """``tensor_sha256(a)`` of the stored tensor ``a``, from the file's bytes (already little-endian row-major)
+    read in blocks: verifying does not fault the mapped pages in, so loading adds no resident copy."""
+    _, _, lo, hi = index.entries[key]
+    h = hashlib.sha256(tensor_hash_prefix(a))
+    f.seek(index.start + lo)
+    remaining = hi - lo
+    while remaining:
+        block = f.read(min(remaining, 1 << 20))
+        if not block:
+            raise BridgeError(f"payload {f.name}: truncated while verifying tensor `{key}`")
+        h.update(block)
+        remaining -= len(block)
+    return h.hexdigest()
+
+
+def _verify_hashes(path: Path, index: SafetensorsIndex, tensors: dict[str, np.ndarray]) -> None:
+    meta = index.metadata
     if tensors and _META_KEY not in meta:
         raise BridgeError(f"payload {path}: no `{_META_KEY}` metadata, so its tensors cannot be verified "
                           f"(write it with tlb.save, or load with verify=False)")
@@ -211,10 +228,11 @@ def _verify_hashes(path: Path, meta: Mapping[str, str], tensors: dict[str, np.nd
     unlisted = sorted(set(tensors) - set(hashes))
     if unlisted:
         raise BridgeError(f"payload {path}: tensors without a recorded sha256 (added after writing): {unlisted}")
-    for k, a in tensors.items():
-        if hashes[k] != tensor_sha256(a):
-            raise BridgeError(f"payload {path}: tensor `{k}` does not match its recorded sha256 "
-                              f"(the file was modified)")
+    with open(path, "rb") as f:
+        for k, a in tensors.items():
+            if hashes[k] != _stored_sha256(f, index, k, a):
+                raise BridgeError(f"payload {path}: tensor `{k}` does not match its recorded sha256 "
+                                  f"(the file was modified)")
     missing = sorted(set(hashes) - set(tensors))
     if missing:
         raise BridgeError(f"payload {path}: tensors listed in the metadata are missing: {missing}")
@@ -228,7 +246,7 @@ def payload_from_file(path: str | Path, verify: bool = True, max_elements: int =
         split_key(key, f"payload {path}")
     tensors = {key: index.array(key) for key in index.entries}
     if verify:
-        _verify_hashes(path, index.metadata, tensors)
+        _verify_hashes(path, index, tensors)
     payload = Payload()
     for k, a in tensors.items():
         payload.set(*split_key(k), a)

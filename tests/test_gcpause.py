@@ -57,3 +57,22 @@ def test_entry_points_leave_collector_enabled(tmp_path):
     with pytest.raises(tlb.BridgeError):
         tlb.load_graph({"format": "torchlean.ir.v1"})
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([1, True], "expected natural number, got true"),
+    ([1, -2], "expected natural number, got -2"),
+    ([1.0], "expected natural number, got 1.0"),
+    ("0", "expected array"),
+])
+def test_fast_nat_lists_still_refuse_what_the_slow_path_refuses(bad, message):
+    doc = _chain(3)
+    doc["nodes"][2]["parents"] = bad
+    with pytest.raises(tlb.BridgeError, match=message):
+        tlb.load_graph(doc)
+
+
+def test_node_fields_are_int_tuples_whatever_the_caller_passes():
+    node = tlb.Node(1, [np.int64(0)], "relu", (np.int64(3),))
+    assert node.parents == (0,) and type(node.parents[0]) is int and type(node.out_shape[0]) is int
+    assert tlb.load_graph(_chain(3))[2].parents == (1,)

@@ -346,3 +346,37 @@ def test_unsigned_bitshift_exports_to_onnxruntime(direction):
     feeds = {exported.graph.input[0].name: x.astype(np.int64), exported.graph.input[1].name: s.astype(np.int64)}
     got = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     assert np.array_equal(got, _reference(m, {"x": x, "s": s})[0].astype(np.int64))
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("op", ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"])
+def test_losses_with_weights_and_ignore_index_match_onnxruntime(op, weighted, reduction):
+    x = RNG.standard_normal((3, 5, 2)).astype(np.float32)
+    t = np.array([[0, 4], [2, 2], [1, 3]], np.int64)
+    ins = [("x", TP.FLOAT, x.shape), ("t", TP.INT64, t.shape)]
+    inits = [("w", RNG.random(5).astype(np.float32))] if weighted else []
+    names = ["x", "t"] + (["w"] if weighted else [])
+    m = _model([N(op, names, ["y"], reduction=reduction, ignore_index=2)], ins, [("y", TP.FLOAT, None)],
+               inits=inits, opset=13)
+    for a, b in zip(_ours(m, {"x": x, "t": t}), _ort(m, {"x": x, "t": t})):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_loss_target_out_of_range_is_an_error_not_a_clipped_read():
+    m = _model([N("NegativeLogLikelihoodLoss", ["x", "t"], ["y"])], [("x", TP.FLOAT, (2, 3)), ("t", TP.INT64, (2,))],
+               [("y", TP.FLOAT, None)], opset=13)
+    b = tlb.import_onnx(m)
+    with pytest.raises(tlb.BridgeError, match="out of range"):
+        tlb.evaluate(b.graph, b.payload, [np.zeros((2, 3), np.float32), np.array([0, 3])])
+
+
+@pytest.mark.parametrize("eq", ["i,i", "ij,jk", "ba", "ij,kj"])
+def test_einsum_implicit_output_is_the_letters_seen_once_in_order(eq):
+    terms = eq.split(",")
+    dims = {"i": 3, "j": 4, "k": 2, "a": 2, "b": 5}
+    xs = [RNG.standard_normal([dims[c] for c in t]).astype(np.float32) for t in terms]
+    names = [f"x{i}" for i in range(len(xs))]
+    m = _model([N("Einsum", names, ["y"], equation=eq)], [(n, TP.FLOAT, x.shape) for n, x in zip(names, xs)],
+               [("y", TP.FLOAT, None)], opset=12)
+    np.testing.assert_allclose(_ours(m, dict(zip(names, xs)))[0], np.einsum(eq, *xs), rtol=1e-5, atol=1e-6)

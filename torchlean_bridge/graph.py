@@ -69,6 +69,13 @@ def normalized_attrs(kind: str, attrs: Mapping[str, Any], out_shape: Shape) -> d
     return out
 
 
+def _int_tuple(values: Iterable[Any]) -> tuple[int, ...]:
+    """``tuple(int(v) for v in values)``; a tuple of exact ints (the wire reader's) is kept as it is."""
+    if type(values) is tuple and (not values or set(map(type, values)) == {int}):
+        return values
+    return tuple(int(v) for v in values)
+
+
 @dataclass(frozen=True, eq=True)
 class Node:
     id: int
@@ -80,8 +87,8 @@ class Node:
     source: Source | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "parents", tuple(int(p) for p in self.parents))
-        object.__setattr__(self, "out_shape", tuple(int(d) for d in self.out_shape))
+        object.__setattr__(self, "parents", _int_tuple(self.parents))
+        object.__setattr__(self, "out_shape", _int_tuple(self.out_shape))
         object.__setattr__(self, "attrs", normalized_attrs(self.kind, self.attrs, self.out_shape))
 
     @property

@@ -21,12 +21,18 @@ from .ops import Shape, fmt_shape
 __all__ = ["Payload", "payload_errors", "foreign_record_errors", "role_shape", "tensor_sha256"]
 
 
+def tensor_hash_prefix(a: np.ndarray) -> bytes:
+    """What ``tensor_sha256`` hashes before the tensor's bytes: its dtype and shape."""
+    return f"{a.dtype.str}|{','.join(map(str, a.shape))}|".encode()
+
+
 def tensor_sha256(a: np.ndarray) -> str:
-    """Hash of dtype, shape and little-endian row-major bytes: stable across machines."""
+    """Hash of dtype, shape and little-endian row-major bytes: stable across machines. Hashes a buffer
+    view, not a ``tobytes`` copy (a C-contiguous little-endian tensor, e.g. a mapped weight, is not copied)."""
     a = np.asarray(a, order="C")  # keeps 0-d tensors 0-d (ascontiguousarray would not)
-    h = hashlib.sha256()
-    h.update(f"{a.dtype.str}|{','.join(map(str, a.shape))}|".encode())
-    h.update(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+    h = hashlib.sha256(tensor_hash_prefix(a))
+    le = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"), copy=False)).reshape(-1)
+    h.update(memoryview(le).cast("B"))
     return h.hexdigest()
 
 

@@ -80,6 +80,10 @@ def _array(v: Any, ctx: str) -> list:
 
 
 def _nats(v: Any, ctx: str) -> tuple[int, ...]:
+    if type(v) is list:  # fast path for 10^6-node documents: all exact ints (no bools), none negative
+        t = tuple(v)
+        if not t or (set(map(type, t)) == {int} and min(t) >= 0):
+            return t
     return tuple(_nat(x, ctx) for x in _array(v, ctx))
 
 

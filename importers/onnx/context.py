@@ -98,6 +98,8 @@ class OnnxContext:
         self.max_elements = builder.max_elements  # the size cap of nodes and of import-time folds
         self.graph_inputs: set[str] = set()  # the model's (unbound) graph inputs
         self.onnx_types: dict[str, int] = {}  # ONNX element types by tensor name (shape inference's)
+        self.graph_outputs: list[str] = []  # the model's output names, in order
+        self.precision = "float32"  # the float precision the model evaluates in (float64 if it declares a double)
 
     def consumer_count(self, name: str) -> int:
         """How many node inputs and graph outputs read an ONNX tensor."""

@@ -226,6 +226,9 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     ctx = OnnxContext(b, opset, declared, _consumers(graph))
     ctx.onnx_types = onnx_types
     ctx.graph_inputs = {vi.name for vi in free_inputs}
+    ctx.graph_outputs = [o.name for o in graph.output]
+    ctx.precision = "float64" if any(vi.type.tensor_type.elem_type == 11
+                                     for vi in list(free_inputs) + list(graph.output)) else "float32"
     for t in graph.initializer:
         ctx.values[t.name] = Const(_initializer_array(t, base), key=t.name)
     for name, value in bound.items():
@@ -250,8 +253,7 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
         "inputs": [vi.name for vi in free_inputs], "outputs": [o.name for o in graph.output],
         "output_types": [element_type_name(o.type.tensor_type.elem_type) if o.type.tensor_type.elem_type else None
                          for o in graph.output],
-        "precision": "float64" if any(vi.type.tensor_type.elem_type == 11 for vi in list(free_inputs)
-                                      + list(graph.output)) else "float32",
+        "precision": ctx.precision,
         "external_shapes": {t.name: list(t.dims) for t in graph.initializer if t.name in ctx.used_keys},
     }
     if bound:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .context import Const, OnnxContext, Value
 from .inputs import element_type_name
-from .ops_math import _NARROW_FLOATS, onnx_element_type, refuse_wrapping_cast
+from .ops_math import _NARROW_FLOATS, onnx_element_type, refuse_mixed_precision_cast, refuse_wrapping_cast
 
 __all__ = ["HANDLERS", "OPSETS", "EMITS"]
 
@@ -55,6 +55,7 @@ def _cast_like(ctx: OnnxContext) -> list[Value]:
             raise ctx.fail(f"constant input 0 holds non-finite values, which have no {want.name} value")
         return [Const(src.value.astype(want), folded=True)]
     refuse_wrapping_cast(ctx, to)
+    refuse_mixed_precision_cast(ctx, to)
     if ctx.dtype(0) == target:
         return [ctx.values[ctx.node.input[0]]]
     return [ctx.add("cast", [ctx.operand(0)], {"dtype": target})]

@@ -16,7 +16,7 @@ from torchlean_bridge.ops.contracts import broadcast_shapes
 
 from .context import Const, OnnxContext, Value
 
-__all__ = ["HANDLERS", "EMITS", "onnx_element_type", "refuse_wrapping_cast"]
+__all__ = ["HANDLERS", "EMITS", "onnx_element_type", "refuse_wrapping_cast", "refuse_mixed_precision_cast"]
 
 Handler = Callable[[OnnxContext], list[Value]]
 
@@ -164,12 +164,34 @@ def refuse_wrapping_cast(ctx: OnnxContext, to: int) -> None:
                        f"{name} wrap around, which the IR (integers as int64) cannot express")
 
 
+_FLOAT_WIDTHS = {1: "float32", 11: "float64"}
+
+
+def refuse_mixed_precision_cast(ctx: OnnxContext, to: int) -> None:
+    """The evaluator computes every float in one precision (``ctx.precision``). A cast of a computed
+    tensor between float32 and float64 is exact there only when it widens a graph input into that
+    precision (nothing computed it yet) or narrows a value that only leaves the graph (the output
+    conversion rounds it alike); anywhere else the model computes in two precisions, and evaluating
+    it in one would silently skip (or add) a rounding, so it is refused."""
+    name = ctx.node.input[0]
+    source, target = _FLOAT_WIDTHS.get(ctx.onnx_types.get(name, 0)), _FLOAT_WIDTHS.get(to)
+    if source is None or target is None or source == target or ctx.const(0) is not None:
+        return
+    widens_an_input = target == ctx.precision and name in ctx.graph_inputs
+    out = ctx.node.output[0]
+    only_output = target != ctx.precision and ctx.consumer_count(out) == ctx.graph_outputs.count(out) > 0
+    if not (widens_an_input or only_output):
+        raise ctx.fail(f"cast of a computed {source} tensor to {target} inside a model evaluated in "
+                       f"{ctx.precision}: the model computes in two float precisions, the evaluator in one")
+
+
 def _cast(ctx: OnnxContext) -> list[Value]:
     to = int(ctx.attr("to"))
     target = onnx_element_type(to)
     if target is None or to in _NARROW_FLOATS:
         raise ctx.fail(f"cast to ONNX element type {to} (a narrower float rounds values; no exact IR op)")
     refuse_wrapping_cast(ctx, to)
+    refuse_mixed_precision_cast(ctx, to)
     if ctx.dtype(0) == target:
         return [ctx.values[ctx.node.input[0]]]
     return [ctx.add("cast", [ctx.operand(0)], {"dtype": target})]

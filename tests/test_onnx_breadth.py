@@ -369,3 +369,14 @@ def test_loss_target_out_of_range_is_an_error_not_a_clipped_read():
     b = tlb.import_onnx(m)
     with pytest.raises(tlb.BridgeError, match="out of range"):
         tlb.evaluate(b.graph, b.payload, [np.zeros((2, 3), np.float32), np.array([0, 3])])
+
+
+@pytest.mark.parametrize("eq", ["i,i", "ij,jk", "ba", "ij,kj"])
+def test_einsum_implicit_output_is_the_letters_seen_once_in_order(eq):
+    terms = eq.split(",")
+    dims = {"i": 3, "j": 4, "k": 2, "a": 2, "b": 5}
+    xs = [RNG.standard_normal([dims[c] for c in t]).astype(np.float32) for t in terms]
+    names = [f"x{i}" for i in range(len(xs))]
+    m = _model([N("Einsum", names, ["y"], equation=eq)], [(n, TP.FLOAT, x.shape) for n, x in zip(names, xs)],
+               [("y", TP.FLOAT, None)], opset=12)
+    np.testing.assert_allclose(_ours(m, dict(zip(names, xs)))[0], np.einsum(eq, *xs), rtol=1e-5, atol=1e-6)

@@ -604,3 +604,26 @@ def test_check_refuses_declared_shapes_with_negative_extents() -> None:
     doc["nodes"][0]["shape"] = [0, 2 ** 62]
     with pytest.raises(WireError, match="has an extent above the limit"):
         parse_document(doc)
+
+
+# -- ONNX classes a fresh fuzz campaign found: an empty required input name, an infinite Resize scale
+def test_onnx_empty_name_in_a_required_input_is_refused():
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    graph = helper.make_graph([helper.make_node("Where", ["c", "", "x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("c", TensorProto.BOOL, [3]), x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(tlb.BridgeError, match=r"required input 1 \(`X`\) of Where-16 is empty"):
+        tlb.import_onnx(m)
+
+
+def test_onnx_infinite_resize_scale_is_refused():
+    from onnx import TensorProto, helper
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [2], [1.0, float("inf")])
+    graph = helper.make_graph([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [scales])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(tlb.BridgeError, match="one positive finite factor per axis"):
+        tlb.import_onnx(m)

@@ -59,3 +59,4 @@ def test_a_float32_computation_widened_late_is_refused():
     m = model([helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Cast", ["e"], ["y"], to=F64)], F32, F64)
     with pytest.raises(BridgeError, match="cast of a computed float32 tensor to float64"):
         tlb.import_onnx(m)
+

@@ -103,6 +103,16 @@ def _check_ssa(graph: Any) -> None:
             written[name] = _node_label(i, node)
 
 
+def _check_required_names(i: int, node: Any, schema: Any) -> None:
+    """An empty name marks an omitted optional input; in a required (single) slot it is an error."""
+    from onnx.defs import OpSchema
+    for k, name in enumerate(node.input):
+        formal = schema.inputs[min(k, len(schema.inputs) - 1)] if schema.inputs else None
+        if name == "" and formal is not None and formal.option == OpSchema.FormalParameterOption.Single:
+            raise _fail(f"{_node_label(i, node)}: required input {k} (`{formal.name}`) of "
+                        f"{node.op_type}-{schema.since_version} is empty")
+
+
 def _check_arity(graph: Any, opset: int) -> None:
     import onnx.defs
     for i, node in enumerate(graph.node):
@@ -118,6 +128,7 @@ def _check_arity(graph: Any, opset: int) -> None:
                 bound = f"{lo}" if lo == hi else f"{lo}..{hi}" if hi < 2**31 - 1 else f"at least {lo}"
                 raise _fail(f"{_node_label(i, node)} has {count} {what}; {node.op_type}-{schema.since_version} takes "
                             f"{bound}")
+        _check_required_names(i, node, schema)
         given = set()
         for a in node.attribute:
             if a.type == 0 or a.type not in _attribute_types():

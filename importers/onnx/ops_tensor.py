@@ -297,8 +297,8 @@ def _resize_targets(ctx: OnnxContext, s: tuple[int, ...], legacy: bool) -> tuple
         if len(sizes) != len(s):
             raise ctx.fail(f"sizes {sizes} do not give one extent per axis of {list(s)}")
         return None, sizes
-    if len(scales) != len(s) or any(not f > 0 for f in scales):
-        raise ctx.fail(f"scales {scales} do not give one positive factor per axis of {list(s)}")
+    if len(scales) != len(s) or any(not (0 < f < math.inf) for f in scales):
+        raise ctx.fail(f"scales {scales} do not give one positive finite factor per axis of {list(s)}")
     return scales, [int(math.floor(i * f)) for i, f in zip(s, scales)]
 
 

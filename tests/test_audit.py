@@ -111,20 +111,24 @@ def test_a_swap_the_inputs_cannot_see_is_reported():
                         "tell them apart"
 
 
+def linear_relu_linear(outputs: int):
+    """3 -> 3 -> ``outputs`` with zero placeholder weights under nn.Sequential's keys."""
+    gb = GraphBuilder("builder")
+    h = gb.add("linear", [gb.input([3])], shape=[3])
+    gb.param(h, "weight", np.zeros((3, 3)), key="0.weight")
+    gb.param(h, "bias", np.zeros(3), key="0.bias")
+    y = gb.add("linear", [gb.add("relu", [h])], shape=[outputs])
+    gb.param(y, "weight", np.zeros((outputs, 3)), key="2.weight")
+    gb.param(y, "bias", np.zeros(outputs), key="2.bias")
+    return gb.finish([y])
+
+
 def test_transposed_square_weight_is_named():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
     sd = {k: v.clone() for k, v in net.state_dict().items()}
     sd["0.weight"] = sd["0.weight"].T.contiguous()
-    gb = GraphBuilder("builder")
-    x = gb.input([3])
-    h = gb.add("linear", [x], shape=[3])
-    gb.param(h, "weight", np.zeros((3, 3)), key="0.weight")
-    gb.param(h, "bias", np.zeros(3), key="0.bias")
-    y = gb.add("linear", [gb.add("relu", [h])], shape=[2])
-    gb.param(y, "weight", np.zeros((2, 3)), key="2.weight")
-    gb.param(y, "bias", np.zeros(2), key="2.bias")
-    report = audit(gb.finish([y]), sd, reference=net)
+    report = audit(linear_relu_linear(2), sd, reference=net)
     assert [(f.kind, f.keys) for f in report.swaps] == [("transpose", ("0.weight",))]
     assert report.swaps[0].message.startswith("transpose 0.weight: max error ")
     assert report.swaps[0].message.endswith(" -> 0.000000")
@@ -349,15 +353,7 @@ def _three_layer() -> tuple:
     length 3 (an ambiguity group each)."""
     torch.manual_seed(3)
     net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3)).double()
-    gb = GraphBuilder("builder")
-    x = gb.input([3])
-    h = gb.add("linear", [x], shape=[3])
-    gb.param(h, "weight", np.zeros((3, 3)), key="0.weight")
-    gb.param(h, "bias", np.zeros(3), key="0.bias")
-    y = gb.add("linear", [gb.add("relu", [h])], shape=[3])
-    gb.param(y, "weight", np.zeros((3, 3)), key="2.weight")
-    gb.param(y, "bias", np.zeros(3), key="2.bias")
-    return net, gb.finish([y])
+    return net, linear_relu_linear(3)
 
 
 def test_unresolved_names_the_best_single_exchange():

@@ -69,6 +69,17 @@ class _Graph:
 MODERATE = st.floats(-3, 3)
 
 
+def _random_prefix(data) -> tuple["_Graph", np.ndarray]:
+    """An input of a drawn shape (and its drawn value) followed by up to three random v1 nodes."""
+    g = _Graph()
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=0, max_size=4)))
+    g.add([], "input", shape)
+    x = _values(data.draw, shape)
+    for _ in range(data.draw(st.integers(0, 3))):
+        _grow(data.draw, g, data.draw(st.sampled_from(KINDS)))
+    return g, x
+
+
 def _grow(draw, g: _Graph, kind: str) -> None:
     """Append ``kind`` fed by a random earlier float node (and whatever operands it needs)."""
     x = draw(st.integers(0, len(g.nodes) - 1))
@@ -234,12 +245,7 @@ def test_exact_mode_is_bit_identical_to_the_emulation(kind):
     @SETTINGS
     @given(st.data())
     def check_kind(data):
-        g = _Graph()
-        shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=0, max_size=4)))
-        g.add([], "input", shape)
-        x = _values(data.draw, shape)
-        for _ in range(data.draw(st.integers(0, 3))):
-            _grow(data.draw, g, data.draw(st.sampled_from(KINDS)))
+        g, x = _random_prefix(data)
         before = len(g.nodes)
         for _ in range(4):  # a kind that does not fit the drawn shapes adds nothing; try a few parents
             _grow(data.draw, g, kind)
@@ -325,12 +331,7 @@ def test_default_mode_stays_within_its_budget_of_the_exact_mode(kind):
     @BUDGET_SETTINGS
     @given(st.data())
     def check(data):
-        g = _Graph()
-        shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=0, max_size=4)))
-        g.add([], "input", shape)
-        x = _values(data.draw, shape)
-        for _ in range(data.draw(st.integers(0, 3))):
-            _grow(data.draw, g, data.draw(st.sampled_from(KINDS)))
+        g, x = _random_prefix(data)
         before = len(g.nodes)
         for _ in range(4):
             _grow(data.draw, g, kind)

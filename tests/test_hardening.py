@@ -627,3 +627,15 @@ def test_onnx_infinite_resize_scale_is_refused():
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(tlb.BridgeError, match="one positive finite factor per axis"):
         tlb.import_onnx(m)
+
+
+def test_onnx_malformed_einsum_equation_is_refused_before_shape_inference():
+    """onnx's shape inference loops forever on some malformed equations (found by the campaign)."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.ones((5, 4), np.float32), "W")
+    graph = helper.make_graph([helper.make_node("Einsum", ["x", "W"], ["y"], equation="bik,dk-\x7f")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(tlb.BridgeError, match="Einsum equation .* is not letters, '...', commas and one optional"):
+        tlb.import_onnx(m)

@@ -9,6 +9,7 @@ these first lets the importer and its handlers read the model without guarding e
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
 
 from torchlean_bridge.errors import BridgeError
@@ -186,6 +187,22 @@ def _check_initializers(graph: Any) -> None:
             raise _fail(f"initializer `{t.name}` has negative dimensions {list(t.dims)}")
 
 
+# an Einsum equation as the spec writes it: letters and ellipses per term, commas, one optional arrow
+_EINSUM_TERM = r"\s*(?:(?:[A-Za-z]|\.\.\.)\s*)*"  # unambiguous: no backtracking blow-up
+_EINSUM = re.compile(rf"{_EINSUM_TERM}(?:,{_EINSUM_TERM})*(?:->{_EINSUM_TERM})?")
+
+
+def _check_einsum_equations(graph: Any) -> None:
+    """A malformed Einsum equation is refused here: onnx's shape inference loops forever on some."""
+    for i, node in enumerate(graph.node):
+        if node.op_type != "Einsum" or node.domain not in DEFAULT_DOMAINS:
+            continue
+        for a in node.attribute:
+            if a.name == "equation" and not _EINSUM.fullmatch(a.s.decode("utf-8", "replace")):
+                raise _fail(f"{_node_label(i, node)}: Einsum equation {a.s.decode('utf-8', 'replace')!r} is not "
+                            "letters, '...', commas and one optional '->'")
+
+
 def check_model(model: Any) -> int:
     """Check ``model`` as onnx's checker would (the parts the importer relies on); its default opset."""
     graph = model.graph
@@ -197,4 +214,5 @@ def check_model(model: Any) -> int:
     _check_value_infos(graph.output, "graph output")
     _check_value_infos(graph.value_info, "value_info")
     _check_initializers(graph)
+    _check_einsum_equations(graph)
     return opset

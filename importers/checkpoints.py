@@ -301,6 +301,8 @@ def _load_onnx(path: Path, strip_prefix: str | None) -> Checkpoint:
     arrays: dict[str, np.ndarray] = {}
     findings: list[Finding] = []
     for init in model.graph.initializer:
+        if not isinstance(init.name, str):  # protobuf hands back bytes for a name that is not UTF-8
+            raise CheckpointError(f"ONNX model {path}: initializer name {init.name!r} is not valid UTF-8")
         problem = _initializer_problem(init, data_types)
         if problem is None:
             try:

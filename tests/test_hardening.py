@@ -639,3 +639,17 @@ def test_onnx_malformed_einsum_equation_is_refused_before_shape_inference():
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(tlb.BridgeError, match="Einsum equation .* is not letters, '...', commas and one optional"):
         tlb.import_onnx(m)
+
+
+def test_onnx_checkpoint_with_a_non_utf8_initializer_name_is_refused(tmp_path):
+    """Found by the campaign: the name came back as bytes and crashed the prefix stripping."""
+    from onnx import helper, numpy_helper
+    w = numpy_helper.from_array(np.ones(2, np.float32), "wXX")
+    graph = helper.make_graph([], "g", [], [], [w])
+    data = bytearray(helper.make_model(graph).SerializeToString())
+    at = data.index(b"wXX")
+    data[at + 1:at + 3] = b"\xff\xfe"
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="is not valid UTF-8"):
+        tlb.load_checkpoint(path)

@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .. import interval_arith as ia
 from ..conv import conv_nd
 from ..interval_round import MIN_NORMAL, U, center_radius, down, up
-from .rules import _ERR_SAFETY, _center, conv_adjoint, err_factor
+from .rules import _ERR_SAFETY, _center, batch_norm_scale_shift, conv_adjoint, err_factor
 
 if TYPE_CHECKING:
     from .crown import _Run
@@ -222,15 +221,10 @@ class PatchPass:
         from ..records import PREPARED
         rec = self.crown.ibp.records[node.id][PREPARED]
         parent = node.parents[0]
-        ch = lambda v: np.asarray(v, dtype=np.float64).reshape(1, -1, 1, 1)  # noqa: E731
-        var = np.maximum(ch(rec.running_var), 0.0)
-        v_lo, v_hi = ia.add_const((var, var), node.attrs["eps"])
-        with np.errstate(all="ignore"):
-            den = np.maximum(down(np.sqrt(np.maximum(v_lo, 0.0))), 0.0), up(np.sqrt(v_hi))
-        if np.any(den[0] <= 0):
+        kb = batch_norm_scale_shift(rec, node.attrs["eps"], (1, -1, 1, 1))
+        if kb is None:
             raise PatchMismatch
-        k = ia.div(ia.point(ch(rec.weight)), den)
-        b = ia.sub(ia.point(ch(rec.bias)), ia.mul(ia.point(ch(rec.running_mean)), k))
+        k, b = kb
         kc, kr = _center(k)
         bc, br = _center(b)
         shape = (1,) + tuple(node.out_shape[1:])

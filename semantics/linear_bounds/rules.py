@@ -309,21 +309,28 @@ def _center(k: Box) -> Box:
     return c, r
 
 
-@rule("batch_norm_eval")
-def _batch_norm(ps, node, a):
-    p = node.parents[0]
-    rec = ps.batch_norm(node)
-    ax, rank = node.attrs["channel_axis"], len(node.out_shape)
-    shape = (-1,) + (1,) * (rank - ax - 1)
-    ch = lambda v: np.asarray(v, dtype=np.float64).reshape(shape)  # noqa: E731
+
+def batch_norm_scale_shift(rec, eps: float, channel_shape: tuple[int, ...]) -> tuple[Box, Box] | None:
+    """Outward-rounded boxes around eval batch norm's per-channel scale ``w / sqrt(var + eps)`` and
+    shift ``b - mean * scale``, shaped ``channel_shape``; None when the denominator's box reaches 0."""
+    ch = lambda v: np.asarray(v, dtype=np.float64).reshape(channel_shape)  # noqa: E731
     var = np.maximum(ch(rec.running_var), 0.0)
-    v_lo, v_hi = ia.add_const((var, var), node.attrs["eps"])
+    v_lo, v_hi = ia.add_const((var, var), eps)
     with np.errstate(all="ignore"):
         den = np.maximum(down(np.sqrt(np.maximum(v_lo, 0.0))), 0.0), up(np.sqrt(v_hi))
     if np.any(den[0] <= 0):
         return None
     k = ia.div(ia.point(ch(rec.weight)), den)
-    b = ia.sub(ia.point(ch(rec.bias)), ia.mul(ia.point(ch(rec.running_mean)), k))
+    return k, ia.sub(ia.point(ch(rec.bias)), ia.mul(ia.point(ch(rec.running_mean)), k))
+
+@rule("batch_norm_eval")
+def _batch_norm(ps, node, a):
+    p = node.parents[0]
+    ax, rank = node.attrs["channel_axis"], len(node.out_shape)
+    kb = batch_norm_scale_shift(ps.batch_norm(node), node.attrs["eps"], (-1,) + (1,) * (rank - ax - 1))
+    if kb is None:
+        return None
+    k, b = kb
     full = lambda box: (np.broadcast_to(box[0], node.out_shape), np.broadcast_to(box[1], node.out_shape))  # noqa
     return _scale_rule(ps, node, a, p, full(k), full(b))
 

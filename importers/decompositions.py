@@ -4,8 +4,8 @@ An importer lowers its framework's spelling (``torch.einsum``, ONNX ``Einsum``, 
 ``GroupNormalization``, ``InstanceNormalization``) by calling these with a ``GraphBuilder``, so one
 computation has one decomposition and the torch and ONNX graphs agree kind for kind. Only how a
 parameter becomes a node stays with the importer (its bindings and transforms differ by format).
-A form that cannot be decomposed exactly raises ``Undecomposable`` with the reason; the importer
-turns it into its own refusal (``NotLowerable`` / ``NodeUnsupported``).
+A form that cannot be decomposed exactly raises ``Undecomposable`` (a ``NotLowerable``) with the
+reason.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from torchlean_bridge.graph import Source
 
 from .builder import GraphBuilder
+from .errors import NotLowerable
 
 __all__ = ["Undecomposable", "EinsumPlan", "plan_einsum", "einsum", "group_norm", "channel_affine"]
 
@@ -26,8 +27,9 @@ LETTERS = frozenset(string.ascii_letters)
 _ELLIPSIS_BASE = 0x391  # Greek capitals: internal names of the ellipsis axes, never an equation letter
 
 
-class Undecomposable(Exception):
-    """The equation or form has no exact decomposition (the message says why)."""
+class Undecomposable(NotLowerable):
+    """The equation or form has no exact decomposition (the message says why); importers re-raise
+    it in their own words (``ctx.fail`` adds the ONNX node)."""
 
 
 # -- einsum -----------------------------------------------------------------------------------------

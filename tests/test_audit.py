@@ -392,3 +392,85 @@ def test_an_ambiguity_group_with_a_missing_key_is_not_searched():
     report = audit(bundle, sd, reference=net, inputs=[np.zeros(3)], samples=0, strict=False)
     assert all("2.bias" not in f.keys for f in report.swaps)
     assert any("2.bias" in f.message for f in report.findings)
+
+
+# -- inputs at the boundary, exact limits, NaN and infinities, output structures --------------------
+def test_a_plain_callable_is_not_a_reference_module():
+    sd = {k: torch.tensor(v) for k, v in BIAS_PAIR.items()}
+    with pytest.raises(BridgeError) as e:
+        audit(bias_pair_bundle(), sd, reference=lambda x: x, inputs=np.zeros(3))
+    assert str(e.value) == ("audit: the reference is a function; give an nn.Module holding the trusted weights, "
+                            "or golden outputs (arrays)")
+
+
+class _DictOutputs(nn.Module):
+    """The seed network with its output inside a dict inside a tuple (what HF-style models return)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return ({"logits": self.net(x)},)
+
+
+def test_a_reference_module_returning_nested_dicts_is_compared_by_its_tensors(seed_files):
+    same, sd, _ = seed_files
+    report = audit(bias_pair_bundle(), sd, reference=_DictOutputs(same), inputs=[np.zeros(3)], samples=0)
+    assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")]
+    assert report.error_before == 1.0 and report.error_after == 0.0
+
+
+def _unbound_linear(unset: int):
+    """x -> linear with ``unset`` of its two payload tensors never set and not in the role map."""
+    gb = GraphBuilder("builder")
+    h = gb.add("linear", [gb.input([3])], shape=[3])
+    if unset < 2:
+        gb.param(h, "weight", np.eye(3), key="0.weight")
+    if unset < 1:
+        gb.param(h, "bias", np.zeros(3), key="0.bias")
+    return gb.finish([h])
+
+
+@pytest.mark.parametrize("unset, message", [
+    (1, "the bound graph cannot be evaluated: payload: node 1 (linear) is missing `bias`"),
+    (2, "the bound graph cannot be evaluated: payload: node 1 (linear) is missing `weight` (and 1 more)"),
+])
+def test_an_unevaluable_binding_is_reported_with_the_count_of_problems(unset, message):
+    report = audit(_unbound_linear(unset), {"0.weight": np.eye(3)}, reference=[np.zeros(3)], inputs=[np.zeros(3)],
+                   strict=False)
+    (f,) = kinds(report, "not_evaluable")
+    assert f.message == message
+
+
+def test_a_zero_tolerance_accepts_exact_agreement():
+    """The limit is inclusive: with tolerance 0 an exchange that restores the outputs bit for bit
+    is still found, and an exchange that changes nothing is still called indistinguishable."""
+    sd = swapped({k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, "0.bias", "2.bias")
+    report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3), tolerance=0.0)
+    assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")] and report.error_after == 0.0
+    biases = dict(BIAS_PAIR, **{"0.bias": np.array([1.0, 2.0, 3.0]), "2.bias": np.array([4.0, 5.0, 6.0])})
+    x = np.full(3, 10.0)
+    report = audit(bias_pair_bundle(), biases, reference=[x + biases["0.bias"] + biases["2.bias"]], inputs=[x],
+                   tolerance=0.0)
+    assert report.ok and any(f.keys == ("0.bias", "2.bias") for f in kinds(report, "indistinguishable"))
+
+
+def test_nan_and_infinities_in_the_same_places_agree():
+    """x = [inf, -inf, 0] through the identity weights gives inf*0 = NaN: NaN on both sides is
+    agreement, and so is the same infinity on both sides."""
+    import torchlean_bridge as tlb
+    bundle = bias_pair_bundle()
+    for x in (np.array([np.inf, -np.inf, 0.0]), np.array([np.inf, 0.0, 0.0])):
+        golden = [np.asarray(v) for v in tlb.evaluate(bundle.graph, bundle.payload, x)]
+        assert not np.isfinite(golden[0]).all()
+        report = audit(bundle, dict(BIAS_PAIR), reference=golden, inputs=[x])
+        assert report.ok and report.error_before == 0.0
+
+
+def test_nan_on_one_side_only_is_an_infinite_error():
+    x = np.array([np.inf, -np.inf, 0.0])
+    report = audit(bias_pair_bundle(), dict(BIAS_PAIR), reference=[np.zeros(3)], inputs=[x])
+    assert report.error_before == float("inf") and kinds(report, "mismatch")
+    report = audit(bias_pair_bundle(), dict(BIAS_PAIR), reference=[np.full(3, np.nan)], inputs=[np.zeros(3)])
+    assert report.error_before == float("inf") and kinds(report, "mismatch")

@@ -14,6 +14,7 @@ inputs (identical tensors, or a difference the inputs never excite) is reported 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -169,16 +170,20 @@ class _Evaluator:
 
 
 def _max_error(ours: list[list[np.ndarray]] | None, ref: list[list[np.ndarray]]) -> float:
+    """The largest |ours - reference| over every output of every case. Equal values (infinities
+    included) and NaN on both sides count as 0; NaN on one side only is an infinite error."""
     if ours is None:
-        return float("inf")
+        return math.inf
     worst = 0.0
     for a_case, r_case in zip(ours, ref):
         for a, r in zip(a_case, r_case):
-            d = np.abs(a - r)
+            nan = np.isnan(a)
+            if (nan != np.isnan(r)).any():
+                return math.inf
+            with np.errstate(invalid="ignore"):
+                d = np.where(nan | (a == r), 0.0, np.abs(a - r))
             if d.size:
-                worst = max(worst, float(np.nanmax(d)) if not np.isnan(d).all() else float("inf"))
-            if np.isnan(a).any() != np.isnan(r).any():
-                worst = float("inf")
+                worst = max(worst, float(d.max()))
     return worst
 
 
@@ -234,6 +239,9 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     the largest absolute difference is at most ``tolerance * max(1, max |reference|)``.
     """
     from importers.checkpoints import as_checkpoint
+    if callable(reference) and not _is_module(reference):
+        raise BridgeError(f"audit: the reference is a {type(reference).__name__}; give an nn.Module holding the "
+                          "trusted weights, or golden outputs (arrays)")
     ckpt = as_checkpoint(ckpt)
     if _is_module(reference) and bundle.report.get("framework") == "onnx":
         bundle = _with_reference_keys(bundle, reference)

@@ -546,6 +546,9 @@ ONNX_EXPORTERS.update({
     "mod": _mod, "bitshift": _bitshift,
 })
 
+# det (issue #15, ops): Det-11. cumprod and bitcast are blocking nodes: CumProd and BitCast are opset 26.
+ONNX_EXPORTERS.update({"det": _simple("Det")})
+
 
 def blocking_nodes(bundle: Bundle) -> list[Node]:
     """Nodes ONNX export cannot write (no exporter for their kind)."""

@@ -474,3 +474,54 @@ def test_nan_on_one_side_only_is_an_infinite_error():
     assert report.error_before == float("inf") and kinds(report, "mismatch")
     report = audit(bias_pair_bundle(), dict(BIAS_PAIR), reference=[np.full(3, np.nan)], inputs=[np.zeros(3)])
     assert report.error_before == float("inf") and kinds(report, "mismatch")
+
+
+def _gather_by_key(n: int = 4):
+    """y = x[position_ids]: an int64 index tensor from the checkpoint, as HF models hold them."""
+    gb = GraphBuilder("builder")
+    x = gb.input([n])
+    idx = gb.const(np.array([0, 1]), key="position_ids")
+    return gb.finish([gb.add("gather", [x, idx], {"axis": 0})])
+
+
+def test_a_checkpoint_the_graph_cannot_evaluate_is_an_infinite_mismatch():
+    """Indices out of range in the checkpoint as given: no output at all, so no worst input to name."""
+    report = audit(_gather_by_key(), {"position_ids": np.array([0, 9])}, reference=[np.zeros(2)],
+                   inputs=[np.arange(4.0)])
+    (f,) = kinds(report, "mismatch")
+    assert f.message == "outputs disagree with the golden outputs: max error inf on 1 input(s)"
+    assert report.error_before == float("inf")
+
+
+def _affine(n: int, outputs: int = 1):
+    """x -> x + b (n wide), ``outputs`` times (the same sum listed again): b under the key ``b``."""
+    gb = GraphBuilder("builder")
+    x = gb.input([n])
+    y = gb.add("add", [x, gb.const(np.zeros(n), key="b")])
+    return gb.finish([y] * outputs)
+
+
+def test_the_worst_input_shows_values_only_for_one_small_output():
+    x = np.zeros(9)
+    (f,) = kinds(audit(_affine(9), {"b": np.ones(9)}, reference=[np.zeros(9)], inputs=[x]), "mismatch")
+    assert f.message.endswith("worst on the given input 0")  # 9 values: not listed
+    (f,) = kinds(audit(_affine(2, outputs=2), {"b": np.ones(2)}, reference=[np.zeros(2)] * 2, inputs=[x[:2]]),
+                 "mismatch")
+    assert f.message.endswith("worst on the given input 0")  # two outputs: not listed
+    (f,) = kinds(audit(_affine(2), {"b": np.ones(2)}, reference=[np.zeros(2)], inputs=[x[:2]]), "mismatch")
+    assert f.message.endswith("worst on the given input 0: ours [1.000000, 1.000000], reference [0.000000, 0.000000]")
+
+
+def test_the_search_stops_evaluating_once_outputs_agree(monkeypatch):
+    """One evaluation for the checkpoint as given, one per candidate exchange, and none after the
+    exchange that restores agreement."""
+    from torchlean_bridge.app import audit as audit_module
+    calls = []
+    original = audit_module._Evaluator.outputs
+    monkeypatch.setattr(audit_module._Evaluator, "outputs", lambda self, p: calls.append(1) or original(self, p))
+    sd = swapped({k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, "0.bias", "2.bias")
+    report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3))
+    assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")]
+    # the checkpoint as given, then the bias exchange; the two identity weights are identical (not
+    # evaluated) and symmetric (no transpose candidate); after agreement, nothing more
+    assert len(calls) == 2

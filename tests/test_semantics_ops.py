@@ -844,6 +844,39 @@ def _mod(d: Draw) -> Example:
     return Example({"fmod": fmod}, [a, b], lambda t, p: fn(t[0], t[1]))
 
 
+# -- cumprod, det, bitcast (issue #15, ops) --------------------------------------------------------
+
+@case("cumprod", scale=TERMS, why="running products", examples=20)
+def _cumprod(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis, exclusive, reverse = d.int(0, len(shape) - 1), d.bool(), d.bool()
+
+    def ref(t, p):
+        x = t[0].flip(axis) if reverse else t[0]
+        y = torch.cumprod(x, axis)
+        if exclusive:  # the product before each entry: shifted one place, 1 first
+            first = torch.ones_like(x.narrow(axis, 0, 1))
+            y = torch.cat([first, y.narrow(axis, 0, x.shape[axis] - 1)], axis)
+        return y.flip(axis) if reverse else y
+    return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse, "bits": 64, "signed": True},
+                   [d.normal(shape) + 0.5], ref)
+
+
+@case("det", scale=NORM, why="LU elimination (numpy) vs torch's LU", examples=20)
+def _det(d: Draw) -> Example:
+    n = d.int(1, 4)
+    lead = d.shape(min_rank=0, max_rank=2)
+    x = d.normal(lead + (n, n), 1.0) + 2.0 * np.eye(n)  # well conditioned
+    return Example({}, [x], lambda t, p: torch.linalg.det(t[0]))
+
+
+@case("bitcast")
+def _bitcast(d: Draw) -> Example:
+    bits = d.normal(d.shape()).astype(np.float32).view(np.int32).astype(np.int64)  # finite float32 patterns
+    return Example({"source": "int32", "target": "float32"}, [bits],
+                   lambda t, p: t[0].to(torch.int32).view(torch.float32).to(p["domain"]))
+
+
 NOT_IN_TORCH = {"input", "const", "custom", "rand_uniform", "bernoulli_mask"}
 
 

@@ -536,8 +536,11 @@ def _node_wire_named(node: Node, g: Graph, payload: Payload | None, include_sour
 def _node_wire(node: Node, g: Graph, payload: Payload | None, include_source: bool) -> dict[str, Any]:
     d: dict[str, Any] = {"id": node.id, "kind": node.kind, "parents": list(node.parents),
                          "shape": list(node.out_shape)}
+    if not node.attrs and node.dtype == FLOAT and node.source is None and payload is None \
+            and node.kind not in _WIRE_REDUCTIONS and node.kind not in _AXES_TO_WIRE:
+        return d  # most nodes of a long graph: nothing more to write
     spec = node.spec
-    if node.kind in ("reduce_sum", "reduce_mean"):
+    if node.kind in _WIRE_REDUCTIONS:
         d.update(axes=[node.attrs["axis"]], keepdim=False)
     elif node.kind in _AXES_TO_WIRE:
         d.update(kind=_AXES_TO_WIRE[node.kind], axes=list(node.attrs["axes"]), keepdim=node.attrs["keepdim"])
@@ -602,10 +605,25 @@ def dump_graph(g: Graph, *, include_source: bool = True) -> dict[str, Any]:
     return graph_to_wire(g, None, include_source=include_source)
 
 
+def _plain_node_text(n: Any) -> str | None:
+    """The encoder's text for a node of only ``id``, ``kind``, ``parents`` and ``shape`` (exact ints and a
+    string: most nodes of a long graph), formatted directly; None for any other node."""
+    if type(n) is not dict or len(n) != 4:
+        return None
+    nid, kind, parents, shape = n.get("id"), n.get("kind"), n.get("parents"), n.get("shape")
+    if type(nid) is not int or type(kind) is not str or _plain_nats(parents) is None or _plain_nats(shape) is None:
+        return None
+    return (f'{{"id": {nid}, "kind": {json.encoder.encode_basestring_ascii(kind)}, '
+            f'"parents": [{", ".join(map(str, parents))}], "shape": [{", ".join(map(str, shape))}]}}')
+
+
 def dumps_document(doc: Mapping[str, Any]) -> str:
     """Deterministic text: root keys sorted, one node per line, trailing newline."""
+    # json.dumps(v, sort_keys=True, allow_nan=False, ensure_ascii=True), its encoder built once, not per node
+    json_text = json.JSONEncoder(sort_keys=True, allow_nan=False, ensure_ascii=True).encode
+
     def enc(v: Any) -> str:
-        return json.dumps(v, sort_keys=True, allow_nan=False, ensure_ascii=True)
+        return _plain_node_text(v) or json_text(v)
 
     root = {k: v for k, v in doc.items() if k != "nodes"}
     lines = ["{"]

@@ -3,16 +3,9 @@ like ops_math / ops_tensor / ops_nn, and the importer's tables merge them. A han
 an older module's handler for the same op type (the newer one lowers more forms exactly)."""
 
 from . import ops_attention, ops_cast, ops_index, ops_int, ops_loss, ops_norm
-<<<<<<< HEAD
 from . import ops_control, ops_recurrent  # control flow, sequences, recurrent layers (flow)
-
-BREADTH_MODULES = (ops_cast, ops_index, ops_norm, ops_attention, ops_int, ops_loss)
-BREADTH_MODULES += (ops_control, ops_recurrent)
-=======
-from . import ops_control  # control flow, sequences, recurrent layers (flow)
 from . import ops_misc  # small ops, folded generators (ops)
 
 BREADTH_MODULES = (ops_cast, ops_index, ops_norm, ops_attention, ops_int, ops_loss)
-BREADTH_MODULES += (ops_control,)
+BREADTH_MODULES += (ops_control, ops_recurrent)
 BREADTH_MODULES += (ops_misc,)
->>>>>>> main

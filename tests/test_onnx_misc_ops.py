@@ -253,3 +253,101 @@ def test_batchnorm_training_mode_uses_the_batch_statistics(shape, momentum):
                [("y", TP.FLOAT, None), ("rm", TP.FLOAT, None), ("rv", TP.FLOAT, None)], opset=15)
     _close(_ours(m, feeds), _reference(m, feeds), tol=1e-4)
     _close(_ours(m, feeds), _ort(m, feeds), tol=1e-4)
+
+
+# -- CausalConvWithState / LinearAttention ----------------------------------------------------
+
+@pytest.mark.parametrize("k,past,bias,activation", [(4, True, True, "silu"), (3, False, False, "none"),
+                                                    (1, False, True, "swish"), (2, True, False, "none")])
+def test_causal_conv_with_state_against_the_reference(k, past, bias, activation):
+    b, c, length = int(RNG.integers(1, 4)), int(RNG.integers(1, 5)), int(RNG.integers(1, 9))
+    feeds = {"x": RNG.standard_normal((b, c, length)).astype(np.float32)}
+    inits = [("w", RNG.standard_normal((c, 1, k)).astype(np.float32))]
+    names = ["x", "w", "", ""]
+    if bias:
+        inits.append(("bias", RNG.standard_normal(c).astype(np.float32)))
+        names[2] = "bias"
+    if past:
+        feeds["past"] = RNG.standard_normal((b, c, k - 1)).astype(np.float32)
+        names[3] = "past"
+    m = _model([N("CausalConvWithState", names, ["y", "state"], activation=activation)],
+               [(n, TP.FLOAT, v.shape) for n, v in feeds.items()], [("y", TP.FLOAT, None), ("state", TP.FLOAT, None)],
+               inits=inits, opset=27)
+    _close(_ours(m, feeds), _reference(m, feeds))
+    if k > 1:
+        _sound(m, feeds)
+
+
+@pytest.mark.parametrize("rule", ["linear", "gated", "delta", "gated_delta"])
+@pytest.mark.parametrize("hq,hkv,past,per_key", [(2, 2, False, False), (4, 2, True, True), (3, 1, True, False)])
+def test_linear_attention_unrolls_the_reference_recurrence(rule, hq, hkv, past, per_key):
+    b, t, dk, dv = 2, int(RNG.integers(1, 6)), 3, 2
+    feeds = {"q": RNG.standard_normal((b, t, hq * dk)).astype(np.float32),
+             "k": RNG.standard_normal((b, t, hkv * dk)).astype(np.float32) * 0.5,
+             "v": RNG.standard_normal((b, t, hkv * dv)).astype(np.float32)}
+    names = ["q", "k", "v", "", "", ""]
+    if past:
+        feeds["s"] = RNG.standard_normal((b, hkv, dk, dv)).astype(np.float32)
+        names[3] = "s"
+    if rule in ("gated", "gated_delta"):
+        feeds["g"] = -RNG.random((b, t, hkv * dk if per_key else hkv)).astype(np.float32)
+        names[4] = "g"
+    if rule in ("delta", "gated_delta"):
+        feeds["beta"] = RNG.random((b, t, hkv if per_key else 1)).astype(np.float32)
+        names[5] = "beta"
+    while names and not names[-1]:
+        names.pop()
+    m = _model([N("LinearAttention", names, ["y", "state"], update_rule=rule, q_num_heads=hq, kv_num_heads=hkv,
+                  scale=0.0 if past else 0.7)],
+               [(n, TP.FLOAT, v.shape) for n, v in feeds.items()], [("y", TP.FLOAT, None), ("state", TP.FLOAT, None)],
+               opset=27)
+    _close(_ours(m, feeds), _reference(m, feeds), tol=1e-4)
+
+
+def test_linear_attention_refuses_a_missing_decay_by_name():
+    m = _model([N("LinearAttention", ["q", "k", "v"], ["y", "s"], update_rule="gated", q_num_heads=1,
+                  kv_num_heads=1)], [(n, TP.FLOAT, [1, 2, 4]) for n in "qkv"], [("y", TP.FLOAT, None)], opset=27)
+    with pytest.raises(UnsupportedError, match="update_rule=gated requires the decay input"):
+        tlb.import_onnx(m)
+
+
+# -- DFT / STFT -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize("complex_in,inverse,onesided,length", [
+    (False, False, False, None), (False, False, True, None), (True, False, False, 7), (True, True, False, None),
+    (True, True, True, None), (True, True, True, 9), (False, False, True, 12), (True, False, False, 3)])
+def test_dft_matches_numpy_fft_through_the_reference(opset, complex_in, inverse, onesided, length):
+    x = RNG.standard_normal((2, 6, 5, 2 if complex_in else 1))
+    feeds = {"x": x}
+    inits = [] if length is None else [("n", np.array(length, np.int64))]
+    names = ["x", "n" if length is not None else ""]
+    kw = {"inverse": int(inverse), "onesided": int(onesided)}
+    if opset >= 20:
+        inits.append(("axis", np.array(1, np.int64)))
+        names.append("axis")
+    else:
+        kw["axis"] = 1
+    m = _model([N("DFT", names, ["y"], **kw)], [("x", TP.DOUBLE, x.shape)], [("y", TP.DOUBLE, None)], inits=inits,
+               opset=opset)
+    _close(_ours(m, feeds), _reference(m, feeds), tol=1e-10)
+    if not (inverse and onesided):
+        _sound(m, feeds, samples=16)
+
+
+@pytest.mark.parametrize("window,onesided", [(True, 1), (False, 1), (True, 0)])
+def test_stft_frames_windows_and_transforms(window, onesided):
+    sig = RNG.standard_normal((2, 40, 1)).astype(np.float32)
+    feeds = {"x": sig}
+    inits = [("step", np.array(6, np.int64))]
+    names = ["x", "step"]
+    if window:
+        inits.append(("w", np.hanning(10).astype(np.float32)))
+        names += ["w"]
+    else:
+        inits.append(("len", np.array(10, np.int64)))
+        names += ["", "len"]
+    m = _model([N("STFT", names, ["y"], onesided=onesided)], [("x", TP.FLOAT, sig.shape)], [("y", TP.FLOAT, None)],
+               inits=inits, opset=17)
+    _close(_ours(m, feeds), _reference(m, feeds), tol=1e-4)
+    _close(_ours(m, feeds), _ort(m, feeds), tol=1e-4)

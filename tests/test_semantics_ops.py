@@ -691,6 +691,25 @@ def _resize_linear(d: Draw) -> Example:
     return Example({"spatial_rank": r, "sizes": sizes, "coordinate_mode": mode}, [d.normal(lead + spatial)], ref)
 
 
+@case("resize", scale=NORM, why="cubic weights are signed: errors scale with the largest value", examples=25)
+def _resize(d: Draw) -> Example:
+    """The forms PyTorch computes: bicubic (half_pixel or align_corners, a = -0.75) and antialiased bilinear
+    and bicubic (exclude_outside, bicubic a = -0.5); every mode against onnx's reference: test_resize_modes."""
+    from fractions import Fraction
+    lead, spatial = d.shape(min_rank=2, max_rank=2, max_dim=3), (d.int(1, 6), d.int(2, 6))
+    sizes = [d.int(1, 9), d.int(2, 9)]  # (PyTorch's antialiased kernels misread an output width of 1)
+    torch_mode, antialias = d.choice(["bilinear", "bicubic"]), d.bool()
+    antialias = antialias or torch_mode == "bilinear"  # (plain bilinear is resize_linear)
+    align = torch_mode == "bicubic" and not antialias and d.bool()
+    attrs = {"sizes": list(lead) + sizes, "mode": "cubic" if torch_mode == "bicubic" else "linear",
+             "scales": " ".join(str(f) for f in [Fraction(1)] * 2 + [Fraction(o, i) for o, i in zip(sizes, spatial)]),
+             "coordinate_mode": "align_corners" if align else "half_pixel",
+             "cubic_coeff_a": -0.5 if antialias else -0.75, "exclude_outside": antialias, "antialias": antialias}
+    return Example(attrs, [d.normal(tuple(lead) + spatial)],
+                   lambda t, p: F.interpolate(t[0], size=sizes, mode=torch_mode, align_corners=align,
+                                              antialias=antialias))
+
+
 # -- pooling ----------------------------------------------------------------------------------
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}

@@ -582,3 +582,12 @@ def test_integer_inputs_reach_the_reference_module_as_integers():
     bundle = tlb.import_fx(net, (torch.tensor([1, 4]),))
     report = audit(bundle, net.state_dict(), reference=net, inputs=[np.array([1, 4])], samples=0)
     assert report.ok and report.error_before < 1e-12
+
+
+def test_float32_and_strided_inputs_reach_the_reference_module_in_float64(seed_files):
+    """The trusted copy runs in float64: float32 inputs are converted, a reversed (negative-stride)
+    view is copied, and both agree with the correct checkpoint."""
+    same, _, _ = seed_files
+    for x in (np.array([0.5, -1.0, 2.0], np.float32), np.array([2.0, -1.0, 0.5])[::-1]):
+        report = audit(bias_pair_bundle(), same.state_dict(), reference=same, inputs=[x], samples=0)
+        assert report.ok and report.error_before < 1e-6

@@ -510,6 +510,8 @@ def test_the_worst_input_shows_values_only_for_one_small_output():
     assert f.message.endswith("worst on the given input 0")  # two outputs: not listed
     (f,) = kinds(audit(_affine(2), {"b": np.ones(2)}, reference=[np.zeros(2)], inputs=[x[:2]]), "mismatch")
     assert f.message.endswith("worst on the given input 0: ours [1.000000, 1.000000], reference [0.000000, 0.000000]")
+    (f,) = kinds(audit(_affine(8), {"b": np.ones(8)}, reference=[np.zeros(8)], inputs=[x[:8]]), "mismatch")
+    assert f.message.endswith(f"ours [{', '.join(['1.000000'] * 8)}], reference [{', '.join(['0.000000'] * 8)}]")
 
 
 def test_the_search_stops_evaluating_once_outputs_agree(monkeypatch):

@@ -125,6 +125,6 @@ def test_runtime_position_and_missing_structure_are_refused():
                [helper.make_tensor_value_info("y", TP.FLOAT, ["n"])])
     with pytest.raises(BridgeError) as e:
         tlb.import_onnx(m)
-    assert str(e.value) == ("ONNX import: input `xs` is seq(tensor(float)): its structure must be fixed at import with "
-                            "input_shapes={'xs': [...]} (a list of item shapes for a sequence, a shape or None for an "
+    assert str(e.value) == ("ONNX import: input `xs` is a sequence (seq(tensor(float))): its structure must be fixed at "
+                            "import with input_shapes={'xs': [...]} (a list of item shapes for a sequence, a shape or None for an "
                             "optional)")

@@ -297,9 +297,10 @@ def _split_structures(free_inputs: list[Any], structured: set[str], input_shapes
     if not isinstance(input_shapes, Mapping) or not structured <= set(input_shapes):
         name = sorted(structured - set(input_shapes or {}) if isinstance(input_shapes, Mapping) else structured)[0]
         vi = next(v for v in free_inputs if v.name == name)
-        raise BridgeError(f"ONNX import: input `{name}` is {type_text(vi.type)}: its structure must be fixed at import "
-                          f"with input_shapes={{'{name}': [...]}} (a list of item shapes for a sequence, a shape or "
-                          "None for an optional)")
+        label = "a sequence" if vi.type.WhichOneof("value") == "sequence_type" else "an optional"
+        raise BridgeError(f"ONNX import: input `{name}` is {label} ({type_text(vi.type)}): its structure must be fixed "
+                          f"at import with input_shapes={{'{name}': [...]}} (a list of item shapes for a sequence, a "
+                          "shape or None for an optional)")
     return ({k: v for k, v in input_shapes.items() if k not in structured},
             {k: v for k, v in input_shapes.items() if k in structured})
 

@@ -215,7 +215,7 @@ HANDLERS: dict[str, Handler] = {
 # GridSample-16 (4-D, bilinear/bicubic names) and -20/-22; LpPool-1 (p a float) to -22; RoiAlign-10 (no
 # coordinate_transformation_mode: output_half_pixel), -16, -22
 OPSETS: dict[str, tuple[int, int]] = {
-    "GridSample": (16, 22), "LpPool": (1, 22), "Col2Im": (18, 22), "CenterCropPad": (18, 22), "AffineGrid": (20, 22),
+    "GridSample": (16, 22), "LpPool": (1, 22), "Col2Im": (18, 18), "CenterCropPad": (18, 18), "AffineGrid": (20, 20),
     "DeformConv": (19, 22), "RoiAlign": (10, 22),
 }
 EMITS = frozenset({"grid_sample", "lp_pool_nd", "col2im", "deform_conv", "roi_align", "slice", "pad", "matmul",

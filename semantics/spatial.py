@@ -25,12 +25,14 @@ from .conv import pool_nd
 
 __all__ = ["AxisTap", "CUBIC_A", "cubic_coefficients", "reflect", "grid_coordinates", "fix_coordinate",
            "axis_taps", "sample", "grid_sample", "lp_pool", "col2im", "deform_conv", "roi_align", "roi_grid",
-           "grid_borders", "TAP_MARGIN"]
+           "grid_borders", "TAP_MARGIN", "REFLECT_LIMIT"]
 
 CUBIC_A = -0.75  # Keys' cubic convolution parameter (PyTorch and ONNX)
-# a tap index further than this outside the input reads padding in every mode: indices are clipped to it
-# before the int64 conversion (so a huge coordinate cannot overflow it)
+# a tap index further than this outside the input reads padding (zeros) or the edge (border): indices are
+# clipped to it before the int64 conversion (so a huge coordinate cannot overflow it); reflected taps are
+# clipped only at REFLECT_LIMIT, where float64 still holds every integer exactly
 TAP_MARGIN = 8
+REFLECT_LIMIT = 2 ** 50
 
 
 class AxisTap(NamedTuple):
@@ -121,7 +123,8 @@ def axis_taps(u: np.ndarray, size: int, mode: str, padding_mode: str, align_corn
         base = np.floor(u)
         t = u - base
         offsets, weights = ((0, 1), (1 - t, t)) if mode == "linear" else ((-1, 0, 1, 2), cubic_coefficients(t))
-    start = np.clip(base, -TAP_MARGIN, size + TAP_MARGIN).astype(np.int64)
+    margin = REFLECT_LIMIT if padding_mode == "reflection" else TAP_MARGIN  # (reflected taps keep their place)
+    start = np.clip(base, -margin, size + margin).astype(np.int64)
     taps = []
     for off, w in zip(offsets, weights):
         tap = _pad_index(start + off, size, padding_mode, align_corners)

@@ -36,6 +36,7 @@ from .context import Const, NodeUnsupported, OnnxContext, unsupported_error
 from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
 from .inputs import InputShapes, bound_constants, check_tensor_type, element_type_name, static_input_shapes
 from .ops_math import onnx_element_type
+from .ops_cast import round_narrow_outputs
 from .opsets import upgrade, upgrade_target, version_problem
 
 __all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
@@ -350,6 +351,7 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
     except Exception as e:  # a bug in a handler: keep its traceback, say which node it met
         add_node_note(e, f"ONNX node `{node.name or node.output[0]}` ({node.op_type}, opset {ctx.opset})")
         raise
+    outs = round_narrow_outputs(ctx, node, list(outs), start)  # narrow-typed outputs: one rounding each
     for name, value in zip(node.output, outs):
         if name and isinstance(value, int) and value >= start:
             ctx.retag(value, name)

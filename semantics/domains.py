@@ -27,6 +27,7 @@ from .interval_arith import DomainError
 from .interval_round import clean
 from .records import fail
 from .rules import EXACT_RULES, FLOAT_RULES, INTERVAL_RULES
+from .schedule import schedule
 
 __all__ = ["Domain", "FloatDomain", "ExactDomain", "IntervalDomain", "run", "node_value", "dead_after", "DTYPES"]
 
@@ -180,7 +181,7 @@ def node_value(domain: Domain, node: Node, parents: Sequence[Any], record: Recor
 def dead_after(g: Graph) -> list[list[int]]:
     """For each node id, the values whose last reader it is (freed right after it runs)."""
     frees: list[list[int]] = [[] for _ in g.nodes]
-    for nid, last in enumerate(g.last_use()):
+    for nid, last in enumerate(schedule(g).last_reader):
         if last < len(g.nodes):
             frees[last].append(nid)
     return frees
@@ -192,31 +193,45 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
     """The value of every node (``all_nodes``) or of the outputs, in ``domain``.
 
     ``seeds`` maps each input node id to its value (the caller's array, or a box) as read at entry;
-    ``record(nid)`` is the node's payload record; ``frees`` (``dead_after(g)``) may be passed by a
-    caller that evaluates one graph many times. ``local_checks`` (a graph whose shapes were not
-    checked up front) also runs each node's shape rule on its parents' shapes once the rule has
-    run (its own checks and messages come first, as in TorchLean's ``denoteAll``), so a malformed
-    node is refused, never silently broadcast.
+    ``record(nid)`` is the node's payload record; values die after their last reader (the graph's
+    ``schedule``, computed once per graph), or after the node ``frees`` (``dead_after(g)``) lists them
+    under. ``local_checks`` (a graph whose shapes were not checked up front) also runs each node's
+    shape rule on its parents' shapes once the rule has run (its own checks and messages come first,
+    as in TorchLean's ``denoteAll``), so a malformed node is refused, never silently broadcast.
     """
     values: list[Any] = [None] * len(g.nodes)
-    if not all_nodes and frees is None:
-        frees = dead_after(g)
+    plan = schedule(g)
+    last = plan.last_reader
     with np.errstate(all="ignore"):  # partial ops check their domains; overflow to inf is a value
         for node in g.nodes:
+            nid = node.id
             if node.kind == "input":
-                if node.id not in seeds:
+                if nid not in seeds:
                     raise domain.fail(node, "input node is not listed among the graph inputs")
-                parents = [seeds[node.id]]
+                parents = [seeds[nid]]
+            elif plan.parents_in_range:
+                parents = [values[p] for p in node.parents]
+                for p, value in zip(node.parents, parents):
+                    if value is None:  # a parent at or after this node
+                        raise _not_evaluated(domain, node, p, values)
             else:
                 parents = [_parent(domain, node, p, values) for p in node.parents]
-            values[node.id] = node_value(domain, node, parents, record(node.id))
+            values[nid] = node_value(domain, node, parents, record(nid))
             if local_checks and node.kind != "input":  # after the rule's own checks and messages
                 malformed = _malformed(node, [domain.shape(p) for p in parents])
                 if malformed is not None:
                     raise domain.fail(node, malformed)
-            if not all_nodes:
-                for dead in frees[node.id]:  # type: ignore[index]
+            if all_nodes:
+                continue
+            if frees is not None:
+                for dead in frees[nid]:
                     values[dead] = None
+                continue
+            for p in node.parents:
+                if last[p] == nid:
+                    values[p] = None
+            if last[nid] == nid:  # read by nobody and not an output
+                values[nid] = None
     if all_nodes:
         return values
     out = []
@@ -230,7 +245,11 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
 def _parent(domain: Domain, node: Node, p: int, values: list[Any]) -> Any:
     value = values[p] if 0 <= p < len(values) else None
     if value is None:
-        available = sum(v is not None for v in values)
-        raise domain.fail(node, f"parent {p} has not been evaluated (available values: {available}) "
-                                f"({node.summary()})")
+        raise _not_evaluated(domain, node, p, values)
     return value
+
+
+def _not_evaluated(domain: Domain, node: Node, p: int, values: list[Any]) -> BridgeError:
+    available = sum(v is not None for v in values)
+    return domain.fail(node, f"parent {p} has not been evaluated (available values: {available}) "
+                             f"({node.summary()})")

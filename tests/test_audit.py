@@ -392,3 +392,193 @@ def test_an_ambiguity_group_with_a_missing_key_is_not_searched():
     report = audit(bundle, sd, reference=net, inputs=[np.zeros(3)], samples=0, strict=False)
     assert all("2.bias" not in f.keys for f in report.swaps)
     assert any("2.bias" in f.message for f in report.findings)
+
+
+# -- inputs at the boundary, exact limits, NaN and infinities, output structures --------------------
+def test_a_plain_callable_is_not_a_reference_module():
+    sd = {k: torch.tensor(v) for k, v in BIAS_PAIR.items()}
+    with pytest.raises(BridgeError) as e:
+        audit(bias_pair_bundle(), sd, reference=lambda x: x, inputs=np.zeros(3))
+    assert str(e.value) == ("audit: the reference is a function; give an nn.Module holding the trusted weights, "
+                            "or golden outputs (arrays)")
+
+
+class _DictOutputs(nn.Module):
+    """The seed network with its output inside a dict inside a tuple (what HF-style models return)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return ({"logits": self.net(x)},)
+
+
+def test_a_reference_module_returning_nested_dicts_is_compared_by_its_tensors(seed_files):
+    same, sd, _ = seed_files
+    report = audit(bias_pair_bundle(), sd, reference=_DictOutputs(same), inputs=[np.zeros(3)], samples=0)
+    assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")]
+    assert report.error_before == 1.0 and report.error_after == 0.0
+
+
+def _unbound_linear(unset: int):
+    """x -> linear with ``unset`` of its two payload tensors never set and not in the role map."""
+    gb = GraphBuilder("builder")
+    h = gb.add("linear", [gb.input([3])], shape=[3])
+    if unset < 2:
+        gb.param(h, "weight", np.eye(3), key="0.weight")
+    if unset < 1:
+        gb.param(h, "bias", np.zeros(3), key="0.bias")
+    return gb.finish([h])
+
+
+@pytest.mark.parametrize("unset, message", [
+    (1, "the bound graph cannot be evaluated: payload: node 1 (linear) is missing `bias`"),
+    (2, "the bound graph cannot be evaluated: payload: node 1 (linear) is missing `weight` (and 1 more)"),
+])
+def test_an_unevaluable_binding_is_reported_with_the_count_of_problems(unset, message):
+    report = audit(_unbound_linear(unset), {"0.weight": np.eye(3)}, reference=[np.zeros(3)], inputs=[np.zeros(3)],
+                   strict=False)
+    (f,) = kinds(report, "not_evaluable")
+    assert f.message == message
+
+
+def test_a_zero_tolerance_accepts_exact_agreement():
+    """The limit is inclusive: with tolerance 0 an exchange that restores the outputs bit for bit
+    is still found, and an exchange that changes nothing is still called indistinguishable."""
+    sd = swapped({k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, "0.bias", "2.bias")
+    report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3), tolerance=0.0)
+    assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")] and report.error_after == 0.0
+    biases = dict(BIAS_PAIR, **{"0.bias": np.array([1.0, 2.0, 3.0]), "2.bias": np.array([4.0, 5.0, 6.0])})
+    x = np.full(3, 10.0)
+    report = audit(bias_pair_bundle(), biases, reference=[x + biases["0.bias"] + biases["2.bias"]], inputs=[x],
+                   tolerance=0.0)
+    assert report.ok and any(f.keys == ("0.bias", "2.bias") for f in kinds(report, "indistinguishable"))
+
+
+def test_nan_and_infinities_in_the_same_places_agree():
+    """x = [inf, -inf, 0] through the identity weights gives inf*0 = NaN: NaN on both sides is
+    agreement, and so is the same infinity on both sides."""
+    import torchlean_bridge as tlb
+    bundle = bias_pair_bundle()
+    for x in (np.array([np.inf, -np.inf, 0.0]), np.array([np.inf, 0.0, 0.0])):
+        golden = [np.asarray(v) for v in tlb.evaluate(bundle.graph, bundle.payload, x)]
+        assert not np.isfinite(golden[0]).all()
+        report = audit(bundle, dict(BIAS_PAIR), reference=golden, inputs=[x])
+        assert report.ok and report.error_before == 0.0
+
+
+def test_nan_on_one_side_only_is_an_infinite_error():
+    x = np.array([np.inf, -np.inf, 0.0])
+    report = audit(bias_pair_bundle(), dict(BIAS_PAIR), reference=[np.zeros(3)], inputs=[x])
+    assert report.error_before == float("inf") and kinds(report, "mismatch")
+    report = audit(bias_pair_bundle(), dict(BIAS_PAIR), reference=[np.full(3, np.nan)], inputs=[np.zeros(3)])
+    assert report.error_before == float("inf") and kinds(report, "mismatch")
+
+
+def _gather_by_key(n: int = 4):
+    """y = x[position_ids]: an int64 index tensor from the checkpoint, as HF models hold them."""
+    gb = GraphBuilder("builder")
+    x = gb.input([n])
+    idx = gb.const(np.array([0, 1]), key="position_ids")
+    return gb.finish([gb.add("gather", [x, idx], {"axis": 0})])
+
+
+def test_a_checkpoint_the_graph_cannot_evaluate_is_an_infinite_mismatch():
+    """Indices out of range in the checkpoint as given: no output at all, so no worst input to name."""
+    report = audit(_gather_by_key(), {"position_ids": np.array([0, 9])}, reference=[np.zeros(2)],
+                   inputs=[np.arange(4.0)])
+    (f,) = kinds(report, "mismatch")
+    assert f.message == "outputs disagree with the golden outputs: max error inf on 1 input(s)"
+    assert report.error_before == float("inf")
+
+
+def _affine(n: int, outputs: int = 1):
+    """x -> x + b (n wide), ``outputs`` times (the same sum listed again): b under the key ``b``."""
+    gb = GraphBuilder("builder")
+    x = gb.input([n])
+    y = gb.add("add", [x, gb.const(np.zeros(n), key="b")])
+    return gb.finish([y] * outputs)
+
+
+def test_the_worst_input_shows_values_only_for_one_small_output():
+    x = np.zeros(9)
+    (f,) = kinds(audit(_affine(9), {"b": np.ones(9)}, reference=[np.zeros(9)], inputs=[x]), "mismatch")
+    assert f.message.endswith("worst on the given input 0")  # 9 values: not listed
+    (f,) = kinds(audit(_affine(2, outputs=2), {"b": np.ones(2)}, reference=[np.zeros(2)] * 2, inputs=[x[:2]]),
+                 "mismatch")
+    assert f.message.endswith("worst on the given input 0")  # two outputs: not listed
+    (f,) = kinds(audit(_affine(2), {"b": np.ones(2)}, reference=[np.zeros(2)], inputs=[x[:2]]), "mismatch")
+    assert f.message.endswith("worst on the given input 0: ours [1.000000, 1.000000], reference [0.000000, 0.000000]")
+
+
+def test_the_search_stops_evaluating_once_outputs_agree(monkeypatch):
+    """One evaluation for the checkpoint as given, one per candidate exchange, and none after the
+    exchange that restores agreement."""
+    from torchlean_bridge.app import audit as audit_module
+    calls = []
+    original = audit_module._Evaluator.outputs
+    monkeypatch.setattr(audit_module._Evaluator, "outputs", lambda self, p: calls.append(1) or original(self, p))
+    sd = swapped({k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, "0.bias", "2.bias")
+    report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3))
+    assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")]
+    # the checkpoint as given, then the bias exchange; the two identity weights are identical (not
+    # evaluated) and symmetric (no transpose candidate); after agreement, nothing more
+    assert len(calls) == 2
+
+
+def test_the_tolerance_is_relative_to_the_largest_reference_value():
+    """limit = tolerance * max(1, max |reference|), NaN entries ignored: 0.5 off on a 1e6 output
+    agrees at tolerance 1e-6, and so it does beside a NaN both sides share."""
+    for x, golden in ((np.array([1e6, 0.0]), np.array([1e6, 0.5])),
+                      (np.array([1e6 + 0.5, np.nan]), np.array([1e6, np.nan]))):
+        report = audit(_affine(2), {"b": np.zeros(2)}, reference=[golden], inputs=[x])
+        assert report.ok and report.error_before == 0.5
+    report = audit(_affine(2), {"b": np.zeros(2)}, reference=[np.array([0.0, 0.5])], inputs=[np.zeros(2)])
+    assert not report.ok and kinds(report, "mismatch")[0].data["limit"] == 1e-6
+
+
+def test_nan_on_one_side_at_one_place_is_an_infinite_error():
+    report = audit(_affine(3), {"b": np.zeros(3)}, reference=[np.array([np.nan, 0.0, 0.0])], inputs=[np.zeros(3)])
+    assert report.error_before == float("inf")
+
+
+def test_golden_outputs_as_a_bare_array():
+    report = audit(_affine(3), {"b": np.ones(3)}, reference=np.ones(3), inputs=[np.zeros(3)])
+    assert report.ok and report.error_before == 0.0
+
+
+@pytest.mark.parametrize("reference, inputs, message", [
+    ([[np.zeros(2)], [np.zeros(2)]], [np.zeros(2)], "audit: 2 golden output set(s) for 1 input set(s)"),
+    ([np.zeros(2), np.zeros(2)], [np.zeros(2)], "audit: the golden outputs gives 2 output(s), the graph has 1"),
+    ([np.zeros(3)], [np.zeros(2)], "audit: the golden outputs output 0 has shape [3], the graph's is [2]"),
+])
+def test_golden_outputs_that_do_not_fit_the_graph_are_refused(reference, inputs, message):
+    with pytest.raises(BridgeError) as e:
+        audit(_affine(2), {"b": np.zeros(2)}, reference=reference, inputs=inputs)
+    assert str(e.value) == message
+
+
+class _Fails(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x):
+        raise ValueError("no")
+
+
+def test_a_failing_reference_module_is_reported_with_its_error():
+    with pytest.raises(BridgeError) as e:
+        audit(_affine(2), {"b": np.zeros(2)}, reference=_Fails(), inputs=[np.zeros(2)], samples=0)
+    assert str(e.value) == "audit: the reference module failed on input set 0 (run in float64): ValueError: no"
+
+
+def test_integer_inputs_reach_the_reference_module_as_integers():
+    """Token ids stay int64 (an nn.Embedding refuses float indices); float inputs run in float64."""
+    import torchlean_bridge as tlb
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 2)).eval()
+    bundle = tlb.import_fx(net, (torch.tensor([1, 4]),))
+    report = audit(bundle, net.state_dict(), reference=net, inputs=[np.array([1, 4])], samples=0)
+    assert report.ok and report.error_before < 1e-12

@@ -520,7 +520,7 @@ def test_dynamic_batch_dimension_is_one_with_a_note_and_others_need_input_shapes
 
 def test_unsupported_ops_are_all_listed_at_once_with_names_and_opset() -> None:
     m = model([N("Mod", ["x", "x"], ["v"], name="top", fmod=0), N("Relu", ["v"], ["r"]),
-               N("Hardmax", ["x"], ["h"], name="hm"), N("Pad", ["x", "p"], ["y"], name="pad", mode="reflect")],
+               N("Unique", ["x"], ["h"], name="hm"), N("Pad", ["x", "p"], ["y"], name="pad", mode="reflect")],
               [("x", [2, 3])], ["r", "h", "y"], [("k", i64(1)), ("p", i64(0, -1, 0, 1))], opset=13)
     with pytest.raises(UnsupportedError) as e:
         tlb.import_onnx(m)

@@ -13,6 +13,7 @@ from .gcpause import gc_paused
 from .graph import Graph, Node
 from .ops import Shape, fmt_shape, numel
 from .ops.contracts import DEFAULT_ELEMENT_LIMIT, current_element_limit, element_limit
+from .ops.registry import float_only
 
 __all__ = ["check", "check_well_formed", "check_shapes", "infer_shapes", "DEFAULT_MAX_ELEMENTS",
            "check_size"]
@@ -40,27 +41,31 @@ def check_size(shape: Shape, limit: int, where: str) -> None:
 def _structure_errors(g: Graph) -> tuple[list[GraphError], set[int]]:
     errors: list[GraphError] = []
     broken: set[int] = set()
+    arity: dict[str, tuple[int, int | None]] = {}  # each kind's parent count bounds, looked up once
     for i, n in enumerate(g.nodes):
         if n.id != i:
             errors.append(_err(n, f"IR graph: id discipline violated at index {i}: nodes[{i}].id = {n.id}"))
             broken.add(i)
             continue
-        spec = n.spec
-        if spec is None:
-            errors.append(_err(n, f"IR graph: node {i}: unknown op kind `{n.kind}`"))
-            broken.add(i)
-            continue
-        k = len(n.parents)
-        if k < spec.min_parents or (spec.max_parents is not None and k > spec.max_parents):
-            errors.append(_err(n, f"IR graph: node {i}: bad parent count for {n.kind}: expected "
-                                  f"{spec.arity_text()}, got {k} ({n.summary()})"))
-            broken.add(i)
-            continue
-        for p in n.parents:
-            if not p < i:
-                errors.append(_err(n, f"IR graph: node {i}: parent id {p} is not < {i} ({n.summary()})"))
+        bounds = arity.get(n.kind)
+        if bounds is None:
+            spec = n.spec
+            if spec is None:
+                errors.append(_err(n, f"IR graph: node {i}: unknown op kind `{n.kind}`"))
                 broken.add(i)
-                break
+                continue
+            bounds = arity[n.kind] = (spec.min_parents, spec.max_parents)
+        parents = n.parents
+        k = len(parents)
+        if k < bounds[0] or (bounds[1] is not None and k > bounds[1]):
+            errors.append(_err(n, f"IR graph: node {i}: bad parent count for {n.kind}: expected "
+                                  f"{n.spec.arity_text()}, got {k} ({n.summary()})"))
+            broken.add(i)
+            continue
+        if parents and max(parents) >= i:
+            p = next(p for p in parents if not p < i)
+            errors.append(_err(n, f"IR graph: node {i}: parent id {p} is not < {i} ({n.summary()})"))
+            broken.add(i)
     errors.extend(_interface_errors(g))
     return errors, broken
 
@@ -91,17 +96,25 @@ def _infer_node(n: Node, parent_shapes: list[Shape]) -> Shape:
 def _shape_errors(g: Graph, broken: set[int], max_elements: int) -> tuple[list[GraphError], list[Shape | None]]:
     errors: list[GraphError] = []
     inferred: list[Shape | None] = [None] * len(g.nodes)
-    for i, n in enumerate(g.nodes):
-        if i in broken:
-            continue
-        if any(p in broken for p in n.parents):
+    nodes = g.nodes
+    rules: dict[str, tuple] = {}  # each kind's shape and element-type rules, looked up once
+    sized: set[Shape] = set()  # declared shapes already found within the limit
+    for i, n in enumerate(nodes):
+        if broken and (i in broken or any(p in broken for p in n.parents)):
             broken.add(i)
             continue
-        parents = [g.nodes[p].out_shape for p in n.parents]
+        kind_rules = rules.get(n.kind)
+        if kind_rules is None:
+            spec = n.spec
+            kind_rules = rules[n.kind] = (spec.infer, spec.dtype or float_only(n.kind))
+        infer, element_type = kind_rules
+        parents = [nodes[p].out_shape for p in n.parents]
         try:
-            check_size(n.out_shape, max_elements, f"IR graph: node {i}")
-            shape = _infer_node(n, parents)
-            dtype = n.spec.element_type(n.attrs, [g.nodes[p].dtype for p in n.parents], n.dtype)
+            if n.out_shape not in sized:
+                check_size(n.out_shape, max_elements, f"IR graph: node {i}")
+                sized.add(n.out_shape)
+            shape = tuple(infer(n.attrs, parents, n.out_shape))
+            dtype = element_type(n.attrs, [nodes[p].dtype for p in n.parents], n.dtype)
         except ShapeRuleError as e:
             errors.append(_err(n, f"IR graph: node {i}: {e.message}"))
             broken.add(i)
@@ -133,12 +146,19 @@ def _mark_validated(g: Graph, max_elements: int) -> None:
     object.__setattr__(g, "validated_under", max_elements if limit is None else min(limit, max_elements))
 
 
+def _known_well_formed(g: Graph) -> bool:
+    """Whether ``check_well_formed`` or ``check`` already passed ``g`` (a graph is immutable)."""
+    return getattr(g, "well_formed", False) or getattr(g, "validated_under", None) is not None
+
+
 def check_well_formed(g: Graph, collect: bool = False) -> list[GraphError]:
-    if getattr(g, "validated_under", None) is not None:
+    if _known_well_formed(g):
         return []
     errors, _ = _structure_errors(g)
     if errors and not collect:
         raise errors[0]
+    if not errors:
+        object.__setattr__(g, "well_formed", True)
     return errors
 
 
@@ -153,9 +173,11 @@ def check(g: Graph, collect: bool = False, max_elements: int | None = None) -> l
     limit = current_element_limit() if max_elements is None else max_elements
     if _validated(g, limit):
         return []
-    structural, broken = _structure_errors(g)
+    structural, broken = ([], set()) if _known_well_formed(g) else _structure_errors(g)
     if structural and not collect:
         raise structural[0]
+    if not structural:
+        object.__setattr__(g, "well_formed", True)
     with element_limit(limit):
         shape_errors, _ = _shape_errors(g, broken, limit)
     if shape_errors and not collect:
@@ -174,7 +196,7 @@ def infer_shapes(g: Graph) -> list[Shape]:
     """The shapes the rules infer for every node; raises on the first problem."""
     if _validated(g, current_element_limit()):
         return [n.out_shape for n in g.nodes]  # validation found every declared shape equal to the rule's
-    structural, broken = _structure_errors(g)
+    structural, broken = ([], set()) if _known_well_formed(g) else _structure_errors(g)
     if structural:
         raise structural[0]
     errors, inferred = _shape_errors(g, broken, current_element_limit())

@@ -91,6 +91,17 @@ class Node:
         object.__setattr__(self, "out_shape", _int_tuple(self.out_shape))
         object.__setattr__(self, "attrs", normalized_attrs(self.kind, self.attrs, self.out_shape))
 
+    @classmethod
+    def from_normal_form(cls, id: int, parents: tuple[int, ...], kind: str, out_shape: Shape,
+                         attrs: dict[str, Any], dtype: str = FLOAT, source: Source | None = None) -> "Node":
+        """The node ``Node(id, parents, kind, out_shape, attrs, dtype, source)`` from fields already in
+        the form ``__post_init__`` gives them (exact-int tuples, ``attrs`` as ``normalized_attrs`` returns
+        them), without normalizing them again: the wire reader builds 10^6 nodes this way."""
+        node = object.__new__(cls)
+        object.__setattr__(node, "__dict__", {"id": id, "parents": parents, "kind": kind, "out_shape": out_shape,
+                                              "attrs": attrs, "dtype": dtype, "source": source})
+        return node
+
     @property
     def spec(self) -> OpSpec | None:
         return REGISTRY.get(self.kind)
@@ -136,6 +147,7 @@ class Graph:
         # the smallest element limit ``check`` passed this graph under (None: not yet validated);
         # a graph is immutable, so a graph validated once stays valid (check.py reads this)
         object.__setattr__(self, "validated_under", None)
+        object.__setattr__(self, "well_formed", False)  # set once check_well_formed (or check) passed it
 
     def __len__(self) -> int:
         return len(self.nodes)

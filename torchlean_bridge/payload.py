@@ -36,6 +36,12 @@ def tensor_sha256(a: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def _read_only_view(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 class Payload:
     """Mapping ``node id -> {role: ndarray}``."""
 
@@ -77,6 +83,12 @@ class Payload:
 
     def copy(self) -> "Payload":
         return Payload({n: {r: a.copy() for r, a in rec.items()} for n, rec in self._records.items()})
+
+    def shared(self) -> "Payload":
+        """A new payload over the same tensors, as read-only views (no data copied): what a transform
+        that replaces some records starts from, so it copies only what it changes. Replacing a record
+        in it leaves this payload as it was; writing into a shared tensor through it is refused."""
+        return Payload({n: {r: _read_only_view(a) for r, a in rec.items()} for n, rec in self._records.items()})
 
     def astype(self, dtype: np.dtype | str) -> "Payload":
         """Float tensors converted; integer and bool tensors kept exact."""

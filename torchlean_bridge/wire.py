@@ -22,7 +22,7 @@ import numpy as np
 
 from .check import DEFAULT_MAX_ELEMENTS
 from .errors import BridgeError, WireError
-from .graph import Graph, Node, Source
+from .graph import Graph, Node, Source, normalized_attrs
 from .fileio import read_capped
 from .gcpause import gc_paused
 from .ops import ELEMENT_TYPES, FLOAT, REGISTRY, Attr, OpSpec, fmt_shape, numel
@@ -36,6 +36,7 @@ FORMAT = "torchlean.ir.v1"
 PREFIX = "PyTorch graph import: "
 _WIRE_REDUCTIONS = {"reduce_sum": "reduce_sum_axes", "reduce_mean": "reduce_mean_axes"}
 _AXES_TO_WIRE = {v: k for k, v in _WIRE_REDUCTIONS.items()}
+_INLINE_KINDS = frozenset({"const", "linear", "conv", "layernorm", "batch_norm_eval"})  # may carry payload inline
 # payload fields that live inline in a TorchLean node, per kind (spec 3.2), in our role names
 _INLINE_ROLES = {
     "linear": {"weight": "weight", "bias": "bias"},
@@ -202,8 +203,50 @@ def loads_document(text: str | bytes) -> Any:
 
 
 # -- reading ----------------------------------------------------------------------------------
+#
+# Each stage checks every node before the next stage starts, so the first problem reported is the one
+# TorchLean's importer reports. A node is carried between stages as the tuple
+# ``(id, parents, kind, shape, raw)``; the per-node work is written for 10^6-node documents: exact-int
+# lists are checked without building messages, each distinct shape is validated once, each kind's
+# registry decision is made once, and messages are built only when a check fails.
 
-def _stage_a(doc: Any, max_elements: int) -> tuple[Any, list[dict], list]:
+_ID, _PARENTS, _KIND, _SHAPE, _RAW = range(5)
+_INT_TYPE = {int}
+
+
+def _plain_nats(v: Any) -> tuple[int, ...] | None:
+    """``v`` as a tuple when it is a list of exact non-negative ints (no bools), else None: the cheap
+    check for the common case; ``_nats`` then reports what is wrong."""
+    if type(v) is not list:
+        return None
+    t = tuple(v)
+    if len(t) == 1:
+        x = t[0]
+        return t if type(x) is int and x >= 0 else None
+    return t if not t or (set(map(type, t)) == _INT_TYPE and min(t) >= 0) else None
+
+
+def _stage_a_node(raw: Any, max_elements: int) -> tuple:
+    """One node's document-level fields, checked in TorchLean's order with its messages."""
+    if not isinstance(raw, dict):
+        raise _fail(f"node: expected object, got {_render(raw)}")
+    nid = _nat(_field(raw, "id", "node"), "node.id")
+    ctx = f"node[{nid}]"
+    parents = _nats(_field(raw, "parents", ctx), f"{ctx}.parents")
+    kind = _field(raw, "kind", ctx)
+    if not isinstance(kind, str):
+        raise _fail(f"{ctx}.kind: expected string, got {_render(kind)}")
+    vk = raw.get("value_kind", "tensor")
+    if vk != "tensor":
+        if vk == "tuple":
+            raise _fail(f"{ctx}: tuple-valued nodes (`{kind}`) are not supported; export the model with "
+                        f"tensor outputs", nid)
+        raise _fail(f"{ctx}: unsupported value_kind `{_render(vk) if not isinstance(vk, str) else vk}`", nid)
+    shape = _shape(_field(raw, "shape", ctx), f"{ctx}.shape", max_elements)
+    return nid, tuple(map(int, parents)), kind, tuple(map(int, shape)), raw  # exact ints, as Node keeps them
+
+
+def _stage_a(doc: Any, max_elements: int) -> tuple[Any, list[tuple], list]:
     if not isinstance(doc, dict):
         raise _fail(f"root: expected object, got {_render(doc)}")
     fmt = _field(doc, "format", "root")
@@ -219,36 +262,32 @@ def _stage_a(doc: Any, max_elements: int) -> tuple[Any, list[dict], list]:
         raise _fail("root.output_ids must contain at least one output")
     nodes = _array(_field(doc, "nodes", "root"), "root.nodes")
     parsed = []
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}  # each distinct declared shape, validated once
+    kinds: dict[str, str] = {}  # one string object per kind
     for raw in nodes:
-        if not isinstance(raw, dict):
-            raise _fail(f"node: expected object, got {_render(raw)}")
-        nid = _nat(_field(raw, "id", "node"), "node.id")
-        ctx = f"node[{nid}]"
-        parents = _nats(_field(raw, "parents", ctx), f"{ctx}.parents")
-        kind = _field(raw, "kind", ctx)
-        if not isinstance(kind, str):
-            raise _fail(f"{ctx}.kind: expected string, got {_render(kind)}")
-        vk = raw.get("value_kind", "tensor")
-        if vk != "tensor":
-            if vk == "tuple":
-                raise _fail(f"{ctx}: tuple-valued nodes (`{kind}`) are not supported; export the model with "
-                            f"tensor outputs", nid)
-            raise _fail(f"{ctx}: unsupported value_kind `{_render(vk) if not isinstance(vk, str) else vk}`", nid)
-        shape = _shape(_field(raw, "shape", ctx), f"{ctx}.shape", max_elements)
-        parsed.append({"id": nid, "parents": parents, "kind": kind, "shape": shape, "raw": raw})
+        if type(raw) is dict and raw.get("value_kind", "tensor") == "tensor":
+            nid, kind = raw.get("id"), raw.get("kind")
+            parents, shape = _plain_nats(raw.get("parents")), _plain_nats(raw.get("shape"))
+            if type(nid) is int and nid >= 0 and type(kind) is str and parents is not None and shape is not None:
+                known = shapes.get(shape)
+                if known is None:
+                    known = shapes[shape] = _shape(list(shape), f"node[{nid}].shape", max_elements)
+                parsed.append((nid, parents, kinds.setdefault(kind, kind), known, raw))
+                continue
+        parsed.append(_stage_a_node(raw, max_elements))
     return doc, parsed, outputs
 
 
-def _stage_b(doc: dict, parsed: list[dict], outputs: list, strict: bool) -> tuple[list[int], list[int]]:
+def _stage_b(doc: dict, parsed: list[tuple], outputs: list, strict: bool) -> tuple[list[int], list[int]]:
     if not parsed:
         raise _fail("graph contains no nodes")
     for i, n in enumerate(parsed):
-        if n["id"] != i:
-            raise _fail(f"raw id discipline violated at index {i}: nodes[{i}].id = {n['id']}")
-        for p in n["parents"]:
+        if n[_ID] != i:
+            raise _fail(f"raw id discipline violated at index {i}: nodes[{i}].id = {n[_ID]}")
+        for p in n[_PARENTS]:
             if not p < i:
                 raise _fail(f"node[{i}]: parent id {p} is not < {i}", i)
-    input_nodes = [n["id"] for n in parsed if n["kind"] == "input"]
+    input_nodes = [n[_ID] for n in parsed if n[_KIND] == "input"]
     if not strict and "input_ids" in doc:
         inputs = list(_nats(doc["input_ids"], "root.input_ids"))
     else:
@@ -259,17 +298,17 @@ def _stage_b(doc: dict, parsed: list[dict], outputs: list, strict: bool) -> tupl
         if nid >= len(parsed):
             raise _fail(f"raw node id {nid} out of bounds")
     for nid in inputs:
-        if parsed[nid]["kind"] != "input":
-            raise _fail(f"input_id {nid} designates `{parsed[nid]['kind']}`, not `input`")
+        if parsed[nid][_KIND] != "input":
+            raise _fail(f"input_id {nid} designates `{parsed[nid][_KIND]}`, not `input`")
     return inputs, list(outputs)
 
 
-def _reduction(n: dict, parsed: list[dict], max_elements: int) -> tuple[str, dict]:
-    nid, raw = n["id"], n["raw"]
+def _reduction(n: tuple, parsed: list[tuple], max_elements: int) -> tuple[str, dict]:
+    nid, parents, kind, shape, raw = n
     ctx = f"node[{nid}]"
-    if len(n["parents"]) != 1:
+    if len(parents) != 1:
         raise _fail(f"{ctx}: reduction expects one tensor parent", nid)
-    pshape = parsed[n["parents"][0]]["shape"]
+    pshape = parsed[parents[0]][_SHAPE]
     axes = _nats(_field(raw, "axes", ctx), f"{ctx}.axes")
     keepdim = _field(raw, "keepdim", ctx)
     if not isinstance(keepdim, bool):
@@ -281,45 +320,65 @@ def _reduction(n: dict, parsed: list[dict], max_elements: int) -> tuple[str, dic
         raise _fail(f"{ctx}: reduction axes contain duplicates", nid)
     computed = tuple(1 if i in axes else d for i, d in enumerate(pshape)) if keepdim else \
         tuple(d for i, d in enumerate(pshape) if i not in axes)
-    if computed != n["shape"]:
+    if computed != shape:
         raise _fail(f"{ctx}: reduction shape mismatch: computed {fmt_shape(computed)}, "
-                    f"declared {fmt_shape(n['shape'])}", nid)
+                    f"declared {fmt_shape(shape)}", nid)
     if len(axes) == 1 and not keepdim:
-        return n["kind"], {"axis": axes[0]}
-    return _WIRE_REDUCTIONS[n["kind"]], {"axes": tuple(axes), "keepdim": keepdim}
+        return kind, {"axis": axes[0]}
+    return _WIRE_REDUCTIONS[kind], {"axes": tuple(axes), "keepdim": keepdim}
 
 
-def _stage_c(parsed: list[dict], strict: bool, max_elements: int) -> list[Node]:
+def _readable_spec(kind: str, nid: int, strict: bool) -> OpSpec:
+    """The registry entry of a node kind this reader accepts (in this mode), else the refusal."""
+    ctx = f"node[{nid}]"
+    spec = REGISTRY.get(kind)
+    if spec is None or spec.dialect == "v1-wire" or (strict and spec.dialect != "v1"):
+        raise _fail(f"{ctx}: unsupported TorchLean IR op kind `{kind}`", nid)
+    if strict and kind == "custom":
+        raise _fail(f"{ctx}: custom computations need a checked Lean body", nid)
+    if strict and kind == "hard_masked_softmax":
+        raise _fail(f"{ctx}: `hard_masked_softmax` has no artifact encoding for its mask yet", nid)
+    return spec
+
+
+def _node_source(raw: dict, ctx: str, nid: int, strict: bool) -> Source | None:
+    if not strict and isinstance(raw.get("source"), dict):
+        try:
+            return Source.from_json(raw["source"])
+        except WireError as e:
+            raise _fail(f"{ctx}.{e.message}", nid) from None
+    if isinstance(raw.get("debug_target"), str) or isinstance(raw.get("onnx_name"), str):
+        return Source(framework="torchlean", name=raw.get("onnx_name"),
+                      target=raw.get("debug_target") or raw.get("onnx_op_type"))
+    return None
+
+
+def _stage_c(parsed: list[tuple], strict: bool, max_elements: int) -> list[Node]:
     nodes = []
+    specs: dict[str, OpSpec] = {}  # kinds already accepted
     for n in parsed:
-        nid, kind, raw = n["id"], n["kind"], n["raw"]
-        ctx = f"node[{nid}]"
+        nid, parents, kind, shape, raw = n
         if kind in _WIRE_REDUCTIONS:
-            kind, attrs = _reduction(n, parsed, max_elements)
+            kind, decoded = _reduction(n, parsed, max_elements)
+            attrs = normalized_attrs(kind, decoded, shape)
         else:
-            spec = REGISTRY.get(kind)
-            if spec is None or spec.dialect == "v1-wire" or (strict and spec.dialect != "v1"):
-                raise _fail(f"{ctx}: unsupported TorchLean IR op kind `{kind}`", nid)
-            if strict and kind == "custom":
-                raise _fail(f"{ctx}: custom computations need a checked Lean body", nid)
-            if strict and kind == "hard_masked_softmax":
-                raise _fail(f"{ctx}: `hard_masked_softmax` has no artifact encoding for its mask yet", nid)
-            attrs = _decode_attrs(spec, raw, nid, max_elements)
+            spec = specs.get(kind)
+            if spec is None:
+                spec = specs[kind] = _readable_spec(kind, nid, strict)
+            if spec.attrs or kind == "const":
+                attrs = normalized_attrs(kind, _decode_attrs(spec, raw, nid, max_elements), shape)
+            else:
+                attrs = {}
+        if len(raw) == 4:  # only stage A's fields: no dtype, no source
+            nodes.append(Node.from_normal_form(nid, parents, kind, shape, attrs))
+            continue
         dtype = raw.get("dtype", FLOAT)
         if strict:
             dtype = FLOAT
         elif dtype not in ELEMENT_TYPES:
-            raise _fail(f"{ctx}.dtype: expected one of {', '.join(ELEMENT_TYPES)}, got {_render(dtype)}", nid)
-        source = None
-        if not strict and isinstance(raw.get("source"), dict):
-            try:
-                source = Source.from_json(raw["source"])
-            except WireError as e:
-                raise _fail(f"{ctx}.{e.message}", nid) from None
-        elif isinstance(raw.get("debug_target"), str) or isinstance(raw.get("onnx_name"), str):
-            source = Source(framework="torchlean", name=raw.get("onnx_name"),
-                            target=raw.get("debug_target") or raw.get("onnx_op_type"))
-        nodes.append(Node(nid, n["parents"], kind, n["shape"], attrs, dtype=dtype, source=source))
+            raise _fail(f"node[{nid}].dtype: expected one of {', '.join(ELEMENT_TYPES)}, got {_render(dtype)}", nid)
+        source = _node_source(raw, f"node[{nid}]", nid, strict)
+        nodes.append(Node.from_normal_form(nid, parents, kind, shape, attrs, dtype, source))
     return nodes
 
 
@@ -354,16 +413,19 @@ def _conv_geometry(node: Node, ctx: str, max_elements: int) -> None:
                     f"the limit of {max_elements}", nid)
 
 
-def _inline_payload(parsed: list[dict], nodes: list[Node], max_elements: int) -> Payload:
+def _inline_payload(parsed: list[tuple], nodes: list[Node], max_elements: int) -> Payload:
     """TorchLean's ``parsePayload``: linear, conv, const values, layernorm, batch_norm_eval.
 
     Role shapes come from the registry's ParamRole; linear records carry their own dimensions
     (TorchLean's ``LinearWB``), which evaluation then checks against the node."""
     payload = Payload()
     for n, node in zip(parsed, nodes):
-        raw, nid, kind = n["raw"], n["id"], node.kind
+        kind = node.kind
+        if kind not in _INLINE_KINDS:
+            continue
+        nid, raw = n[_ID], n[_RAW]
         ctx = f"node[{nid}]"
-        parents = [parsed[p]["shape"] for p in n["parents"]]
+        parents = [parsed[p][_SHAPE] for p in n[_PARENTS]]
         if kind == "const" and "values" in raw:
             vals = read_tensor(_array(raw["values"], f"{ctx}.values"), (numel(node.out_shape),), f"{ctx}.values")
             payload.set(nid, "values", vals.reshape(node.out_shape))
@@ -384,7 +446,7 @@ def _inline_payload(parsed: list[dict], nodes: list[Node], max_elements: int) ->
             payload.set(nid, "weight", grouped_weight)
             payload.set(nid, "bias", read_tensor(_field(raw, "bias", ctx), role_shape(node, "bias", parents),
                                                  f"{ctx}.bias"))
-            if "input_spatial" in raw and n["parents"]:
+            if "input_spatial" in raw and n[_PARENTS]:
                 spatial = _nats(raw["input_spatial"], f"{ctx}.input_spatial")
                 parent = parents[0][a["channel_axis"] + 1:]
                 if spatial != tuple(parent):
@@ -474,8 +536,11 @@ def _node_wire_named(node: Node, g: Graph, payload: Payload | None, include_sour
 def _node_wire(node: Node, g: Graph, payload: Payload | None, include_source: bool) -> dict[str, Any]:
     d: dict[str, Any] = {"id": node.id, "kind": node.kind, "parents": list(node.parents),
                          "shape": list(node.out_shape)}
+    if not node.attrs and node.dtype == FLOAT and node.source is None and payload is None \
+            and node.kind not in _WIRE_REDUCTIONS and node.kind not in _AXES_TO_WIRE:
+        return d  # most nodes of a long graph: nothing more to write
     spec = node.spec
-    if node.kind in ("reduce_sum", "reduce_mean"):
+    if node.kind in _WIRE_REDUCTIONS:
         d.update(axes=[node.attrs["axis"]], keepdim=False)
     elif node.kind in _AXES_TO_WIRE:
         d.update(kind=_AXES_TO_WIRE[node.kind], axes=list(node.attrs["axes"]), keepdim=node.attrs["keepdim"])
@@ -540,10 +605,25 @@ def dump_graph(g: Graph, *, include_source: bool = True) -> dict[str, Any]:
     return graph_to_wire(g, None, include_source=include_source)
 
 
+def _plain_node_text(n: Any) -> str | None:
+    """The encoder's text for a node of only ``id``, ``kind``, ``parents`` and ``shape`` (exact ints and a
+    string: most nodes of a long graph), formatted directly; None for any other node."""
+    if type(n) is not dict or len(n) != 4:
+        return None
+    nid, kind, parents, shape = n.get("id"), n.get("kind"), n.get("parents"), n.get("shape")
+    if type(nid) is not int or type(kind) is not str or _plain_nats(parents) is None or _plain_nats(shape) is None:
+        return None
+    return (f'{{"id": {nid}, "kind": {json.encoder.encode_basestring_ascii(kind)}, '
+            f'"parents": [{", ".join(map(str, parents))}], "shape": [{", ".join(map(str, shape))}]}}')
+
+
 def dumps_document(doc: Mapping[str, Any]) -> str:
     """Deterministic text: root keys sorted, one node per line, trailing newline."""
+    # json.dumps(v, sort_keys=True, allow_nan=False, ensure_ascii=True), its encoder built once, not per node
+    json_text = json.JSONEncoder(sort_keys=True, allow_nan=False, ensure_ascii=True).encode
+
     def enc(v: Any) -> str:
-        return json.dumps(v, sort_keys=True, allow_nan=False, ensure_ascii=True)
+        return _plain_node_text(v) or json_text(v)
 
     root = {k: v for k, v in doc.items() if k != "nodes"}
     lines = ["{"]

@@ -2,6 +2,10 @@
 like ops_math / ops_tensor / ops_nn, and the importer's tables merge them. A handler here may override
 an older module's handler for the same op type (the newer one lowers more forms exactly)."""
 
-from . import ops_attention, ops_cast, ops_einsum, ops_index, ops_int, ops_loss, ops_norm
+from . import ops_attention, ops_cast, ops_index, ops_int, ops_loss, ops_norm
+from . import ops_control  # control flow, sequences, recurrent layers (flow)
+from . import ops_misc, ops_signal, ops_state  # small ops, folded generators, DFT/STFT, stateful ops (ops)
 
-BREADTH_MODULES = (ops_cast, ops_index, ops_norm, ops_attention, ops_int, ops_loss, ops_einsum)
+BREADTH_MODULES = (ops_cast, ops_index, ops_norm, ops_attention, ops_int, ops_loss)
+BREADTH_MODULES += (ops_control,)
+BREADTH_MODULES += (ops_misc, ops_signal, ops_state)

@@ -24,7 +24,7 @@ from semantics.narrow import widen
 from ..builder import GraphBuilder
 from ..errors import NotLowerable
 
-__all__ = ["Const", "OnnxContext", "NodeUnsupported", "Value", "attr_value",
+__all__ = ["Const", "OnnxContext", "NodeUnsupported", "Opt", "Seq", "Value", "attr_value",
            "unsupported_error"]
 
 
@@ -59,6 +59,31 @@ class Const:
 
 
 Value = int | Const
+
+
+@dataclass(frozen=True)
+class Seq:
+    """An ONNX sequence resolved at import time: its length is known, its items are tensor values;
+    ``elem_type`` (an ONNX element type number, 0 unknown) types an empty one."""
+
+    items: tuple[Value, ...]
+    elem_type: int = 0
+
+    @property
+    def kind(self) -> str:
+        return f"a sequence (of {len(self.items)} tensors)"
+
+
+@dataclass(frozen=True)
+class Opt:
+    """An ONNX optional resolved at import time: ``value`` is its element (a tensor or a ``Seq``), or None."""
+
+    value: "Value | Seq | None"
+    elem_type: int = 0
+
+    @property
+    def kind(self) -> str:
+        return "an optional" + (" without an element" if self.value is None else "")
 
 
 def attr_value(node: Any, name: str, default: Any = None) -> Any:
@@ -101,6 +126,11 @@ class OnnxContext:
         self.onnx_types: dict[str, int] = {}  # ONNX element types by tensor name (shape inference's)
         self.graph_outputs: list[str] = []  # the model's output names, in order
         self.precision = "float32"  # the float precision the model evaluates in (float64 if it declares a double)
+        # control flow (ops_control): how subgraph nodes are lowered, the renames of the enclosing bodies'
+        # tensors (innermost last), and how many body nodes unrolling has lowered so far
+        self.lower_node: Any = None
+        self.scopes: list[dict[str, str]] = []
+        self.unrolled = 0
 
     def consumer_count(self, name: str) -> int:
         """How many node inputs and graph outputs read an ONNX tensor."""
@@ -165,6 +195,8 @@ class OnnxContext:
         v = self.values[name]
         if isinstance(v, int):
             return v
+        if not isinstance(v, Const):
+            raise NodeUnsupported(f"`{name}` is {v.kind}, where a tensor is expected")
         if name not in self._materialized:
             value = widen(v.value)  # narrow values exactly as float32 / int64 (docs/element-types.md)
             if value.dtype.kind not in "biuf":
@@ -183,6 +215,8 @@ class OnnxContext:
 
     def shape(self, i: int) -> Shape:
         v = self.values[self.node.input[i]]
+        if not isinstance(v, (int, Const)):
+            raise NodeUnsupported(f"input {i} (`{self.node.input[i]}`) is {v.kind}, where a tensor is expected")
         return tuple(v.value.shape) if isinstance(v, Const) else self.b.shape(v)
 
     def rank(self, i: int) -> int:

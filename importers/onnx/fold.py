@@ -17,6 +17,7 @@ from torchlean_bridge.check import check_size
 from torchlean_bridge.ops.contracts import broadcast_shapes
 
 from .context import Const, OnnxContext, attr_value
+from .fold_sizes import GENERATED_SHAPES
 
 __all__ = ["NONDETERMINISTIC", "LAYOUT_OPS", "fold_node", "fold_shape", "check_fold_size"]
 
@@ -71,6 +72,8 @@ def _layout_step(node: Any, data: Const, result: np.ndarray) -> str | None:
 def _generated_shape(node: Any, feeds: dict[str, np.ndarray]) -> tuple[int, ...] | None:
     """The output shape of an op whose size is set by input values rather than input sizes."""
     op, v = node.op_type, [feeds.get(n) for n in node.input]
+    if op in GENERATED_SHAPES:
+        return GENERATED_SHAPES[op](node, feeds)
     if len(v) < {"ConstantOfShape": 1, "Range": 3, "Tile": 2, "Expand": 2}.get(op, 0) or any(x is None for x in v):
         return None  # the handler refuses the missing operand by name
     if op == "ConstantOfShape":
@@ -93,7 +96,8 @@ def check_fold_size(ctx: OnnxContext, node: Any) -> None:
     """
     feeds = {n: ctx.values[n].value for n in node.input if n}
     where = f"ONNX import: node `{node.name or (node.output[0] if node.output else '?')}` ({node.op_type})"
-    shapes = [_generated_shape(node, feeds)] if node.op_type in ("ConstantOfShape", "Range", "Tile", "Expand") \
+    generators = ("ConstantOfShape", "Range", "Tile", "Expand", *GENERATED_SHAPES)
+    shapes = [_generated_shape(node, feeds)] if node.op_type in generators \
         else [ctx.declared.get(o) for o in node.output if o]
     for shape in shapes:
         if shape is not None:

@@ -35,6 +35,7 @@ from .external import is_external, mapped_array
 from .context import Const, NodeUnsupported, OnnxContext, unsupported_error
 from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
 from .inputs import InputShapes, bound_constants, check_tensor_type, element_type_name, static_input_shapes
+from .ops_control import references
 from .ops_math import onnx_element_type
 from .ops_cast import round_narrow_outputs
 from .opsets import upgrade, upgrade_target, version_problem
@@ -46,6 +47,9 @@ HANDLERS = {**ops_math.HANDLERS, **ops_tensor.HANDLERS, **ops_nn.HANDLERS,
 # what the handlers emit, after builder.finish's canonicalization (torchlean_bridge.passes.canonicalize)
 EMITTED_KINDS: frozenset[str] = canonical_kinds({"input", "const"} | ops_math.EMITS | ops_tensor.EMITS | ops_nn.EMITS
                                                  | {k for m in BREADTH_MODULES for k in m.EMITS})
+# never folded by onnx's reference evaluator: random ops, and ops whose handler resolves them at import
+# (control flow unrolled body node by body node, sequences and optionals)
+NOT_FOLDED = NONDETERMINISTIC | {op for m in BREADTH_MODULES for op in getattr(m, "NOT_FOLDED", ())}
 MIN_OPSET, MAX_OPSET = 1, newest_opset()  # every opset the installed onnx defines
 
 
@@ -176,14 +180,8 @@ def _static_shape(value_info: Any) -> tuple[int, ...] | None:
 
 
 def _consumers(graph: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            if name:
-                counts[name] = counts.get(name, 0) + 1
-    for o in graph.output:
-        counts[o.name] = counts.get(o.name, 0) + 1
-    return counts
+    """How often each tensor is read: node inputs (inside subgraphs too) and graph outputs."""
+    return references(graph, {})
 
 
 def _upgraded(model: Any, opset: int) -> tuple[Any, int, list[str]]:
@@ -226,6 +224,7 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     declared, onnx_types = _declared_shapes(model, shapes, bound)
     ctx = OnnxContext(b, opset, declared, _consumers(graph))
     ctx.onnx_types = onnx_types
+    ctx.lower_node = _lower_one
     ctx.graph_inputs = {vi.name for vi in free_inputs}
     ctx.graph_outputs = [o.name for o in graph.output]
     ctx.precision = "float64" if any(vi.type.tensor_type.elem_type == 11
@@ -320,7 +319,7 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
     if node.domain not in DEFAULT_DOMAINS:
         raise NodeUnsupported(f"custom domain `{node.domain}`")
     inputs = [ctx.values[n] for n in node.input if n]
-    if all(isinstance(v, Const) for v in inputs) and node.op_type not in NONDETERMINISTIC \
+    if all(isinstance(v, Const) for v in inputs) and node.op_type not in NOT_FOLDED \
             and not _reads_parameter(node, inputs):
         check_fold_size(ctx, node)
         try:

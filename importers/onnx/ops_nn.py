@@ -16,6 +16,7 @@ import numpy as np
 from torchlean_bridge.ops import REGISTRY
 from torchlean_bridge.ops.contracts import conv_transpose_full_dim
 
+from .. import decompositions
 from .context import Const, OnnxContext, Value
 
 __all__ = ["HANDLERS", "EMITS"]
@@ -263,45 +264,45 @@ def _layer_norm(ctx: OnnxContext) -> list[Value]:
     return [nid]
 
 
+def _channel_param(ctx: OnnxContext, i: int, what: str, xs: tuple[int, ...], note: str = "") -> int:
+    """Input ``i`` (a per-channel initializer) as a (C, 1, ..., 1) const, its binding reshaped alike."""
+    c = ctx.needed(i, what)
+    if c.value.size != xs[1]:
+        raise ctx.fail(f"{what} with {c.value.size} entries for {xs[1]} channels{note}")
+    per_channel = (xs[1],) + (1,) * (len(xs) - 2)
+    name = f"{ctx.node.output[0]}::{what}"
+    ctx.values[name] = c.derived(c.value.reshape(per_channel), "reshape:" + ",".join(map(str, per_channel)))
+    return ctx.tensor(name)
+
+
+def _normalized(ctx: OnnxContext, groups: int, note: str = "") -> list[Value]:
+    """The shared group-norm decomposition, then the per-channel scale and bias."""
+    xs = ctx.shape(0)
+    try:
+        y = decompositions.group_norm(ctx.b, ctx.operand(0), groups, float(ctx.attr("epsilon", 1e-5)), ctx.source)
+    except decompositions.Undecomposable as e:
+        raise ctx.fail(str(e)) from None
+    scale = _channel_param(ctx, 1, "scale", xs, note)
+    bias = _channel_param(ctx, 2, "bias", xs, note)
+    return [decompositions.channel_affine(ctx.b, y, scale, bias, ctx.source)]
+
+
 def _instance_norm(ctx: OnnxContext) -> list[Value]:
-    """Per-(sample, channel) normalization = ``layernorm`` over the spatial axes, then scale and shift."""
+    """Per-(sample, channel) normalization: group norm with one group per channel."""
     xs = ctx.shape(0)
     if len(xs) < 3:
         raise ctx.fail(f"input rank {len(xs)}")
-    y = ctx.add("layernorm", [ctx.operand(0)], {"axis": 2, "eps": float(ctx.attr("epsilon", 1e-5))})
-    per_channel = (xs[1],) + (1,) * (len(xs) - 2)
-    step = "reshape:" + ",".join(map(str, per_channel))
-    for i, kind in ((1, "mul_elem"), (2, "add")):
-        c = ctx.needed(i, "scale" if i == 1 else "bias")
-        if c.value.size != xs[1]:
-            raise ctx.fail(f"{'scale' if i == 1 else 'bias'} with {c.value.size} entries for {xs[1]} channels")
-        name = f"{ctx.node.output[0]}::{'scale' if i == 1 else 'bias'}"
-        ctx.values[name] = c.derived(c.value.reshape(per_channel), step)
-        y = ctx.elementwise(kind, [y, ctx.tensor(name)])
-    return [y]
+    return _normalized(ctx, xs[1])
 
 
 def _group_norm(ctx: OnnxContext) -> list[Value]:
-    """``GroupNormalization``: each (sample, group) block normalized like a ``layernorm`` without
-    affine parameters, then the per-channel scale and bias (opset 21; opset 18's per-group scale and
-    bias only when every group is one channel)."""
+    """``GroupNormalization``: the shared group-norm decomposition with per-channel scale and bias
+    (opset 21; opset 18's per-group scale and bias only when every group is one channel)."""
     xs = ctx.shape(0)
-    groups = int(ctx.attr("num_groups"))
-    if len(xs) < 3 or groups < 1 or xs[1] % groups:
-        raise ctx.fail(f"{groups} groups of an input shaped {list(xs)}")
-    blocks = ctx.b.reshape(ctx.operand(0), (xs[0], groups, math.prod(xs[1:]) // groups), ctx.source)
-    y = ctx.b.reshape(ctx.add("layernorm", [blocks], {"axis": 2, "eps": float(ctx.attr("epsilon", 1e-5))}), xs,
-                      ctx.source)
-    per_channel = (xs[1],) + (1,) * (len(xs) - 2)
-    for i, kind in ((1, "mul_elem"), (2, "add")):
-        c = ctx.needed(i, "scale" if i == 1 else "bias")
-        if c.value.size != xs[1]:
-            raise ctx.fail(f"scale/bias with {c.value.size} entries for {xs[1]} channels (opset 18's per-group "
-                           "form is supported only with one channel per group)")
-        name = f"{ctx.node.output[0]}::{'scale' if i == 1 else 'bias'}"
-        ctx.values[name] = c.derived(c.value.reshape(per_channel), "reshape:" + ",".join(map(str, per_channel)))
-        y = ctx.elementwise(kind, [y, ctx.tensor(name)])
-    return [y]
+    if len(xs) < 3:
+        raise ctx.fail(f"{int(ctx.attr('num_groups'))} groups of an input shaped {list(xs)}")
+    return _normalized(ctx, int(ctx.attr("num_groups")),
+                       " (opset 18's per-group form is supported only with one channel per group)")
 
 
 def _lp_norm(ctx: OnnxContext) -> list[Value]:
@@ -363,23 +364,6 @@ def _softmax(kind: str) -> Handler:
 
 # -- Einsum -----------------------------------------------------------------------------------
 
-def _sum_letters(ctx: OnnxContext, nid: int, letters: str, drop: set[str]) -> tuple[int, str]:
-    """Sum out the axes named by ``drop``; returns the node and its remaining letters."""
-    axes = tuple(i for i, c in enumerate(letters) if c in drop)
-    if not axes:
-        return nid, letters
-    if len(axes) == 1:
-        nid = ctx.add("reduce_sum", [nid], {"axis": axes[0]})
-    else:
-        nid = ctx.add("reduce_sum_axes", [nid], {"axes": axes, "keepdim": False})
-    return nid, "".join(c for c in letters if c not in drop)
-
-
-def _permute_letters(ctx: OnnxContext, nid: int, letters: str, order: str) -> int:
-    perm = tuple(letters.index(c) for c in order)
-    return nid if perm == tuple(range(len(perm))) else ctx.add("permute", [nid], {"perm": perm})
-
-
 def _weight_matrix(c: Const, letters: str, summed: list[str], right: list[str], k: int, n: int) -> Const:
     """A constant right operand laid out [k, n], its initializer binding extended by the same steps
     (so a contraction with a weight is a ``linear``, as ``MatMul`` with an initializer is)."""
@@ -393,40 +377,19 @@ def _weight_matrix(c: Const, letters: str, summed: list[str], right: list[str], 
 
 
 def _einsum(ctx: OnnxContext) -> list[Value]:
-    """Explicit one- or two-operand equations without repeated letters: sums, permutes, one matmul."""
-    eq = str(ctx.attr("equation")).replace(" ", "")
-    terms = eq.split("->")[0].split(",") if "->" in eq else []
-    out = eq.split("->")[1] if "->" in eq else ""
-    if not terms or "..." in eq or len(terms) != len(ctx.node.input) or len(terms) > 2 \
-            or any(len(set(t)) != len(t) for t in (*terms, out)) or any(c not in "".join(terms) for c in out):
-        raise ctx.fail(f"equation `{eq}` (only explicit one- or two-operand contractions are supported)")
-    if any(len(t) != len(ctx.shape(i)) for i, t in enumerate(terms)):
-        raise ctx.fail(f"equation `{eq}`: a term's letters do not match its operand's rank")
-    if len(terms) == 1:
-        x, letters = _sum_letters(ctx, ctx.operand(0), terms[0], set(terms[0]) - set(out))
-        return [_permute_letters(ctx, x, letters, out)]
-    a, b = terms
-    sa, sb = dict(zip(a, ctx.shape(0))), dict(zip(b, ctx.shape(1)))
-    if any(sa[c] != sb[c] for c in set(a) & set(b)):
-        raise ctx.fail(f"equation `{eq}`: operand extents disagree")
-    a_only, b_only = set(a) - set(b) - set(out), set(b) - set(a) - set(out)
-    batch = [c for c in out if c in a and c in b]
-    left = [c for c in out if c in a and c not in b]
-    right = [c for c in out if c in b and c not in a]
-    summed = [c for c in a if c in b and c not in out]
-    nb = tuple(sa[c] for c in batch)
-    m, k, n = (math.prod(sa[c] for c in left), math.prod(sa[c] for c in summed), math.prod(sb[c] for c in right))
-    x, a = _sum_letters(ctx, ctx.operand(0), a, a_only)
-    x = ctx.b.reshape(_permute_letters(ctx, x, a, "".join(batch + left + summed)), nb + (m, k), ctx.source)
-    weight = ctx.const(1)
-    if weight is not None and not batch and not b_only and weight.value.dtype.kind == "f":
-        z = _linear(ctx, x, _weight_matrix(weight, b, summed, right, k, n), transpose=True)
-    else:
-        y, b = _sum_letters(ctx, ctx.operand(1), b, b_only)
-        y = ctx.b.reshape(_permute_letters(ctx, y, b, "".join(batch + summed + right)), nb + (k, n), ctx.source)
-        z = ctx.add("matmul", [x, y])
-    z = ctx.b.reshape(z, nb + tuple(sa[c] for c in left) + tuple(sb[c] for c in right), ctx.source)
-    return [_permute_letters(ctx, z, "".join(batch + left + right), out)]
+    """Every equation the spec allows, by the shared decomposition (importers/decompositions.py); a
+    float initializer as the second of two operands is contracted as a ``linear`` weight."""
+    eq = str(ctx.attr("equation"))
+    weight = ctx.const(1) if len(ctx.node.input) == 2 else None
+    contract = None
+    if weight is not None and weight.value.dtype.kind == "f":
+        def contract(x: int, letters: str, summed: list[str], right: list[str], k: int, n: int) -> int:
+            return _linear(ctx, x, _weight_matrix(weight, letters, summed, right, k, n), transpose=True)
+    try:
+        return [decompositions.einsum(ctx.b, eq, [ctx.shape(i) for i in range(len(ctx.node.input))], ctx.operand,
+                                      ctx.source, contract)]
+    except decompositions.Undecomposable as e:
+        raise ctx.fail(str(e)) from None
 
 
 HANDLERS: dict[str, Handler] = {

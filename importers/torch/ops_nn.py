@@ -17,6 +17,7 @@ import torch
 
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 
+from .. import decompositions
 from . import ops_elementwise as elementwise
 from . import ops_layout as layout
 from . import ops_reduce as reduction
@@ -93,50 +94,14 @@ def baddbmm(cx: Cx, input: Any, batch1: Any, batch2: Any, beta: float = 1, alpha
 
 @lowers(fx="torch.einsum")
 def einsum(cx: Cx, equation: str, *operands: Any) -> Any:
-    """A plain contraction of one or two operands: permute/reshape/matmul/reduce_sum, exact."""
+    """Every einsum torch accepts, by the shared decomposition (importers/decompositions.py)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    eq = equation.replace(" ", "")
-    if "." in eq:
-        raise NotLowerable("einsum with ellipsis")
-    lhs, _, out = eq.partition("->")
-    specs = lhs.split(",")
-    if not _:
-        counts = {c: lhs.count(c) for c in lhs if c != ","}
-        out = "".join(sorted(c for c, n in counts.items() if n == 1))
-    if any(len(set(s)) != len(s) for s in specs) or len(specs) != len(operands) or len(specs) > 2:
-        raise NotLowerable(f"einsum `{equation}` is not a plain contraction of one or two operands")
-    dims = {}
-    for s, op in zip(specs, operands):
-        for c, d in zip(s, cx.shape(op)):
-            if dims.setdefault(c, d) != d:
-                raise NotLowerable(f"einsum `{equation}`: index {c} has extents {dims[c]} and {d}")
-    # sum away indices that appear in one operand only and not in the output
-    ops = []
-    for k, (s, op) in enumerate(zip(specs, operands)):
-        others = "".join(x for j, x in enumerate(specs) if j != k)  # by position: equal specs are distinct operands
-        gone = [i for i, c in enumerate(s) if c not in out and c not in others]
-        if gone:
-            op = reduction.reduce_sum(cx, op, gone, False)
-            s = "".join(c for i, c in enumerate(s) if i not in gone)
-        ops.append((s, op))
-    if len(ops) == 1:
-        s, op = ops[0]
-        return layout.permute(cx, op, [s.index(c) for c in out])
-    (sa, a), (sb, b) = ops
-    batch = [c for c in out if c in sa and c in sb]
-    left = [c for c in sa if c in out and c not in sb]
-    right = [c for c in sb if c in out and c not in sa]
-    contract = [c for c in sa if c in sb and c not in out]
-    a = layout.permute(cx, a, [sa.index(c) for c in batch + left + contract])
-    b = layout.permute(cx, b, [sb.index(c) for c in batch + contract + right])
-    size = lambda cs: prod(dims[c] for c in cs)  # noqa: E731
-    bshape = [dims[c] for c in batch]
-    a = layout.reshape(cx, a, bshape + [size(left), size(contract)])
-    b = layout.reshape(cx, b, bshape + [size(contract), size(right)])
-    res = layout.reshape(cx, matmul(cx, a, b), bshape + [dims[c] for c in left + right])
-    order = batch + left + right
-    return layout.permute(cx, res, [order.index(c) for c in out])
+    try:
+        return Sym(decompositions.einsum(cx.builder, equation, [cx.shape(op) for op in operands],
+                                         lambda i: cx.node(operands[i], FLOAT), cx.source()))
+    except decompositions.Undecomposable as e:
+        raise NotLowerable(f"einsum {e}") from None
 
 
 @lowers(aten="einsum.default")
@@ -299,15 +264,13 @@ def native_layer_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weigh
 @lowers(aten="group_norm.default", fx="F.group_norm")
 def group_norm(cx: Cx, input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5,
                *_: Any) -> Any:
-    """Group norm by its definition: each (sample, group) block normalized like a layer norm without
-    affine parameters, then the per-channel scale and shift along axis 1."""
+    """Group norm by the shared decomposition, then the per-channel scale and shift along axis 1."""
     s = cx.shape(input)
-    if len(s) < 2 or s[1] % int(num_groups):
-        raise NotLowerable(f"group norm with {num_groups} groups of an input shaped {list(s)}")
-    blocks = layout.reshape(cx, input, [s[0], int(num_groups), -1])
-    normed = cx.add("layernorm", [cx.node(blocks, FLOAT)], {"axis": 2, "eps": float(eps)})
-    out = layout.reshape(cx, normed, s)
-    return _channel_affine(cx, out, weight if weight is None else _param(cx, weight, "group norm weight"),
+    try:
+        out = decompositions.group_norm(cx.builder, cx.node(input, FLOAT), int(num_groups), float(eps), cx.source())
+    except decompositions.Undecomposable as e:
+        raise NotLowerable(f"group norm with {e}") from None
+    return _channel_affine(cx, Sym(out), weight if weight is None else _param(cx, weight, "group norm weight"),
                            bias if bias is None else _param(cx, bias, "group norm bias"), s)
 
 
@@ -337,11 +300,8 @@ def rms_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any = 
 def _channel_affine(cx: Cx, out: Any, weight: Any, bias: Any, shape: Sequence[int]) -> Any:
     """The per-channel scale and shift along axis 1 of an (N, C, ...) tensor."""
     channel_shape = [shape[1]] + [1] * (len(shape) - 2)
-    if weight is not None:
-        out = elementwise.mul(cx, out, layout.reshape(cx, weight, channel_shape))
-    if bias is not None:
-        out = elementwise.add(cx, out, layout.reshape(cx, bias, channel_shape))
-    return out
+    per_channel = [None if p is None else cx.node(layout.reshape(cx, p, channel_shape), FLOAT) for p in (weight, bias)]
+    return Sym(decompositions.channel_affine(cx.builder, cx.node(out, FLOAT), *per_channel, cx.source()))
 
 
 @lowers(aten="instance_norm.default")

@@ -21,7 +21,7 @@ from .. import interval_arith as ia
 from ..conv import conv_nd, conv_transpose_nd
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
 from ..records import in_dtype
-from ..folds import fold_dot
+from ..folds import fold_matmul
 from .table import FLOAT_RULES, INTERVAL_RULES, exact_rule, float_params, float_rule, interval_rule, read_params
 
 __all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box"]
@@ -215,68 +215,59 @@ def conv_rule(node, ps, rec):
 
 @exact_rule("matmul")
 def matmul_exact(node, xs, rec, dt):
-    """Each output ``acc = 0; for j: acc = acc + L[.., i, j] * R[.., j, k]``, rank-1 operands promoted."""
+    """Each output ``acc = 0; for j: acc = acc + L[.., i, j] * R[.., j, k]``, rank-1 operands promoted
+    (``matmulFlat``); batch axes broadcast. The contracted axis is moved to lead both operands."""
     left, right = xs
     n = left.shape[-1]
-    if left.ndim == 1 and right.ndim == 1:
-        return fold_dot(lambda j: left[j], lambda j: right[j], n, ())
-    if left.ndim == 1:
-        return fold_dot(lambda j: left[j], lambda j: right[..., j, :], n, node.out_shape)
-    if right.ndim == 1:
-        return fold_dot(lambda j: left[..., :, j], lambda j: right[j], n, node.out_shape)
-    return fold_dot(lambda j: left[..., :, j:j + 1], lambda j: right[..., j:j + 1, :], n, node.out_shape)
+    lhs = left.reshape((1, n)) if left.ndim == 1 else left
+    rhs = right.reshape((n, 1)) if right.ndim == 1 else right
+    m, p = lhs.shape[-2], rhs.shape[-1]
+    if rhs.ndim == 2:  # every left row against one matrix: the left rows are one long M
+        out = fold_matmul(lhs.reshape((-1, n)).T, rhs)
+    else:
+        batch = np.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2])
+        a = np.broadcast_to(np.swapaxes(lhs, -1, -2), batch + (n, m)).reshape((-1, n, m))
+        b = np.broadcast_to(rhs, batch + (n, p)).reshape((-1, n, p))
+        out = fold_matmul(a, b)
+    return out.reshape(node.out_shape)
 
 
 @exact_rule("linear")
 def linear_exact(node, xs, rec, dt):
-    """Per output ``acc = 0; for k: acc = acc + W[o, k] * x[k]``, then ``acc + b[o]``."""
+    """Per output ``acc = 0; for k: acc = acc + W[o, k] * x[k]`` (``linearLeading``), then ``acc + b[o]``."""
     x = xs[0]
     w, b = float_params(node, rec, x.shape, dt)
-    wt = np.ascontiguousarray(w.T)
-    xt = np.ascontiguousarray(np.moveaxis(x, -1, 0))[..., None]  # row k: x[..., k] as a contiguous column
-    y = fold_dot(lambda k: xt[k], lambda k: wt[k], w.shape[1], node.out_shape)
+    y = fold_matmul(x.reshape((-1, w.shape[1])).T, w.T)
     y += b
-    return y
+    return y.reshape(node.out_shape)
 
 
 @exact_rule("conv")
 def conv_exact(node, xs, rec, dt):
     """``groupedConvSpec``: per output, ``acc = 0``, outer loop over the group's input channels, inner
     loop over kernel offsets in row-major order, ``acc = acc + x * w`` with padded cells read as +0.0;
-    the bias added last. One vector step per (channel, offset) over every output at once."""
+    the bias added last. The windows are gathered once (im2col) with the (channel, offset) steps
+    leading, in that order, then folded like a matrix product."""
     a = node.attrs
     w, b = float_params(node, rec, xs[0].shape, dt)
     x, ca, groups = xs[0], a["channel_axis"], a["groups"]
     lead, spatial = x.shape[:ca], x.shape[ca + 1:]
     out_spatial = tuple(node.out_shape[ca + 1:])
-    n = int(np.prod(lead, dtype=np.int64))
+    n, length = math.prod(lead), math.prod(out_spatial)
     cin_g, cout_g = a["in_channels"] // groups, a["out_channels"] // groups
     pad = [(0, 0), (0, 0)] + list(zip(a["padding"], a["padding_after"]))
-    xp = np.pad(x.reshape((n, a["in_channels"]) + spatial), pad).reshape((n, groups, cin_g, 1) +
-                                                                        tuple(s + p + q for s, (p, q) in
-                                                                              zip(spatial, pad[2:])))
-    wg = w.reshape((groups, cout_g, cin_g) + tuple(a["kernel"]))
-    steps = [(j, offs) for j in range(cin_g) for offs in itertools.product(*(range(k) for k in a["kernel"]))]
-    rank = len(spatial)
-
+    xp = np.pad(x.reshape((n, a["in_channels"]) + spatial), pad)
+    xp = xp.reshape((n, groups, cin_g) + xp.shape[2:])
     offsets = list(itertools.product(*(range(k) for k in a["kernel"])))
-    # every (offset, channel) window copied once, contiguous: the im2col matrix, read back step by step
-    cols = np.stack([xp[(slice(None), slice(None), slice(None), slice(None)) +
-                        tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
-                              for o, d, m, s in zip(offs, a["dilation"], out_spatial, a["stride"]))]
-                     for offs in offsets])  # [offsets, n, groups, cin_g, 1, *out]
-    cols = np.ascontiguousarray(np.moveaxis(cols, 3, 0))  # [cin_g, offsets, n, groups, 1, *out]
-    position = {offs: i for i, offs in enumerate(offsets)}
-
-    def window(step: int) -> np.ndarray:
-        j, offs = steps[step]
-        return cols[j, position[offs]]
-
-    def weight(step: int) -> np.ndarray:
-        j, offs = steps[step]
-        return wg[(slice(None), slice(None), j) + offs].reshape((groups, cout_g) + (1,) * rank)
-
-    acc = fold_dot(window, weight, len(steps), (n, groups, cout_g) + out_spatial)
-    acc = acc.reshape((n, a["out_channels"]) + out_spatial)
-    acc += b.reshape((-1,) + (1,) * rank)
+    # cols[g, j, offset, sample, *out]: channel j's cell at `offset` of every output's window
+    cols = np.empty((groups, cin_g, len(offsets), n) + out_spatial)
+    for i, offs in enumerate(offsets):
+        window = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                       for o, d, m, s in zip(offs, a["dilation"], out_spatial, a["stride"]))
+        cols[:, :, i] = np.moveaxis(xp[(slice(None),) * 3 + window], 0, 2)
+    steps = cin_g * len(offsets)
+    weights = np.swapaxes(w.reshape((groups, cout_g, steps)), 1, 2)  # [g, step, cout_g]
+    acc = fold_matmul(weights, cols.reshape((groups, steps, n * length)))  # [g, cout_g, n * length]
+    acc = np.moveaxis(acc.reshape((a["out_channels"], n, length)), 1, 0)
+    acc = acc + b.reshape((-1, 1))
     return acc.reshape(node.out_shape)

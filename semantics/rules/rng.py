@@ -18,6 +18,7 @@ from torchlean_bridge.graph import Graph
 
 from ..float_random import bernoulli, uniform
 from ..records import fail
+from ..schedule import schedule
 from .table import float_rule, interval_rule
 
 __all__ = ["STREAM_INDEX", "lowered_ids", "stream_records"]
@@ -39,7 +40,8 @@ def lowered_ids(g: Graph) -> list[int]:
 
 def stream_records(g: Graph, record: Callable[[int], Mapping]) -> Callable[[int], Mapping]:
     """``record`` with each random node's stream index added, where lowering shifts it."""
-    if not any(n.kind in RANDOM_KINDS for n in g.nodes) or not any(n.kind in _EXPANDED for n in g.nodes):
+    kinds = schedule(g).kinds
+    if kinds.isdisjoint(RANDOM_KINDS) or kinds.isdisjoint(_EXPANDED):
         return record
     ids = lowered_ids(g)
     shifted = {n.id: ids[n.id] for n in g.nodes if n.kind in RANDOM_KINDS and ids[n.id] != n.id}

@@ -212,7 +212,7 @@ def bind_checkpoint(bundle: Bundle, ckpt: Any, strict: bool = True) -> tuple[Bun
     ckpt = as_checkpoint(ckpt)
     slots = abi(bundle)
     keyed = "error" if strict else "warning"
-    payload = bundle.payload.copy()
+    payload = bundle.payload.shared()  # the slots bound below get the checkpoint's tensors; nothing else is copied
     report = BindingReport(title=f"binding {ckpt.source}: {len(slots)} slots, {slots.num_parameters} parameters")
     report.extend(ckpt.notes)  # NaN/Inf are judged per slot below, on the tensors actually bound
 

@@ -14,6 +14,7 @@ inputs (identical tensors, or a difference the inputs never excite) is reported 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -169,22 +170,30 @@ class _Evaluator:
 
 
 def _max_error(ours: list[list[np.ndarray]] | None, ref: list[list[np.ndarray]]) -> float:
+    """The largest |ours - reference| over every output of every case. Equal values (infinities
+    included) and NaN on both sides count as 0; NaN on one side only is an infinite error."""
     if ours is None:
-        return float("inf")
+        return math.inf
     worst = 0.0
     for a_case, r_case in zip(ours, ref):
         for a, r in zip(a_case, r_case):
-            d = np.abs(a - r)
+            nan = np.isnan(a)
+            if (nan != np.isnan(r)).any():
+                return math.inf
+            with np.errstate(invalid="ignore"):
+                d = np.where(nan | (a == r), 0.0, np.abs(a - r))
             if d.size:
-                worst = max(worst, float(np.nanmax(d)) if not np.isnan(d).all() else float("inf"))
-            if np.isnan(a).any() != np.isnan(r).any():
-                worst = float("inf")
+                worst = float(np.maximum(worst, d.max()))  # a NaN here would be a bug: let it show
     return worst
 
 
 def _scale(ref: list[list[np.ndarray]]) -> float:
-    peaks = [float(np.nanmax(np.abs(r))) for case in ref for r in case if r.size and not np.isnan(r).all()]
-    return max([1.0, *peaks])
+    """max(1, the largest |reference| value), NaN ignored: the tolerance is relative to it."""
+    peak = 1.0
+    for case in ref:
+        for r in case:
+            peak = float(np.max(np.abs(r[~np.isnan(r)]), initial=peak))
+    return peak
 
 
 def _vector(a: np.ndarray) -> str:
@@ -234,6 +243,9 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     the largest absolute difference is at most ``tolerance * max(1, max |reference|)``.
     """
     from importers.checkpoints import as_checkpoint
+    if callable(reference) and not _is_module(reference):
+        raise BridgeError(f"audit: the reference is a {type(reference).__name__}; give an nn.Module holding the "
+                          "trusted weights, or golden outputs (arrays)")
     ckpt = as_checkpoint(ckpt)
     if _is_module(reference) and bundle.report.get("framework") == "onnx":
         bundle = _with_reference_keys(bundle, reference)

@@ -1,0 +1,353 @@
+"""Issue #15's small ONNX ops (importers/onnx/ops_misc, ops_signal, ops_state) on models of our own.
+
+Each case builds a model with random shapes and attributes, imports it with tlb.import_onnx and
+evaluates it with tlb.evaluate; the result must agree with onnx's reference evaluator (and with
+onnxruntime where it implements the op): bit-for-bit for data movement and folds, within binary32
+rounding (rtol 1e-5, atol 1e-5 unless stated) for arithmetic. Interval bounds of the compositions must
+enclose sampled points; forms that are not lowered exactly are refused by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+import torchlean_bridge as tlb
+from torchlean_bridge.errors import BridgeError, UnsupportedError
+from torchlean_bridge.onnx_backend import prepare
+
+N = helper.make_node
+RNG = np.random.default_rng(1515)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=22):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+                          [onnx.numpy_helper.from_array(np.asarray(v), n) for n, v in inits])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    return m
+
+
+def _ours(m, feeds, **kw):
+    b = tlb.import_onnx(m, **kw)
+    names = b.report["inputs"]
+    return [np.asarray(v) for v in tlb.evaluate(b.graph, b.payload, [feeds[n] for n in names])]
+
+
+def _reference(m, feeds):
+    return [np.asarray(v) for v in ReferenceEvaluator(m).run(None, feeds)]
+
+
+def _ort(m, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _close(ours, theirs, exact=False, tol=1e-5):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.shape == b.shape
+        if exact:
+            assert np.array_equal(a.astype(b.dtype), b)
+        else:
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol)
+
+
+def _backend(m, feeds):
+    """Through the ONNX backend: steering inputs (the values a fold needs) are bound at run time."""
+    return [np.asarray(v) for v in prepare(m).run(feeds)]
+
+
+def _sound(m, feeds, radius=0.05, samples=64):
+    """Interval bounds on a box around the feeds enclose the outputs at random points and corners."""
+    b = tlb.import_onnx(m)
+    names = b.report["inputs"]
+    lo = [feeds[n] - radius for n in names]
+    hi = [feeds[n] + radius for n in names]
+    boxes = tlb.interval_bounds(b.graph, b.payload, lo, hi, all_nodes=False)
+    for k in range(samples + 2):
+        if k < 2:
+            pts = lo if k == 0 else hi
+        else:
+            pts = [lo_i + RNG.random(lo_i.shape).astype(lo_i.dtype) * (hi_i - lo_i) for lo_i, hi_i in zip(lo, hi)]
+        outs = tlb.evaluate(b.graph, b.payload, pts, dtype="float64")
+        for (blo, bhi), y in zip(boxes, outs):
+            assert np.all(np.asarray(blo) <= y) and np.all(y <= np.asarray(bhi))
+
+
+# -- Hardmax / Swish / SwiGLU / MVN -----------------------------------------------------------
+
+@pytest.mark.parametrize("opset,axis", [(13, -1), (13, 0), (13, 1), (11, 1), (11, 0), (11, 2)])
+def test_hardmax_is_the_first_maximum_one_hot(opset, axis):
+    x = RNG.integers(0, 3, (3, 4, 5)).astype(np.float32)  # ties: the first maximum wins
+    m = _model([N("Hardmax", ["x"], ["y"], axis=axis)], [("x", TP.FLOAT, x.shape)], [("y", TP.FLOAT, None)],
+               opset=opset)
+    if opset >= 13:  # onnx's reference implements only Hardmax-13 (it ignores the older 2-D coercion)
+        _close(_ours(m, {"x": x}), _reference(m, {"x": x}), exact=True)
+    _close(_ours(m, {"x": x}), _ort(m, {"x": x}), exact=True)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5, 1.702, -2.0])
+def test_swish_and_swiglu_against_the_reference(alpha):
+    a = RNG.standard_normal((2, 3, 7)).astype(np.float32) * 4
+    b = RNG.standard_normal((2, 3, 7)).astype(np.float32)
+    sw = _model([N("Swish", ["a"], ["y"], alpha=alpha)], [("a", TP.FLOAT, a.shape)], [("y", TP.FLOAT, None)],
+                opset=24)
+    _close(_ours(sw, {"a": a}), _reference(sw, {"a": a}))
+    glu = _model([N("SwiGLU", ["a", "b"], ["y"], alpha=alpha)], [("a", TP.FLOAT, a.shape), ("b", TP.FLOAT, b.shape)],
+                 [("y", TP.FLOAT, None)], opset=28)
+    _close(_ours(glu, {"a": a, "b": b}), _reference(glu, {"a": a, "b": b}))
+    _sound(glu, {"a": a, "b": b})
+
+
+def test_swiglu_refuses_broadcasting_operands():
+    m = _model([N("SwiGLU", ["a", "b"], ["y"])], [("a", TP.FLOAT, [2, 3]), ("b", TP.FLOAT, [1, 3])],
+               [("y", TP.FLOAT, None)], opset=28)
+    with pytest.raises(UnsupportedError, match="SwiGLU does not broadcast"):
+        tlb.import_onnx(m)
+
+
+@pytest.mark.parametrize("axes", [None, [0, 2], [1], [0, 1, 2, 3]])
+def test_mean_variance_normalization_follows_the_function_body(axes):
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32) * 3 + 1
+    kw = {} if axes is None else {"axes": axes}
+    m = _model([N("MeanVarianceNormalization", ["x"], ["y"], **kw)], [("x", TP.FLOAT, x.shape)],
+               [("y", TP.FLOAT, None)], opset=13)
+    _close(_ours(m, {"x": x}), _reference(m, {"x": x}), tol=1e-4)
+    _close(_ours(m, {"x": x}), _ort(m, {"x": x}), tol=1e-4)
+
+
+# -- EyeLike / Compress / TensorScatter -------------------------------------------------------
+
+@pytest.mark.parametrize("shape,k,dtype", [((3, 3), 0, None), ((4, 6), 2, TP.INT32), ((5, 2), -1, TP.DOUBLE),
+                                           ((3, 4), 7, TP.FLOAT)])
+def test_eye_like_is_a_constant_of_the_input_shape(shape, k, dtype):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    kw = {"k": k} if dtype is None else {"k": k, "dtype": dtype}
+    m = _model([N("EyeLike", ["x"], ["y"], **kw)], [("x", TP.FLOAT, shape)],
+               [("y", dtype if dtype is not None else TP.FLOAT, None)])
+    ours = _backend(m, {"x": x})
+    _close(ours, _reference(m, {"x": x}), exact=True)
+    assert ours[0].dtype == _reference(m, {"x": x})[0].dtype
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_compress_with_a_known_condition_is_a_gather(axis):
+    x = RNG.standard_normal((4, 5, 3)).astype(np.float32)
+    extent = x.size if axis is None else x.shape[axis]
+    cond = RNG.random(extent - 1) < 0.5  # shorter than the axis: positions past its end are dropped
+    cond[0] = True
+    kw = {} if axis is None else {"axis": axis}
+    m = _model([N("Compress", ["x", "c"], ["y"], **kw)], [("x", TP.FLOAT, x.shape)], [("y", TP.FLOAT, None)],
+               inits=[("c", cond)])
+    _close(_ours(m, {"x": x}), _reference(m, {"x": x}), exact=True)
+
+
+def test_compress_with_a_computed_condition_names_it():
+    m = _model([N("Compress", ["x", "c"], ["y"], axis=0)], [("x", TP.FLOAT, [4, 2]), ("c", TP.BOOL, [4])],
+               [("y", TP.FLOAT, None)])
+    with pytest.raises(UnsupportedError, match=r"input 1 \(condition\) must be a constant known at import time"):
+        tlb.import_onnx(m)
+    x, c = RNG.standard_normal((4, 2)).astype(np.float32), np.array([True, False, True, True])
+    _close(_backend(m, {"x": x, "c": c}), _reference(m, {"x": x, "c": c}), exact=True)
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+@pytest.mark.parametrize("axis", [-2, 1, 2])
+def test_tensor_scatter_writes_the_update_at_each_batchs_index(mode, axis):
+    past = RNG.standard_normal((3, 4, 6, 5)).astype(np.float32)
+    ushape = list(past.shape)
+    ushape[axis] = 2
+    upd = RNG.standard_normal(ushape).astype(np.float32)
+    m_len = past.shape[axis]
+    idx = np.array([0, m_len - 2, 1 if mode == "linear" else m_len - 1], np.int64)
+    m = _model([N("TensorScatter", ["p", "u", "i"], ["y"], mode=mode, axis=axis)],
+               [("p", TP.FLOAT, past.shape), ("u", TP.FLOAT, upd.shape), ("i", TP.INT64, [3])],
+               [("y", TP.FLOAT, None)], opset=24)
+    feeds = {"p": past, "u": upd, "i": idx}
+    _close(_backend(m, feeds), _reference(m, feeds), exact=True)
+
+
+def test_tensor_scatter_refuses_writes_past_the_cache_in_linear_mode():
+    m = _model([N("TensorScatter", ["p", "u", "i"], ["y"])], [("p", TP.FLOAT, [1, 4, 2]), ("u", TP.FLOAT, [1, 2, 2])],
+               [("y", TP.FLOAT, None)], inits=[("i", np.array([3], np.int64))], opset=24)
+    with pytest.raises(UnsupportedError, match="leave the cache of length 4"):
+        tlb.import_onnx(m)
+
+
+# -- folded generators and value-dependent shapes ---------------------------------------------
+
+@pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
+@pytest.mark.parametrize("periodic", [0, 1])
+def test_windows_fold_when_the_size_is_known(op, periodic):
+    n = int(RNG.integers(2, 40))
+    m = _model([N(op, ["n"], ["y"], periodic=periodic)], [("n", TP.INT64, [])], [("y", TP.FLOAT, None)], opset=17)
+    with pytest.raises(UnsupportedError, match="the window length is the input's value"):
+        tlb.import_onnx(m)
+    feeds = {"n": np.array(n, np.int64)}
+    _close(_backend(m, feeds), _reference(m, feeds), exact=True)
+
+
+def test_a_huge_window_or_constant_of_shape_is_refused_before_allocation():
+    m = _model([N("HannWindow", ["n"], ["y"])], [], [("y", TP.FLOAT, None)],
+               inits=[("n", np.array(10 ** 12, np.int64))], opset=17)
+    with pytest.raises(BridgeError, match="HannWindow"):
+        tlb.import_onnx(m)
+    m = _model([N("MelWeightMatrix", ["b", "d", "r", "lo", "hi"], ["y"])], [], [("y", TP.FLOAT, None)],
+               inits=[("b", np.array(10 ** 6, np.int64)), ("d", np.array(10 ** 7, np.int64)),
+                      ("r", np.array(8000, np.int64)), ("lo", np.float32(0)), ("hi", np.float32(4000))], opset=17)
+    with pytest.raises(BridgeError, match="MelWeightMatrix"):
+        tlb.import_onnx(m)
+    m = _model([N("ConstantOfShape", ["s"], ["y"])], [], [("y", TP.FLOAT, None)],
+               inits=[("s", np.array([10 ** 6, 10 ** 6], np.int64))])
+    with pytest.raises(BridgeError, match="ConstantOfShape"):
+        tlb.import_onnx(m)
+
+
+def test_nonmaxsuppression_and_unique_fold_once_their_inputs_are_bound():
+    boxes = RNG.random((2, 6, 4)).astype(np.float32)
+    boxes[..., 2:] += boxes[..., :2]
+    scores = RNG.random((2, 3, 6)).astype(np.float32)
+    m = _model([N("NonMaxSuppression", ["b", "s", "k", "iou", "th"], ["y"])],
+               [("b", TP.FLOAT, boxes.shape), ("s", TP.FLOAT, scores.shape)], [("y", TP.INT64, None)],
+               inits=[("k", np.array([3], np.int64)), ("iou", np.array([0.4], np.float32)),
+                      ("th", np.array([0.2], np.float32))], opset=11)
+    with pytest.raises(UnsupportedError, match="the number of selected boxes depends on their values"):
+        tlb.import_onnx(m)
+    feeds = {"b": boxes, "s": scores}
+    _close(_backend(m, feeds), _reference(m, feeds), exact=True)
+    x = RNG.integers(0, 4, (4, 3)).astype(np.float32)
+    u = _model([N("Unique", ["x"], ["y", "i", "inv", "c"], axis=0, sorted=1)], [("x", TP.FLOAT, x.shape)],
+               [("y", TP.FLOAT, None), ("i", TP.INT64, None), ("inv", TP.INT64, None), ("c", TP.INT64, None)],
+               opset=11)
+    _close(_backend(u, {"x": x}), _reference(u, {"x": x}), exact=True)
+
+
+# -- training-mode Dropout and BatchNormalization ---------------------------------------------
+
+def test_training_dropout_with_ratio_zero_is_the_identity_and_other_ratios_are_refused():
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    def model(ratio):
+        return _model([N("Dropout", ["x", "r", "t"], ["y", "mask"], seed=3)], [("x", TP.FLOAT, x.shape)],
+                      [("y", TP.FLOAT, None), ("mask", TP.BOOL, None)],
+                      inits=[("r", np.float32(ratio)), ("t", np.bool_(True))])
+    _close(_ours(model(0.0), {"x": x}), _reference(model(0.0), {"x": x}), exact=True)
+    with pytest.raises(UnsupportedError, match=r"training_mode=1 with ratio=0.5 \(random"):
+        tlb.import_onnx(model(0.5))
+
+
+@pytest.mark.parametrize("shape,momentum", [((4, 3, 5, 2), 0.9), ((6, 2), 0.3), ((2, 4, 3), 0.0)])
+def test_batchnorm_training_mode_uses_the_batch_statistics(shape, momentum):
+    c = shape[1]
+    feeds = {"x": RNG.standard_normal(shape).astype(np.float32) * 2 + 0.5,
+             "s": RNG.standard_normal(c).astype(np.float32), "bias": RNG.standard_normal(c).astype(np.float32),
+             "mean": RNG.standard_normal(c).astype(np.float32), "var": RNG.random(c).astype(np.float32) + 0.5}
+    m = _model([N("BatchNormalization", ["x", "s", "bias", "mean", "var"], ["y", "rm", "rv"], training_mode=1,
+                  momentum=momentum, epsilon=1e-3)],
+               [(k, TP.FLOAT, v.shape) for k, v in feeds.items()],
+               [("y", TP.FLOAT, None), ("rm", TP.FLOAT, None), ("rv", TP.FLOAT, None)], opset=15)
+    _close(_ours(m, feeds), _reference(m, feeds), tol=1e-4)
+    _close(_ours(m, feeds), _ort(m, feeds), tol=1e-4)
+
+
+# -- CausalConvWithState / LinearAttention ----------------------------------------------------
+
+@pytest.mark.parametrize("k,past,bias,activation", [(4, True, True, "silu"), (3, False, False, "none"),
+                                                    (1, False, True, "swish"), (2, True, False, "none")])
+def test_causal_conv_with_state_against_the_reference(k, past, bias, activation):
+    b, c, length = int(RNG.integers(1, 4)), int(RNG.integers(1, 5)), int(RNG.integers(1, 9))
+    feeds = {"x": RNG.standard_normal((b, c, length)).astype(np.float32)}
+    inits = [("w", RNG.standard_normal((c, 1, k)).astype(np.float32))]
+    names = ["x", "w", "", ""]
+    if bias:
+        inits.append(("bias", RNG.standard_normal(c).astype(np.float32)))
+        names[2] = "bias"
+    if past:
+        feeds["past"] = RNG.standard_normal((b, c, k - 1)).astype(np.float32)
+        names[3] = "past"
+    m = _model([N("CausalConvWithState", names, ["y", "state"], activation=activation)],
+               [(n, TP.FLOAT, v.shape) for n, v in feeds.items()], [("y", TP.FLOAT, None), ("state", TP.FLOAT, None)],
+               inits=inits, opset=27)
+    _close(_ours(m, feeds), _reference(m, feeds))
+    if k > 1:
+        _sound(m, feeds)
+
+
+@pytest.mark.parametrize("rule", ["linear", "gated", "delta", "gated_delta"])
+@pytest.mark.parametrize("hq,hkv,past,per_key", [(2, 2, False, False), (4, 2, True, True), (3, 1, True, False)])
+def test_linear_attention_unrolls_the_reference_recurrence(rule, hq, hkv, past, per_key):
+    b, t, dk, dv = 2, int(RNG.integers(1, 6)), 3, 2
+    feeds = {"q": RNG.standard_normal((b, t, hq * dk)).astype(np.float32),
+             "k": RNG.standard_normal((b, t, hkv * dk)).astype(np.float32) * 0.5,
+             "v": RNG.standard_normal((b, t, hkv * dv)).astype(np.float32)}
+    names = ["q", "k", "v", "", "", ""]
+    if past:
+        feeds["s"] = RNG.standard_normal((b, hkv, dk, dv)).astype(np.float32)
+        names[3] = "s"
+    if rule in ("gated", "gated_delta"):
+        feeds["g"] = -RNG.random((b, t, hkv * dk if per_key else hkv)).astype(np.float32)
+        names[4] = "g"
+    if rule in ("delta", "gated_delta"):
+        feeds["beta"] = RNG.random((b, t, hkv if per_key else 1)).astype(np.float32)
+        names[5] = "beta"
+    while names and not names[-1]:
+        names.pop()
+    m = _model([N("LinearAttention", names, ["y", "state"], update_rule=rule, q_num_heads=hq, kv_num_heads=hkv,
+                  scale=0.0 if past else 0.7)],
+               [(n, TP.FLOAT, v.shape) for n, v in feeds.items()], [("y", TP.FLOAT, None), ("state", TP.FLOAT, None)],
+               opset=27)
+    _close(_ours(m, feeds), _reference(m, feeds), tol=1e-4)
+
+
+def test_linear_attention_refuses_a_missing_decay_by_name():
+    m = _model([N("LinearAttention", ["q", "k", "v"], ["y", "s"], update_rule="gated", q_num_heads=1,
+                  kv_num_heads=1)], [(n, TP.FLOAT, [1, 2, 4]) for n in "qkv"], [("y", TP.FLOAT, None)], opset=27)
+    with pytest.raises(UnsupportedError, match="update_rule=gated requires the decay input"):
+        tlb.import_onnx(m)
+
+
+# -- DFT / STFT -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize("complex_in,inverse,onesided,length", [
+    (False, False, False, None), (False, False, True, None), (True, False, False, 7), (True, True, False, None),
+    (True, True, True, None), (True, True, True, 9), (False, False, True, 12), (True, False, False, 3)])
+def test_dft_matches_numpy_fft_through_the_reference(opset, complex_in, inverse, onesided, length):
+    x = RNG.standard_normal((2, 6, 5, 2 if complex_in else 1))
+    feeds = {"x": x}
+    inits = [] if length is None else [("n", np.array(length, np.int64))]
+    names = ["x", "n" if length is not None else ""]
+    kw = {"inverse": int(inverse), "onesided": int(onesided)}
+    if opset >= 20:
+        inits.append(("axis", np.array(1, np.int64)))
+        names.append("axis")
+    else:
+        kw["axis"] = 1
+    m = _model([N("DFT", names, ["y"], **kw)], [("x", TP.DOUBLE, x.shape)], [("y", TP.DOUBLE, None)], inits=inits,
+               opset=opset)
+    _close(_ours(m, feeds), _reference(m, feeds), tol=1e-10)
+    if not (inverse and onesided):
+        _sound(m, feeds, samples=16)
+
+
+@pytest.mark.parametrize("window,onesided", [(True, 1), (False, 1), (True, 0)])
+def test_stft_frames_windows_and_transforms(window, onesided):
+    sig = RNG.standard_normal((2, 40, 1)).astype(np.float32)
+    feeds = {"x": sig}
+    inits = [("step", np.array(6, np.int64))]
+    names = ["x", "step"]
+    if window:
+        inits.append(("w", np.hanning(10).astype(np.float32)))
+        names += ["w"]
+    else:
+        inits.append(("len", np.array(10, np.int64)))
+        names += ["", "len"]
+    m = _model([N("STFT", names, ["y"], onesided=onesided)], [("x", TP.FLOAT, sig.shape)], [("y", TP.FLOAT, None)],
+               inits=inits, opset=17)
+    _close(_ours(m, feeds), _reference(m, feeds), tol=1e-4)
+    _close(_ours(m, feeds), _ort(m, feeds), tol=1e-4)

@@ -611,3 +611,22 @@ def test_exact_contractions_match_the_emulation_with_the_step_kernel(kind, monke
     from semantics import folds
     monkeypatch.setattr(folds, "einsum_folds_in_order", lambda: False)
     test_exact_mode_is_bit_identical_to_the_emulation(kind)
+
+
+@pytest.mark.parametrize("einsum", [True, False], ids=["einsum", "steps"])
+@pytest.mark.parametrize("left, right", [((2, 3, 4), (2, 4, 5)), ((3, 1, 2, 4), (2, 4, 3)), ((4,), (2, 3, 4, 2)),
+                                          ((2, 1, 3, 4), (1, 3, 4, 1)), ((2, 3, 4), (4,)), ((1, 4), (3, 4, 2)),
+                                          ((2, 5, 1), (2, 1, 3))], ids=str)
+def test_exact_batched_matmul_matches_the_emulation(left, right, einsum, monkeypatch):
+    """Batch axes on both sides (broadcast), rank-1 operands: the generator's right operand is 1-D or 2-D."""
+    from semantics import folds
+    if not einsum:
+        monkeypatch.setattr(folds, "einsum_folds_in_order", lambda: False)
+    out = np.broadcast_shapes(left[:-2], right[:-2]) + left[-2:-1] * (len(left) > 1) + right[-1:] * (len(right) > 1)
+    g = Graph([Node(0, [], "input", left), Node(1, [], "input", right), Node(2, [0, 1], "matmul", out)])
+    tlb.check(g)
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal(left) * 1e3, rng.standard_normal(right)
+    ours = tlb.evaluate(g, None, [x, y], exact=True)[0]
+    shape, ref = emu.denote_all(g, None, [x, y])[-1]
+    assert ours.shape == shape and same_bits(ours.reshape(-1), np.array(ref))

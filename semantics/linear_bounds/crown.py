@@ -648,32 +648,33 @@ class _Pass:
             shared_err = (abs_x[:, plain][None] * mask[:, None, :]) @ err_vec[:, plain, None] if n > 1 else \
                 (abs_x[:, plain] @ err_vec[0, plain])[None]
             shared_err = shared_err.reshape(n, r)
-            # the special columns: each half takes its slope and intercept by the sign of its coefficient
+            # the special columns: each half takes its slope and intercept by the sign of its coefficient.
+            # With xp = max(X, 0) and xn = min(X, 0) (one of them 0 per entry) the lower half's coefficients
+            # are xp a_l + xn a_u and the upper half's -(xn a_l + xp a_u); their intercept sums and every
+            # error sum (of |coefficient| times a weight) are products of xp and xn with a few vectors
             xs = x[None, :, special]
-            sl, su = a_l[:, None, special], a_u[:, None, special]
-            il, iu = b_l[:, None, special], b_u[:, None, special]
-            pos, neg = xs >= 0, xs <= 0
-            low = np.where(pos, xs * sl, xs * su)  # lower half's coefficients there
-            high = np.where(neg, xs * sl, xs * su)  # the upper half's are -high
-            c_low = np.where(pos, xs * il, xs * iu)
-            c_high = np.where(neg, xs * il, xs * iu)
-            val_l, val_h = c_low.sum(axis=-1), -c_high.sum(axis=-1)
+            xp, xn = np.maximum(xs, 0.0), np.minimum(xs, 0.0)
+            sl, su = a_l[:, special], a_u[:, special]
+            low = xp * sl[:, None]
+            low += xn * su[:, None]
+            high = xn * sl[:, None]
+            high += xp * su[:, None]  # the upper half's coefficients are -high
             fs = err_factor(special.size + 1)
-            e_l, e_h = np.abs(c_low).sum(axis=-1) * fs, np.abs(c_high).sum(axis=-1) * fs
-            m_v = self.mag(u).reshape(n, -1)[:, None, special]  # bounds |z_u|, the relaxed input
-            abs_low, abs_high = np.abs(low), np.abs(high)
             prod_factor = 2.0 * U * _ERR_SAFETY * (1.0 + err_factor(special.size))
-            e_l = e_l + (abs_low * m_v).sum(axis=-1) * prod_factor  # rounding of the slope products (times z_u)
-            e_h = e_h + (abs_high * m_v).sum(axis=-1) * prod_factor
-            ev = err_vec[:, None, special]
-            intercepts = np.concatenate([val_l, val_h], axis=1)
-            self._acc(np.where(np.isnan(intercepts), -np.inf, intercepts), np.concatenate([e_l, e_h], axis=1))
+            # per unit of |coefficient|: the slope product's rounding (times |z_u|) and u's product and bias
+            weight_err = self.mag(u).reshape(n, -1)[:, special] * prod_factor + err_vec[:, special] * (1.0 + fs)
+            il, iu = b_l[:, special], b_u[:, special]
+            vecs = np.stack([il, iu, np.abs(il), np.abs(iu), np.abs(sl) * weight_err, np.abs(su) * weight_err], axis=-1)
+            on_p, on_n = xp @ vecs, xn @ vecs  # [n, R, 6]
+            intercepts = np.concatenate([on_p[..., 0] + on_n[..., 1], -(on_n[..., 0] + on_p[..., 1])], axis=1)
+            e_int = np.concatenate([on_p[..., 2] - on_n[..., 3], on_p[..., 3] - on_n[..., 2]], axis=1) * fs
+            self._acc(np.where(np.isnan(intercepts), -np.inf, intercepts), e_int)
             # u's bias: <A, b> for each half, one dot product in two parts (its rounding is in err_vec)
             b_s = bias[special]
             shared_err = shared_err * (1.0 + err_factor(plain.size))
             self._acc(np.concatenate([shared_val + low @ b_s, -(shared_val + high @ b_s)], axis=1),
-                      np.concatenate([shared_err + (abs_low * ev).sum(axis=-1) * (1.0 + fs),
-                                      shared_err + (abs_high * ev).sum(axis=-1) * (1.0 + fs)], axis=1) + MIN_NORMAL)
+                      np.concatenate([shared_err + on_p[..., 4] - on_n[..., 5],
+                                      shared_err + on_p[..., 5] - on_n[..., 4]], axis=1) + MIN_NORMAL)
             out = np.empty((n, 2 * r, weight.shape[1]))
             p_shared = x_plain @ weight[plain]
             w_s = weight[special]

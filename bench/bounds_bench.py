@@ -14,7 +14,8 @@ graphviz), or it is picked up from /work/peers/auto_LiRPA if that checkout exist
 kept (CROWN with sparse intermediate bounds, patches for convolutions, adaptive ReLU lower slopes).
 Without it the peer columns are skipped.
 
-Run: ``python bench/bounds_bench.py [--repeat N] [--eps R] [--threads T] [--only mlp,cnn,res]``. Both
+Run: ``python bench/bounds_bench.py [--repeat N] [--eps R] [--threads T] [--only mlp,cnn,res]
+[--batches 1,64] [--methods ibp,crown]``. Both
 sides get the same number of BLAS/OpenMP threads (default 1: on a shared host a multi-threaded BLAS
 spins on busy cores and the timings measure the neighbours, not the code).
 """
@@ -42,6 +43,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for both sides")
     parser.add_argument("--only", default="mlp,cnn,res", help="comma-separated cases: mlp, cnn, res")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
+    parser.add_argument("--methods", default="ibp,crown", help="comma-separated methods: ibp, crown")
     return parser.parse_args()
 
 
@@ -165,7 +167,8 @@ def _peer_bounds(model: nn.Module, x: torch.Tensor, eps: float, method: str
     return compute
 
 
-def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: int, peer: Any | None) -> None:
+def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: int, peer: Any | None,
+             methods: list[str]) -> None:
     model.eval()
     bundle = build_ir(model, x)
     c = x.double().numpy()
@@ -177,6 +180,8 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
     ours = {"IBP": lambda: propagator(lower, upper)[out],
             "CROWN": lambda: (lambda r: (r.lower[0], r.upper[0]))(crown(lower, upper))}
     for method, fn in ours.items():
+        if method.lower() not in methods:
+            continue
         fns = [fn]
         if peer is not None:
             fns += [_peer_bounds(model, x, eps, method), _peer_bounds(copy.deepcopy(model).double(), x.double(), eps,
@@ -212,7 +217,8 @@ def main(args: argparse.Namespace) -> None:
     for key in args.only.split(","):
         name, net, shape = models[key]
         for batch in (int(b) for b in args.batches.split(",")):
-            run_case(f"{name} b{batch}", net, torch.rand((batch,) + shape), args.eps, args.repeat, peer)
+            run_case(f"{name} b{batch}", net, torch.rand((batch,) + shape), args.eps, args.repeat, peer,
+                     args.methods.split(","))
 
 
 if __name__ == "__main__":

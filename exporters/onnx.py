@@ -546,6 +546,47 @@ ONNX_EXPORTERS.update({
     "mod": _mod, "bitshift": _bitshift,
 })
 
+# det (issue #15, ops): Det-11. cumprod and bitcast are blocking nodes: CumProd and BitCast are opset 26.
+ONNX_EXPORTERS.update({"det": _simple("Det")})
+
+
+# -- resize (issue #15): ONNX Resize with the node's own scales (float32) or its sizes (scale out/in) --------
+
+
+def _resize(w: OnnxWriter, node: Node) -> None:
+    """``Resize`` with the node's attributes; the coordinates' scales are given as float32 ``scales`` when
+    each is one (and floors to the node's extent), else as ``sizes`` when each is out/in; otherwise refused."""
+    from fractions import Fraction
+
+    from torchlean_bridge.ops.ext_resize import parse_rationals
+    a = node.attrs
+    (x,) = w.operands(node)
+    in_shape = w.g.nodes[node.parents[0]].out_shape
+    scales, roi = parse_rationals(a["scales"], "scales"), parse_rationals(a["roi"], "roi")
+    as_f32 = [Fraction(float(np.float32(f))) == f for f in scales]
+    if all(as_f32) and all(int(n * f) == m for n, f, m in zip(in_shape, scales, node.out_shape)):
+        targets = [w.constant(np.asarray([float(f) for f in scales], np.float32), node, dtype=None)]
+    elif all(f == Fraction(m, n) for n, f, m in zip(in_shape, scales, node.out_shape)):
+        targets = ["", w.constant(list(node.out_shape), node)]
+    else:
+        raise ExportError(f"ONNX export: node {node.id}: resize with scales {a['scales']} that are neither float32 "
+                          f"values nor out/in for sizes {list(node.out_shape)}", node=node.id, op=node.kind)
+    roi_in = ""
+    if roi:
+        exact32 = all(Fraction(float(np.float32(v))) == v for v in roi)
+        if not all(Fraction(float(v)) == v for v in roi):
+            raise ExportError(f"ONNX export: node {node.id}: resize roi {a['roi']} is not a list of binary64 values",
+                              node=node.id, op=node.kind)
+        roi_in = w.constant(np.asarray([float(v) for v in roi], np.float32 if exact32 else np.float64), node,
+                            dtype=None)
+    w.emit("Resize", [x, roi_in, *targets], w.out(node), node, mode=a["mode"],
+           coordinate_transformation_mode=a["coordinate_mode"], nearest_mode=a["nearest_mode"],
+           cubic_coeff_a=float(a["cubic_coeff_a"]), exclude_outside=int(a["exclude_outside"]),
+           antialias=int(a["antialias"]), extrapolation_value=float(a["extrapolation_value"]))
+
+
+ONNX_EXPORTERS.update({"resize": _resize})
+
 
 def blocking_nodes(bundle: Bundle) -> list[Node]:
     """Nodes ONNX export cannot write (no exporter for their kind)."""

@@ -532,3 +532,101 @@ def test_diff_says_per_node_whether_default_is_bit_identical_to_exact():
     text = report.render()
     assert "vs exact" in text and "bit-identical" in report.summary()
     assert report.to_json()["nodes"][0]["exact_ulps"] == 0
+
+
+# -- the fold kernels: einsum where this numpy is checked to compute the steps, else the steps ------
+
+
+def _steps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The fold written out over Python floats: acc = 0.0; acc = acc + a[k, m] * b[k, n] in k order."""
+    k, m, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    out = np.zeros(a.shape[:-2] + (m, n))
+    for idx in np.ndindex(*a.shape[:-2]):
+        for i in range(m):
+            for j in range(n):
+                acc = 0.0
+                for t in range(k):
+                    acc = acc + float(a[idx + (t, i)]) * float(b[idx + (t, j)])
+                out[idx + (i, j)] = acc
+    return out
+
+
+FOLD_SHAPES = [((3, 2), (3, 5)), ((4, 5), (4, 1)), ((4, 1), (4, 6)), ((5, 1), (5, 1)), ((1, 3), (1, 4)),
+               ((0, 3), (0, 2)), ((3, 0), (3, 2)), ((2, 6, 3), (2, 6, 4)), ((2, 6, 1), (2, 6, 1)),
+               ((3, 7, 1), (3, 7, 2)), ((2, 9, 4), (2, 9, 1)), ((33, 17), (33, 41))]
+
+
+@pytest.mark.parametrize("einsum", [True, False], ids=["einsum", "steps"])
+@pytest.mark.parametrize("shapes", FOLD_SHAPES, ids=str)
+def test_fold_matmul_is_the_sequential_fold_from_plus_zero(shapes, einsum, monkeypatch):
+    from semantics import folds
+    if not einsum:
+        monkeypatch.setattr(folds, "einsum_folds_in_order", lambda: False)
+    elif not folds.einsum_folds_in_order():
+        pytest.skip("this numpy's einsum does not compute the fold (the steps are used)")
+    rng = np.random.default_rng(len(str(shapes)))
+    (sa, sb) = shapes
+    a = rng.standard_normal(sa) * np.exp2(rng.integers(-40, 40, sa))
+    b = rng.standard_normal(sb) * np.exp2(rng.integers(-40, 40, sb))
+    specials = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0, 5e-324, 1e308, -1e308])
+    for arr in (a, b):  # a few special values in some entries
+        flat = arr.reshape(-1)
+        flat[rng.integers(0, max(flat.size, 1), min(flat.size, 3))] = rng.choice(specials, min(flat.size, 3))
+    with np.errstate(all="ignore"):
+        got = folds.fold_matmul(a, b)
+    assert same_bits(got, _steps(a, b)), shapes
+    assert got.shape == sa[:-2] + (sa[-1], sb[-1])
+
+
+def test_einsum_check_rejects_a_reordered_or_fused_einsum(monkeypatch):
+    """The once-per-process check sees a contraction that sums in another order, or rounds a*b + acc
+    once (fused multiply-add, emulated exactly with fractions)."""
+    from fractions import Fraction
+
+    from semantics import folds
+    real = np.einsum
+    fma = np.vectorize(lambda a, b, c: float(Fraction(a) * Fraction(b) + Fraction(c)))
+
+    def fused(subscripts, a, b, optimize=False):
+        if subscripts != "km,kn->mn":
+            return real(subscripts, a, b, optimize=False)
+        acc = np.zeros((a.shape[1], b.shape[1]))
+        for k in range(a.shape[0]):
+            acc = fma(a[k][:, None], b[k][None, :], acc)
+        return acc
+
+    for fake in (lambda s, a, b, optimize=False: real(s, a, b, optimize=True), fused):
+        monkeypatch.setattr(np, "einsum", fake)
+        folds.einsum_folds_in_order.cache_clear()
+        try:
+            assert folds.einsum_folds_in_order() is False
+        finally:
+            monkeypatch.setattr(np, "einsum", real)
+            folds.einsum_folds_in_order.cache_clear()
+
+
+@pytest.mark.parametrize("kind", ["matmul", "linear", "conv"])
+def test_exact_contractions_match_the_emulation_with_the_step_kernel(kind, monkeypatch):
+    """The fallback (explicit steps) gives the same bits as the emulation on random graphs."""
+    from semantics import folds
+    monkeypatch.setattr(folds, "einsum_folds_in_order", lambda: False)
+    test_exact_mode_is_bit_identical_to_the_emulation(kind)
+
+
+@pytest.mark.parametrize("einsum", [True, False], ids=["einsum", "steps"])
+@pytest.mark.parametrize("left, right", [((2, 3, 4), (2, 4, 5)), ((3, 1, 2, 4), (2, 4, 3)), ((4,), (2, 3, 4, 2)),
+                                          ((2, 1, 3, 4), (1, 3, 4, 1)), ((2, 3, 4), (4,)), ((1, 4), (3, 4, 2)),
+                                          ((2, 5, 1), (2, 1, 3))], ids=str)
+def test_exact_batched_matmul_matches_the_emulation(left, right, einsum, monkeypatch):
+    """Batch axes on both sides (broadcast), rank-1 operands: the generator's right operand is 1-D or 2-D."""
+    from semantics import folds
+    if not einsum:
+        monkeypatch.setattr(folds, "einsum_folds_in_order", lambda: False)
+    out = np.broadcast_shapes(left[:-2], right[:-2]) + left[-2:-1] * (len(left) > 1) + right[-1:] * (len(right) > 1)
+    g = Graph([Node(0, [], "input", left), Node(1, [], "input", right), Node(2, [0, 1], "matmul", out)])
+    tlb.check(g)
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal(left) * 1e3, rng.standard_normal(right)
+    ours = tlb.evaluate(g, None, [x, y], exact=True)[0]
+    shape, ref = emu.denote_all(g, None, [x, y])[-1]
+    assert ours.shape == shape and same_bits(ours.reshape(-1), np.array(ref))

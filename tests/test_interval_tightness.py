@@ -27,6 +27,7 @@ import pytest
 import torchlean_bridge as tlb
 from semantics.interval import INTERVAL_RULES, NO_RULE
 from semantics.rules.integer import INTERVAL_REFUSALS as INTEGER_REFUSALS
+from semantics.rules.misc import INTERVAL_REFUSALS as MISC_REFUSALS
 from tests.test_interval_rules import UNARY, _kind, in_domain
 from torchlean_bridge.errors import IntervalError
 from torchlean_bridge.graph import Node
@@ -396,6 +397,9 @@ FLOAT_EXACT_MONOTONE = {
     "sort": [({"axis": a, "k": k, "descending": d}, (3, 4, 5)) for a in range(3) for k in (1, 3)
              for d in (False, True)],
     "cast": [({"dtype": "float"}, (2, 3))],
+    "resize": [({"sizes": [2, 5, 3], "scales": "1 7/4 3/5", "mode": "nearest", "coordinate_mode": c, "nearest_mode": r},
+                (2, 3, 4)) for c, r in (("half_pixel", "round_prefer_floor"), ("align_corners", "ceil"),
+                                        ("asymmetric", "floor"))],
 }
 
 # the same, but the rule rounds: within a rounding bound of the float image of each end
@@ -414,6 +418,10 @@ ROUNDED_MONOTONE = {
     "resize_linear": [({"spatial_rank": 2, "sizes": [5, 3], "coordinate_mode": m}, (2, 3, 4))
                       for m in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")],
     "safe_log": [({}, (2, 3))],
+    # linear weights are non-negative (cubic's are not: tests/test_resize_modes.py checks its point boxes)
+    "resize": [({"sizes": [2, 5, 2], "scales": "1 5/3 1/2", "mode": "linear", "coordinate_mode": c, "antialias": aa,
+                 "exclude_outside": aa}, (2, 3, 4))
+               for c in ("half_pixel", "half_pixel_symmetric", "align_corners") for aa in (False, True)],
 }
 
 
@@ -700,7 +708,8 @@ def test_every_rule_has_a_tightness_check():
                   "bernoulli_mask", "rand_uniform", "isnan", "argmax", "argmin", "concat", "gather",
                   "gather_elements", "const", "matmul", "softmax", "log_softmax", "hard_masked_softmax",
                   "layernorm", "reduce_prod", "mse_loss"}
-               | INTEGER_REFUSALS)  # integer ops and mod refuse boxes by name: tests/test_onnx_breadth.py
+               | INTEGER_REFUSALS  # integer ops and mod refuse boxes by name: tests/test_onnx_breadth.py
+               | {"cumprod"} | set(MISC_REFUSALS))  # tests/test_onnx_misc_ops.py (exact bounds, refusals)
     missing = sorted(set(INTERVAL_RULES) - set(NO_RULE) - {"input"} - covered)  # input: the seeded box itself
     assert not missing, f"interval rules without a tightness check in {__file__}: {missing}"
     for kind in NO_RULE:

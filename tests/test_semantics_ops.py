@@ -691,6 +691,25 @@ def _resize_linear(d: Draw) -> Example:
     return Example({"spatial_rank": r, "sizes": sizes, "coordinate_mode": mode}, [d.normal(lead + spatial)], ref)
 
 
+@case("resize", scale=NORM, why="cubic weights are signed: errors scale with the largest value", examples=25)
+def _resize(d: Draw) -> Example:
+    """The forms PyTorch computes: bicubic (half_pixel or align_corners, a = -0.75) and antialiased bilinear
+    and bicubic (exclude_outside, bicubic a = -0.5); every mode against onnx's reference: test_resize_modes."""
+    from fractions import Fraction
+    lead, spatial = d.shape(min_rank=2, max_rank=2, max_dim=3), (d.int(1, 6), d.int(2, 6))
+    sizes = [d.int(1, 9), d.int(2, 9)]  # (PyTorch's antialiased kernels misread an output width of 1)
+    torch_mode, antialias = d.choice(["bilinear", "bicubic"]), d.bool()
+    antialias = antialias or torch_mode == "bilinear"  # (plain bilinear is resize_linear)
+    align = torch_mode == "bicubic" and not antialias and d.bool()
+    attrs = {"sizes": list(lead) + sizes, "mode": "cubic" if torch_mode == "bicubic" else "linear",
+             "scales": " ".join(str(f) for f in [Fraction(1)] * 2 + [Fraction(o, i) for o, i in zip(sizes, spatial)]),
+             "coordinate_mode": "align_corners" if align else "half_pixel",
+             "cubic_coeff_a": -0.5 if antialias else -0.75, "exclude_outside": antialias, "antialias": antialias}
+    return Example(attrs, [d.normal(tuple(lead) + spatial)],
+                   lambda t, p: F.interpolate(t[0], size=sizes, mode=torch_mode, align_corners=align,
+                                              antialias=antialias))
+
+
 # -- pooling ----------------------------------------------------------------------------------
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -842,6 +861,39 @@ def _mod(d: Draw) -> Example:
         a, b = d.rng.integers(-50, 50, shape), d.rng.integers(1, 9, shape) * d.choice([-1, 1])
     fn = torch.fmod if fmod else torch.remainder
     return Example({"fmod": fmod}, [a, b], lambda t, p: fn(t[0], t[1]))
+
+
+# -- cumprod, det, bitcast (issue #15, ops) --------------------------------------------------------
+
+@case("cumprod", scale=TERMS, why="running products", examples=20)
+def _cumprod(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis, exclusive, reverse = d.int(0, len(shape) - 1), d.bool(), d.bool()
+
+    def ref(t, p):
+        x = t[0].flip(axis) if reverse else t[0]
+        y = torch.cumprod(x, axis)
+        if exclusive:  # the product before each entry: shifted one place, 1 first
+            first = torch.ones_like(x.narrow(axis, 0, 1))
+            y = torch.cat([first, y.narrow(axis, 0, x.shape[axis] - 1)], axis)
+        return y.flip(axis) if reverse else y
+    return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse, "bits": 64, "signed": True},
+                   [d.normal(shape) + 0.5], ref)
+
+
+@case("det", scale=NORM, why="LU elimination (numpy) vs torch's LU", examples=20)
+def _det(d: Draw) -> Example:
+    n = d.int(1, 4)
+    lead = d.shape(min_rank=0, max_rank=2)
+    x = d.normal(lead + (n, n), 1.0) + 2.0 * np.eye(n)  # well conditioned
+    return Example({}, [x], lambda t, p: torch.linalg.det(t[0]))
+
+
+@case("bitcast")
+def _bitcast(d: Draw) -> Example:
+    bits = d.normal(d.shape()).astype(np.float32).view(np.int32).astype(np.int64)  # finite float32 patterns
+    return Example({"source": "int32", "target": "float32"}, [bits],
+                   lambda t, p: t[0].to(torch.int32).view(torch.float32).to(p["domain"]))
 
 
 NOT_IN_TORCH = {"input", "const", "custom", "rand_uniform", "bernoulli_mask"}

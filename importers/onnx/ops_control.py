@@ -21,7 +21,7 @@ from torchlean_bridge.errors import BridgeError
 
 from .context import Const, NodeUnsupported, OnnxContext, Opt, Seq, Value, attr_value
 
-__all__ = ["HANDLERS", "OPSETS", "EMITS", "NOT_FOLDED", "MAX_UNROLLED_NODES", "run_body", "take", "stack"]
+__all__ = ["HANDLERS", "OPSETS", "EMITS", "NOT_FOLDED", "MAX_UNROLLED_NODES", "run_body", "take", "stack", "materialize"]
 
 Handler = Callable[[OnnxContext], list[Any]]
 
@@ -174,10 +174,23 @@ def tensor_value(ctx: OnnxContext, v: Any, what: str) -> Value:
     return v
 
 
+def materialize(ctx: OnnxContext, v: Value) -> int:
+    """A value as an IR node id: a constant becomes a const node, bound to its initializer if it is one."""
+    if isinstance(v, int):
+        return v
+    key = v.key if v.initializer else None
+    if key is not None:
+        ctx.used_keys.add(key)
+    return ctx.b.const(v.value, key=key, transform=v.transform if key else None, source=ctx.source, folded=True)
+
+
 def take(ctx: OnnxContext, v: Value, axis: int, index: int) -> Value:
-    """``v[..., index, ...]`` along ``axis`` (the axis removed)."""
+    """``v[..., index, ...]`` along ``axis`` (the axis removed); a constant's only slice keeps its binding."""
     if isinstance(v, Const):
-        return Const(np.take(v.value, index, axis=axis), folded=True)
+        part = np.take(v.value, index, axis=axis)
+        if v.value.shape[axis] == 1:
+            return v.derived(part, "reshape:" + ",".join(map(str, part.shape)))
+        return Const(part, folded=True)
     s = ctx.b.shape(v)
     part = v if s[axis] == 1 else ctx.add("slice", [v], {"axes": (axis,), "starts": (index,), "ends": (index + 1,),
                                                          "steps": (1,)})
@@ -191,8 +204,7 @@ def stack(ctx: OnnxContext, values: Sequence[Value], axis: int) -> Value:
         raise ctx.fail(f"the values to stack have different shapes {sorted(shapes)}")
     if all(isinstance(v, Const) for v in values):
         return Const(np.stack([v.value for v in values], axis=axis), folded=True)
-    parts = [ctx.add("unsqueeze", [ctx.b.const(v.value, source=ctx.source, folded=True)
-                                   if isinstance(v, Const) else v], {"axes": (axis,)}) for v in values]
+    parts = [ctx.add("unsqueeze", [materialize(ctx, v)], {"axes": (axis,)}) for v in values]
     return parts[0] if len(parts) == 1 else ctx.add("concat", parts, {"axis": axis})
 
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..conv import conv_nd
 from ..interval_round import MIN_NORMAL, U, center_radius, down, up
+from ..rules.affine import batched_conv
 from .rules import _ERR_SAFETY, _center, batch_norm_scale_shift, conv_adjoint, err_factor
 
 if TYPE_CHECKING:
@@ -202,9 +202,7 @@ class PatchPass:
         n, rows = p.shape[:2]
         inside = self.unfold(np.ones((1, 1) + tuple(node.out_shape[2:])), geo)
         p = p * inside  # cells outside the map do not exist
-        q = conv_nd(self.mag(parent), params.abs_weight, np.zeros(at["out_channels"]), channel_axis=1,
-                    stride=at["stride"], padding=at["padding"], padding_after=at["padding_after"],
-                    dilation=at["dilation"], groups=at["groups"], out_spatial=tuple(node.out_shape[2:]))
+        q = batched_conv(self.mag(parent), params.abs_weight, at)
         bias = np.broadcast_to(params.bias.reshape(1, -1, 1, 1), q.shape)
         terms = at["out_channels"] // at["groups"] * math.prod(at["kernel"])
         f = err_factor(max(terms, p[0, 0].size) + 1)

@@ -25,6 +25,7 @@ import numpy as np
 from .. import interval_arith as ia
 from ..conv import avg_pool_divisor, conv_nd, conv_transpose_nd, pool_nd, pool_out_spatial
 from ..interval_round import U, Box, down, gamma, up
+from ..rules.affine import batched_conv
 
 if TYPE_CHECKING:
     from .crown import Pass
@@ -249,9 +250,8 @@ def _conv(ps, node, a):
     at = node.attrs
     ca = at["channel_axis"]
     in_shape, out_shape = ps.graph.nodes[p].out_shape, node.out_shape
-    zero = np.zeros(at["out_channels"])
-    fwd = dict(_geometry(node, out_shape[ca + 1:]), padding_after=at["padding_after"], channel_axis=ca)
-    q = conv_nd(ps.mag_value(p), abs_w, zero, **fwd)
+    m = ps.mag_value(p)
+    q = batched_conv(m.reshape((-1,) + m.shape[ca:]), abs_w, at).reshape(m.shape[:ca] + tuple(out_shape[ca:]))
     b = np.broadcast_to(bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1)), q.shape)
     terms = at["out_channels"] // at["groups"] * math.prod(at["kernel"])
     ps.add_dot(a, ps.internal(b), ps.internal(q), max(terms, ps.numel(node.id)) + 1)

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .. import interval_arith as ia
-from ..conv import conv_nd, conv_transpose_nd
+from ..conv import _workspace, conv_nd, conv_transpose_nd
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
 from ..records import in_dtype
-from ..folds import fold_dot
+from ..folds import fold_matmul
 from .table import FLOAT_RULES, INTERVAL_RULES, exact_rule, float_params, float_rule, interval_rule, read_params
 
-__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box"]
+__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box", "batched_conv"]
 
 
 def affine_box(a: Box, apply: Callable[[np.ndarray], np.ndarray], apply_abs: Callable[[np.ndarray], np.ndarray],
@@ -50,6 +51,7 @@ class AffineParams:
     abs_weight: np.ndarray
     bias: np.ndarray
     abs_row_sum: np.ndarray  # >= sum_j |W[i, j]| exactly, for linear weights [out, in]
+    cache: dict = field(default_factory=dict, compare=False, repr=False)  # derived forms, per input shape
 
     @classmethod
     def of(cls, weight: np.ndarray, bias: np.ndarray) -> "AffineParams":
@@ -96,21 +98,126 @@ def linear_box(a: Box, p: AffineParams) -> Box:
 
 def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int], transposed: bool = False
              ) -> Box:
-    """Convolution (grouped, dilated, padded, any channel axis) through the float evaluator's im2col,
-    or transposed convolution through its scatter. Either way an output sums at most
-    ``in/groups * prod(kernel)`` products (plus the bias)."""
+    """Convolution (grouped, dilated, padded, any channel axis) in center-radius form over the whole
+    batch (``batched_conv``: one im2col and one GEMM per operand), or transposed convolution through
+    the float evaluator's scatter. An output sums at most ``in/groups * prod(kernel)`` products.
+
+    As in ``linear_box``, the radius is |W| r (or, for an input radius that is uniform per sample,
+    as an l-inf ball's is, max(r) times the in-bounds sums of |W|, computed once per input shape),
+    plus the rounding bound gamma_n (|W| |c| + |b|) with |W| |c| <= max|c| |W| 1 (per sample).
+    """
     ca = attrs["channel_axis"]
-    zero = np.zeros(out_shape[ca])
-    geometry = dict(channel_axis=ca, stride=attrs["stride"], padding=attrs["padding"], dilation=attrs["dilation"],
-                    groups=attrs["groups"], out_spatial=tuple(out_shape[ca + 1:]))
     if transposed:
-        kernel_fn = conv_transpose_nd
+        zero = np.zeros(out_shape[ca])
+        geometry = dict(channel_axis=ca, stride=attrs["stride"], padding=attrs["padding"],
+                        dilation=attrs["dilation"], groups=attrs["groups"], out_spatial=tuple(out_shape[ca + 1:]))
+        b = p.bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1))
+        terms = attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1
+        return affine_box(a, lambda v: conv_transpose_nd(v, p.weight, zero, **geometry),
+                          lambda v: conv_transpose_nd(v, p.abs_weight, zero, **geometry), terms, b)
+    lo, hi = a
+    lead, in_tail = lo.shape[:ca], lo.shape[ca:]
+    n = math.prod(lead)
+    g = gamma(attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1)
+    spatial_ones = (1,) * (len(in_tail) - 1)
+    with np.errstate(all="ignore"):
+        c = lo + hi
+        c *= 0.5
+        r = hi - lo
+        r *= 0.5
+        if not (np.isfinite(np.sum(c)) and np.isfinite(np.sum(r))):
+            c, r = center_radius(lo, hi)  # infinite ends: a finite center, an exact (maybe infinite) cover
+        c, r = c.reshape((n,) + in_tail), r.reshape((n,) + in_tail)
+        mid = batched_conv(c, p.weight, attrs)
+        mid += p.bias.reshape((-1,) + spatial_ones)
+        sums = in_bounds_abs_sums(p, attrs, in_tail)  # |W| applied to 1 in bounds, rounded up
+        flat_r = r.reshape(n, -1)
+        r_max = (flat_r.max(axis=1) if flat_r.shape[1] else np.zeros(n)).reshape((n, 1) + spatial_ones)
+        if flat_r.shape[1] and np.all(flat_r.min(axis=1) >= r_max.reshape(-1) * _NEAR_UNIFORM):
+            t = r_max * sums  # |W| r <= max(r) |W| 1
+            t *= (1.0 + 3 * U)
+        else:
+            t = batched_conv(r, p.abs_weight, attrs)
+            t *= (1.0 + g) * (1.0 + 3 * U)
+        flat_c = np.abs(c).reshape(n, -1)
+        c_max = (flat_c.max(axis=1) if flat_c.shape[1] else np.zeros(n)).reshape((n, 1) + spatial_ones)
+        e_c = (g + 4 * U) * (1.0 + g)
+        t += (e_c * c_max + MIN_NORMAL) * sums
+        t += (e_c * np.abs(p.bias) + MIN_NORMAL).reshape((-1,) + spatial_ones)
+        t *= _SAFETY_ROUNDED
+        out_lo, out_hi = mid - t, mid + t
+        if not np.isfinite(np.sum(mid)):  # an overflowed center bounds from one side only
+            out_lo[np.isposinf(mid)] = _MAX
+            out_hi[np.isneginf(mid)] = -_MAX
+        shape = tuple(out_shape)
+        return clean(out_lo.reshape(shape), out_hi.reshape(shape))
+
+
+# the last steps of conv_box round to nearest instead of outward, covered by the radius. With the center
+# c = fl((lo + hi) / 2) and r = fl((hi - lo) / 2), the box lies in [c -+ (r (1 + 3u) + 1.01 u |c| + 2**-1072)],
+# so |W| applied to that cover is (1 + 3u) |W| r + 1.01 u |W| |c| + 2**-1072 |W| 1. The final fl(m -+ T) is
+# within u (|m| + T) of m -+ T, and |m| <= (1 + g)(|W| |c| + |b|): hence the 4u in e_c, and T's own 2u
+# (with up to 8 roundings of its computation) in this factor.
+_SAFETY_ROUNDED = 1.0 + 24 * U
+_MAX = float(np.finfo(np.float64).max)
+
+
+# im2col matrices of at most this many bytes are built at once (the batch is cut into pieces that stay in
+# cache while BLAS reads them back), in the float evaluator's reused per-thread buffer
+_COLS_BYTES = 2 << 20
+
+
+def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
+    """``x`` ``[n, C, *spatial]`` (float64; any axes before a node's channel axis flattened into n)
+    convolved with ``weight`` (no bias): ``[n, out, *out_spatial]``.
+
+    One strided im2col view of the zero-padded batch copied to ``[groups, C/g * prod(kernel), n * L]``
+    and one GEMM per group and piece, so small feature maps cost one BLAS call for the whole batch rather
+    than one per sample. Pieces of the batch keep the column matrix under ``_COLS_BYTES``.
+    """
+    kernel, stride, dil = tuple(attrs["kernel"]), tuple(attrs["stride"]), tuple(attrs["dilation"])
+    before, after, groups = tuple(attrs["padding"]), tuple(attrs["padding_after"]), attrs["groups"]
+    n, cin, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    out_sp = tuple((s + b + e - d * (k - 1) - 1) // st + 1
+                   for s, b, e, k, st, d in zip(spatial, before, after, kernel, stride, dil))
+    cout, k, length = weight.shape[0], math.prod(kernel), math.prod(out_sp)
+    cg, og = cin // groups, cout // groups
+    w = weight.reshape(groups, og, cg * k)
+    if any(before) or any(after):
+        xp = np.zeros((n, cin) + tuple(s + b + e for s, b, e in zip(spatial, before, after)))
+        xp[(slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(before, spatial))] = x
     else:
-        kernel_fn, geometry["padding_after"] = conv_nd, attrs["padding_after"]
-    b = p.bias.reshape((-1,) + (1,) * (len(out_shape) - ca - 1))
-    terms = attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1
-    return affine_box(a, lambda v: kernel_fn(v, p.weight, zero, **geometry),
-                      lambda v: kernel_fn(v, p.abs_weight, zero, **geometry), terms, b)
+        xp = np.ascontiguousarray(x)
+    out = np.empty((n, cout, length))
+    piece = max(1, _COLS_BYTES // max(1, cin * k * length * 8))
+    steps = xp.strides[2:]
+    for s0 in range(0, n, piece):
+        part = xp[s0:s0 + piece]
+        m = part.shape[0]
+        view = as_strided(part, shape=(cin,) + kernel + (m,) + out_sp,
+                          strides=(part.strides[1],) + tuple(st * d for st, d in zip(steps, dil)) + (part.strides[0],)
+                          + tuple(st * sd for st, sd in zip(steps, stride)), writeable=False)
+        cols = _workspace(view.shape, np.dtype(np.float64))
+        np.copyto(cols, view)
+        cols = cols.reshape(groups, cg * k, m * length)
+        y = np.matmul(w, cols)  # [groups, og, m * L]
+        out[s0:s0 + m] = y.reshape(cout, m, length).transpose(1, 0, 2)
+    return out.reshape((n, cout) + out_sp)
+
+
+def in_bounds_abs_sums(p: AffineParams, attrs: Mapping[str, Any], in_tail: tuple[int, ...]) -> np.ndarray:
+    """Per output channel and position, an upper bound of the sum of |W| over the window cells that
+    lie inside the input (padded cells carry no radius): ``[out, *out_spatial]``, cached per input
+    shape on the prepared parameters."""
+    key = ("in_bounds_abs_sums", in_tail)
+    got = p.cache.get(key)
+    if got is None:
+        ones = np.ones((1,) + tuple(in_tail))
+        terms = attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"])
+        with np.errstate(all="ignore"):
+            got = up(batched_conv(ones, p.abs_weight, attrs)[0] * (1.0 + gamma(terms)))
+        p.cache[key] = got
+    return got
 
 
 def _is_point(a: Box) -> bool:
@@ -215,68 +322,59 @@ def conv_rule(node, ps, rec):
 
 @exact_rule("matmul")
 def matmul_exact(node, xs, rec, dt):
-    """Each output ``acc = 0; for j: acc = acc + L[.., i, j] * R[.., j, k]``, rank-1 operands promoted."""
+    """Each output ``acc = 0; for j: acc = acc + L[.., i, j] * R[.., j, k]``, rank-1 operands promoted
+    (``matmulFlat``); batch axes broadcast. The contracted axis is moved to lead both operands."""
     left, right = xs
     n = left.shape[-1]
-    if left.ndim == 1 and right.ndim == 1:
-        return fold_dot(lambda j: left[j], lambda j: right[j], n, ())
-    if left.ndim == 1:
-        return fold_dot(lambda j: left[j], lambda j: right[..., j, :], n, node.out_shape)
-    if right.ndim == 1:
-        return fold_dot(lambda j: left[..., :, j], lambda j: right[j], n, node.out_shape)
-    return fold_dot(lambda j: left[..., :, j:j + 1], lambda j: right[..., j:j + 1, :], n, node.out_shape)
+    lhs = left.reshape((1, n)) if left.ndim == 1 else left
+    rhs = right.reshape((n, 1)) if right.ndim == 1 else right
+    m, p = lhs.shape[-2], rhs.shape[-1]
+    if rhs.ndim == 2:  # every left row against one matrix: the left rows are one long M
+        out = fold_matmul(lhs.reshape((-1, n)).T, rhs)
+    else:
+        batch = np.broadcast_shapes(lhs.shape[:-2], rhs.shape[:-2])
+        a = np.broadcast_to(np.swapaxes(lhs, -1, -2), batch + (n, m)).reshape((-1, n, m))
+        b = np.broadcast_to(rhs, batch + (n, p)).reshape((-1, n, p))
+        out = fold_matmul(a, b)
+    return out.reshape(node.out_shape)
 
 
 @exact_rule("linear")
 def linear_exact(node, xs, rec, dt):
-    """Per output ``acc = 0; for k: acc = acc + W[o, k] * x[k]``, then ``acc + b[o]``."""
+    """Per output ``acc = 0; for k: acc = acc + W[o, k] * x[k]`` (``linearLeading``), then ``acc + b[o]``."""
     x = xs[0]
     w, b = float_params(node, rec, x.shape, dt)
-    wt = np.ascontiguousarray(w.T)
-    xt = np.ascontiguousarray(np.moveaxis(x, -1, 0))[..., None]  # row k: x[..., k] as a contiguous column
-    y = fold_dot(lambda k: xt[k], lambda k: wt[k], w.shape[1], node.out_shape)
+    y = fold_matmul(x.reshape((-1, w.shape[1])).T, w.T)
     y += b
-    return y
+    return y.reshape(node.out_shape)
 
 
 @exact_rule("conv")
 def conv_exact(node, xs, rec, dt):
     """``groupedConvSpec``: per output, ``acc = 0``, outer loop over the group's input channels, inner
     loop over kernel offsets in row-major order, ``acc = acc + x * w`` with padded cells read as +0.0;
-    the bias added last. One vector step per (channel, offset) over every output at once."""
+    the bias added last. The windows are gathered once (im2col) with the (channel, offset) steps
+    leading, in that order, then folded like a matrix product."""
     a = node.attrs
     w, b = float_params(node, rec, xs[0].shape, dt)
     x, ca, groups = xs[0], a["channel_axis"], a["groups"]
     lead, spatial = x.shape[:ca], x.shape[ca + 1:]
     out_spatial = tuple(node.out_shape[ca + 1:])
-    n = int(np.prod(lead, dtype=np.int64))
+    n, length = math.prod(lead), math.prod(out_spatial)
     cin_g, cout_g = a["in_channels"] // groups, a["out_channels"] // groups
     pad = [(0, 0), (0, 0)] + list(zip(a["padding"], a["padding_after"]))
-    xp = np.pad(x.reshape((n, a["in_channels"]) + spatial), pad).reshape((n, groups, cin_g, 1) +
-                                                                        tuple(s + p + q for s, (p, q) in
-                                                                              zip(spatial, pad[2:])))
-    wg = w.reshape((groups, cout_g, cin_g) + tuple(a["kernel"]))
-    steps = [(j, offs) for j in range(cin_g) for offs in itertools.product(*(range(k) for k in a["kernel"]))]
-    rank = len(spatial)
-
+    xp = np.pad(x.reshape((n, a["in_channels"]) + spatial), pad)
+    xp = xp.reshape((n, groups, cin_g) + xp.shape[2:])
     offsets = list(itertools.product(*(range(k) for k in a["kernel"])))
-    # every (offset, channel) window copied once, contiguous: the im2col matrix, read back step by step
-    cols = np.stack([xp[(slice(None), slice(None), slice(None), slice(None)) +
-                        tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
-                              for o, d, m, s in zip(offs, a["dilation"], out_spatial, a["stride"]))]
-                     for offs in offsets])  # [offsets, n, groups, cin_g, 1, *out]
-    cols = np.ascontiguousarray(np.moveaxis(cols, 3, 0))  # [cin_g, offsets, n, groups, 1, *out]
-    position = {offs: i for i, offs in enumerate(offsets)}
-
-    def window(step: int) -> np.ndarray:
-        j, offs = steps[step]
-        return cols[j, position[offs]]
-
-    def weight(step: int) -> np.ndarray:
-        j, offs = steps[step]
-        return wg[(slice(None), slice(None), j) + offs].reshape((groups, cout_g) + (1,) * rank)
-
-    acc = fold_dot(window, weight, len(steps), (n, groups, cout_g) + out_spatial)
-    acc = acc.reshape((n, a["out_channels"]) + out_spatial)
-    acc += b.reshape((-1,) + (1,) * rank)
+    # cols[g, j, offset, sample, *out]: channel j's cell at `offset` of every output's window
+    cols = np.empty((groups, cin_g, len(offsets), n) + out_spatial)
+    for i, offs in enumerate(offsets):
+        window = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                       for o, d, m, s in zip(offs, a["dilation"], out_spatial, a["stride"]))
+        cols[:, :, i] = np.moveaxis(xp[(slice(None),) * 3 + window], 0, 2)
+    steps = cin_g * len(offsets)
+    weights = np.swapaxes(w.reshape((groups, cout_g, steps)), 1, 2)  # [g, step, cout_g]
+    acc = fold_matmul(weights, cols.reshape((groups, steps, n * length)))  # [g, cout_g, n * length]
+    acc = np.moveaxis(acc.reshape((a["out_channels"], n, length)), 1, 0)
+    acc = acc + b.reshape((-1, 1))
     return acc.reshape(node.out_shape)

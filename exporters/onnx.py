@@ -25,6 +25,8 @@ from torchlean_bridge.ops import BOOL, INT64
 from torchlean_bridge.passes.absorb_broadcasts import absorb_broadcasts
 from torchlean_bridge.roles import transform_shape
 
+from .onnx_spatial import SPATIAL_EXPORTERS
+
 __all__ = ["export_onnx", "to_onnx_model", "ONNX_EXPORTERS", "OPSET", "IR_VERSION", "blocking_nodes"]
 
 OPSET, IR_VERSION = 21, 10
@@ -586,6 +588,10 @@ def _resize(w: OnnxWriter, node: Node) -> None:
 
 
 ONNX_EXPORTERS.update({"resize": _resize})
+
+
+# spatial sampling ops (issue #15): exporters/onnx_spatial.py
+ONNX_EXPORTERS.update(SPATIAL_EXPORTERS)
 
 
 def blocking_nodes(bundle: Bundle) -> list[Node]:

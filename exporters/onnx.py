@@ -548,8 +548,8 @@ ONNX_EXPORTERS.update({
     "mod": _mod, "bitshift": _bitshift,
 })
 
-# det (issue #15, ops): Det-11. cumprod and bitcast are blocking nodes: CumProd and BitCast are opset 26.
-ONNX_EXPORTERS.update({"det": _simple("Det")})
+# det, int_cumsum (issue #15, ops): Det-11, CumSum-14 on int64. cumprod and bitcast are blocking nodes: CumProd and BitCast are opset 26.
+ONNX_EXPORTERS.update({"det": _simple("Det"), "int_cumsum": _cumsum})
 
 
 # -- resize (issue #15): ONNX Resize with the node's own scales (float32) or its sizes (scale out/in) --------

@@ -998,6 +998,21 @@ def _bitcast(d: Draw) -> Example:
                    lambda t, p: t[0].to(torch.int32).view(torch.float32).to(p["domain"]))
 
 
+@case("int_cumsum", examples=20)
+def _int_cumsum(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis, exclusive, reverse = d.int(0, len(shape) - 1), d.bool(), d.bool()
+
+    def ref(t, p):
+        x = t[0].flip(axis) if reverse else t[0]
+        y = torch.cumsum(x, axis)
+        if exclusive:
+            y = y - x  # exact on integers
+        return y.flip(axis) if reverse else y
+    return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse, "bits": 32, "signed": True},
+                   [d.rng.integers(-1000, 1000, shape)], ref)
+
+
 # narrow element types (issue #15): torch's own conversions; the exhaustive checks against onnx's reference Cast are
 # in tests/test_element_types.py
 _TORCH_NARROW = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float8e4m3fn": torch.float8_e4m3fn,

@@ -308,10 +308,10 @@ HANDLERS: dict[str, Handler] = {
     "QLinearConv": _qlinear_conv,
 }
 # QuantizeLinear/DequantizeLinear-10 (per tensor), -13 (axis), -19 (float8, saturate), -21 (blocked, int4/int16,
-# output_dtype), -23..-25 (float4, int2, precision); the others are unchanged since their first version
+# output_dtype), -23..-28 (float4, int2, precision); QLinearMatMul-21 (more types); the others have one version
 OPSETS: dict[str, tuple[int, int]] = {
-    "QuantizeLinear": (10, 28), "DequantizeLinear": (10, 28), "DynamicQuantizeLinear": (11, 28),
-    "MatMulInteger": (10, 28), "ConvInteger": (10, 28), "QLinearMatMul": (10, 28), "QLinearConv": (10, 28),
+    "QuantizeLinear": (10, 28), "DequantizeLinear": (10, 28), "DynamicQuantizeLinear": (11, 11),
+    "MatMulInteger": (10, 10), "ConvInteger": (10, 10), "QLinearMatMul": (10, 21), "QLinearConv": (10, 10),
 }
 EMITS = frozenset({"div", "round", "add", "clamp", "cast", "round_float", "mul_elem", "int_sub", "int_add",
                    "int_matmul", "int_conv", "reshape", "max_elem", "min_elem", "reduce_max", "reduce_min", "where",

@@ -6,10 +6,10 @@ from . import ops_attention, ops_cast, ops_index, ops_int, ops_loss, ops_norm
 from . import ops_control  # control flow, sequences, recurrent layers (flow)
 from . import ops_recurrent  # recurrent layers (flow)
 from . import ops_misc, ops_signal, ops_state  # small ops, folded generators, DFT/STFT, stateful ops (ops)
-from . import ops_resize  # Resize/Upsample in every mode (resize)
+from . import ops_resize, ops_select  # Resize in every mode; TopK/MaxPool indices, MaxUnpool, Slice, Pow (resize)
 
 BREADTH_MODULES = (ops_cast, ops_index, ops_norm, ops_attention, ops_int, ops_loss)
 BREADTH_MODULES += (ops_control,)
 BREADTH_MODULES += (ops_recurrent,)
 BREADTH_MODULES += (ops_misc, ops_signal, ops_state)
-BREADTH_MODULES += (ops_resize,)
+BREADTH_MODULES += (ops_resize, ops_select)

@@ -12,13 +12,14 @@ from torchlean_bridge.ops import REGISTRY
 from . import activations, affine, elementwise, indexing, integer, layout, normalization, pooling, reductions, rng, \
     softmax
 from . import resize as resize_family
+from . import select
 from .layout import NO_INTERVAL_RULE
 from .table import EXACT_RULES, FLOAT_RULES, INTERVAL_RULES, POINTWISE_INTERVAL_KINDS
 
 __all__ = ["FLOAT_RULES", "INTERVAL_RULES", "EXACT_RULES", "NO_INTERVAL_RULE", "POINTWISE_INTERVAL_KINDS"]
 
 FAMILIES = (layout, indexing, elementwise, activations, reductions, normalization, softmax, affine, pooling, rng,
-            integer, resize_family)
+            integer, resize_family, select)
 
 for _table in (FLOAT_RULES, INTERVAL_RULES):
     _missing = sorted(set(REGISTRY) - set(_table))

@@ -25,6 +25,8 @@ from torchlean_bridge.ops import BOOL, INT64
 from torchlean_bridge.passes.absorb_broadcasts import absorb_broadcasts
 from torchlean_bridge.roles import transform_shape
 
+from .onnx_spatial import SPATIAL_EXPORTERS
+
 __all__ = ["export_onnx", "to_onnx_model", "ONNX_EXPORTERS", "OPSET", "IR_VERSION", "blocking_nodes"]
 
 OPSET, IR_VERSION = 21, 10
@@ -546,6 +548,9 @@ ONNX_EXPORTERS.update({
     "mod": _mod, "bitshift": _bitshift,
 })
 
+# det (issue #15, ops): Det-11. cumprod and bitcast are blocking nodes: CumProd and BitCast are opset 26.
+ONNX_EXPORTERS.update({"det": _simple("Det")})
+
 
 # -- resize (issue #15): ONNX Resize with the node's own scales (float32) or its sizes (scale out/in) --------
 
@@ -625,6 +630,9 @@ def _max_unpool(w: OnnxWriter, node: Node) -> None:
 
 ONNX_EXPORTERS.update({"topk_indices": _topk_indices, "max_pool_indices": _max_pool_indices,
                        "max_unpool": _max_unpool, "pow_elem": _simple("Pow"), "int_pow": _simple("Pow")})
+
+# spatial sampling ops (issue #15): exporters/onnx_spatial.py
+ONNX_EXPORTERS.update(SPATIAL_EXPORTERS)
 
 
 def blocking_nodes(bundle: Bundle) -> list[Node]:

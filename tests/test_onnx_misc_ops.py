@@ -351,3 +351,111 @@ def test_stft_frames_windows_and_transforms(window, onesided):
                inits=inits, opset=17)
     _close(_ours(m, feeds), _reference(m, feeds), tol=1e-4)
     _close(_ours(m, feeds), _ort(m, feeds), tol=1e-4)
+
+
+# -- CumProd / Det / BitCast (ext ops) --------------------------------------------------------
+
+@pytest.mark.parametrize("axis,exclusive,reverse", [(0, 0, 0), (1, 1, 0), (-1, 0, 1), (2, 1, 1)])
+def test_cumprod_float_against_the_reference_and_sound(axis, exclusive, reverse):
+    x = (RNG.standard_normal((3, 4, 5)) + 0.2).astype(np.float32)
+    m = _model([N("CumProd", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)], [("x", TP.FLOAT, x.shape)],
+               [("y", TP.FLOAT, None)], inits=[("a", np.array(axis, np.int64))], opset=26)
+    _close(_ours(m, {"x": x}), _reference(m, {"x": x}))
+    _sound(m, {"x": x}, radius=0.2)
+
+
+@pytest.mark.parametrize("dtype,tp", [(np.int32, TP.INT32), (np.int64, TP.INT64), (np.uint8, TP.UINT8)])
+def test_cumprod_on_integers_is_exact_and_refuses_wrapping(dtype, tp):
+    x = RNG.integers(1, 4, (2, 6)).astype(dtype)
+    m = _model([N("CumProd", ["x", "a"], ["y"], exclusive=1)], [("x", tp, x.shape)], [("y", tp, None)],
+               inits=[("a", np.array(1, np.int64))], opset=26)
+    _close(_backend(m, {"x": x}), _reference(m, {"x": x}), exact=True)
+    big = np.full((1, 70), 3, dtype)
+    m = _model([N("CumProd", ["x", "a"], ["y"])], [("x", tp, big.shape)], [("y", tp, None)],
+               inits=[("a", np.array(1, np.int64))], opset=26)
+    with pytest.raises(BridgeError, match="refused, not wrapped"):
+        _backend(m, {"x": big})
+
+
+def test_cumprod_interval_bounds_are_the_exact_products_of_the_ends_outward_rounded():
+    from fractions import Fraction
+    lo = np.array([[0.5, -2.0, 1.5, -0.25]])
+    hi = np.array([[0.75, -1.0, 3.0, 0.5]])
+    m = _model([N("CumProd", ["x", "a"], ["y"])], [("x", TP.DOUBLE, lo.shape)], [("y", TP.DOUBLE, None)],
+               inits=[("a", np.array(1, np.int64))], opset=26)
+    b = tlb.import_onnx(m)
+    (blo, bhi), = tlb.interval_bounds(b.graph, b.payload, lo, hi, all_nodes=False)
+    run = (Fraction(1), Fraction(1))
+    for i in range(lo.shape[1]):
+        ends = [run[j] * Fraction(e) for j in (0, 1) for e in (lo[0, i], hi[0, i])]
+        run = (min(ends), max(ends))
+        assert Fraction(float(blo[0, i])) <= run[0] and run[1] <= Fraction(float(bhi[0, i]))
+        assert run[0] - Fraction(float(blo[0, i])) <= abs(run[0]) * Fraction(2 ** -48) + Fraction(2 ** -1070)
+        assert Fraction(float(bhi[0, i])) - run[1] <= abs(run[1]) * Fraction(2 ** -48) + Fraction(2 ** -1070)
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4), (2, 1, 2, 2)])
+def test_det_against_the_reference_and_refused_in_interval_mode(shape):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    m = _model([N("Det", ["x"], ["y"])], [("x", TP.FLOAT, shape)], [("y", TP.FLOAT, None)])
+    _close(_ours(m, {"x": x}), _reference(m, {"x": x}), tol=1e-4)
+    _close(_ours(m, {"x": x}), _ort(m, {"x": x}), tol=1e-4)
+    b = tlb.import_onnx(m)
+    with pytest.raises(BridgeError, match="no interval rule for det: a determinant computed by pivoted elimination"):
+        tlb.interval_bounds(b.graph, b.payload, x - 0.1, x + 0.1)
+    from exporters.onnx import to_onnx_model
+    exported = to_onnx_model(b)
+    assert [n.op_type for n in exported.graph.node] == ["Det"]
+    _close(_ort(exported, {exported.graph.input[0].name: x}), _ours(m, {"x": x}), tol=1e-5)
+
+
+@pytest.mark.parametrize("src,dst", [(np.float32, np.int32), (np.int32, np.float32), (np.float32, np.uint32),
+                                     (np.uint16, np.int16), (np.int8, np.uint8), (np.float64, np.int64),
+                                     (np.int64, np.float64), (np.bool_, np.uint8)])
+def test_bitcast_reads_the_same_bits(src, dst):
+    raw = RNG.integers(0, 255, (3, 8), dtype=np.uint8)
+    if src == np.bool_:
+        x = raw[:, :1] % 2 == 1
+    else:
+        x = raw.view(src).copy()
+        if np.dtype(src).kind == "f":
+            x[~np.isfinite(x)] = 1.5
+    m = _model([N("BitCast", ["x"], ["y"], to=helper.np_dtype_to_tensor_dtype(np.dtype(dst)))],
+               [("x", helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)],
+               [("y", helper.np_dtype_to_tensor_dtype(np.dtype(dst)), None)], opset=26)
+    ours = _backend(m, {"x": x})
+    assert ours[0].dtype == np.dtype(dst)
+    assert np.array_equal(ours[0].view(np.uint8), x.view(dst).view(np.uint8))
+
+
+def test_bitcast_refusals_name_the_reason():
+    m = _model([N("BitCast", ["x"], ["y"], to=TP.INT64)], [("x", TP.FLOAT, [2])], [("y", TP.INT64, None)], opset=26)
+    with pytest.raises(UnsupportedError, match="float32 and int64 differ in width"):
+        tlb.import_onnx(m)
+    m = _model([N("BitCast", ["x"], ["y"], to=TP.INT32)], [("x", TP.FLOAT, [2])], [("y", TP.INT32, None)], opset=26)
+    b = tlb.import_onnx(m)
+    with pytest.raises(BridgeError, match="no interval rule for bitcast"):
+        tlb.interval_bounds(b.graph, b.payload, np.zeros(2), np.ones(2))
+    with pytest.raises(BridgeError, match="is not a float32 value"):
+        tlb.evaluate(b.graph, b.payload, [np.array([0.1, 0.2])], dtype="float64")
+    m = _model([N("BitCast", ["x"], ["y"], to=TP.DOUBLE)], [("x", TP.INT64, [2])], [("y", TP.DOUBLE, None)], opset=26)
+    b = tlb.import_onnx(m)
+    with pytest.raises(BridgeError, match="a float64 bit pattern in a float32 evaluation"):
+        tlb.evaluate(b.graph, b.payload, [np.array([1, 2])], dtype="float32")
+
+
+def test_torch_cumprod_and_det_agree_with_pytorch_through_both_importers():
+    torch = pytest.importorskip("torch")
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.cumprod(x, 1) * x.cumprod(dim=-1), torch.linalg.det(x[..., :3, :3]), x[0, :2, :2].det()
+
+    model, x = M().eval(), torch.randn(2, 3, 4)
+    want = [t.numpy() for t in model(x)]
+    for importer in (tlb.import_fx, tlb.import_export):
+        b = importer(model, (x,))
+        assert {"cumprod", "det"} <= {n.kind for n in b.graph.nodes}
+        got = tlb.evaluate(b.graph, b.payload, [x.numpy()], dtype="float32")
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

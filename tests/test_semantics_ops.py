@@ -924,7 +924,145 @@ def _mod(d: Draw) -> Example:
     return Example({"fmod": fmod}, [a, b], lambda t, p: fn(t[0], t[1]))
 
 
+# -- spatial sampling (issue #15): torch's grid_sample, lp_pool, fold; deformable convolution via grid_sample ----
+
+_GRID_MODES_TORCH = {"linear": "bilinear", "nearest": "nearest", "cubic": "bicubic"}
+
+
+@case("grid_sample", scale=NORM, why="interpolation weights", examples=40)
+def _grid_sample(d: Draw) -> Example:
+    r = d.int(2, 3)  # torch samples 4-D and 5-D inputs (bicubic 4-D only)
+    mode = d.choice(["linear", "nearest", "cubic"] if r == 2 else ["linear", "nearest"])
+    pad, ac = d.choice(["zeros", "border", "reflection"]), d.bool()
+    n, c = d.int(1, 2), d.int(1, 3)
+    spatial = tuple(d.int(1, 5) for _ in range(r))
+    points = tuple(d.int(1, 4) for _ in range(r))
+    grid = d.rng.uniform(-1.6, 1.6, (n, *points, r))
+    attrs = {"mode": mode, "padding_mode": pad, "align_corners": ac, "convention": "torch"}
+
+    def ref(t, p):
+        return F.grid_sample(t[0], t[1], mode=_GRID_MODES_TORCH[mode], padding_mode=pad, align_corners=ac)
+    return Example(attrs, [d.normal((n, c) + spatial), grid], ref)
+
+
+_LP_POOL = {1: F.lp_pool1d, 2: F.lp_pool2d, 3: F.lp_pool3d}
+
+
+@case("lp_pool_nd", scale=NORM, why="a power sum", examples=25)
+def _lp_pool_nd(d: Draw) -> Example:
+    """torch's lp_pool is (prod(kernel) * avg(x^p))^(1/p) without padding or dilation: on |x| and without ceil
+    mode (where torch's average divides by the clipped window) that is the ONNX sum."""
+    r = d.int(1, 3)
+    kernel = [d.int(1, 3) for _ in range(r)]
+    stride = [d.int(1, 3) for _ in range(r)]
+    spatial = tuple(k + d.int(0, 3) for k in kernel)
+    c = d.int(1, 3)
+    p = d.choice([1.0, 2.0, 3.0, 1.5])
+    attrs = {"spatial_rank": r, "kernel": kernel, "stride": stride, "padding": [0] * r, "padding_after": [0] * r,
+             "dilation": [1] * r, "ceil_mode": False, "p": p}
+    k, st = (kernel[0], stride[0]) if r == 1 else (tuple(kernel), tuple(stride))  # (lp_pool1d takes ints)
+    return Example(attrs, [d.normal((c,) + spatial)],
+                   lambda t, q: _LP_POOL[r](t[0].abs().unsqueeze(0), p, k, st).squeeze(0))
+
+
+@case("col2im", scale=TERMS, why="sums of overlapping blocks", examples=25)
+def _col2im(d: Draw) -> Example:
+    from torchlean_bridge.ops.spatial import col2im_blocks
+    block = [d.int(1, 3) for _ in range(2)]
+    stride = [d.int(1, 2) for _ in range(2)]
+    dilation = [d.int(1, 2) for _ in range(2)]
+    padding = [d.int(0, 1) for _ in range(2)]
+    image = [dl * (k - 1) + 1 + d.int(0, 3) for k, dl in zip(block, dilation)]
+    attrs = {"spatial_rank": 2, "image": image, "block": block, "stride": stride, "padding": padding,
+             "padding_after": padding, "dilation": dilation}
+    blocks = col2im_blocks(attrs)
+    n, c = d.int(1, 2), d.int(1, 3)
+    x = d.normal((n, c * block[0] * block[1], blocks[0] * blocks[1]))
+    return Example(attrs, [x], lambda t, p: F.fold(t[0], image, block, dilation=dilation, padding=padding,
+                                                   stride=stride))
+
+
+@case("deform_conv", scale=TERMS, why="bilinear samples in dot products", examples=20)
+def _deform_conv(d: Draw) -> Example:
+    """The reference samples each kernel tap with torch's grid_sample (bilinear, zeros, align_corners on
+    pixel coordinates), as the ONNX reference does, then contracts with the weight."""
+    groups, og = d.int(1, 2), d.int(1, 2)
+    c = groups * og * d.int(1, 2)
+    out_c = groups * d.int(1, 2)
+    kernel = [d.int(1, 3) for _ in range(2)]
+    stride, dilation = [d.int(1, 2) for _ in range(2)], [d.int(1, 2) for _ in range(2)]
+    padding = [d.int(0, 1) for _ in range(2)]
+    spatial = [max(2, dl * (k - 1) + 1 - 2 * pd) + d.int(0, 2) for k, dl, pd in zip(kernel, dilation, padding)]
+    out = [(n + 2 * pd - dl * (k - 1) - 1) // s + 1 for n, pd, dl, k, s in zip(spatial, padding, dilation, kernel,
+                                                                              stride)]
+    n, kk = d.int(1, 2), kernel[0] * kernel[1]
+    x = d.normal((n, c, *spatial))
+    w = d.normal((out_c, c // groups, *kernel))
+    offset = d.normal((n, og * kk * 2, *out), 1.5)
+    bias, mask = d.normal((out_c,)), d.rng.uniform(0, 1, (n, og * kk, *out))
+    attrs = {"spatial_rank": 2, "kernel": kernel, "stride": stride, "padding": padding, "padding_after": padding,
+             "dilation": dilation, "groups": groups, "offset_groups": og}
+
+    def ref(t, p):
+        xt, wt, off, b, m = t
+        off = off.reshape(n, og, kernel[0], kernel[1], 2, *out)
+        m = m.reshape(n, og, kernel[0], kernel[1], *out)
+        ky, kx = torch.meshgrid(torch.arange(kernel[0]) * dilation[0], torch.arange(kernel[1]) * dilation[1],
+                                indexing="ij")
+        oy, ox = torch.meshgrid(torch.arange(out[0]) * stride[0] - padding[0],
+                                torch.arange(out[1]) * stride[1] - padding[1], indexing="ij")
+        cols = []
+        for j in range(og):
+            py = (ky[:, :, None, None] + oy[None, None]).to(xt.dtype) + off[:, j, :, :, 0]
+            px = (kx[:, :, None, None] + ox[None, None]).to(xt.dtype) + off[:, j, :, :, 1]
+            grid = torch.stack([2 * px / (spatial[1] - 1) - 1, 2 * py / (spatial[0] - 1) - 1], dim=-1)
+            part = xt[:, j * (c // og):(j + 1) * (c // og)]
+            s = F.grid_sample(part, grid.reshape(n, kk, -1, 2), mode="bilinear", padding_mode="zeros",
+                              align_corners=True).reshape(n, c // og, kk, *out)
+            cols.append(s * m[:, j].reshape(n, 1, kk, *out))
+        cols = torch.cat(cols, dim=1).reshape(n, groups, (c // groups) * kk, out[0] * out[1])
+        y = torch.einsum("gok,ngkp->ngop", wt.reshape(groups, out_c // groups, -1), cols)
+        return y.reshape(n, out_c, *out) + b.reshape(1, out_c, 1, 1)
+    return Example(attrs, [x, w, offset, bias, mask], ref)
+
+
+# -- cumprod, det, bitcast (issue #15, ops) --------------------------------------------------------
+
+@case("cumprod", scale=TERMS, why="running products", examples=20)
+def _cumprod(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis, exclusive, reverse = d.int(0, len(shape) - 1), d.bool(), d.bool()
+
+    def ref(t, p):
+        x = t[0].flip(axis) if reverse else t[0]
+        y = torch.cumprod(x, axis)
+        if exclusive:  # the product before each entry: shifted one place, 1 first
+            first = torch.ones_like(x.narrow(axis, 0, 1))
+            y = torch.cat([first, y.narrow(axis, 0, x.shape[axis] - 1)], axis)
+        return y.flip(axis) if reverse else y
+    return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse, "bits": 64, "signed": True},
+                   [d.normal(shape) + 0.5], ref)
+
+
+@case("det", scale=NORM, why="LU elimination (numpy) vs torch's LU", examples=20)
+def _det(d: Draw) -> Example:
+    n = d.int(1, 4)
+    lead = d.shape(min_rank=0, max_rank=2)
+    x = d.normal(lead + (n, n), 1.0) + 2.0 * np.eye(n)  # well conditioned
+    return Example({}, [x], lambda t, p: torch.linalg.det(t[0]))
+
+
+@case("bitcast")
+def _bitcast(d: Draw) -> Example:
+    bits = d.normal(d.shape()).astype(np.float32).view(np.int32).astype(np.int64)  # finite float32 patterns
+    return Example({"source": "int32", "target": "float32"}, [bits],
+                   lambda t, p: t[0].to(torch.int32).view(torch.float32).to(p["domain"]))
+
+
 NOT_IN_TORCH = {"input", "const", "custom", "rand_uniform", "bernoulli_mask"}
+# torchvision.ops.roi_align needs torchvision's compiled kernels, which do not load with this CPU torch:
+# roi_align is checked against onnxruntime and the ONNX reference in tests/test_spatial_ops.py
+NOT_IN_TORCH |= {"roi_align"}
 
 
 def test_every_registered_op_has_a_differential_case():

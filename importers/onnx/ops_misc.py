@@ -273,7 +273,57 @@ def _batch_norm(ctx: OnnxContext) -> list[Value]:
     return outs
 
 
+# -- CumProd / Det / BitCast (ext ops) --------------------------------------------------------
+
+_INT_TYPES = {f"{p}int{b}": (b, p == "") for p in ("", "u") for b in (8, 16, 32, 64)}
+_TYPE_NAMES = {"float": "float32", "double": "float64"}
+
+
+def _onnx_type_name(ctx: OnnxContext, i: int) -> str:
+    name = ctx.onnx_type(ctx.node.input[i])
+    return _TYPE_NAMES.get(name, name)
+
+
+def _cumprod(ctx: OnnxContext) -> list[Value]:
+    s = ctx.shape(0)
+    axis = ctx.axis(int(np.asarray(ctx.static(1, "axis")).reshape(-1)[0]), len(s))
+    attrs = {"axis": axis, "exclusive": bool(ctx.attr("exclusive", 0)), "reverse": bool(ctx.attr("reverse", 0))}
+    if ctx.dtype(0) == INT64:
+        t = _onnx_type_name(ctx, 0)
+        if t not in _INT_TYPES:
+            raise ctx.fail(f"CumProd of {t} input")
+        attrs["bits"], attrs["signed"] = _INT_TYPES[t]
+    elif ctx.dtype(0) != FLOAT:
+        raise ctx.fail(f"CumProd of {ctx.onnx_type(ctx.node.input[0])} input")
+    return [ctx.add("cumprod", [ctx.operand(0)], attrs)]
+
+
+def _det(ctx: OnnxContext) -> list[Value]:
+    _float_input(ctx, 0)
+    return [ctx.add("det", [ctx.operand(0)])]
+
+
+def _bitcast(ctx: OnnxContext) -> list[Value]:
+    from onnx import helper
+    from torchlean_bridge.ops.ext import BITCAST_TYPES
+    source = _onnx_type_name(ctx, 0)
+    try:
+        target = np.dtype(helper.tensor_dtype_to_np_dtype(int(ctx.attr("to")))).name
+    except (KeyError, TypeError, ValueError):
+        raise ctx.fail(f"to={ctx.attr('to')}") from None
+    target = {"bool": "bool"}.get(target, target)
+    for t in (source, target):
+        if t not in BITCAST_TYPES:
+            raise ctx.fail(f"BitCast between {source} and {target} ({t} values are not held exactly)")
+    if BITCAST_TYPES[source] != BITCAST_TYPES[target]:
+        raise ctx.fail(f"{source} and {target} differ in width")
+    if source == target:
+        return [ctx.values[ctx.node.input[0]]]
+    return [ctx.add("bitcast", [ctx.operand(0)], {"source": source, "target": target})]
+
+
 HANDLERS: dict[str, Handler] = {
+    "CumProd": _cumprod, "Det": _det, "BitCast": _bitcast,
     "NonMaxSuppression": _fold_only("the number of selected boxes depends on their values"),
     "Unique": _fold_only("the number of unique values depends on the data"),
     "ConstantOfShape": _fold_only("the output shape is the input's value"),
@@ -289,12 +339,13 @@ HANDLERS: dict[str, Handler] = {
 # (types); ConstantOfShape-9..25 (types); Unique-11, -28 (types); the windows and MelWeightMatrix-17;
 # Swish-24; SwiGLU-28; TensorScatter-24; MeanVarianceNormalization-9/13 (types); NonMaxSuppression-10/11
 OPSETS: dict[str, tuple[int, int]] = {
+    "CumProd": (26, 26), "Det": (11, 22), "BitCast": (26, 26),
     "NonMaxSuppression": (10, 11), "Unique": (11, 28), "ConstantOfShape": (9, 25), "HannWindow": (17, 17),
     "HammingWindow": (17, 17), "BlackmanWindow": (17, 17), "MelWeightMatrix": (17, 17), "Hardmax": (1, 13),
     "Swish": (24, 24), "SwiGLU": (28, 28), "MeanVarianceNormalization": (9, 13), "EyeLike": (9, 22),
     "Compress": (9, 28), "TensorScatter": (24, 24), "Dropout": ops_tensor.OPSETS["Dropout"],
     "BatchNormalization": ops_nn.OPSETS["BatchNormalization"],
 }
-EMITS = frozenset({"argmax", "eq", "where", "broadcast_to", "reshape", "silu", "sigmoid", "mul_elem", "add", "sub",
+EMITS = frozenset({"cumprod", "det", "bitcast", "argmax", "eq", "where", "broadcast_to", "reshape", "silu", "sigmoid", "mul_elem", "add", "sub",
                    "div", "sqrt", "reduce_mean_axes", "const", "gather", "concat", "permute"}) \
     | ops_tensor.EMITS | ops_nn.EMITS

@@ -60,7 +60,7 @@ OTHER_EMITTED_KINDS: frozenset[str] = frozenset({
     "batch_norm_eval", "layernorm", "max_pool", "avg_pool", "max_pool_nd", "avg_pool_nd", "resize_linear", "cumsum",
     "resize", "sort", "reshape", "permute", "transpose", "broadcast_to", "concat", "slice", "gather", "gather_elements",
     "pad",
-})
+}) | {"cumprod", "det"}  # importers/torch/ops_misc.py (issue #15)
 
 L = TypeVar("L", bound=Callable[..., Any])
 

@@ -406,3 +406,53 @@ register(OpSpec("mod", "ext", 2, 2, _same_shape("mod"), attrs=(Attr("fmod", "boo
                 dtype=_mod_dtype,
                 doc="remainder: numpy.fmod (sign of a, `fmod`) or numpy.mod (sign of b), float or int64 (ONNX "
                     "Mod, torch.fmod / torch.remainder); an integer remainder by zero is refused"))
+
+# -- running products, determinants, bit casts (issue #15, ops) ----------------------------------
+
+
+def _numeric_dtype(kind: str):
+    def rule(attrs: A, parents: DT, declared: str) -> str:
+        if parents[0] == BOOL:
+            raise ShapeRuleError(f"{kind}: operand 0 has element type bool")
+        return parents[0]
+    return rule
+
+
+register(OpSpec("cumprod", "ext", 1, 1, _axis_keep,
+                attrs=(Attr("axis", "nat"), Attr("exclusive", "bool", False), Attr("reverse", "bool", False))
+                + INT_TYPE_ATTRS, dtype=_numeric_dtype("cumprod"),
+                doc="running products along `axis`, first to last (or last to first with `reverse`); `exclusive` "
+                    "leaves each entry out of its own product (ONNX CumProd, torch.cumprod); int64 values are "
+                    "exact and must fit the `bits`/`signed` type"))
+
+
+def _det(attrs: A, p: P, d: Shape) -> Shape:
+    s = p[0]
+    if len(s) < 2 or s[-1] != s[-2]:
+        raise ShapeRuleError(f"det: expected [..., n, n], got {fmt_shape(s)}")
+    return tuple(s[:-2])
+
+
+register(OpSpec("det", "ext", 1, 1, _det, dtype=_numeric_dtype("det"),
+                doc="determinant of each trailing n x n matrix (numpy.linalg.det: LU with partial pivoting; ONNX "
+                    "Det, torch.linalg.det)"))
+
+BITCAST_TYPES = {"float32": 32, "float64": 64, "int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8,
+                 "uint16": 16, "uint32": 32, "uint64": 64, "bool": 8}
+
+
+def _bitcast_dtype(attrs: A, parents: DT, declared: str) -> str:
+    src, dst = attrs["source"], attrs["target"]
+    if BITCAST_TYPES[src] != BITCAST_TYPES[dst]:
+        raise ShapeRuleError(f"bitcast: {src} and {dst} differ in width")
+    held = FLOAT if src.startswith("float") else BOOL if src == "bool" else INT64
+    if parents[0] != held:
+        raise ShapeRuleError(f"bitcast: operand 0 has element type {parents[0]}, expected {held} for {src}")
+    return FLOAT if dst.startswith("float") else BOOL if dst == "bool" else INT64
+
+
+register(OpSpec("bitcast", "ext", 1, 1, _identity,
+                attrs=(Attr("source", "str", choices=tuple(BITCAST_TYPES)),
+                       Attr("target", "str", choices=tuple(BITCAST_TYPES))), dtype=_bitcast_dtype,
+                doc="the bits of each `source` value read as a `target` value of the same width (ONNX BitCast); "
+                    "a value the `source` type cannot hold exactly is refused"))

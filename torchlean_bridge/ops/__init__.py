@@ -2,11 +2,8 @@
 
 from . import ext as _ext  # noqa: F401  (registers the ext dialect)
 from . import ext_resize as _ext_resize  # noqa: F401  (registers resize)
-<<<<<<< HEAD
 from . import ext_select as _ext_select  # noqa: F401  (index outputs, unpooling, elementwise powers)
-=======
 from . import spatial as _spatial  # noqa: F401  (the spatial sampling ext ops)
->>>>>>> main
 from . import v1 as _v1  # noqa: F401  (registers the 42 torchlean.ir.v1 kinds)
 from .contracts import Shape, fmt_array, fmt_shape, numel
 from .registry import BOOL, ELEMENT_TYPES, FLOAT, INT64, REGISTRY, Attr, OpSpec, ParamRole, get_op, register

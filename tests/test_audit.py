@@ -510,6 +510,8 @@ def test_the_worst_input_shows_values_only_for_one_small_output():
     assert f.message.endswith("worst on the given input 0")  # two outputs: not listed
     (f,) = kinds(audit(_affine(2), {"b": np.ones(2)}, reference=[np.zeros(2)], inputs=[x[:2]]), "mismatch")
     assert f.message.endswith("worst on the given input 0: ours [1.000000, 1.000000], reference [0.000000, 0.000000]")
+    (f,) = kinds(audit(_affine(8), {"b": np.ones(8)}, reference=[np.zeros(8)], inputs=[x[:8]]), "mismatch")
+    assert f.message.endswith(f"ours [{', '.join(['1.000000'] * 8)}], reference [{', '.join(['0.000000'] * 8)}]")
 
 
 def test_the_search_stops_evaluating_once_outputs_agree(monkeypatch):
@@ -582,3 +584,12 @@ def test_integer_inputs_reach_the_reference_module_as_integers():
     bundle = tlb.import_fx(net, (torch.tensor([1, 4]),))
     report = audit(bundle, net.state_dict(), reference=net, inputs=[np.array([1, 4])], samples=0)
     assert report.ok and report.error_before < 1e-12
+
+
+def test_float32_and_strided_inputs_reach_the_reference_module_in_float64(seed_files):
+    """The trusted copy runs in float64: float32 inputs are converted, a reversed (negative-stride)
+    view is copied, and both agree with the correct checkpoint."""
+    same, _, _ = seed_files
+    for x in (np.array([0.5, -1.0, 2.0], np.float32), np.array([2.0, -1.0, 0.5])[::-1]):
+        report = audit(bias_pair_bundle(), same.state_dict(), reference=same, inputs=[x], samples=0)
+        assert report.ok and report.error_before < 1e-6

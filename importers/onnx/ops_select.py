@@ -18,7 +18,7 @@ import numpy as np
 from torchlean_bridge.ops import FLOAT, INT64, REGISTRY
 from torchlean_bridge.ops.contracts import broadcast_shapes
 
-from . import ops_math, ops_nn, ops_tensor
+from . import ops_math, ops_nn, ops_reduce, ops_tensor
 from .context import OnnxContext, Value
 from .ops_int import _INT_TYPES
 
@@ -49,7 +49,10 @@ def _topk(ctx: OnnxContext) -> list[Value]:
 # -- MaxPool with Indices, MaxUnpool ----------------------------------------------------------
 
 def _max_pool(ctx: OnnxContext) -> list[Value]:
-    """The pooled values as ops_nn lowers them (storage_order orders the indices only), and the Indices when read."""
+    """The pooled values as ops_nn lowers them (storage_order orders the indices only), and the Indices when read;
+    integer inputs are ops_reduce's (pooled through an exact cast, their Indices refused)."""
+    if ctx.dtype(0) != FLOAT:
+        return ops_reduce.HANDLERS["MaxPool"](ctx)
     xs = ctx.shape(0)
     kernel = list(ctx.attr("kernel_shape"))
     r = len(kernel)

@@ -543,3 +543,10 @@ def test_lp_normalization_is_zero_where_the_norm_is_zero(p, axis):
     _close(_ours(m, {"x": x}), _ort(m, {"x": x}))
     y = RNG.standard_normal((3, 4, 2)).astype(np.float32) + 3.0
     _sound(m, {"x": y}, radius=0.01)
+
+
+def test_a_dft_matrix_beyond_the_cap_is_refused_before_it_is_built():
+    m = _model([N("DFT", ["x", "n"], ["y"])], [("x", TP.FLOAT, [1, 4096, 1])], [("y", TP.FLOAT, None)],
+               inits=[("n", np.array(4096, np.int64))], opset=20)
+    with pytest.raises(UnsupportedError, match=r"a DFT of length 4096 over 4096 inputs and 4096 bins"):
+        tlb.import_onnx(m)

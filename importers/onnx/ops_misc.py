@@ -38,10 +38,6 @@ def _index_const(ctx: OnnxContext, values: Any) -> int:
     return ctx.b.const(np.asarray(values, dtype=np.int64), source=ctx.source, folded=True)
 
 
-def _f64(ctx: OnnxContext, value: Any) -> int:
-    return ctx.b.const(np.asarray(value, dtype=np.float64), source=ctx.source, folded=True)
-
-
 # -- folded when known ------------------------------------------------------------------------
 
 def _fold_only(what: str) -> Handler:
@@ -79,7 +75,7 @@ def _hardmax(ctx: OnnxContext) -> list[Value]:
     am = ctx.add("argmax", [x], {"axis": axis, "keepdim": True})
     pos = np.arange(work[axis], dtype=np.int64).reshape((work[axis],) + (1,) * (len(work) - axis - 1))
     hit = ctx.elementwise("eq", [am, _index_const(ctx, pos)])
-    y = ctx.elementwise("where", [hit, _f64(ctx, 1.0), _f64(ctx, 0.0)])
+    y = ctx.elementwise("where", [hit, ctx.scalar(1.0), ctx.scalar(0.0)])
     if tuple(ctx.b.shape(y)) != tuple(work):
         y = ctx.b.broadcast(y, work, ctx.source)
     return [y if work == s else ctx.b.reshape(y, s, ctx.source)]
@@ -267,8 +263,8 @@ def _batch_norm(ctx: OnnxContext) -> list[Value]:
     for i, batch in ((3, mean), (4, var)):
         if len(ctx.node.output) <= len(outs) or not ctx.node.output[len(outs)]:
             break
-        run = ctx.elementwise("add", [ctx.elementwise("mul_elem", [channel(i), _f64(ctx, momentum)]),
-                                      ctx.elementwise("mul_elem", [batch, _f64(ctx, 1.0 - momentum)])])
+        run = ctx.elementwise("add", [ctx.elementwise("mul_elem", [channel(i), ctx.scalar(momentum)]),
+                                      ctx.elementwise("mul_elem", [batch, ctx.scalar(1.0 - momentum)])])
         outs.append(ctx.b.reshape(run, (c,), ctx.source))
     return outs
 
@@ -288,9 +284,10 @@ def _lp_norm(ctx: OnnxContext) -> list[Value]:
     norm = ctx.add("reduce_sum_axes", [terms], {"axes": (axis,), "keepdim": True})
     if p == 2:
         norm = ctx.elementwise("sqrt", [norm])
-    zero = ctx.elementwise("eq", [norm, _f64(ctx, 0.0)])
-    safe = ctx.elementwise("where", [zero, _f64(ctx, 1.0), norm])
-    return [ctx.elementwise("where", [zero, _f64(ctx, 0.0), ctx.elementwise("div", [x, safe])])]
+    zero = ctx.elementwise("eq", [norm, ctx.scalar(0.0)])
+    safe = ctx.elementwise("where", [zero, ctx.scalar(1.0), norm])
+    quotient = ctx.elementwise("div", [x, safe])  # before the 0 constant: the order an exported file re-imports in
+    return [ctx.elementwise("where", [zero, ctx.scalar(0.0), quotient])]
 
 
 # -- CumProd / Det / BitCast (ext ops) --------------------------------------------------------

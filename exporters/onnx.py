@@ -548,8 +548,8 @@ ONNX_EXPORTERS.update({
     "mod": _mod, "bitshift": _bitshift,
 })
 
-# det (issue #15, ops): Det-11. cumprod and bitcast are blocking nodes: CumProd and BitCast are opset 26.
-ONNX_EXPORTERS.update({"det": _simple("Det")})
+# det, int_cumsum (issue #15, ops): Det-11, CumSum-14 on int64. cumprod and bitcast are blocking nodes: CumProd and BitCast are opset 26.
+ONNX_EXPORTERS.update({"det": _simple("Det"), "int_cumsum": _cumsum})
 
 
 # -- resize (issue #15): ONNX Resize with the node's own scales (float32) or its sizes (scale out/in) --------
@@ -658,3 +658,32 @@ def export_onnx(bundle: Bundle, file: str | Path | None = None, expose_all_nodes
     if file is not None:
         atomic_write_bytes(file, model.SerializeToString())
     return model
+
+
+# narrow element types (issue #15): a rounding onto a narrow grid is a Cast there and back, exactly
+_NARROW_SINCE = {"float4e2m1": 23, "float8e8m0": 24, "float6e2m3": 27, "float6e3m2": 27}
+
+
+def _round_float(w: OnnxWriter, node: Node) -> None:
+    from onnx import TensorProto
+    fmt = node.attrs["format"]
+    if _NARROW_SINCE.get(fmt, 0) > OPSET:
+        raise ExportError(f"ONNX export: node {node.id}: round_float to {fmt} needs Cast-{_NARROW_SINCE[fmt]} "
+                          f"(the exported opset is {OPSET})", node=node.id, op=node.kind)
+    saturate = {"saturate": int(node.attrs["saturate"])} if fmt.startswith("float8") else {}
+    narrow = w.emit("Cast", w.operands(node), None, node, to=TensorProto.DataType.Value(fmt.upper()), **saturate)
+    w.emit("Cast", [narrow], w.out(node), node, to=TensorProto.FLOAT)
+
+
+def _int_wrap(w: OnnxWriter, node: Node) -> None:
+    from onnx import TensorProto
+    bits, signed = int(node.attrs["bits"]), bool(node.attrs["signed"])
+    if bits == 2:
+        raise ExportError(f"ONNX export: node {node.id}: int_wrap to 2 bits needs Cast-25 (the exported opset is "
+                          f"{OPSET})", node=node.id, op=node.kind)
+    narrow = w.emit("Cast", w.operands(node), None, node,
+                    to=TensorProto.DataType.Value(f"{'' if signed else 'U'}INT{bits}"))
+    w.emit("Cast", [narrow], w.out(node), node, to=TensorProto.INT64)
+
+
+ONNX_EXPORTERS.update({"round_float": _round_float, "int_wrap": _int_wrap})

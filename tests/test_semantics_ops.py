@@ -998,6 +998,44 @@ def _bitcast(d: Draw) -> Example:
                    lambda t, p: t[0].to(torch.int32).view(torch.float32).to(p["domain"]))
 
 
+@case("int_cumsum", examples=20)
+def _int_cumsum(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis, exclusive, reverse = d.int(0, len(shape) - 1), d.bool(), d.bool()
+
+    def ref(t, p):
+        x = t[0].flip(axis) if reverse else t[0]
+        y = torch.cumsum(x, axis)
+        if exclusive:
+            y = y - x  # exact on integers
+        return y.flip(axis) if reverse else y
+    return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse, "bits": 32, "signed": True},
+                   [d.rng.integers(-1000, 1000, shape)], ref)
+
+
+# narrow element types (issue #15): torch's own conversions; the exhaustive checks against onnx's reference Cast are
+# in tests/test_element_types.py
+_TORCH_NARROW = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float8e4m3fn": torch.float8_e4m3fn,
+                 "float8e5m2": torch.float8_e5m2}
+
+
+@case("round_float")
+def _round_float(d: Draw) -> Example:
+    fmt = d.choice(sorted(_TORCH_NARROW))
+    return Example({"format": fmt, "saturate": False, "round_mode": "nearest"}, [d.normal(d.shape(), 3.0)],
+                   lambda t, p: t[0].to(_TORCH_NARROW[fmt]).to(p["domain"]))
+
+
+@case("int_wrap")
+def _int_wrap(d: Draw) -> Example:
+    bits, signed = d.choice([(8, True), (8, False), (16, True), (4, True), (2, False)])
+    to = {(8, True): torch.int8, (8, False): torch.uint8, (16, True): torch.int16}.get((bits, signed))
+    half = 1 << (bits - 1)
+    ref = (lambda t, p: t[0].to(to).to(torch.int64)) if to is not None else \
+        (lambda t, p: torch.remainder(t[0] + (half if signed else 0), 1 << bits) - (half if signed else 0))
+    return Example({"bits": bits, "signed": signed}, [d.rng.integers(-70000, 70000, d.shape())], ref)
+
+
 NOT_IN_TORCH = {"input", "const", "custom", "rand_uniform", "bernoulli_mask"}
 # torchvision.ops.roi_align needs torchvision's compiled kernels, which do not load with this CPU torch:
 # roi_align is checked against onnxruntime and the ONNX reference in tests/test_spatial_ops.py

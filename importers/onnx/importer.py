@@ -37,6 +37,7 @@ from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold
 from .inputs import InputShapes, bound_constants, check_tensor_type, element_type_name, static_input_shapes
 from .ops_control import references
 from .ops_math import onnx_element_type
+from .ops_cast import round_narrow_outputs
 from .ops_sequence import flatten_output, structured_input, type_text
 from .opsets import upgrade, upgrade_target, version_problem
 
@@ -386,6 +387,7 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
     except Exception as e:  # a bug in a handler: keep its traceback, say which node it met
         add_node_note(e, f"ONNX node `{node.name or node.output[0]}` ({node.op_type}, opset {ctx.opset})")
         raise
+    outs = round_narrow_outputs(ctx, node, list(outs), start)  # narrow-typed outputs: one rounding each
     for name, value in zip(node.output, outs):
         if name and isinstance(value, int) and value >= start:
             ctx.retag(value, name)

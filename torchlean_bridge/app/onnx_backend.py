@@ -7,6 +7,9 @@ the importer names them, and ``run`` binds them with ``import_onnx(..., constant
 distinct bound value). The graph is evaluated in the model's declared float precision (float64 when a
 graph input or output is double, else float32), and each output is returned in the element type the
 model declares for it; an integer result that does not fit that type is an error, never wrapped.
+Narrow-typed inputs (float16, bfloat16, float8, int4...) are read exactly as float32 / int64, and
+narrow-typed outputs are written as their ml_dtypes arrays, checked to be on the type's grid
+(docs/element-types.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from onnx import helper
 
 from importers.onnx import import_onnx, load_model
 from semantics.evaluate import evaluate
+from semantics.narrow import NarrowError, format_of, narrow_array, widen
 
 from ..errors import BridgeError, UnsupportedError
 
@@ -72,6 +76,12 @@ def _output_array(value: np.ndarray, elem_type: int, name: str) -> np.ndarray:
     except (KeyError, TypeError, ValueError):
         raise BridgeError(f"ONNX backend: output `{name}` has element type {elem_type}, which has no numpy type") \
             from None
+    if format_of(want) is not None:  # narrow types: the value must be on their grid
+        try:
+            return narrow_array(value, format_of(want))
+        except NarrowError:
+            raise BridgeError(f"ONNX backend: output `{name}` holds values that are not {format_of(want)} values") \
+                from None
     if want.kind in "iu" and value.dtype.kind in "iub" and value.size:
         info = np.iinfo(want)
         lo, hi = int(value.min()), int(value.max())
@@ -164,8 +174,8 @@ def _feed(value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, (list, tuple)):
-        return [np.asarray(v) for v in value]
-    return np.asarray(value)
+        return [widen(v) for v in value]
+    return widen(value)  # narrow types (float16, float8, int4...) exactly as float32 / int64
 
 
 def _structure(value: Any) -> Any:

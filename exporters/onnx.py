@@ -590,6 +590,47 @@ def _resize(w: OnnxWriter, node: Node) -> None:
 ONNX_EXPORTERS.update({"resize": _resize})
 
 
+# -- index outputs, unpooling and powers (issue #15): the second output of TopK / MaxPool, MaxUnpool, Pow ------
+
+def _second_output(w: OnnxWriter, node: Node, op: str, inputs: list[str], **attrs: Any) -> None:
+    """``op`` with its first output unused and its second the node's value."""
+    from onnx import helper
+    w.nodes.append(helper.make_node(op, inputs, [w.unique(f"v{node.id}_unused"), w.out(node)],
+                                    name=w.unique(f"n{node.id}_{op}"), **attrs))
+
+
+def _topk_indices(w: OnnxWriter, node: Node) -> None:
+    a = node.attrs
+    _second_output(w, node, "TopK", [w.operands(node)[0], w.constant([a["k"]], node)], axis=a["axis"],
+                   largest=int(a["descending"]), sorted=1)
+
+
+def _max_pool_indices(w: OnnxWriter, node: Node) -> None:
+    a = node.attrs
+    if len(w.g.nodes[node.parents[0]].out_shape) != a["spatial_rank"] + 2:
+        raise ExportError(f"ONNX export: node {node.id}: max_pool_indices of an input without exactly two leading "
+                          "axes", node=node.id, op=node.kind)
+    _second_output(w, node, "MaxPool", [w.operands(node)[0]], kernel_shape=list(a["kernel"]),
+                   strides=list(a["stride"]), pads=list(a["padding"]) + list(a["padding_after"]),
+                   dilations=list(a["dilation"]), ceil_mode=int(a["ceil_mode"]), storage_order=int(a["storage_order"]))
+
+
+def _max_unpool(w: OnnxWriter, node: Node) -> None:
+    """MaxUnpool to the scatter shape (stride 1, a kernel or an end pad that gives it), then a zero Pad at the
+    ends up to the output shape (onnxruntime reads MaxUnpool's output_shape differently from onnx's reference)."""
+    x, idx = w.operands(node)
+    s, grid, out = w.g.nodes[node.parents[0]].out_shape, node.attrs["scatter_shape"], node.out_shape
+    kernel = [max(g - n + 1, 1) for n, g in zip(s[2:], grid[2:])]
+    ends = [max(n - g, 0) for n, g in zip(s[2:], grid[2:])]
+    y = w.emit("MaxUnpool", [x, idx], None if tuple(out) != tuple(grid) else w.out(node), node, kernel_shape=kernel,
+               strides=[1] * len(kernel), pads=[0] * len(kernel) + ends)
+    if tuple(out) != tuple(grid):
+        w.emit("Pad", [y, w.constant([0] * len(out) + [o - g for o, g in zip(out, grid)], node)], w.out(node), node)
+
+
+ONNX_EXPORTERS.update({"topk_indices": _topk_indices, "max_pool_indices": _max_pool_indices,
+                       "max_unpool": _max_unpool, "pow_elem": _simple("Pow"), "int_pow": _simple("Pow")})
+
 # spatial sampling ops (issue #15): exporters/onnx_spatial.py
 ONNX_EXPORTERS.update(SPATIAL_EXPORTERS)
 
@@ -686,4 +727,15 @@ def _int_wrap(w: OnnxWriter, node: Node) -> None:
     w.emit("Cast", [narrow], w.out(node), node, to=TensorProto.INT64)
 
 
-ONNX_EXPORTERS.update({"round_float": _round_float, "int_wrap": _int_wrap})
+def _int_conv(w: OnnxWriter, node: Node) -> None:
+    """A binary64 Conv of the operands, back to int64: exact, since the IR refuses sums that could reach 2^53."""
+    from onnx import TensorProto
+    a = node.attrs
+    x, k = (w.emit("Cast", [v], None, node, to=TensorProto.DOUBLE) for v in w.operands(node))
+    conv = w.emit("Conv", [x, k], None, node, kernel_shape=list(a["kernel"]), strides=list(a["stride"]),
+                  pads=list(a["padding"]) + list(a["padding_after"]), dilations=list(a["dilation"]), group=a["groups"])
+    w.emit("Cast", [conv], w.out(node), node, to=TensorProto.INT64)
+
+
+ONNX_EXPORTERS.update({"round_float": _round_float, "int_wrap": _int_wrap, "int_matmul": _simple("MatMul"),
+                       "int_conv": _int_conv})

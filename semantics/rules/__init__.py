@@ -12,6 +12,7 @@ from torchlean_bridge.ops import REGISTRY
 from . import activations, affine, elementwise, indexing, integer, layout, normalization, pooling, reductions, rng, \
     softmax
 from . import resize as resize_family
+from . import select  # TopK/MaxPool indices, MaxUnpool, powers (issue #15)
 from . import misc  # cumprod, det, bitcast (issue #15)
 from . import narrow  # narrow element types (issue #15)
 from . import spatial  # (issue #15: grid_sample, lp_pool_nd, col2im, deform_conv, roi_align)
@@ -24,6 +25,7 @@ FAMILIES = (layout, indexing, elementwise, activations, reductions, normalizatio
             integer, resize_family, narrow)
 FAMILIES += (misc,)
 FAMILIES += (spatial,)
+FAMILIES += (select,)
 
 for _table in (FLOAT_RULES, INTERVAL_RULES):
     _missing = sorted(set(REGISTRY) - set(_table))

@@ -55,7 +55,7 @@ def _sort(attrs: A, p: P, d: Shape) -> Shape:
     return tuple(s[:ax]) + (k,) + tuple(s[ax + 1:])
 
 
-register(OpSpec("sort", "ext", 1, 1, _sort,
+register(OpSpec("sort", "ext", 1, 1, _sort, dtype=same_as_parent,
                 attrs=(Attr("axis", "nat"), Attr("k", "nat"), Attr("descending", "bool", False)),
                 doc="the k smallest (or largest, `descending`) values along `axis`, in order: torch.sort/topk "
                     "values, ONNX TopK values (k = the extent is a full sort)"))

@@ -12,6 +12,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from semantics.narrow import widen
+
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS, check_size
 from torchlean_bridge.errors import BridgeError, ShapeRuleError
@@ -100,7 +102,7 @@ class GraphBuilder:
     def const(self, value: Any, *, key: str | None = None, transform: str | None = None,
               source: Source | Mapping[str, Any] | None = None, folded: bool = False) -> int:
         """A const node holding ``value``; ``key`` binds an external tensor name to it."""
-        arr = np.asarray(value)
+        arr = widen(value)  # narrow types (float16, bfloat16, float8, int4...) exactly as float32 / int64
         if arr.dtype.kind == "f":
             arr = arr.astype(np.float64) if arr.dtype.itemsize > 4 else arr
         elif arr.dtype.kind in "iu":
@@ -119,7 +121,7 @@ class GraphBuilder:
     def param(self, nid: int, role: str, value: Any, *, key: str | None = None,
               transform: str | None = None) -> None:
         """Store a payload tensor for a node, bound to the external name it came from."""
-        self.payload.set(nid, role, np.asarray(value))
+        self.payload.set(nid, role, widen(value))
         if key is not None:
             self.bind(key, nid, role, transform)
 

@@ -8,8 +8,11 @@ memory is its own:
 - ours: ``import_onnx`` alone, then import + evaluate + save as one process (the issue's target:
   peak RSS at most 1.3x the model bytes; anonymous memory reported apart from file-backed pages),
   evaluation time against onnxruntime's run, bundle save and load times;
-- a 10^6-node chain: load_graph (of its wire file), check, evaluate, dump, save and load, against
-  ``json.loads`` of the same file.
+- a 10^6-node chain: load_graph (of its wire file), check, evaluate (twice: the first also computes
+  the graph's evaluation schedule), dump, save and load, against ``json.loads`` of the same file; each
+  row the best and the median of ``--repeat`` fresh processes, wall-clock and CPU time (on a shared
+  machine the CPU time is the one that does not count the other processes' turns; compare with the
+  load average printed beside it).
 
     python bench/scale_bench.py [--gib 1.0] [--nodes 1000000] [--repeat 1] [--dir DIR] [--keep]
                                 [--skip-chain] [--skip-gib]

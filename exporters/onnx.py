@@ -548,8 +548,8 @@ ONNX_EXPORTERS.update({
     "mod": _mod, "bitshift": _bitshift,
 })
 
-# det (issue #15, ops): Det-11. cumprod and bitcast are blocking nodes: CumProd and BitCast are opset 26.
-ONNX_EXPORTERS.update({"det": _simple("Det")})
+# det, int_cumsum (issue #15, ops): Det-11, CumSum-14 on int64. cumprod and bitcast are blocking nodes: CumProd and BitCast are opset 26.
+ONNX_EXPORTERS.update({"det": _simple("Det"), "int_cumsum": _cumsum})
 
 
 # -- resize (issue #15): ONNX Resize with the node's own scales (float32) or its sizes (scale out/in) --------
@@ -589,6 +589,47 @@ def _resize(w: OnnxWriter, node: Node) -> None:
 
 ONNX_EXPORTERS.update({"resize": _resize})
 
+
+# -- index outputs, unpooling and powers (issue #15): the second output of TopK / MaxPool, MaxUnpool, Pow ------
+
+def _second_output(w: OnnxWriter, node: Node, op: str, inputs: list[str], **attrs: Any) -> None:
+    """``op`` with its first output unused and its second the node's value."""
+    from onnx import helper
+    w.nodes.append(helper.make_node(op, inputs, [w.unique(f"v{node.id}_unused"), w.out(node)],
+                                    name=w.unique(f"n{node.id}_{op}"), **attrs))
+
+
+def _topk_indices(w: OnnxWriter, node: Node) -> None:
+    a = node.attrs
+    _second_output(w, node, "TopK", [w.operands(node)[0], w.constant([a["k"]], node)], axis=a["axis"],
+                   largest=int(a["descending"]), sorted=1)
+
+
+def _max_pool_indices(w: OnnxWriter, node: Node) -> None:
+    a = node.attrs
+    if len(w.g.nodes[node.parents[0]].out_shape) != a["spatial_rank"] + 2:
+        raise ExportError(f"ONNX export: node {node.id}: max_pool_indices of an input without exactly two leading "
+                          "axes", node=node.id, op=node.kind)
+    _second_output(w, node, "MaxPool", [w.operands(node)[0]], kernel_shape=list(a["kernel"]),
+                   strides=list(a["stride"]), pads=list(a["padding"]) + list(a["padding_after"]),
+                   dilations=list(a["dilation"]), ceil_mode=int(a["ceil_mode"]), storage_order=int(a["storage_order"]))
+
+
+def _max_unpool(w: OnnxWriter, node: Node) -> None:
+    """MaxUnpool to the scatter shape (stride 1, a kernel or an end pad that gives it), then a zero Pad at the
+    ends up to the output shape (onnxruntime reads MaxUnpool's output_shape differently from onnx's reference)."""
+    x, idx = w.operands(node)
+    s, grid, out = w.g.nodes[node.parents[0]].out_shape, node.attrs["scatter_shape"], node.out_shape
+    kernel = [max(g - n + 1, 1) for n, g in zip(s[2:], grid[2:])]
+    ends = [max(n - g, 0) for n, g in zip(s[2:], grid[2:])]
+    y = w.emit("MaxUnpool", [x, idx], None if tuple(out) != tuple(grid) else w.out(node), node, kernel_shape=kernel,
+               strides=[1] * len(kernel), pads=[0] * len(kernel) + ends)
+    if tuple(out) != tuple(grid):
+        w.emit("Pad", [y, w.constant([0] * len(out) + [o - g for o, g in zip(out, grid)], node)], w.out(node), node)
+
+
+ONNX_EXPORTERS.update({"topk_indices": _topk_indices, "max_pool_indices": _max_pool_indices,
+                       "max_unpool": _max_unpool, "pow_elem": _simple("Pow"), "int_pow": _simple("Pow")})
 
 # spatial sampling ops (issue #15): exporters/onnx_spatial.py
 ONNX_EXPORTERS.update(SPATIAL_EXPORTERS)
@@ -658,3 +699,43 @@ def export_onnx(bundle: Bundle, file: str | Path | None = None, expose_all_nodes
     if file is not None:
         atomic_write_bytes(file, model.SerializeToString())
     return model
+
+
+# narrow element types (issue #15): a rounding onto a narrow grid is a Cast there and back, exactly
+_NARROW_SINCE = {"float4e2m1": 23, "float8e8m0": 24, "float6e2m3": 27, "float6e3m2": 27}
+
+
+def _round_float(w: OnnxWriter, node: Node) -> None:
+    from onnx import TensorProto
+    fmt = node.attrs["format"]
+    if _NARROW_SINCE.get(fmt, 0) > OPSET:
+        raise ExportError(f"ONNX export: node {node.id}: round_float to {fmt} needs Cast-{_NARROW_SINCE[fmt]} "
+                          f"(the exported opset is {OPSET})", node=node.id, op=node.kind)
+    saturate = {"saturate": int(node.attrs["saturate"])} if fmt.startswith("float8") else {}
+    narrow = w.emit("Cast", w.operands(node), None, node, to=TensorProto.DataType.Value(fmt.upper()), **saturate)
+    w.emit("Cast", [narrow], w.out(node), node, to=TensorProto.FLOAT)
+
+
+def _int_wrap(w: OnnxWriter, node: Node) -> None:
+    from onnx import TensorProto
+    bits, signed = int(node.attrs["bits"]), bool(node.attrs["signed"])
+    if bits == 2:
+        raise ExportError(f"ONNX export: node {node.id}: int_wrap to 2 bits needs Cast-25 (the exported opset is "
+                          f"{OPSET})", node=node.id, op=node.kind)
+    narrow = w.emit("Cast", w.operands(node), None, node,
+                    to=TensorProto.DataType.Value(f"{'' if signed else 'U'}INT{bits}"))
+    w.emit("Cast", [narrow], w.out(node), node, to=TensorProto.INT64)
+
+
+def _int_conv(w: OnnxWriter, node: Node) -> None:
+    """A binary64 Conv of the operands, back to int64: exact, since the IR refuses sums that could reach 2^53."""
+    from onnx import TensorProto
+    a = node.attrs
+    x, k = (w.emit("Cast", [v], None, node, to=TensorProto.DOUBLE) for v in w.operands(node))
+    conv = w.emit("Conv", [x, k], None, node, kernel_shape=list(a["kernel"]), strides=list(a["stride"]),
+                  pads=list(a["padding"]) + list(a["padding_after"]), dilations=list(a["dilation"]), group=a["groups"])
+    w.emit("Cast", [conv], w.out(node), node, to=TensorProto.INT64)
+
+
+ONNX_EXPORTERS.update({"round_float": _round_float, "int_wrap": _int_wrap, "int_matmul": _simple("MatMul"),
+                       "int_conv": _int_conv})

@@ -214,11 +214,13 @@ def group_norm(b: GraphBuilder, x: int, groups: int, eps: float, source: Source 
     return b.reshape(b.add("layernorm", [blocks], attrs, source=source), s, source)
 
 
-def channel_affine(b: GraphBuilder, y: int, scale: int | None, bias: int | None, source: Source | None = None) -> int:
-    """The per-channel scale, then shift, of a normalized (N, C, ...) tensor; ``scale`` and ``bias``
-    are nodes the importer made from its parameters, shaped (C, 1, ..., 1)."""
+def channel_affine(b: GraphBuilder, y: int, scale: Callable[[], int] | None, bias: Callable[[], int] | None,
+                   source: Source | None = None) -> int:
+    """The per-channel scale, then shift, of a normalized (N, C, ...) tensor. ``scale`` and ``bias``
+    make the importer's (C, 1, ..., 1) nodes from its parameters, each just before its use (so
+    node order follows the computation)."""
     if scale is not None:
-        y = b.elementwise("mul_elem", [y, scale], source)
+        y = b.elementwise("mul_elem", [y, scale()], source)
     if bias is not None:
-        y = b.elementwise("add", [y, bias], source)
+        y = b.elementwise("add", [y, bias()], source)
     return y

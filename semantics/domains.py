@@ -201,7 +201,7 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
     """
     values: list[Any] = [None] * len(g.nodes)
     plan = schedule(g)
-    last = plan.last_reader
+    last, in_range, value_of = plan.last_reader, plan.parents_in_range, values.__getitem__
     with np.errstate(all="ignore"):  # partial ops check their domains; overflow to inf is a value
         for node in g.nodes:
             nid = node.id
@@ -209,10 +209,11 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
                 if nid not in seeds:
                     raise domain.fail(node, "input node is not listed among the graph inputs")
                 parents = [seeds[nid]]
-            elif plan.parents_in_range:
-                parents = [values[p] for p in node.parents]
-                for p, value in zip(node.parents, parents):
+            elif in_range:
+                parents = list(map(value_of, node.parents))
+                for value in parents:
                     if value is None:  # a parent at or after this node
+                        p = next(p for p in node.parents if values[p] is None)
                         raise _not_evaluated(domain, node, p, values)
             else:
                 parents = [_parent(domain, node, p, values) for p in node.parents]

@@ -38,7 +38,7 @@ from torchlean_bridge.graph import Graph
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape
 from torchlean_bridge.payload import Payload
 
-from .domains import IntervalDomain, dead_after, run
+from .domains import IntervalDomain, run
 from .evaluate import input_list
 from .interval_round import Box
 from .records import domain_records, read_payload
@@ -93,13 +93,12 @@ class IntervalPropagator:
         self.graph = g
         typed = read_payload(g, payload if payload is not None else Payload())
         self.records = domain_records(g, typed, INTERVAL_RULES.params)
-        self._frees = dead_after(g)
 
     def __call__(self, lower: Any, upper: Any, all_nodes: bool = True) -> list[Box]:
         """One box per node, or with ``all_nodes=False`` the output boxes only (every other box is
         dropped after its last reader)."""
         seeds = input_boxes(self.graph, lower, upper)
-        return run(self.graph, DOMAIN, seeds, self.records.__getitem__, all_nodes=all_nodes, frees=self._frees)
+        return run(self.graph, DOMAIN, seeds, self.records.__getitem__, all_nodes=all_nodes)
 
 
 def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any, all_nodes: bool = True) -> list[Box]:

@@ -18,7 +18,7 @@ from torchlean_bridge.check import check
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload
 
-from .domains import Domain, dead_after, run
+from .domains import Domain, run
 from .evaluate import float_domain, input_list
 from .interval import DOMAIN as INTERVAL, input_boxes
 from .interval_round import Box
@@ -37,7 +37,6 @@ class Prepared:
         check(g)
         self.graph = g
         self._typed = read_payload(g, payload if payload is not None else Payload())
-        self._frees = dead_after(g)
         self._records: dict[str, list[dict]] = {}
 
     def _domain_records(self, domain: Domain) -> list[dict]:
@@ -56,13 +55,12 @@ class Prepared:
         domain = float_domain(dtype, exact)
         seeds = dict(zip(self.graph.inputs, input_list(inputs, len(self.graph.inputs))))
         records = stream_records(self.graph, self._domain_records(domain).__getitem__)
-        return run(self.graph, domain, seeds, records, all_nodes=all_nodes, frees=self._frees)
+        return run(self.graph, domain, seeds, records, all_nodes=all_nodes)
 
     def interval_bounds(self, lower: Any, upper: Any, all_nodes: bool = True) -> list[Box]:
         """As ``tlb.interval_bounds(g, payload, lower, upper, all_nodes=...)``."""
         seeds = input_boxes(self.graph, lower, upper)
-        return run(self.graph, INTERVAL, seeds, self._domain_records(INTERVAL).__getitem__, all_nodes=all_nodes,
-                   frees=self._frees)
+        return run(self.graph, INTERVAL, seeds, self._domain_records(INTERVAL).__getitem__, all_nodes=all_nodes)
 
 
 def prepare(g: Graph, payload: Payload | None) -> Prepared:

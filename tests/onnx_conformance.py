@@ -33,7 +33,7 @@ CATEGORIES = {
     "complex": "complex tensors",
     "float8": "float8 / float4 / float6 element types",
     "int4": "int4 / uint4 / int2 / uint2 element types",
-    "float16": "float16 / bfloat16 tensors: refused (no binary16 rounding in the evaluator)",
+    "float16": "float16 / bfloat16 tensors (supported since issue #15: docs/element-types.md)",
     "integer": "integer arithmetic (the IR's arithmetic ops compute on float tensors)",
     "training": "training ops and training-mode attributes",
     "sequence": "sequence, optional or map types",

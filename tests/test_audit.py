@@ -510,6 +510,8 @@ def test_the_worst_input_shows_values_only_for_one_small_output():
     assert f.message.endswith("worst on the given input 0")  # two outputs: not listed
     (f,) = kinds(audit(_affine(2), {"b": np.ones(2)}, reference=[np.zeros(2)], inputs=[x[:2]]), "mismatch")
     assert f.message.endswith("worst on the given input 0: ours [1.000000, 1.000000], reference [0.000000, 0.000000]")
+    (f,) = kinds(audit(_affine(8), {"b": np.ones(8)}, reference=[np.zeros(8)], inputs=[x[:8]]), "mismatch")
+    assert f.message.endswith(f"ours [{', '.join(['1.000000'] * 8)}], reference [{', '.join(['0.000000'] * 8)}]")
 
 
 def test_the_search_stops_evaluating_once_outputs_agree(monkeypatch):
@@ -582,3 +584,65 @@ def test_integer_inputs_reach_the_reference_module_as_integers():
     bundle = tlb.import_fx(net, (torch.tensor([1, 4]),))
     report = audit(bundle, net.state_dict(), reference=net, inputs=[np.array([1, 4])], samples=0)
     assert report.ok and report.error_before < 1e-12
+
+
+def test_float32_and_strided_inputs_reach_the_reference_module_in_float64(seed_files):
+    """The trusted copy runs in float64: float32 inputs are converted, a reversed (negative-stride)
+    view is copied, and both agree with the correct checkpoint."""
+    same, _, _ = seed_files
+    for x in (np.array([0.5, -1.0, 2.0], np.float32), np.array([2.0, -1.0, 0.5])[::-1]):
+        report = audit(bias_pair_bundle(), same.state_dict(), reference=same, inputs=[x], samples=0)
+        assert report.ok and report.error_before < 1e-6
+
+
+def test_an_onnx_bundle_audited_against_the_module_takes_the_module_keys(tmp_path):
+    """The exporter named the initializers W1/B1/W2/B2; against the trusted module the bundle's keys
+    are recovered by value from the file's own weights, so a swapped state_dict is named in the
+    module's keys (and a file already in those keys is used as it is)."""
+    import torchlean_bridge as tlb
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)).eval()
+    w = {k: v.detach().numpy().astype(np.float64) for k, v in net.state_dict().items()}
+    renamed = tlb.import_onnx(onnx_mlp(tmp_path, "m.onnx", w["0.weight"], w["0.bias"], w["2.weight"], w["2.bias"]))
+    assert set(renamed.roles) == {"W1", "B1", "W2", "B2"}
+    sd = swapped(net.state_dict(), "0.bias", "2.bias")
+    report = audit(renamed, sd, reference=net, inputs=[np.zeros((1, 4))], samples=3, tolerance=1e-5)
+    assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")]
+
+
+class _DataParallelLike(nn.Module):
+    """A wrapper whose state_dict keys carry DataParallel's ``module.`` prefix."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.module = net
+
+    def forward(self, x):
+        return self.module(x)
+
+
+def test_suspects_are_the_keys_that_differ_from_the_trusted_module_without_its_module_prefix():
+    from torchlean_bridge.app.audit import _suspects
+    net, _ = _three_layer()
+    sd = swapped(net.state_dict(), "0.bias", "2.bias")
+    tensors = {k: v.numpy() for k, v in sd.items()}
+    assert _suspects(_DataParallelLike(net), tensors, sd) == {"0.bias", "2.bias"}
+    assert _suspects([np.zeros(3)], tensors, sd) == set(tensors)  # golden outputs: every key
+
+
+def test_unresolved_carries_the_number_of_candidates():
+    net, bundle = _three_layer()
+    sd = {k: v.clone() for k, v in net.state_dict().items()}
+    sd["0.bias"] = sd["0.bias"] + 0.75
+    (unresolved,) = kinds(audit(bundle, sd, reference=net, inputs=[np.ones(3)], samples=0), "unresolved")
+    assert unresolved.data == {"candidates": 4}  # the bias and weight exchanges, and two transposes
+
+
+def test_the_zero_tolerance_search_stops_at_exact_agreement(monkeypatch):
+    from torchlean_bridge.app import audit as audit_module
+    calls = []
+    original = audit_module._Evaluator.outputs
+    monkeypatch.setattr(audit_module._Evaluator, "outputs", lambda self, p: calls.append(1) or original(self, p))
+    sd = swapped({k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, "0.bias", "2.bias")
+    report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3), tolerance=0.0)
+    assert report.error_after == 0.0 and len(calls) == 2

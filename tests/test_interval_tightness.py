@@ -28,6 +28,7 @@ import torchlean_bridge as tlb
 from semantics.interval import INTERVAL_RULES, NO_RULE
 from semantics.rules.integer import INTERVAL_REFUSALS as INTEGER_REFUSALS
 from semantics.rules.misc import INTERVAL_REFUSALS as MISC_REFUSALS
+from semantics.rules.select import INTERVAL_REFUSALS as SELECT_REFUSALS
 from semantics.rules.spatial import NO_SPATIAL_INTERVAL_RULE
 from tests.test_interval_rules import UNARY, _kind, in_domain
 from torchlean_bridge.errors import IntervalError
@@ -710,8 +711,10 @@ def test_every_rule_has_a_tightness_check():
                   "gather_elements", "const", "matmul", "softmax", "log_softmax", "hard_masked_softmax",
                   "layernorm", "reduce_prod", "mse_loss"}
                | INTEGER_REFUSALS  # integer ops and mod refuse boxes by name: tests/test_onnx_breadth.py
+               | {"round_float", "int_wrap", "int_matmul", "int_conv"}  # tests/test_element_types.py, test_quantization.py
                | {"cumprod"} | set(MISC_REFUSALS)  # tests/test_onnx_misc_ops.py (exact bounds, refusals)
-               | set(NO_SPATIAL_INTERVAL_RULE) | {"lp_pool_nd", "col2im", "grid_sample"})  # tests/test_spatial_ops.py
+               | set(NO_SPATIAL_INTERVAL_RULE) | {"lp_pool_nd", "col2im", "grid_sample"}  # tests/test_spatial_ops.py
+               | set(SELECT_REFUSALS) | {"pow_elem"})  # tests/test_select_ops.py (refusals by name, pow_elem's boxes)
     missing = sorted(set(INTERVAL_RULES) - set(NO_RULE) - {"input"} - covered)  # input: the seeded box itself
     assert not missing, f"interval rules without a tightness check in {__file__}: {missing}"
     for kind in NO_RULE:

@@ -56,14 +56,20 @@ def test_float64_models_evaluate_and_answer_in_float64():
     assert backend.prepare(m).dtype == "float64" and tlb.import_onnx(m).report["precision"] == "float64"
 
 
-def test_outputs_have_the_models_integer_types_and_narrowing_casts_never_wrap():
+def test_outputs_have_the_models_integer_types_and_narrowing_casts_wrap_as_onnx_says():
     m = _model([N("Cast", ["x"], ["y"], to=TP.INT64)], [("x", TP.FLOAT, [3])], [("y", TP.INT64, [3])])
     (y,) = backend.run_model(m, [np.array([1.5, -2.5, 7.0], np.float32)])
     assert y.dtype == np.int64 and y.tolist() == [1, -2, 7]
-    m = _model([N("ArgMax", ["x"], ["i"], axis=0), N("Cast", ["i"], ["y"], to=TP.UINT8)], [("x", TP.FLOAT, [300])],
-               [("y", TP.UINT8, [1])])
-    with pytest.raises(UnsupportedError, match="cast of a computed int64 tensor to uint8: values outside uint8 wrap"):
-        backend.run_model(m, [np.zeros(300, np.float32)])
+    # fixed point to a narrower fixed point discards the higher bits (Cast's spec: 200 as int16 -> -56 as int8)
+    m = _model([N("Cast", ["x"], ["y"], to=TP.UINT8)], [("x", TP.INT64, [3])], [("y", TP.UINT8, [3])])
+    x = np.array([300, -1, 5], np.int64)
+    (y,) = backend.run_model(m, [x])
+    assert y.dtype == np.uint8 and y.tolist() == _reference(m, {"x": x})[0].tolist() == [44, 255, 5]
+    # a float out of range is undefined in ONNX: refused at evaluation, never wrapped
+    m = _model([N("Cast", ["x"], ["y"], to=TP.UINT8)], [("x", TP.FLOAT, [3])], [("y", TP.UINT8, [3])])
+    assert backend.run_model(m, [np.array([0.5, 255.9, 3.0], np.float32)])[0].tolist() == [0, 255, 3]
+    with pytest.raises(tlb.BridgeError, match="value 256 is outside uint8"):
+        backend.run_model(m, [np.array([0.0, 256.0, 3.0], np.float32)])
     from torchlean_bridge.app.onnx_backend import _output_array
     assert _output_array(np.array([3, 200]), TP.UINT8, "y").dtype == np.uint8
     with pytest.raises(tlb.BridgeError, match=r"output `y` holds values in \[3, 300\], outside uint8"):
@@ -106,16 +112,16 @@ def test_constants_freeze_graph_inputs_and_fold_what_follows():
 
 # -- what the importer refuses, and how ---------------------------------------------------------
 
-def test_narrow_floats_are_refused_by_name_never_widened():
-    for et, name in ((TP.FLOAT16, "float16"), (TP.BFLOAT16, "bfloat16")):
-        m = _model([N("Relu", ["x"], ["y"])], [("x", et, [2])], [("y", et, [2])])
-        with pytest.raises(tlb.BridgeError, match=f"input `x` is {name}: evaluating it in binary32 or binary64 "
-                                                  f"would skip {name} rounding"):
-            tlb.import_onnx(m)
-    m = _model([N("Cast", ["x"], ["h"], to=TP.FLOAT16), N("Cast", ["h"], ["y"], to=TP.FLOAT)],
-               [("x", TP.FLOAT, [2])], [("y", TP.FLOAT, [2])])
-    with pytest.raises(UnsupportedError, match="cast to ONNX element type 10"):
-        tlb.import_onnx(m)
+def test_narrow_floats_are_held_exactly_and_rounded_where_onnx_rounds():
+    x = np.array([1.0 + 2.0 ** -11, -3.1, 70000.0], np.float32)  # a tie, an inexact value, an overflow
+    for et, dt in ((TP.FLOAT16, np.float16), (TP.BFLOAT16, onnx.helper.tensor_dtype_to_np_dtype(TP.BFLOAT16))):
+        m = _model([N("Relu", ["x"], ["y"])], [("x", et, [3])], [("y", et, [3])])
+        (y,) = backend.run_model(m, [x.astype(dt)])
+        assert y.dtype == dt and y.tobytes() == _reference(m, {"x": x.astype(dt)})[0].tobytes()
+        m = _model([N("Cast", ["x"], ["h"], to=et), N("Cast", ["h"], ["y"], to=TP.FLOAT)],
+                   [("x", TP.FLOAT, [3])], [("y", TP.FLOAT, [3])])
+        (y,) = backend.run_model(m, [x])
+        assert y.tolist() == x.astype(dt).astype(np.float32).tolist()
 
 
 def test_messages_name_the_onnx_element_type_and_non_tensor_inputs():

@@ -459,3 +459,94 @@ def test_torch_cumprod_and_det_agree_with_pytorch_through_both_importers():
         got = tlb.evaluate(b.graph, b.payload, [x.numpy()], dtype="float32")
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+# -- empty and bool reductions, integer Clip / MaxPool / CumSum -------------------------------
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceProd", "ReduceMax",
+                                "ReduceMin", "ReduceLogSum", "ReduceLogSumExp"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_a_reduction_over_an_empty_set_is_its_identity(op, keepdims):
+    x = np.zeros((3, 0, 2), np.float32)
+    m = _model([N(op, ["x", "axes"], ["y"], keepdims=keepdims)], [("x", TP.FLOAT, x.shape)], [("y", TP.FLOAT, None)],
+               inits=[("axes", np.array([1], np.int64))], opset=18)
+    _close(_ours(m, {"x": x}), _reference(m, {"x": x}), exact=True)
+
+
+def test_reduce_mean_over_an_empty_set_is_refused_by_name():
+    m = _model([N("ReduceMean", ["x", "axes"], ["y"])], [("x", TP.FLOAT, [3, 0])], [("y", TP.FLOAT, None)],
+               inits=[("axes", np.array([1], np.int64))], opset=18)
+    with pytest.raises(UnsupportedError, match="ReduceMean over an empty set of float values"):
+        tlb.import_onnx(m)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("axes,keepdims", [([0], 1), ([1, 2], 0), ([], 1)])
+def test_bool_max_and_min_are_any_and_all(op, axes, keepdims):
+    x = RNG.random((3, 4, 2)) < 0.4
+    m = _model([N(op, ["x", "axes"], ["y"], keepdims=keepdims)], [("x", TP.BOOL, x.shape)], [("y", TP.BOOL, None)],
+               inits=[("axes", np.array(axes, np.int64))], opset=20)
+    _close(_backend(m, {"x": x}), _reference(m, {"x": x}), exact=True)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.int32, np.int64])
+def test_integer_clip_is_exact_in_the_inputs_type(dtype):
+    info = np.iinfo(dtype)
+    x = RNG.integers(max(info.min, -1000), min(info.max, 1000), (4, 5)).astype(dtype)
+    lo, hi = np.array(max(info.min, -50), dtype), np.array(60, dtype)
+    tp = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    for names, feeds in ((["x", "lo", "hi"], {"x": x, "lo": lo, "hi": hi}), (["x", "", "hi"], {"x": x, "hi": hi}),
+                         (["x", "lo"], {"x": x, "lo": lo})):
+        m = _model([N("Clip", names, ["y"])], [(n, tp, v.shape) for n, v in feeds.items()], [("y", tp, None)],
+                   opset=13)
+        _close(_backend(m, feeds), _reference(m, feeds), exact=True)
+        if dtype != np.uint16:  # onnxruntime has no uint16 Clip kernel
+            _close(_backend(m, feeds), _ort(m, feeds), exact=True)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16])
+def test_small_integer_max_pool_pools_exactly(dtype):
+    info = np.iinfo(dtype)
+    x = RNG.integers(info.min, info.max, (1, 2, 6, 5)).astype(dtype)
+    tp = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    m = _model([N("MaxPool", ["x"], ["y"], kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1])],
+               [("x", tp, x.shape)], [("y", tp, None)])
+    _close(_backend(m, {"x": x}), _reference(m, {"x": x}), exact=True)
+    m32 = _model([N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2])], [("x", TP.INT32, x.shape)], [("y", TP.INT32, None)])
+    with pytest.raises(UnsupportedError, match="only 8- and 16-bit integers are held exactly"):
+        tlb.import_onnx(m32)
+
+
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_integer_cumsum_is_exact_and_refuses_wrapping(exclusive, reverse):
+    x = RNG.integers(-100, 100, (3, 7)).astype(np.int32)
+    m = _model([N("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)], [("x", TP.INT32, x.shape)],
+               [("y", TP.INT32, None)], inits=[("a", np.array(1, np.int64))], opset=14)
+    _close(_backend(m, {"x": x}), _reference(m, {"x": x}), exact=True)
+    big = np.full((3, 7), 2 ** 30, np.int32)
+    with pytest.raises(BridgeError, match="outside int32 \\(ONNX would wrap it\\); refused, not wrapped"):
+        _backend(m, {"x": big})
+    b = tlb.import_onnx(m)
+    with pytest.raises(BridgeError, match="no interval rule for int_cumsum"):
+        tlb.interval_bounds(b.graph, b.payload, x.astype(np.float64), x.astype(np.float64))
+
+
+@pytest.mark.parametrize("p,axis", [(2, 0), (2, -1), (1, 1)])
+def test_lp_normalization_is_zero_where_the_norm_is_zero(p, axis):
+    x = RNG.standard_normal((3, 4, 2)).astype(np.float32)
+    x[:, 1, :] = 0.0  # a zero norm along axis 0 and 2, zero entries along axis 1
+    x[0] = 0.0
+    m = _model([N("LpNormalization", ["x"], ["y"], p=p, axis=axis)], [("x", TP.FLOAT, x.shape)],
+               [("y", TP.FLOAT, None)])
+    if p == 2:  # onnx's reference sums x ** p without |.|: its p=1 norm of negative entries is not a norm
+        _close(_ours(m, {"x": x}), _reference(m, {"x": x}))
+    _close(_ours(m, {"x": x}), _ort(m, {"x": x}))
+    y = RNG.standard_normal((3, 4, 2)).astype(np.float32) + 3.0
+    _sound(m, {"x": y}, radius=0.01)
+
+
+def test_a_dft_matrix_beyond_the_cap_is_refused_before_it_is_built():
+    m = _model([N("DFT", ["x", "n"], ["y"])], [("x", TP.FLOAT, [1, 4096, 1])], [("y", TP.FLOAT, None)],
+               inits=[("n", np.array(4096, np.int64))], opset=20)
+    with pytest.raises(UnsupportedError, match=r"a DFT of length 4096 over 4096 inputs and 4096 bins"):
+        tlb.import_onnx(m)

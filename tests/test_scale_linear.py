@@ -222,3 +222,25 @@ def test_node_lines_are_the_json_encoders_text(node):
     enc = [json.dumps(node, sort_keys=True, allow_nan=False, ensure_ascii=True)] * 2
     assert dumps_document(doc) == '{\n  "format": "torchlean.ir.v1",\n  "nodes": [\n    ' + ",\n    ".join(enc) \
         + "\n  ]\n}\n"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_relu_is_where_x_le_0_bit_for_bit(dtype):
+    from semantics.rules import FLOAT_RULES
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(1001)
+    x[::7] = -0.0
+    x[1::7] = 0.0
+    x[2::7] = np.nan
+    x[3::7] = -np.nan
+    x[4::7] = np.inf
+    x[5::7] = -np.inf
+    x[6::14] = 5e-324
+    x = x.astype(dt)
+    node = Node(1, (0,), "relu", x.shape)
+    for v in (x, x[::3], x[:1].reshape(()), x.reshape(7, 143)):
+        got = FLOAT_RULES["relu"](node, [v], {}, dt)
+        want = np.where(v <= 0, dt.type(0), v)
+        assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == want.tobytes()

@@ -710,6 +710,67 @@ def _resize(d: Draw) -> Example:
                                               antialias=antialias))
 
 
+# -- index outputs, unpooling and elementwise powers (tests/test_select_ops.py: against onnxruntime) ------------
+
+@case("topk_indices")
+def _topk_indices(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis, desc = d.int(0, len(shape) - 1), d.bool()
+    k = d.int(0, shape[axis])
+    x = d.rng.integers(-2, 3, shape).astype(np.float64)  # ties: the lower index first, as torch's stable sort
+    return Example({"axis": axis, "k": k, "descending": desc}, [x],
+                   lambda t, p: torch.sort(t[0], dim=axis, descending=desc, stable=True).indices.narrow(axis, 0, k))
+
+
+def _plane_offsets(t: torch.Tensor, spatial: int) -> torch.Tensor:
+    """PyTorch's pooling indices count within one (N, C) plane; ONNX's over the whole tensor."""
+    n, c = t.shape[:2]
+    return (torch.arange(n * c) * spatial).reshape(n, c, *([1] * (t.ndim - 2)))
+
+
+@case("max_pool_indices")
+def _max_pool_indices(d: Draw) -> Example:
+    shape = (d.int(1, 2), d.int(1, 3), d.int(3, 6), d.int(3, 6))
+    k, s, dil, ceil = [d.int(1, 3), d.int(1, 2)], [d.int(1, 2), d.int(1, 3)], [1, d.int(1, 2)], d.bool()
+    p = [d.int(0, k[0] // 2), d.int(0, k[1] // 2)]
+    attrs = {"spatial_rank": 2, "kernel": k, "stride": s, "padding": p, "padding_after": p, "dilation": dil,
+             "ceil_mode": ceil, "count_include_pad": True, "storage_order": False}
+
+    def ref(t, q):
+        _, i = F.max_pool2d(t[0], k, s, p, dil, ceil_mode=ceil, return_indices=True)
+        return i + _plane_offsets(i, shape[2] * shape[3])
+    return Example(attrs, [d.normal(shape)], ref)
+
+
+@case("max_unpool")
+def _max_unpool(d: Draw) -> Example:
+    shape, k = (d.int(1, 2), d.int(1, 3), 2 * d.int(1, 3), 2 * d.int(1, 3)), 2
+    x = torch.from_numpy(d.normal(shape))
+    y, i = F.max_pool2d(x, k, return_indices=True)
+    grid = tuple(shape[:2]) + (y.shape[2] * k, y.shape[3] * k)
+    out = grid[:2] + (grid[2] + d.int(0, 1), grid[3])
+    flat = (i + _plane_offsets(i, grid[2] * grid[3])).numpy()
+    plane_i = i.numpy()
+
+    def ref(t, p):
+        z = F.max_unpool2d(t[0], torch.from_numpy(plane_i), k, output_size=grid[2:])
+        return F.pad(z, (0, out[3] - grid[3], 0, out[2] - grid[2]))
+    return Example({"scatter_shape": grid, "out_shape": out}, [y.numpy(), flat], ref)
+
+
+@case("pow_elem", scale=NORM, why="x ** y is exp(y log x): relative errors grow with |y log x|")
+def _pow_elem(d: Draw) -> Example:
+    shape = d.shape()
+    return Example({}, [np.abs(d.normal(shape)) + 0.1, d.normal(shape)], lambda t, p: torch.pow(t[0], t[1]))
+
+
+@case("int_pow")
+def _int_pow(d: Draw) -> Example:
+    shape = d.shape()
+    return Example({"bits": 64, "signed": True}, [d.rng.integers(-9, 10, shape), d.rng.integers(0, 12, shape)],
+                   lambda t, p: torch.pow(t[0], t[1]))
+
+
 # -- pooling ----------------------------------------------------------------------------------
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -996,6 +1057,61 @@ def _bitcast(d: Draw) -> Example:
     bits = d.normal(d.shape()).astype(np.float32).view(np.int32).astype(np.int64)  # finite float32 patterns
     return Example({"source": "int32", "target": "float32"}, [bits],
                    lambda t, p: t[0].to(torch.int32).view(torch.float32).to(p["domain"]))
+
+
+@case("int_cumsum", examples=20)
+def _int_cumsum(d: Draw) -> Example:
+    shape = d.shape(min_rank=1)
+    axis, exclusive, reverse = d.int(0, len(shape) - 1), d.bool(), d.bool()
+
+    def ref(t, p):
+        x = t[0].flip(axis) if reverse else t[0]
+        y = torch.cumsum(x, axis)
+        if exclusive:
+            y = y - x  # exact on integers
+        return y.flip(axis) if reverse else y
+    return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse, "bits": 32, "signed": True},
+                   [d.rng.integers(-1000, 1000, shape)], ref)
+
+
+# narrow element types (issue #15): torch's own conversions; the exhaustive checks against onnx's reference Cast are
+# in tests/test_element_types.py
+_TORCH_NARROW = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float8e4m3fn": torch.float8_e4m3fn,
+                 "float8e5m2": torch.float8_e5m2}
+
+
+@case("round_float")
+def _round_float(d: Draw) -> Example:
+    fmt = d.choice(sorted(_TORCH_NARROW))
+    return Example({"format": fmt, "saturate": False, "round_mode": "nearest"}, [d.normal(d.shape(), 3.0)],
+                   lambda t, p: t[0].to(_TORCH_NARROW[fmt]).to(p["domain"]))
+
+
+@case("int_wrap")
+def _int_wrap(d: Draw) -> Example:
+    bits, signed = d.choice([(8, True), (8, False), (16, True), (4, True), (2, False)])
+    to = {(8, True): torch.int8, (8, False): torch.uint8, (16, True): torch.int16}.get((bits, signed))
+    half = 1 << (bits - 1)
+    ref = (lambda t, p: t[0].to(to).to(torch.int64)) if to is not None else \
+        (lambda t, p: torch.remainder(t[0] + (half if signed else 0), 1 << bits) - (half if signed else 0))
+    return Example({"bits": bits, "signed": signed}, [d.rng.integers(-70000, 70000, d.shape())], ref)
+
+
+@case("int_matmul")
+def _int_matmul(d: Draw) -> Example:
+    m, k, n = d.int(1, 4), d.int(1, 5), d.int(1, 4)
+    a, b = d.rng.integers(-255, 256, (m, k)), d.rng.integers(-255, 256, (k, n))
+    return Example({}, [a, b], lambda t, p: torch.matmul(t[0], t[1]))
+
+
+@case("int_conv")
+def _int_conv(d: Draw) -> Example:
+    c, o, k, s = d.int(1, 3), d.int(1, 3), d.int(1, 3), d.int(1, 2)
+    x, w = d.rng.integers(-255, 256, (1, c, 5, 5)), d.rng.integers(-255, 256, (o, c, k, k))
+    attrs = {"spatial_rank": 2, "kernel": (k, k), "stride": (s, s), "padding": (1, 1), "padding_after": (1, 1),
+             "dilation": (1, 1), "groups": 1, "channel_axis": 1, "in_channels": c, "out_channels": o}
+    return Example(attrs, [x, w], lambda t, p: torch.nn.functional.conv2d(
+        t[0].double(), t[1].double(), stride=s, padding=1).round().long())  # exact: the sums are below 2^53
 
 
 NOT_IN_TORCH = {"input", "const", "custom", "rand_uniform", "bernoulli_mask"}

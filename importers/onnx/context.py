@@ -19,6 +19,7 @@ from torchlean_bridge.errors import BridgeError, UnsupportedError
 from torchlean_bridge.graph import Source
 from torchlean_bridge.ops import Shape
 from torchlean_bridge.roles import Step, Transform
+from semantics.narrow import widen
 
 from ..builder import GraphBuilder
 from ..errors import NotLowerable
@@ -197,17 +198,14 @@ class OnnxContext:
         if not isinstance(v, Const):
             raise NodeUnsupported(f"`{name}` is {v.kind}, where a tensor is expected")
         if name not in self._materialized:
-            kind = v.value.dtype.kind
-            if v.value.dtype.name in ("float16", "bfloat16"):
-                raise NodeUnsupported(f"constant `{name}` is {v.value.dtype.name}: evaluating it in binary32 or "
-                                      f"binary64 would skip {v.value.dtype.name} rounding, so it is refused")
-            if kind not in "biuf":
+            value = widen(v.value)  # narrow values exactly as float32 / int64 (docs/element-types.md)
+            if value.dtype.kind not in "biuf":
                 raise NodeUnsupported(f"constant `{name}` has element type {v.value.dtype}, which the IR does not "
                                       "support")
             key = v.key if v.initializer else None
             if key is not None:
                 self.used_keys.add(key)
-            self._materialized[name] = self.b.const(v.value, key=key, transform=v.transform if key else None,
+            self._materialized[name] = self.b.const(value, key=key, transform=v.transform if key else None,
                                                     source=Source(framework="onnx", name=name, tensor=name),
                                                     folded=v.folded)
         return self._materialized[name]
@@ -227,7 +225,7 @@ class OnnxContext:
     def dtype(self, i: int) -> str:
         from ..builder import element_type_of
         v = self.values[self.node.input[i]]
-        return element_type_of(v.value) if isinstance(v, Const) else self.b.dtype(v)
+        return element_type_of(widen(v.value)) if isinstance(v, Const) else self.b.dtype(v)
 
     def onnx_type(self, name: str) -> str:
         """The ONNX element type of a tensor by ONNX's name for it (``uint8``, not the IR's int64)."""
@@ -262,9 +260,7 @@ class OnnxContext:
                 raise NodeUnsupported(f"{role} has shape {list(value.shape)}, expected {list(reshape_to)}")
             value = value.reshape(tuple(reshape_to))
             transform = Transform.parse(transform).then(Step("reshape", tuple(reshape_to))).text
-        if value.dtype not in (np.float64, np.float32) and (value.dtype.kind == "f" or value.dtype.name == "bfloat16"):
-            raise NodeUnsupported(f"{role} is {value.dtype.name}: evaluating it in binary32 or binary64 would skip "
-                                  f"{value.dtype.name} rounding, so it is refused")
+        value = widen(value)  # narrow values exactly as float32 / int64 (docs/element-types.md)
         if c.key is not None:
             self.used_keys.add(c.key)
         self.b.param(nid, role, np.asarray(value, order="C"), key=c.key, transform=transform if c.key else None)

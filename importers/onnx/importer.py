@@ -37,6 +37,8 @@ from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold
 from .inputs import InputShapes, bound_constants, check_tensor_type, element_type_name, static_input_shapes
 from .ops_control import references
 from .ops_math import onnx_element_type
+from .ops_cast import round_narrow_outputs
+from .ops_sequence import flatten_output, structured_input, type_text
 from .opsets import upgrade, upgrade_target, version_problem
 
 __all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
@@ -214,11 +216,15 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     real_inputs = [vi for vi in graph.input if vi.name not in init_names]
     bound = bound_constants(real_inputs, constants)
     free_inputs = [vi for vi in real_inputs if vi.name not in bound]
+    structured = {vi.name for vi in free_inputs if vi.type.WhichOneof("value") in _STRUCTURED}
     for vi in free_inputs:
-        check_tensor_type(vi, "input")
+        if vi.name not in structured:
+            check_tensor_type(vi, "input")
     for vi in graph.output:
-        check_tensor_type(vi, "graph output")
-    shapes, batch_notes = static_input_shapes(free_inputs, input_shapes)
+        if vi.type.WhichOneof("value") not in _STRUCTURED:
+            check_tensor_type(vi, "graph output")
+    input_shapes, structures = _split_structures(free_inputs, structured, input_shapes)
+    shapes, batch_notes = static_input_shapes([vi for vi in free_inputs if vi.name not in structured], input_shapes)
     b = GraphBuilder("onnx", max_elements)
     declared, onnx_types = _declared_shapes(model, shapes, bound)
     ctx = OnnxContext(b, opset, declared, _consumers(graph))
@@ -232,29 +238,41 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
         ctx.values[t.name] = Const(_initializer_array(t, base), key=t.name)
     for name, value in bound.items():
         ctx.values[name] = Const(value, initializer=False)
+    ir_inputs = []
     for vi in free_inputs:
+        if vi.name in structured:  # a sequence or optional: one IR input per item (ops_sequence)
+            ctx.values[vi.name], made = structured_input(ctx, vi, structures[vi.name])
+            ir_inputs += [name for name, _ in made]
+            continue
         etype = onnx_element_type(vi.type.tensor_type.elem_type)
         ctx.values[vi.name] = b.input(shapes[vi.name], etype,
                                       source=Source(framework="onnx", name=vi.name, tensor=vi.name))
+        ir_inputs.append(vi.name)
     problems = _lower_nodes(ctx, graph)
     missing = [o.name for o in graph.output if o.name not in ctx.values]
     if problems or missing:
         raise unsupported_error(problems, opset) if problems else \
             BridgeError(f"ONNX import: graph outputs {missing} are produced by no node")
-    outputs = [ctx.tensor(o.name) for o in graph.output]
-    for o, nid in zip(graph.output, outputs):
+    flat, structure = [], []
+    for o in graph.output:  # a sequence or optional output is its items' outputs (ops_sequence)
+        items, shape_of_output = flatten_output(ctx, o)
+        flat += items
+        structure.append(shape_of_output)
+    outputs = [nid for _, nid, _ in flat]
+    for name, nid, _ in flat:
         src = b.nodes[nid].source
         if src is not None and src.tensor is None:
-            b.nodes[nid] = b.nodes[nid].with_(source=replace(src, tensor=o.name))
+            b.nodes[nid] = b.nodes[nid].with_(source=replace(src, tensor=name))
     static = sorted(init_names - ctx.used_keys)
     report: dict[str, Any] = {
         "framework": "onnx", "opset": opset, "producer": f"{model.producer_name} {model.producer_version}".strip(),
-        "inputs": [vi.name for vi in free_inputs], "outputs": [o.name for o in graph.output],
-        "output_types": [element_type_name(o.type.tensor_type.elem_type) if o.type.tensor_type.elem_type else None
-                         for o in graph.output],
+        "inputs": ir_inputs, "outputs": [name for name, _, _ in flat],
+        "output_types": [element_type_name(t) if t else None for _, _, t in flat],
         "precision": ctx.precision,
         "external_shapes": {t.name: list(t.dims) for t in graph.initializer if t.name in ctx.used_keys},
     }
+    if any(st != "tensor" for st in structure):
+        report["output_structure"] = structure
     if bound:
         report["bound_inputs"] = sorted(bound)
     if static:
@@ -266,6 +284,26 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
         from importers.onnx_keys import recover_keys, reference_tensors
         bundle = recover_keys(bundle, reference_tensors(reference), model)
     return bundle
+
+
+_STRUCTURED = ("sequence_type", "optional_type")
+
+
+def _split_structures(free_inputs: list[Any], structured: set[str], input_shapes: InputShapes
+                      ) -> tuple[InputShapes, dict[str, Any]]:
+    """``input_shapes`` without the sequence/optional inputs, and their structures (item shapes, a shape, or
+    None for an empty optional), which the caller must give by name."""
+    if not structured:
+        return input_shapes, {}
+    if not isinstance(input_shapes, Mapping) or not structured <= set(input_shapes):
+        name = sorted(structured - set(input_shapes or {}) if isinstance(input_shapes, Mapping) else structured)[0]
+        vi = next(v for v in free_inputs if v.name == name)
+        label = "a sequence" if vi.type.WhichOneof("value") == "sequence_type" else "an optional"
+        raise BridgeError(f"ONNX import: input `{name}` is {label} ({type_text(vi.type)}): its structure must be fixed "
+                          f"at import with input_shapes={{'{name}': [...]}} (a list of item shapes for a sequence, a "
+                          "shape or None for an optional)")
+    return ({k: v for k, v in input_shapes.items() if k not in structured},
+            {k: v for k, v in input_shapes.items() if k in structured})
 
 
 def _lower_nodes(ctx: OnnxContext, graph: Any) -> list[dict]:
@@ -349,6 +387,7 @@ def _lower_one(ctx: OnnxContext, node: Any) -> list:
     except Exception as e:  # a bug in a handler: keep its traceback, say which node it met
         add_node_note(e, f"ONNX node `{node.name or node.output[0]}` ({node.op_type}, opset {ctx.opset})")
         raise
+    outs = round_narrow_outputs(ctx, node, list(outs), start)  # narrow-typed outputs: one rounding each
     for name, value in zip(node.output, outs):
         if name and isinstance(value, int) and value >= start:
             ctx.retag(value, name)

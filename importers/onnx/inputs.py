@@ -2,8 +2,8 @@
 
 Only tensors of the IR's element types are accepted (float32/float64 as float, integer types as
 int64, bool); every other type is refused by its ONNX name (sequence, optional and map types
-included). float16 and bfloat16 are refused rather than evaluated in binary32/64, which would skip
-their rounding. A symbolic or missing batch dimension (axis 0) is 1, with a note; any other symbolic
+included). The narrow types (float16, bfloat16, float8, float4, float6, e8m0 as float; int4, int2 as
+int64) are held exactly in those, with their roundings explicit in the graph (docs/element-types.md). A symbolic or missing batch dimension (axis 0) is 1, with a note; any other symbolic
 dimension needs ``input_shapes``, and the message names each one.
 """
 
@@ -21,8 +21,8 @@ __all__ = ["InputShapes", "element_type_name", "check_tensor_type", "static_inpu
 
 InputShapes = Mapping[str, Sequence[int]] | Sequence[Sequence[int]] | None
 
-_FLOATS, _INTS, _BOOL = {1, 11}, {2, 3, 4, 5, 6, 7, 12, 13}, 9
-NARROW_FLOATS = {10, 16}  # float16, bfloat16
+NARROW_FLOATS = {10, 16, 17, 18, 19, 20, 23, 24, 27, 28}  # float16, bfloat16, float8*, float4, e8m0, float6*
+_FLOATS, _INTS, _BOOL = {1, 11} | NARROW_FLOATS, {2, 3, 4, 5, 6, 7, 12, 13, 21, 22, 25, 26}, 9
 
 
 def element_type_name(elem_type: int) -> str:
@@ -64,9 +64,6 @@ def check_tensor_type(vi: Any, what: str) -> None:
     et = vi.type.tensor_type.elem_type
     if et == 0 and what == "graph output":
         return  # unknown output type: the value's own type is used
-    if et in NARROW_FLOATS:
-        raise BridgeError(f"ONNX import: {what} `{vi.name}` is {element_type_name(et)}: evaluating it in binary32 "
-                          f"or binary64 would skip {element_type_name(et)} rounding, so it is refused")
     if et not in _FLOATS and et not in _INTS and et != _BOOL:
         raise BridgeError(f"ONNX import: {what} `{vi.name}` has element type {element_type_name(et)}, which the IR "
                           "does not support (float32/float64, integer types as int64, bool)")

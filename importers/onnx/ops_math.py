@@ -32,8 +32,9 @@ _UNARY = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "L
           "Acosh": "acosh", "Atanh": "atanh"}
 
 # ONNX TensorProto element types -> our element types
-_FLOATS, _INTS = {1, 10, 11, 16}, {2, 3, 4, 5, 6, 7, 12, 13}
-_NARROW_FLOATS = {10, 16}  # float16, bfloat16
+# (the narrow types are held exactly in float / int64 values: docs/element-types.md, ops_cast.py)
+_NARROW_FLOATS = {10, 16, 17, 18, 19, 20, 23, 24, 27, 28}  # float16, bfloat16, float8*, float4, e8m0, float6*
+_FLOATS, _INTS = {1, 11} | _NARROW_FLOATS, {2, 3, 4, 5, 6, 7, 12, 13, 21, 22, 25, 26}
 SELU_ALPHA, SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
 
 

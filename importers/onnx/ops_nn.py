@@ -282,9 +282,8 @@ def _normalized(ctx: OnnxContext, groups: int, note: str = "") -> list[Value]:
         y = decompositions.group_norm(ctx.b, ctx.operand(0), groups, float(ctx.attr("epsilon", 1e-5)), ctx.source)
     except decompositions.Undecomposable as e:
         raise ctx.fail(str(e)) from None
-    scale = _channel_param(ctx, 1, "scale", xs, note)
-    bias = _channel_param(ctx, 2, "bias", xs, note)
-    return [decompositions.channel_affine(ctx.b, y, scale, bias, ctx.source)]
+    return [decompositions.channel_affine(ctx.b, y, lambda: _channel_param(ctx, 1, "scale", xs, note),
+                                          lambda: _channel_param(ctx, 2, "bias", xs, note), ctx.source)]
 
 
 def _instance_norm(ctx: OnnxContext) -> list[Value]:

@@ -146,3 +146,4 @@ for _r, (_mp, _ap, _aap, _amp) in enumerate(((nn.MaxPool1d, nn.AvgPool1d, nn.Ada
                      "divisor_override"), modules=[_ap])
     register(_simple(nn_ops.ADAPTIVE_AVG_POOL[_r], "output_size"), modules=[_aap])
     register(_simple(nn_ops.ADAPTIVE_MAX_POOL[_r], "output_size", "return_indices"), modules=[_amp])
+from . import ops_recurrent  # noqa: E402,F401  nn.LSTM / nn.GRU / nn.RNN (flow)

@@ -300,7 +300,8 @@ def rms_norm(cx: Cx, input: Any, normalized_shape: Sequence[int], weight: Any = 
 def _channel_affine(cx: Cx, out: Any, weight: Any, bias: Any, shape: Sequence[int]) -> Any:
     """The per-channel scale and shift along axis 1 of an (N, C, ...) tensor."""
     channel_shape = [shape[1]] + [1] * (len(shape) - 2)
-    per_channel = [None if p is None else cx.node(layout.reshape(cx, p, channel_shape), FLOAT) for p in (weight, bias)]
+    per_channel = [None if p is None else (lambda p=p: cx.node(layout.reshape(cx, p, channel_shape), FLOAT))
+                   for p in (weight, bias)]
     return Sym(decompositions.channel_affine(cx.builder, cx.node(out, FLOAT), *per_channel, cx.source()))
 
 

@@ -44,10 +44,11 @@ from .rules import _ERR_SAFETY, BACKWARD, err_factor
 
 __all__ = ["linear_bounds", "LinearBounds", "Crown", "METHODS"]
 
-METHODS = ("crown", "ibp")
+METHODS = ("crown", "ibp", "alpha-crown")
 _BUDGET = 1 << 22  # coefficient entries per backward chunk (32 MiB of float64)
 _RELU_LIKE = frozenset({"relu", "leaky_relu", "prelu"})
 _MAX_POOLS = frozenset({"max_pool", "max_pool_nd"})
+_FEW_ROWS = 32  # below this many coefficient rows a pass multiplies whole weights instead of gathering columns
 
 
 @dataclass
@@ -134,6 +135,7 @@ class Crown:
             or _keeps_batch(g, node, n) for node in nodes)
         self.n = n if self.batched else 1
         self._ancestors: dict[int, list[int]] = {}
+        self._fusable: dict[tuple[int, int], bool] = {}
 
     def ishape(self, v: int) -> tuple[int, ...]:
         s = tuple(self.graph.nodes[v].out_shape)
@@ -151,6 +153,29 @@ class Crown:
                         mark[p] = True
             got = [v for v in np.flatnonzero(mark)[::-1].tolist()]
             self._ancestors[t] = got
+        return got
+
+    def fusable(self, t: int, v: int) -> bool:
+        """Whether a backward pass from linear node t can carry its rows through its parent v (an
+        elementwise relaxed node) and v's parent u (a linear layer) in one step: t is v's only
+        reader and v is u's only reader among t's ancestors, u's input is batched and varies."""
+        key = (t, v)
+        got = self._fusable.get(key)
+        if got is None:
+            g = self.graph
+            node_v = g.nodes[v]
+            got = node_v.kind in _RELU_LIKE and len(node_v.parents) >= 1
+            if got:
+                u = node_v.parents[0]
+                node_u = g.nodes[u]
+                got = (node_u.kind == "linear" and not self.const[u] and not self.const[node_u.parents[0]]
+                       and len(self.ishape(u)) == 2 and len(self.ishape(node_u.parents[0])) == 2
+                       and tuple(node_v.out_shape) == tuple(node_u.out_shape))
+                if got:
+                    readers = {x: [w for w in self.ancestors(t) if x in g.nodes[w].parents] for x in (u, v)}
+                    got = (readers[v] == [t] and g.nodes[t].parents.count(v) == 1 and readers[u] == [v]
+                           and node_v.parents.count(u) == 1)
+            self._fusable[key] = got
         return got
 
     def __call__(self, lower: Any, upper: Any, method: str = "crown", spec: np.ndarray | None = None,
@@ -179,13 +204,55 @@ class Crown:
                 lo, hi = run.refine(o, None)
             lowers.append(lo)
             uppers.append(hi)
-        result = LinearBounds(lowers, uppers, "crown", fallback=dict(sorted(run.fallback.items())),
+        label = "crown"
+        if method == "alpha-crown":
+            for i, o in enumerate(g.outputs):
+                got = _alpha(run, o, spec if spec_out is not None else None)
+                if got is None:
+                    continue
+                label = "alpha-crown"
+                if spec_out is not None:
+                    spec_out = (np.maximum(spec_out[0], got[0]), np.minimum(spec_out[1], got[1]), spec_out[2])
+                else:
+                    shape = lowers[i].shape
+                    lowers[i] = np.maximum(lowers[i], got[0].reshape(shape))
+                    uppers[i] = np.minimum(uppers[i], got[1].reshape(shape))
+        result = LinearBounds(lowers, uppers, label, fallback=dict(sorted(run.fallback.items())),
                               boxes=run.boxes if all_nodes else None)
         if spec_out is not None:
             s_lo, s_hi = _spec_box(self, run.boxes[g.outputs[0]], spec)  # never looser than the output box
             result.spec_lower, result.spec_upper = np.maximum(spec_out[0], s_lo), np.minimum(spec_out[1], s_hi)
             result.spec_coefficients = spec_out[2]
         return result
+
+
+def _alpha(run: "_Run", t: int, spec: np.ndarray | None) -> Box | None:
+    """alpha-CROWN bounds ``[N, K]`` of t's rows (the spec's, or every entry) with optimized ReLU
+    lower slopes, each row's final pass in the outward-rounded arithmetic; None when t's graph is not
+    a supported chain (see ``alpha``)."""
+    from .alpha import optimize_slopes, with_slopes
+    crown = run.crown
+    n = crown.n
+    width = math.prod(crown.ishape(t)[1:])
+    c = np.eye(width) if spec is None else _spec_matrix(spec, width)
+    k = c.shape[0]
+    rows = np.broadcast_to(np.concatenate([c, -c])[None], (n, 2 * k, width))
+    alphas = optimize_slopes(run, t, rows)
+    if alphas is None:
+        return None
+    lower, upper = np.empty((n, k)), np.empty((n, k))
+    for j in range(2 * k):
+        alt = with_slopes(run, alphas, j)
+        i = j % k
+        if spec is None:
+            low, neg_up = _Pass(alt, t, 0, n, rows=np.array([i])).run()
+        else:
+            low, neg_up = _Pass(alt, t, 0, n, spec=c[i:i + 1]).run()
+        if j < k:
+            lower[:, i] = low[:, 0]
+        else:
+            upper[:, i] = -neg_up[:, 0]
+    return lower, upper
 
 
 def _spec_matrix(spec: Any, width: int) -> np.ndarray:
@@ -569,16 +636,103 @@ class _Pass:
         node = self.graph.nodes[self.t]
         if self.row_ids is None or node.kind != "linear" or math.prod(self.tail(self.t)[:-1]) != 1:
             return {self.t: self._initial()}
-        w, _, bias = self.affine(node)
+        w, abs_w, bias = self.affine(node)
         p = node.parents[0]
-        picked = w[self.row_ids]
+        every = self.row_ids.size == w.shape[0] and np.array_equal(self.row_ids, np.arange(w.shape[0]))
+        picked = w if every else w[self.row_ids]
         n = self.n_rows
+        if self.crown.fusable(self.t, p) and p in self.run_.lines:
+            self.beta = self.beta + np.concatenate([bias[self.row_ids], -bias[self.row_ids]])[None]
+            return self._relu_linear(p, picked, abs_w if every else abs_w[self.row_ids])
         both = np.empty((2 * picked.shape[0], picked.shape[1]))
         both[:picked.shape[0]] = picked
         np.negative(picked, out=both[picked.shape[0]:])
         a = np.broadcast_to(both[None], (n,) + both.shape)
         self.beta = self.beta + np.concatenate([bias[self.row_ids], -bias[self.row_ids]])[None]
         return {p: a.reshape((n, a.shape[1]) + self.tail(p))}
+
+    def _relu_linear(self, v: int, x: np.ndarray, abs_x: np.ndarray) -> dict[int, np.ndarray]:
+        """Rows [X; -X] at a relaxed node v whose parent u is a linear layer read only by v, carried
+        through both to u's parent at once, without building the 2R-row arrays in between.
+
+        Off the columns where v's lines differ, carry intercepts or round (``special``), both halves
+        keep X times a 0/1 slope, so they share one product P = X_plain W_plain; on the special
+        columns each half has its own slopes: top = P + L W_s, bottom = -(P + H W_s), where L and
+        -H are the halves' coefficients there. Each half is one product A W summed in some order,
+        so its rounding is gamma_n <|A|, |W| M_w + |b|> (M_w bounding u's input), as in the linear rule.
+        """
+        run, g = self.run_, self.graph
+        u = g.nodes[v].parents[0]
+        node_u = g.nodes[u]
+        w_parent = node_u.parents[0]
+        weight, abs_weight, bias = self.affine(node_u)
+        lines = [self._slice(z) for z in run.lines[v]]
+        n = lines[0].shape[0]
+        a_l, b_l, a_u, b_u = (z.reshape(n, -1) for z in lines)
+        width = a_l.shape[1]
+        r = x.shape[0]
+        inexact = ~(((a_l == 0) | (a_l == 1)) & ((a_u == 0) | (a_u == 1)))
+        special_mask = ((a_l != a_u) | (b_l != 0) | (b_u != 0) | inexact).any(axis=0)
+        live_mask = ((a_l != 0) | (a_u != 0)).any(axis=0)
+        special = np.flatnonzero(special_mask)
+        plain = np.flatnonzero(live_mask & ~special_mask)
+        m_w = self.mag(w_parent).reshape(n, -1)
+        with np.errstate(all="ignore"):
+            q = m_w @ abs_weight.T  # [n, width]: |W| M_w bounds |W z_w| entrywise
+            f = err_factor(width + 1)
+            err_vec = (np.abs(bias)[None] + q) * f  # per unit of |coefficient| at u
+            # the plain columns: X times the 0/1 slope (exact), shared by both halves
+            mask = a_l[:, plain]  # 0 or 1 per sample
+            if n == 1 and np.all(mask == 1):
+                x_plain = x[:, plain][None]
+            else:
+                x_plain = x[None, :, plain] * mask[:, None, :]
+            shared_val = x_plain @ bias[plain]  # [n, R]
+            shared_err = (abs_x[:, plain][None] * mask[:, None, :]) @ err_vec[:, plain, None] if n > 1 else \
+                (abs_x[:, plain] @ err_vec[0, plain])[None]
+            shared_err = shared_err.reshape(n, r)
+            # the special columns: each half takes its slope and intercept by the sign of its coefficient.
+            # With xp = max(X, 0) and xn = min(X, 0) (one of them 0 per entry) the lower half's coefficients
+            # are xp a_l + xn a_u and the upper half's -(xn a_l + xp a_u); their intercept sums and every
+            # error sum (of |coefficient| times a weight) are products of xp and xn with a few vectors
+            xs = x[None, :, special]
+            xp, xn = np.maximum(xs, 0.0), np.minimum(xs, 0.0)
+            sl, su = a_l[:, special], a_u[:, special]
+            low = xp * sl[:, None]
+            low += xn * su[:, None]
+            high = xn * sl[:, None]
+            high += xp * su[:, None]  # the upper half's coefficients are -high
+            fs = err_factor(special.size + 1)
+            prod_factor = 2.0 * U * _ERR_SAFETY * (1.0 + err_factor(special.size))
+            # per unit of |coefficient|: the slope product's rounding (times |z_u|) and u's product and bias
+            weight_err = self.mag(u).reshape(n, -1)[:, special] * prod_factor + err_vec[:, special] * (1.0 + fs)
+            il, iu = b_l[:, special], b_u[:, special]
+            vecs = np.stack([il, iu, np.abs(il), np.abs(iu), np.abs(sl) * weight_err, np.abs(su) * weight_err], axis=-1)
+            on_p, on_n = xp @ vecs, xn @ vecs  # [n, R, 6]
+            intercepts = np.concatenate([on_p[..., 0] + on_n[..., 1], -(on_n[..., 0] + on_p[..., 1])], axis=1)
+            e_int = np.concatenate([on_p[..., 2] - on_n[..., 3], on_p[..., 3] - on_n[..., 2]], axis=1) * fs
+            self._acc(np.where(np.isnan(intercepts), -np.inf, intercepts), e_int)
+            # u's bias: <A, b> for each half, one dot product in two parts (its rounding is in err_vec)
+            b_s = bias[special]
+            shared_err = shared_err * (1.0 + err_factor(plain.size))
+            self._acc(np.concatenate([shared_val + low @ b_s, -(shared_val + high @ b_s)], axis=1),
+                      np.concatenate([shared_err + on_p[..., 4] - on_n[..., 5],
+                                      shared_err + on_p[..., 5] - on_n[..., 4]], axis=1) + MIN_NORMAL)
+            out = np.empty((n, 2 * r, weight.shape[1]))
+            if n * r < _FEW_ROWS:  # a few rows: products over every column beat gathering rows of W
+                full = np.zeros((n, 2 * r, width))
+                full[:, :r, plain] = x_plain
+                full[:, r:, plain] = x_plain
+                full[:, :r, special] = low
+                full[:, r:, special] = high
+                np.matmul(full, weight, out=out)
+            else:
+                p_shared = x_plain @ weight[plain]
+                w_s = weight[special]
+                np.add(p_shared, low @ w_s, out=out[:, :r])
+                np.add(p_shared, high @ w_s, out=out[:, r:])
+            np.negative(out[:, r:], out=out[:, r:])
+        return {w_parent: out.reshape((n, 2 * r) + self.tail(w_parent))}
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         run, g = self.run_, self.graph

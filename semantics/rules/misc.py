@@ -1,4 +1,4 @@
-"""Running products, determinants and bit casts (issue #15), each op's float and interval rule side by side.
+"""Running products, integer running sums, determinants and bit casts (issue #15), each op's float and interval rule side by side.
 
 ``cumprod`` multiplies left to right (numpy.cumprod's order, as PyTorch and onnx's reference do); on
 int64 values it is exact, and a product that leaves int64 or the node's ONNX type is refused, never
@@ -55,6 +55,23 @@ def cumprod(node, xs, rec, dt):
         raise domain_error(node, "a running product leaves int64 (ONNX would wrap it); refused, not wrapped")
     with np.errstate(over="ignore"):
         r = _along(x, a["axis"], a["exclusive"], a["reverse"], np.multiply, 1)
+    lo, hi, name = _int_range(a)
+    bad = (r < lo) | (r > hi)
+    if np.any(bad):
+        value = int(r.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])
+        raise domain_error(node, f"result {value} is outside {name} (ONNX would wrap it); refused, not wrapped")
+    return r
+
+
+@float_rule("int_cumsum")
+def int_cumsum(node, xs, rec, dt):
+    """Exact: the running sums of |x| bound every partial sum, so below 2^62 no int64 sum wrapped."""
+    a = node.attrs
+    x = np.asarray(xs[0], dtype=np.int64)
+    magnitude = _along(np.abs(x.astype(np.float64)), a["axis"], False, a["reverse"], np.add, 0.0)
+    if np.any(magnitude >= 2.0 ** 62):
+        raise domain_error(node, "a running sum may leave int64 (ONNX would wrap it); refused, not wrapped")
+    r = _along(x, a["axis"], a["exclusive"], a["reverse"], np.add, 0)
     lo, hi, name = _int_range(a)
     bad = (r < lo) | (r > hi)
     if np.any(bad):
@@ -123,6 +140,7 @@ def bitcast(node, xs, rec, dt):
 
 
 INTERVAL_REFUSALS = {
+    "int_cumsum": "integer arithmetic is evaluated on exact values only (bind or fold the integer inputs)",
     "det": "a determinant computed by pivoted elimination has no implemented enclosure",
     "bitcast": "reinterpreting bits is not monotone in the value",
 }

@@ -7,6 +7,9 @@ the importer names them, and ``run`` binds them with ``import_onnx(..., constant
 distinct bound value). The graph is evaluated in the model's declared float precision (float64 when a
 graph input or output is double, else float32), and each output is returned in the element type the
 model declares for it; an integer result that does not fit that type is an error, never wrapped.
+Narrow-typed inputs (float16, bfloat16, float8, int4...) are read exactly as float32 / int64, and
+narrow-typed outputs are written as their ml_dtypes arrays, checked to be on the type's grid
+(docs/element-types.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from onnx import helper
 
 from importers.onnx import import_onnx, load_model
 from semantics.evaluate import evaluate
+from semantics.narrow import NarrowError, format_of, narrow_array, widen
 
 from ..errors import BridgeError, UnsupportedError
 
@@ -72,6 +76,12 @@ def _output_array(value: np.ndarray, elem_type: int, name: str) -> np.ndarray:
     except (KeyError, TypeError, ValueError):
         raise BridgeError(f"ONNX backend: output `{name}` has element type {elem_type}, which has no numpy type") \
             from None
+    if format_of(want) is not None:  # narrow types: the value must be on their grid
+        try:
+            return narrow_array(value, format_of(want))
+        except NarrowError:
+            raise BridgeError(f"ONNX backend: output `{name}` holds values that are not {format_of(want)} values") \
+                from None
     if want.kind in "iu" and value.dtype.kind in "iub" and value.size:
         info = np.iinfo(want)
         lo, hi = int(value.min()), int(value.max())
@@ -89,10 +99,18 @@ class TorchLeanRep(base.BackendRep):
         self.dtype = dtype or _precision(self.model)
         init = {t.name for t in self.model.graph.initializer}
         self.input_names = [vi.name for vi in self.model.graph.input if vi.name not in init]
-        self.output_types = [vi.type.tensor_type.elem_type for vi in self.model.graph.output]
+        self.output_types = [_declared_elem_type(vi.type) for vi in self.model.graph.output]
         self.output_names = [vi.name for vi in self.model.graph.output]
         self.steering: list[str] = []
         self._bundles: dict[str, Any] = {}
+        # sequence / optional inputs: their structure (item count and shapes) is fixed per run's feeds
+        self.structured = [vi.name for vi in self.model.graph.input if vi.name not in init
+                           and vi.type.WhichOneof("value") in ("sequence_type", "optional_type")]
+        self._dynamic = [vi.name for vi in self.model.graph.input if vi.name not in init and vi.name not in
+                         self.structured and any(not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
+        self.bundle = None
+        if self.structured:
+            return
         try:
             self.bundle = import_onnx(self.model, **import_kwargs)
         except UnsupportedError as e:
@@ -107,12 +125,17 @@ class TorchLeanRep(base.BackendRep):
         are known may need further inputs, so binding repeats until nothing new is needed."""
         while True:
             constants = {n: feeds[n] for n in self.steering}
+            structure = {n: _structure(feeds[n]) for n in self.structured}
             key = hashlib.sha256(b"".join(n.encode() + np.ascontiguousarray(v).tobytes() + str((v.dtype, v.shape))
-                                          .encode() for n, v in constants.items())).hexdigest()
+                                          .encode() for n, v in constants.items()) + repr(structure).encode()).hexdigest()
             if key in self._bundles:
                 return self._bundles[key]
+            kwargs = dict(self._kwargs)
+            if structure or self.steering:  # dynamic extents as this run's feeds have them
+                dynamic = {n: list(feeds[n].shape) for n in self._dynamic if n not in self.steering}
+                kwargs["input_shapes"] = {**dynamic, **dict(kwargs.get("input_shapes") or {}), **structure}
             try:
-                self._bundles[key] = import_onnx(self.model, constants=constants, **self._kwargs)
+                self._bundles[key] = import_onnx(self.model, constants=constants, **kwargs)
                 return self._bundles[key]
             except UnsupportedError as e:
                 more = _needed_inputs(e, set(self.input_names), self.model) - set(self.steering)
@@ -125,9 +148,10 @@ class TorchLeanRep(base.BackendRep):
         feeds = self._feeds(inputs)
         bundle = self.bundle if self.bundle is not None else self._bound_bundle(feeds)
         names = bundle.report.get("inputs", self.input_names)
-        values = evaluate(bundle.graph, bundle.payload, [feeds[n] for n in names], dtype=self.dtype)
-        return tuple(_output_array(np.asarray(v), t, n) for v, t, n in zip(values, self.output_types,
-                                                                            self.output_names))
+        flat = _flat_feeds(feeds, self.structured)
+        values = evaluate(bundle.graph, bundle.payload, [flat[n] for n in names], dtype=self.dtype)
+        structure = bundle.report.get("output_structure", ["tensor"] * len(self.output_names))
+        return tuple(_regroup(values, structure, self.output_types, self.output_names))
 
     def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
         if isinstance(inputs, Mapping):
@@ -137,12 +161,72 @@ class TorchLeanRep(base.BackendRep):
             missing = [n for n in self.input_names if n not in inputs]
             if missing:
                 raise BridgeError(f"ONNX backend: missing inputs {missing}")
-            return {n: np.asarray(inputs[n]) for n in self.input_names}
+            return {n: _feed(inputs[n]) for n in self.input_names}
         arrays = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
         if len(arrays) != len(self.input_names):
             raise BridgeError(f"ONNX backend: {len(arrays)} inputs given for the model's {len(self.input_names)} "
                               f"inputs {self.input_names}")
-        return {n: np.asarray(a) for n, a in zip(self.input_names, arrays)}
+        return {n: _feed(a) for n, a in zip(self.input_names, arrays)}
+
+
+def _feed(value: Any) -> Any:
+    """An input value: an array, a list of arrays (a sequence) or None (an empty optional)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [widen(v) for v in value]
+    return widen(value)  # narrow types (float16, float8, int4...) exactly as float32 / int64
+
+
+def _structure(value: Any) -> Any:
+    """What ``import_onnx``'s input_shapes says about a sequence/optional input: item shapes, a shape, None."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [list(v.shape) for v in value]
+    return list(value.shape)
+
+
+def _flat_feeds(feeds: dict[str, Any], structured: Sequence[str]) -> dict[str, np.ndarray]:
+    """Feeds by IR input name: a sequence input's items are ``name[k]`` (importers/onnx/ops_sequence)."""
+    flat = {}
+    for name, value in feeds.items():
+        if name in structured and isinstance(value, list):
+            flat.update({f"{name}[{k}]": v for k, v in enumerate(value)})
+        elif value is not None:
+            flat[name] = value
+    return flat
+
+
+def _declared_elem_type(tp: Any) -> int:
+    """The element type of a (possibly sequence or optional) ONNX type; 0 when unknown."""
+    for _ in range(8):
+        kind = tp.WhichOneof("value")
+        if kind == "sequence_type":
+            tp = tp.sequence_type.elem_type
+        elif kind == "optional_type":
+            tp = tp.optional_type.elem_type
+        else:
+            return tp.tensor_type.elem_type if kind == "tensor_type" else 0
+    return 0
+
+
+def _regroup(values: Sequence[Any], structure: Sequence[Any], types: Sequence[int], names: Sequence[str]) -> list:
+    """The IR outputs regrouped into the model's outputs: tensors, lists (sequences), None (empty optionals)."""
+    out: list[Any] = []
+    k = 0
+    for shape_of, elem, name in zip(structure, types, names):
+        inner = shape_of["optional"] if isinstance(shape_of, dict) and "optional" in shape_of else shape_of
+        if inner is None:
+            out.append(None)
+        elif isinstance(inner, dict):
+            n = inner["sequence"]
+            out.append([_output_array(np.asarray(v), elem, name) for v in values[k:k + n]])
+            k += n
+        else:
+            out.append(_output_array(np.asarray(values[k]), elem, name))
+            k += 1
+    return out
 
 
 def supports_device(device: str) -> bool:

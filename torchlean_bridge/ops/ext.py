@@ -55,7 +55,7 @@ def _sort(attrs: A, p: P, d: Shape) -> Shape:
     return tuple(s[:ax]) + (k,) + tuple(s[ax + 1:])
 
 
-register(OpSpec("sort", "ext", 1, 1, _sort,
+register(OpSpec("sort", "ext", 1, 1, _sort, dtype=same_as_parent,
                 attrs=(Attr("axis", "nat"), Attr("k", "nat"), Attr("descending", "bool", False)),
                 doc="the k smallest (or largest, `descending`) values along `axis`, in order: torch.sort/topk "
                     "values, ONNX TopK values (k = the extent is a full sort)"))
@@ -456,3 +456,8 @@ register(OpSpec("bitcast", "ext", 1, 1, _identity,
                        Attr("target", "str", choices=tuple(BITCAST_TYPES))), dtype=_bitcast_dtype,
                 doc="the bits of each `source` value read as a `target` value of the same width (ONNX BitCast); "
                     "a value the `source` type cannot hold exactly is refused"))
+register(OpSpec("int_cumsum", "ext", 1, 1, _axis_keep,
+                attrs=(Attr("axis", "nat"), Attr("exclusive", "bool", False), Attr("reverse", "bool", False))
+                + INT_TYPE_ATTRS, dtype=_int_only("int_cumsum"),
+                doc="integer running sums along `axis` (ONNX CumSum on int8..uint64), exact; every sum must fit "
+                    "the `bits`/`signed` type"))

@@ -1,0 +1,171 @@
+"""ONNX TopK and MaxPool with their Indices outputs, MaxUnpool, Slice with negative steps, and Pow of every
+type pair.
+
+TopK's values stay ``sort`` and its Indices are ``topk_indices`` (int64, ties by lower index); MaxPool's Indices
+are ``max_pool_indices`` next to the pooled values; MaxUnpool is ``max_unpool``. A negative Slice step is a
+``gather`` with the constant positions it reads (exact data movement). Pow: a uniform constant exponent keeps the
+unary ``pow``; two floats are ``pow_elem``; two integers are ``int_pow`` (exact in int64, in the base's ONNX type);
+an integer exponent of a float base is cast to float first (as onnx's reference promotes it); a float exponent of
+an integer base computes in float and truncates toward zero, as the reference's ``astype`` does.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from torchlean_bridge.ops import FLOAT, INT64, REGISTRY
+from torchlean_bridge.ops.contracts import broadcast_shapes
+
+from . import ops_math, ops_nn, ops_reduce, ops_tensor
+from .context import OnnxContext, Value
+from .ops_int import _INT_TYPES
+
+__all__ = ["HANDLERS", "OPSETS", "EMITS"]
+
+Handler = Callable[[OnnxContext], list[Value]]
+
+
+def _read(ctx: OnnxContext, i: int) -> bool:
+    return len(ctx.node.output) > i and bool(ctx.node.output[i]) and ctx.consumer_count(ctx.node.output[i]) > 0
+
+
+# -- TopK -------------------------------------------------------------------------------------
+
+def _topk(ctx: OnnxContext) -> list[Value]:
+    k = int(ctx.attr("k")) if ctx.opset < 10 else int(np.asarray(ctx.static(1, "K")).reshape(-1)[0])
+    axis = ctx.axis(int(ctx.attr("axis", -1)), ctx.rank(0))
+    if k < 0 or k > ctx.shape(0)[axis]:
+        raise ctx.fail(f"k={k} for an axis of extent {ctx.shape(0)[axis]}")
+    attrs = {"axis": axis, "k": k, "descending": bool(ctx.attr("largest", 1))}
+    x = ctx.operand(0)
+    outs: list[Value] = [ctx.add("sort", [x], attrs)]
+    if _read(ctx, 1):
+        outs.append(ctx.add("topk_indices", [x], attrs))
+    return outs
+
+
+# -- MaxPool with Indices, MaxUnpool ----------------------------------------------------------
+
+def _max_pool(ctx: OnnxContext) -> list[Value]:
+    """The pooled values as ops_nn lowers them (storage_order orders the indices only), and the Indices when read;
+    integer inputs are ops_reduce's (pooled through an exact cast, their Indices refused)."""
+    if ctx.dtype(0) != FLOAT:
+        return ops_reduce.HANDLERS["MaxPool"](ctx)
+    xs = ctx.shape(0)
+    kernel = list(ctx.attr("kernel_shape"))
+    r = len(kernel)
+    strides = list(ctx.attr("strides") or [1] * r)
+    dilations = list(ctx.attr("dilations") or [1] * r)
+    if len(xs) < r + 1:
+        raise ctx.fail(f"input rank {len(xs)} for a {r}-d window")
+    ops_nn._check_window(ctx, r, kernel, strides, dilations)
+    before, after = ops_nn._window_pads(ctx, xs[len(xs) - r:], kernel, strides, dilations)
+    attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
+             "padding_after": tuple(after), "dilation": tuple(dilations), "ceil_mode": bool(ctx.attr("ceil_mode", 0)),
+             "count_include_pad": True}
+    out = tuple(REGISTRY["max_pool_nd"].infer(attrs, [xs], ()))
+    declared = ctx.declared.get(ctx.node.output[0])
+    if declared is not None and declared != out:
+        raise ctx.fail(f"output shape {list(declared)} differs from the window rule's {list(out)}")
+    rewrite = REGISTRY["max_pool_nd"].v1_rewrite(attrs, [xs], out)
+    x = ctx.operand(0)
+    values = ctx.add(rewrite[0], [x], rewrite[1]) if rewrite is not None else ctx.add("max_pool_nd", [x], attrs)
+    order = int(ctx.attr("storage_order", 0))
+    if order not in (0, 1):
+        raise ctx.fail(f"storage_order={order}")
+    if not _read(ctx, 1):
+        return [values]
+    return [values, ctx.add("max_pool_indices", [x], {**attrs, "storage_order": bool(order)})]
+
+
+def _max_unpool(ctx: OnnxContext) -> list[Value]:
+    xs = ctx.shape(0)
+    kernel = list(ctx.attr("kernel_shape"))
+    r = len(kernel)
+    strides = list(ctx.attr("strides") or [1] * r)
+    pads = list(ctx.attr("pads") or [0] * (2 * r))
+    if len(xs) != r + 2 or len(strides) != r or len(pads) != 2 * r or any(v < 1 for v in kernel + strides):
+        raise ctx.fail(f"kernel_shape {kernel}, strides {strides}, pads {pads} for an input of rank {len(xs)}")
+    if ctx.dtype(1) != INT64:
+        raise ctx.fail(f"indices of element type {ctx.onnx_type(ctx.node.input[1])}")
+    grid = list(xs[:2]) + [(n - 1) * s + k - pb - pa for n, s, k, pb, pa
+                           in zip(xs[2:], strides, kernel, pads[:r], pads[r:])]
+    out = [int(v) for v in ctx.ints(2, "output_shape")] if ctx.has_input(2) else grid
+    if len(out) != len(xs) or any(v < 1 for v in grid) or any(o < g for o, g in zip(out, grid)):
+        raise ctx.fail(f"output shape {out} for an input of shape {list(xs)} (the pooled grid is {grid}; onnx's "
+                       "reference places it at the origin of a larger output)")
+    return [ctx.add("max_unpool", [ctx.operand(0), ctx.operand(1)], {"scatter_shape": tuple(grid),
+                                                                      "out_shape": tuple(out)})]
+
+
+# -- Slice with negative steps ------------------------------------------------------------------
+
+def _slice(ctx: OnnxContext) -> list[Value]:
+    if ctx.opset < 10 or not ctx.has_input(4) or all(v > 0 for v in ctx.ints(4, "steps")):
+        return ops_tensor._slice(ctx)
+    s = ctx.shape(0)
+    starts, ends = ctx.ints(1, "starts"), ctx.ints(2, "ends")
+    axes = ctx.ints(3, "axes") if ctx.has_input(3) else list(range(len(starts)))
+    steps = ctx.ints(4, "steps")
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.fail("starts, ends, axes and steps differ in length")
+    axes = [ctx.axis(a, len(s)) for a in axes]
+    if len(set(axes)) != len(axes):
+        raise ctx.fail(f"axes {axes} repeat an axis")
+    x: Value = ctx.values[ctx.node.input[0]]
+    for ax, st, en, sp in zip(axes, starts, ends, steps):
+        n = s[ax]
+        if sp == 0:
+            raise ctx.fail(f"step 0 on axis {ax}")
+        # ONNX's clamping: [0, n] for a positive step, [0, n - 1] (start) and [-1, n - 1] (end) for a negative one
+        if sp < 0 and st < -n:
+            raise ctx.fail(f"start {st} below -{n} with step {sp} on axis {ax}: the spec clamps it to 0 (one cell "
+                           "read), onnx's reference (numpy) reads nothing")
+        st = st + n if st < 0 else st
+        en = en + n if en < 0 else en
+        if sp > 0:
+            st, en = min(max(st, 0), n), min(max(en, 0), n)
+        else:
+            st, en = min(max(st, 0), n - 1), min(max(en, -1), n - 1)
+        positions = np.arange(st, en, sp, dtype=np.int64)
+        if sp == 1 and positions.size == n:
+            continue
+        data = ctx.operand(0) if x is ctx.values[ctx.node.input[0]] else x
+        x = ctx.add("gather", [data, ctx.b.const(positions, source=ctx.source, folded=True)], {"axis": ax})
+    return [x]
+
+
+# -- Pow ----------------------------------------------------------------------------------------
+
+def _pow(ctx: OnnxContext) -> list[Value]:
+    base_t, exp_t = ctx.dtype(0), ctx.dtype(1)
+    if FLOAT not in (base_t, exp_t) and {base_t, exp_t} != {INT64}:
+        raise ctx.fail(f"Pow of {ctx.onnx_type(ctx.node.input[0])} and {ctx.onnx_type(ctx.node.input[1])}")
+    exp = ctx.const(1)
+    uniform = exp is not None and exp.value.size > 0 and np.all(exp.value == exp.value.reshape(-1)[0])
+    if base_t == FLOAT and uniform and np.isfinite(float(exp.value.reshape(-1)[0])):
+        return ops_math.HANDLERS["Pow"](ctx)
+    shape = broadcast_shapes(ctx.shape(0), ctx.shape(1), "Pow")
+    a = ctx.b.broadcast(ctx.operand(0), shape, ctx.source)
+    b = ctx.b.broadcast(ctx.operand(1), shape, ctx.source)
+    if base_t == INT64 and exp_t == INT64:
+        bits, signed = _INT_TYPES.get(ctx.onnx_type(ctx.node.input[0]), (None, None))
+        if bits is None:
+            raise ctx.fail(f"integer Pow of {ctx.onnx_type(ctx.node.input[0])} values")
+        return [ctx.add("int_pow", [a, b], {"bits": bits, "signed": signed})]
+    if exp_t == INT64:
+        b = ctx.add("cast", [b], {"dtype": FLOAT})
+    if base_t == INT64:
+        y = ctx.add("pow_elem", [ctx.add("cast", [a], {"dtype": FLOAT}), b])
+        return [ctx.add("cast", [y], {"dtype": INT64})]
+    return [ctx.add("pow_elem", [a, b])]
+
+
+HANDLERS: dict[str, Handler] = {"TopK": _topk, "MaxPool": _max_pool, "MaxUnpool": _max_unpool, "Slice": _slice,
+                                "Pow": _pow}
+OPSETS: dict[str, tuple[int, int]] = {"TopK": (1, 24), "MaxPool": (1, 22), "MaxUnpool": (9, 22), "Slice": (1, 13),
+                                      "Pow": (7, 15)}
+EMITS = frozenset({"sort", "topk_indices", "max_pool_nd", "max_pool", "max_pool_indices", "max_unpool", "gather",
+                   "slice", "const", "pow", "pow_elem", "int_pow", "cast", "broadcast_to"})

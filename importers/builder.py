@@ -167,8 +167,6 @@ class GraphBuilder:
                                              fuse_linear_bias)
         full_report = dict(report or {})
         full_report.setdefault("framework", self.framework)
-        if self.notes:
-            full_report["notes"] = list(self.notes)
         bundle = Bundle(Graph(self.nodes, self.inputs, outputs), self.payload, RoleMap(self.bindings), full_report)
         if not keep_dead:
             bundle, _ = eliminate_dead_code(bundle)
@@ -176,5 +174,21 @@ class GraphBuilder:
             bundle, _ = fuse_linear_bias(bundle)
             bundle, _ = canonicalize(bundle)
             bundle, _ = eliminate_common_subexpressions(bundle)
+        notes = list(bundle.report.get("notes", [])) + self.notes + _semantic_notes(bundle.graph, self.framework)
+        if notes:
+            bundle = Bundle(bundle.graph, bundle.payload, bundle.roles, {**bundle.report, "notes": notes})
         check(bundle.graph)
         return bundle
+
+
+def _semantic_notes(g: Graph, framework: str) -> list[str]:
+    """Where the IR's TorchLean semantics differ from the framework's on some inputs, said once per
+    import (the graph is still exact wherever the framework's own result is defined alike)."""
+    source = {"fx": "torch", "export": "torch"}.get(framework, framework)
+    if source in ("onnx", "torch") and any(n.kind == "sqrt" for n in g):
+        ids = [n.id for n in g if n.kind == "sqrt"]
+        shown = ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        return [f"sqrt (node{'s' if len(ids) > 1 else ''} {shown}): TorchLean's sqrt is sqrt(max(x, 0)), so a "
+                f"negative argument gives 0 where {source} gives NaN; the values agree wherever the argument "
+                "is >= 0"]
+    return []

@@ -635,3 +635,99 @@ FAMILIES: dict[str, Callable] = {
     "reduce": reduce, "pad": pad, "misc_unary": misc_unary, "index_ops": index_ops, "spatial": spatial,
     "two_node": two_node,
 }
+
+
+def misc_small(rng):
+    """Unique, Compress, EyeLike, ReverseSequence, the windows, NonMaxSuppression (ops_misc / ops_sequence)."""
+    pick = int(rng.integers(0, 7))
+    if pick == 0:
+        rank = int(rng.integers(1, 3))
+        shape = _shape(rng, rank, 1, 5)
+        x = rng.integers(-2, 3, shape).astype(np.float64)
+        attrs = {"sorted": int(rng.integers(0, 2))}
+        if rng.random() < 0.5:
+            attrs["axis"] = int(rng.integers(-rank, rank))
+        m = model([N("Unique", ["x"], ["y", "i", "inv", "c"], **attrs)], [("x", TP.DOUBLE, shape)],
+                  [("y", TP.DOUBLE), ("i", TP.INT64), ("inv", TP.INT64), ("c", TP.INT64)], opset=11)
+        return Case(m, {"x": x}, note=f"Unique {shape} {attrs}")
+    if pick == 1:
+        rank = int(rng.integers(1, 3))
+        shape = _shape(rng, rank, 1, 5)
+        axis = int(rng.integers(-rank, rank)) if rng.random() < 0.7 else None
+        n = shape[axis] if axis is not None else int(np.prod(shape))
+        cond = rng.random(int(rng.integers(1, n + 1))) < 0.6
+        attrs = {"axis": axis} if axis is not None else {}
+        return _unary(rng, "Compress", attrs, shape, opset=11, extra_inits=[("c", cond)])
+    if pick == 2:
+        shape = _shape(rng, 2, 1, 5)
+        attrs = {"k": int(rng.integers(-4, 5))}
+        return _unary(rng, "EyeLike", attrs, shape, opset=9)
+    if pick == 3:
+        seq, batch = _shape(rng, 2, 1, 5)
+        lens = rng.integers(1, seq + 1, batch).astype(np.int64)
+        batch_axis = int(rng.integers(0, 2))
+        shape = [batch, seq, 2] if batch_axis == 0 else [seq, batch, 2]
+        return _unary(rng, "ReverseSequence", {"batch_axis": batch_axis, "time_axis": 1 - batch_axis}, shape,
+                      opset=10, extra_inits=[("l", lens)])
+    if pick == 4:
+        op = str(rng.choice(["HannWindow", "HammingWindow", "BlackmanWindow"]))
+        n = int(rng.integers(1, 12))
+        m = model([N(op, ["n"], ["y"], periodic=int(rng.integers(0, 2)), output_datatype=TP.DOUBLE)], [],
+                  [("y", TP.DOUBLE)], [("n", np.array(n, np.int64))], opset=17)
+        return Case(m, {}, note=f"{op} {n}")
+    if pick == 5:
+        nb, nc, nbox = 1, int(rng.integers(1, 3)), int(rng.integers(1, 7))
+        corners = rng.uniform(0, 10, [nb, nbox, 2])
+        boxes = np.concatenate([corners, corners + rng.uniform(0.5, 5, [nb, nbox, 2])], -1)
+        cpc = int(rng.random() < 0.5)
+        if cpc:
+            boxes = boxes[..., [1, 0, 3, 2]]
+            boxes = np.concatenate([(boxes[..., :2] + boxes[..., 2:]) / 2, boxes[..., 2:] - boxes[..., :2]], -1)
+        scores = np.round(rng.uniform(0, 1, [nb, nc, nbox]), 2)
+        inits = [("mo", np.array([int(rng.integers(0, 5))], np.int64)), ("iou", np.array([0.4], np.float32)),
+                 ("st", np.array([0.2], np.float32))]
+        m = model([N("NonMaxSuppression", ["b", "s", "mo", "iou", "st"], ["y"], center_point_box=cpc)],
+                  [("b", TP.FLOAT, [nb, nbox, 4]), ("s", TP.FLOAT, [nb, nc, nbox])], [("y", TP.INT64)], inits, 11)
+        return Case(m, {"b": boxes.astype(np.float32), "s": scores.astype(np.float32)},
+                    note=f"NonMaxSuppression {nbox} boxes cpc={cpc}")
+    n_mel, dft_len = int(rng.integers(1, 6)), int(rng.integers(4, 17))
+    inits = [("a", np.array(n_mel, np.int64)), ("b", np.array(dft_len, np.int64)), ("c", np.array(8000, np.int64)),
+             ("d", np.array(float(rng.uniform(0, 500)), np.float32)),
+             ("e", np.array(float(rng.uniform(1000, 4000)), np.float32))]
+    m = model([N("MelWeightMatrix", ["a", "b", "c", "d", "e"], ["y"], output_datatype=TP.DOUBLE)], [],
+              [("y", TP.DOUBLE)], inits, opset=17)
+    return Case(m, {}, note=f"MelWeightMatrix mel={n_mel} dft={dft_len}")
+
+
+FAMILIES["misc_small"] = misc_small
+
+
+def scan_sequence(rng):
+    """Scan (a running sum with scan in/out axes and directions), SplitToSequence -> ConcatFromSequence."""
+    vi = helper.make_tensor_value_info
+    if rng.random() < 0.5:
+        seq, width = _shape(rng, 2, 1, 4)
+        in_axis, out_axis = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+        in_dir, out_dir = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+        body = helper.make_graph([N("Add", ["s", "xi"], ["s2"]), N("Tanh", ["s2"], ["yo"]),
+                                  N("Identity", ["s2"], ["so"])], "body",
+                                 [vi("s", TP.DOUBLE, [width]), vi("xi", TP.DOUBLE, [width])],
+                                 [vi("so", TP.DOUBLE, [width]), vi("yo", TP.DOUBLE, [width])])
+        xs = [seq, width] if in_axis == 0 else [width, seq]
+        m = model([N("Scan", ["s0", "x"], ["sf", "y"], body=body, num_scan_inputs=1, scan_input_axes=[in_axis],
+                     scan_output_axes=[out_axis], scan_input_directions=[in_dir], scan_output_directions=[out_dir])],
+                  [("s0", TP.DOUBLE, [width]), ("x", TP.DOUBLE, xs)], [("sf", TP.DOUBLE), ("y", TP.DOUBLE)], opset=16)
+        return Case(m, {"s0": rand(rng, [width]), "x": rand(rng, xs)},
+                    note=f"Scan {xs} axes {in_axis}/{out_axis} dirs {in_dir}/{out_dir}")
+    shape = _shape(rng, 2, 2, 5)
+    axis = int(rng.integers(0, 2))
+    new_axis = int(rng.integers(0, 2))
+    keep = int(rng.integers(0, 2))
+    nodes = [N("SplitToSequence", ["x"], ["sq"], axis=axis, keepdims=keep),
+             N("ConcatFromSequence", ["sq"], ["y"], axis=axis if new_axis == 0 or keep else 0, new_axis=new_axis)]
+    m = model(nodes, [("x", TP.DOUBLE, shape)], [("y", TP.DOUBLE)], opset=16)
+    return Case(m, {"x": rand(rng, shape)}, note=f"SplitToSequence->ConcatFromSequence {shape} axis {axis} "
+                                                 f"keep {keep} new_axis {new_axis}")
+
+
+FAMILIES["scan_sequence"] = scan_sequence

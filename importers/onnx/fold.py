@@ -51,9 +51,29 @@ def _run_reference(node: Any, opset: int, feeds: dict[str, np.ndarray]) -> list[
         return [np.expand_dims(x, tuple(axes))]
     if node.op_type == "GatherElements":
         return [_gather_elements(node, feeds)]
+    if node.op_type == "Unique":
+        return _unique(node, feeds)
     from onnx.reference import ReferenceEvaluator
     evaluator = ReferenceEvaluator(node, opsets={"": opset})
     return [np.asarray(v) for v in evaluator.run(None, feeds)]
+
+
+def _unique(node: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Unique computed here: onnx's reference (1.23) indexes the unflattened input when sorted=0 and no
+    axis is given (IndexError on a rank >= 2 input). sorted=0 orders by first occurrence."""
+    x, axis = feeds[node.input[0]], attr_value(node, "axis")
+    if axis is None:
+        x = x.reshape(-1)
+    y, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True,
+                                          axis=None if axis is None else int(axis))
+    inverse = inverse.reshape(-1)
+    if not attr_value(node, "sorted", 1):
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        y = np.take(y, order, axis=0 if axis is None else int(axis))
+        first, counts, inverse = first[order], counts[order], rank[inverse]
+    return [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)][:len(node.output)]
 
 
 def _layout_step(node: Any, data: Const, result: np.ndarray) -> str | None:

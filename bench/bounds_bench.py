@@ -15,7 +15,9 @@ kept (CROWN with sparse intermediate bounds, patches for convolutions, adaptive 
 Without it the peer columns are skipped.
 
 Run: ``python bench/bounds_bench.py [--repeat N] [--eps R] [--threads T] [--only mlp,cnn,res]
-[--batches 1,64] [--methods ibp,crown]``. Both
+[--batches 1,64] [--methods ibp,crown,alpha-crown]``. alpha-CROWN (ours: optimized slopes for the
+output bounds of linear/relu chains; auto_LiRPA's: its defaults, 20 Adam steps, which also optimize
+the intermediate bounds) is not run by default. Both
 sides get the same number of BLAS/OpenMP threads (default 1: on a shared host a multi-threaded BLAS
 spins on busy cores and the timings measure the neighbours, not the code).
 """
@@ -43,7 +45,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for both sides")
     parser.add_argument("--only", default="mlp,cnn,res", help="comma-separated cases: mlp, cnn, res")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
-    parser.add_argument("--methods", default="ibp,crown", help="comma-separated methods: ibp, crown")
+    parser.add_argument("--methods", default="ibp,crown", help="comma-separated methods: ibp, crown, alpha-crown")
     return parser.parse_args()
 
 
@@ -178,7 +180,8 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
     propagator = IntervalPropagator(bundle.graph, bundle.payload)
     crown = Crown(bundle.graph, bundle.payload)
     ours = {"IBP": lambda: propagator(lower, upper)[out],
-            "CROWN": lambda: (lambda r: (r.lower[0], r.upper[0]))(crown(lower, upper))}
+            "CROWN": lambda: (lambda r: (r.lower[0], r.upper[0]))(crown(lower, upper)),
+            "alpha-CROWN": lambda: (lambda r: (r.lower[0], r.upper[0]))(crown(lower, upper, method="alpha-crown"))}
     for method, fn in ours.items():
         if method.lower() not in methods:
             continue
@@ -189,7 +192,7 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
         times = median_times(fns, repeat)
         lo, hi = fn()
         width = hi - lo
-        line = f"{name:<28} {method:<5} ours {times[0] * 1e3:9.2f} ms"
+        line = f"{name:<28} {method:<11} ours {times[0] * 1e3:9.2f} ms"
         if peer is None:
             print(f"{line}   output width mean {width.mean():.9g}")
             continue

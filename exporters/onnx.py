@@ -727,4 +727,15 @@ def _int_wrap(w: OnnxWriter, node: Node) -> None:
     w.emit("Cast", [narrow], w.out(node), node, to=TensorProto.INT64)
 
 
-ONNX_EXPORTERS.update({"round_float": _round_float, "int_wrap": _int_wrap})
+def _int_conv(w: OnnxWriter, node: Node) -> None:
+    """A binary64 Conv of the operands, back to int64: exact, since the IR refuses sums that could reach 2^53."""
+    from onnx import TensorProto
+    a = node.attrs
+    x, k = (w.emit("Cast", [v], None, node, to=TensorProto.DOUBLE) for v in w.operands(node))
+    conv = w.emit("Conv", [x, k], None, node, kernel_shape=list(a["kernel"]), strides=list(a["stride"]),
+                  pads=list(a["padding"]) + list(a["padding_after"]), dilations=list(a["dilation"]), group=a["groups"])
+    w.emit("Cast", [conv], w.out(node), node, to=TensorProto.INT64)
+
+
+ONNX_EXPORTERS.update({"round_float": _round_float, "int_wrap": _int_wrap, "int_matmul": _simple("MatMul"),
+                       "int_conv": _int_conv})

@@ -593,3 +593,70 @@ def test_float32_and_strided_inputs_reach_the_reference_module_in_float64(seed_f
     for x in (np.array([0.5, -1.0, 2.0], np.float32), np.array([2.0, -1.0, 0.5])[::-1]):
         report = audit(bias_pair_bundle(), same.state_dict(), reference=same, inputs=[x], samples=0)
         assert report.ok and report.error_before < 1e-6
+
+
+def test_an_onnx_bundle_audited_against_the_module_takes_the_module_keys(tmp_path):
+    """The exporter named the initializers W1/B1/W2/B2; against the trusted module the bundle's keys
+    are recovered by value from the file's own weights, so a swapped state_dict is named in the
+    module's keys (and a file already in those keys is used as it is)."""
+    import torchlean_bridge as tlb
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)).eval()
+    w = {k: v.detach().numpy().astype(np.float64) for k, v in net.state_dict().items()}
+    renamed = tlb.import_onnx(onnx_mlp(tmp_path, "m.onnx", w["0.weight"], w["0.bias"], w["2.weight"], w["2.bias"]))
+    assert set(renamed.roles) == {"W1", "B1", "W2", "B2"}
+    sd = swapped(net.state_dict(), "0.bias", "2.bias")
+    report = audit(renamed, sd, reference=net, inputs=[np.zeros((1, 4))], samples=3, tolerance=1e-5)
+    assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")]
+
+
+class _DataParallelLike(nn.Module):
+    """A wrapper whose state_dict keys carry DataParallel's ``module.`` prefix."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.module = net
+
+    def forward(self, x):
+        return self.module(x)
+
+
+def test_suspects_are_the_keys_that_differ_from_the_trusted_module_without_its_module_prefix():
+    from torchlean_bridge.app.audit import _suspects
+    net, _ = _three_layer()
+    sd = swapped(net.state_dict(), "0.bias", "2.bias")
+    tensors = {k: v.numpy() for k, v in sd.items()}
+    assert _suspects(_DataParallelLike(net), tensors, sd) == {"0.bias", "2.bias"}
+    assert _suspects([np.zeros(3)], tensors, sd) == set(tensors)  # golden outputs: every key
+
+
+def test_unresolved_carries_the_number_of_candidates():
+    net, bundle = _three_layer()
+    sd = {k: v.clone() for k, v in net.state_dict().items()}
+    sd["0.bias"] = sd["0.bias"] + 0.75
+    (unresolved,) = kinds(audit(bundle, sd, reference=net, inputs=[np.ones(3)], samples=0), "unresolved")
+    assert unresolved.data == {"candidates": 4}  # the bias and weight exchanges, and two transposes
+
+
+def test_the_zero_tolerance_search_stops_at_exact_agreement(monkeypatch):
+    from torchlean_bridge.app import audit as audit_module
+    calls = []
+    original = audit_module._Evaluator.outputs
+    monkeypatch.setattr(audit_module._Evaluator, "outputs", lambda self, p: calls.append(1) or original(self, p))
+    sd = swapped({k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, "0.bias", "2.bias")
+    report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3), tolerance=0.0)
+    assert report.error_after == 0.0 and len(calls) == 2
+
+
+def test_an_exchange_that_does_not_lower_the_error_ends_the_search(monkeypatch):
+    """Golden outputs off by one everywhere and an exchange the inputs cannot see: the exchange
+    leaves the error as it is, so it is not taken and nothing more is evaluated."""
+    from torchlean_bridge.app import audit as audit_module
+    calls = []
+    original = audit_module._Evaluator.outputs
+    monkeypatch.setattr(audit_module._Evaluator, "outputs", lambda self, p: calls.append(1) or original(self, p))
+    sd = dict(BIAS_PAIR, **{"0.bias": np.array([1.0, 2.0, 3.0]), "2.bias": np.array([4.0, 5.0, 6.0])})
+    x = np.full(3, 10.0)
+    report = audit(bias_pair_bundle(), sd, reference=[x + sd["0.bias"] + sd["2.bias"] + 1.0], inputs=[x])
+    assert kinds(report, "unresolved") and report.swaps == [] and report.error_after == 1.0
+    assert len(calls) == 2  # the checkpoint as given and the one visible candidate, nothing after

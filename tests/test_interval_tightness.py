@@ -711,7 +711,7 @@ def test_every_rule_has_a_tightness_check():
                   "gather_elements", "const", "matmul", "softmax", "log_softmax", "hard_masked_softmax",
                   "layernorm", "reduce_prod", "mse_loss"}
                | INTEGER_REFUSALS  # integer ops and mod refuse boxes by name: tests/test_onnx_breadth.py
-               | {"round_float", "int_wrap"}  # narrow element types: tests/test_element_types.py
+               | {"round_float", "int_wrap", "int_matmul", "int_conv"}  # tests/test_element_types.py, test_quantization.py
                | {"cumprod"} | set(MISC_REFUSALS)  # tests/test_onnx_misc_ops.py (exact bounds, refusals)
                | set(NO_SPATIAL_INTERVAL_RULE) | {"lp_pool_nd", "col2im", "grid_sample"}  # tests/test_spatial_ops.py
                | set(SELECT_REFUSALS) | {"pow_elem"})  # tests/test_select_ops.py (refusals by name, pow_elem's boxes)

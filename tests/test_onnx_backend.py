@@ -65,9 +65,11 @@ def test_outputs_have_the_models_integer_types_and_narrowing_casts_wrap_as_onnx_
     x = np.array([300, -1, 5], np.int64)
     (y,) = backend.run_model(m, [x])
     assert y.dtype == np.uint8 and y.tolist() == _reference(m, {"x": x})[0].tolist() == [44, 255, 5]
+    # a float out of range is undefined in ONNX: refused at evaluation, never wrapped
     m = _model([N("Cast", ["x"], ["y"], to=TP.UINT8)], [("x", TP.FLOAT, [3])], [("y", TP.UINT8, [3])])
-    with pytest.raises(UnsupportedError, match="cast of a computed float tensor to uint8: values outside uint8 wrap"):
-        backend.run_model(m, [np.zeros(3, np.float32)])
+    assert backend.run_model(m, [np.array([0.5, 255.9, 3.0], np.float32)])[0].tolist() == [0, 255, 3]
+    with pytest.raises(tlb.BridgeError, match="value 256 is outside uint8"):
+        backend.run_model(m, [np.array([0.0, 256.0, 3.0], np.float32)])
     from torchlean_bridge.app.onnx_backend import _output_array
     assert _output_array(np.array([3, 200]), TP.UINT8, "y").dtype == np.uint8
     with pytest.raises(tlb.BridgeError, match=r"output `y` holds values in \[3, 300\], outside uint8"):

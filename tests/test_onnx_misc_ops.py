@@ -529,3 +529,24 @@ def test_integer_cumsum_is_exact_and_refuses_wrapping(exclusive, reverse):
     b = tlb.import_onnx(m)
     with pytest.raises(BridgeError, match="no interval rule for int_cumsum"):
         tlb.interval_bounds(b.graph, b.payload, x.astype(np.float64), x.astype(np.float64))
+
+
+@pytest.mark.parametrize("p,axis", [(2, 0), (2, -1), (1, 1)])
+def test_lp_normalization_is_zero_where_the_norm_is_zero(p, axis):
+    x = RNG.standard_normal((3, 4, 2)).astype(np.float32)
+    x[:, 1, :] = 0.0  # a zero norm along axis 0 and 2, zero entries along axis 1
+    x[0] = 0.0
+    m = _model([N("LpNormalization", ["x"], ["y"], p=p, axis=axis)], [("x", TP.FLOAT, x.shape)],
+               [("y", TP.FLOAT, None)])
+    if p == 2:  # onnx's reference sums x ** p without |.|: its p=1 norm of negative entries is not a norm
+        _close(_ours(m, {"x": x}), _reference(m, {"x": x}))
+    _close(_ours(m, {"x": x}), _ort(m, {"x": x}))
+    y = RNG.standard_normal((3, 4, 2)).astype(np.float32) + 3.0
+    _sound(m, {"x": y}, radius=0.01)
+
+
+def test_a_dft_matrix_beyond_the_cap_is_refused_before_it_is_built():
+    m = _model([N("DFT", ["x", "n"], ["y"])], [("x", TP.FLOAT, [1, 4096, 1])], [("y", TP.FLOAT, None)],
+               inits=[("n", np.array(4096, np.int64))], opset=20)
+    with pytest.raises(UnsupportedError, match=r"a DFT of length 4096 over 4096 inputs and 4096 bins"):
+        tlb.import_onnx(m)

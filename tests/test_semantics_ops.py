@@ -1097,6 +1097,23 @@ def _int_wrap(d: Draw) -> Example:
     return Example({"bits": bits, "signed": signed}, [d.rng.integers(-70000, 70000, d.shape())], ref)
 
 
+@case("int_matmul")
+def _int_matmul(d: Draw) -> Example:
+    m, k, n = d.int(1, 4), d.int(1, 5), d.int(1, 4)
+    a, b = d.rng.integers(-255, 256, (m, k)), d.rng.integers(-255, 256, (k, n))
+    return Example({}, [a, b], lambda t, p: torch.matmul(t[0], t[1]))
+
+
+@case("int_conv")
+def _int_conv(d: Draw) -> Example:
+    c, o, k, s = d.int(1, 3), d.int(1, 3), d.int(1, 3), d.int(1, 2)
+    x, w = d.rng.integers(-255, 256, (1, c, 5, 5)), d.rng.integers(-255, 256, (o, c, k, k))
+    attrs = {"spatial_rank": 2, "kernel": (k, k), "stride": (s, s), "padding": (1, 1), "padding_after": (1, 1),
+             "dilation": (1, 1), "groups": 1, "channel_axis": 1, "in_channels": c, "out_channels": o}
+    return Example(attrs, [x, w], lambda t, p: torch.nn.functional.conv2d(
+        t[0].double(), t[1].double(), stride=s, padding=1).round().long())  # exact: the sums are below 2^53
+
+
 NOT_IN_TORCH = {"input", "const", "custom", "rand_uniform", "bernoulli_mask"}
 # torchvision.ops.roi_align needs torchvision's compiled kernels, which do not load with this CPU torch:
 # roi_align is checked against onnxruntime and the ONNX reference in tests/test_spatial_ops.py

@@ -15,3 +15,7 @@ BREADTH_MODULES += (ops_recurrent, ops_sequence)
 BREADTH_MODULES += (ops_misc, ops_reduce, ops_signal, ops_state)
 BREADTH_MODULES += (ops_resize, ops_select)
 BREADTH_MODULES += (ops_spatial,)
+
+from . import ops_quant  # noqa: E402  QuantizeLinear, DequantizeLinear, QLinear*, *Integer (types)
+
+BREADTH_MODULES += (ops_quant,)

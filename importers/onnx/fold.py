@@ -79,7 +79,9 @@ def _generated_shape(node: Any, feeds: dict[str, np.ndarray]) -> tuple[int, ...]
     if op == "ConstantOfShape":
         return tuple(int(d) for d in v[0].reshape(-1))
     if op == "Range":
-        start, limit, delta = (float(x) for x in v[:3])
+        if any(np.asarray(x).size != 1 for x in v[:3]):
+            return None  # not scalars: the reference evaluator's error names them
+        start, limit, delta = (float(np.asarray(x).reshape(-1)[0]) for x in v[:3])
         return (max(int(np.ceil((limit - start) / delta)), 0),) if delta else None
     if op == "Tile":
         return tuple(int(d) * int(r) for d, r in zip(v[0].shape, v[1].reshape(-1)))

@@ -4,9 +4,8 @@ Narrow values are held exactly in the IR's float (or int64) values (docs/element
 cast *from* a narrow type is exact and emits nothing but a float/int conversion; a cast *to* a
 narrow float is ``round_float`` (ONNX's rounding, ``saturate`` and ``round_mode``); a cast to a
 narrower integer type is ``int_wrap`` (ONNX wraps fixed-point values out of range; a float operand
-is truncated toward zero first, as onnx's reference does for int4/int2; float to int8..uint32 stays
-refused: ONNX leaves out-of-range values undefined there and the IR has no exact form of what
-runtimes do). CastLike takes its target from input 1's element type; a constant operand folds with
+is truncated toward zero first, and then wrapped for int4/int2 as onnx's reference does, while for
+int8..uint32, where ONNX leaves out-of-range values undefined, such a value is refused at evaluation). CastLike takes its target from input 1's element type; a constant operand folds with
 onnx's reference conversion.
 
 ``round_narrow_outputs`` is the storage precision of narrow-typed models: every ONNX node whose
@@ -92,8 +91,6 @@ def lower_cast(ctx: OnnxContext, to: int, saturate: bool, round_mode: str) -> li
         return [ctx.add("round_float", [x], {"format": NARROW_FLOAT_CODES[to], "saturate": bool(saturate),
                                              "round_mode": round_mode})]
     if to in NARROW_INT_CODES:
-        if dtype == FLOAT and to not in _SUB_BYTE:
-            refuse_wrapping_cast(ctx, to)  # float to int8..uint32: out-of-range values are undefined
         fits, (lo, hi) = _int_range(source), _int_range(to)
         if dtype == INT64 and fits is not None and lo <= fits[0] and fits[1] <= hi:
             return [same]  # a widening: every source value is a target value
@@ -101,7 +98,9 @@ def lower_cast(ctx: OnnxContext, to: int, saturate: bool, round_mode: str) -> li
         if dtype == BOOL:
             return [x]
         bits, signed = NARROW_INT_CODES[to]
-        return [ctx.add("int_wrap", [x], {"bits": bits, "signed": signed})]
+        # float to int8..uint32 out of range is undefined in ONNX: refused at evaluation, never wrapped
+        checked = dtype == FLOAT and to not in _SUB_BYTE
+        return [ctx.add("int_wrap", [x], {"bits": bits, "signed": signed, "wrap": not checked})]
     if source in NARROW_FLOAT_CODES or source in _SUB_BYTE:
         # exact: every narrow value is a float32 / int64 value
         return [same] if dtype == target else [ctx.add("cast", [x], {"dtype": target})]

@@ -38,10 +38,6 @@ def _index_const(ctx: OnnxContext, values: Any) -> int:
     return ctx.b.const(np.asarray(values, dtype=np.int64), source=ctx.source, folded=True)
 
 
-def _f64(ctx: OnnxContext, value: Any) -> int:
-    return ctx.b.const(np.asarray(value, dtype=np.float64), source=ctx.source, folded=True)
-
-
 # -- folded when known ------------------------------------------------------------------------
 
 def _fold_only(what: str) -> Handler:
@@ -79,7 +75,7 @@ def _hardmax(ctx: OnnxContext) -> list[Value]:
     am = ctx.add("argmax", [x], {"axis": axis, "keepdim": True})
     pos = np.arange(work[axis], dtype=np.int64).reshape((work[axis],) + (1,) * (len(work) - axis - 1))
     hit = ctx.elementwise("eq", [am, _index_const(ctx, pos)])
-    y = ctx.elementwise("where", [hit, _f64(ctx, 1.0), _f64(ctx, 0.0)])
+    y = ctx.elementwise("where", [hit, ctx.scalar(1.0), ctx.scalar(0.0)])
     if tuple(ctx.b.shape(y)) != tuple(work):
         y = ctx.b.broadcast(y, work, ctx.source)
     return [y if work == s else ctx.b.reshape(y, s, ctx.source)]
@@ -267,10 +263,31 @@ def _batch_norm(ctx: OnnxContext) -> list[Value]:
     for i, batch in ((3, mean), (4, var)):
         if len(ctx.node.output) <= len(outs) or not ctx.node.output[len(outs)]:
             break
-        run = ctx.elementwise("add", [ctx.elementwise("mul_elem", [channel(i), _f64(ctx, momentum)]),
-                                      ctx.elementwise("mul_elem", [batch, _f64(ctx, 1.0 - momentum)])])
+        run = ctx.elementwise("add", [ctx.elementwise("mul_elem", [channel(i), ctx.scalar(momentum)]),
+                                      ctx.elementwise("mul_elem", [batch, ctx.scalar(1.0 - momentum)])])
         outs.append(ctx.b.reshape(run, (c,), ctx.source))
     return outs
+
+
+# -- LpNormalization --------------------------------------------------------------------------
+
+def _lp_norm(ctx: OnnxContext) -> list[Value]:
+    """x / ||x||_p along ``axis``, and 0 where the norm is 0 (onnx's reference: ``where(norm == 0, 0,
+    x / norm)``); the divisor is 1 there, so no division by zero is evaluated."""
+    _float_input(ctx, 0)
+    x = ctx.operand(0)
+    axis = ctx.axis(int(ctx.attr("axis", -1)), ctx.rank(0))
+    p = int(ctx.attr("p", 2))
+    if p not in (1, 2):
+        raise ctx.fail(f"p={p} (only 1 and 2)")
+    terms = ctx.elementwise("abs", [x]) if p == 1 else ctx.elementwise("mul_elem", [x, x])
+    norm = ctx.add("reduce_sum_axes", [terms], {"axes": (axis,), "keepdim": True})
+    if p == 2:
+        norm = ctx.elementwise("sqrt", [norm])
+    zero = ctx.elementwise("eq", [norm, ctx.scalar(0.0)])
+    safe = ctx.elementwise("where", [zero, ctx.scalar(1.0), norm])
+    quotient = ctx.elementwise("div", [x, safe])  # before the 0 constant: the order an exported file re-imports in
+    return [ctx.elementwise("where", [zero, ctx.scalar(0.0), quotient])]
 
 
 # -- CumProd / Det / BitCast (ext ops) --------------------------------------------------------
@@ -323,7 +340,7 @@ def _bitcast(ctx: OnnxContext) -> list[Value]:
 
 
 HANDLERS: dict[str, Handler] = {
-    "CumProd": _cumprod, "Det": _det, "BitCast": _bitcast,
+    "CumProd": _cumprod, "Det": _det, "BitCast": _bitcast, "LpNormalization": _lp_norm,
     "NonMaxSuppression": _fold_only("the number of selected boxes depends on their values"),
     "Unique": _fold_only("the number of unique values depends on the data"),
     "ConstantOfShape": _fold_only("the output shape is the input's value"),
@@ -339,13 +356,13 @@ HANDLERS: dict[str, Handler] = {
 # (types); ConstantOfShape-9..25 (types); Unique-11, -28 (types); the windows and MelWeightMatrix-17;
 # Swish-24; SwiGLU-28; TensorScatter-24; MeanVarianceNormalization-9/13 (types); NonMaxSuppression-10/11
 OPSETS: dict[str, tuple[int, int]] = {
-    "CumProd": (26, 26), "Det": (11, 22), "BitCast": (26, 26),
+    "CumProd": (26, 26), "Det": (11, 22), "BitCast": (26, 26), "LpNormalization": ops_nn.OPSETS["LpNormalization"],
     "NonMaxSuppression": (10, 11), "Unique": (11, 28), "ConstantOfShape": (9, 25), "HannWindow": (17, 17),
     "HammingWindow": (17, 17), "BlackmanWindow": (17, 17), "MelWeightMatrix": (17, 17), "Hardmax": (1, 13),
     "Swish": (24, 24), "SwiGLU": (28, 28), "MeanVarianceNormalization": (9, 13), "EyeLike": (9, 22),
     "Compress": (9, 28), "TensorScatter": (24, 24), "Dropout": ops_tensor.OPSETS["Dropout"],
     "BatchNormalization": ops_nn.OPSETS["BatchNormalization"],
 }
-EMITS = frozenset({"cumprod", "det", "bitcast", "argmax", "eq", "where", "broadcast_to", "reshape", "silu", "sigmoid", "mul_elem", "add", "sub",
+EMITS = frozenset({"cumprod", "det", "bitcast", "abs", "reduce_sum_axes", "argmax", "eq", "where", "broadcast_to", "reshape", "silu", "sigmoid", "mul_elem", "add", "sub",
                    "div", "sqrt", "reduce_mean_axes", "const", "gather", "concat", "permute"}) \
     | ops_tensor.EMITS | ops_nn.EMITS

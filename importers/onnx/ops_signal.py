@@ -22,7 +22,7 @@ __all__ = ["HANDLERS", "OPSETS", "EMITS"]
 
 Handler = Callable[[OnnxContext], list[Value]]
 
-_MAX_MATRIX = 1 << 24  # entries of one DFT matrix (n_in x bins)
+_MAX_MATRIX = 1 << 22  # entries of one DFT matrix (n_in x bins): 32 MB in binary64
 
 
 def _const(ctx: OnnxContext, value: np.ndarray) -> int:

@@ -44,10 +44,11 @@ from .rules import _ERR_SAFETY, BACKWARD, err_factor
 
 __all__ = ["linear_bounds", "LinearBounds", "Crown", "METHODS"]
 
-METHODS = ("crown", "ibp")
+METHODS = ("crown", "ibp", "alpha-crown")
 _BUDGET = 1 << 22  # coefficient entries per backward chunk (32 MiB of float64)
 _RELU_LIKE = frozenset({"relu", "leaky_relu", "prelu"})
 _MAX_POOLS = frozenset({"max_pool", "max_pool_nd"})
+_FEW_ROWS = 32  # below this many coefficient rows a pass multiplies whole weights instead of gathering columns
 
 
 @dataclass
@@ -203,13 +204,55 @@ class Crown:
                 lo, hi = run.refine(o, None)
             lowers.append(lo)
             uppers.append(hi)
-        result = LinearBounds(lowers, uppers, "crown", fallback=dict(sorted(run.fallback.items())),
+        label = "crown"
+        if method == "alpha-crown":
+            for i, o in enumerate(g.outputs):
+                got = _alpha(run, o, spec if spec_out is not None else None)
+                if got is None:
+                    continue
+                label = "alpha-crown"
+                if spec_out is not None:
+                    spec_out = (np.maximum(spec_out[0], got[0]), np.minimum(spec_out[1], got[1]), spec_out[2])
+                else:
+                    shape = lowers[i].shape
+                    lowers[i] = np.maximum(lowers[i], got[0].reshape(shape))
+                    uppers[i] = np.minimum(uppers[i], got[1].reshape(shape))
+        result = LinearBounds(lowers, uppers, label, fallback=dict(sorted(run.fallback.items())),
                               boxes=run.boxes if all_nodes else None)
         if spec_out is not None:
             s_lo, s_hi = _spec_box(self, run.boxes[g.outputs[0]], spec)  # never looser than the output box
             result.spec_lower, result.spec_upper = np.maximum(spec_out[0], s_lo), np.minimum(spec_out[1], s_hi)
             result.spec_coefficients = spec_out[2]
         return result
+
+
+def _alpha(run: "_Run", t: int, spec: np.ndarray | None) -> Box | None:
+    """alpha-CROWN bounds ``[N, K]`` of t's rows (the spec's, or every entry) with optimized ReLU
+    lower slopes, each row's final pass in the outward-rounded arithmetic; None when t's graph is not
+    a supported chain (see ``alpha``)."""
+    from .alpha import optimize_slopes, with_slopes
+    crown = run.crown
+    n = crown.n
+    width = math.prod(crown.ishape(t)[1:])
+    c = np.eye(width) if spec is None else _spec_matrix(spec, width)
+    k = c.shape[0]
+    rows = np.broadcast_to(np.concatenate([c, -c])[None], (n, 2 * k, width))
+    alphas = optimize_slopes(run, t, rows)
+    if alphas is None:
+        return None
+    lower, upper = np.empty((n, k)), np.empty((n, k))
+    for j in range(2 * k):
+        alt = with_slopes(run, alphas, j)
+        i = j % k
+        if spec is None:
+            low, neg_up = _Pass(alt, t, 0, n, rows=np.array([i])).run()
+        else:
+            low, neg_up = _Pass(alt, t, 0, n, spec=c[i:i + 1]).run()
+        if j < k:
+            lower[:, i] = low[:, 0]
+        else:
+            upper[:, i] = -neg_up[:, 0]
+    return lower, upper
 
 
 def _spec_matrix(spec: Any, width: int) -> np.ndarray:
@@ -676,10 +719,18 @@ class _Pass:
                       np.concatenate([shared_err + on_p[..., 4] - on_n[..., 5],
                                       shared_err + on_p[..., 5] - on_n[..., 4]], axis=1) + MIN_NORMAL)
             out = np.empty((n, 2 * r, weight.shape[1]))
-            p_shared = x_plain @ weight[plain]
-            w_s = weight[special]
-            np.add(p_shared, low @ w_s, out=out[:, :r])
-            np.add(p_shared, high @ w_s, out=out[:, r:])
+            if n * r < _FEW_ROWS:  # a few rows: products over every column beat gathering rows of W
+                full = np.zeros((n, 2 * r, width))
+                full[:, :r, plain] = x_plain
+                full[:, r:, plain] = x_plain
+                full[:, :r, special] = low
+                full[:, r:, special] = high
+                np.matmul(full, weight, out=out)
+            else:
+                p_shared = x_plain @ weight[plain]
+                w_s = weight[special]
+                np.add(p_shared, low @ w_s, out=out[:, :r])
+                np.add(p_shared, high @ w_s, out=out[:, r:])
             np.negative(out[:, r:], out=out[:, r:])
         return {w_parent: out.reshape((n, 2 * r) + self.tail(w_parent))}
 

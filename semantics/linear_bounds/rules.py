@@ -155,6 +155,8 @@ def _linear(ps, node, a):
     n = max(out, ps.numel(node.id)) + 1
     ps.add_dot(a, np.broadcast_to(bias, q.shape), q, n)
     live = ps.live.pop(node.id, None) if ps.live.get(node.id) is not None else _nonzero_columns(a)
+    if a.shape[0] * a.shape[1] < 32:  # a few rows: multiplying the whole W beats gathering its rows
+        live = None
     a_live, w_live = (a, w) if live is None else (a[..., live], w[live])
     paired = _paired_product(ps, a_live, w_live, q if live is None else q[..., live], p, n)
     return [(p, paired if paired is not None else a_live @ w_live)]

@@ -118,6 +118,8 @@ def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seque
     lo, hi = a
     lead, in_tail = lo.shape[:ca], lo.shape[ca:]
     n = math.prod(lead)
+    if n == 0:  # an empty batch: an empty box (the reshapes below cannot infer a size from 0 elements)
+        return clean(np.zeros(tuple(out_shape)), np.zeros(tuple(out_shape)))
     g = gamma(attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1)
     spatial_ones = (1,) * (len(in_tail) - 1)
     with np.errstate(all="ignore"):

@@ -333,8 +333,8 @@ def _violation(y: np.ndarray, group) -> float:
 def verify(model: _Model, prop: Property, method: str = "crown", timeout: float | None = 60.0,
            seed: int = 0) -> VerifyResult:
     """Decide the property on the model (see the module docstring)."""
-    if method not in ("crown", "ibp"):
-        raise BridgeError(f"verify: unknown method {method!r} (use crown or ibp)")
+    if method not in ("crown", "ibp", "alpha-crown"):
+        raise BridgeError(f"verify: unknown method {method!r} (use crown, alpha-crown or ibp)")
     if timeout is not None and not (timeout > 0):
         raise BridgeError(f"verify: timeout must be a positive number of seconds, got {timeout}")
     start = time.perf_counter()

@@ -17,7 +17,8 @@ DESCRIPTION = (HELP + ". unsat: sound linear (CROWN) or interval bounds refute t
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx|BUNDLE", help="an ONNX model or a bundle folder")
     p.add_argument("property", metavar="PROP.vnnlib", help="the property in VNN-LIB (VNN-COMP subset)")
-    p.add_argument("--method", choices=("crown", "ibp"), default="crown", help="bounding method (default crown)")
+    p.add_argument("--method", choices=("crown", "alpha-crown", "ibp"), default="crown",
+                   help="bounding method (default crown; alpha-crown optimizes the ReLU lower slopes)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds for bounding, splitting and the counterexample search (default 60)")
     p.add_argument("--seed", type=int, default=0, help="seed of the counterexample search")

@@ -3,7 +3,7 @@
 Models: a 784-1024-1024-10 ReLU MLP, a CNN (1x28x28: conv 8 k4 s2, relu, conv 16 k4 s2, relu,
 linear 100, relu, linear 10) and a residual CNN (conv 8 k4 s2, relu, [conv 8 k3, relu, conv 8 k3]
 + skip, relu, linear 10), each at batch 1 and 64, l-inf ball of radius --eps around random inputs.
-For each method (IBP, CROWN) and case: median wall time of ours (float64, outward rounded; the
+For each method (IBP, CROWN, optionally alpha-CROWN) and case: median wall time of ours (float64, outward rounded; the
 model read once, as auto_LiRPA's BoundedModule does) and of auto_LiRPA's ``compute_bounds`` in
 float32 (its usual precision) and float64, the time ratio ours/theirs(float32), and the largest
 ratio of our output width to each of theirs (ours is sound: it may be wider than the float64 peer

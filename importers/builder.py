@@ -12,6 +12,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from semantics.narrow import widen
+
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS, check_size
 from torchlean_bridge.errors import BridgeError, ShapeRuleError
@@ -100,7 +102,7 @@ class GraphBuilder:
     def const(self, value: Any, *, key: str | None = None, transform: str | None = None,
               source: Source | Mapping[str, Any] | None = None, folded: bool = False) -> int:
         """A const node holding ``value``; ``key`` binds an external tensor name to it."""
-        arr = np.asarray(value)
+        arr = widen(value)  # narrow types (float16, bfloat16, float8, int4...) exactly as float32 / int64
         if arr.dtype.kind == "f":
             arr = arr.astype(np.float64) if arr.dtype.itemsize > 4 else arr
         elif arr.dtype.kind in "iu":
@@ -119,7 +121,7 @@ class GraphBuilder:
     def param(self, nid: int, role: str, value: Any, *, key: str | None = None,
               transform: str | None = None) -> None:
         """Store a payload tensor for a node, bound to the external name it came from."""
-        self.payload.set(nid, role, np.asarray(value))
+        self.payload.set(nid, role, widen(value))
         if key is not None:
             self.bind(key, nid, role, transform)
 
@@ -165,8 +167,6 @@ class GraphBuilder:
                                              fuse_linear_bias)
         full_report = dict(report or {})
         full_report.setdefault("framework", self.framework)
-        if self.notes:
-            full_report["notes"] = list(self.notes)
         bundle = Bundle(Graph(self.nodes, self.inputs, outputs), self.payload, RoleMap(self.bindings), full_report)
         if not keep_dead:
             bundle, _ = eliminate_dead_code(bundle)
@@ -174,5 +174,21 @@ class GraphBuilder:
             bundle, _ = fuse_linear_bias(bundle)
             bundle, _ = canonicalize(bundle)
             bundle, _ = eliminate_common_subexpressions(bundle)
+        notes = list(bundle.report.get("notes", [])) + self.notes + _semantic_notes(bundle.graph, self.framework)
+        if notes:
+            bundle = Bundle(bundle.graph, bundle.payload, bundle.roles, {**bundle.report, "notes": notes})
         check(bundle.graph)
         return bundle
+
+
+def _semantic_notes(g: Graph, framework: str) -> list[str]:
+    """Where the IR's TorchLean semantics differ from the framework's on some inputs, said once per
+    import (the graph is still exact wherever the framework's own result is defined alike)."""
+    source = {"fx": "torch", "export": "torch"}.get(framework, framework)
+    if source in ("onnx", "torch") and any(n.kind == "sqrt" for n in g):
+        ids = [n.id for n in g if n.kind == "sqrt"]
+        shown = ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        return [f"sqrt (node{'s' if len(ids) > 1 else ''} {shown}): TorchLean's sqrt is sqrt(max(x, 0)), so a "
+                f"negative argument gives 0 where {source} gives NaN; the values agree wherever the argument "
+                "is >= 0"]
+    return []

@@ -198,9 +198,13 @@ def resize(x: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
             y = np.take(x, taps.index[:, 0], axis=ax)
         else:
             w = taps.weight.astype(x.dtype)
-            y = np.take(x, taps.index[:, 0], axis=ax) * _along(w[:, 0], x.ndim, ax)
-            for j in range(1, w.shape[1]):
-                y += np.take(x, taps.index[:, j], axis=ax) * _along(w[:, j], x.ndim, ax)
+            finite = bool(np.isfinite(x).all())
+            y = np.zeros_like(np.take(x, taps.index[:, 0], axis=ax))
+            for j in range(w.shape[1]):
+                term = np.take(x, taps.index[:, j], axis=ax) * _along(w[:, j], x.ndim, ax)
+                if not finite:  # a tap of weight 0 does not read its pixel (no 0 * inf = NaN)
+                    term[np.broadcast_to(_along(w[:, j] == 0, x.ndim, ax), term.shape)] = 0
+                y += term
         if taps.outside is not None and taps.outside.any():
             y = np.where(_along(taps.outside, x.ndim, ax), extrapolation, y)
         x = y

@@ -63,7 +63,11 @@ def resize_linear(x: np.ndarray, sizes: Sequence[int], mode: str) -> np.ndarray:
         w1 = taps.weight1.astype(x.dtype).reshape(_axis_shape(x.ndim, axis, m))
         y = np.take(x, taps.i0, axis=axis)
         y *= 1 - w1
-        y += np.take(x, taps.i1, axis=axis) * w1
+        far = np.take(x, taps.i1, axis=axis) * w1
+        if not np.isfinite(x).all():  # a tap of weight 0 does not read its pixel (no 0 * inf = NaN)
+            y[np.broadcast_to(w1 == 1, y.shape)] = 0
+            far[np.broadcast_to(w1 == 0, far.shape)] = 0
+        y += far
         x = y
     return x
 

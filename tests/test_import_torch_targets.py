@@ -35,7 +35,9 @@ class Extra(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (torch.ceil(x), torch.floor(x), torch.expm1(x), torch.tan(x * 0.5), torch.sign(x),
-                (x >= 0) | (x <= -1), torch.isnan(x).float(), torch.cumprod(x, 1), torch.linalg.det(x[:, :3]))
+                (x >= 0) | (x <= -1), torch.isnan(x).float(), torch.cumprod(x, 1), torch.linalg.det(x[:, :3]),
+                nn.functional.grid_sample(x[None, None], x[:, :2][None, None], align_corners=False),
+                nn.functional.fold(x[None], (2, 2), 1))
 
 
 def test_emitted_kinds_are_exactly_what_the_lowerings_emit():

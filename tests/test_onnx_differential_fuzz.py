@@ -214,3 +214,24 @@ def test_cubic_resize_matches_torch_float64():
         want = torch.nn.functional.interpolate(torch.tensor(x), size=(6, 6), mode="bicubic",
                                                align_corners=align).numpy()
         np.testing.assert_allclose(ours, want, rtol=0, atol=1e-13)
+
+
+def test_dft_truncation_drops_the_samples_it_truncates():
+    """DFT with dft_length 1 reads only the first sample: an infinite sample past it used to meet a zero
+    kernel row (0 * inf = NaN in every bin)."""
+    x = np.array([2.0, -np.inf, 3.0]).reshape(1, 3, 1)
+    m = model([N("DFT", ["x", "l"], ["y"], axis=1)], [("x", TP.DOUBLE, [1, 3, 1])], Y, [_i64("l", 1)], opset=17)
+    b = tlb.import_onnx(m)
+    y = tlb.evaluate(b.graph, b.payload, [x], dtype="float64")[0]
+    np.testing.assert_array_equal(y, [[[2.0, 0.0]]])
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_weight_zero_taps_do_not_read_infinities(mode):
+    """At a clamped border coordinate the far tap has weight 0: an infinite pixel there used to give NaN."""
+    x = np.array([1.0, np.inf, 2.0, 3.0]).reshape(1, 1, 1, 4)
+    m = model([N("Resize", ["x", "", "s"], ["y"], mode=mode, coordinate_transformation_mode="align_corners")],
+              [("x", TP.DOUBLE, [1, 1, 1, 4])], Y, [("s", np.array([1, 1, 1, 2], np.float32))])
+    b = tlb.import_onnx(m)
+    y = tlb.evaluate(b.graph, b.payload, [x], dtype="float64")[0].ravel()
+    assert y[0] == 1.0 and y[-1] == 3.0

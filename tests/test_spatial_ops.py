@@ -72,7 +72,6 @@ def _roundtrip(bundle, feeds, ours, peer="ort"):
 
 def _sound(bundle, x, radius=0.05, samples=6, constant_inputs=()):
     """The interval box of the first input's box encloses the float64 values at corners and random points."""
-    names = bundle.report["inputs"]
     lo, hi = x - radius, x + radius
     lows = [lo] + [c for c in constant_inputs]
     highs = [hi] + [c for c in constant_inputs]
@@ -81,7 +80,7 @@ def _sound(bundle, x, radius=0.05, samples=6, constant_inputs=()):
     blo, bhi = boxes[out]
     corners = [lo, hi] + [np.where(RNG.random(x.shape) < 0.5, lo, hi) for _ in range(2)]
     points = corners + [lo + (hi - lo) * RNG.random(x.shape) for _ in range(samples)]
-    assert len(names) == 1 + len(constant_inputs)
+    assert len(bundle.graph.inputs) == 1 + len(constant_inputs)
     for p in points:
         (y,) = tlb.evaluate(bundle.graph, bundle.payload, [p.astype(np.float64)] + [c for c in constant_inputs],
                             dtype="float64")
@@ -377,3 +376,45 @@ def test_roi_align_is_refused_in_interval_mode_by_name():
     with pytest.raises(IntervalError, match="no interval rule for roi_align: its sampling positions are computed "
                                             "from the rois input"):
         tlb.interval_bounds(b.graph, b.payload, z, z)
+
+
+def _grid_bundle(mode, pad, ac, convention, xs, gs):
+    from importers.builder import GraphBuilder
+    b = GraphBuilder("test")
+    x, g = b.input(xs), b.input(gs)
+    attrs = {"mode": mode, "padding_mode": pad, "align_corners": ac, "convention": convention}
+    return b.finish([b.add("grid_sample", [x, g], attrs)], canonical=False)
+
+
+@pytest.mark.parametrize("convention", ["onnx", "torch"])
+@pytest.mark.parametrize("mode,pad,ac", GRID_CASES)
+def test_grid_sample_box_at_a_point_grid_is_sound(mode, pad, ac, convention):
+    """Grid points on a quarter lattice hit rounding ties, borders and exact pixel centers (the ambiguous cases)."""
+    r = 2 if mode == "cubic" else int(RNG.integers(2, 4))
+    xs = (2, 2) + tuple(int(v) for v in RNG.integers(1, 5, r))
+    gs = (2,) + tuple(int(v) for v in RNG.integers(1, 4, r)) + (r,)
+    grid = RNG.uniform(-2.2, 2.2, gs)
+    grid[0] = np.round(grid[0] * 4) / 4
+    bundle = _grid_bundle(mode, pad, bool(ac), convention, xs, gs)
+    _sound(bundle, RNG.standard_normal(xs), radius=0.2, constant_inputs=[grid])
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+def test_grid_sample_box_is_the_exact_range_for_non_negative_weights(mode):
+    xs, gs = (1, 3, 4, 5), (1, 3, 3, 2)
+    grid = RNG.uniform(-1.3, 1.3, gs)
+    bundle = _grid_bundle(mode, "border", False, "onnx", xs, gs)
+    x = RNG.standard_normal(xs)
+    lo, hi = x - 0.1, x + 0.1
+    blo, bhi = tlb.interval_bounds(bundle.graph, bundle.payload, [lo, grid], [hi, grid])[bundle.graph.outputs[0]]
+    (f_lo,), (f_hi,) = (tlb.evaluate(bundle.graph, bundle.payload, [v, grid]) for v in (lo, hi))
+    np.testing.assert_allclose(blo, f_lo, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(bhi, f_hi, rtol=0, atol=1e-12)
+
+
+def test_grid_sample_box_needs_a_point_grid():
+    bundle = _grid_bundle("linear", "zeros", False, "onnx", (1, 1, 2, 2), (1, 1, 1, 2))
+    x, g = np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 1, 2))
+    with pytest.raises(IntervalError, match=r"grid_sample: interval bounds need the grid as a point \(a constant "
+                                            r"grid\); its box has width up to 0.5"):
+        tlb.interval_bounds(bundle.graph, bundle.payload, [x, g], [x, g + 0.5])

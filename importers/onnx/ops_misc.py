@@ -356,7 +356,7 @@ HANDLERS: dict[str, Handler] = {
 # (types); ConstantOfShape-9..25 (types); Unique-11, -28 (types); the windows and MelWeightMatrix-17;
 # Swish-24; SwiGLU-28; TensorScatter-24; MeanVarianceNormalization-9/13 (types); NonMaxSuppression-10/11
 OPSETS: dict[str, tuple[int, int]] = {
-    "CumProd": (26, 26), "Det": (11, 22), "BitCast": (26, 26), "LpNormalization": ops_nn.OPSETS["LpNormalization"],
+    "CumProd": (26, 26), "Det": (11, 22), "BitCast": (26, 26), "LpNormalization": (1, 22),
     "NonMaxSuppression": (10, 11), "Unique": (11, 28), "ConstantOfShape": (9, 25), "HannWindow": (17, 17),
     "HammingWindow": (17, 17), "BlackmanWindow": (17, 17), "MelWeightMatrix": (17, 17), "Hardmax": (1, 13),
     "Swish": (24, 24), "SwiGLU": (28, 28), "MeanVarianceNormalization": (9, 13), "EyeLike": (9, 22),

@@ -304,20 +304,6 @@ def _group_norm(ctx: OnnxContext) -> list[Value]:
                        " (opset 18's per-group form is supported only with one channel per group)")
 
 
-def _lp_norm(ctx: OnnxContext) -> list[Value]:
-    """``LpNormalization``: x divided by its p-norm (p = 1 or 2) along ``axis`` (no epsilon)."""
-    x = ctx.operand(0)
-    axis = ctx.axis(int(ctx.attr("axis", -1)), ctx.rank(0))
-    p = int(ctx.attr("p", 2))
-    if p not in (1, 2):
-        raise ctx.fail(f"p={p} (only 1 and 2)")
-    terms = ctx.elementwise("abs", [x]) if p == 1 else ctx.elementwise("mul_elem", [x, x])
-    norm = ctx.add("reduce_sum_axes", [terms], {"axes": (axis,), "keepdim": True})
-    if p == 2:
-        norm = ctx.elementwise("sqrt", [norm])
-    return [ctx.elementwise("div", [x, norm])]
-
-
 def _lrn(ctx: OnnxContext) -> list[Value]:
     """``x / (bias + alpha/size * sum of squares over a channel window) ** beta``, written out with
     pad, slices and adds (no ext op: every step is an existing op, in the spec's order)."""
@@ -396,7 +382,7 @@ HANDLERS: dict[str, Handler] = {
     "MaxPool": _pool("max_pool"), "AveragePool": _pool("avg_pool"),
     "GlobalAveragePool": _global_pool("reduce_mean_axes"), "GlobalMaxPool": _global_pool("reduce_max"),
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm, "InstanceNormalization": _instance_norm,
-    "LRN": _lrn, "GroupNormalization": _group_norm, "LpNormalization": _lp_norm,
+    "LRN": _lrn, "GroupNormalization": _group_norm,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"), "Einsum": _einsum,
 }
 
@@ -406,7 +392,7 @@ OPSETS: dict[str, tuple[int, int]] = {
     "Gemm": (7, 13), "MatMul": (1, 13), "Conv": (1, 22), "ConvTranspose": (1, 22), "MaxPool": (1, 22),
     "AveragePool": (1, 22), "GlobalAveragePool": (1, 22), "GlobalMaxPool": (1, 22), "BatchNormalization": (7, 15),
     "LayerNormalization": (17, 17), "InstanceNormalization": (1, 22), "LRN": (1, 13), "GroupNormalization": (18, 21),
-    "LpNormalization": (1, 22), "Softmax": (1, 13), "LogSoftmax": (1, 13), "Einsum": (12, 28),
+    "Softmax": (1, 13), "LogSoftmax": (1, 13), "Einsum": (12, 28),
 }
 
 EMITS = frozenset({"linear", "matmul", "mul_elem", "add", "broadcast_to", "const", "conv", "conv_transpose",

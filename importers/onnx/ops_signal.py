@@ -51,6 +51,12 @@ def _transform_last(ctx: OnnxContext, re: int, im: int | None, n: int, inverse: 
     """The DFT along the last axis of ``re`` (+ i ``im``): [..., n_in] -> real and imaginary parts [..., bins]
     (the real part alone for irfft)."""
     n_in = ctx.b.shape(re)[-1]
+    used = min(n_in, n // 2 + 1 if inverse and onesided else n)
+    if 0 < used < n_in:  # truncation drops the samples past the transform (zero kernel rows would turn an
+        last = len(ctx.b.shape(re)) - 1  # infinite dropped sample into 0 * inf = NaN)
+        trim = lambda v: ctx.add("slice", [v], {"axes": (last,), "starts": (0,), "ends": (used,),  # noqa: E731
+                                                "steps": (1,)})
+        re, im, n_in = trim(re), (trim(im) if im is not None else None), used
     if inverse and onesided:  # irfft: input bins 0..n/2 (Hermitian half), a real output of length n
         cos, sin = _kernels(ctx, n_in, n, n, True, True)
         out = ctx.add("matmul", [re, _const(ctx, cos)])

@@ -16,9 +16,10 @@ import numpy as np
 from torchlean_bridge.ops import FLOAT, INT64, REGISTRY
 
 from . import ops_nn
+from ..grids import affine_base_grid
 from .context import OnnxContext, Value
 
-__all__ = ["HANDLERS", "OPSETS", "EMITS", "affine_base_grid", "center_crop_pad_geometry"]
+__all__ = ["HANDLERS", "OPSETS", "EMITS", "center_crop_pad_geometry"]
 
 Handler = Callable[[OnnxContext], list[Value]]
 
@@ -116,20 +117,6 @@ def _center_crop_pad(ctx: OnnxContext) -> list[Value]:
     if any(before) or any(after):
         y = ctx.add("pad", [y], {"pads_before": tuple(before), "pads_after": tuple(after), "value": 0.0})
     return [y]
-
-
-def affine_base_grid(spatial: tuple[int, ...], align_corners: bool) -> np.ndarray:
-    """[prod(spatial), r + 1]: each cell's normalized (x, y[, z]) (last axis first) and a 1, row-major cells."""
-    axes = []
-    for n in spatial:
-        i = np.arange(n, dtype=np.float64)
-        if align_corners:
-            axes.append(-1 + 2 * i / (n - 1))
-        else:
-            axes.append((2 * i + 1) / n - 1)
-    mesh = np.meshgrid(*axes, indexing="ij")
-    columns = [m.reshape(-1) for m in reversed(mesh)] + [np.ones(math.prod(spatial))]
-    return np.stack(columns, axis=1)
 
 
 def _affine_grid(ctx: OnnxContext) -> list[Value]:

@@ -61,6 +61,7 @@ OTHER_EMITTED_KINDS: frozenset[str] = frozenset({
     "resize", "topk_indices", "max_pool_indices", "max_unpool", "pow_elem", "int_pow", "int_add", "int_sub", "sort",
     "reshape", "permute", "transpose", "broadcast_to", "concat", "slice", "gather", "gather_elements", "pad",
 }) | {"cumprod", "det"}  # importers/torch/ops_misc.py (issue #15)
+OTHER_EMITTED_KINDS |= {"grid_sample", "col2im", "sign", "relu", "abs"}  # importers/torch/ops_spatial.py (issue #15)
 
 L = TypeVar("L", bound=Callable[..., Any])
 

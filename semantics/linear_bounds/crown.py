@@ -1,7 +1,7 @@
 """CROWN: backward linear bound propagation, sound in floating point.
 
 ``linear_bounds(g, payload, lower, upper, method="crown")`` bounds every graph output over the input
-box. For each output (and, first, for the input of every relaxed nonlinear node: the intermediate
+box (``method="alpha-crown"`` then optimizes the ReLU lower slopes of the output passes, see ``alpha``). For each output (and, first, for the input of every relaxed nonlinear node: the intermediate
 bounds) a backward pass carries linear coefficients from the node to the graph inputs through the
 rules of ``rules.BACKWARD`` and the relaxations of ``relax``; the inputs' box then concretizes them.
 Intermediate bounds are computed only for the entries whose relaxation they can change (ReLU-like

@@ -19,6 +19,7 @@ from .. import interval_arith as ia
 from ..conv import pool_out_spatial
 from ..interval_round import clean, down, gamma, up
 from ..spatial import col2im, deform_conv, grid_sample, lp_pool, roi_align, roi_grid
+from ..spatial_box import grid_sample_box
 from .elementwise import pow_box
 from .pooling import avg_pool_box
 from .table import domain_error, float_rule, interval_rule
@@ -26,7 +27,6 @@ from .table import domain_error, float_rule, interval_rule
 __all__ = ["NO_SPATIAL_INTERVAL_RULE"]
 
 NO_SPATIAL_INTERVAL_RULE = {
-    "grid_sample": "interpolation between sampled pixels is not bounded yet",
     "deform_conv": "its sampling positions are computed from the offset input",
     "roi_align": "its sampling positions are computed from the rois input",
 }
@@ -40,6 +40,19 @@ def grid_sample_value(node, xs, rec, dt):
         raise domain_error(node, "the grid holds a NaN or infinite coordinate")
     a = node.attrs
     return grid_sample(x, grid, a["mode"], a["padding_mode"], a["align_corners"], a["convention"])
+
+
+@interval_rule("grid_sample")
+def grid_sample_interval(node, ps, rec):
+    """Linear in the image for a point grid (a constant, or an input given a zero-width box)."""
+    (lo, hi), (glo, ghi) = ps
+    if not np.array_equal(glo, ghi):
+        raise ia.DomainError("grid_sample: interval bounds need the grid as a point (a constant grid); its box has "
+                             f"width up to {float(np.max(ghi - glo)):g}")
+    if not np.all(np.isfinite(glo)):
+        raise ia.DomainError("grid_sample: the grid holds a NaN or infinite coordinate")
+    a = node.attrs
+    return grid_sample_box(lo, hi, glo, a["mode"], a["padding_mode"], a["align_corners"], a["convention"])
 
 
 @float_rule("lp_pool_nd")

@@ -226,6 +226,12 @@ CASES: dict[str, tuple[Any, ...]] = {
                            ("fx", "export")),
     "bicubic_antialias": (lambda s, x: F.interpolate(x, size=(3, 2), mode="bicubic", antialias=True), X4,
                           ("fx", "export")),
+    "sort_indices": (lambda s, x: torch.sort(x, 1).indices.float(), X3, ("fx", "export")),  # (topk_indices)
+    "max_pool_indices": (lambda s, x: F.max_pool2d(x, 2, return_indices=True)[1].float(), X4, ("fx", "export")),
+    "max_unpool": (lambda s, x: F.max_unpool2d(F.max_pool2d(x, 2, return_indices=True)[0],
+                                               F.max_pool2d(x, 2, return_indices=True)[1], 2), X4, ("fx", "export")),
+    "pow_tensor": (lambda s, x: torch.pow(x.abs() + 0.5, x), X4, ("fx", "export")),
+    "int_pow": (lambda s, x: torch.pow((x > 0).long() * 3 - 1, (x > 0.5).long() + 2).float(), X4, ("fx", "export")),
 }
 
 
@@ -346,8 +352,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "batch_statistics": (lambda s, x: s.inner(x), X4, ("fx", "export", "decomposed"), "batch", "batch statistics",
                          nn.BatchNorm2d(8, track_running_stats=False)),
     "round_decimals": (lambda s, x: torch.round(x, decimals=2), X3, ("fx", "export"), "round", "decimals=2"),
-    "sort_indices": (lambda s, x: torch.sort(x, 1).indices.float(), X3, ("fx", "export"), "float|to",
-                     "sort indices"),
     "two_index_tensors_not_row_wise": (lambda s, x: x[torch.tensor([0, 2]), x[0, :2, 0].argmax(0, keepdim=True)], X3,
                                        ("fx", "export"), "getitem|index", "only x[..., arange(n), j]"),
     "integer_cumsum_unbounded": (lambda s, x: (x * 100).long().cumsum(1), X3, ("fx", "export"), "cumsum",

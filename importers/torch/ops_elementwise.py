@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from torchlean_bridge.ops.contracts import broadcast_shapes
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 
 from .common import Known, NotLowerable, Sym, element_type
@@ -173,8 +174,14 @@ def power(cx: Cx, input: Any, exponent: Any) -> Any:
     e = cx.known(exponent)
     if e is not None and e.numel() == 1 and isinstance(exponent, Known) and not exponent.pinned:
         exponent = e.item()
-    if is_tensor(exponent):
-        raise NotLowerable("pow with a tensor exponent has no IR op")
+    if is_tensor(exponent):  # pow_elem on floats; int_pow (exact, int64) on two integer tensors
+        if promote(cx, input, exponent) == INT64:
+            a, b = cx.node(input, INT64), cx.node(exponent, INT64)
+            shape = broadcast_shapes(cx.builder.shape(a), cx.builder.shape(b), "pow")
+            return cx.add("int_pow", [cx.builder.broadcast(a, shape, cx.source()),
+                                      cx.builder.broadcast(b, shape, cx.source())], {"bits": 64, "signed": True})
+        a, b = cx.node(input, FLOAT), cx.node(exponent, FLOAT)
+        return Sym(cx.builder.elementwise("pow_elem", [a, b], source=cx.source()))
     return cx.add("pow", [cx.node(input, FLOAT)], {"exponent": float(exponent)})
 
 

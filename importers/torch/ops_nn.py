@@ -351,16 +351,38 @@ def _pool_geometry(cx: Cx, input: Any, r: int, kernel_size: Any, stride: Any, pa
 def max_pool(r: int):
     def lower(cx: Cx, input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
               ceil_mode: bool = False, return_indices: bool = False) -> Sym:
-        if return_indices:
-            raise NotLowerable("max pooling with return_indices")
-        return _pool(cx, "max", r, input, *_pool_geometry(cx, input, r, kernel_size, stride, padding, dilation),
-                     ceil_mode, True)
+        geometry = _pool_geometry(cx, input, r, kernel_size, stride, padding, dilation)
+        values = _pool(cx, "max", r, input, *geometry, ceil_mode, True)
+        if not return_indices:
+            return values
+        return values, _plane_max_positions(cx, input, r, values, geometry, ceil_mode)
     return lower
 
 
+def _plane_max_positions(cx: Cx, input: Any, r: int, values: Sym, geometry: tuple, ceil_mode: bool) -> Sym:
+    """PyTorch's pooling indices: ``max_pool_indices`` (positions in the whole input) minus the start of each
+    (N, C) plane, exact in int64."""
+    k, st, pad, dil = geometry
+    attrs = {"spatial_rank": r, "kernel": k, "stride": st, "padding": pad, "padding_after": pad, "dilation": dil,
+             "ceil_mode": bool(ceil_mode), "count_include_pad": True, "storage_order": False}
+    where = cx.add("max_pool_indices", [cx.node(input, FLOAT)], attrs)
+    return shift_planes(cx, where, cx.shape(input), r, -1)
+
+
+def shift_planes(cx: Cx, where: Any, shape: Sequence[int], r: int, sign: int) -> Sym:
+    """``where`` plus (sign +1) or minus (sign -1) the flat start of each (N, C, ...) plane of a tensor of
+    ``shape`` whose trailing ``r`` axes are spatial: int64 arithmetic, exact."""
+    lead, spatial = list(shape[:len(shape) - r]), list(shape[len(shape) - r:])
+    out = cx.shape(where)
+    starts = (np.arange(math.prod(lead), dtype=np.int64) * math.prod(spatial)).reshape(lead + [1] * r)
+    offsets = cx.builder.const(np.ascontiguousarray(np.broadcast_to(starts, out)), source=cx.source(), folded=True)
+    return cx.add("int_add" if sign > 0 else "int_sub", [cx.node(where, INT64), offsets], {"bits": 64, "signed": True})
+
+
 def max_pool_with_indices(r: int):
-    def lower(cx: Cx, *args: Any, **kwargs: Any) -> tuple[Any, None]:
-        return max_pool(r)(cx, *args, **kwargs), None
+    def lower(cx: Cx, input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+              ceil_mode: bool = False, return_indices: bool = True) -> tuple[Any, Any]:
+        return max_pool(r)(cx, input, kernel_size, stride, padding, dilation, ceil_mode, True)
     return lower
 
 
@@ -410,7 +432,8 @@ ADAPTIVE_AVG_POOL = {r: register(adaptive_pool("avg", r), fx=f"F.adaptive_avg_po
                      for r in (1, 2, 3)}
 ADAPTIVE_MAX_POOL = {r: register(adaptive_pool("max", r), fx=f"F.adaptive_max_pool{r}d") for r in (1, 2, 3)}
 for _r in (1, 2, 3):
-    register(max_pool_with_indices(_r), aten=f"max_pool{_r}d_with_indices.default")
+    register(max_pool_with_indices(_r), aten=f"max_pool{_r}d_with_indices.default",
+             fx=f"F.max_pool{_r}d_with_indices")
     register(adaptive_pool("max", _r, with_indices=True), aten=f"adaptive_max_pool{_r}d.default")
 
 

@@ -90,8 +90,8 @@ class ValuesIndices(NamedTuple):
 
 @lowers(aten="sort.default sort.stable", fx="torch.sort", methods="sort")
 def sort(cx: Cx, input: Any, dim: int = -1, descending: bool = False, stable: Any = None) -> ValuesIndices:
-    """torch.sort and aten.sort(.stable): the sorted values (NaN above +inf, as PyTorch); the indices
-    are refused where they are used (stability only orders the indices)."""
+    """torch.sort and aten.sort(.stable): the sorted values (NaN above +inf, as PyTorch) and their int64
+    positions (``topk_indices``: stable, which any sort's indices may be)."""
     axis = normalize_axis(int(dim), cx.rank(input))
     return _sorted(cx, input, axis, cx.shape(input)[axis], bool(descending), "sort")
 
@@ -106,8 +106,10 @@ def topk(cx: Cx, input: Any, k: int, dim: int = -1, largest: bool = True, sorted
 def _sorted(cx: Cx, input: Any, axis: int, k: int, descending: bool, what: str) -> ValuesIndices:
     if cx.etype(input) != FLOAT:
         raise NotLowerable(f"{what} of a {cx.etype(input)} tensor (only float values)")
-    values = cx.add("sort", [cx.node(input, FLOAT)], {"axis": axis, "k": k, "descending": descending})
-    return ValuesIndices(values, DataDependent(f"{what} indices"))
+    attrs = {"axis": axis, "k": k, "descending": descending}
+    values = cx.add("sort", [cx.node(input, FLOAT)], attrs)
+    # int64 positions, equal values by lower index (torch.sort(stable=True)'s order; any order is topk's answer)
+    return ValuesIndices(values, cx.add("topk_indices", [cx.node(input, FLOAT)], attrs))
 
 
 def max_or_min(which: str):

@@ -21,6 +21,7 @@ from torchlean_bridge.errors import BridgeError
 # the op modules register their targets when imported; the lowerer resolves through the tables
 from . import modules, ops_elementwise, ops_index, ops_layout, ops_nn, ops_rearrange, ops_reduce  # noqa: F401
 from . import ops_resize  # noqa: F401
+from . import ops_select  # noqa: F401 - pooling indices, unpooling (issue #15)
 from . import ops_spatial  # noqa: F401  (grid_sample, affine_grid, fold, lp_pool: issue #15)
 from . import ops_misc  # noqa: F401 - cumprod, det (issue #15)
 from .common import Known, Lowering, NotLowerable, Sym, check_static, element_type

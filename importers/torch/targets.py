@@ -58,8 +58,8 @@ OTHER_EMITTED_KINDS: frozenset[str] = frozenset({
     "cast", "softmax", "log_softmax", "reduce_sum", "reduce_mean", "sum", "reduce_sum_axes", "reduce_mean_axes",
     "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "matmul", "linear", "conv", "conv_transpose",
     "batch_norm_eval", "layernorm", "max_pool", "avg_pool", "max_pool_nd", "avg_pool_nd", "resize_linear", "cumsum",
-    "resize", "sort", "reshape", "permute", "transpose", "broadcast_to", "concat", "slice", "gather", "gather_elements",
-    "pad",
+    "resize", "topk_indices", "max_pool_indices", "max_unpool", "pow_elem", "int_pow", "int_add", "int_sub", "sort",
+    "reshape", "permute", "transpose", "broadcast_to", "concat", "slice", "gather", "gather_elements", "pad",
 }) | {"cumprod", "det"}  # importers/torch/ops_misc.py (issue #15)
 OTHER_EMITTED_KINDS |= {"grid_sample", "col2im", "sign", "relu", "abs"}  # importers/torch/ops_spatial.py (issue #15)
 

@@ -73,17 +73,18 @@ def test_family_agrees_with_onnx_long(family):
 
 
 INTERVAL_FAMILIES = ["avgpool", "cumulative", "lppool", "misc_unary", "pad", "reduce", "resize",
-                     "spatial", "two_node"]
+                     "spatial", "two_node", "einsum", "index_ops", "scan_sequence", "dft", "stft"]
 
 
 @pytest.mark.parametrize("family", INTERVAL_FAMILIES)
 def test_interval_boxes_enclose_sampled_points(family):
-    """Points drawn inside a random box evaluate (float64) inside the box the interval domain returns."""
+    """Points drawn inside a random box (its corners included) evaluate (float64) inside the box the interval
+    domain returns."""
     checked = 0
     for seed in range(12):
         case = _case(family, seed)
-        if not case.interval:
-            continue
+        if "Softplus" in case.note:  # its float rule is the spec's log(1 + exp(x)), whose
+            continue  # rounding a box of the real value need not cover (the rule is checked against mpmath)
         try:
             bundle = tlb.import_onnx(case.model)
         except BridgeError:
@@ -93,15 +94,16 @@ def test_interval_boxes_enclose_sampled_points(family):
             continue
         rng = np.random.default_rng(seed)
         centers = [np.asarray(case.feeds[n], np.float64) for n in names]
-        radii = [rng.uniform(0, 0.3, c.shape) for c in centers]
+        radii = [rng.uniform(0, 2.0, c.shape) * (rng.random(c.shape) < 0.7) for c in centers]  # some exact
         lo, hi = [c - r for c, r in zip(centers, radii)], [c + r for c, r in zip(centers, radii)]
         try:
             boxes = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi, all_nodes=False)
         except BridgeError as e:  # an op refusing interval mode by name is allowed
             assert any(n.op_type in str(e) or "interval" in str(e) for n in case.model.graph.node), str(e)
             continue
-        for _ in range(8):
-            point = [lo_i + rng.random(lo_i.shape) * (hi_i - lo_i) for lo_i, hi_i in zip(lo, hi)]
+        for k in range(8):  # both corners, then points inside (clipped: lo + t (hi - lo) may round past hi)
+            point = [(lo_i, hi_i)[k] if k < 2 else np.minimum(lo_i + rng.random(lo_i.shape) * (hi_i - lo_i), hi_i)
+                     for lo_i, hi_i in zip(lo, hi)]
             values = tlb.evaluate(bundle.graph, bundle.payload, point, dtype="float64")
             for v, (b_lo, b_hi) in zip(values, boxes):
                 v = np.asarray(v, np.float64)

@@ -20,7 +20,7 @@ from torchlean_bridge.graph import Source
 from .builder import GraphBuilder
 from .errors import NotLowerable
 
-__all__ = ["Undecomposable", "EinsumPlan", "plan_einsum", "einsum", "group_norm", "channel_affine"]
+__all__ = ["Undecomposable", "EinsumPlan", "WeightContraction", "plan_einsum", "einsum", "group_norm", "channel_affine"]
 
 Shape = tuple[int, ...]
 LETTERS = frozenset(string.ascii_letters)

@@ -5,6 +5,8 @@ ONNX export, and the refusals by name."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -17,6 +19,7 @@ from onnx.reference.ops.op_cast import cast_to
 import torchlean_bridge as tlb
 from semantics.narrow import FORMATS, NarrowError, numpy_dtype, round_box, round_to, widen, wrap
 from torchlean_bridge.app import onnx_backend as backend
+from tests.onnx_models import onnx_model
 
 N = helper.make_node
 RNG = np.random.default_rng(15)
@@ -121,13 +124,7 @@ def test_int_wrap_is_onnx_fixed_point_narrowing():
 
 # -- models --------------------------------------------------------------------------------
 
-def _model(nodes, inputs, outputs, inits=(), opset=23):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-                          [onnx.numpy_helper.from_array(v, n) for n, v in inits])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
+_model = partial(onnx_model, opset=23)
 
 
 @pytest.mark.parametrize("fmt", ["float8e4m3fn", "float8e5m2", "float8e4m3fnuz", "float8e5m2fnuz", "int4", "uint4"])

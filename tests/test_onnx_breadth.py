@@ -7,33 +7,26 @@ binary32 rounding for arithmetic). Forms that are not lowered exactly must be re
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
 import torchlean_bridge as tlb
 from torchlean_bridge.errors import UnsupportedError
+from tests.onnx_models import evaluate_onnx, onnx_model
 
 ort = pytest.importorskip("onnxruntime")
 N = helper.make_node
 RNG = np.random.default_rng(15)
 
 
-def _model(nodes, inputs, outputs, inits=(), opset=18):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-                          [onnx.numpy_helper.from_array(v, n) for n, v in inits])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    return m
+_model = partial(onnx_model, opset=18, ir_version=8)
 
 
-def _ours(m, feeds, **kw):
-    b = tlb.import_onnx(m, **kw)
-    names = b.report["inputs"]
-    return [np.asarray(v) for v in tlb.evaluate(b.graph, b.payload, [feeds[n] for n in names])]
+_ours = evaluate_onnx
 
 
 def _ort(m, feeds):

@@ -9,8 +9,9 @@ enclose sampled points; forms that are not lowered exactly are refused by name.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper
@@ -19,24 +20,16 @@ from onnx.reference import ReferenceEvaluator
 import torchlean_bridge as tlb
 from torchlean_bridge.errors import BridgeError, UnsupportedError
 from torchlean_bridge.onnx_backend import prepare
+from tests.onnx_models import evaluate_onnx, onnx_model
 
 N = helper.make_node
 RNG = np.random.default_rng(1515)
 
 
-def _model(nodes, inputs, outputs, inits=(), opset=22):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-                          [onnx.numpy_helper.from_array(np.asarray(v), n) for n, v in inits])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
+_model = partial(onnx_model, opset=22)
 
 
-def _ours(m, feeds, **kw):
-    b = tlb.import_onnx(m, **kw)
-    names = b.report["inputs"]
-    return [np.asarray(v) for v in tlb.evaluate(b.graph, b.payload, [feeds[n] for n in names])]
+_ours = evaluate_onnx
 
 
 def _reference(m, feeds):

@@ -3,8 +3,9 @@ onnxruntime where it runs them; the exact integer products and their refusals.""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper
@@ -13,18 +14,13 @@ from onnx.reference import ReferenceEvaluator
 import torchlean_bridge as tlb
 from torchlean_bridge.errors import UnsupportedError
 from torchlean_bridge.app import onnx_backend as backend
+from tests.onnx_models import onnx_model
 
 N = helper.make_node
 RNG = np.random.default_rng(1515)
 
 
-def _model(nodes, inputs, outputs, inits=(), opset=21):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-                          [onnx.numpy_helper.from_array(v, n) for n, v in inits])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
+_model = partial(onnx_model, opset=21)
 
 
 def _exact(m, feeds, ort=False):

@@ -8,8 +8,9 @@ soundness on sampled points and the box corners; what stays refused is checked b
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper
@@ -17,6 +18,7 @@ from onnx.reference import ReferenceEvaluator
 
 import torchlean_bridge as tlb
 from torchlean_bridge.errors import BridgeError, ExportError, IntervalError
+from tests.onnx_models import onnx_model
 
 ort = pytest.importorskip("onnxruntime")
 N = helper.make_node
@@ -24,13 +26,7 @@ RNG = np.random.default_rng(1515)
 TOL = dict(rtol=2e-5, atol=2e-5)
 
 
-def _model(nodes, inputs, outputs, inits=(), opset=22):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-                          [onnx.numpy_helper.from_array(v, n) for n, v in inits])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
+_model = partial(onnx_model, opset=22)
 
 
 def _ours(m, feeds):

@@ -19,7 +19,7 @@ import numpy as np
 
 from torchlean_bridge.errors import BridgeError
 
-from .context import Const, NodeUnsupported, OnnxContext, Opt, Seq, Value, attr_value
+from .context import Const, NodeUnsupported, OnnxContext, Opt, Value, attr_value
 
 __all__ = ["HANDLERS", "OPSETS", "EMITS", "NOT_FOLDED", "MAX_UNROLLED_NODES", "run_body", "take", "stack", "materialize"]
 

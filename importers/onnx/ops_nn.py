@@ -178,31 +178,42 @@ def _convolution(ctx: OnnxContext) -> list[Value]:
     return [nid]
 
 
+def window_attrs(ctx: OnnxContext) -> dict:
+    """The window geometry every ONNX pool shares (kernel, strides, dilations, explicit or automatic
+    pads, ceil_mode) as the IR's pooling attributes, checked against the input's rank."""
+    xs = ctx.shape(0)
+    kernel = list(ctx.attr("kernel_shape"))
+    r = len(kernel)
+    strides = list(ctx.attr("strides") or [1] * r)
+    dilations = list(ctx.attr("dilations") or [1] * r)
+    if len(xs) < r + 1:
+        raise ctx.fail(f"input rank {len(xs)} for a {r}-d window")
+    _check_window(ctx, r, kernel, strides, dilations)
+    before, after = _window_pads(ctx, xs[len(xs) - r:], kernel, strides, dilations)
+    return {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
+            "padding_after": tuple(after), "dilation": tuple(dilations), "ceil_mode": bool(ctx.attr("ceil_mode", 0))}
+
+
+def window_output(ctx: OnnxContext, kind: str, attrs: dict) -> tuple[int, ...]:
+    """The pool's output shape by the registry's rule, refused when the file declares another."""
+    out = tuple(REGISTRY[kind].infer(attrs, [ctx.shape(0)], ()))
+    declared = ctx.declared.get(ctx.node.output[0])
+    if declared is not None and tuple(declared) != out:
+        raise ctx.fail(f"output shape {list(declared)} differs from the window rule's {list(out)}")
+    return out
+
+
 def _pool(kind: str) -> Handler:
     def lower(ctx: OnnxContext) -> list[Value]:
         if len(ctx.node.output) > 1 and ctx.node.output[1] and ctx.consumer_count(ctx.node.output[1]):
             raise ctx.fail("the Indices output is not supported")
         if int(ctx.attr("storage_order", 0)):
             raise ctx.fail("storage_order=1")
-        xs = ctx.shape(0)
-        kernel = list(ctx.attr("kernel_shape"))
-        r = len(kernel)
-        strides = list(ctx.attr("strides") or [1] * r)
-        dilations = list(ctx.attr("dilations") or [1] * r)
-        if len(xs) < r + 1:
-            raise ctx.fail(f"input rank {len(xs)} for a {r}-d window")
-        _check_window(ctx, r, kernel, strides, dilations)
-        before, after = _window_pads(ctx, xs[len(xs) - r:], kernel, strides, dilations)
-        attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
-                 "padding_after": tuple(after), "dilation": tuple(dilations),
-                 "ceil_mode": bool(ctx.attr("ceil_mode", 0)),
+        attrs = {**window_attrs(ctx),
                  "count_include_pad": bool(ctx.attr("count_include_pad", 0)) or kind == "max_pool"}
         nd = f"{kind}_nd"
-        out = tuple(REGISTRY[nd].infer(attrs, [xs], ()))
-        declared = ctx.declared.get(ctx.node.output[0])
-        if declared is not None and declared != out:
-            raise ctx.fail(f"output shape {list(declared)} differs from the window rule's {list(out)}")
-        rewrite = REGISTRY[nd].v1_rewrite(attrs, [xs], out)
+        out = window_output(ctx, nd, attrs)
+        rewrite = REGISTRY[nd].v1_rewrite(attrs, [ctx.shape(0)], out)
         x = ctx.operand(0)
         if rewrite is not None:
             return [ctx.add(rewrite[0], [x], rewrite[1])]
@@ -361,18 +372,21 @@ def _weight_matrix(c: Const, letters: str, summed: list[str], right: list[str], 
     return c
 
 
+def _weight_contraction(ctx: OnnxContext, weight: Const) -> decompositions.WeightContraction:
+    def contract(x: int, letters: str, summed: list[str], right: list[str], k: int, n: int) -> int:
+        return _linear(ctx, x, _weight_matrix(weight, letters, summed, right, k, n), transpose=True)
+    return contract
+
+
 def _einsum(ctx: OnnxContext) -> list[Value]:
     """Every equation the spec allows, by the shared decomposition (importers/decompositions.py); a
     float initializer as the second of two operands is contracted as a ``linear`` weight."""
-    eq = str(ctx.attr("equation"))
     weight = ctx.const(1) if len(ctx.node.input) == 2 else None
-    contract = None
-    if weight is not None and weight.value.dtype.kind == "f":
-        def contract(x: int, letters: str, summed: list[str], right: list[str], k: int, n: int) -> int:
-            return _linear(ctx, x, _weight_matrix(weight, letters, summed, right, k, n), transpose=True)
+    contract = _weight_contraction(ctx, weight) if weight is not None and weight.value.dtype.kind == "f" else None
     try:
-        return [decompositions.einsum(ctx.b, eq, [ctx.shape(i) for i in range(len(ctx.node.input))], ctx.operand,
-                                      ctx.source, contract)]
+        return [decompositions.einsum(ctx.b, str(ctx.attr("equation")),
+                                      [ctx.shape(i) for i in range(len(ctx.node.input))], ctx.operand, ctx.source,
+                                      contract)]
     except decompositions.Undecomposable as e:
         raise ctx.fail(str(e)) from None
 

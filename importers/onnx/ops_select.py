@@ -53,23 +53,9 @@ def _max_pool(ctx: OnnxContext) -> list[Value]:
     integer inputs are ops_reduce's (pooled through an exact cast, their Indices refused)."""
     if ctx.dtype(0) != FLOAT:
         return ops_reduce.HANDLERS["MaxPool"](ctx)
-    xs = ctx.shape(0)
-    kernel = list(ctx.attr("kernel_shape"))
-    r = len(kernel)
-    strides = list(ctx.attr("strides") or [1] * r)
-    dilations = list(ctx.attr("dilations") or [1] * r)
-    if len(xs) < r + 1:
-        raise ctx.fail(f"input rank {len(xs)} for a {r}-d window")
-    ops_nn._check_window(ctx, r, kernel, strides, dilations)
-    before, after = ops_nn._window_pads(ctx, xs[len(xs) - r:], kernel, strides, dilations)
-    attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
-             "padding_after": tuple(after), "dilation": tuple(dilations), "ceil_mode": bool(ctx.attr("ceil_mode", 0)),
-             "count_include_pad": True}
-    out = tuple(REGISTRY["max_pool_nd"].infer(attrs, [xs], ()))
-    declared = ctx.declared.get(ctx.node.output[0])
-    if declared is not None and declared != out:
-        raise ctx.fail(f"output shape {list(declared)} differs from the window rule's {list(out)}")
-    rewrite = REGISTRY["max_pool_nd"].v1_rewrite(attrs, [xs], out)
+    attrs = {**ops_nn.window_attrs(ctx), "count_include_pad": True}
+    out = ops_nn.window_output(ctx, "max_pool_nd", attrs)
+    rewrite = REGISTRY["max_pool_nd"].v1_rewrite(attrs, [ctx.shape(0)], out)
     x = ctx.operand(0)
     values = ctx.add(rewrite[0], [x], rewrite[1]) if rewrite is not None else ctx.add("max_pool_nd", [x], attrs)
     order = int(ctx.attr("storage_order", 0))

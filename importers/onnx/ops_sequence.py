@@ -12,7 +12,7 @@ backend returns lists). Graph inputs that are sequences or optionals take their 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from torchlean_bridge.ops import FLOAT, INT64, REGISTRY
+from torchlean_bridge.ops import FLOAT, INT64
 
 from . import ops_nn
 from ..grids import affine_base_grid
@@ -40,7 +40,7 @@ def _grid_sample(ctx: OnnxContext) -> list[Value]:
         raise ctx.fail(f"mode={mode} (GridSample-{20 if ctx.opset >= 20 else 16} has {', '.join(names)})")
     if padding not in ("zeros", "border", "reflection"):
         raise ctx.fail(f"padding_mode={padding}")
-    xs, gs = ctx.shape(0), ctx.shape(1)
+    xs = ctx.shape(0)
     if ctx.opset < 20 and len(xs) != 4:
         raise ctx.fail(f"input rank {len(xs)} (GridSample-16 samples 4-D inputs only)")
     attrs = {"mode": _GRID_MODES[mode], "padding_mode": padding, "align_corners": bool(ctx.attr("align_corners", 0)),
@@ -54,20 +54,11 @@ def _lp_pool(ctx: OnnxContext) -> list[Value]:
     r = len(kernel)
     if r == 0 or len(xs) < r + 1:
         raise ctx.fail(f"kernel_shape {kernel} for an input of rank {len(xs)}")
-    strides = list(ctx.attr("strides") or [1] * r)
-    dilations = list(ctx.attr("dilations") or [1] * r)
-    ops_nn._check_window(ctx, r, kernel, strides, dilations)
     p = float(ctx.attr("p", 2))
     if not p > 0 or not math.isfinite(p):
         raise ctx.fail(f"p={p} (a positive exponent)")
-    before, after = ops_nn._window_pads(ctx, xs[len(xs) - r:], kernel, strides, dilations)
-    attrs = {"spatial_rank": r, "kernel": tuple(kernel), "stride": tuple(strides), "padding": tuple(before),
-             "padding_after": tuple(after), "dilation": tuple(dilations), "ceil_mode": bool(ctx.attr("ceil_mode", 0)),
-             "p": p}
-    out = tuple(REGISTRY["lp_pool_nd"].infer(attrs, [xs], ()))
-    declared = ctx.declared.get(ctx.node.output[0])
-    if declared is not None and tuple(declared) != out:
-        raise ctx.fail(f"output shape {list(declared)} differs from the window rule's {list(out)}")
+    attrs = {**ops_nn.window_attrs(ctx), "p": p}
+    ops_nn.window_output(ctx, "lp_pool_nd", attrs)
     return [ctx.add("lp_pool_nd", [_float_operand(ctx, 0, "X")], attrs)]
 
 

@@ -104,11 +104,6 @@ def _upsample(cx: Cx, m: nn.Upsample, path: str, x: Any) -> Any:
     return resize.interpolate(cx, x, m.size, m.scale_factor, m.mode, m.align_corners, m.recompute_scale_factor)
 
 
-def _simple(fn: Lowering, *attrs: str) -> ModuleLowering:
-    """A parameter-free module: its hyper-parameters passed to a functional lowering."""
-    return lambda cx, m, path, x: fn(cx, x, *(getattr(m, a, None) for a in attrs))
-
-
 @lowers(modules=[nn.Identity])
 def _identity(cx: Cx, m: nn.Identity, path: str, x: Any, *args: Any, **kwargs: Any) -> Any:
     return x

@@ -11,7 +11,7 @@ import torch
 
 from torchlean_bridge.ops import BOOL, FLOAT
 
-from .common import DataDependent, NotLowerable, Sym, normalize_axis, prod
+from .common import NotLowerable, Sym, normalize_axis, prod
 from .lowerer import Lowerer
 from .ops_elementwise import (COMPARE, add, clamp, div, exact_integer, integer_range, is_tensor, maximum, minimum,
                               square, sub, unary, where)

@@ -255,3 +255,15 @@ def test_unique_unsorted_without_axis_folds():
     np.testing.assert_array_equal(first, [0, 1, 3, 5])
     np.testing.assert_array_equal(inverse, [0, 1, 0, 2, 1, 3])
     np.testing.assert_array_equal(counts, [2, 2, 1, 1])
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool", "Conv"])
+def test_same_padding_with_a_negative_total_is_refused(op):
+    """kernel 1, stride 3 over 6: SAME_UPPER's total padding is -2. onnxruntime and onnx's reference then start
+    the windows at 1 (4, ...), we used to clamp the padding to 0 and read 0, 3: refused by name instead."""
+    inputs = [("x", TP.DOUBLE, [1, 1, 6])]
+    inits = [("w", np.ones([1, 1, 1]))] if op == "Conv" else []
+    m = model([N(op, ["x", "w"] if op == "Conv" else ["x"], ["y"], kernel_shape=[1], strides=[3],
+                 auto_pad="SAME_UPPER")], inputs, Y, inits, opset=18)
+    with pytest.raises(BridgeError, match=f"{op}.*negative total padding -2"):
+        tlb.import_onnx(m)

@@ -107,7 +107,13 @@ def _window_pads(ctx: OnnxContext, spatial: tuple[int, ...], kernel: list[int], 
         return [0] * r, [0] * r
     before, after = [], []
     for size, k, s, d in zip(spatial, kernel, strides, dilations):
-        total = max(0, (-(-size // s) - 1) * s + d * (k - 1) + 1 - size)
+        total = (-(-size // s) - 1) * s + d * (k - 1) + 1 - size
+        # a negative total: onnxruntime starts the windows inside the input once its head pad (the total
+        # halved towards zero) is negative, onnx's reference (halved down) already at -1: refused there
+        if total <= (-3 if auto == "SAME_LOWER" else -2):
+            raise ctx.fail(f"auto_pad={auto} needs a negative total padding {total} on an axis of extent {size} "
+                           "(runtimes disagree on where the windows then start)")
+        total = max(0, total)
         small, large = total // 2, total - total // 2
         before.append(large if auto == "SAME_LOWER" else small)
         after.append(small if auto == "SAME_LOWER" else large)

@@ -361,14 +361,21 @@ def _depth_space(ctx: OnnxContext) -> list[Value]:
 
 def _trilu(ctx: OnnxContext) -> list[Value]:
     """``Trilu``: keep the entries on and above (upper=1) or below (upper=0) diagonal k of the last two
-    axes, zero elsewhere: ``where`` with a constant mask (multiplying would turn inf * 0 into NaN)."""
+    axes, zero elsewhere: ``where`` with a mask (multiplying would turn inf * 0 into NaN), constant when
+    k is, else the constant column-minus-row offsets compared with k at run time."""
     s = ctx.shape(0)
     if len(s) < 2:
         raise ctx.fail(f"input rank {len(s)} (Trilu needs a matrix)")
-    k = int(np.asarray(ctx.static(1, "k")).reshape(-1)[0]) if ctx.has_input(1) else 0
     offset = np.arange(s[-1])[None, :] - np.arange(s[-2])[:, None]
-    keep = offset >= k if ctx.attr("upper", 1) else offset <= k
-    mask = ctx.b.const(keep, source=ctx.source, folded=True)
+    upper = bool(ctx.attr("upper", 1))
+    if ctx.has_input(1) and ctx.const(1) is None:  # k computed at run time: the mask compares against it
+        if math.prod(ctx.shape(1)) != 1:
+            raise ctx.fail(f"k of shape {list(ctx.shape(1))} (a single integer)")
+        k = ctx.b.reshape(ctx.operand(1), (), ctx.source)
+        mask = ctx.elementwise("ge" if upper else "le", [ctx.b.const(offset, source=ctx.source, folded=True), k])
+    else:
+        k = int(np.asarray(ctx.static(1, "k")).reshape(-1)[0]) if ctx.has_input(1) else 0
+        mask = ctx.b.const(offset >= k if upper else offset <= k, source=ctx.source, folded=True)
     zero = ctx.scalar(0, np.int64 if ctx.dtype(0) == INT64 else bool if ctx.dtype(0) == BOOL else np.float32)
     return [ctx.elementwise("where", [mask, ctx.operand(0), zero])]
 

@@ -37,7 +37,11 @@ class Extra(nn.Module):
         return (torch.ceil(x), torch.floor(x), torch.expm1(x), torch.tan(x * 0.5), torch.sign(x),
                 (x >= 0) | (x <= -1), torch.isnan(x).float(), torch.cumprod(x, 1), torch.linalg.det(x[:, :3]),
                 nn.functional.grid_sample(x[None, None], x[:, :2][None, None], align_corners=False),
-                nn.functional.fold(x[None], (2, 2), 1))
+                nn.functional.fold(x[None], (2, 2), 1), *self.integer_forms((x * 10).long()))
+
+    @staticmethod
+    def integer_forms(i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.fmod(i, 3), i % 4, (i & 5) | 2, i ^ 1, ~i
 
 
 def test_emitted_kinds_are_exactly_what_the_lowerings_emit():

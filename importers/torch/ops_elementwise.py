@@ -204,15 +204,71 @@ def logical(kind: str):
     return lower
 
 
-register(logical("logical_and"), aten="logical_and.default __and__.Tensor bitwise_and.Tensor",
-         fx="operator.and_ torch.logical_and", methods="logical_and")
-register(logical("logical_or"), aten="logical_or.default __or__.Tensor bitwise_or.Tensor",
-         fx="operator.or_ torch.logical_or", methods="logical_or")
+register(logical("logical_and"), aten="logical_and.default", fx="torch.logical_and", methods="logical_and")
+register(logical("logical_or"), aten="logical_or.default", fx="torch.logical_or", methods="logical_or")
 
 
-@lowers(aten="logical_not.default bitwise_not.default", fx="operator.invert torch.logical_not", methods="logical_not")
+def bitwise(kind: str, on_bools: str | None):
+    """``&``, ``|``, ``^``: on bools the logical op (``^`` is ``ne``), on integers the exact int64
+    bitwise op."""
+    def lower(cx: Cx, input: Any, other: Any) -> Sym:
+        et = promote(cx, input, other)
+        if et == BOOL:  # and, or; xor of two bools is their inequality
+            if on_bools is None:
+                return Sym(cx.builder.elementwise("ne", [cx.node(input, BOOL), cx.node(other, BOOL)], source=cx.source()))
+            return logical(on_bools)(cx, input, other)
+        if et != INT64:
+            raise NotLowerable(f"{kind} of {'boolean' if et == BOOL else 'float'} tensors has no IR op")
+        return Sym(_int_binary(cx, kind, input, other))
+    return lower
+
+
+def _int_binary(cx: Cx, kind: str, input: Any, other: Any) -> int:
+    a, b = cx.node(input, INT64), cx.node(other, INT64)
+    shape = broadcast_shapes(cx.builder.shape(a), cx.builder.shape(b), kind)
+    return cx.builder.add(kind, [cx.builder.broadcast(a, shape, cx.source()), cx.builder.broadcast(b, shape, cx.source())],
+                          {"bits": 64, "signed": True}, source=cx.source())
+
+
+for _kind, _name, _op, _bools in (("bitwise_and", "and", "and_", "logical_and"), ("bitwise_or", "or", "or_", "logical_or"),
+                                  ("bitwise_xor", "xor", "xor", None)):
+    register(bitwise(_kind, _bools), aten=f"{_kind}.Tensor {_kind}.Scalar __{_name}__.Tensor __{_name}__.Scalar",
+             fx=f"operator.{_op} torch.{_kind}", methods=_kind)
+
+
+@lowers(aten="logical_not.default", fx="torch.logical_not", methods="logical_not")
 def logical_not(cx: Cx, input: Any) -> Sym:
     return cx.add("logical_not", [cx.node(input, BOOL)])
+
+
+@lowers(aten="bitwise_not.default", fx="operator.invert torch.bitwise_not", methods="bitwise_not")
+def bitwise_not(cx: Cx, input: Any) -> Sym:
+    """``~``: the complement of an integer in int64, ``logical_not`` of a bool."""
+    if cx.etype(input) == INT64:
+        return cx.add("bitwise_not", [cx.node(input, INT64)], {"bits": 64, "signed": True})
+    if cx.etype(input) != BOOL:
+        raise NotLowerable("~ of a float tensor")
+    return logical_not(cx, input)
+
+
+def _remainder(fmod: bool):
+    """``torch.fmod`` (sign of the dividend) and ``torch.remainder`` / ``%`` (sign of the divisor), as
+    the IR's ``mod``: float, or exact int64 (a remainder by zero is refused when evaluated)."""
+    def lower(cx: Cx, input: Any, other: Any) -> Sym:
+        et = promote(cx, input, other)
+        if et == BOOL:
+            raise NotLowerable("remainder of boolean tensors")
+        a, b = cx.node(input, et), cx.node(other, et)
+        shape = broadcast_shapes(cx.builder.shape(a), cx.builder.shape(b), "mod")
+        attrs = {"fmod": fmod, **({"bits": 64, "signed": True} if et == INT64 else {})}
+        return cx.add("mod", [cx.builder.broadcast(a, shape, cx.source()), cx.builder.broadcast(b, shape, cx.source())],
+                      attrs)
+    return lower
+
+
+register(_remainder(True), aten="fmod.Tensor fmod.Scalar", fx="torch.fmod", methods="fmod")
+register(_remainder(False), aten="remainder.Tensor remainder.Scalar", fx="operator.mod torch.remainder",
+         methods="remainder")
 
 
 @lowers(aten="where.self where.ScalarOther where.ScalarSelf where.Scalar", fx="torch.where")

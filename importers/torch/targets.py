@@ -62,6 +62,7 @@ OTHER_EMITTED_KINDS: frozenset[str] = frozenset({
     "reshape", "permute", "transpose", "broadcast_to", "concat", "slice", "gather", "gather_elements", "pad",
 }) | {"cumprod", "det"}  # importers/torch/ops_misc.py (issue #15)
 OTHER_EMITTED_KINDS |= {"grid_sample", "col2im", "sign", "relu", "abs"}  # importers/torch/ops_spatial.py (issue #15)
+OTHER_EMITTED_KINDS |= {"mod", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "ne"}  # integer operators
 
 L = TypeVar("L", bound=Callable[..., Any])
 

@@ -267,3 +267,19 @@ def test_same_padding_with_a_negative_total_is_refused(op):
                  auto_pad="SAME_UPPER")], inputs, Y, inits, opset=18)
     with pytest.raises(BridgeError, match=f"{op}.*negative total padding -2"):
         tlb.import_onnx(m)
+
+
+def test_einsum_with_an_omitted_operand_is_refused():
+    """fuzz.campaign --onnx 3000 --seed 13: an Einsum input named '' crashed the importer with KeyError (and
+    Max, Min, SequenceConstruct the same way): an empty name among variadic operands is refused at the reader."""
+    for op, attrs in (("Einsum", {"equation": "a,a->"}), ("Max", {}), ("Min", {}), ("SequenceConstruct", {})):
+        m = model([N(op, ["x", ""], ["y"], **attrs)], [("x", TP.DOUBLE, [2])], Y, opset=17)
+        with pytest.raises(BridgeError, match=f"{op}.*is empty"):
+            tlb.import_onnx(m)
+
+
+def test_gemm_of_vectors_is_refused():
+    """Gemm of a rank-1 A crashed the importer with IndexError; it takes two matrices."""
+    m = model([N("Gemm", ["x", "x"], ["y"])], [("x", TP.DOUBLE, [2])], Y, opset=13)
+    with pytest.raises(BridgeError, match="Gemm.*two matrices"):
+        tlb.import_onnx(m)

@@ -105,11 +105,13 @@ def _check_ssa(graph: Any) -> None:
 
 
 def _check_required_names(i: int, node: Any, schema: Any) -> None:
-    """An empty name marks an omitted optional input; in a required (single) slot it is an error."""
+    """An empty name marks an omitted optional input; in a required (single) slot or among variadic operands
+    (Max, Sum, Einsum, SequenceConstruct...: an operand list, not optional slots) it is an error."""
     from onnx.defs import OpSchema
+    required = (OpSchema.FormalParameterOption.Single, OpSchema.FormalParameterOption.Variadic)
     for k, name in enumerate(node.input):
         formal = schema.inputs[min(k, len(schema.inputs) - 1)] if schema.inputs else None
-        if name == "" and formal is not None and formal.option == OpSchema.FormalParameterOption.Single:
+        if name == "" and formal is not None and formal.option in required:
             raise _fail(f"{_node_label(i, node)}: required input {k} (`{formal.name}`) of "
                         f"{node.op_type}-{schema.since_version} is empty")
 

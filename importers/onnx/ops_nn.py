@@ -41,6 +41,8 @@ def _gemm(ctx: OnnxContext) -> list[Value]:
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
     trans_a, trans_b = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
     weight, bias = ctx.const(1), ctx.const(2)
+    if ctx.rank(0) != 2 or ctx.rank(1) != 2:
+        raise ctx.fail(f"A {list(ctx.shape(0))} and B {list(ctx.shape(1))} (Gemm takes two matrices)")
     n = ctx.shape(1)[0 if trans_b else 1]
     a = ctx.operand(0)
     if trans_a:

@@ -40,6 +40,17 @@ def _int_range(attrs) -> tuple[int, int, str]:
     return 0, min((1 << bits) - 1, int(_I64.max)), f"uint{bits}"
 
 
+def _within_type(node, r: np.ndarray) -> np.ndarray:
+    """``r`` when every value fits the node's integer type; the first that does not is refused (ONNX
+    would wrap it)."""
+    lo, hi, name = _int_range(node.attrs)
+    bad = (r < lo) | (r > hi)
+    if np.any(bad):
+        value = int(r.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])
+        raise domain_error(node, f"result {value} is outside {name} (ONNX would wrap it); refused, not wrapped")
+    return r
+
+
 @float_rule("cumprod")
 def cumprod(node, xs, rec, dt):
     a = node.attrs
@@ -55,12 +66,7 @@ def cumprod(node, xs, rec, dt):
         raise domain_error(node, "a running product leaves int64 (ONNX would wrap it); refused, not wrapped")
     with np.errstate(over="ignore"):
         r = _along(x, a["axis"], a["exclusive"], a["reverse"], np.multiply, 1)
-    lo, hi, name = _int_range(a)
-    bad = (r < lo) | (r > hi)
-    if np.any(bad):
-        value = int(r.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])
-        raise domain_error(node, f"result {value} is outside {name} (ONNX would wrap it); refused, not wrapped")
-    return r
+    return _within_type(node, r)
 
 
 @float_rule("int_cumsum")
@@ -72,12 +78,7 @@ def int_cumsum(node, xs, rec, dt):
     if np.any(magnitude >= 2.0 ** 62):
         raise domain_error(node, "a running sum may leave int64 (ONNX would wrap it); refused, not wrapped")
     r = _along(x, a["axis"], a["exclusive"], a["reverse"], np.add, 0)
-    lo, hi, name = _int_range(a)
-    bad = (r < lo) | (r > hi)
-    if np.any(bad):
-        value = int(r.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])
-        raise domain_error(node, f"result {value} is outside {name} (ONNX would wrap it); refused, not wrapped")
-    return r
+    return _within_type(node, r)
 
 
 @interval_rule("cumprod")

@@ -29,7 +29,7 @@ from .records import fail
 from .rules import EXACT_RULES, FLOAT_RULES, INTERVAL_RULES
 from .schedule import schedule
 
-__all__ = ["Domain", "FloatDomain", "ExactDomain", "IntervalDomain", "run", "node_value", "dead_after", "DTYPES"]
+__all__ = ["Domain", "FloatDomain", "ExactDomain", "IntervalDomain", "run", "node_value", "DTYPES"]
 
 Record = Mapping[str, np.ndarray]
 DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
@@ -178,24 +178,13 @@ def node_value(domain: Domain, node: Node, parents: Sequence[Any], record: Recor
     return domain.finish(node, value)
 
 
-def dead_after(g: Graph) -> list[list[int]]:
-    """For each node id, the values whose last reader it is (freed right after it runs)."""
-    frees: list[list[int]] = [[] for _ in g.nodes]
-    for nid, last in enumerate(schedule(g).last_reader):
-        if last < len(g.nodes):
-            frees[last].append(nid)
-    return frees
-
-
 def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[int], Record],
-        all_nodes: bool = False, frees: Sequence[Sequence[int]] | None = None, local_checks: bool = False
-        ) -> list[Any]:
+        all_nodes: bool = False, local_checks: bool = False) -> list[Any]:
     """The value of every node (``all_nodes``) or of the outputs, in ``domain``.
 
     ``seeds`` maps each input node id to its value (the caller's array, or a box) as read at entry;
     ``record(nid)`` is the node's payload record; values die after their last reader (the graph's
-    ``schedule``, computed once per graph), or after the node ``frees`` (``dead_after(g)``) lists them
-    under. ``local_checks`` (a graph whose shapes were not checked up front) also runs each node's
+    ``schedule``, computed once per graph). ``local_checks`` (a graph whose shapes were not checked up front) also runs each node's
     shape rule on its parents' shapes once the rule has run (its own checks and messages come first,
     as in TorchLean's ``denoteAll``), so a malformed node is refused, never silently broadcast.
     """
@@ -223,10 +212,6 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
                 if malformed is not None:
                     raise domain.fail(node, malformed)
             if all_nodes:
-                continue
-            if frees is not None:
-                for dead in frees[nid]:
-                    values[dead] = None
                 continue
             for p in node.parents:
                 if last[p] == nid:

@@ -15,7 +15,7 @@ from ..errors import ShapeRuleError
 from .contracts import (Shape, can_broadcast_to, check_axis, conv_transpose_out_shape, fmt_shape, reduce_shape,
                         slice_extent,
                         check_per_axis, v1_pool_out_dim, window_buffers, window_out_dim)
-from .registry import BOOL, ELEMENT_TYPES, FLOAT, INT64, Attr, OpSpec, ParamRole, register, same_as_parent
+from .registry import BOOL, ELEMENT_TYPES, FLOAT, INT64, Attr, OpSpec, ParamRole, int_only, register, same_as_parent
 from .v1 import CONV_ATTRS, _axis_keep, _identity, _same_shape
 
 A = Mapping[str, Any]
@@ -370,15 +370,6 @@ register(OpSpec("isnan", "ext", 1, 1, _identity, dtype=_float_to_bool("isnan"), 
 INT_TYPE_ATTRS = (Attr("bits", "nat", 64, choices=(8, 16, 32, 64)), Attr("signed", "bool", True))
 
 
-def _int_only(kind: str):
-    def rule(attrs: A, parents: DT, declared: str) -> str:
-        for i, dt in enumerate(parents):
-            if dt != INT64:
-                raise ShapeRuleError(f"{kind}: operand {i} has element type {dt}, expected int64")
-        return INT64
-    return rule
-
-
 _INT_BINARY = {
     "int_add": "a + b", "int_sub": "a - b", "int_mul": "a * b",
     "int_div": "a / b truncated toward zero (ONNX integer Div); division by zero is refused",
@@ -386,12 +377,12 @@ _INT_BINARY = {
     "bitwise_and": "a & b", "bitwise_or": "a | b", "bitwise_xor": "a ^ b",
 }
 for _k, _doc in _INT_BINARY.items():
-    register(OpSpec(_k, "ext", 2, 2, _same_shape(_k), attrs=INT_TYPE_ATTRS, dtype=_int_only(_k),
+    register(OpSpec(_k, "ext", 2, 2, _same_shape(_k), attrs=INT_TYPE_ATTRS, dtype=int_only(_k),
                     doc=f"integer {_doc}, exact; the result must fit the `bits`/`signed` type"))
-register(OpSpec("bitwise_not", "ext", 1, 1, _identity, attrs=INT_TYPE_ATTRS, dtype=_int_only("bitwise_not"),
+register(OpSpec("bitwise_not", "ext", 1, 1, _identity, attrs=INT_TYPE_ATTRS, dtype=int_only("bitwise_not"),
                 doc="integer ~a in the `bits`/`signed` type (ONNX BitwiseNot)"))
 register(OpSpec("bitshift", "ext", 2, 2, _same_shape("bitshift"),
-                attrs=(Attr("left", "bool"),) + INT_TYPE_ATTRS, dtype=_int_only("bitshift"),
+                attrs=(Attr("left", "bool"),) + INT_TYPE_ATTRS, dtype=int_only("bitshift"),
                 doc="a << b or a >> b in the `bits`-bit type (ONNX BitShift: bits shifted out are lost, a shift "
                     "by `bits` or more gives 0)"))
 
@@ -458,6 +449,6 @@ register(OpSpec("bitcast", "ext", 1, 1, _identity,
                     "a value the `source` type cannot hold exactly is refused"))
 register(OpSpec("int_cumsum", "ext", 1, 1, _axis_keep,
                 attrs=(Attr("axis", "nat"), Attr("exclusive", "bool", False), Attr("reverse", "bool", False))
-                + INT_TYPE_ATTRS, dtype=_int_only("int_cumsum"),
+                + INT_TYPE_ATTRS, dtype=int_only("int_cumsum"),
                 doc="integer running sums along `axis` (ONNX CumSum on int8..uint64), exact; every sum must fit "
                     "the `bits`/`signed` type"))

@@ -8,7 +8,8 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import ShapeRuleError
 from .contracts import Shape, check_buffer, fmt_shape, numel
-from .ext import INT_TYPE_ATTRS, POOL_ND_ATTRS, _int_only, _pool_nd, _sort
+from .ext import INT_TYPE_ATTRS, POOL_ND_ATTRS, _pool_nd, _sort
+from .registry import int_only
 from .registry import FLOAT, INT64, Attr, OpSpec, register
 from .v1 import _same_shape
 
@@ -67,6 +68,6 @@ register(OpSpec("max_unpool", "ext", 2, 2, _unpool, attrs=(Attr("scatter_shape",
 register(OpSpec("pow_elem", "ext", 2, 2, _same_shape("pow_elem"),
                 doc="x ** y elementwise (ONNX Pow with a computed exponent, torch.pow of two tensors); a negative base "
                     "to a non-integer power and 0 to a negative power are refused"))
-register(OpSpec("int_pow", "ext", 2, 2, _same_shape("int_pow"), attrs=INT_TYPE_ATTRS, dtype=_int_only("int_pow"),
+register(OpSpec("int_pow", "ext", 2, 2, _same_shape("int_pow"), attrs=INT_TYPE_ATTRS, dtype=int_only("int_pow"),
                 doc="integer a ** b, exact; a negative exponent is refused, and the result must fit the "
                     "`bits`/`signed` type"))

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import ShapeRuleError
 from .contracts import Shape, conv_out_shape, fmt_shape, matmul_dims
-from .registry import FLOAT, INT64, Attr, OpSpec, register
+from .registry import FLOAT, INT64, Attr, OpSpec, int_only, register
 from .v1 import CONV_ATTRS, _identity
 
 __all__ = ["NARROW_FLOAT_FORMATS", "NARROW_INT_BITS", "ROUND_MODES"]
@@ -57,15 +57,6 @@ register(OpSpec("int_wrap", "ext", 1, 1, _identity,
 # Exact on int64 values; the float rule refuses operands whose products could reach 2^53 (so the ONNX
 # form, a conv in binary64, is exact too).
 
-def _ints_only(kind: str):
-    def rule(attrs: Mapping[str, Any], parents: Sequence[str], declared: str) -> str:
-        for i, dt in enumerate(parents):
-            if dt != INT64:
-                raise ShapeRuleError(f"{kind}: operand {i} has element type {dt}, expected int64")
-        return INT64
-    return rule
-
-
 def _int_conv(attrs: Mapping[str, Any], p: Sequence[Shape], d: Shape) -> Shape:
     groups, kernel = attrs["groups"], tuple(attrs["kernel"])
     want = (attrs["out_channels"], attrs["in_channels"] // max(groups, 1)) + kernel
@@ -74,7 +65,7 @@ def _int_conv(attrs: Mapping[str, Any], p: Sequence[Shape], d: Shape) -> Shape:
     return conv_out_shape(p[0], **{a.name: attrs[a.name] for a in CONV_ATTRS})
 
 
-register(OpSpec("int_matmul", "ext", 2, 2, lambda a, p, d: matmul_dims(p[0], p[1]), dtype=_ints_only("int_matmul"),
+register(OpSpec("int_matmul", "ext", 2, 2, lambda a, p, d: matmul_dims(p[0], p[1]), dtype=int_only("int_matmul"),
                 doc="integer matrix product (numpy matmul rules), exact in int64"))
-register(OpSpec("int_conv", "ext", 2, 2, _int_conv, attrs=CONV_ATTRS, dtype=_ints_only("int_conv"),
+register(OpSpec("int_conv", "ext", 2, 2, _int_conv, attrs=CONV_ATTRS, dtype=int_only("int_conv"),
                 doc="integer convolution of (x, weight) with conv's geometry, no bias, exact in int64"))

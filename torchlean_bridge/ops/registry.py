@@ -25,6 +25,7 @@ __all__ = [
     "INT64",
     "BOOL",
     "ELEMENT_TYPES",
+    "int_only",
     "float_only",
     "same_as_parent",
 ]
@@ -78,6 +79,18 @@ def float_only(kind: str) -> DtypeRule:
             if dt != FLOAT:
                 raise ShapeRuleError(f"{kind}: operand {i} has element type {dt}, expected float")
         return FLOAT
+
+    return rule
+
+
+def int_only(kind: str) -> DtypeRule:
+    """Element-type rule of the exact integer ops: int64 parents, int64 result."""
+
+    def rule(attrs: Mapping[str, Any], parents: Sequence[str], declared: str) -> str:
+        for i, dt in enumerate(parents):
+            if dt != INT64:
+                raise ShapeRuleError(f"{kind}: operand {i} has element type {dt}, expected int64")
+        return INT64
 
     return rule
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from torchlean_bridge.ops.contracts import conv_transpose_full_dim
+
+from .scratch import scratch
 
 __all__ = ["conv_nd", "conv_transpose_nd", "pool_nd", "pool_out_spatial", "avg_pool_divisor", "EMPTY_WINDOW"]
 
@@ -33,18 +34,9 @@ _OFFSET_LOOP_LIMIT = 64
 
 # the im2col matrix is rebuilt for every convolution and dies inside it: it is copied one block of
 # output rows at a time, small enough to stay in cache while BLAS reads it back, into one reused
-# per-thread buffer (no fresh-page faults on megabytes per convolution)
-_WORKSPACE = threading.local()
+# per-thread buffer (``scratch``: no fresh-page faults on megabytes per convolution)
 _IM2COL_BLOCK_BYTES = 2 << 20
 _TRANSPOSE_CHUNK_BYTES = 64 << 20
-
-
-def _workspace(shape: tuple, dtype: np.dtype) -> np.ndarray:
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    buf = getattr(_WORKSPACE, "buffer", None)
-    if buf is None or buf.nbytes < nbytes:
-        buf = _WORKSPACE.buffer = np.empty(max(nbytes, 1), np.uint8)
-    return buf[:nbytes].view(dtype).reshape(shape)
 
 
 def _pad_spatial(x: np.ndarray, before: Sequence[int], after: Sequence[int], value: float) -> np.ndarray:
@@ -81,7 +73,7 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
             for r0 in range(0, rows, block):
                 r1 = min(rows, r0 + block)
                 part = windows[(Ellipsis, slice(r0, r1)) + (slice(None),) * (len(out_spatial) - 1)]
-                cols = _workspace(part.shape, x.dtype)
+                cols = scratch("conv.cols", part.shape, x.dtype)
                 np.copyto(cols, part)
                 np.matmul(w, cols.reshape(g, cg * k, (r1 - r0) * row_length),
                           out=y[s, :, :, r0 * row_length:r1 * row_length])

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from .float_special import erf
-from .interval_round import Box, clean, down, lib_bounds, up
+from .interval_round import Box, clean, down, down_, lib_bounds, up, up_
 
 __all__ = ["point", "add", "sub", "neg", "mul", "scale", "add_const", "div", "inv", "square",
            "abs_box", "max_box", "min_box", "relu_box", "contains_zero", "divide_exact", "DomainError",
@@ -35,12 +35,21 @@ def point(x: np.ndarray) -> Box:
 
 def add(a: Box, b: Box) -> Box:
     with np.errstate(all="ignore"):
-        return clean(down(a[0] + b[0]), up(a[1] + b[1]))
+        return clean(_down(np.add(a[0], b[0])), _up(np.add(a[1], b[1])))
 
 
 def sub(a: Box, b: Box) -> Box:
     with np.errstate(all="ignore"):
-        return clean(down(a[0] - b[1]), up(a[1] - b[0]))
+        return clean(_down(np.subtract(a[0], b[1])), _up(np.subtract(a[1], b[0])))
+
+
+def _down(x: np.ndarray) -> np.ndarray:
+    """``down`` of a result just computed here: in place when it is a float64 array."""
+    return down_(x) if isinstance(x, np.ndarray) and x.ndim and x.dtype == np.float64 else down(x)
+
+
+def _up(x: np.ndarray) -> np.ndarray:
+    return up_(x) if isinstance(x, np.ndarray) and x.ndim and x.dtype == np.float64 else up(x)
 
 
 def neg(a: Box) -> Box:

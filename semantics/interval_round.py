@@ -21,7 +21,9 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["U", "TINY", "LIB_ULPS", "Box", "down", "up", "gamma", "clean", "lib_bounds", "sum_bounds",
+from .scratch import scratch
+
+__all__ = ["U", "TINY", "LIB_ULPS", "Box", "down", "up", "down_", "up_", "gamma", "clean", "lib_bounds", "sum_bounds",
            "sum_nonneg_bounds", "center_radius", "dot_radius", "up_exact_zero"]
 
 Box = tuple[np.ndarray, np.ndarray]
@@ -44,11 +46,7 @@ def down(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if x.ndim == 0:
         return np.nextafter(x, _NEG)
-    step = _step(x)
-    out = np.subtract(x, step, out=step)
-    if np.isposinf(x).any():  # an overflowed result: the exact value is above the largest float
-        out[np.isposinf(x)] = _MAX
-    return out
+    return _outward(x, _step(x), -1.0)
 
 
 def up(x: np.ndarray) -> np.ndarray:
@@ -56,17 +54,40 @@ def up(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if x.ndim == 0:
         return np.nextafter(x, _POS)
-    step = _step(x)
-    out = np.add(x, step, out=step)
-    if np.isneginf(x).any():
-        out[np.isneginf(x)] = -_MAX
+    return _outward(x, _step(x), 1.0)
+
+
+def down_(x: np.ndarray) -> np.ndarray:
+    """``down`` in place, for a float64 array the caller has just computed and owns (its step lives
+    in a scratch buffer, so a rule's result costs one fresh array, not three)."""
+    return _outward(x, _step(x, scratch("round.step", x.shape)), -1.0, out=x)
+
+
+def up_(x: np.ndarray) -> np.ndarray:
+    """``up`` in place (see ``down_``)."""
+    return _outward(x, _step(x, scratch("round.step", x.shape)), 1.0, out=x)
+
+
+def _outward(x: np.ndarray, step: np.ndarray, direction: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``x -+ step`` into ``out`` (default: into ``step``; may be ``x`` itself), an infinite ``x`` on the
+    inner side becoming the largest float (an exact real value is finite; inf - inf would be NaN)."""
+    inner = None
+    if not np.isfinite(np.sum(x)):  # one reduction, no mask, in the common all-finite case
+        inner = np.isposinf(x) if direction < 0 else np.isneginf(x)
+    out = step if out is None else out
+    if direction < 0:
+        np.subtract(x, step, out=out)
+    else:
+        np.add(x, step, out=out)
+    if inner is not None:
+        out[inner] = _MAX * -direction
     return out
 
 
-def _step(x: np.ndarray) -> np.ndarray:
+def _step(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     # 2**-1022 (smallest normal) rather than the smallest subnormal: covers zero and subnormal x,
     # and keeps denormal operands (slow on x86) out of the arithmetic
-    step = np.abs(x)
+    step = np.abs(x, out=out)
     step *= 2.0 ** -52
     step += MIN_NORMAL
     return step
@@ -130,16 +151,21 @@ def sum_bounds(lo: np.ndarray, hi: np.ndarray, axis) -> Box:
         return clean(down(s_lo - e_lo), up(s_hi + e_hi))
 
 
-def center_radius(lo: np.ndarray, hi: np.ndarray) -> Box:
-    """A float center c and radius r with [c - r, c + r] containing [lo, hi] exactly."""
+def center_radius(lo: np.ndarray, hi: np.ndarray, into: str | None = None) -> Box:
+    """A float center c and radius r with [c - r, c + r] containing [lo, hi] exactly; with ``into``,
+    both are written into that rule's scratch buffers (``into.c``, ``into.r``: see ``scratch``)."""
     with np.errstate(all="ignore"):
-        c = lo + hi
+        c = np.add(lo, hi, out=None if into is None else scratch(into + ".c", np.shape(lo)))
         c *= 0.5  # any float will do: r is measured from the c we get (inf for huge or infinite ends)
         if not np.isfinite(np.sum(c)):
             c = np.where(np.isfinite(c), c, 0.0)
         # up(max of the two rounded gaps) is above both exact gaps; a rounded gap is 0 only when
         # lo == c == hi, and that zero is kept exact (see up_exact_zero)
-        return c, up_exact_zero(np.maximum(hi - c, c - lo))
+        if into is None:
+            return c, up_exact_zero(np.maximum(hi - c, c - lo))
+        r = np.subtract(hi, c, out=scratch(into + ".r", c.shape))
+        np.maximum(r, np.subtract(c, lo, out=scratch(into + ".gap", c.shape)), out=r)
+        return c, _up_exact_zero_(r)
 
 
 def up_exact_zero(x: np.ndarray) -> np.ndarray:
@@ -147,6 +173,14 @@ def up_exact_zero(x: np.ndarray) -> np.ndarray:
     non-negative floats). Keeping those zeros (point entries, dead ReLU units) out of the
     subnormal range matters: BLAS slows down badly on subnormal products."""
     return np.where(x == 0, 0.0, up(x))
+
+
+def _up_exact_zero_(x: np.ndarray) -> np.ndarray:
+    """``up_exact_zero`` in place on an array of non-negative values (or +inf), through scratch."""
+    nonzero = np.not_equal(x, 0.0, out=scratch("round.nonzero", x.shape, np.bool_))
+    up_(x)
+    x *= nonzero  # the stepped zeros back to exactly 0; x is finite or +inf, never NaN, so 0 * x is 0
+    return x
 
 
 def dot_radius(abs_dot: Callable[[np.ndarray], np.ndarray], c: np.ndarray, r: np.ndarray, n: int,

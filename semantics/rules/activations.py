@@ -40,7 +40,9 @@ def relu(node, xs, rec, dt):
     ``maximum`` keeps NaN and returns either zero; adding +0.0 makes -0.0 +0.0 and changes nothing else
     (the values of ``where(x <= 0, 0, x)``, bit for bit, in a quarter of its time on small tensors)."""
     zero = dt.type(0)
-    return np.asarray(np.maximum(xs[0], zero) + zero)
+    y = np.asarray(np.maximum(xs[0], zero))
+    y += zero  # in place: one fresh array per call, not two
+    return y
 
 
 

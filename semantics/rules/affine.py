@@ -19,8 +19,10 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import interval_arith as ia
-from ..conv import _workspace, conv_nd, conv_transpose_nd
-from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
+from ..conv import conv_nd, conv_transpose_nd
+from ..interval_round import (MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, down_, gamma, sum_bounds, up,
+                              up_)
+from ..scratch import scratch
 from ..records import in_dtype
 from ..folds import fold_matmul
 from .table import FLOAT_RULES, INTERVAL_RULES, exact_rule, float_params, float_rule, interval_rule, read_params
@@ -78,22 +80,29 @@ def linear_box(a: Box, p: AffineParams) -> Box:
     axis up to rounding, as for an l-inf ball) plus the rounding bound gamma_n (|W| |c| + |b|), where |W| |c| is
     bounded by max|c| times the row sums (cheap, and only 1e-13 relative looser).
     """
-    c, r = center_radius(*a)
+    c, r = center_radius(*a, into="affine")
     g = gamma(p.weight.shape[1] + 1)
+    out_shape = c.shape[:-1] + p.weight.shape[:1]
     with np.errstate(all="ignore"):
-        mid = c @ p.weight.T
+        mid = np.matmul(c, p.weight.T, out=scratch("affine.mid", out_shape))
         mid += p.bias
+        t = scratch("affine.t", out_shape)
         r_max = np.max(r, axis=-1, keepdims=True) if r.shape[-1] else None
         if r_max is not None and np.all(np.min(r, axis=-1, keepdims=True) >= r_max * _NEAR_UNIFORM):
-            t = r_max * p.abs_row_sum  # |W| r <= max(r) |W| 1, at most 2**-40 relative looser here
+            np.multiply(r_max, p.abs_row_sum, out=t)  # |W| r <= max(r) |W| 1, at most 2**-40 relative looser here
         else:
-            t = r @ p.abs_weight.T
+            np.matmul(r, p.abs_weight.T, out=t)
             t *= 1.0 + g
-        c_max = np.max(np.abs(c), axis=-1, keepdims=True) if c.shape[-1] else np.zeros(c.shape[:-1] + (1,))
-        t += (g * c_max) * p.abs_row_sum
+        c_max = _abs_max(c, axis=-1, keepdims=True) if c.shape[-1] else np.zeros(c.shape[:-1] + (1,))
+        t += np.multiply(g * c_max, p.abs_row_sum, out=scratch("affine.term", out_shape))
         t += g * np.abs(p.bias) + MIN_NORMAL  # t is now a normal float, so its products round relatively
         t *= _SAFETY
-        return clean(down(mid - t), up(mid + t))
+        return clean(down_(np.subtract(mid, t)), up_(np.add(mid, t)))
+
+
+def _abs_max(x: np.ndarray, axis: Any, keepdims: bool = False) -> np.ndarray:
+    """``max(|x|)`` along ``axis`` from two reductions, without an |x| temporary."""
+    return np.maximum(np.max(x, axis=axis, keepdims=keepdims), -np.min(x, axis=axis, keepdims=keepdims))
 
 
 def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int], transposed: bool = False
@@ -123,31 +132,32 @@ def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seque
     g = gamma(attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1)
     spatial_ones = (1,) * (len(in_tail) - 1)
     with np.errstate(all="ignore"):
-        c = lo + hi
+        c = np.add(lo, hi, out=scratch("affine.c", lo.shape))
         c *= 0.5
-        r = hi - lo
+        r = np.subtract(hi, lo, out=scratch("affine.r", lo.shape))
         r *= 0.5
         if not (np.isfinite(np.sum(c)) and np.isfinite(np.sum(r))):
             c, r = center_radius(lo, hi)  # infinite ends: a finite center, an exact (maybe infinite) cover
         c, r = c.reshape((n,) + in_tail), r.reshape((n,) + in_tail)
-        mid = batched_conv(c, p.weight, attrs)
-        mid += p.bias.reshape((-1,) + spatial_ones)
         sums = in_bounds_abs_sums(p, attrs, in_tail)  # |W| applied to 1 in bounds, rounded up
+        mid = batched_conv(c, p.weight, attrs, out=scratch("affine.mid", (n,) + sums.shape))
+        mid += p.bias.reshape((-1,) + spatial_ones)
+        t = scratch("affine.t", mid.shape)
         flat_r = r.reshape(n, -1)
         r_max = (flat_r.max(axis=1) if flat_r.shape[1] else np.zeros(n)).reshape((n, 1) + spatial_ones)
         if flat_r.shape[1] and np.all(flat_r.min(axis=1) >= r_max.reshape(-1) * _NEAR_UNIFORM):
-            t = r_max * sums  # |W| r <= max(r) |W| 1
+            np.multiply(r_max, sums, out=t)  # |W| r <= max(r) |W| 1
             t *= (1.0 + 3 * U)
         else:
-            t = batched_conv(r, p.abs_weight, attrs)
+            batched_conv(r, p.abs_weight, attrs, out=t)
             t *= (1.0 + g) * (1.0 + 3 * U)
-        flat_c = np.abs(c).reshape(n, -1)
-        c_max = (flat_c.max(axis=1) if flat_c.shape[1] else np.zeros(n)).reshape((n, 1) + spatial_ones)
+        flat_c = c.reshape(n, -1)
+        c_max = (_abs_max(flat_c, axis=1) if flat_c.shape[1] else np.zeros(n)).reshape((n, 1) + spatial_ones)
         e_c = (g + 4 * U) * (1.0 + g)
-        t += (e_c * c_max + MIN_NORMAL) * sums
+        t += np.multiply(e_c * c_max + MIN_NORMAL, sums, out=scratch("affine.term", t.shape))
         t += (e_c * np.abs(p.bias) + MIN_NORMAL).reshape((-1,) + spatial_ones)
         t *= _SAFETY_ROUNDED
-        out_lo, out_hi = mid - t, mid + t
+        out_lo, out_hi = np.subtract(mid, t), np.add(mid, t)
         if not np.isfinite(np.sum(mid)):  # an overflowed center bounds from one side only
             out_lo[np.isposinf(mid)] = _MAX
             out_hi[np.isneginf(mid)] = -_MAX
@@ -169,13 +179,15 @@ _MAX = float(np.finfo(np.float64).max)
 _COLS_BYTES = 2 << 20
 
 
-def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
+def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any], out: np.ndarray | None = None
+                 ) -> np.ndarray:
     """``x`` ``[n, C, *spatial]`` (float64; any axes before a node's channel axis flattened into n)
-    convolved with ``weight`` (no bias): ``[n, out, *out_spatial]``.
+    convolved with ``weight`` (no bias): ``[n, out, *out_spatial]``, written into ``out`` if given.
 
     One strided im2col view of the zero-padded batch copied to ``[groups, C/g * prod(kernel), n * L]``
     and one GEMM per group and piece, so small feature maps cost one BLAS call for the whole batch rather
-    than one per sample. Pieces of the batch keep the column matrix under ``_COLS_BYTES``.
+    than one per sample. Pieces of the batch keep the column matrix under ``_COLS_BYTES``; the padded
+    input, the columns and the GEMM results live in scratch buffers.
     """
     kernel, stride, dil = tuple(attrs["kernel"]), tuple(attrs["stride"]), tuple(attrs["dilation"])
     before, after, groups = tuple(attrs["padding"]), tuple(attrs["padding_after"]), attrs["groups"]
@@ -186,11 +198,12 @@ def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any]) ->
     cg, og = cin // groups, cout // groups
     w = weight.reshape(groups, og, cg * k)
     if any(before) or any(after):
-        xp = np.zeros((n, cin) + tuple(s + b + e for s, b, e in zip(spatial, before, after)))
+        xp = scratch("conv.padded", (n, cin) + tuple(s + b + e for s, b, e in zip(spatial, before, after)))
+        xp.fill(0.0)
         xp[(slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(before, spatial))] = x
     else:
         xp = np.ascontiguousarray(x)
-    out = np.empty((n, cout, length))
+    out = np.empty((n, cout, length)) if out is None else out.reshape(n, cout, length)
     piece = max(1, _COLS_BYTES // max(1, cin * k * length * 8))
     steps = xp.strides[2:]
     for s0 in range(0, n, piece):
@@ -199,10 +212,9 @@ def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any]) ->
         view = as_strided(part, shape=(cin,) + kernel + (m,) + out_sp,
                           strides=(part.strides[1],) + tuple(st * d for st, d in zip(steps, dil)) + (part.strides[0],)
                           + tuple(st * sd for st, sd in zip(steps, stride)), writeable=False)
-        cols = _workspace(view.shape, np.dtype(np.float64))
+        cols = scratch("conv.cols", view.shape)
         np.copyto(cols, view)
-        cols = cols.reshape(groups, cg * k, m * length)
-        y = np.matmul(w, cols)  # [groups, og, m * L]
+        y = np.matmul(w, cols.reshape(groups, cg * k, m * length), out=scratch("conv.gemm", (groups, og, m * length)))
         out[s0:s0 + m] = y.reshape(cout, m, length).transpose(1, 0, 2)
     return out.reshape((n, cout) + out_sp)
 

@@ -15,12 +15,13 @@ relaxed elementwise activations on ``[N, C, H, W]`` maps; any other graph uses t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..interval_round import MIN_NORMAL, U, center_radius, down, up
+from ..records import PREPARED
 from ..rules.affine import batched_conv
 from .rules import _ERR_SAFETY, _center, batch_norm_scale_shift, conv_adjoint, err_factor
 
@@ -54,7 +55,20 @@ def patchable(run: "_Run", t: int) -> bool:
 
 
 class PatchPass:
-    """Lower bounds of [rows; -rows] of target t for a batch slice, coefficients as patches."""
+    """Lower bounds of [rows; -rows] of target t for a batch slice, coefficients as patches.
+
+    Coefficients are ``[n, h, rows, C, Kh, Kw]``: h = 2 holds the two halves (rows, -rows); h = 1 says
+    the second half is still exactly the negative of the first (no relaxation reached yet), so only
+    one is carried and every step before the first relaxation costs half. A patch also records
+    whether its cells outside the node's map are zero (``clean``: the start and any relaxation's
+    output are), in which case a convolution need not mask them, and an error-weight map still to be
+    charged against its absolute values (``pending``: a sum's rounding, charged together with the
+    next step's own error terms in one product).
+
+    Per-row sums are ``matmul`` row dot products; the relaxation picks each side's line by the sign
+    of the coefficient as ``max(p, 0) a_l + min(p, 0) a_u`` (exact: one term is 0) rather than with
+    ``np.where``, which is several times slower on these arrays.
+    """
 
     def __init__(self, run: "_Run", t: int, b0: int, b1: int, rows: np.ndarray) -> None:
         self.run_, self.crown, self.graph = run, run.crown, run.graph
@@ -63,73 +77,95 @@ class PatchPass:
         c, h, w = self.graph.nodes[t].out_shape[1:]
         r = rows.size
         self.rows = r
-        both = np.concatenate([rows, rows])
-        self.ys, self.xs = (both // w) % h, both % w
-        p = np.zeros((n, 2 * r, c, 1, 1))
-        p[:, np.arange(r), rows // (h * w), 0, 0] = 1.0
-        p[:, r + np.arange(r), rows // (h * w), 0, 0] = -1.0
-        self.start = p, ((1, 1), (0, 0), (1, 1))
-        self.beta = np.zeros((n, 2 * r))
-        self.err = np.zeros((n, 2 * r))
+        cells, self.inverse = np.unique(rows % (h * w), return_inverse=True)
+        self.ys, self.xs = cells // w, cells % w  # the distinct positions of the rows
+        p = np.zeros((n, 1, r, c, 1, 1))
+        p[:, 0, np.arange(r), rows // (h * w), 0, 0] = 1.0
+        self.start = _Patch(p, ((1, 1), (0, 0), (1, 1)), True, None)
+        self.beta = np.zeros((n, 2, r))
+        self.err = np.zeros((n, 2, r))
 
     # -- helpers ------------------------------------------------------------------------------
 
     def _slice(self, x: np.ndarray) -> np.ndarray:
         return x[self.b0:self.b1] if self.crown.n > 1 and x.shape[0] == self.crown.n else x
 
-    def unfold(self, m: np.ndarray, geo) -> np.ndarray:
-        """``m`` [n or 1, C, H, W] read through each row's window: [n, rows, C, Kh, Kw] (0 outside)."""
+    def unfold(self, maps: list[np.ndarray], geo) -> list[np.ndarray]:
+        """Each map ``[n or 1, C, H, W]`` read through each row's window, flat: ``[n', 1, rows, C Kh Kw]``
+        (0 outside the map). The maps are stacked and gathered once, at the distinct positions."""
         (sy, sx), (py, px), (kh, kw) = geo
-        _, _, h, w = m.shape
+        lead = max(m.shape[0] for m in maps)
+        h, w = maps[0].shape[2:]
         after_y = max(0, int(self.ys.max()) * sy + kh - h - py)
         after_x = max(0, int(self.xs.max()) * sx + kw - w - px)
-        padded = np.pad(m, ((0, 0), (0, 0), (py, after_y), (px, after_x)))
-        win = sliding_window_view(padded, (kh, kw), axis=(2, 3))  # [n, C, H', W', kh, kw]
-        picked = win[:, :, self.ys * sy, self.xs * sx]  # [n, C, rows, kh, kw]
-        return np.moveaxis(picked, 2, 1)
+        sizes = [m.shape[1] for m in maps]
+        padded = np.zeros((lead, sum(sizes), py + h + after_y, px + w + after_x))
+        c0 = 0
+        for m, size in zip(maps, sizes):
+            padded[:, c0:c0 + size, py:py + h, px:px + w] = m
+            c0 += size
+        win = sliding_window_view(padded, (kh, kw), axis=(2, 3)).transpose(0, 2, 3, 1, 4, 5)
+        picked = win[:, self.ys * sy, self.xs * sx]  # [n', positions, C, kh, kw]
+        if picked.shape[1] != self.rows:
+            picked = picked[:, self.inverse]
+        out, c0 = [], 0
+        for size in sizes:
+            out.append(picked[:, None, :, c0:c0 + size].reshape(lead, 1, self.rows, -1))
+            c0 += size
+        return out
 
     def mag(self, v: int) -> np.ndarray:
         return self._slice(self.run_.mag(v))
 
-    def _acc(self, value: np.ndarray, error: np.ndarray) -> None:
+    def _acc(self, value: np.ndarray | None, error: np.ndarray) -> None:
+        """beta += value, err += error per half (a value of one half: the other's is its negative)."""
         with np.errstate(all="ignore"):
-            self.beta = self.beta + value
+            if value is not None:
+                if value.shape[1] == 1:
+                    value = np.concatenate([value, -value], axis=1)
+                self.beta = self.beta + np.where(np.isnan(value), -np.inf, value)
             self.err = up(up(self.err + error) + up(np.abs(self.beta) * (2 * U)) + MIN_NORMAL)
 
-    @staticmethod
-    def _sum(x: np.ndarray) -> np.ndarray:
-        return x.reshape(x.shape[0], x.shape[1], -1).sum(axis=-1)
-
-    def _dot(self, p: np.ndarray, vec_u: np.ndarray, err_vec_u: np.ndarray, n_terms: int) -> None:
+    def _charge(self, abs_p: np.ndarray, weights_u: np.ndarray) -> None:
+        """err += <|p|, weights> (weights >= 0 per unit of |coefficient|, computed in floating point)."""
         with np.errstate(all="ignore"):
-            val = self._sum(p * vec_u)
-            e = self._sum(np.abs(p) * err_vec_u) * (1.0 + err_factor(n_terms)) + MIN_NORMAL
-        self._acc(np.where(np.isnan(val), -np.inf, val), e)
+            e = _rowdot(abs_p, weights_u) * ((1.0 + err_factor(abs_p.shape[-1])) * _ERR_SAFETY) + MIN_NORMAL
+        self._acc(None, e)
 
-    def _abs_err(self, p: np.ndarray, m_u: np.ndarray, factor: float) -> None:
-        with np.errstate(all="ignore"):
-            e = self._sum(np.abs(p) * m_u) * (factor * (1.0 + err_factor(p[0, 0].size))) + MIN_NORMAL
-        self._acc(np.zeros_like(self.beta), e)
+    def _flush(self, item: "_Patch") -> "_Patch":
+        """Charge a patch's pending error weights now (before a step that does not take them)."""
+        if item.pending is None:
+            return item
+        self._charge(np.abs(_flat(item.p)), self.unfold([item.pending], item.geo)[0])
+        return item._replace(pending=None)
 
     @staticmethod
-    def _align(a, b):
-        """Two patches of one node in a common frame (same strides required)."""
-        (pa, ga), (pb, gb) = a, b
+    def _both(p: np.ndarray) -> np.ndarray:
+        return np.concatenate([p, -p], axis=1) if p.shape[1] == 1 else p
+
+    def _merge(self, a: "_Patch", b: "_Patch", mag: np.ndarray) -> "_Patch":
+        """Two patches of one node in a common frame (same strides required), summed; the sum's
+        rounding (u <|sum|, M> for M bounding the node's values) is left pending."""
+        ga, gb = a.geo, b.geo
         if ga[0] != gb[0]:
             raise PatchMismatch
+        a, b = self._flush(a), self._flush(b)
         pad = tuple(max(x, y) for x, y in zip(ga[1], gb[1]))
         end = tuple(max(ka - xa, kb - xb) for ka, xa, kb, xb in zip(ga[2], ga[1], gb[2], gb[1]))
         k = tuple(p + e for p, e in zip(pad, end))
-        out = []
-        for patch, geo in ((pa, ga), (pb, gb)):
-            oy, ox = pad[0] - geo[1][0], pad[1] - geo[1][1]
-            if (oy, ox) == (0, 0) and tuple(geo[2]) == k:
-                out.append(patch)
-                continue
-            big = np.zeros(patch.shape[:3] + k)
-            big[..., oy:oy + geo[2][0], ox:ox + geo[2][1]] = patch
-            out.append(big)
-        return out[0], out[1], (ga[0], pad, k)
+        halves = max(a.p.shape[1], b.p.shape[1])
+        ps = []
+        for item in (a, b):
+            patch = self._both(item.p) if halves == 2 else item.p
+            oy, ox = pad[0] - item.geo[1][0], pad[1] - item.geo[1][1]
+            if (oy, ox) != (0, 0) or tuple(item.geo[2]) != k:
+                big = np.zeros(patch.shape[:4] + k)
+                big[..., oy:oy + item.geo[2][0], ox:ox + item.geo[2][1]] = patch
+                patch = big
+            ps.append(patch)
+        total = ps[0]
+        total = total + ps[1]
+        return _Patch(total, (ga[0], pad, k), a.clean and b.clean, mag * (2.0 * U * _ERR_SAFETY))
 
     # -- the pass -----------------------------------------------------------------------------
 
@@ -140,83 +176,138 @@ class PatchPass:
             item = coeffs.pop(v, None)
             if item is None:
                 continue
-            p, geo = item
             node = g.nodes[v]
             if node.kind == "input":
-                self._concretize(v, p, geo)
+                self._concretize(v, item)
                 continue
             if v in run.lines:
-                out = [self._relaxed(v, p, geo)]
+                out = [self._relaxed(v, item)]
             elif node.kind == "conv":
-                out = [self._conv(node, p, geo)]
+                out = [self._conv(node, item)]
             elif node.kind == "batch_norm_eval":
-                out = [self._batch_norm(node, p, geo)]
+                out = [self._batch_norm(node, self._flush(item))]
             else:  # add, detach
-                out = [(q, (p, geo)) for q in node.parents]
+                item = self._flush(item)
+                out = [(q, item) for q in node.parents]
             for q, val in out:
-                if q in coeffs:
-                    a, b, geo_q = self._align(coeffs[q], val)
-                    total = a + b
-                    self._abs_err(total, self.unfold(self.mag(q), geo_q), 2.0 * U * _ERR_SAFETY)
-                    coeffs[q] = total, geo_q
-                else:
-                    coeffs[q] = val
+                coeffs[q] = self._merge(coeffs[q], val, self.mag(q)) if q in coeffs else val
         with np.errstate(all="ignore"):
             low = down(down(self.beta - self.err))
         low = np.where(np.isnan(low), -np.inf, low)
-        return low[:, :self.rows], low[:, self.rows:]
+        return low[:, 0], low[:, 1]
 
-    def _concretize(self, v: int, p: np.ndarray, geo) -> None:
+    def _concretize(self, v: int, item: "_Patch") -> None:
+        """min over the box of <p, x>: <p, c> - <|p|, r>, rounding 2 gamma <|p|, |c| + r>."""
+        p, geo = _flat(item.p), item.geo
         lo, hi = (self._slice(x) for x in self.run_.boxes[v])
         c, r = center_radius(lo, hi)
         inf = ~np.isfinite(r)
         r = np.where(inf, 0.0, r)
-        c_u, r_u = self.unfold(c, geo), self.unfold(r, geo)
+        weights = (np.abs(c) + r) * (2.0 * err_factor(p.shape[-1] + 1))
+        if item.pending is not None:
+            weights = weights + item.pending
+        maps = [c, r, weights] + ([inf.astype(np.float64)] if inf.any() else [])
+        c_u, r_u, w_u, *inf_u = self.unfold(maps, geo)
         ap = np.abs(p)
         with np.errstate(all="ignore"):
-            value = self._sum(p * c_u) - self._sum(ap * r_u)
-            if inf.any():
-                value = np.where(self._sum(ap * self.unfold(inf.astype(np.float64), geo)) > 0, -np.inf, value)
-            e = self._sum(ap * (np.abs(c_u) + r_u)) * (2.0 * err_factor(p[0, 0].size + 1)) + MIN_NORMAL
-        self._acc(value, e)
+            pc, ar = _rowdot(p, c_u), _rowdot(ap, r_u)
+            value = pc - ar if p.shape[1] == 2 else np.concatenate([pc - ar, -pc - ar], axis=1)
+            if inf_u:
+                value = np.where(_rowdot(ap, inf_u[0]) > 0, -np.inf, value)
+        self._acc(value, np.zeros(value.shape))
+        self._charge(ap, w_u)
 
-    def _relaxed(self, v: int, p: np.ndarray, geo):
-        a_l, b_l, a_u, b_u = (self.unfold(self._slice(x), geo) for x in self.run_.lines[v])
+    def _relaxed(self, v: int, item: "_Patch"):
+        """a_l z + b_l <= f(z) <= a_u z + b_u: a coefficient takes the lower line where it is >= 0."""
         parent = self.graph.nodes[v].parents[0]
-        pos = p >= 0
-        new = np.where(pos, p * a_l, p * a_u)
+        a_l, b_l, a_u, b_u = (self._slice(x) for x in self.run_.lines[v])
+        if not (np.all(np.isfinite(b_l)) and np.all(np.isfinite(b_u))):
+            return self._relaxed_unbounded(v, self._flush(item))
+        p = self._both(item.p)
+        shape = p.shape
+        cells = _cells(p)
+        m = self.mag(parent)
+        # error weights per unit of |coefficient| on each side: the intercepts' sum and each slope
+        # product's rounding (u |a| |z_parent|, twice for safety as in rules)
+        f_int, f_slope = err_factor(cells + 1), 2.0 * U * _ERR_SAFETY
+        w_l = np.abs(b_l) * f_int + np.abs(a_l) * m * f_slope
+        w_u = np.abs(b_u) * f_int + np.abs(a_u) * m * f_slope
+        if item.pending is not None:
+            w_l, w_u = w_l + item.pending, w_u + item.pending
+        has_l, has_u = bool(np.any(b_l)), bool(np.any(b_u))
+        maps = [a_l, a_u, w_l, w_u] + [b_l] * has_l + [b_u] * has_u
+        al_u, au_u, wl_u, wu_u, *b_us = self.unfold(maps, item.geo)
+        flat = _flat(p)
+        pp = np.maximum(flat, 0.0)
+        pn = np.minimum(flat, 0.0)
+        new = pp * al_u
+        new += pn * au_u
         with np.errstate(all="ignore"):
-            prod = np.where(pos, p * b_l, p * b_u)
-            val = self._sum(prod)
-            e = self._sum(np.abs(prod)) * err_factor(p[0, 0].size + 1)
-        self._acc(np.where(np.isnan(val), -np.inf, val), e)
-        self._abs_err(new, self.unfold(self.mag(parent), geo), 2.0 * U * _ERR_SAFETY)
-        return parent, (new, geo)
+            val = None
+            if has_l:
+                val = _rowdot(pp, b_us[0])
+            if has_u:
+                on_u = _rowdot(pn, b_us[-1])
+                val = on_u if val is None else val + on_u
+            e = (_rowdot(pp, wl_u) - _rowdot(pn, wu_u)) * ((1.0 + err_factor(cells)) * _ERR_SAFETY) + MIN_NORMAL
+        self._acc(val, e)
+        return parent, _Patch(new.reshape(shape), item.geo, True, None)
 
-    def _conv(self, node, p: np.ndarray, geo):
+    def _relaxed_unbounded(self, v: int, item: "_Patch"):
+        """The relaxation where some intercept is infinite (a box with an infinite end): each side's
+        products taken separately, so that a 0 coefficient never meets an infinite intercept."""
+        parent = self.graph.nodes[v].parents[0]
+        maps = [self._slice(x) for x in self.run_.lines[v]] + [self.mag(parent)]
+        a_l, b_l, a_u, b_u, m_u = self.unfold(maps, item.geo)
+        p = self._both(item.p)
+        flat = _flat(p)
+        pos = flat >= 0
+        new = np.where(pos, flat * a_l, flat * a_u)
+        with np.errstate(all="ignore"):
+            prod = np.where(pos, flat * b_l, flat * b_u)
+            val = prod.sum(axis=-1)
+            e = np.abs(prod).sum(axis=-1) * err_factor(flat.shape[-1] + 1)
+        self._acc(val, e)
+        self._charge(np.abs(new), m_u * (2.0 * U * _ERR_SAFETY))
+        return parent, _Patch(new.reshape(p.shape), item.geo, True, None)
+
+    def _conv(self, node, item: "_Patch"):
         parent = node.parents[0]
-        prep = self.crown.ibp.records[node.id]
-        from ..records import PREPARED
-        params = prep[PREPARED]
+        params = self.crown.ibp.records[node.id][PREPARED]
         at = node.attrs
-        n, rows = p.shape[:2]
-        inside = self.unfold(np.ones((1, 1) + tuple(node.out_shape[2:])), geo)
-        p = p * inside  # cells outside the map do not exist
+        geo = item.geo
         q = batched_conv(self.mag(parent), params.abs_weight, at)
-        bias = np.broadcast_to(params.bias.reshape(1, -1, 1, 1), q.shape)
         terms = at["out_channels"] // at["groups"] * math.prod(at["kernel"])
-        f = err_factor(max(terms, p[0, 0].size) + 1)
-        self._dot(p, self.unfold(bias, geo), self.unfold((np.abs(bias) + q) * f, geo), p[0, 0].size)
+        p = item.p
+        cells = _cells(p)
+        weights = (np.abs(params.bias.reshape(1, -1, 1, 1)) + q) * err_factor(max(terms, cells) + 1)
+        if item.pending is not None:
+            weights = weights + item.pending
+        maps = [weights] + ([] if item.clean else [np.ones((1, 1) + tuple(node.out_shape[2:]))])
+        w_u, *inside = self.unfold(maps, geo)
+        if inside:
+            p = p * inside[0].reshape(inside[0].shape[:3] + (1,) + geo[2])  # cells outside the map do not exist
+        with np.errstate(all="ignore"):
+            # <p, bias> with p zero outside the map: the bias per channel times the channel's sum
+            val = p.reshape(p.shape[:4] + (-1,)).sum(axis=-1) @ params.bias
+        self._acc(val, np.zeros(val.shape))
+        self._charge(np.abs(_flat(p)), w_u)
         kh, kw = geo[2]
         s, d, k = at["stride"], at["dilation"], at["kernel"]
         full = tuple((kk - 1) * st + (ke - 1) * dd + 1 for kk, st, ke, dd in zip((kh, kw), s, k, d))
-        back = conv_adjoint(p.reshape((n * rows,) + p.shape[2:]), params.weight, s, (0, 0), d, at["groups"], full)
+        lead = p.shape[:3]
+        flat = p.reshape((-1,) + p.shape[3:])
+        if (kh, kw) == (1, 1) and at["groups"] == 1 and all(dd == 1 for dd in d):
+            # a one-cell patch (a pass's first step): its adjoint is one product with W
+            weight = params.weight
+            back = (flat[:, :, 0, 0] @ weight.reshape(weight.shape[0], -1)).reshape((-1, weight.shape[1]) + full)
+        else:
+            back = conv_adjoint(flat, params.weight, s, (0, 0), d, at["groups"], full)
         new_geo = (tuple(a * b for a, b in zip(geo[0], s)),
                    tuple(a * b + c for a, b, c in zip(geo[1], s, at["padding"])), full)
-        return parent, (back.reshape((n, rows) + back.shape[1:]), new_geo)
+        return parent, _Patch(back.reshape(lead + back.shape[1:]), new_geo, False, None)
 
-    def _batch_norm(self, node, p: np.ndarray, geo):
-        from ..records import PREPARED
+    def _batch_norm(self, node, item: "_Patch"):
         rec = self.crown.ibp.records[node.id][PREPARED]
         parent = node.parents[0]
         kb = batch_norm_scale_shift(rec, node.attrs["eps"], (1, -1, 1, 1))
@@ -226,14 +317,42 @@ class PatchPass:
         kc, kr = _center(k)
         bc, br = _center(b)
         shape = (1,) + tuple(node.out_shape[1:])
-        m_u = self.unfold(self.mag(parent), geo)
-        new = p * kc.reshape(1, 1, -1, 1, 1)
-        self._abs_err(p * kr.reshape(1, 1, -1, 1, 1), m_u, _ERR_SAFETY)
-        self._abs_err(new, m_u, 2.0 * U * _ERR_SAFETY)
-        b_u = self.unfold(np.broadcast_to(bc, shape), geo)
-        br_u = self.unfold(np.broadcast_to(br, shape), geo)
-        self._dot(p, b_u, err_factor(p[0, 0].size) * np.abs(b_u) + br_u * _ERR_SAFETY, p[0, 0].size)
-        return parent, (new, geo)
+        p = item.p
+        cells = _cells(p)
+        m = self.mag(parent)
+        # |k - kc| |z|, the product's rounding u |kc| |z|, and the shift's sum and radius
+        weights = (np.abs(kr) * m + np.abs(kc) * m * (2.0 * U)) * _ERR_SAFETY \
+            + np.abs(bc) * err_factor(cells) + br * _ERR_SAFETY
+        b_u, w_u = self.unfold([np.broadcast_to(bc, shape), np.broadcast_to(weights, m.shape)], item.geo)
+        new = p * kc.reshape(1, 1, 1, -1, 1, 1)
+        flat = _flat(p)
+        with np.errstate(all="ignore"):
+            val = _rowdot(flat, b_u)
+        self._acc(val, np.zeros(val.shape))
+        self._charge(np.abs(flat), w_u)
+        return parent, _Patch(new, item.geo, item.clean, None)
+
+
+def _flat(p: np.ndarray) -> np.ndarray:
+    """A patch array ``[n, h, rows, C, Kh, Kw]`` as ``[n, h, rows, C Kh Kw]`` (a view)."""
+    return p.reshape(p.shape[:3] + (-1,))
+
+
+def _cells(p: np.ndarray) -> int:
+    """Coefficients per row of a patch array ``[n, h, rows, C, Kh, Kw]``."""
+    return math.prod(p.shape[3:])
+
+
+def _rowdot(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per row sums of x * y over the last axis, the leading axes broadcast (a matmul of 1-vectors)."""
+    return (x[..., None, :] @ y[..., :, None])[..., 0, 0]
+
+
+class _Patch(NamedTuple):
+    p: np.ndarray
+    geo: tuple
+    clean: bool
+    pending: np.ndarray | None
 
 
 class PatchMismatch(Exception):

@@ -224,19 +224,20 @@ def conv_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, dilation, g
     out_sp, kernel = tuple(a.shape[2:]), tuple(weight.shape[2:])
     g, cog, cig = groups, c_out // groups, weight.shape[1]
     length = math.prod(out_sp)
-    x = np.ascontiguousarray(a.reshape(m, g, cog, length).transpose(1, 2, 0, 3)).reshape(g, cog, m * length)
+    # the rows innermost: every strided add below runs over long contiguous vectors
+    x = np.ascontiguousarray(a.reshape(m, g, cog, length).transpose(1, 2, 3, 0)).reshape(g, cog, length * m)
     wt = weight.reshape(g, cog, cig * math.prod(kernel)).transpose(0, 2, 1)
-    cols = np.matmul(wt, x).reshape((g, cig) + kernel + (m,) + out_sp)
+    cols = np.matmul(wt, x).reshape((g, cig) + kernel + out_sp + (m,))
     full = tuple((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, stride, kernel, dilation))
     ext = tuple(max(f, p + i) for f, p, i in zip(full, padding, in_spatial))
-    acc = np.zeros((g, cig, m) + ext)
+    acc = np.zeros((g, cig) + ext + (m,))
     for offs in itertools.product(*(range(k) for k in kernel)):
-        target = (slice(None),) * 3 + tuple(slice(f * d, f * d + (o - 1) * s + 1, s)
+        target = (slice(None),) * 2 + tuple(slice(f * d, f * d + (o - 1) * s + 1, s)
                                             for f, d, o, s in zip(offs, dilation, out_sp, stride))
         acc[target] += cols[(slice(None), slice(None)) + offs]
-    keep = (slice(None),) * 3 + tuple(slice(p, p + i) for p, i in zip(padding, in_spatial))
-    out = acc[keep].reshape((g * cig, m) + tuple(in_spatial))
-    return np.moveaxis(out, 1, 0)
+    keep = (slice(None),) * 2 + tuple(slice(p, p + i) for p, i in zip(padding, in_spatial))
+    out = acc[keep].reshape((g * cig,) + tuple(in_spatial) + (m,))
+    return np.ascontiguousarray(np.moveaxis(out, -1, 0))
 
 
 def _geometry(node, out_spatial):

@@ -1,0 +1,188 @@
+"""CROWN's patch-form passes (semantics/linear_bounds/patches.py) and the convolution adjoint.
+
+The patch passes carry one half of [rows; -rows] until the first relaxation, leave a sum's rounding
+pending for the next step, skip the mask on patches known to be zero outside the map, and take a
+one-cell patch's adjoint as one product with W. Each path is checked against the dense passes (same
+algebra, other summation order: equal up to rounding, 1e-12 of the scale) and for soundness on
+sampled points with corners in float64 and float32; the adjoint against torch's transposed
+convolution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torchlean_bridge as tlb
+import semantics.linear_bounds.crown as crown_mod
+import semantics.linear_bounds.patches as patches_mod
+from semantics.evaluate import evaluate
+from semantics.linear_bounds.rules import conv_adjoint
+from semantics.sampling import RTOL, sample_points
+
+
+class ConvChain(nn.Module):
+    """conv -> conv with no activation between (the mask path), then a dilated conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(2, 4, 3, padding=1)
+        self.b = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.c = nn.Conv2d(4, 3, 3, padding=2, dilation=2)
+        self.head = nn.Linear(3 * 4 * 4, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.b(self.a(x)))
+        return self.head(torch.flatten(torch.relu(self.c(h)), 1))
+
+
+class Grouped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(2, 4, 3, padding=2, dilation=2)
+        self.b = nn.Conv2d(4, 6, 3, padding=1, groups=2)
+        self.head = nn.Linear(6 * 6 * 6, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.b(torch.relu(self.a(x))))
+        return self.head(torch.flatten(h, 1))
+
+
+class TwoBranches(nn.Module):
+    """Two convolutions of one activation summed: two one-half patches meet before any relaxation;
+    then a skip joins a relaxed branch (one half meets two)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(1, 4, 4, stride=2, padding=1)
+        self.p = nn.Conv2d(4, 4, 3, padding=1)
+        self.q = nn.Conv2d(4, 4, 1)
+        self.r = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4 * 5 * 5, 3)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+            self.bn.weight.uniform_(-1, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = torch.relu(self.p(h) + self.q(h))
+        h = torch.relu(self.bn(self.r(h)) + h)
+        return self.head(torch.flatten(h, 1))
+
+
+class StridedResidual(nn.Module):
+    """The benchmark's residual shape, small."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(1, 3, 4, stride=2, padding=1)
+        self.c1 = nn.Conv2d(3, 3, 3, padding=1)
+        self.c2 = nn.Conv2d(3, 3, 3, padding=1)
+        self.head = nn.Linear(3 * 5 * 5, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        h = torch.relu(self.c2(torch.relu(self.c1(h))) + h)
+        return self.head(torch.flatten(h, 1))
+
+
+NETS = {
+    "conv chain": (ConvChain, (2, 2, 8, 8), 0.15),
+    "grouped dilated": (Grouped, (1, 2, 6, 6), 0.2),
+    "two branches": (TwoBranches, (3, 1, 10, 10), 0.2),
+    "strided residual": (StridedResidual, (2, 1, 10, 10), 0.2),
+}
+
+
+def _bundle(name: str):
+    make, shape, eps = NETS[name]
+    torch.manual_seed(0)
+    b = tlb.import_fx(make().eval(), (torch.zeros(shape),))
+    c = np.random.default_rng(7).uniform(-1, 1, shape)
+    return b, c - eps, c + eps
+
+
+def _counting_patch_runs(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    run = patches_mod.PatchPass.run
+
+    def counted(self):
+        calls.append(self.t)
+        return run(self)
+    monkeypatch.setattr(patches_mod.PatchPass, "run", counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_patch_passes_equal_dense_passes_to_rounding(name, monkeypatch):
+    b, lo, hi = _bundle(name)
+    calls = _counting_patch_runs(monkeypatch)
+    patched = tlb.linear_bounds(b.graph, b.payload, lo, hi, all_nodes=True)
+    assert calls, "the patch passes were not used"
+    monkeypatch.setattr(crown_mod, "patchable", lambda run, t: False)
+    dense = tlb.linear_bounds(b.graph, b.payload, lo, hi, all_nodes=True)
+    assert not patched.fallback and not dense.fallback
+    for (plo, phi), (dlo, dhi) in zip(patched.boxes, dense.boxes):
+        scale = 1e-12 * (1 + np.abs(dlo).max() + np.abs(dhi).max())
+        np.testing.assert_allclose(plo, dlo, rtol=0, atol=scale)
+        np.testing.assert_allclose(phi, dhi, rtol=0, atol=scale)
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_patch_pass_bounds_hold_at_sampled_points(name):
+    b, lo, hi = _bundle(name)
+    g = b.graph
+    res = tlb.linear_bounds(g, b.payload, lo, hi, all_nodes=True)
+    ibp = tlb.interval_bounds(g, b.payload, lo, hi)
+    points, corners = sample_points([(lo, hi)], 30, 1)
+    assert corners >= 1
+    for point in points:
+        for dtype in ("float64", "float32"):
+            values = evaluate(g, b.payload, point, dtype=dtype, all_nodes=True)
+            for node in g.nodes:
+                blo, bhi = res.boxes[node.id]
+                scale = max(float(np.max(np.abs(blo), initial=0)), float(np.max(np.abs(bhi), initial=0)))
+                v = np.asarray(values[node.id], dtype=np.float64)
+                allow = RTOL[dtype] * scale
+                assert np.all(v >= blo - allow) and np.all(v <= bhi + allow), (name, node, dtype)
+    for o in g.outputs:  # never looser than IBP, and tighter somewhere
+        assert np.all(res.boxes[o][0] >= ibp[o][0]) and np.all(res.boxes[o][1] <= ibp[o][1])
+
+
+def test_an_infinite_input_end_gives_infinite_bounds_not_nan(monkeypatch):
+    b, lo, hi = _bundle("strided residual")
+    lo = lo.copy()
+    lo[0, 0, 3, 4] = -np.inf
+    calls = _counting_patch_runs(monkeypatch)
+    res = tlb.linear_bounds(b.graph, b.payload, lo, hi, all_nodes=True)
+    assert calls
+    for blo, bhi in res.boxes:
+        assert not np.any(np.isnan(blo)) and not np.any(np.isnan(bhi))
+    assert np.all(np.isfinite(res.lower[0][1])) and np.all(np.isfinite(res.upper[0][1]))  # the other sample
+    x = np.where(np.isfinite(lo), lo, hi - 50.0)
+    y = evaluate(b.graph, b.payload, [x])[0]
+    assert np.all(res.lower[0] <= y) and np.all(y <= res.upper[0])
+
+
+@pytest.mark.parametrize("stride, padding, dilation, groups, kernel, out_sp, in_sp", [
+    ((1, 1), (1, 1), (1, 1), 1, (3, 3), (6, 6), (6, 6)),
+    ((2, 2), (1, 1), (1, 1), 1, (4, 4), (5, 5), (10, 10)),
+    ((2, 1), (0, 2), (2, 1), 2, (3, 2), (2, 8), (8, 5)),
+    ((1, 1), (0, 0), (1, 1), 1, (3, 3), (3, 3), (5, 5)),  # a patch step: no padding, the full extent
+])
+def test_conv_adjoint_is_the_transposed_convolution(stride, padding, dilation, groups, kernel, out_sp, in_sp):
+    rng = np.random.default_rng(0)
+    c_out, c_in, m = 4, 2 * groups, 5
+    a = rng.normal(size=(m, c_out) + out_sp)
+    w = rng.normal(size=(c_out, c_in // groups) + kernel)
+    got = conv_adjoint(a, w, stride, padding, dilation, groups, in_sp)
+    x = torch.zeros((m, c_in) + in_sp, dtype=torch.float64, requires_grad=True)
+    y = nn.functional.conv2d(x, torch.from_numpy(w), stride=stride, padding=padding, dilation=dilation,
+                             groups=groups)
+    assert tuple(y.shape[2:]) == out_sp
+    (want,) = torch.autograd.grad(y, x, grad_outputs=torch.from_numpy(a))
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)

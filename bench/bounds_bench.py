@@ -3,8 +3,9 @@
 Models: a 784-1024-1024-10 ReLU MLP, a CNN (1x28x28: conv 8 k4 s2, relu, conv 16 k4 s2, relu,
 linear 100, relu, linear 10) and a residual CNN (conv 8 k4 s2, relu, [conv 8 k3, relu, conv 8 k3]
 + skip, relu, linear 10), each at batch 1 and 64, l-inf ball of radius --eps around random inputs.
-For each method (IBP, CROWN, optionally alpha-CROWN) and case: median wall time of ours (float64, outward rounded; the
-model read once, as auto_LiRPA's BoundedModule does) and of auto_LiRPA's ``compute_bounds`` in
+For each method (IBP, IBP with float32 products, CROWN, optionally alpha-CROWN) and case: median wall time of ours
+(float64, outward rounded, or for "IBP f32" float32 BLAS products with rigorous error bounds; the model read once, as
+auto_LiRPA's BoundedModule does) and of auto_LiRPA's ``compute_bounds`` in
 float32 (its usual precision) and float64, the time ratio ours/theirs(float32), and the largest
 ratio of our output width to each of theirs (ours is sound: it may be wider than the float64 peer
 only by outward rounding; a ratio below 1 is a tighter bound).
@@ -15,7 +16,7 @@ kept (CROWN with sparse intermediate bounds, patches for convolutions, adaptive 
 Without it the peer columns are skipped.
 
 Run: ``python bench/bounds_bench.py [--repeat N] [--eps R] [--threads T] [--only mlp,cnn,res]
-[--batches 1,64] [--methods ibp,crown,alpha-crown]``. alpha-CROWN (ours: optimized slopes for the
+[--batches 1,64] [--methods ibp,ibp32,crown,alpha-crown]``. alpha-CROWN (ours: optimized slopes for the
 output bounds of linear/relu chains; auto_LiRPA's: its defaults, 20 Adam steps, which also optimize
 the intermediate bounds) is not run by default. Both
 sides get the same number of BLAS/OpenMP threads (default 1: on a shared host a multi-threaded BLAS
@@ -45,7 +46,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for both sides")
     parser.add_argument("--only", default="mlp,cnn,res", help="comma-separated cases: mlp, cnn, res")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
-    parser.add_argument("--methods", default="ibp,crown", help="comma-separated methods: ibp, crown, alpha-crown")
+    parser.add_argument("--methods", default="ibp,ibp32,crown",
+                        help="comma-separated methods: ibp, ibp32 (float32 products), crown, alpha-crown")
     return parser.parse_args()
 
 
@@ -178,17 +180,20 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
     out = bundle.graph.outputs[0]
     # like auto_LiRPA's BoundedModule, both of ours read the model once (float64 weights, |W|)
     propagator = IntervalPropagator(bundle.graph, bundle.payload)
+    propagator32 = IntervalPropagator(bundle.graph, bundle.payload, products="float32")
     crown = Crown(bundle.graph, bundle.payload)
     ours = {"IBP": lambda: propagator(lower, upper)[out],
+            "IBP f32": lambda: propagator32(lower, upper)[out],
             "CROWN": lambda: (lambda r: (r.lower[0], r.upper[0]))(crown(lower, upper)),
             "alpha-CROWN": lambda: (lambda r: (r.lower[0], r.upper[0]))(crown(lower, upper, method="alpha-crown"))}
     for method, fn in ours.items():
-        if method.lower() not in methods:
+        if method.lower().replace(" f32", "32") not in methods:
             continue
         fns = [fn]
         if peer is not None:
-            fns += [_peer_bounds(model, x, eps, method), _peer_bounds(copy.deepcopy(model).double(), x.double(), eps,
-                                                                       method)]
+            peer_method = method.split()[0]  # ours with float32 products against the same peer IBP
+            fns += [_peer_bounds(model, x, eps, peer_method), _peer_bounds(copy.deepcopy(model).double(), x.double(),
+                                                                            eps, peer_method)]
         times = median_times(fns, repeat)
         lo, hi = fn()
         width = hi - lo
@@ -210,11 +215,22 @@ def _ratio(ours: np.ndarray, theirs: np.ndarray) -> float:
     return float(np.max(r))
 
 
+def _gemm_line() -> str:
+    """The machine's float64 / float32 matrix-product speed, the floor under IBP's time on large layers
+    (ours in float64, auto_LiRPA's in float32)."""
+    rng = np.random.default_rng(0)
+    a, w = rng.random((64, 1024)), rng.random((1024, 1024))
+    a32, w32 = a.astype(np.float32), w.astype(np.float32)
+    t64, t32 = median_times([lambda: a @ w, lambda: a32 @ w32], 10)
+    return f"BLAS 64x1024 @ 1024x1024: float64 {t64 * 1e3:.2f} ms, float32 {t32 * 1e3:.2f} ms (ratio {t64 / t32:.2f})"
+
+
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     peer = load_peer()
     print(f"l-inf radius {args.eps}, median of {args.repeat} interleaved runs, {args.threads} thread(s) each")
+    print(_gemm_line())
     models = {"mlp": ("MLP 784-1024-1024-10", mlp(), (784,)), "cnn": ("CNN 1x28x28", cnn(), (1, 28, 28)),
               "res": ("residual CNN 1x28x28", Residual(), (1, 28, 28))}
     for key in args.only.split(","):

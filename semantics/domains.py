@@ -27,9 +27,10 @@ from .interval_arith import DomainError
 from .interval_round import clean
 from .records import fail
 from .rules import EXACT_RULES, FLOAT_RULES, INTERVAL_RULES
+from .rules.affine32 import FLOAT32_OVERRIDES
 from .schedule import schedule
 
-__all__ = ["Domain", "FloatDomain", "ExactDomain", "IntervalDomain", "run", "node_value", "DTYPES"]
+__all__ = ["Domain", "FloatDomain", "ExactDomain", "IntervalDomain", "run", "node_value", "DTYPES", "PRODUCTS"]
 
 Record = Mapping[str, np.ndarray]
 DTYPES = {"float64": np.dtype(np.float64), "float32": np.dtype(np.float32)}
@@ -118,12 +119,25 @@ class ExactDomain(FloatDomain):
         self.name = "exact float64"
 
 
+PRODUCTS = ("float64", "float32")
+
+
 class IntervalDomain(Domain):
-    """Boxes ``(lo, hi)`` of float64 arrays enclosing each node's exact real value."""
+    """Boxes ``(lo, hi)`` of float64 arrays enclosing each node's exact real value; with
+    ``products="float32"`` the linear and conv products run in float32 with rigorous error bounds
+    (``rules.affine32``: about twice as fast on large layers, slightly wider)."""
 
     name = "interval"
     rules = INTERVAL_RULES
     refusals = (DomainError,)
+
+    def __init__(self, products: str = "float64") -> None:
+        if products not in PRODUCTS:
+            raise ValueError(f"products must be one of {', '.join(PRODUCTS)}, got {products!r}")
+        self.products = products
+        if products == "float32":
+            self.rules = _Overlay(FLOAT32_OVERRIDES, INTERVAL_RULES)
+            self.name = "interval (float32 products)"
 
     def call(self, rule, node, parents, record):
         lo, hi = rule(node, parents, record)

@@ -38,17 +38,26 @@ from torchlean_bridge.graph import Graph
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape
 from torchlean_bridge.payload import Payload
 
-from .domains import IntervalDomain, run
+from .domains import PRODUCTS, IntervalDomain, run
 from .evaluate import input_list
 from .interval_round import Box
 from .records import domain_records, read_payload
 from .rules import INTERVAL_RULES, NO_INTERVAL_RULE
 
-__all__ = ["interval_bounds", "IntervalPropagator", "INTERVAL_RULES", "NO_RULE", "input_boxes", "DOMAIN"]
+__all__ = ["interval_bounds", "IntervalPropagator", "INTERVAL_RULES", "NO_RULE", "input_boxes", "DOMAIN", "interval_domain"]
 
 NO_RULE = NO_INTERVAL_RULE
 DOMAIN = IntervalDomain()
+_DOMAINS = {"float64": DOMAIN, "float32": IntervalDomain("float32")}
 _error = DOMAIN.fail
+
+
+def interval_domain(products: str) -> IntervalDomain:
+    """The interval domain whose linear/conv products run in ``products`` (float64 or float32)."""
+    domain = _DOMAINS.get(products) if isinstance(products, str) else None
+    if domain is None:
+        raise IntervalError(f"interval: products must be one of {', '.join(PRODUCTS)}, got {products!r}")
+    return domain
 
 
 def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
@@ -87,7 +96,8 @@ class IntervalPropagator:
     record readers (so it fails exactly as ``evaluate`` does; affine weights are converted to
     float64 with their absolute values precomputed), for propagating many boxes through one model."""
 
-    def __init__(self, g: Graph, payload: Payload | None, checked: bool = False) -> None:
+    def __init__(self, g: Graph, payload: Payload | None, checked: bool = False, products: str = "float64") -> None:
+        self.domain = interval_domain(products)
         if not checked:
             check(g)
         self.graph = g
@@ -98,10 +108,11 @@ class IntervalPropagator:
         """One box per node, or with ``all_nodes=False`` the output boxes only (every other box is
         dropped after its last reader)."""
         seeds = input_boxes(self.graph, lower, upper)
-        return run(self.graph, DOMAIN, seeds, self.records.__getitem__, all_nodes=all_nodes)
+        return run(self.graph, self.domain, seeds, self.records.__getitem__, all_nodes=all_nodes)
 
 
-def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any, all_nodes: bool = True) -> list[Box]:
+def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any, all_nodes: bool = True,
+                    products: str = "float64") -> list[Box]:
     """One ``(lo, hi)`` pair of float64 arrays per node (the node's shape), outward rounded; with
     ``all_nodes=False`` the outputs' boxes only, in ``g.outputs`` order, in memory that follows the
     live frontier.
@@ -109,8 +120,12 @@ def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any, a
     ``lower``/``upper``: one array each for a one-input graph (a list of plain numbers is one
     array), or lists of arrays in ``g.inputs`` order; read as ``evaluate`` reads its inputs.
     For many boxes through one model, build an ``IntervalPropagator`` (or ``tlb.prepare``) once.
+    ``products="float32"`` runs linear and conv products in float32 BLAS with rigorous error bounds
+    (``semantics.rules.affine32``): about twice as fast on large layers, wider by about
+    n 2**-24 |W| |x| per layer (n the terms per output); weights not exactly float32 keep float64.
     """
+    domain = interval_domain(products)
     check(g)
     payload = payload if payload is not None else Payload()
     seeds = input_boxes(g, lower, upper)
-    return run(g, DOMAIN, seeds, payload.record, all_nodes=all_nodes)
+    return run(g, domain, seeds, payload.record, all_nodes=all_nodes)

@@ -18,9 +18,9 @@ from torchlean_bridge.check import check
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload
 
-from .domains import Domain, run
+from .domains import Domain, IntervalDomain, run
 from .evaluate import float_domain, input_list
-from .interval import DOMAIN as INTERVAL, input_boxes
+from .interval import input_boxes, interval_domain
 from .interval_round import Box
 from .records import domain_records, read_payload
 from .rules import FLOAT_RULES, INTERVAL_RULES
@@ -40,13 +40,15 @@ class Prepared:
         self._records: dict[str, list[dict]] = {}
 
     def _domain_records(self, domain: Domain) -> list[dict]:
-        records = self._records.get(domain.name)
+        interval = isinstance(domain, IntervalDomain)  # both product precisions read the same records
+        key = "interval" if interval else domain.name
+        records = self._records.get(key)
         if records is None:
-            if domain is INTERVAL:
+            if interval:
                 records = domain_records(self.graph, self._typed, INTERVAL_RULES.params)
             else:
                 records = domain_records(self.graph, self._typed, FLOAT_RULES.params, domain.dtype)
-            self._records[domain.name] = records
+            self._records[key] = records
         return records
 
     def evaluate(self, inputs: Any, dtype: str = "float64", all_nodes: bool = False, exact: bool = False
@@ -57,10 +59,11 @@ class Prepared:
         records = stream_records(self.graph, self._domain_records(domain).__getitem__)
         return run(self.graph, domain, seeds, records, all_nodes=all_nodes)
 
-    def interval_bounds(self, lower: Any, upper: Any, all_nodes: bool = True) -> list[Box]:
-        """As ``tlb.interval_bounds(g, payload, lower, upper, all_nodes=...)``."""
+    def interval_bounds(self, lower: Any, upper: Any, all_nodes: bool = True, products: str = "float64") -> list[Box]:
+        """As ``tlb.interval_bounds(g, payload, lower, upper, all_nodes=..., products=...)``."""
+        domain = interval_domain(products)
         seeds = input_boxes(self.graph, lower, upper)
-        return run(self.graph, INTERVAL, seeds, self._domain_records(INTERVAL).__getitem__, all_nodes=all_nodes)
+        return run(self.graph, domain, seeds, self._domain_records(domain).__getitem__, all_nodes=all_nodes)
 
 
 def prepare(g: Graph, payload: Payload | None) -> Prepared:

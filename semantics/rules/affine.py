@@ -181,8 +181,9 @@ _COLS_BYTES = 2 << 20
 
 def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any], out: np.ndarray | None = None
                  ) -> np.ndarray:
-    """``x`` ``[n, C, *spatial]`` (float64; any axes before a node's channel axis flattened into n)
-    convolved with ``weight`` (no bias): ``[n, out, *out_spatial]``, written into ``out`` if given.
+    """``x`` ``[n, C, *spatial]`` (float64, or float32 with a float32 weight; any axes before a node's
+    channel axis flattened into n) convolved with ``weight`` (no bias): ``[n, out, *out_spatial]``,
+    written into ``out`` if given.
 
     One strided im2col view of the zero-padded batch copied to ``[groups, C/g * prod(kernel), n * L]``
     and one GEMM per group and piece, so small feature maps cost one BLAS call for the whole batch rather
@@ -198,13 +199,13 @@ def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any], ou
     cg, og = cin // groups, cout // groups
     w = weight.reshape(groups, og, cg * k)
     if any(before) or any(after):
-        xp = scratch("conv.padded", (n, cin) + tuple(s + b + e for s, b, e in zip(spatial, before, after)))
+        xp = scratch("conv.padded", (n, cin) + tuple(s + b + e for s, b, e in zip(spatial, before, after)), x.dtype)
         xp.fill(0.0)
         xp[(slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(before, spatial))] = x
     else:
         xp = np.ascontiguousarray(x)
-    out = np.empty((n, cout, length)) if out is None else out.reshape(n, cout, length)
-    piece = max(1, _COLS_BYTES // max(1, cin * k * length * 8))
+    out = np.empty((n, cout, length), x.dtype) if out is None else out.reshape(n, cout, length)
+    piece = max(1, _COLS_BYTES // max(1, cin * k * length * x.dtype.itemsize))
     steps = xp.strides[2:]
     for s0 in range(0, n, piece):
         part = xp[s0:s0 + piece]
@@ -212,9 +213,10 @@ def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any], ou
         view = as_strided(part, shape=(cin,) + kernel + (m,) + out_sp,
                           strides=(part.strides[1],) + tuple(st * d for st, d in zip(steps, dil)) + (part.strides[0],)
                           + tuple(st * sd for st, sd in zip(steps, stride)), writeable=False)
-        cols = scratch("conv.cols", view.shape)
+        cols = scratch("conv.cols", view.shape, x.dtype)
         np.copyto(cols, view)
-        y = np.matmul(w, cols.reshape(groups, cg * k, m * length), out=scratch("conv.gemm", (groups, og, m * length)))
+        y = np.matmul(w, cols.reshape(groups, cg * k, m * length),
+                      out=scratch("conv.gemm", (groups, og, m * length), np.result_type(w, cols)))
         out[s0:s0 + m] = y.reshape(cout, m, length).transpose(1, 0, 2)
     return out.reshape((n, cout) + out_sp)
 

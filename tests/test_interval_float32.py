@@ -1,0 +1,146 @@
+"""IBP with float32 products (``products="float32"``): sound in exact arithmetic, close to float64.
+
+The hard cases for a float32 product are a large center with a tiny radius (float32 rounding of
+the center is then far above the radius: a plain float32 IBP is unsound there) and long sums; the
+bound must still enclose the exact real image, checked here with ``fractions.Fraction``.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torchlean_bridge as tlb
+from semantics.interval import IntervalPropagator
+from semantics.rules.affine import AffineParams
+from semantics.rules.affine32 import conv_box32, float32_weights, linear_box32
+from torchlean_bridge.errors import IntervalError
+
+
+def _f32(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32).astype(np.float64)
+
+
+def _exact_linear(w: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[list, list]:
+    """The exact image of the box [lo, hi] (one sample) under x -> W x + b, as Fractions."""
+    lows, highs = [], []
+    for i in range(w.shape[0]):
+        s_lo = s_hi = Fraction(b[i])
+        for j in range(w.shape[1]):
+            wij = Fraction(w[i, j])
+            a, c = wij * Fraction(lo[j]), wij * Fraction(hi[j])
+            s_lo, s_hi = s_lo + min(a, c), s_hi + max(a, c)
+        lows.append(s_lo)
+        highs.append(s_hi)
+    return lows, highs
+
+
+@pytest.mark.parametrize("center_scale, radius", [(1.0, 0.1), (1000.0, 1e-6), (1e-30, 1e-38), (3e5, 0.5)])
+def test_linear_encloses_exact_image(center_scale, radius):
+    rng = np.random.default_rng(0)
+    w, b = _f32(rng, (5, 40)), _f32(rng, (5,))
+    c = rng.standard_normal((3, 40)) * center_scale
+    r = np.abs(rng.standard_normal((3, 40))) * radius  # not uniform: the float32 path runs
+    lo, hi = c - r, c + r
+    p = AffineParams.of(w, b)
+    assert float32_weights(p, 40) is not None
+    got_lo, got_hi = linear_box32((lo, hi), p)
+    for k in range(3):
+        want_lo, want_hi = _exact_linear(w, b, lo[k], hi[k])
+        assert all(Fraction(g) <= e for g, e in zip(got_lo[k], want_lo))
+        assert all(Fraction(g) >= e for g, e in zip(got_hi[k], want_hi))
+
+
+def test_conv_encloses_exact_image_of_a_pixel():
+    """Each conv output is a dot product over its window: check them all exactly on a small map."""
+    rng = np.random.default_rng(1)
+    cin, cout, k = 2, 3, 3
+    w, b = _f32(rng, (cout, cin, k, k)), _f32(rng, (cout,))
+    c = rng.standard_normal((1, cin, 5, 5)) * 100.0
+    r = np.abs(rng.standard_normal((1, cin, 5, 5))) * 1e-4
+    lo, hi = c - r, c + r
+    attrs = dict(kernel=[k, k], stride=[1, 1], dilation=[1, 1], padding=[1, 1], padding_after=[1, 1], groups=1,
+                 channel_axis=1, in_channels=cin, out_channels=cout, spatial_rank=2)
+    got_lo, got_hi = conv_box32((lo, hi), AffineParams.of(w, b), attrs, (1, cout, 5, 5))
+    pad = lambda a: np.pad(a[0], ((0, 0), (1, 1), (1, 1)))  # noqa: E731
+    plo, phi = pad(lo), pad(hi)
+    for o in range(cout):
+        for y in range(5):
+            for x in range(5):
+                wl = w[o].reshape(1, -1)
+                want_lo, want_hi = _exact_linear(wl, b[o:o + 1], plo[:, y:y + k, x:x + k].reshape(-1),
+                                                 phi[:, y:y + k, x:x + k].reshape(-1))
+                assert Fraction(got_lo[0, o, y, x]) <= want_lo[0]
+                assert Fraction(got_hi[0, o, y, x]) >= want_hi[0]
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(6 * 4 * 4, 50), nn.ReLU(), nn.Linear(50, 7))
+
+
+def test_network_sound_on_samples_and_close_to_float64():
+    net = _net().eval()
+    x = torch.rand(8, 1, 8, 8)
+    bundle = tlb.import_fx(net, (x,))
+    g, out = bundle.graph, bundle.graph.outputs[0]
+    c = x.double().numpy()
+    lo64, hi64 = tlb.interval_bounds(g, bundle.payload, c - 0.02, c + 0.02)[out]
+    lo32, hi32 = tlb.interval_bounds(g, bundle.payload, c - 0.02, c + 0.02, products="float32")[out]
+    ratio = (hi32 - lo32) / (hi64 - lo64)
+    assert np.all(ratio >= 1.0 - 1e-12) and np.all(ratio <= 1.0 + 1e-3)
+    rng = np.random.default_rng(4)
+    double = _net().eval().double()
+    for i in range(30):
+        point = c + (0.02 * rng.choice([-1.0, 1.0], c.shape) if i % 3 == 0 else rng.uniform(-0.02, 0.02, c.shape))
+        y = double(torch.from_numpy(point)).detach().numpy()
+        y32 = net(torch.from_numpy(point).float()).detach().double().numpy()
+        assert np.all(lo32 <= y) and np.all(y <= hi32)
+        assert np.all(lo32 <= y32) and np.all(y32 <= hi32)
+
+
+def test_float64_weights_and_uniform_radius_keep_the_float64_rule():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 9))  # not float32-representable
+    p = AffineParams.of(w, rng.standard_normal(4))
+    assert float32_weights(p, 9) is None
+    lo = rng.standard_normal((2, 9))
+    hi = lo + np.abs(rng.standard_normal((2, 9)))
+    from semantics.rules.affine import linear_box
+    for a, b in zip(linear_box32((lo, hi), p), linear_box((lo, hi), p)):
+        assert np.array_equal(a, b)
+    p32 = AffineParams.of(_f32(rng, (4, 9)), _f32(rng, (4,)))
+    ball = (lo - 0.5, lo + 0.5)  # an l-inf ball: the float64 rule needs one product
+    for a, b in zip(linear_box32(ball, p32), linear_box(ball, p32)):
+        assert np.array_equal(a, b)
+
+
+def test_float32_overflow_falls_back_to_float64():
+    rng = np.random.default_rng(6)
+    p = AffineParams.of(_f32(rng, (3, 5)), _f32(rng, (3,)))
+    lo = rng.standard_normal((1, 5)) * 1e200
+    hi = lo + np.abs(rng.standard_normal((1, 5))) * 1e199
+    from semantics.rules.affine import linear_box
+    for a, b in zip(linear_box32((lo, hi), p), linear_box((lo, hi), p)):
+        assert np.array_equal(a, b)
+
+
+def test_products_argument_is_checked_and_prepared_forms_agree():
+    net = _net().eval()
+    x = torch.rand(2, 1, 8, 8)
+    bundle = tlb.import_fx(net, (x,))
+    c = x.double().numpy()
+    with pytest.raises(IntervalError, match="products must be one of float64, float32, got 'float16'"):
+        tlb.interval_bounds(bundle.graph, bundle.payload, c, c, products="float16")
+    with pytest.raises(IntervalError, match="products must be one of"):
+        IntervalPropagator(bundle.graph, bundle.payload, products=32)
+    direct = tlb.interval_bounds(bundle.graph, bundle.payload, c - 0.1, c + 0.1, products="float32")
+    prop = IntervalPropagator(bundle.graph, bundle.payload, products="float32")(c - 0.1, c + 0.1)
+    prep = tlb.prepare(bundle.graph, bundle.payload).interval_bounds(c - 0.1, c + 0.1, products="float32")
+    for (a, b), (e, f), (g, h) in zip(direct, prop, prep):
+        assert np.array_equal(a, e) and np.array_equal(b, f) and np.array_equal(a, g) and np.array_equal(b, h)

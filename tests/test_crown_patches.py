@@ -186,3 +186,14 @@ def test_conv_adjoint_is_the_transposed_convolution(stride, padding, dilation, g
     assert tuple(y.shape[2:]) == out_sp
     (want,) = torch.autograd.grad(y, x, grad_outputs=torch.from_numpy(a))
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_conv_adjoint_results_are_not_overwritten_by_the_next_call():
+    """Its temporaries live in reusable buffers; what it returns must not be one of them (one row and
+    no padding: the cropped buffer would be contiguous already)."""
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3, 2, 3, 3))
+    first = conv_adjoint(rng.normal(size=(1, 3, 4, 4)), w, (1, 1), (0, 0), (1, 1), 1, (6, 6))
+    kept = first.copy()
+    conv_adjoint(rng.normal(size=(1, 3, 4, 4)), w, (1, 1), (0, 0), (1, 1), 1, (6, 6))
+    np.testing.assert_array_equal(first, kept)

@@ -702,6 +702,10 @@ class _Pass:
         columns each half has its own slopes: top = P + L W_s, bottom = -(P + H W_s), where L and
         -H are the halves' coefficients there. Each half is one product A W summed in some order,
         so its rounding is gamma_n <|A|, |W| M_w + |b|> (M_w bounding u's input), as in the linear rule.
+
+        The rows are taken in blocks, every array of a block in cache-sized buffers; when u's parent
+        is the input (``ends_at``) each block is concretized at once, so the [2R, inputs] products
+        never exist whole.
         """
         run, g = self.run_, self.graph
         u = g.nodes[v].parents[0]
@@ -711,7 +715,7 @@ class _Pass:
         lines = [self._slice(z) for z in run.lines[v]]
         n = lines[0].shape[0]
         a_l, b_l, a_u, b_u = (z.reshape(n, -1) for z in lines)
-        width = a_l.shape[1]
+        width, k_out = a_l.shape[1], weight.shape[1]
         r = x.shape[0]
         inexact = ~(((a_l == 0) | (a_l == 1)) & ((a_u == 0) | (a_u == 1)))
         special_mask = ((a_l != a_u) | (b_l != 0) | (b_u != 0) | inexact).any(axis=0)
@@ -719,96 +723,93 @@ class _Pass:
         special = np.flatnonzero(special_mask)
         plain = np.flatnonzero(live_mask & ~special_mask)
         m_w = self.mag(w_parent).reshape(n, -1)
+        few = n * r < _FEW_ROWS  # a few rows: products over every column beat gathering rows of W
+        ends = self.ends_at(w_parent)
         with np.errstate(all="ignore"):
             q = m_w @ abs_weight.T  # [n, width]: |W| M_w bounds |W z_w| entrywise
             f = err_factor(width + 1)
             err_vec = (np.abs(bias)[None] + q) * f  # per unit of |coefficient| at u
-            # the plain columns: X times the 0/1 slope (exact), shared by both halves
             mask = a_l[:, plain]  # 0 or 1 per sample
-            if n == 1 and np.all(mask == 1):
-                x_plain = x[:, plain][None]
-            else:
-                x_plain = x[None, :, plain] * mask[:, None, :]
-            shared_val = x_plain @ bias[plain]  # [n, R]
-            if n > 1:
-                shared_err = (abs_x[:, plain][None] * mask[:, None, :]) @ err_vec[:, plain, None]
-            else:  # over every column with the others' weights 0: no gather of |X|'s columns
-                on_plain = np.zeros(width)
-                on_plain[plain] = err_vec[0, plain]
-                shared_err = abs_x @ on_plain
-            shared_err = shared_err.reshape(n, r)
-            # the special columns: each half takes its slope and intercept by the sign of its coefficient.
-            # With xp = max(X, 0) and xn = min(X, 0) (one of them 0 per entry) the lower half's coefficients
-            # are xp a_l + xn a_u and the upper half's -(xn a_l + xp a_u); their intercept sums and every
-            # error sum (of |coefficient| times a weight) are products of xp and xn with a few vectors
-            xs = np.take(x, special, axis=1, out=scratch("crown.xs", (r, special.size)))[None]
-            xp, xn = np.maximum(xs, 0.0), np.minimum(xs, 0.0)
+            ones = n == 1 and bool(np.all(mask == 1))
             sl, su = a_l[:, special], a_u[:, special]
-            low = xp * sl[:, None]
-            tmp = np.multiply(xn, su[:, None], out=scratch("crown.tmp", low.shape))
-            low += tmp
-            high = xn * sl[:, None]
-            high += np.multiply(xp, su[:, None], out=tmp)  # the upper half's coefficients are -high
             fs = err_factor(special.size + 1)
             prod_factor = 2.0 * U * _ERR_SAFETY * (1.0 + err_factor(special.size))
             # per unit of |coefficient|: the slope product's rounding (times |z_u|) and u's product and bias
             weight_err = self.mag(u).reshape(n, -1)[:, special] * prod_factor + err_vec[:, special] * (1.0 + fs)
             il, iu = b_l[:, special], b_u[:, special]
             vecs = np.stack([il, iu, np.abs(il), np.abs(iu), np.abs(sl) * weight_err, np.abs(su) * weight_err], axis=-1)
-            on_p, on_n = xp @ vecs, xn @ vecs  # [n, R, 6]
-            intercepts = np.concatenate([on_p[..., 0] + on_n[..., 1], -(on_n[..., 0] + on_p[..., 1])], axis=1)
-            e_int = np.concatenate([on_p[..., 2] - on_n[..., 3], on_p[..., 3] - on_n[..., 2]], axis=1) * fs
-            self._acc(np.where(np.isnan(intercepts), -np.inf, intercepts), e_int)
-            # u's bias: <A, b> for each half, one dot product in two parts (its rounding is in err_vec)
-            b_s = bias[special]
-            shared_err = shared_err * (1.0 + err_factor(plain.size))
-            self._acc(np.concatenate([shared_val + low @ b_s, -(shared_val + high @ b_s)], axis=1),
-                      np.concatenate([shared_err + on_p[..., 4] - on_n[..., 5],
-                                      shared_err + on_p[..., 5] - on_n[..., 4]], axis=1) + MIN_NORMAL)
-            if n * r >= _FEW_ROWS and self.ends_at(w_parent):
-                self._bound_products(w_parent, x_plain, weight[plain], low, high, weight[special])
-                return {}
-            out = np.empty((n, 2 * r, weight.shape[1]))
-            if n * r < _FEW_ROWS:  # a few rows: products over every column beat gathering rows of W
-                full = np.zeros((n, 2 * r, width))
-                full[:, :r, plain] = x_plain
-                full[:, r:, plain] = x_plain
-                full[:, :r, special] = low
-                full[:, r:, special] = high
-                np.matmul(full, weight, out=out)
-            else:
-                p_shared = x_plain @ weight[plain]
-                w_s = weight[special]
-                np.matmul(low, w_s, out=out[:, :r])
-                out[:, :r] += p_shared
-                np.matmul(high, w_s, out=out[:, r:])
-                out[:, r:] += p_shared
-            np.negative(out[:, r:], out=out[:, r:])
-        return {w_parent: out.reshape((n, 2 * r) + self.tail(w_parent))}
-
-    def _bound_products(self, v: int, x_plain: np.ndarray, w_plain: np.ndarray, low: np.ndarray, high: np.ndarray,
-                        w_s: np.ndarray) -> None:
-        """Concretize the rows [P + L W_s; -(P + H W_s)] (P = X_plain W_plain) over v's box block by
-        block of rows, each block's products in a cache-sized buffer: the same bounds as building the
-        coefficients and concretizing them (row by row the same sums), without the full arrays."""
-        n, r = low.shape[:2]
-        k = w_s.shape[1]
-        tail = self.tail(v)
-        values, errors = np.empty((n, 2 * r)), np.empty((n, 2 * r))
-        step = max(1, _BLOCK // max(1, n * k))
-        with np.errstate(all="ignore"):
+            b_s, b_plain = bias[special], bias[plain]
+            on_plain = None
+            if n == 1:  # over every column with the others' weights 0: no gather of |X|'s columns
+                on_plain = np.zeros(width)
+                on_plain[plain] = err_vec[0, plain]
+            w_plain, w_s = (None, None) if few else (weight[plain], weight[special])
+            sums = {key: np.empty((n, 2 * r)) for key in ("int", "e_int", "bias", "e_bias", "box", "e_box")}
+            out = None if ends else np.empty((n, 2 * r, k_out))
+            step = r if few else max(32, _BLOCK // max(1, n * k_out))
             for r0 in range(0, r, step):
                 r1 = min(r, r0 + step)
-                part = x_plain[:, r0:r1]
-                shared = np.matmul(part, w_plain, out=scratch("crown.shared", (part.shape[0], r1 - r0, k)))
-                rows = scratch("crown.rows", (n, r1 - r0, k))
-                for half, coeffs, sign in ((slice(r0, r1), low, 1.0), (slice(r + r0, r + r1), high, -1.0)):
-                    np.matmul(coeffs[:, r0:r1], w_s, out=rows)
-                    rows += shared
-                    ac, ar, e = self.concretized(v, rows.reshape((n, r1 - r0) + tail))
-                    values[:, half] = sign * ac - ar  # the upper half's coefficients are -rows
-                    errors[:, half] = e
-            self._acc(values, errors)
+                top, bottom = slice(r0, r1), slice(r + r0, r + r1)
+                xb = x[r0:r1]
+                # the plain columns: X times the 0/1 slope (exact), shared by both halves
+                x_plain = np.take(xb, plain, axis=1, out=scratch("crown.x_plain", (r1 - r0, plain.size)))[None]
+                if not ones:
+                    x_plain = x_plain * mask[:, None, :]
+                shared_val = x_plain @ b_plain  # [n, rows]
+                if on_plain is not None:
+                    shared_err = (abs_x[r0:r1] @ on_plain)[None]
+                else:
+                    shared_err = ((abs_x[r0:r1, plain][None] * mask[:, None, :]) @ err_vec[:, plain, None])[..., 0]
+                shared_err = shared_err * (1.0 + err_factor(plain.size))
+                # the special columns: each half takes its slope and intercept by the sign of its coefficient.
+                # With xp = max(X, 0) and xn = min(X, 0) (one of them 0 per entry) the lower half's coefficients
+                # are xp a_l + xn a_u and the upper half's -(xn a_l + xp a_u); their intercept sums and every
+                # error sum (of |coefficient| times a weight) are products of xp and xn with a few vectors
+                xs = np.take(xb, special, axis=1, out=scratch("crown.xs", (r1 - r0, special.size)))[None]
+                xp = np.maximum(xs, 0.0, out=scratch("crown.xp", xs.shape))
+                xn = np.minimum(xs, 0.0, out=scratch("crown.xn", xs.shape))
+                shape = (n, r1 - r0, special.size)
+                low = np.multiply(xp, sl[:, None], out=scratch("crown.low", shape))
+                tmp = np.multiply(xn, su[:, None], out=scratch("crown.tmp", shape))
+                low += tmp
+                high = np.multiply(xn, sl[:, None], out=scratch("crown.high", shape))
+                high += np.multiply(xp, su[:, None], out=tmp)  # the upper half's coefficients are -high
+                on_p, on_n = xp @ vecs, xn @ vecs  # [n, rows, 6]
+                sums["int"][:, top], sums["int"][:, bottom] = on_p[..., 0] + on_n[..., 1], -(on_n[..., 0] + on_p[..., 1])
+                sums["e_int"][:, top] = (on_p[..., 2] - on_n[..., 3]) * fs
+                sums["e_int"][:, bottom] = (on_p[..., 3] - on_n[..., 2]) * fs
+                # u's bias: <A, b> for each half, one dot product in two parts (its rounding is in err_vec)
+                sums["bias"][:, top], sums["bias"][:, bottom] = shared_val + low @ b_s, -(shared_val + high @ b_s)
+                sums["e_bias"][:, top] = shared_err + on_p[..., 4] - on_n[..., 5] + MIN_NORMAL
+                sums["e_bias"][:, bottom] = shared_err + on_p[..., 5] - on_n[..., 4] + MIN_NORMAL
+                # the rows at u's parent: [P + L W_s; P + H W_s], the second half negated below
+                both = scratch("crown.rows", (n, 2 * (r1 - r0), k_out))
+                if few:
+                    full = np.zeros((n, 2 * (r1 - r0), width))
+                    full[:, :r1 - r0, plain] = x_plain
+                    full[:, r1 - r0:, plain] = x_plain
+                    full[:, :r1 - r0, special] = low
+                    full[:, r1 - r0:, special] = high
+                    np.matmul(full, weight, out=both)
+                else:
+                    shared = np.matmul(x_plain, w_plain, out=scratch("crown.shared", x_plain.shape[:2] + (k_out,)))
+                    np.matmul(low, w_s, out=both[:, :r1 - r0])
+                    both[:, :r1 - r0] += shared
+                    np.matmul(high, w_s, out=both[:, r1 - r0:])
+                    both[:, r1 - r0:] += shared
+                if ends:
+                    ac, ar, e = self.concretized(w_parent, both.reshape((n, 2 * (r1 - r0)) + self.tail(w_parent)))
+                    half = r1 - r0
+                    sums["box"][:, top], sums["box"][:, bottom] = ac[:, :half] - ar[:, :half], -ac[:, half:] - ar[:, half:]
+                    sums["e_box"][:, top], sums["e_box"][:, bottom] = e[:, :half], e[:, half:]
+                else:
+                    out[:, top], out[:, bottom] = both[:, :r1 - r0], -both[:, r1 - r0:]
+            self._acc(np.where(np.isnan(sums["int"]), -np.inf, sums["int"]), sums["e_int"])
+            self._acc(sums["bias"], sums["e_bias"])
+            if ends:
+                self._acc(sums["box"], sums["e_box"])
+                return {}
+        return {w_parent: out.reshape((n, 2 * r) + self.tail(w_parent))}
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         run, g = self.run_, self.graph

@@ -23,6 +23,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..interval_round import MIN_NORMAL, U, center_radius, down, up
 from ..records import PREPARED
 from ..rules.affine import batched_conv
+from ..scratch import scratch
 from .rules import _ERR_SAFETY, _center, batch_norm_scale_shift, conv_adjoint, err_factor
 
 if TYPE_CHECKING:
@@ -90,9 +91,10 @@ class PatchPass:
     def _slice(self, x: np.ndarray) -> np.ndarray:
         return x[self.b0:self.b1] if self.crown.n > 1 and x.shape[0] == self.crown.n else x
 
-    def unfold(self, maps: list[np.ndarray], geo) -> list[np.ndarray]:
+    def unfold(self, maps: list[np.ndarray], geo, name: str = "patch.unfold") -> list[np.ndarray]:
         """Each map ``[n or 1, C, H, W]`` read through each row's window, flat: ``[n', 1, rows, C Kh Kw]``
-        (0 outside the map). The maps are stacked and gathered once, at the distinct positions."""
+        (0 outside the map). The maps are stacked and gathered once, at the distinct positions, into
+        the scratch buffer ``name``: the result is a temporary of the calling step."""
         (sy, sx), (py, px), (kh, kw) = geo
         lead = max(m.shape[0] for m in maps)
         h, w = maps[0].shape[2:]
@@ -107,7 +109,7 @@ class PatchPass:
         win = sliding_window_view(padded, (kh, kw), axis=(2, 3)).transpose(0, 2, 3, 1, 4, 5)
         picked = win[:, self.ys * sy, self.xs * sx]  # [n', positions, C, kh, kw]
         if picked.shape[1] != self.rows:
-            picked = picked[:, self.inverse]
+            picked = np.take(picked, self.inverse, axis=1, out=scratch(name, (lead, self.rows) + picked.shape[2:]))
         out, c0 = [], 0
         for size in sizes:
             out.append(picked[:, None, :, c0:c0 + size].reshape(lead, 1, self.rows, -1))
@@ -136,7 +138,8 @@ class PatchPass:
         """Charge a patch's pending error weights now (before a step that does not take them)."""
         if item.pending is None:
             return item
-        self._charge(np.abs(_flat(item.p)), self.unfold([item.pending], item.geo)[0])
+        flat = _flat(item.p)
+        self._charge(np.abs(flat, out=scratch("patch.abs", flat.shape)), self.unfold([item.pending], item.geo)[0])
         return item._replace(pending=None)
 
     @staticmethod
@@ -208,7 +211,7 @@ class PatchPass:
             weights = weights + item.pending
         maps = [c, r, weights] + ([inf.astype(np.float64)] if inf.any() else [])
         c_u, r_u, w_u, *inf_u = self.unfold(maps, geo)
-        ap = np.abs(p)
+        ap = np.abs(p, out=scratch("patch.abs", p.shape))
         with np.errstate(all="ignore"):
             pc, ar = _rowdot(p, c_u), _rowdot(ap, r_u)
             value = pc - ar if p.shape[1] == 2 else np.concatenate([pc - ar, -pc - ar], axis=1)
@@ -238,10 +241,10 @@ class PatchPass:
         maps = [a_l, a_u, w_l, w_u] + [b_l] * has_l + [b_u] * has_u
         al_u, au_u, wl_u, wu_u, *b_us = self.unfold(maps, item.geo)
         flat = _flat(p)
-        pp = np.maximum(flat, 0.0)
-        pn = np.minimum(flat, 0.0)
+        pp = np.maximum(flat, 0.0, out=scratch("patch.pp", flat.shape))
+        pn = np.minimum(flat, 0.0, out=scratch("patch.pn", flat.shape))
         new = pp * al_u
-        new += pn * au_u
+        new += np.multiply(pn, au_u, out=scratch("patch.tmp", flat.shape))
         with np.errstate(all="ignore"):
             val = None
             if has_l:
@@ -291,7 +294,8 @@ class PatchPass:
             # <p, bias> with p zero outside the map: the bias per channel times the channel's sum
             val = p.reshape(p.shape[:4] + (-1,)).sum(axis=-1) @ params.bias
         self._acc(val, np.zeros(val.shape))
-        self._charge(np.abs(_flat(p)), w_u)
+        flat = _flat(p)
+        self._charge(np.abs(flat, out=scratch("patch.abs", flat.shape)), w_u)
         kh, kw = geo[2]
         s, d, k = at["stride"], at["dilation"], at["kernel"]
         full = tuple((kk - 1) * st + (ke - 1) * dd + 1 for kk, st, ke, dd in zip((kh, kw), s, k, d))

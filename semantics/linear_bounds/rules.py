@@ -26,6 +26,7 @@ from .. import interval_arith as ia
 from ..conv import avg_pool_divisor, conv_nd, conv_transpose_nd, pool_nd, pool_out_spatial
 from ..interval_round import U, Box, down, gamma, up
 from ..rules.affine import batched_conv
+from ..scratch import scratch
 
 if TYPE_CHECKING:
     from .crown import Pass
@@ -224,20 +225,32 @@ def conv_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, dilation, g
     out_sp, kernel = tuple(a.shape[2:]), tuple(weight.shape[2:])
     g, cog, cig = groups, c_out // groups, weight.shape[1]
     length = math.prod(out_sp)
-    # the rows innermost: every strided add below runs over long contiguous vectors
-    x = np.ascontiguousarray(a.reshape(m, g, cog, length).transpose(1, 2, 3, 0)).reshape(g, cog, length * m)
-    wt = weight.reshape(g, cog, cig * math.prod(kernel)).transpose(0, 2, 1)
-    cols = np.matmul(wt, x).reshape((g, cig) + kernel + out_sp + (m,))
+    # the rows innermost: every strided add below runs over long contiguous vectors; the temporaries
+    # live in scratch buffers (no fresh pages per call, see semantics.scratch)
+    x = scratch("adjoint.x", (g, cog, length, m))
+    np.copyto(x, a.reshape(m, g, cog, length).transpose(1, 2, 3, 0))
+    x = x.reshape(g, cog, length * m)
     full = tuple((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, stride, kernel, dilation))
     ext = tuple(max(f, p + i) for f, p, i in zip(full, padding, in_spatial))
-    acc = np.zeros((g, cig) + ext + (m,))
-    for offs in itertools.product(*(range(k) for k in kernel)):
-        target = (slice(None),) * 2 + tuple(slice(f * d, f * d + (o - 1) * s + 1, s)
-                                            for f, d, o, s in zip(offs, dilation, out_sp, stride))
-        acc[target] += cols[(slice(None), slice(None)) + offs]
+    acc = scratch("adjoint.acc", (g, cig) + ext + (m,))
+    acc.fill(0.0)
+    offsets = list(itertools.product(*(range(k) for k in kernel)))
+    # W^T for a few kernel offsets at a time (about 8 output rows per GEMM, or all when that is few):
+    # each product's result stays in cache for its strided adds
+    wt = weight.reshape(g, cog, cig, len(offsets)).transpose(0, 3, 2, 1)  # [g, offset, C_in/g, C_out/g]
+    group = len(offsets) if cig * len(offsets) <= 32 else max(1, 8 // cig)
+    for j0 in range(0, len(offsets), group):
+        j1 = min(len(offsets), j0 + group)
+        w_part = np.ascontiguousarray(wt[:, j0:j1]).reshape(g, (j1 - j0) * cig, cog)
+        cols = np.matmul(w_part, x, out=scratch("adjoint.cols", (g, (j1 - j0) * cig, length * m)))
+        cols = cols.reshape((g, j1 - j0, cig) + out_sp + (m,))
+        for j in range(j0, j1):
+            target = (slice(None),) * 2 + tuple(slice(f * d, f * d + (o - 1) * s + 1, s)
+                                                for f, d, o, s in zip(offsets[j], dilation, out_sp, stride))
+            acc[target] += cols[:, j - j0]
     keep = (slice(None),) * 2 + tuple(slice(p, p + i) for p, i in zip(padding, in_spatial))
     out = acc[keep].reshape((g * cig,) + tuple(in_spatial) + (m,))
-    return np.ascontiguousarray(np.moveaxis(out, -1, 0))
+    return np.moveaxis(out, -1, 0).copy()  # a fresh array, never a view of the scratch buffer
 
 
 def _geometry(node, out_spatial):

@@ -37,6 +37,7 @@ from torchlean_bridge.payload import Payload
 from ..interval import IntervalPropagator
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
 from ..records import PREPARED
+from ..scratch import scratch
 from ..conv import pool_out_spatial
 from .relax import Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
 from .patches import PatchMismatch, PatchPass, patchable
@@ -49,6 +50,7 @@ _BUDGET = 1 << 22  # coefficient entries per backward chunk (32 MiB of float64)
 _RELU_LIKE = frozenset({"relu", "leaky_relu", "prelu"})
 _MAX_POOLS = frozenset({"max_pool", "max_pool_nd"})
 _FEW_ROWS = 32  # below this many coefficient rows a pass multiplies whole weights instead of gathering columns
+_BLOCK = 1 << 17  # coefficient entries per row block of a product that is concretized at once (1 MiB, in cache)
 
 
 @dataclass
@@ -446,6 +448,7 @@ class _Pass:
         self.keep_inputs = keep_inputs
         self.live: dict[int, np.ndarray] = {}
         self.input_coeffs: dict[int, np.ndarray] = {}
+        self._centers: dict[tuple[int, int], tuple] = {}  # per box concretized: center, radius vectors
 
     # -- helpers for the rules ----------------------------------------------------------------
 
@@ -541,20 +544,52 @@ class _Pass:
 
     def concretize(self, v: int, a: np.ndarray) -> None:
         """min over v's box of <a, z_v>: <a, c> - <|a|, r> for [c - r, c + r] covering the box."""
-        lo, hi = self.box(v)
-        c, r = center_radius(lo, hi)
-        inf = ~np.isfinite(r)
-        r_fin = np.where(inf, 0.0, r)
-        n = self.numel_a(a)
-        val = self.dots(a, [c])[..., 0]
-        t = self.dots(np.abs(a), [r_fin, np.abs(c) + r_fin] + ([inf.astype(np.float64)] if inf.any() else []))
+        ac, ar, e = self.concretized(v, a)
         with np.errstate(all="ignore"):
-            value = val - t[..., 0]
-            if inf.any():
-                value = np.where(t[..., 2] > 0, -np.inf, value)
-            self._acc(value, t[..., 1] * (2.0 * err_factor(n + 1)) + MIN_NORMAL)
+            self._acc(ac - ar, e)
         if self.keep_inputs and self.graph.nodes[v].kind == "input":
             self.input_coeffs[v] = a
+
+    def ends_at(self, v: int) -> bool:
+        """Whether coefficients reaching v are concretized there and nothing else (no input
+        coefficients kept): a step may then bound its rows directly instead of handing them on."""
+        return (self.crown.const[v] or self.graph.nodes[v].kind == "input") and not self.keep_inputs
+
+    def concretized(self, v: int, a: np.ndarray, abs_a: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """Per row of a (``[n, rows] + tail(v)``): <a, c>, <|a|, r> and the rounding bound of
+        <a, c> - <|a|, r>, 2 gamma_(k+1) <|a|, |c| + r> (+ MIN_NORMAL), for [c - r, c + r] covering v's
+        box; <|a|, r> is inf for a row that meets an infinite radius. Large arrays are taken in row
+        blocks, so that |a| is never a full-size temporary."""
+        n_rows, rows = a.shape[:2]
+        k = self.numel_a(a)
+        got = self._centers.get((v, n_rows))
+        if got is None:
+            lo, hi = self.box(v)
+            c, r = center_radius(lo, hi)
+            inf = ~np.isfinite(r)
+            r_fin = np.where(inf, 0.0, r)
+            vec_c = np.ascontiguousarray(np.broadcast_to(c.reshape(c.shape[0], -1), (n_rows, k)))[:, :, None]
+            vecs = [r_fin, np.abs(c) + r_fin] + ([inf.astype(np.float64)] if inf.any() else [])
+            stack = np.stack([np.broadcast_to(x.reshape(x.shape[0], -1), (n_rows, k)) for x in vecs], axis=-1)
+            got = self._centers[(v, n_rows)] = vec_c, stack, bool(inf.any())
+        vec_c, stack, has_inf = got
+        flat = a.reshape(n_rows, rows, k)
+        ac, t = np.empty((n_rows, rows)), np.empty((n_rows, rows, stack.shape[-1]))
+        step = max(1, _BLOCK // max(1, n_rows * k))
+        with np.errstate(all="ignore"):
+            for r0 in range(0, rows, step):
+                part = flat[:, r0:r0 + step]
+                np.matmul(part, vec_c, out=ac[:, r0:r0 + step, None])
+                if abs_a is None:
+                    mag = np.abs(part, out=scratch("crown.abs", part.shape))
+                else:
+                    mag = abs_a.reshape(-1, rows, k)[:, r0:r0 + step]
+                np.matmul(mag, stack, out=t[:, r0:r0 + step])
+            ar = t[..., 0]
+            if has_inf:
+                ar = np.where(t[..., 2] > 0, np.inf, ar)
+            e = t[..., 1] * (2.0 * err_factor(k + 1)) + MIN_NORMAL
+        return ac, ar, e
 
     # -- the pass -----------------------------------------------------------------------------
 
@@ -644,11 +679,18 @@ class _Pass:
         if self.crown.fusable(self.t, p) and p in self.run_.lines:
             self.beta = self.beta + np.concatenate([bias[self.row_ids], -bias[self.row_ids]])[None]
             return self._relu_linear(p, picked, abs_w if every else abs_w[self.row_ids])
+        self.beta = self.beta + np.concatenate([bias[self.row_ids], -bias[self.row_ids]])[None]
+        if self.ends_at(p):  # [W; -W] on a box: one half's products serve both (|-W| = |W|)
+            shape = (n, picked.shape[0]) + self.tail(p)
+            ac, ar, e = self.concretized(p, np.broadcast_to(picked[None], (n,) + picked.shape).reshape(shape),
+                                         abs_a=abs_w if every else abs_w[self.row_ids])
+            with np.errstate(all="ignore"):
+                self._acc(np.concatenate([ac - ar, -ac - ar], axis=1), np.concatenate([e, e], axis=1))
+            return {}
         both = np.empty((2 * picked.shape[0], picked.shape[1]))
         both[:picked.shape[0]] = picked
         np.negative(picked, out=both[picked.shape[0]:])
         a = np.broadcast_to(both[None], (n,) + both.shape)
-        self.beta = self.beta + np.concatenate([bias[self.row_ids], -bias[self.row_ids]])[None]
         return {p: a.reshape((n, a.shape[1]) + self.tail(p))}
 
     def _relu_linear(self, v: int, x: np.ndarray, abs_x: np.ndarray) -> dict[int, np.ndarray]:
@@ -688,20 +730,25 @@ class _Pass:
             else:
                 x_plain = x[None, :, plain] * mask[:, None, :]
             shared_val = x_plain @ bias[plain]  # [n, R]
-            shared_err = (abs_x[:, plain][None] * mask[:, None, :]) @ err_vec[:, plain, None] if n > 1 else \
-                (abs_x[:, plain] @ err_vec[0, plain])[None]
+            if n > 1:
+                shared_err = (abs_x[:, plain][None] * mask[:, None, :]) @ err_vec[:, plain, None]
+            else:  # over every column with the others' weights 0: no gather of |X|'s columns
+                on_plain = np.zeros(width)
+                on_plain[plain] = err_vec[0, plain]
+                shared_err = abs_x @ on_plain
             shared_err = shared_err.reshape(n, r)
             # the special columns: each half takes its slope and intercept by the sign of its coefficient.
             # With xp = max(X, 0) and xn = min(X, 0) (one of them 0 per entry) the lower half's coefficients
             # are xp a_l + xn a_u and the upper half's -(xn a_l + xp a_u); their intercept sums and every
             # error sum (of |coefficient| times a weight) are products of xp and xn with a few vectors
-            xs = x[None, :, special]
+            xs = np.take(x, special, axis=1, out=scratch("crown.xs", (r, special.size)))[None]
             xp, xn = np.maximum(xs, 0.0), np.minimum(xs, 0.0)
             sl, su = a_l[:, special], a_u[:, special]
             low = xp * sl[:, None]
-            low += xn * su[:, None]
+            tmp = np.multiply(xn, su[:, None], out=scratch("crown.tmp", low.shape))
+            low += tmp
             high = xn * sl[:, None]
-            high += xp * su[:, None]  # the upper half's coefficients are -high
+            high += np.multiply(xp, su[:, None], out=tmp)  # the upper half's coefficients are -high
             fs = err_factor(special.size + 1)
             prod_factor = 2.0 * U * _ERR_SAFETY * (1.0 + err_factor(special.size))
             # per unit of |coefficient|: the slope product's rounding (times |z_u|) and u's product and bias
@@ -718,6 +765,9 @@ class _Pass:
             self._acc(np.concatenate([shared_val + low @ b_s, -(shared_val + high @ b_s)], axis=1),
                       np.concatenate([shared_err + on_p[..., 4] - on_n[..., 5],
                                       shared_err + on_p[..., 5] - on_n[..., 4]], axis=1) + MIN_NORMAL)
+            if n * r >= _FEW_ROWS and self.ends_at(w_parent):
+                self._bound_products(w_parent, x_plain, weight[plain], low, high, weight[special])
+                return {}
             out = np.empty((n, 2 * r, weight.shape[1]))
             if n * r < _FEW_ROWS:  # a few rows: products over every column beat gathering rows of W
                 full = np.zeros((n, 2 * r, width))
@@ -729,10 +779,36 @@ class _Pass:
             else:
                 p_shared = x_plain @ weight[plain]
                 w_s = weight[special]
-                np.add(p_shared, low @ w_s, out=out[:, :r])
-                np.add(p_shared, high @ w_s, out=out[:, r:])
+                np.matmul(low, w_s, out=out[:, :r])
+                out[:, :r] += p_shared
+                np.matmul(high, w_s, out=out[:, r:])
+                out[:, r:] += p_shared
             np.negative(out[:, r:], out=out[:, r:])
         return {w_parent: out.reshape((n, 2 * r) + self.tail(w_parent))}
+
+    def _bound_products(self, v: int, x_plain: np.ndarray, w_plain: np.ndarray, low: np.ndarray, high: np.ndarray,
+                        w_s: np.ndarray) -> None:
+        """Concretize the rows [P + L W_s; -(P + H W_s)] (P = X_plain W_plain) over v's box block by
+        block of rows, each block's products in a cache-sized buffer: the same bounds as building the
+        coefficients and concretizing them (row by row the same sums), without the full arrays."""
+        n, r = low.shape[:2]
+        k = w_s.shape[1]
+        tail = self.tail(v)
+        values, errors = np.empty((n, 2 * r)), np.empty((n, 2 * r))
+        step = max(1, _BLOCK // max(1, n * k))
+        with np.errstate(all="ignore"):
+            for r0 in range(0, r, step):
+                r1 = min(r, r0 + step)
+                part = x_plain[:, r0:r1]
+                shared = np.matmul(part, w_plain, out=scratch("crown.shared", (part.shape[0], r1 - r0, k)))
+                rows = scratch("crown.rows", (n, r1 - r0, k))
+                for half, coeffs, sign in ((slice(r0, r1), low, 1.0), (slice(r + r0, r + r1), high, -1.0)):
+                    np.matmul(coeffs[:, r0:r1], w_s, out=rows)
+                    rows += shared
+                    ac, ar, e = self.concretized(v, rows.reshape((n, r1 - r0) + tail))
+                    values[:, half] = sign * ac - ar  # the upper half's coefficients are -rows
+                    errors[:, half] = e
+            self._acc(values, errors)
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         run, g = self.run_, self.graph

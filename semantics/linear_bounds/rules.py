@@ -172,7 +172,7 @@ def _paired_product(ps, a: np.ndarray, w: np.ndarray, q: np.ndarray, parent: int
     gamma <|X| + |X + Y|, q> + u <|result|, M_p>.
     """
     rows = a.shape[1]
-    if rows % 2 or rows < 16:
+    if rows % 2 or rows < 16 or a.shape[-1] == 0:
         return None
     r = rows // 2
     x, y = a[:, :r], a[:, r:]

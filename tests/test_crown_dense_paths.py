@@ -1,0 +1,94 @@
+"""CROWN's dense passes that bound rows where they reach the input instead of building them.
+
+A first linear layer's rows [W; -W] are concretized from one half (|-W| = |W|); the fused
+relu-linear step of a pass whose rows then reach the input multiplies and concretizes them block by
+block of rows. Both must equal the path that builds the coefficients and concretizes them
+(``_Pass.ends_at`` forced false: the same sums row by row, 1e-12 of the scale), and hold in exact
+rational arithmetic at sampled corners.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torchlean_bridge as tlb
+import semantics.linear_bounds.crown as crown_mod
+from semantics.sampling import sample_points
+
+
+def _mlp(width: int, batch: int):
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(6, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 3)).eval()
+    return net, tlb.import_fx(net, (torch.zeros(batch, 6),))
+
+
+def _counting(monkeypatch, name: str) -> list[int]:
+    calls: list[int] = []
+    fn = getattr(crown_mod._Pass, name)
+
+    def counted(self, *args):
+        calls.append(self.t)
+        return fn(self, *args)
+    monkeypatch.setattr(crown_mod._Pass, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_bounding_at_the_input_equals_building_the_rows(batch, monkeypatch):
+    _, b = _mlp(48, batch)
+    c = np.random.default_rng(0).uniform(-1, 1, (batch, 6))
+    lo, hi = c - 0.5, c + 0.5
+    fused = _counting(monkeypatch, "_bound_products")
+    direct = tlb.linear_bounds(b.graph, b.payload, lo, hi, all_nodes=True)
+    assert fused, "the blockwise product-and-bound step was not used"
+    monkeypatch.setattr(crown_mod._Pass, "ends_at", lambda self, v: False)
+    built = tlb.linear_bounds(b.graph, b.payload, lo, hi, all_nodes=True)
+    for (dlo, dhi), (blo, bhi) in zip(direct.boxes, built.boxes):
+        scale = 1e-12 * (1 + np.abs(blo).max() + np.abs(bhi).max())
+        np.testing.assert_allclose(dlo, blo, rtol=0, atol=scale)
+        np.testing.assert_allclose(dhi, bhi, rtol=0, atol=scale)
+
+
+def _exact(weights, x):
+    h = [Fraction(v) for v in x]
+    for k, (w, bias) in enumerate(weights):
+        h = [sum((Fraction(w[i, j]) * h[j] for j in range(len(h))), Fraction(bias[i])) for i in range(w.shape[0])]
+        if k < len(weights) - 1:
+            h = [max(v, Fraction(0)) for v in h]
+    return h
+
+
+def test_blockwise_bounds_hold_in_exact_arithmetic(monkeypatch):
+    monkeypatch.setattr(crown_mod, "_BLOCK", 6 * 40)  # blocks of a few rows: every block boundary is crossed
+    net, b = _mlp(40, 1)
+    weights = [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy()) for m in net
+               if isinstance(m, nn.Linear)]
+    c = np.random.default_rng(1).uniform(-1, 1, (1, 6))
+    lo, hi = c - 0.6, c + 0.6
+    fused = _counting(monkeypatch, "_bound_products")
+    res = tlb.linear_bounds(b.graph, b.payload, lo, hi)
+    assert fused
+    points, corners = sample_points([(lo, hi)], 24, 2)
+    assert corners >= 1
+    for (x,) in points:
+        for j, v in enumerate(_exact(weights, x.reshape(-1))):
+            assert Fraction(res.lower[0][0, j]) <= v <= Fraction(res.upper[0][0, j])
+
+
+def test_an_infinite_input_end_on_the_fused_path_gives_no_nan(monkeypatch):
+    _, b = _mlp(48, 1)
+    lo, hi = np.full((1, 6), -0.5), np.full((1, 6), 0.5)
+    lo[0, 2] = -np.inf
+    fused = _counting(monkeypatch, "_bound_products")
+    res = tlb.linear_bounds(b.graph, b.payload, lo, hi, all_nodes=True)
+    assert fused
+    for blo, bhi in res.boxes:
+        assert not np.any(np.isnan(blo)) and not np.any(np.isnan(bhi))
+    x = np.where(np.isfinite(lo), lo, -30.0)
+    y = tlb.evaluate(b.graph, b.payload, [x])[0]
+    assert np.all(res.lower[0] <= y) and np.all(y <= res.upper[0])

@@ -21,7 +21,7 @@ from torchlean_bridge.check import check_well_formed
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.wire import dump_graph, graph_to_wire
 
-from test_wire import JSON_JUNK, SEED_DOC, random_graphs
+from test_wire import corrupted_seed, random_graphs
 
 LIMIT = W.DEFAULT_MAX_ELEMENTS
 
@@ -64,18 +64,7 @@ def test_valid_documents_give_the_staged_readers_graph(g):
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_corrupted_documents_give_the_staged_readers_outcome(data):
-    doc = json.loads(json.dumps(SEED_DOC))
-    for _ in range(data.draw(st.integers(1, 3))):
-        nodes = doc.get("nodes")
-        candidates = [doc] + ([n for n in nodes if isinstance(n, dict) and n] if isinstance(nodes, list) else [])
-        target = data.draw(st.sampled_from(candidates))
-        if not target:
-            continue
-        key = data.draw(st.sampled_from(sorted(target)))
-        if data.draw(st.booleans()):
-            del target[key]
-        else:
-            target[key] = data.draw(JSON_JUNK)
+    doc = corrupted_seed(data)
     assert_same(doc)
     assert_same(doc, strict=True)
 

@@ -209,9 +209,8 @@ JSON_JUNK = st.recursive(st.none() | st.booleans() | st.integers(-3, 10 ** 12) |
                          max_leaves=6)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data())
-def test_corrupted_documents_only_raise_bridge_errors(data):
+def corrupted_seed(data: st.DataObject) -> dict:
+    """The seed document with 1-3 fields of the root or of its nodes deleted or replaced by junk."""
     doc = json.loads(json.dumps(SEED_DOC))
     for _ in range(data.draw(st.integers(1, 3))):
         nodes = doc.get("nodes")
@@ -224,6 +223,13 @@ def test_corrupted_documents_only_raise_bridge_errors(data):
             del target[key]
         else:
             target[key] = data.draw(JSON_JUNK)
+    return doc
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_corrupted_documents_only_raise_bridge_errors(data):
+    doc = corrupted_seed(data)
     try:
         g, payload = parse_document(doc)
         tlb.check(g, collect=True)

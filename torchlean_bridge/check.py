@@ -151,6 +151,11 @@ def _known_well_formed(g: Graph) -> bool:
     return getattr(g, "well_formed", False) or getattr(g, "validated_under", None) is not None
 
 
+def mark_well_formed(g: Graph) -> None:
+    """Record that ``g`` passed every ``check_well_formed`` test (a reader that proved them itself)."""
+    object.__setattr__(g, "well_formed", True)
+
+
 def check_well_formed(g: Graph, collect: bool = False) -> list[GraphError]:
     if _known_well_formed(g):
         return []

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .check import DEFAULT_MAX_ELEMENTS
+from .check import DEFAULT_MAX_ELEMENTS, mark_well_formed
 from .errors import BridgeError, WireError
 from .graph import Graph, Node, Source, normalized_attrs
 from .fileio import read_capped
@@ -354,32 +355,34 @@ def _node_source(raw: dict, ctx: str, nid: int, strict: bool) -> Source | None:
 
 
 def _stage_c(parsed: list[tuple], strict: bool, max_elements: int) -> list[Node]:
-    nodes = []
     specs: dict[str, OpSpec] = {}  # kinds already accepted
-    for n in parsed:
-        nid, parents, kind, shape, raw = n
-        if kind in _WIRE_REDUCTIONS:
-            kind, decoded = _reduction(n, parsed, max_elements)
-            attrs = normalized_attrs(kind, decoded, shape)
+    return [_stage_c_node(n, parsed, strict, max_elements, specs) for n in parsed]
+
+
+def _stage_c_node(n: tuple, parsed: Sequence[tuple] | Mapping[int, tuple], strict: bool, max_elements: int,
+                  specs: dict[str, OpSpec]) -> Node:
+    """One node's kind, attributes, element type and source (``parsed`` gives its parents' shapes)."""
+    nid, parents, kind, shape, raw = n
+    if kind in _WIRE_REDUCTIONS:
+        kind, decoded = _reduction(n, parsed, max_elements)
+        attrs = normalized_attrs(kind, decoded, shape)
+    else:
+        spec = specs.get(kind)
+        if spec is None:
+            spec = specs[kind] = _readable_spec(kind, nid, strict)
+        if spec.attrs or kind == "const":
+            attrs = normalized_attrs(kind, _decode_attrs(spec, raw, nid, max_elements), shape)
         else:
-            spec = specs.get(kind)
-            if spec is None:
-                spec = specs[kind] = _readable_spec(kind, nid, strict)
-            if spec.attrs or kind == "const":
-                attrs = normalized_attrs(kind, _decode_attrs(spec, raw, nid, max_elements), shape)
-            else:
-                attrs = {}
-        if len(raw) == 4:  # only stage A's fields: no dtype, no source
-            nodes.append(Node.from_normal_form(nid, parents, kind, shape, attrs))
-            continue
-        dtype = raw.get("dtype", FLOAT)
-        if strict:
-            dtype = FLOAT
-        elif dtype not in ELEMENT_TYPES:
-            raise _fail(f"node[{nid}].dtype: expected one of {', '.join(ELEMENT_TYPES)}, got {_render(dtype)}", nid)
-        source = _node_source(raw, f"node[{nid}]", nid, strict)
-        nodes.append(Node.from_normal_form(nid, parents, kind, shape, attrs, dtype, source))
-    return nodes
+            attrs = {}
+    if len(raw) == 4:  # only stage A's fields: no dtype, no source
+        return Node.from_normal_form(nid, parents, kind, shape, attrs)
+    dtype = raw.get("dtype", FLOAT)
+    if strict:
+        dtype = FLOAT
+    elif dtype not in ELEMENT_TYPES:
+        raise _fail(f"node[{nid}].dtype: expected one of {', '.join(ELEMENT_TYPES)}, got {_render(dtype)}", nid)
+    source = _node_source(raw, f"node[{nid}]", nid, strict)
+    return Node.from_normal_form(nid, parents, kind, shape, attrs, dtype, source)
 
 
 def _grouped(dense: np.ndarray, groups: int) -> np.ndarray:
@@ -413,19 +416,19 @@ def _conv_geometry(node: Node, ctx: str, max_elements: int) -> None:
                     f"the limit of {max_elements}", nid)
 
 
-def _inline_payload(parsed: list[tuple], nodes: list[Node], max_elements: int) -> Payload:
+def _inline_payload(raws: Sequence[Any], nodes: list[Node], max_elements: int) -> Payload:
     """TorchLean's ``parsePayload``: linear, conv, const values, layernorm, batch_norm_eval.
 
     Role shapes come from the registry's ParamRole; linear records carry their own dimensions
     (TorchLean's ``LinearWB``), which evaluation then checks against the node."""
     payload = Payload()
-    for n, node in zip(parsed, nodes):
+    for raw, node in zip(raws, nodes):
         kind = node.kind
         if kind not in _INLINE_KINDS:
             continue
-        nid, raw = n[_ID], n[_RAW]
+        nid = node.id
         ctx = f"node[{nid}]"
-        parents = [parsed[p][_SHAPE] for p in n[_PARENTS]]
+        parents = [nodes[p].out_shape for p in node.parents]
         if kind == "const" and "values" in raw:
             vals = read_tensor(_array(raw["values"], f"{ctx}.values"), (numel(node.out_shape),), f"{ctx}.values")
             payload.set(nid, "values", vals.reshape(node.out_shape))
@@ -446,7 +449,7 @@ def _inline_payload(parsed: list[tuple], nodes: list[Node], max_elements: int) -
             payload.set(nid, "weight", grouped_weight)
             payload.set(nid, "bias", read_tensor(_field(raw, "bias", ctx), role_shape(node, "bias", parents),
                                                  f"{ctx}.bias"))
-            if "input_spatial" in raw and n[_PARENTS]:
+            if "input_spatial" in raw and node.parents:
                 spatial = _nats(raw["input_spatial"], f"{ctx}.input_spatial")
                 parent = parents[0][a["channel_axis"] + 1:]
                 if spatial != tuple(parent):
@@ -470,12 +473,141 @@ def _inline_payload(parsed: list[tuple], nodes: list[Node], max_elements: int) -
 @gc_paused
 def parse_document(doc: Any, *, strict: bool = False,
                    max_elements: int = DEFAULT_MAX_ELEMENTS) -> tuple[Graph, Payload]:
-    """A wire document (already decoded JSON) to a graph and its inline payload (maybe empty)."""
+    """A wire document (already decoded JSON) to a graph and its inline payload (maybe empty).
+
+    A document without any problem is read in one pass (``_one_pass``); at the first sign of one, the
+    staged reader runs from the start, so the error reported is the one TorchLean's importer reports."""
+    fast = _one_pass(doc, strict, max_elements)
+    if fast is not None:
+        raws, nodes, inputs, outputs, structure_checked = fast
+        g = Graph(nodes, inputs, outputs)
+        if structure_checked:
+            mark_well_formed(g)
+        return g, _inline_payload(raws, nodes, max_elements)
     doc, parsed, outputs = _stage_a(doc, max_elements)
     inputs, outputs = _stage_b(doc, parsed, outputs, strict)
     nodes = _stage_c(parsed, strict, max_elements)
-    payload = _inline_payload(parsed, nodes, max_elements)
-    return Graph(nodes, inputs, outputs), payload
+    return Graph(nodes, inputs, outputs), _inline_payload([n[_RAW] for n in parsed], nodes, max_elements)
+
+
+class _Staged(Exception):
+    """A node the one-pass reader leaves to the staged reader (which reports its problem in order)."""
+
+
+def _one_pass(doc: Any, strict: bool, max_elements: int) -> tuple | None:
+    """``(raws, nodes, inputs, outputs, structure_checked)`` read in one pass over the nodes, or None
+    when anything is wrong (or unusual enough to need the staged reader to say what).
+
+    It accepts only what the staged reader accepts and builds the same nodes: the document fields,
+    then per node the id discipline, parents below, the declared shape (each distinct one validated
+    once) and the kind (each decided once; nodes with attributes, element types or sources, and
+    reductions go through the staged per-node functions). It also counts parents against each kind's
+    arity and looks for unlisted input nodes, so that a graph passing both needs no separate structure
+    scan (``structure_checked``; ``check_well_formed`` reports anything else in its own order)."""
+    if not (type(doc) is dict and doc.get("format") == FORMAT and type(doc.get("nodes")) is list):
+        return None
+    raws, outputs = doc["nodes"], doc.get("output_ids")
+    if type(doc.get("input_id")) is not int or doc["input_id"] < 0 or _plain_nats(outputs) is None or not outputs \
+            or not raws:
+        return None
+    nodes: list[Node] = []
+    append, new, set_dict, node_type, float_type = nodes.append, object.__new__, object.__setattr__, Node, FLOAT
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    plain: dict[str, tuple[str, int, int | None] | None] = {}  # kind -> (kind, arity bounds) if attribute-free
+    arity_ok, input_nodes = True, []
+    try:
+        for i, raw in enumerate(raws):
+            try:
+                if type(raw) is not dict or len(raw) != 4:
+                    raise _Staged
+                nid, kind, parents, shape = raw.get("id"), raw.get("kind"), raw.get("parents"), raw.get("shape")
+                if nid != i or type(nid) is not int or type(kind) is not str or type(parents) is not list \
+                        or type(shape) is not list:
+                    return None
+                parents = tuple(parents)
+                if len(parents) == 1:
+                    p = parents[0]
+                    if type(p) is not int or not 0 <= p < i:
+                        return None
+                elif parents and not (set(map(type, parents)) == _INT_TYPE and min(parents) >= 0 and max(parents) < i):
+                    return None
+                shape = tuple(shape)
+                if len(shape) == 1:
+                    if type(shape[0]) is not int or shape[0] < 0:
+                        return None
+                elif shape and not (set(map(type, shape)) == _INT_TYPE and min(shape) >= 0):
+                    return None
+                known = shapes.get(shape)
+                if known is None:
+                    known = shapes[shape] = _shape(list(shape), f"node[{i}].shape", max_elements)
+                entry = plain.get(kind, _UNSEEN)
+                if entry is _UNSEEN:
+                    entry = plain[kind] = _plain_kind(kind, i, strict)
+                if entry is None:
+                    raise _Staged
+                kind, low, high = entry
+                if len(parents) < low or (high is not None and len(parents) > high):
+                    arity_ok = False
+                if kind == "input":
+                    input_nodes.append(i)
+                node = new(node_type)  # Node.from_normal_form, inlined: 10^6 calls
+                set_dict(node, "__dict__", {"id": i, "parents": parents, "kind": kind, "out_shape": known,
+                                            "attrs": {}, "dtype": float_type, "source": None})
+                append(node)
+                continue
+            except _Staged:
+                pass
+            node = _one_node(raw, i, nodes, strict, max_elements)  # attributes, dtype, source, reductions
+            arity_ok = arity_ok and _arity_ok(node)
+            if node.kind == "input":
+                input_nodes.append(i)
+            append(node)
+    except (WireError, _Staged):
+        return None
+    n = len(nodes)
+    if not strict and "input_ids" in doc:
+        inputs = _plain_nats(doc["input_ids"])
+        if inputs is None:
+            return None
+        inputs = list(inputs)
+    else:
+        if len(input_nodes) != 1:
+            return None
+        inputs = [doc["input_id"]]
+    if any(k >= n for k in inputs) or any(k >= n for k in outputs) or any(nodes[k].kind != "input" for k in inputs):
+        return None
+    structure_checked = arity_ok and set(input_nodes) <= set(inputs)
+    return raws, nodes, inputs, list(outputs), structure_checked
+
+
+_UNSEEN = object()
+
+
+def _arity_ok(node: Node) -> bool:
+    spec = node.spec
+    return spec.min_parents <= len(node.parents) and (spec.max_parents is None or len(node.parents) <= spec.max_parents)
+
+
+def _plain_kind(kind: str, nid: int, strict: bool) -> tuple[str, int, int | None] | None:
+    """``(kind, min parents, max parents)`` for a kind whose four-field nodes the one-pass reader
+    builds itself (accepted here, no attributes, not a wire reduction), else None."""
+    if kind in _WIRE_REDUCTIONS:
+        return None
+    spec = _readable_spec(kind, nid, strict)  # a refusal is the staged reader's to report
+    if spec.attrs or kind == "const":
+        return None
+    return sys.intern(kind), spec.min_parents, spec.max_parents
+
+
+def _one_node(raw: Any, i: int, nodes: list[Node], strict: bool, max_elements: int) -> Node:
+    """Node ``i`` through the staged per-node functions (stage A's fields, stage B's id and parent
+    discipline, stage C's kind and attributes), raising on any problem."""
+    n = _stage_a_node(raw, max_elements)
+    if n[_ID] != i or any(not p < i for p in n[_PARENTS]):
+        raise _Staged
+    # what stage C reads of other nodes: a reduction's parent shape
+    parsed = {p: (p, nodes[p].parents, nodes[p].kind, nodes[p].out_shape, None) for p in n[_PARENTS]}
+    return _stage_c_node(n, parsed, strict, max_elements, {})
 
 
 @gc_paused

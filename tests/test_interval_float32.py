@@ -92,8 +92,7 @@ def test_network_sound_on_samples_and_close_to_float64():
     c = x.double().numpy()
     lo64, hi64 = tlb.interval_bounds(g, bundle.payload, c - 0.02, c + 0.02)[out]
     lo32, hi32 = tlb.interval_bounds(g, bundle.payload, c - 0.02, c + 0.02, products="float32")[out]
-    ratio = (hi32 - lo32) / (hi64 - lo64)
-    assert np.all(ratio >= 1.0 - 1e-12) and np.all(ratio <= 1.0 + 1e-3)
+    assert np.all(hi32 - lo32 <= (hi64 - lo64) * (1.0 + 1e-3) + 1e-12)  # point rows: allowances of 1e-16
     rng = np.random.default_rng(4)
     double = _net().eval().double()
     for i in range(30):
@@ -144,3 +143,36 @@ def test_products_argument_is_checked_and_prepared_forms_agree():
     prep = tlb.prepare(bundle.graph, bundle.payload).interval_bounds(c - 0.1, c + 0.1, products="float32")
     for (a, b), (e, f), (g, h) in zip(direct, prop, prep):
         assert np.array_equal(a, e) and np.array_equal(b, f) and np.array_equal(a, g) and np.array_equal(b, h)
+
+
+class _Grouped(nn.Module):
+    """A grouped, dilated, strided conv and a linear over a 3-D activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x))  # [b, 6, 5, 5]
+        return self.head(h.reshape(h.shape[0], 30, 5))
+
+
+def test_grouped_dilated_conv_and_3d_linear():
+    torch.manual_seed(7)
+    net = _Grouped().eval()
+    x = torch.rand(3, 4, 9, 9)
+    bundle = tlb.import_fx(net, (x,))
+    g, out = bundle.graph, bundle.graph.outputs[0]
+    assert {"conv", "linear"} <= {n.kind for n in g}
+    c = x.double().numpy()
+    lo64, hi64 = tlb.interval_bounds(g, bundle.payload, c - 0.03, c + 0.03)[out]
+    lo32, hi32 = tlb.interval_bounds(g, bundle.payload, c - 0.03, c + 0.03, products="float32")[out]
+    assert np.all(hi32 - lo32 <= (hi64 - lo64) * (1.0 + 1e-3) + 1e-12)  # point rows: allowances of 1e-16
+    rng = np.random.default_rng(8)
+    double = _Grouped().eval().double()
+    double.load_state_dict(net.state_dict())
+    for i in range(20):
+        point = c + (0.03 * rng.choice([-1.0, 1.0], c.shape) if i % 2 else rng.uniform(-0.03, 0.03, c.shape))
+        y = double(torch.from_numpy(point)).detach().numpy()
+        assert np.all(lo32 <= y) and np.all(y <= hi32)

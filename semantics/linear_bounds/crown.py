@@ -1,7 +1,8 @@
 """CROWN: backward linear bound propagation, sound in floating point.
 
 ``linear_bounds(g, payload, lower, upper, method="crown")`` bounds every graph output over the input
-box (``method="alpha-crown"`` then optimizes the ReLU lower slopes of the output passes, see ``alpha``). For each output (and, first, for the input of every relaxed nonlinear node: the intermediate
+box (``method="alpha-crown"`` then optimizes the ReLU lower slopes of the output passes, see ``alpha``).
+For each output (and, first, for the input of every relaxed nonlinear node: the intermediate
 bounds) a backward pass carries linear coefficients from the node to the graph inputs through the
 rules of ``rules.BACKWARD`` and the relaxations of ``relax``; the inputs' box then concretizes them.
 Intermediate bounds are computed only for the entries whose relaxation they can change (ReLU-like
@@ -14,6 +15,10 @@ box. IBP supplies sound boxes of every node; the coefficients are computed in bi
 rounding is charged to an error term per row (see ``rules``), the constant terms are summed with
 their rounding bound, and the final value is rounded outward. Boxes with infinite ends give
 infinite bounds, never NaN.
+
+Rows whose pass reaches the input right after a linear layer (or a relu and a linear layer fused)
+are bounded there block by block (``_Pass.ends_at``): their coefficients over the inputs are never
+built whole. Convolutional intermediate bounds use patch-form passes (``patches``).
 
 The first axis is treated as a batch axis when every node keeps samples apart (as auto_LiRPA
 assumes); the coefficients are then ``[N, rows, ...]`` per sample instead of one block-diagonal
@@ -775,7 +780,8 @@ class _Pass:
                 high = np.multiply(xn, sl[:, None], out=scratch("crown.high", shape))
                 high += np.multiply(xp, su[:, None], out=tmp)  # the upper half's coefficients are -high
                 on_p, on_n = xp @ vecs, xn @ vecs  # [n, rows, 6]
-                sums["int"][:, top], sums["int"][:, bottom] = on_p[..., 0] + on_n[..., 1], -(on_n[..., 0] + on_p[..., 1])
+                sums["int"][:, top] = on_p[..., 0] + on_n[..., 1]
+                sums["int"][:, bottom] = -(on_n[..., 0] + on_p[..., 1])
                 sums["e_int"][:, top] = (on_p[..., 2] - on_n[..., 3]) * fs
                 sums["e_int"][:, bottom] = (on_p[..., 3] - on_n[..., 2]) * fs
                 # u's bias: <A, b> for each half, one dot product in two parts (its rounding is in err_vec)
@@ -800,7 +806,8 @@ class _Pass:
                 if ends:
                     ac, ar, e = self.concretized(w_parent, both.reshape((n, 2 * (r1 - r0)) + self.tail(w_parent)))
                     half = r1 - r0
-                    sums["box"][:, top], sums["box"][:, bottom] = ac[:, :half] - ar[:, :half], -ac[:, half:] - ar[:, half:]
+                    sums["box"][:, top] = ac[:, :half] - ar[:, :half]
+                    sums["box"][:, bottom] = -ac[:, half:] - ar[:, half:]  # the second half is -both there
                     sums["e_box"][:, top], sums["e_box"][:, bottom] = e[:, :half], e[:, half:]
                 else:
                     out[:, top], out[:, bottom] = both[:, :r1 - r0], -both[:, r1 - r0:]

@@ -51,6 +51,17 @@ def outcome(reader, doc, strict: bool = False):
 
 def assert_same(doc, strict: bool = False) -> None:
     assert outcome(W.parse_document, doc, strict) == outcome(staged, doc, strict)
+    assert loaded(json.dumps(doc), strict) == loaded(copy.deepcopy(doc), strict)
+
+
+def loaded(source, strict: bool):
+    """load_graph's outcome: from text it decodes the document itself (and consumes it while
+    reading), from a dict it reads the caller's document as it is."""
+    try:
+        g = tlb.load_graph(source, strict=strict)
+    except tlb.BridgeError as e:
+        return ("error", type(e).__name__, e.message)
+    return [(n.id, n.parents, n.kind, n.out_shape, sorted(n.attrs.items()), n.dtype, n.source) for n in g]
 
 
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -110,3 +121,11 @@ def test_nodes_with_attributes_payload_and_provenance():
     for nid in range(len(g)):
         for role, value in payload.record(nid).items():
             assert np.array_equal(value, np.asarray(bundle.payload.record(nid)[role], dtype=np.float64))
+
+
+def test_a_callers_document_is_left_as_it_was():
+    doc = _chain(50)
+    before = json.dumps(doc)
+    tlb.load_graph(doc)
+    W.parse_document(doc)
+    assert json.dumps(doc) == before

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -424,7 +424,7 @@ def _inline_payload(raws: Sequence[Any], nodes: list[Node], max_elements: int) -
     payload = Payload()
     for raw, node in zip(raws, nodes):
         kind = node.kind
-        if kind not in _INLINE_KINDS:
+        if kind not in _INLINE_KINDS or raw is None:  # None: a four-field node the one pass consumed
             continue
         nid = node.id
         ctx = f"node[{nid}]"
@@ -477,13 +477,23 @@ def parse_document(doc: Any, *, strict: bool = False,
 
     A document without any problem is read in one pass (``_one_pass``); at the first sign of one, the
     staged reader runs from the start, so the error reported is the one TorchLean's importer reports."""
-    fast = _one_pass(doc, strict, max_elements)
+    return _parse(doc, strict, max_elements, None)
+
+
+def _parse(doc: Any, strict: bool, max_elements: int, decode_again: Callable[[], Any] | None
+           ) -> tuple[Graph, Payload]:
+    """``parse_document``; with ``decode_again`` (a reader that decoded ``doc`` itself and can do it
+    again) the one pass drops each plain node's JSON as it builds the node, so the nodes reuse that
+    memory, and a fallback to the staged reader starts from a fresh decode."""
+    fast = _one_pass(doc, strict, max_elements, consume=decode_again is not None)
     if fast is not None:
         raws, nodes, inputs, outputs, structure_checked = fast
         g = Graph(nodes, inputs, outputs)
         if structure_checked:
             mark_well_formed(g)
         return g, _inline_payload(raws, nodes, max_elements)
+    if decode_again is not None:
+        doc = decode_again()
     doc, parsed, outputs = _stage_a(doc, max_elements)
     inputs, outputs = _stage_b(doc, parsed, outputs, strict)
     nodes = _stage_c(parsed, strict, max_elements)
@@ -494,7 +504,7 @@ class _Staged(Exception):
     """A node the one-pass reader leaves to the staged reader (which reports its problem in order)."""
 
 
-def _one_pass(doc: Any, strict: bool, max_elements: int) -> tuple | None:
+def _one_pass(doc: Any, strict: bool, max_elements: int, consume: bool = False) -> tuple | None:
     """``(raws, nodes, inputs, outputs, structure_checked)`` read in one pass over the nodes, or None
     when anything is wrong (or unusual enough to need the staged reader to say what).
 
@@ -503,7 +513,9 @@ def _one_pass(doc: Any, strict: bool, max_elements: int) -> tuple | None:
     once) and the kind (each decided once; nodes with attributes, element types or sources, and
     reductions go through the staged per-node functions). It also counts parents against each kind's
     arity and looks for unlisted input nodes, so that a graph passing both needs no separate structure
-    scan (``structure_checked``; ``check_well_formed`` reports anything else in its own order)."""
+    scan (``structure_checked``; ``check_well_formed`` reports anything else in its own order).
+    ``consume``: replace each plain node's JSON object in ``doc`` by None once its node is built
+    (plain nodes carry no payload, so the returned ``raws`` still hold every object the payload reads)."""
     if not (type(doc) is dict and doc.get("format") == FORMAT and type(doc.get("nodes")) is list):
         return None
     raws, outputs = doc["nodes"], doc.get("output_ids")
@@ -554,6 +566,8 @@ def _one_pass(doc: Any, strict: bool, max_elements: int) -> tuple | None:
                 set_dict(node, "__dict__", {"id": i, "parents": parents, "kind": kind, "out_shape": known,
                                             "attrs": {}, "dtype": float_type, "source": None})
                 append(node)
+                if consume:
+                    raws[i] = None
                 continue
             except _Staged:
                 pass
@@ -614,20 +628,26 @@ def _one_node(raw: Any, i: int, nodes: list[Node], strict: bool, max_elements: i
 def load_graph(source: Any, *, strict: bool = False, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Graph:
     """Parse a torchlean.ir.v1 document (path, JSON text, bytes or dict) and check its structure."""
     from .check import check_well_formed
-    doc = _read_source(source)
-    g, _ = parse_document(doc, strict=strict, max_elements=max_elements)
+    if isinstance(source, dict):
+        g, _ = parse_document(source, strict=strict, max_elements=max_elements)
+    else:
+        text = _source_text(source)
+        g, _ = _parse(loads_document(text), strict, max_elements, lambda: loads_document(text))
     check_well_formed(g)
     return g
 
 
 def _read_source(source: Any) -> Any:
-    if isinstance(source, dict):
-        return source
+    return source if isinstance(source, dict) else loads_document(_source_text(source))
+
+
+def _source_text(source: Any) -> str | bytes:
+    """The document text of a source that is not already decoded: bytes, JSON text or a path."""
     if isinstance(source, (bytes, bytearray)):
-        return loads_document(bytes(source))
+        return bytes(source)
     if isinstance(source, str) and source.lstrip().startswith("{"):
-        return loads_document(source)
-    return loads_document(read_capped(source, "graph document"))
+        return source
+    return read_capped(source, "graph document")
 
 
 # -- writing ----------------------------------------------------------------------------------

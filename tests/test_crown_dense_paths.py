@@ -95,3 +95,25 @@ def test_an_infinite_input_end_on_the_fused_path_gives_no_nan(monkeypatch):
     x = np.where(np.isfinite(lo), lo, -30.0)
     y = tlb.evaluate(b.graph, b.payload, [x])[0]
     assert np.all(res.lower[0] <= y) and np.all(y <= res.upper[0])
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_first_affine_layer_keeps_its_ibp_box(conv, monkeypatch):
+    """A linear layer or convolution of the input is not refined by a backward pass (its IBP box is
+    the exact range up to rounding): the bounds equal those with the pass, up to rounding."""
+    torch.manual_seed(4)
+    if conv:
+        net = nn.Sequential(nn.Conv2d(1, 3, 3, stride=2), nn.ReLU(), nn.Conv2d(3, 2, 2), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(2 * 2 * 2, 3)).eval()
+        shape = (2, 1, 7, 7)
+    else:
+        net, shape = _mlp(24, 2)[0], (2, 6)
+    b = tlb.import_fx(net, (torch.zeros(shape),))
+    c = np.random.default_rng(5).uniform(-1, 1, shape)
+    skipped = tlb.linear_bounds(b.graph, b.payload, c - 0.3, c + 0.3)
+    monkeypatch.setattr(crown_mod._Run, "_first_affine", lambda self, v: False)
+    refined = tlb.linear_bounds(b.graph, b.payload, c - 0.3, c + 0.3)
+    for s_lo, s_hi, r_lo, r_hi in zip(skipped.lower, skipped.upper, refined.lower, refined.upper):
+        scale = 1e-10 * (1 + np.abs(r_lo).max() + np.abs(r_hi).max())
+        np.testing.assert_allclose(s_lo, r_lo, rtol=0, atol=scale)
+        np.testing.assert_allclose(s_hi, r_hi, rtol=0, atol=scale)

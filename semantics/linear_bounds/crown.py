@@ -321,13 +321,21 @@ class _Run:
                 self.pools[v] = self._pool(node)
             if relaxed:
                 p = node.parents[0]
-                if not (crown.const[p] or g.nodes[p].kind == "input" or self.refined[p]):
+                if not (crown.const[p] or g.nodes[p].kind == "input" or self.refined[p] or self._first_affine(p)):
                     lo, hi = self.boxes[p]
                     need = (lo < 0) & (hi > 0) if node.kind in _RELU_LIKE else lo < hi
                     self.refine(p, need)
                 self.lines[v] = self._relax(node)
             if all_nodes:
                 self.refine(v, None)
+
+    def _first_affine(self, v: int) -> bool:
+        """Whether v is a linear layer or convolution of a graph input: its IBP box (center-radius, up
+        to rounding) is already the exact range of an affine map over the box, so a backward pass
+        would only repeat it."""
+        node = self.graph.nodes[v]
+        return (node.kind in ("linear", "conv") and self.graph.nodes[node.parents[0]].kind == "input"
+                and all(self.crown.const[q] for q in node.parents[1:]))
 
     def _relax(self, node: Node) -> Lines:
         lo, hi = (x.reshape(self.crown.ishape(node.id)) for x in self.boxes[node.parents[0]])

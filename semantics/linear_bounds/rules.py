@@ -173,7 +173,7 @@ def _paired_product(ps, a: np.ndarray, w: np.ndarray, q: np.ndarray, parent: int
     gamma <|X| + |X + Y|, q> + u <|result|, M_p>.
     """
     rows = a.shape[1]
-    if rows % 2 or rows < 16 or a.shape[-1] == 0:
+    if rows % 2 or a.shape[0] * rows < 32 or a.shape[-1] == 0:  # a few rows: one whole product is cheaper
         return None
     r = rows // 2
     x, y = a[:, :r], a[:, r:]

@@ -44,7 +44,8 @@ from .interval_round import Box
 from .records import domain_records, read_payload
 from .rules import INTERVAL_RULES, NO_INTERVAL_RULE
 
-__all__ = ["interval_bounds", "IntervalPropagator", "INTERVAL_RULES", "NO_RULE", "input_boxes", "DOMAIN", "interval_domain"]
+__all__ = ["interval_bounds", "IntervalPropagator", "INTERVAL_RULES", "NO_RULE", "input_boxes", "DOMAIN",
+           "interval_domain"]
 
 NO_RULE = NO_INTERVAL_RULE
 DOMAIN = IntervalDomain()

@@ -198,9 +198,10 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
 
     ``seeds`` maps each input node id to its value (the caller's array, or a box) as read at entry;
     ``record(nid)`` is the node's payload record; values die after their last reader (the graph's
-    ``schedule``, computed once per graph). ``local_checks`` (a graph whose shapes were not checked up front) also runs each node's
-    shape rule on its parents' shapes once the rule has run (its own checks and messages come first,
-    as in TorchLean's ``denoteAll``), so a malformed node is refused, never silently broadcast.
+    ``schedule``, computed once per graph). ``local_checks`` (a graph whose shapes were not checked up
+    front) also runs each node's shape rule on its parents' shapes once the rule has run (its own checks
+    and messages come first, as in TorchLean's ``denoteAll``), so a malformed node is refused, never
+    silently broadcast.
     """
     values: list[Any] = [None] * len(g.nodes)
     plan = schedule(g)

@@ -634,8 +634,9 @@ def _conv_transpose(d: Draw) -> Example:
     return Example(attrs, [d.normal(lead + (cin, *spatial))], ref, payload)
 
 
-@case("cumsum", scale=TERMS, why="running sums", examples=20)
-def _cumsum(d: Draw) -> Example:
+def _cumsum_case(d: Draw) -> tuple[tuple[int, ...], dict, Callable]:
+    """A shape, cumsum attributes and torch's reference (exclusive: the sum before each entry; its
+    cancellation is the reference's, within TERMS for floats and exact on integers)."""
     shape = d.shape(min_rank=1)
     axis, exclusive, reverse = d.int(0, len(shape) - 1), d.bool(), d.bool()
 
@@ -643,9 +644,15 @@ def _cumsum(d: Draw) -> Example:
         x = t[0].flip(axis) if reverse else t[0]
         y = torch.cumsum(x, axis)
         if exclusive:
-            y = y - x  # the sum before each entry (cancellation here is the reference's, within TERMS)
+            y = y - x
         return y.flip(axis) if reverse else y
-    return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse}, [d.normal(shape)], ref)
+    return shape, {"axis": axis, "exclusive": exclusive, "reverse": reverse}, ref
+
+
+@case("cumsum", scale=TERMS, why="running sums", examples=20)
+def _cumsum(d: Draw) -> Example:
+    shape, attrs, ref = _cumsum_case(d)
+    return Example(attrs, [d.normal(shape)], ref)
 
 
 @case("sort", examples=20)
@@ -1061,17 +1068,8 @@ def _bitcast(d: Draw) -> Example:
 
 @case("int_cumsum", examples=20)
 def _int_cumsum(d: Draw) -> Example:
-    shape = d.shape(min_rank=1)
-    axis, exclusive, reverse = d.int(0, len(shape) - 1), d.bool(), d.bool()
-
-    def ref(t, p):
-        x = t[0].flip(axis) if reverse else t[0]
-        y = torch.cumsum(x, axis)
-        if exclusive:
-            y = y - x  # exact on integers
-        return y.flip(axis) if reverse else y
-    return Example({"axis": axis, "exclusive": exclusive, "reverse": reverse, "bits": 32, "signed": True},
-                   [d.rng.integers(-1000, 1000, shape)], ref)
+    shape, attrs, ref = _cumsum_case(d)
+    return Example({**attrs, "bits": 32, "signed": True}, [d.rng.integers(-1000, 1000, shape)], ref)
 
 
 # narrow element types (issue #15): torch's own conversions; the exhaustive checks against onnx's reference Cast are

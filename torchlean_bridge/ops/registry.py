@@ -73,24 +73,20 @@ DtypeRule = Callable[[Mapping[str, Any], Sequence[str], str], str]
 
 def float_only(kind: str) -> DtypeRule:
     """Default element-type rule: float parents, float result (TorchLean's IR is float-only)."""
-
-    def rule(attrs: Mapping[str, Any], parents: Sequence[str], declared: str) -> str:
-        for i, dt in enumerate(parents):
-            if dt != FLOAT:
-                raise ShapeRuleError(f"{kind}: operand {i} has element type {dt}, expected float")
-        return FLOAT
-
-    return rule
+    return _only(kind, FLOAT)
 
 
 def int_only(kind: str) -> DtypeRule:
     """Element-type rule of the exact integer ops: int64 parents, int64 result."""
+    return _only(kind, INT64)
 
+
+def _only(kind: str, element_type: str) -> DtypeRule:
     def rule(attrs: Mapping[str, Any], parents: Sequence[str], declared: str) -> str:
         for i, dt in enumerate(parents):
-            if dt != INT64:
-                raise ShapeRuleError(f"{kind}: operand {i} has element type {dt}, expected int64")
-        return INT64
+            if dt != element_type:
+                raise ShapeRuleError(f"{kind}: operand {i} has element type {dt}, expected {element_type}")
+        return element_type
 
     return rule
 

@@ -70,12 +70,12 @@ register(OpSpec(
 
 # -- col2im ---------------------------------------------------------------------------------------------
 
-COL2IM_ATTRS = (Attr("spatial_rank", "nat"), Attr("image", "nats", length_of="spatial_rank"),
-                Attr("block", "nats", length_of="spatial_rank"),
-                Attr("stride", "nats", length_of="spatial_rank"),
-                Attr("padding", "nats", length_of="spatial_rank"),
-                Attr("padding_after", "nats", length_of="spatial_rank"),
-                Attr("dilation", "nats", length_of="spatial_rank"))
+def _per_axis_attrs(*names: str) -> tuple[Attr, ...]:
+    """``spatial_rank`` and one list of that many naturals per name (a window's geometry)."""
+    return (Attr("spatial_rank", "nat"),) + tuple(Attr(n, "nats", length_of="spatial_rank") for n in names)
+
+
+COL2IM_ATTRS = _per_axis_attrs("image", "block", "stride", "padding", "padding_after", "dilation")
 
 
 def col2im_blocks(attrs: A) -> tuple[int, ...] | None:
@@ -115,12 +115,8 @@ register(OpSpec(
 
 # -- deform_conv ----------------------------------------------------------------------------------------
 
-DEFORM_ATTRS = (Attr("spatial_rank", "nat"), Attr("kernel", "nats", length_of="spatial_rank"),
-                Attr("stride", "nats", length_of="spatial_rank"),
-                Attr("padding", "nats", length_of="spatial_rank"),
-                Attr("padding_after", "nats", length_of="spatial_rank"),
-                Attr("dilation", "nats", length_of="spatial_rank"),
-                Attr("groups", "nat", 1), Attr("offset_groups", "nat", 1))
+DEFORM_ATTRS = _per_axis_attrs("kernel", "stride", "padding", "padding_after", "dilation") + (
+    Attr("groups", "nat", 1), Attr("offset_groups", "nat", 1))
 
 
 def _deform_conv(attrs: A, p: P, d: Shape) -> Shape:

@@ -24,7 +24,7 @@ from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape
 
 from .interval_arith import DomainError
-from .interval_round import clean
+from .interval_round import CleanBox, clean
 from .records import fail
 from .rules import EXACT_RULES, FLOAT_RULES, INTERVAL_RULES
 from .rules.affine32 import FLOAT32_OVERRIDES
@@ -140,11 +140,14 @@ class IntervalDomain(Domain):
             self.name = "interval (float32 products)"
 
     def call(self, rule, node, parents, record):
-        lo, hi = rule(node, parents, record)
+        value = rule(node, parents, record)
+        if type(value) is CleanBox:
+            return value
+        lo, hi = value
         return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
 
     def finish(self, node, value):
-        lo, hi = clean(*value)
+        lo, hi = value if type(value) is CleanBox else clean(*value)
         if lo.shape != node.out_shape or hi.shape != node.out_shape:
             raise self.fail(node, f"rule produced shape {fmt_shape(lo.shape)}, declared {fmt_shape(node.out_shape)}")
         return lo, hi

@@ -38,6 +38,7 @@ from torchlean_bridge.graph import Graph
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape
 from torchlean_bridge.payload import Payload
 
+from .arena import ThreadArenas, result_array
 from .domains import PRODUCTS, IntervalDomain, run
 from .evaluate import input_list
 from .interval_round import Box
@@ -75,7 +76,7 @@ def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
                                    f"expected {fmt_shape(node.out_shape)}")
             if arr.dtype.kind not in "fiub":
                 raise _error(node, f"{name} bound has element type {arr.dtype}, expected numbers")
-        lo, hi = lo.astype(np.float64), hi.astype(np.float64)
+        lo, hi = _float64_copy(lo), _float64_copy(hi)
         if np.any(np.isnan(lo)) or np.any(np.isnan(hi)):
             raise _error(node, "bounds contain NaN")
         if np.any(lo > hi):
@@ -92,6 +93,13 @@ def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
     return boxes
 
 
+def _float64_copy(arr: np.ndarray) -> np.ndarray:
+    """``arr.astype(np.float64)`` in result memory (a box never aliases the caller's array)."""
+    out = result_array(arr.shape)
+    np.copyto(out, arr, casting="unsafe")
+    return out
+
+
 class IntervalPropagator:
     """A checked graph whose payload is read once, in node order, through the float evaluator's
     record readers (so it fails exactly as ``evaluate`` does; affine weights are converted to
@@ -104,12 +112,17 @@ class IntervalPropagator:
         self.graph = g
         typed = read_payload(g, payload if payload is not None else Payload())
         self.records = domain_records(g, typed, INTERVAL_RULES.params)
+        self._arenas = ThreadArenas()
 
     def __call__(self, lower: Any, upper: Any, all_nodes: bool = True) -> list[Box]:
         """One box per node, or with ``all_nodes=False`` the output boxes only (every other box is
-        dropped after its last reader)."""
-        seeds = input_boxes(self.graph, lower, upper)
-        return run(self.graph, self.domain, seeds, self.records.__getitem__, all_nodes=all_nodes)
+        dropped after its last reader).
+
+        The hot rules' results live in memory the propagator keeps (``semantics.arena``, at most
+        ``MAX_ARENA_BYTES`` per thread) and reuses on the next call once no box of this one is alive."""
+        with self._arenas.active():
+            seeds = input_boxes(self.graph, lower, upper)
+            return run(self.graph, self.domain, seeds, self.records.__getitem__, all_nodes=all_nodes)
 
 
 def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any, all_nodes: bool = True,

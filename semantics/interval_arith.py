@@ -13,8 +13,9 @@ from typing import Callable
 
 import numpy as np
 
+from .arena import result_array
 from .float_special import erf
-from .interval_round import Box, clean, down, down_, lib_bounds, up, up_
+from .interval_round import Box, CleanBox, clean, down, down_, lib_bounds, up, up_
 
 __all__ = ["point", "add", "sub", "neg", "mul", "scale", "add_const", "div", "inv", "square",
            "abs_box", "max_box", "min_box", "relu_box", "contains_zero", "divide_exact", "DomainError",
@@ -35,12 +36,28 @@ def point(x: np.ndarray) -> Box:
 
 def add(a: Box, b: Box) -> Box:
     with np.errstate(all="ignore"):
-        return clean(_down(np.add(a[0], b[0])), _up(np.add(a[1], b[1])))
+        return _outward_ends(_into(np.add, a[0], b[0]), _into(np.add, a[1], b[1]))
 
 
 def sub(a: Box, b: Box) -> Box:
     with np.errstate(all="ignore"):
-        return clean(_down(np.subtract(a[0], b[1])), _up(np.subtract(a[1], b[0])))
+        return _outward_ends(_into(np.subtract, a[0], b[1]), _into(np.subtract, a[1], b[0]))
+
+
+def _outward_ends(lo: np.ndarray, hi: np.ndarray) -> Box:
+    """``(down(lo), up(hi))`` of ends just computed here; when both are finite float64 arrays (one
+    reduction each), rounded in place without further checks and known to be clean."""
+    if (isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray) and lo.ndim and hi.ndim
+            and lo.dtype == hi.dtype == np.float64 and np.isfinite(np.sum(lo)) and np.isfinite(np.sum(hi))):
+        return CleanBox((down_(lo, finite=True), up_(hi, finite=True)))
+    return clean(_down(lo), _up(hi))
+
+
+def _into(ufunc: np.ufunc, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``ufunc(x, y)``, into result memory (``arena.result_array``) when both are float64 arrays."""
+    if isinstance(x, np.ndarray) and isinstance(y, np.ndarray) and x.dtype == y.dtype == np.float64:
+        return ufunc(x, y, out=result_array(np.broadcast_shapes(x.shape, y.shape)))
+    return ufunc(x, y)
 
 
 def _down(x: np.ndarray) -> np.ndarray:

@@ -24,9 +24,13 @@ import numpy as np
 from .scratch import scratch
 
 __all__ = ["U", "TINY", "LIB_ULPS", "Box", "down", "up", "down_", "up_", "gamma", "clean", "lib_bounds", "sum_bounds",
-           "sum_nonneg_bounds", "center_radius", "dot_radius", "up_exact_zero"]
+           "sum_nonneg_bounds", "center_radius", "dot_radius", "up_exact_zero", "CleanBox"]
 
 Box = tuple[np.ndarray, np.ndarray]
+
+
+class CleanBox(tuple):
+    """A box ``clean`` returned: two float64 arrays without NaN, so the domain need not look again."""
 
 U = 2.0 ** -53          # unit roundoff of binary64
 TINY = 2.0 ** -1074     # smallest subnormal: absolute error of one product that underflows
@@ -57,22 +61,24 @@ def up(x: np.ndarray) -> np.ndarray:
     return _outward(x, _step(x), 1.0)
 
 
-def down_(x: np.ndarray) -> np.ndarray:
+def down_(x: np.ndarray, finite: bool = False) -> np.ndarray:
     """``down`` in place, for a float64 array the caller has just computed and owns (its step lives
-    in a scratch buffer, so a rule's result costs one fresh array, not three)."""
-    return _outward(x, _step(x, scratch("round.step", x.shape)), -1.0, out=x)
+    in a scratch buffer, so a rule's result costs one fresh array, not three). ``finite``: the caller
+    has checked that every entry is finite."""
+    return _outward(x, _step(x, scratch("round.step", x.shape)), -1.0, out=x, finite=finite)
 
 
-def up_(x: np.ndarray) -> np.ndarray:
+def up_(x: np.ndarray, finite: bool = False) -> np.ndarray:
     """``up`` in place (see ``down_``)."""
-    return _outward(x, _step(x, scratch("round.step", x.shape)), 1.0, out=x)
+    return _outward(x, _step(x, scratch("round.step", x.shape)), 1.0, out=x, finite=finite)
 
 
-def _outward(x: np.ndarray, step: np.ndarray, direction: float, out: np.ndarray | None = None) -> np.ndarray:
+def _outward(x: np.ndarray, step: np.ndarray, direction: float, out: np.ndarray | None = None,
+             finite: bool = False) -> np.ndarray:
     """``x -+ step`` into ``out`` (default: into ``step``; may be ``x`` itself), an infinite ``x`` on the
     inner side becoming the largest float (an exact real value is finite; inf - inf would be NaN)."""
     inner = None
-    if not np.isfinite(np.sum(x)):  # one reduction, no mask, in the common all-finite case
+    if not finite and not np.isfinite(np.sum(x)):  # one reduction, no mask, in the common all-finite case
         inner = np.isposinf(x) if direction < 0 else np.isneginf(x)
     out = step if out is None else out
     if direction < 0:
@@ -109,6 +115,8 @@ def clean(lo: np.ndarray, hi: np.ndarray) -> Box:
             lo = np.where(np.isnan(lo), _NEG, lo)
         if np.isnan(np.sum(hi)):
             hi = np.where(np.isnan(hi), _POS, hi)
+    if isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray) and lo.dtype == hi.dtype == np.float64:
+        return CleanBox((lo, hi))
     return lo, hi
 
 

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torchlean_bridge as tlb
 from semantics.interval import IntervalPropagator
 from semantics.rules.affine import AffineParams
-from semantics.rules.affine32 import conv_box32, float32_weights, linear_box32
+from semantics.rules.affine32 import MIN_OUT_FLOAT32, conv_box32, float32_weights, linear_box32
 from torchlean_bridge.errors import IntervalError
 
 
@@ -82,7 +82,7 @@ def test_conv_encloses_exact_image_of_a_pixel():
 def _net() -> nn.Module:
     torch.manual_seed(3)
     return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.ReLU(),
-                         nn.Flatten(), nn.Linear(6 * 4 * 4, 50), nn.ReLU(), nn.Linear(50, 7))
+                         nn.Flatten(), nn.Linear(6 * 4 * 4, 70), nn.ReLU(), nn.Linear(70, 7))  # 70: float32 products
 
 
 def assert_sound_and_close(net: nn.Module, x: torch.Tensor, eps: float, samples: int, seed: int) -> None:
@@ -157,7 +157,7 @@ class _Grouped(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2)
-        self.head = nn.Linear(5, 3)
+        self.head = nn.Linear(5, MIN_OUT_FLOAT32)  # wide enough for float32 products
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.conv(x))  # [b, 6, 5, 5]
@@ -167,3 +167,18 @@ class _Grouped(nn.Module):
 def test_grouped_dilated_conv_and_3d_linear():
     torch.manual_seed(7)
     assert_sound_and_close(_Grouped().eval(), torch.rand(3, 4, 9, 9), 0.03, 20, 8)
+
+
+def test_narrow_linear_layers_keep_the_float64_rule():
+    """Below MIN_OUT_FLOAT32 outputs the float32 rule would cost more than it saves: the float64 box."""
+    torch.manual_seed(9)
+    for width, same in ((MIN_OUT_FLOAT32 - 1, True), (MIN_OUT_FLOAT32, False)):
+        net = nn.Sequential(nn.Linear(30, width)).eval()
+        x = torch.rand(4, 30)
+        bundle = tlb.import_fx(net, (x,))
+        c = x.double().numpy()
+        lo, hi = c - np.linspace(0.01, 0.02, 30), c + 0.01  # a radius that is not uniform
+        out = bundle.graph.outputs[0]
+        b64 = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi)[out]
+        b32 = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi, products="float32")[out]
+        assert all(np.array_equal(a, b) for a, b in zip(b64, b32)) == same

@@ -14,10 +14,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import interval_arith as ia
+from ..arena import result_array
 from ..float_special import erf
 from ..interval_arith import DomainError, enclose_constant, erf_at, exp_at, expm1_at, log1p_at, log_at, monotone, \
     tanh_at
-from ..interval_round import Box, down
+from ..interval_round import Box, CleanBox, down
 from ..folds import libm
 from .table import exact_rule, float_rule, float_unary, interval_pointwise, interval_rule, on_ends
 
@@ -56,7 +57,21 @@ def clamp(node, xs, rec, dt):
     return y
 
 
-on_ends("relu", "clamp")
+on_ends("clamp")
+
+
+@interval_rule("relu")
+def relu_ends(node, ps, rec):
+    """The float rule on each end (relu is monotone and exact), into result memory. The parent's
+    ends carry no NaN (the domain cleaned them), so neither do these."""
+    lo, hi = (_relu_into(np.asarray(end, dtype=np.float64)) for end in ps[0])
+    return CleanBox((lo, hi))
+
+
+def _relu_into(x: np.ndarray) -> np.ndarray:
+    y = np.maximum(x, 0.0, out=result_array(x.shape))
+    y += 0.0  # as the float rule: -0.0 becomes +0.0
+    return y
 
 
 def _neg_part(a: Box) -> Box:

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from .. import interval_arith as ia
 from ..conv import conv_nd, conv_transpose_nd
-from ..interval_round import (MIN_NORMAL, U, Box, center_radius, clean, dot_radius, down, down_, gamma, sum_bounds, up,
-                              up_)
+from ..interval_round import (MIN_NORMAL, U, Box, CleanBox, center_radius, clean, dot_radius, down, down_, gamma,
+                              sum_bounds, up, up_)
+from ..arena import result_array
+from ..conv_gemm import conv_plan, conv_products, stage
 from ..scratch import scratch
 from ..records import in_dtype
 from ..folds import fold_matmul
@@ -97,7 +98,8 @@ def linear_box(a: Box, p: AffineParams) -> Box:
         t += np.multiply(g * c_max, p.abs_row_sum, out=scratch("affine.term", out_shape))
         t += g * np.abs(p.bias) + MIN_NORMAL  # t is now a normal float, so its products round relatively
         t *= _SAFETY
-        return clean(down_(np.subtract(mid, t)), up_(np.add(mid, t)))
+        return clean(down_(np.subtract(mid, t, out=result_array(out_shape))),
+                     up_(np.add(mid, t, out=result_array(out_shape))))
 
 
 def _abs_max(x: np.ndarray, axis: Any, keepdims: bool = False) -> np.ndarray:
@@ -108,8 +110,9 @@ def _abs_max(x: np.ndarray, axis: Any, keepdims: bool = False) -> np.ndarray:
 def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int], transposed: bool = False
              ) -> Box:
     """Convolution (grouped, dilated, padded, any channel axis) in center-radius form over the whole
-    batch (``batched_conv``: one im2col and one GEMM per operand), or transposed convolution through
-    the float evaluator's scatter. An output sums at most ``in/groups * prod(kernel)`` products.
+    batch (``conv_gemm``: one staged copy and one GEMM per group and operand), or transposed
+    convolution through the float evaluator's scatter. An output sums at most
+    ``in/groups * prod(kernel)`` products.
 
     As in ``linear_box``, the radius is |W| r (or, for an input radius that is uniform per sample,
     as an l-inf ball's is, max(r) times the in-bounds sums of |W|, computed once per input shape),
@@ -131,94 +134,84 @@ def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seque
         return clean(np.zeros(tuple(out_shape)), np.zeros(tuple(out_shape)))
     g = gamma(attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1)
     spatial_ones = (1,) * (len(in_tail) - 1)
+    groups = attrs["groups"]
     with np.errstate(all="ignore"):
         c = np.add(lo, hi, out=scratch("affine.c", lo.shape))
         c *= 0.5
         r = np.subtract(hi, lo, out=scratch("affine.r", lo.shape))
         r *= 0.5
-        if not (np.isfinite(np.sum(c)) and np.isfinite(np.sum(r))):
+        finite = bool(np.isfinite(np.sum(c)) and np.isfinite(np.sum(r)))
+        if not finite:
             c, r = center_radius(lo, hi)  # infinite ends: a finite center, an exact (maybe infinite) cover
         c, r = c.reshape((n,) + in_tail), r.reshape((n,) + in_tail)
+        plan = conv_plan(c.shape, attrs)
         sums = in_bounds_abs_sums(p, attrs, in_tail)  # |W| applied to 1 in bounds, rounded up
-        mid = batched_conv(c, p.weight, attrs, out=scratch("affine.mid", (n,) + sums.shape))
-        mid += p.bias.reshape((-1,) + spatial_ones)
-        t = scratch("affine.t", mid.shape)
-        flat_r = r.reshape(n, -1)
-        r_max = (flat_r.max(axis=1) if flat_r.shape[1] else np.zeros(n)).reshape((n, 1) + spatial_ones)
-        if flat_r.shape[1] and np.all(flat_r.min(axis=1) >= r_max.reshape(-1) * _NEAR_UNIFORM):
-            np.multiply(r_max, sums, out=t)  # |W| r <= max(r) |W| 1
-            t *= (1.0 + 3 * U)
-        else:
-            batched_conv(r, p.abs_weight, attrs, out=t)
-            t *= (1.0 + g) * (1.0 + 3 * U)
-        flat_c = c.reshape(n, -1)
-        c_max = (_abs_max(flat_c, axis=1) if flat_c.shape[1] else np.zeros(n)).reshape((n, 1) + spatial_ones)
+        mid = conv_products(stage(c, plan, np.float64, "affine.staged"), plan, p.weight, groups, "affine.products")
+        shape = (n,) + sums.shape
+        mid = np.add(mid, p.bias.reshape((-1,) + spatial_ones), out=scratch("affine.mid", shape))
+        # T = S ((1 + 3u) |W| r + (e_c max|c| + tiny) |W| 1 + e_c |b| + tiny), its few roundings
+        # (each of a non-negative sum or product) covered by S, as below
         e_c = (g + 4 * U) * (1.0 + g)
-        t += np.multiply(e_c * c_max + MIN_NORMAL, sums, out=scratch("affine.term", t.shape))
-        t += (e_c * np.abs(p.bias) + MIN_NORMAL).reshape((-1,) + spatial_ones)
-        t *= _SAFETY_ROUNDED
-        out_lo, out_hi = np.subtract(mid, t), np.add(mid, t)
+        flat_c = c.reshape(n, -1)
+        c_max = _abs_max(flat_c, axis=1) if flat_c.shape[1] else np.zeros(n)
+        per_sample = np.reshape((e_c * c_max + MIN_NORMAL) * _SAFETY_ROUNDED, (n, 1) + spatial_ones)
+        t = scratch("affine.t", shape)
+        r_max = _uniform_radius(r.reshape(n, -1))
+        if r_max is not None:  # |W| r <= max(r) |W| 1: one product for the whole node
+            per_sample += np.reshape(r_max * ((1.0 + 3 * U) * _SAFETY_ROUNDED), per_sample.shape)
+            np.multiply(per_sample, sums, out=t)
+        else:
+            spread = conv_products(stage(r, plan, np.float64, "affine.staged"), plan, p.abs_weight, groups,
+                                   "affine.products")
+            np.multiply(spread, (1.0 + g) * (1.0 + 3 * U) * _SAFETY_ROUNDED, out=t)
+            t += np.multiply(per_sample, sums, out=scratch("affine.term", shape))
+        t += ((e_c * np.abs(p.bias) + MIN_NORMAL) * _SAFETY_ROUNDED).reshape((-1,) + spatial_ones)
+        out_lo = np.subtract(mid, t, out=result_array(shape))
+        out_hi = np.add(mid, t, out=result_array(shape))
+        shape = tuple(out_shape)
+        if finite and np.isfinite(np.sum(mid)):
+            # finite c, r and center: T >= 0 is a sum of non-negative terms (at worst +inf), so no end is NaN
+            return CleanBox((out_lo.reshape(shape), out_hi.reshape(shape)))
         if not np.isfinite(np.sum(mid)):  # an overflowed center bounds from one side only
             out_lo[np.isposinf(mid)] = _MAX
             out_hi[np.isneginf(mid)] = -_MAX
-        shape = tuple(out_shape)
         return clean(out_lo.reshape(shape), out_hi.reshape(shape))
+
+
+def _uniform_radius(flat_r: np.ndarray) -> np.ndarray | None:
+    """Each sample's largest radius ``[n]`` when every sample's radii are equal up to rounding (an
+    l-inf ball's), else None. The first sample is looked at alone first: usually it decides."""
+    if not flat_r.shape[1]:
+        return None
+    first = flat_r[0]
+    if first.min() < first.max() * _NEAR_UNIFORM:
+        return None
+    r_max = flat_r.max(axis=1)
+    return r_max if bool(np.all(flat_r.min(axis=1) >= r_max * _NEAR_UNIFORM)) else None
 
 
 # the last steps of conv_box round to nearest instead of outward, covered by the radius. With the center
 # c = fl((lo + hi) / 2) and r = fl((hi - lo) / 2), the box lies in [c -+ (r (1 + 3u) + 1.01 u |c| + 2**-1072)],
 # so |W| applied to that cover is (1 + 3u) |W| r + 1.01 u |W| |c| + 2**-1072 |W| 1. The final fl(m -+ T) is
 # within u (|m| + T) of m -+ T, and |m| <= (1 + g)(|W| |c| + |b|): hence the 4u in e_c, and T's own 2u
-# (with up to 8 roundings of its computation) in this factor.
+# (with up to 8 roundings of its computation, each of a sum or product of non-negative numbers) in this
+# factor, which is applied to each of T's terms before they are summed.
 _SAFETY_ROUNDED = 1.0 + 24 * U
 _MAX = float(np.finfo(np.float64).max)
-
-
-# im2col matrices of at most this many bytes are built at once (the batch is cut into pieces that stay in
-# cache while BLAS reads them back), in the float evaluator's reused per-thread buffer
-_COLS_BYTES = 2 << 20
 
 
 def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any], out: np.ndarray | None = None
                  ) -> np.ndarray:
     """``x`` ``[n, C, *spatial]`` (float64, or float32 with a float32 weight; any axes before a node's
     channel axis flattened into n) convolved with ``weight`` (no bias): ``[n, out, *out_spatial]``,
-    written into ``out`` if given.
-
-    One strided im2col view of the zero-padded batch copied to ``[groups, C/g * prod(kernel), n * L]``
-    and one GEMM per group and piece, so small feature maps cost one BLAS call for the whole batch rather
-    than one per sample. Pieces of the batch keep the column matrix under ``_COLS_BYTES``; the padded
-    input, the columns and the GEMM results live in scratch buffers.
-    """
-    kernel, stride, dil = tuple(attrs["kernel"]), tuple(attrs["stride"]), tuple(attrs["dilation"])
-    before, after, groups = tuple(attrs["padding"]), tuple(attrs["padding_after"]), attrs["groups"]
-    n, cin, spatial = x.shape[0], x.shape[1], x.shape[2:]
-    out_sp = tuple((s + b + e - d * (k - 1) - 1) // st + 1
-                   for s, b, e, k, st, d in zip(spatial, before, after, kernel, stride, dil))
-    cout, k, length = weight.shape[0], math.prod(kernel), math.prod(out_sp)
-    cg, og = cin // groups, cout // groups
-    w = weight.reshape(groups, og, cg * k)
-    if any(before) or any(after):
-        xp = scratch("conv.padded", (n, cin) + tuple(s + b + e for s, b, e in zip(spatial, before, after)), x.dtype)
-        xp.fill(0.0)
-        xp[(slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(before, spatial))] = x
-    else:
-        xp = np.ascontiguousarray(x)
-    out = np.empty((n, cout, length), x.dtype) if out is None else out.reshape(n, cout, length)
-    piece = max(1, _COLS_BYTES // max(1, cin * k * length * x.dtype.itemsize))
-    steps = xp.strides[2:]
-    for s0 in range(0, n, piece):
-        part = xp[s0:s0 + piece]
-        m = part.shape[0]
-        view = as_strided(part, shape=(cin,) + kernel + (m,) + out_sp,
-                          strides=(part.strides[1],) + tuple(st * d for st, d in zip(steps, dil)) + (part.strides[0],)
-                          + tuple(st * sd for st, sd in zip(steps, stride)), writeable=False)
-        cols = scratch("conv.cols", view.shape, x.dtype)
-        np.copyto(cols, view)
-        y = np.matmul(w, cols.reshape(groups, cg * k, m * length),
-                      out=scratch("conv.gemm", (groups, og, m * length), np.result_type(w, cols)))
-        out[s0:s0 + m] = y.reshape(cout, m, length).transpose(1, 0, 2)
-    return out.reshape((n, cout) + out_sp)
+    a fresh array or written into ``out`` (``conv_gemm``'s staged GEMM, copied out)."""
+    plan = conv_plan(x.shape, attrs)
+    view = conv_products(stage(x, plan, x.dtype, "batched_conv.staged"), plan, weight, attrs["groups"],
+                         "batched_conv.products")
+    if out is None:
+        out = np.empty(view.shape, view.dtype)
+    np.copyto(out.reshape(view.shape), view)
+    return out.reshape(view.shape)
 
 
 def in_bounds_abs_sums(p: AffineParams, attrs: Mapping[str, Any], in_tail: tuple[int, ...]) -> np.ndarray:

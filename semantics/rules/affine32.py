@@ -31,16 +31,23 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..interval_round import MIN_NORMAL, U, Box
+from ..arena import result_array
+from ..conv_gemm import conv_plan, conv_products, stage
+from ..interval_round import MIN_NORMAL, U, Box, CleanBox
 from ..scratch import scratch
-from .affine import _NEAR_UNIFORM, AffineParams, batched_conv, conv_box, linear_box
+from .affine import AffineParams, _uniform_radius, conv_box, linear_box
 from .table import INTERVAL_RULES, read_params
 
-__all__ = ["FLOAT32_OVERRIDES", "Float32Weights", "float32_weights", "linear_box32", "conv_box32", "gamma32"]
+__all__ = ["FLOAT32_OVERRIDES", "MIN_OUT_FLOAT32", "Float32Weights", "float32_weights", "linear_box32", "conv_box32",
+           "gamma32"]
 
 U32 = 2.0 ** -24
 F32 = np.dtype(np.float32)
 _MAX_TERMS = 1 << 20
+# a float32 product saves about 40% of a float64 one per multiply-add, and the float32 path makes about a
+# dozen more passes over the input (the spread, two conversions): below this many outputs per input
+# entry, the float64 rule is faster
+MIN_OUT_FLOAT32 = 64
 _F32_MIN_NORMAL = 2.0 ** -126
 # fl32(v (1 + 2**-22) + 2**-147) >= v for every non-negative float64 v below the float32 range's top
 _TO_F32_UP, _TO_F32_TINY = (1.0 + 2.0 ** -22) * (1.0 + 4 * U), 2.0 ** -147
@@ -85,39 +92,35 @@ def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
     return p.cache[key]
 
 
-Apply32 = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+def _center_spread(lo: np.ndarray, hi: np.ndarray, samples: int, w: Float32Weights
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The float64 center c and the spread v (>= the radius plus the center's float32 rounding, and
+    safe to round to float32 upward, see the module docstring) of [lo, hi] (``[samples, ...]``), in
+    scratch buffers; None when the radius is uniform per sample (the float64 rule is then cheaper)."""
+    c = np.add(lo, hi, out=scratch("affine.c", lo.shape))
+    c *= 0.5
+    r = np.subtract(hi, lo, out=scratch("affine.r", lo.shape))
+    r *= 0.5
+    if not r.size or _uniform_radius(r.reshape(samples, -1)) is not None:
+        return None
+    v = np.abs(c, out=scratch("affine32.v", c.shape))
+    v *= w.g_center
+    v += r
+    v *= _TO_F32_UP * (1.0 + 3 * U)  # r's own float64 rounding (3u), then up to float32
+    v += _TO_F32_TINY + 2.0 ** -1072
+    return c, v
 
 
-def _box32(lo: np.ndarray, hi: np.ndarray, samples: int, apply: Apply32, w: Float32Weights, bias: np.ndarray,
-           out_shape: tuple[int, ...]) -> Box | None:
-    """The box of ``W x + bias`` over [lo, hi] (``[samples, ...]``) from two float32 products
-    (``apply(weight32, x32, out)`` writes the float32 linear map into ``out``), or None when the
-    float64 rule is the better choice (uniform radius) or float32 overflows."""
-    with np.errstate(all="ignore"):
-        c = np.add(lo, hi, out=scratch("affine.c", lo.shape))
-        c *= 0.5
-        r = np.subtract(hi, lo, out=scratch("affine.r", lo.shape))
-        r *= 0.5
-        flat_r = r.reshape(samples, -1)
-        if not flat_r.shape[1] or np.all(flat_r.min(axis=1) >= flat_r.max(axis=1) * _NEAR_UNIFORM):
-            return None
-        c32 = scratch("affine32.c", c.shape, F32)
-        np.copyto(c32, c, casting="same_kind")
-        v = np.abs(c, out=scratch("affine32.v", c.shape))
-        v *= w.g_center
-        v += r
-        v *= _TO_F32_UP * (1.0 + 3 * U)  # r's own float64 rounding (3u), then up to float32
-        v += _TO_F32_TINY + 2.0 ** -1072
-        v32 = scratch("affine32.v32", c.shape, F32)
-        np.copyto(v32, v, casting="same_kind")
-        mid32 = apply(w.weight, c32, scratch("affine32.mid", out_shape, F32))
-        t32 = apply(w.abs_weight, v32, scratch("affine32.t", out_shape, F32))
-        if not (np.isfinite(np.sum(mid32)) and np.isfinite(np.sum(t32))):
-            return None  # also a center or radius beyond float32's range
-        s = np.add(mid32, bias, out=scratch("affine.mid", out_shape))
-        t = np.multiply(t32, w.scale, out=scratch("affine.t", out_shape))
-        t += w.floor + 4.01 * U * np.abs(bias)
-        return np.subtract(s, t), np.add(s, t)
+def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weights, shape: tuple[int, ...]
+            ) -> Box | None:
+    """The box ``mid32 + bias -+ T`` (``mid32 = fl32(W c32)``, ``t32 = fl32(|W| v32)``, any strides)
+    in result memory, or None when float32 overflowed (a center or spread beyond its range)."""
+    s = np.add(mid32, bias, out=scratch("affine.mid", shape))
+    t = np.multiply(t32, w.scale, out=scratch("affine.t", shape))
+    if not (np.isfinite(np.sum(s)) and np.isfinite(np.sum(t))):
+        return None
+    t += w.floor + 4.01 * U * np.abs(bias)
+    return CleanBox((np.subtract(s, t, out=result_array(shape)), np.add(s, t, out=result_array(shape))))
 
 
 def linear_box32(a: Box, p: AffineParams) -> Box:
@@ -126,10 +129,19 @@ def linear_box32(a: Box, p: AffineParams) -> Box:
     w = float32_weights(p, p.weight.shape[1])
     if w is not None and lo.ndim:
         samples = math.prod(lo.shape[:-1])
-        got = _box32(lo, hi, samples, lambda weight, x, out: np.matmul(x, weight.T, out=out), w, p.bias,
-                     lo.shape[:-1] + p.weight.shape[:1])
-        if got is not None:
-            return got
+        shape = lo.shape[:-1] + p.weight.shape[:1]
+        with np.errstate(all="ignore"):
+            spread = _center_spread(lo, hi, samples, w)
+            if spread is not None:
+                c32 = scratch("affine32.c", lo.shape, F32)
+                v32 = scratch("affine32.v32", lo.shape, F32)
+                np.copyto(c32, spread[0], casting="same_kind")
+                np.copyto(v32, spread[1], casting="same_kind")
+                mid32 = np.matmul(c32, w.weight.T, out=scratch("affine32.mid", shape, F32))
+                t32 = np.matmul(v32, w.abs_weight.T, out=scratch("affine32.t", shape, F32))
+                got = _ends32(mid32, t32, p.bias, w, shape)
+                if got is not None:
+                    return got
     return linear_box(a, p)
 
 
@@ -141,17 +153,28 @@ def conv_box32(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seq
     n = math.prod(lead)
     w = float32_weights(p, attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]))
     if w is not None and n:
-        bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
-        got = _box32(lo.reshape((n,) + in_tail), hi.reshape((n,) + in_tail), n,
-                     lambda weight, x, out: batched_conv(x, weight, attrs, out=out), w, bias,
-                     (n,) + tuple(out_shape[ca:]))
-        if got is not None:
-            return got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))
+        x_shape = (n,) + in_tail
+        with np.errstate(all="ignore"):
+            spread = _center_spread(lo.reshape(x_shape), hi.reshape(x_shape), n, w)
+            if spread is not None:
+                plan = conv_plan(x_shape, attrs)
+                groups = attrs["groups"]
+                mid32 = conv_products(stage(spread[0], plan, F32, "affine32.staged"), plan, w.weight, groups,
+                                      "affine32.mid")
+                t32 = conv_products(stage(spread[1], plan, F32, "affine32.staged"), plan, w.abs_weight, groups,
+                                    "affine32.t")
+                bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
+                got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]))
+                if got is not None:
+                    return CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
     return conv_box(a, p, attrs, out_shape)
 
 
 def _linear_rule32(node, ps, rec):
-    return linear_box32(ps[0], read_params(INTERVAL_RULES, node, rec, ps[0][0].shape))
+    """Float32 products for layers of at least ``MIN_OUT_FLOAT32`` outputs; on narrower ones the products
+    are cheap and the float32 path's extra passes over the input would cost more than they save."""
+    p = read_params(INTERVAL_RULES, node, rec, ps[0][0].shape)
+    return (linear_box32 if p.weight.shape[0] >= MIN_OUT_FLOAT32 else linear_box)(ps[0], p)
 
 
 def _conv_rule32(node, ps, rec):

@@ -603,6 +603,24 @@ def test_propagator_reuses_the_payload_and_matches_one_shot_bounds():
             np.testing.assert_array_equal(b, d)
 
 
+def test_a_partial_sum_that_overflows_never_cuts_off_the_finite_exact_value():
+    """0.6 MAX + 0.6 MAX - 0.6 MAX is 0.6 MAX, but a sum taken left to right overflows to +inf: the box
+    must still hold the exact value (an overflowed center proves nothing about it), for linear and conv,
+    on a point box and on a box around it."""
+    big = 0.6 * float(np.finfo(np.float64).max)
+    w = np.array([[big, big, -big]])
+    conv_attrs = dict(spatial_rank=2, kernel=[1, 1], stride=[1, 1], padding=[0, 0], padding_after=[0, 0],
+                      dilation=[1, 1], groups=1, channel_axis=1, in_channels=3, out_channels=1)
+    for kind, shape, attrs, weight in (("linear", (1, 3), {}, w), ("conv", (1, 3, 1, 1), conv_attrs,
+                                                                  w.reshape(1, 3, 1, 1))):
+        node = Node(1, [0], kind, (1, 1) if kind == "linear" else (1, 1, 1, 1), attrs)
+        x = np.ones(shape)
+        for lo, hi in ((x, x), (x - 0.5, x + 0.5)):
+            out_lo, out_hi = (float(v.reshape(-1)[0]) for v in
+                              INTERVAL_RULES[kind](node, [(lo, hi)], {"weight": weight, "bias": np.zeros(1)}))
+            assert out_lo <= big <= out_hi, (kind, out_lo, out_hi)
+
+
 @pytest.mark.parametrize("scale", [1e-310, 1e-160, 1.0, 1e150, 1e300])
 def test_affine_rules_at_extreme_magnitudes_never_return_nan(scale):
     rng = np.random.default_rng(3)

@@ -19,8 +19,7 @@ import numpy as np
 
 from .. import interval_arith as ia
 from ..conv import conv_nd, conv_transpose_nd
-from ..interval_round import (MIN_NORMAL, U, Box, CleanBox, center_radius, clean, dot_radius, down, down_, gamma,
-                              sum_bounds, up, up_)
+from ..interval_round import MIN_NORMAL, U, Box, CleanBox, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
 from ..arena import result_array
 from ..conv_gemm import conv_plan, conv_products, stage
 from ..scratch import scratch
@@ -28,7 +27,7 @@ from ..records import in_dtype
 from ..folds import fold_matmul
 from .table import FLOAT_RULES, INTERVAL_RULES, exact_rule, float_params, float_rule, interval_rule, read_params
 
-__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box", "batched_conv"]
+__all__ = ["AffineParams", "affine_box", "linear_box", "conv_box", "matmul_box", "batched_conv", "box_halves", "Halves"]
 
 
 def affine_box(a: Box, apply: Callable[[np.ndarray], np.ndarray], apply_abs: Callable[[np.ndarray], np.ndarray],
@@ -66,40 +65,34 @@ class AffineParams:
         return cls(w, wabs, np.asarray(bias, dtype=np.float64), row_sum)
 
 
-# absorbs up to 8 round-to-nearest steps of a sum of non-negative terms (a factor 1 + 16u), and the
-# rounding of its own product: fl(t (1 + 18u)) >= t (1 + 18u)(1 - u) >= t (1 + 16u) for normal t
-_SAFETY = 1.0 + 18 * U
 # an l-inf ball's radii differ by rounding (r = up(hi - c) per entry): within this factor of their
 # maximum they are treated as uniform, trading the radius GEMM for row sums of |W|
 _NEAR_UNIFORM = 1.0 - 2.0 ** -40
 
 
-def linear_box(a: Box, p: AffineParams) -> Box:
-    """x @ W.T + b over the last axis, any leading axes, in center-radius form.
+def linear_box(a: Box, p: AffineParams, halves: Halves | None = None) -> Box:
+    """x @ W.T + b over the last axis, any leading axes, in center-radius form (``_affine_ends``).
 
     The radius is |W| r (one BLAS product, or max(r) * row sums when r is the same along the input
-    axis up to rounding, as for an l-inf ball) plus the rounding bound gamma_n (|W| |c| + |b|), where |W| |c| is
-    bounded by max|c| times the row sums (cheap, and only 1e-13 relative looser).
+    axis up to rounding, as for an l-inf ball) plus the rounding bound gamma_n (|W| |c| + |b|), where
+    |W| |c| is bounded by max|c| times the row sums (cheap, and only 1e-13 relative looser).
+    ``halves``: the input's ``halves`` when the caller has them.
     """
-    c, r = center_radius(*a, into="affine")
+    c, r, finite = halves if halves is not None else box_halves(*a)
     g = gamma(p.weight.shape[1] + 1)
     out_shape = c.shape[:-1] + p.weight.shape[:1]
     with np.errstate(all="ignore"):
         mid = np.matmul(c, p.weight.T, out=scratch("affine.mid", out_shape))
         mid += p.bias
-        t = scratch("affine.t", out_shape)
-        r_max = np.max(r, axis=-1, keepdims=True) if r.shape[-1] else None
-        if r_max is not None and np.all(np.min(r, axis=-1, keepdims=True) >= r_max * _NEAR_UNIFORM):
-            np.multiply(r_max, p.abs_row_sum, out=t)  # |W| r <= max(r) |W| 1, at most 2**-40 relative looser here
+        lead = c.shape[:-1] + (1,)
+        r_max = _uniform_radius(r.reshape(-1, r.shape[-1])) if r.size else None
+        spread = None
+        if r_max is None:
+            spread = np.matmul(r, p.abs_weight.T, out=scratch("affine.spread", out_shape))
         else:
-            np.matmul(r, p.abs_weight.T, out=t)
-            t *= 1.0 + g
-        c_max = _abs_max(c, axis=-1, keepdims=True) if c.shape[-1] else np.zeros(c.shape[:-1] + (1,))
-        t += np.multiply(g * c_max, p.abs_row_sum, out=scratch("affine.term", out_shape))
-        t += g * np.abs(p.bias) + MIN_NORMAL  # t is now a normal float, so its products round relatively
-        t *= _SAFETY
-        return clean(down_(np.subtract(mid, t, out=result_array(out_shape))),
-                     up_(np.add(mid, t, out=result_array(out_shape))))
+            r_max = r_max.reshape(lead)
+        c_max = _abs_max(c, axis=-1, keepdims=True) if c.shape[-1] else np.zeros(lead)
+        return _affine_ends(mid, c_max, r_max, spread, p.abs_row_sum, p.bias, g, finite, out_shape)
 
 
 def _abs_max(x: np.ndarray, axis: Any, keepdims: bool = False) -> np.ndarray:
@@ -107,8 +100,8 @@ def _abs_max(x: np.ndarray, axis: Any, keepdims: bool = False) -> np.ndarray:
     return np.maximum(np.max(x, axis=axis, keepdims=keepdims), -np.min(x, axis=axis, keepdims=keepdims))
 
 
-def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int], transposed: bool = False
-             ) -> Box:
+def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int], transposed: bool = False,
+             halves: Halves | None = None) -> Box:
     """Convolution (grouped, dilated, padded, any channel axis) in center-radius form over the whole
     batch (``conv_gemm``: one staged copy and one GEMM per group and operand), or transposed
     convolution through the float evaluator's scatter. An output sums at most
@@ -135,53 +128,80 @@ def conv_box(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seque
     g = gamma(attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]) + 1)
     spatial_ones = (1,) * (len(in_tail) - 1)
     groups = attrs["groups"]
+    c, r, finite = halves if halves is not None else box_halves(lo, hi)
     with np.errstate(all="ignore"):
-        c = np.add(lo, hi, out=scratch("affine.c", lo.shape))
-        c *= 0.5
-        r = np.subtract(hi, lo, out=scratch("affine.r", lo.shape))
-        r *= 0.5
-        finite = bool(np.isfinite(np.sum(c)) and np.isfinite(np.sum(r)))
-        if not finite:
-            c, r = center_radius(lo, hi)  # infinite ends: a finite center, an exact (maybe infinite) cover
         c, r = c.reshape((n,) + in_tail), r.reshape((n,) + in_tail)
         plan = conv_plan(c.shape, attrs)
         sums = in_bounds_abs_sums(p, attrs, in_tail)  # |W| applied to 1 in bounds, rounded up
-        mid = conv_products(stage(c, plan, np.float64, "affine.staged"), plan, p.weight, groups, "affine.products")
         shape = (n,) + sums.shape
-        mid = np.add(mid, p.bias.reshape((-1,) + spatial_ones), out=scratch("affine.mid", shape))
-        # T = S ((1 + 3u) |W| r + (e_c max|c| + tiny) |W| 1 + e_c |b| + tiny), its few roundings
-        # (each of a non-negative sum or product) covered by S, as below
-        e_c = (g + 4 * U) * (1.0 + g)
-        flat_c = c.reshape(n, -1)
-        c_max = _abs_max(flat_c, axis=1) if flat_c.shape[1] else np.zeros(n)
-        per_sample = np.reshape((e_c * c_max + MIN_NORMAL) * _SAFETY_ROUNDED, (n, 1) + spatial_ones)
-        t = scratch("affine.t", shape)
+        bias = p.bias.reshape((-1,) + spatial_ones)
+        mid = conv_products(stage(c, plan, np.float64, "affine.staged"), plan, p.weight, groups, "affine.products")
+        mid = np.add(mid, bias, out=scratch("affine.mid", shape))
         r_max = _uniform_radius(r.reshape(n, -1))
-        if r_max is not None:  # |W| r <= max(r) |W| 1: one product for the whole node
-            per_sample += np.reshape(r_max * ((1.0 + 3 * U) * _SAFETY_ROUNDED), per_sample.shape)
-            np.multiply(per_sample, sums, out=t)
-        else:
+        spread = None
+        if r_max is None:
             spread = conv_products(stage(r, plan, np.float64, "affine.staged"), plan, p.abs_weight, groups,
                                    "affine.products")
-            np.multiply(spread, (1.0 + g) * (1.0 + 3 * U) * _SAFETY_ROUNDED, out=t)
-            t += np.multiply(per_sample, sums, out=scratch("affine.term", shape))
-        t += ((e_c * np.abs(p.bias) + MIN_NORMAL) * _SAFETY_ROUNDED).reshape((-1,) + spatial_ones)
-        out_lo = np.subtract(mid, t, out=result_array(shape))
-        out_hi = np.add(mid, t, out=result_array(shape))
-        shape = tuple(out_shape)
-        if finite and np.isfinite(np.sum(mid)):
-            # finite c, r and center: T >= 0 is a sum of non-negative terms (at worst +inf), so no end is NaN
-            return CleanBox((out_lo.reshape(shape), out_hi.reshape(shape)))
-        if not np.isfinite(np.sum(mid)):  # an overflowed center bounds from one side only
-            out_lo[np.isposinf(mid)] = _MAX
-            out_hi[np.isneginf(mid)] = -_MAX
-        return clean(out_lo.reshape(shape), out_hi.reshape(shape))
+        else:
+            r_max = r_max.reshape((n, 1) + spatial_ones)
+        flat_c = c.reshape(n, -1)
+        c_max = (_abs_max(flat_c, axis=1) if flat_c.shape[1] else np.zeros(n)).reshape((n, 1) + spatial_ones)
+        return _affine_ends(mid, c_max, r_max, spread, sums, bias, g, finite, tuple(out_shape))
+
+
+Halves = tuple[np.ndarray, np.ndarray, bool]
+
+
+def box_halves(lo: np.ndarray, hi: np.ndarray) -> Halves:
+    """c = fl((lo + hi) / 2) and r = fl((hi - lo) / 2) in scratch buffers, and whether both are finite;
+    for a box with an infinite or huge end, ``center_radius``'s finite center and exact cover instead."""
+    with np.errstate(all="ignore"):
+        c = np.add(lo, hi, out=scratch("affine.c", np.shape(lo)))
+        c *= 0.5
+        r = np.subtract(hi, lo, out=scratch("affine.r", np.shape(lo)))
+        r *= 0.5
+        if np.isfinite(np.sum(c)) and np.isfinite(np.sum(r)):
+            return c, r, True
+        c, r = center_radius(lo, hi)
+        return c, r, False
+
+
+def _affine_ends(mid: np.ndarray, c_max: np.ndarray, r_max: np.ndarray | None, spread: np.ndarray | None,
+                 sums: np.ndarray, bias: np.ndarray, g: float, finite: bool, shape: tuple[int, ...]) -> Box:
+    """The box ``mid -+ T`` of an affine map over [c -+ r] (``box_halves``), in result memory.
+
+    ``mid`` = fl(W c) + b; ``sums`` >= |W| 1 (per output); ``c_max`` and ``r_max`` (None unless the
+    radius is uniform) per sample, broadcasting against ``mid``; ``spread`` = fl(|W| r) unless the
+    radius is uniform. T = S ((1 + g)(1 + 3u) |W| r + (e_c max|c| + tiny) |W| 1 + e_c |b| + tiny), with
+    |W| r <= max(r) |W| 1 for a uniform radius, S = ``_SAFETY_ROUNDED`` applied to each term (its
+    few roundings are each of a non-negative sum or product; see the note at ``_SAFETY_ROUNDED``).
+    """
+    e_c = (g + 4 * U) * (1.0 + g)
+    per_sample = (e_c * c_max + MIN_NORMAL) * _SAFETY_ROUNDED
+    t = scratch("affine.t", mid.shape)
+    if spread is None:
+        per_sample += r_max * ((1.0 + 3 * U) * _SAFETY_ROUNDED)
+        np.multiply(per_sample, sums, out=t)
+    else:
+        np.multiply(spread, (1.0 + g) * (1.0 + 3 * U) * _SAFETY_ROUNDED, out=t)
+        t += np.multiply(per_sample, sums, out=scratch("affine.term", mid.shape))
+    t += (e_c * np.abs(bias) + MIN_NORMAL) * _SAFETY_ROUNDED
+    out_lo = np.subtract(mid, t, out=result_array(mid.shape))
+    out_hi = np.add(mid, t, out=result_array(mid.shape))
+    if finite and np.isfinite(np.sum(mid)):
+        # finite c, r and center: T >= 0 is a sum of non-negative terms (at worst +inf), so no end is NaN
+        return CleanBox((out_lo.reshape(shape), out_hi.reshape(shape)))
+    if not np.isfinite(np.sum(mid)):
+        # an overflowed center says nothing: a partial sum can overflow while the exact value is finite
+        lost = ~np.isfinite(mid)
+        out_lo[lost], out_hi[lost] = -np.inf, np.inf
+    return clean(out_lo.reshape(shape), out_hi.reshape(shape))
 
 
 def _uniform_radius(flat_r: np.ndarray) -> np.ndarray | None:
     """Each sample's largest radius ``[n]`` when every sample's radii are equal up to rounding (an
     l-inf ball's), else None. The first sample is looked at alone first: usually it decides."""
-    if not flat_r.shape[1]:
+    if not flat_r.size:
         return None
     first = flat_r[0]
     if first.min() < first.max() * _NEAR_UNIFORM:
@@ -197,7 +217,6 @@ def _uniform_radius(flat_r: np.ndarray) -> np.ndarray | None:
 # (with up to 8 roundings of its computation, each of a sum or product of non-negative numbers) in this
 # factor, which is applied to each of T's terms before they are summed.
 _SAFETY_ROUNDED = 1.0 + 24 * U
-_MAX = float(np.finfo(np.float64).max)
 
 
 def batched_conv(x: np.ndarray, weight: np.ndarray, attrs: Mapping[str, Any], out: np.ndarray | None = None

@@ -35,7 +35,7 @@ from ..arena import result_array
 from ..conv_gemm import conv_plan, conv_products, stage
 from ..interval_round import MIN_NORMAL, U, Box, CleanBox
 from ..scratch import scratch
-from .affine import AffineParams, _uniform_radius, conv_box, linear_box
+from .affine import AffineParams, Halves, _uniform_radius, box_halves, conv_box, linear_box
 from .table import INTERVAL_RULES, read_params
 
 __all__ = ["FLOAT32_OVERRIDES", "MIN_OUT_FLOAT32", "Float32Weights", "float32_weights", "linear_box32", "conv_box32",
@@ -92,23 +92,22 @@ def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
     return p.cache[key]
 
 
-def _center_spread(lo: np.ndarray, hi: np.ndarray, samples: int, w: Float32Weights
-                   ) -> tuple[np.ndarray, np.ndarray] | None:
-    """The float64 center c and the spread v (>= the radius plus the center's float32 rounding, and
-    safe to round to float32 upward, see the module docstring) of [lo, hi] (``[samples, ...]``), in
-    scratch buffers; None when the radius is uniform per sample (the float64 rule is then cheaper)."""
-    c = np.add(lo, hi, out=scratch("affine.c", lo.shape))
-    c *= 0.5
-    r = np.subtract(hi, lo, out=scratch("affine.r", lo.shape))
-    r *= 0.5
-    if not r.size or _uniform_radius(r.reshape(samples, -1)) is not None:
-        return None
+def _spread(c: np.ndarray, r: np.ndarray, w: Float32Weights) -> np.ndarray:
+    """The spread v of the box [c -+ r] (``box_halves``): at least the radius plus the center's float32
+    rounding, and safe to round to float32 (see the module docstring); in a scratch buffer."""
     v = np.abs(c, out=scratch("affine32.v", c.shape))
     v *= w.g_center
     v += r
     v *= _TO_F32_UP * (1.0 + 3 * U)  # r's own float64 rounding (3u), then up to float32
     v += _TO_F32_TINY + 2.0 ** -1072
-    return c, v
+    return v
+
+
+def _float32_worth_it(halves: Halves, samples: int) -> bool:
+    """Float32 products pay when the box is finite and its radius is not uniform per sample (where the
+    float64 rule needs a single product)."""
+    c, r, finite = halves
+    return finite and r.size > 0 and _uniform_radius(r.reshape(samples, -1)) is None
 
 
 def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weights, shape: tuple[int, ...]
@@ -127,22 +126,20 @@ def linear_box32(a: Box, p: AffineParams) -> Box:
     """``linear_box`` with float32 products, or ``linear_box`` itself where float32 is not used."""
     lo, hi = a
     w = float32_weights(p, p.weight.shape[1])
-    if w is not None and lo.ndim:
-        samples = math.prod(lo.shape[:-1])
+    halves = box_halves(lo, hi)
+    if w is not None and lo.ndim and _float32_worth_it(halves, math.prod(lo.shape[:-1])):
         shape = lo.shape[:-1] + p.weight.shape[:1]
         with np.errstate(all="ignore"):
-            spread = _center_spread(lo, hi, samples, w)
-            if spread is not None:
-                c32 = scratch("affine32.c", lo.shape, F32)
-                v32 = scratch("affine32.v32", lo.shape, F32)
-                np.copyto(c32, spread[0], casting="same_kind")
-                np.copyto(v32, spread[1], casting="same_kind")
-                mid32 = np.matmul(c32, w.weight.T, out=scratch("affine32.mid", shape, F32))
-                t32 = np.matmul(v32, w.abs_weight.T, out=scratch("affine32.t", shape, F32))
-                got = _ends32(mid32, t32, p.bias, w, shape)
-                if got is not None:
-                    return got
-    return linear_box(a, p)
+            c32 = scratch("affine32.c", lo.shape, F32)
+            v32 = scratch("affine32.v32", lo.shape, F32)
+            np.copyto(c32, halves[0], casting="same_kind")
+            np.copyto(v32, _spread(halves[0], halves[1], w), casting="same_kind")
+            mid32 = np.matmul(c32, w.weight.T, out=scratch("affine32.mid", shape, F32))
+            t32 = np.matmul(v32, w.abs_weight.T, out=scratch("affine32.t", shape, F32))
+            got = _ends32(mid32, t32, p.bias, w, shape)
+            if got is not None:
+                return got
+    return linear_box(a, p, halves)
 
 
 def conv_box32(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int]) -> Box:
@@ -152,22 +149,23 @@ def conv_box32(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seq
     lead, in_tail = lo.shape[:ca], lo.shape[ca:]
     n = math.prod(lead)
     w = float32_weights(p, attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]))
-    if w is not None and n:
+    if not n:
+        return conv_box(a, p, attrs, out_shape)
+    halves = box_halves(lo, hi)
+    if w is not None and _float32_worth_it(halves, n):
         x_shape = (n,) + in_tail
+        c, r = halves[0].reshape(x_shape), halves[1].reshape(x_shape)
         with np.errstate(all="ignore"):
-            spread = _center_spread(lo.reshape(x_shape), hi.reshape(x_shape), n, w)
-            if spread is not None:
-                plan = conv_plan(x_shape, attrs)
-                groups = attrs["groups"]
-                mid32 = conv_products(stage(spread[0], plan, F32, "affine32.staged"), plan, w.weight, groups,
-                                      "affine32.mid")
-                t32 = conv_products(stage(spread[1], plan, F32, "affine32.staged"), plan, w.abs_weight, groups,
-                                    "affine32.t")
-                bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
-                got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]))
-                if got is not None:
-                    return CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
-    return conv_box(a, p, attrs, out_shape)
+            plan = conv_plan(x_shape, attrs)
+            groups = attrs["groups"]
+            mid32 = conv_products(stage(c, plan, F32, "affine32.staged"), plan, w.weight, groups, "affine32.mid")
+            t32 = conv_products(stage(_spread(c, r, w), plan, F32, "affine32.staged"), plan, w.abs_weight, groups,
+                                "affine32.t")
+            bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
+            got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]))
+            if got is not None:
+                return CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
+    return conv_box(a, p, attrs, out_shape, halves=halves)
 
 
 def _linear_rule32(node, ps, rec):

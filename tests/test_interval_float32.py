@@ -109,7 +109,7 @@ def test_network_sound_on_samples_and_close_to_float64():
     assert_sound_and_close(_net().eval(), torch.rand(8, 1, 8, 8), 0.02, 30, 4)
 
 
-def test_float64_weights_and_uniform_radius_keep_the_float64_rule():
+def test_float64_weights_and_tiny_uniform_radii_keep_the_float64_rule():
     rng = np.random.default_rng(5)
     w = rng.standard_normal((4, 9))  # not float32-representable
     p = AffineParams.of(w, rng.standard_normal(4))
@@ -120,9 +120,53 @@ def test_float64_weights_and_uniform_radius_keep_the_float64_rule():
     for a, b in zip(linear_box32((lo, hi), p), linear_box((lo, hi), p)):
         assert np.array_equal(a, b)
     p32 = AffineParams.of(_f32(rng, (4, 9)), _f32(rng, (4,)))
-    ball = (lo - 0.5, lo + 0.5)  # an l-inf ball: the float64 rule needs one product
+    ball = (lo - 1e-9, lo + 1e-9)  # float32 centers would cost far more than 2**-9 of this width
     for a, b in zip(linear_box32(ball, p32), linear_box(ball, p32)):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("n, center_scale", [(9, 1.0), (600, 1.0), (600, 1e-30)])
+def test_uniform_radius_float32_centers_enclose_the_exact_image(n, center_scale):
+    """An l-inf ball (uniform radius): the center product in float32 (600 terms: three float32 pieces
+    summed in float64), checked against the exact image in rational arithmetic, and within 2**-8 of the
+    float64 rule's width."""
+    rng = np.random.default_rng(n)
+    w, b = _f32(rng, (5, n)), _f32(rng, (5,))
+    c = rng.standard_normal((2, n)) * center_scale
+    eps = 0.05 * center_scale
+    lo, hi = c - eps, c + eps
+    p = AffineParams.of(w, b)
+    got_lo, got_hi = linear_box32((lo, hi), p)
+    from semantics.rules.affine import linear_box
+    ref_lo, ref_hi = linear_box((lo, hi), p)
+    assert not np.array_equal(got_lo, ref_lo)  # the float32 path ran
+    assert np.all(got_hi - got_lo <= (ref_hi - ref_lo) * (1.0 + 2.0 ** -8))
+    for k in range(2):
+        want_lo, want_hi = _exact_linear(w, b, lo[k], hi[k])
+        assert all(Fraction(g) <= e for g, e in zip(got_lo[k], want_lo))
+        assert all(Fraction(g) >= e for g, e in zip(got_hi[k], want_hi))
+
+
+def test_uniform_radius_float32_conv_encloses_the_exact_image():
+    rng = np.random.default_rng(2)
+    cin, cout, k = 2, 3, 3
+    w, b = _f32(rng, (cout, cin, k, k)), _f32(rng, (cout,))
+    c = rng.standard_normal((1, cin, 5, 5))
+    lo, hi = c - 0.01, c + 0.01
+    attrs = dict(kernel=[k, k], stride=[2, 2], dilation=[1, 1], padding=[1, 1], padding_after=[0, 0], groups=1,
+                 channel_axis=1, in_channels=cin, out_channels=cout, spatial_rank=2)
+    from semantics.rules.affine import conv_box
+    params = AffineParams.of(w, b)
+    got_lo, got_hi = conv_box32((lo, hi), params, attrs, (1, cout, 2, 2))
+    assert not np.array_equal(got_lo, conv_box((lo, hi), params, attrs, (1, cout, 2, 2))[0])
+    plo, phi = (np.pad(a[0], ((0, 0), (1, 0), (1, 0))) for a in (lo, hi))
+    for o in range(cout):
+        for y in range(2):
+            for x in range(2):
+                window = (slice(None), slice(2 * y, 2 * y + k), slice(2 * x, 2 * x + k))
+                want_lo, want_hi = _exact_linear(w[o].reshape(1, -1), b[o:o + 1], plo[window].reshape(-1),
+                                                 phi[window].reshape(-1))
+                assert Fraction(got_lo[0, o, y, x]) <= want_lo[0] and Fraction(got_hi[0, o, y, x]) >= want_hi[0]
 
 
 def test_float32_overflow_falls_back_to_float64():

@@ -167,7 +167,8 @@ def box_halves(lo: np.ndarray, hi: np.ndarray) -> Halves:
 
 
 def _affine_ends(mid: np.ndarray, c_max: np.ndarray, r_max: np.ndarray | None, spread: np.ndarray | None,
-                 sums: np.ndarray, bias: np.ndarray, g: float, finite: bool, shape: tuple[int, ...]) -> Box:
+                 sums: np.ndarray, bias: np.ndarray, g: float, finite: bool, shape: tuple[int, ...],
+                 floor: float = MIN_NORMAL, g_bias: float | None = None) -> Box:
     """The box ``mid -+ T`` of an affine map over [c -+ r] (``box_halves``), in result memory.
 
     ``mid`` = fl(W c) + b; ``sums`` >= |W| 1 (per output); ``c_max`` and ``r_max`` (None unless the
@@ -175,8 +176,12 @@ def _affine_ends(mid: np.ndarray, c_max: np.ndarray, r_max: np.ndarray | None, s
     radius is uniform. T = S ((1 + g)(1 + 3u) |W| r + (e_c max|c| + tiny) |W| 1 + e_c |b| + tiny), with
     |W| r <= max(r) |W| 1 for a uniform radius, S = ``_SAFETY_ROUNDED`` applied to each term (its
     few roundings are each of a non-negative sum or product; see the note at ``_SAFETY_ROUNDED``).
+    ``g`` bounds the relative rounding error of ``mid``'s products (gamma_n); ``floor`` (per output,
+    at least 2**-1022) any absolute part of it; ``g_bias`` (default ``g``) that of the bias's addition
+    (smaller when the products ran in float32 and the bias was added in float64).
     """
     e_c = (g + 4 * U) * (1.0 + g)
+    e_b = e_c if g_bias is None else (g_bias + 4 * U) * (1.0 + g)
     per_sample = (e_c * c_max + MIN_NORMAL) * _SAFETY_ROUNDED
     t = scratch("affine.t", mid.shape)
     if spread is None:
@@ -185,7 +190,7 @@ def _affine_ends(mid: np.ndarray, c_max: np.ndarray, r_max: np.ndarray | None, s
     else:
         np.multiply(spread, (1.0 + g) * (1.0 + 3 * U) * _SAFETY_ROUNDED, out=t)
         t += np.multiply(per_sample, sums, out=scratch("affine.term", mid.shape))
-    t += (e_c * np.abs(bias) + MIN_NORMAL) * _SAFETY_ROUNDED
+    t += (e_b * np.abs(bias) + floor) * _SAFETY_ROUNDED
     out_lo = np.subtract(mid, t, out=result_array(mid.shape))
     out_hi = np.add(mid, t, out=result_array(mid.shape))
     if finite and np.isfinite(np.sum(mid)):

@@ -33,9 +33,10 @@ import numpy as np
 
 from ..arena import result_array
 from ..conv_gemm import conv_plan, conv_products, stage
-from ..interval_round import MIN_NORMAL, U, Box, CleanBox
+from ..interval_round import MIN_NORMAL, U, Box, CleanBox, gamma
 from ..scratch import scratch
-from .affine import AffineParams, Halves, _uniform_radius, box_halves, conv_box, linear_box
+from .affine import (AffineParams, Halves, _abs_max, _affine_ends, _uniform_radius, box_halves, conv_box,
+                     in_bounds_abs_sums, linear_box)
 from .table import INTERVAL_RULES, read_params
 
 __all__ = ["FLOAT32_OVERRIDES", "MIN_OUT_FLOAT32", "Float32Weights", "float32_weights", "linear_box32", "conv_box32",
@@ -72,6 +73,7 @@ class Float32Weights:
     g_center: float   # g': the factor of |c| in v
     scale: float      # K
     floor: float      # the bias-free part of kappa
+    underflow: float  # A: float32 underflow in one output's products and sums
 
 
 def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
@@ -87,15 +89,20 @@ def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
             underflow = n_terms * _F32_MIN_NORMAL * (2.0 + w_max)
             scale = (1.0 + g) * (1.0 + 16 * U) + 16 * U * (1.0 + g) ** 2 / g
             floor = (2.0 * underflow + MIN_NORMAL) * (1.0 + 1.0 / g) * 4.0
-            got = Float32Weights(w32, np.abs(w32), g, (g * (1.0 + U32) + U32 + 1.01 * U) * (1.0 + 4 * U), scale, floor)
+            got = Float32Weights(w32, np.abs(w32), g, (g * (1.0 + U32) + U32 + 1.01 * U) * (1.0 + 4 * U), scale, floor,
+                                 underflow)
         p.cache[key] = got
     return p.cache[key]
 
 
-def _spread(c: np.ndarray, r: np.ndarray, w: Float32Weights) -> np.ndarray:
+def _spread(c: np.ndarray, r: np.ndarray, w: Float32Weights) -> np.ndarray | None:
     """The spread v of the box [c -+ r] (``box_halves``): at least the radius plus the center's float32
-    rounding, and safe to round to float32 (see the module docstring); in a scratch buffer."""
+    rounding, and safe to round to float32 (see the module docstring); in a scratch buffer. None when
+    that rounding would cost more than ``_WIDTH_COST`` of the width (summed over the box: a radius
+    tiny next to the center, where float64 products are the right choice)."""
     v = np.abs(c, out=scratch("affine32.v", c.shape))
+    if w.g_center * float(np.sum(v)) > _WIDTH_COST * float(np.sum(r)):
+        return None
     v *= w.g_center
     v += r
     v *= _TO_F32_UP * (1.0 + 3 * U)  # r's own float64 rounding (3u), then up to float32
@@ -103,11 +110,86 @@ def _spread(c: np.ndarray, r: np.ndarray, w: Float32Weights) -> np.ndarray:
     return v
 
 
-def _float32_worth_it(halves: Halves, samples: int) -> bool:
-    """Float32 products pay when the box is finite and its radius is not uniform per sample (where the
-    float64 rule needs a single product)."""
-    c, r, finite = halves
-    return finite and r.size > 0 and _uniform_radius(r.reshape(samples, -1)) is None
+# float32 products are used when their rounding costs at most this much of the width (gamma |W| |c|
+# against |W| r); for a uniform radius, a longer row is cut into pieces of at most _PIECE_TERMS terms, each
+# summed in float32 and the pieces in float64, so that gamma is that of a piece
+_WIDTH_COST = 2.0 ** -9
+_PIECE_TERMS = 256
+_F32_SAFE = 2.0 ** 120  # centers beyond this keep float64 products (float32 overflow)
+
+
+def _center_gamma(terms: int, pieces: int) -> float:
+    """The relative rounding error of a center product in float32: ``pieces`` dot products of ``terms``
+    terms each, summed in float64 with the bias, on a center rounded to float32 (2**-24 |c|, with margin)."""
+    return gamma32(terms + 1) + gamma(pieces + 2) + 2.0 ** -22
+
+
+def _uniform_pays(g: float, c_max: np.ndarray, r_max: np.ndarray) -> bool:
+    e_c = (g + 4 * U) * (1.0 + g)
+    return bool(np.all(c_max < _F32_SAFE) and np.all(e_c * c_max <= _WIDTH_COST * r_max))
+
+
+def _weight_pieces(p: AffineParams, w: Float32Weights, pieces: int, terms: int) -> np.ndarray:
+    """``W.T`` in float32, zero-padded to ``pieces * terms`` rows and cut into ``[pieces, terms, out]``."""
+    key = ("float32.pieces", pieces, terms)
+    got = p.cache.get(key)
+    if got is None:
+        n, out = p.weight.shape[1], p.weight.shape[0]
+        got = np.zeros((pieces * terms, out), F32)
+        got[:n] = w.weight.T
+        got = p.cache[key] = got.reshape(pieces, terms, out)
+    return got
+
+
+def _uniform_linear32(halves: Halves, p: AffineParams, w: Float32Weights, r_max: np.ndarray,
+                      shape: tuple[int, ...]) -> Box | None:
+    """``linear_box`` for a radius uniform per sample with the center product in float32 pieces, or
+    None when its rounding would cost more than ``_WIDTH_COST`` of the width."""
+    c = halves[0]
+    n = p.weight.shape[1]
+    pieces = -(-n // _PIECE_TERMS)
+    terms = -(-n // pieces)
+    g = _center_gamma(terms, pieces)
+    lead = c.shape[:-1] + (1,)
+    c_max = _abs_max(c, axis=-1, keepdims=True)
+    r_max = r_max.reshape(lead)
+    if not _uniform_pays(g, c_max, r_max):
+        return None
+    rows = math.prod(c.shape[:-1])
+    c32 = scratch("affine32.c", (rows, pieces * terms), F32)
+    c32[:, n:] = 0.0
+    np.copyto(c32[:, :n], c.reshape(rows, n), casting="same_kind")
+    parts = np.matmul(c32.reshape(rows, pieces, terms).transpose(1, 0, 2), _weight_pieces(p, w, pieces, terms),
+                      out=scratch("affine32.parts", (pieces, rows, p.weight.shape[0]), F32))
+    mid = np.sum(parts, axis=0, dtype=np.float64, out=scratch("affine.mid", (rows, p.weight.shape[0])))
+    mid += p.bias
+    floor = MIN_NORMAL + 2.0 * w.underflow + 2.0 ** -149 * float(np.max(p.abs_row_sum, initial=0.0))
+    return _affine_ends(mid.reshape(shape), c_max, r_max, None, p.abs_row_sum, p.bias, g, True, shape, floor,
+                        gamma(pieces + 2))
+
+
+def _uniform_conv32(halves: Halves, p: AffineParams, w: Float32Weights, attrs: Mapping[str, Any], r_max: np.ndarray,
+                    x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Box | None:
+    """``conv_box`` for a radius uniform per sample with the center product in float32 (at most
+    ``_PIECE_TERMS`` terms per output), or None where it does not pay (see ``_uniform_linear32``)."""
+    terms = attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"])
+    if terms > _PIECE_TERMS:
+        return None
+    n = x_shape[0]
+    ones = (1,) * (len(x_shape) - 2)
+    c = halves[0].reshape(x_shape)
+    g = _center_gamma(terms, 1)
+    c_max = _abs_max(c.reshape(n, -1), axis=1).reshape((n, 1) + ones)
+    r_max = r_max.reshape((n, 1) + ones)
+    if not _uniform_pays(g, c_max, r_max):
+        return None
+    plan = conv_plan(x_shape, attrs)
+    sums = in_bounds_abs_sums(p, attrs, x_shape[1:])
+    bias = p.bias.reshape((-1,) + ones)
+    mid = conv_products(stage(c, plan, F32, "affine32.staged"), plan, w.weight, attrs["groups"], "affine32.mid")
+    mid = np.add(mid, bias, out=scratch("affine.mid", (n,) + sums.shape))
+    floor = MIN_NORMAL + 2.0 * w.underflow + 2.0 ** -149 * float(np.max(sums, initial=0.0))
+    return _affine_ends(mid, c_max, r_max, None, sums, bias, g, True, out_shape, floor, gamma(3))
 
 
 def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weights, shape: tuple[int, ...]
@@ -127,16 +209,24 @@ def linear_box32(a: Box, p: AffineParams) -> Box:
     lo, hi = a
     w = float32_weights(p, p.weight.shape[1])
     halves = box_halves(lo, hi)
-    if w is not None and lo.ndim and _float32_worth_it(halves, math.prod(lo.shape[:-1])):
+    c, r, finite = halves
+    if w is not None and lo.ndim and finite and r.size:
         shape = lo.shape[:-1] + p.weight.shape[:1]
         with np.errstate(all="ignore"):
-            c32 = scratch("affine32.c", lo.shape, F32)
-            v32 = scratch("affine32.v32", lo.shape, F32)
-            np.copyto(c32, halves[0], casting="same_kind")
-            np.copyto(v32, _spread(halves[0], halves[1], w), casting="same_kind")
-            mid32 = np.matmul(c32, w.weight.T, out=scratch("affine32.mid", shape, F32))
-            t32 = np.matmul(v32, w.abs_weight.T, out=scratch("affine32.t", shape, F32))
-            got = _ends32(mid32, t32, p.bias, w, shape)
+            r_max = _uniform_radius(r.reshape(-1, r.shape[-1]))
+            if r_max is not None:
+                got = _uniform_linear32(halves, p, w, r_max, shape)
+            else:
+                got = None
+                v = _spread(c, r, w)
+                if v is not None:
+                    c32 = scratch("affine32.c", lo.shape, F32)
+                    v32 = scratch("affine32.v32", lo.shape, F32)
+                    np.copyto(c32, c, casting="same_kind")
+                    np.copyto(v32, v, casting="same_kind")
+                    mid32 = np.matmul(c32, w.weight.T, out=scratch("affine32.mid", shape, F32))
+                    t32 = np.matmul(v32, w.abs_weight.T, out=scratch("affine32.t", shape, F32))
+                    got = _ends32(mid32, t32, p.bias, w, shape)
             if got is not None:
                 return got
     return linear_box(a, p, halves)
@@ -152,19 +242,30 @@ def conv_box32(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seq
     if not n:
         return conv_box(a, p, attrs, out_shape)
     halves = box_halves(lo, hi)
-    if w is not None and _float32_worth_it(halves, n):
+    c, r, finite = halves
+    if w is not None and finite and r.size:
         x_shape = (n,) + in_tail
-        c, r = halves[0].reshape(x_shape), halves[1].reshape(x_shape)
+        c, r = c.reshape(x_shape), r.reshape(x_shape)
         with np.errstate(all="ignore"):
-            plan = conv_plan(x_shape, attrs)
-            groups = attrs["groups"]
-            mid32 = conv_products(stage(c, plan, F32, "affine32.staged"), plan, w.weight, groups, "affine32.mid")
-            t32 = conv_products(stage(_spread(c, r, w), plan, F32, "affine32.staged"), plan, w.abs_weight, groups,
-                                "affine32.t")
-            bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
-            got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]))
+            r_max = _uniform_radius(r.reshape(n, -1))
+            if r_max is not None:
+                got = _uniform_conv32(halves, p, w, attrs, r_max, x_shape, tuple(out_shape))
+            else:
+                got = None
+                v = _spread(c, r, w)
+                if v is not None:
+                    plan = conv_plan(x_shape, attrs)
+                    groups = attrs["groups"]
+                    t32 = conv_products(stage(v, plan, F32, "affine32.staged"), plan, w.abs_weight, groups,
+                                        "affine32.t")
+                    mid32 = conv_products(stage(c, plan, F32, "affine32.staged"), plan, w.weight, groups,
+                                          "affine32.mid")
+                    bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
+                    got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]))
+                    if got is not None:
+                        got = CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
             if got is not None:
-                return CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
+                return got
     return conv_box(a, p, attrs, out_shape, halves=halves)
 
 

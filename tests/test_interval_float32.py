@@ -40,8 +40,16 @@ def _exact_linear(w: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) 
     return lows, highs
 
 
+@pytest.fixture
+def float32_everywhere(monkeypatch):
+    """Float32 products even where their rounding dominates the width (large centers, tiny radii): the
+    regimes where a plain float32 IBP is wrong, so the bound's constants are tested where they matter."""
+    import semantics.rules.affine32 as affine32
+    monkeypatch.setattr(affine32, "_WIDTH_COST", float("inf"))
+
+
 @pytest.mark.parametrize("center_scale, radius", [(1.0, 0.1), (1000.0, 1e-6), (1e-30, 1e-38), (3e5, 0.5)])
-def test_linear_encloses_exact_image(center_scale, radius):
+def test_linear_encloses_exact_image(center_scale, radius, float32_everywhere):
     rng = np.random.default_rng(0)
     w, b = _f32(rng, (5, 40)), _f32(rng, (5,))
     c = rng.standard_normal((3, 40)) * center_scale
@@ -50,13 +58,15 @@ def test_linear_encloses_exact_image(center_scale, radius):
     p = AffineParams.of(w, b)
     assert float32_weights(p, 40) is not None
     got_lo, got_hi = linear_box32((lo, hi), p)
+    from semantics.rules.affine import linear_box
+    assert not np.array_equal(got_lo, linear_box((lo, hi), p)[0])  # the float32 path ran
     for k in range(3):
         want_lo, want_hi = _exact_linear(w, b, lo[k], hi[k])
         assert all(Fraction(g) <= e for g, e in zip(got_lo[k], want_lo))
         assert all(Fraction(g) >= e for g, e in zip(got_hi[k], want_hi))
 
 
-def test_conv_encloses_exact_image_of_a_pixel():
+def test_conv_encloses_exact_image_of_a_pixel(float32_everywhere):
     """Each conv output is a dot product over its window: check them all exactly on a small map."""
     rng = np.random.default_rng(1)
     cin, cout, k = 2, 3, 3
@@ -67,6 +77,8 @@ def test_conv_encloses_exact_image_of_a_pixel():
     attrs = dict(kernel=[k, k], stride=[1, 1], dilation=[1, 1], padding=[1, 1], padding_after=[1, 1], groups=1,
                  channel_axis=1, in_channels=cin, out_channels=cout, spatial_rank=2)
     got_lo, got_hi = conv_box32((lo, hi), AffineParams.of(w, b), attrs, (1, cout, 5, 5))
+    from semantics.rules.affine import conv_box
+    assert not np.array_equal(got_lo, conv_box((lo, hi), AffineParams.of(w, b), attrs, (1, cout, 5, 5))[0])
     pad = lambda a: np.pad(a[0], ((0, 0), (1, 1), (1, 1)))  # noqa: E731
     plo, phi = pad(lo), pad(hi)
     for o in range(cout):
@@ -226,3 +238,15 @@ def test_narrow_linear_layers_keep_the_float64_rule():
         b64 = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi)[out]
         b32 = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi, products="float32")[out]
         assert all(np.array_equal(a, b) for a, b in zip(b64, b32)) == same
+
+
+def test_float32_is_declined_where_its_rounding_would_dominate_the_width():
+    """A radius tiny next to the center (1e-6 around 1000): float32 products would widen the box by
+    orders of magnitude, so the float64 rule's box is returned."""
+    rng = np.random.default_rng(4)
+    p = AffineParams.of(_f32(rng, (5, 40)), _f32(rng, (5,)))
+    c = rng.standard_normal((3, 40)) * 1000.0
+    r = np.abs(rng.standard_normal((3, 40))) * 1e-6
+    from semantics.rules.affine import linear_box
+    for a, b in zip(linear_box32((c - r, c + r), p), linear_box((c - r, c + r), p)):
+        assert np.array_equal(a, b)

@@ -62,16 +62,11 @@ on_ends("clamp")
 
 @interval_rule("relu")
 def relu_ends(node, ps, rec):
-    """The float rule on each end (relu is monotone and exact), into result memory. The parent's
-    ends carry no NaN (the domain cleaned them), so neither do these."""
-    lo, hi = (_relu_into(np.asarray(end, dtype=np.float64)) for end in ps[0])
+    """max(end, 0) on each end (relu is monotone and exact), into result memory. An end may be -0.0
+    where the float rule gives +0.0: the same real number, which is all a box says. The parent's ends
+    carry no NaN (the domain cleaned them), so neither do these."""
+    lo, hi = (np.maximum(end, 0.0, out=result_array(np.shape(end))) for end in ps[0])
     return CleanBox((lo, hi))
-
-
-def _relu_into(x: np.ndarray) -> np.ndarray:
-    y = np.maximum(x, 0.0, out=result_array(x.shape))
-    y += 0.0  # as the float rule: -0.0 becomes +0.0
-    return y
 
 
 def _neg_part(a: Box) -> Box:

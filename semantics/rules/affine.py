@@ -3,9 +3,13 @@
 Float: one BLAS product (conv through ``semantics.conv``'s im2col).
 
 Interval, in center-radius form. For y = A x + b over the box [c - r, c + r] the exact image is
-A c + b +- |A| r (each output's range is exact, not just enclosed). We compute fl(A c) and fl(|A| (r + g|c|)) with BLAS and widen by the
-order-independent dot-product error bound (``interval_round.dot_radius``), then add the bias with
-directed rounding. Two matrix products per layer, the same cost as auto_LiRPA's IBP.
+A c + b +- |A| r (each output's range is exact, not just enclosed). Linear and conv take
+c = fl((lo + hi) / 2) and r = fl((hi - lo) / 2) (``box_halves``), compute fl(A c) + b and fl(|A| r) with
+BLAS (conv: ``conv_gemm``'s staged GEMM over the whole batch), or max(r) |A| 1 when r is uniform per
+sample (an l-inf ball: one product), and widen by a radius that covers every rounding on the way,
+including that of the ends themselves (``_affine_ends``): two matrix products per layer, the same
+count as auto_LiRPA's IBP, and no outward-rounding passes. matmul with a constant operand and
+conv_transpose use ``affine_box`` (the order-independent dot-product bound, ends rounded outward).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Interval linear and conv with float32 matrix products (``products="float32"``), still sound.
 
 The float64 rules (``affine``) cost two float64 GEMMs per layer; BLAS runs float32 products up to
-twice as fast, which is what auto_LiRPA's IBP uses (without any rounding allowance). Here both
-products of the center-radius form run in float32 and their rounding is bounded rigorously (Higham's
-order-independent dot-product bound with u = 2**-24, gamma32(n) for n terms per output):
+twice as fast, which is what auto_LiRPA's IBP uses (without any rounding allowance). Here the
+products run in float32 and their rounding is bounded rigorously (Higham's order-independent
+dot-product bound with u = 2**-24, gamma32(n) for n terms per output).
+
+A radius that varies (every layer after the first):
 
 - c = fl((lo + hi) / 2), r = fl((hi - lo) / 2) in float64 (each within 3u64 of exact, covered below);
   c32 = fl32(c) is within 2**-24 |c| + 2**-150 of c;
@@ -16,11 +18,16 @@ order-independent dot-product bound with u = 2**-24, gamma32(n) for n terms per 
   kappa cover the two float64 roundings, using |s| <= (|W| v) (1 + g) / g + |b| (every |c32| term
   is at most |W| v / g), so no further pass over the output is needed.
 
-The bounds are wider than the float64 rules' by about gamma32(n) |W| |c| (n the terms per output): a
-relative 1e-5 to 1e-3 of the width on typical layers, the price of the speed. A node keeps its
-float64 rule when its weight is not exactly a float32 array (a float64 checkpoint), when n >= 2**20,
-when float32 would overflow, and when the input radius is uniform per sample (an l-inf ball at the
-first layer: there the float64 rule needs a single product).
+A radius uniform per sample (an l-inf ball at the first layer): one float32 product for the center,
+rows of more than ``_PIECE_TERMS`` terms cut into pieces summed in float64 (so gamma32 is a piece's),
+|W| r = max(r) |W| 1, and the center's rounding bounded by gamma max|c| |W| 1; the float64 rule's
+finishing step (``affine._affine_ends``) with that gamma.
+
+Float32 is used only where its rounding costs at most ``_WIDTH_COST`` (2**-9) of the width; the bounds
+are then wider than the float64 rules' by a relative 1e-4 to 2e-3 on the bench models, the price of
+the speed. A node keeps its float64 rule when its weight is not exactly a float32 array (a float64
+checkpoint), when n >= 2**20, when float32 would overflow, where float32 rounding would dominate
+the width (a radius tiny next to the center), and (linear) below ``MIN_OUT_FLOAT32`` outputs.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import numpy as np
 
 from .arena import result_array
 from .float_special import erf
-from .interval_round import Box, CleanBox, clean, down, down_, lib_bounds, up, up_
+from .interval_round import Box, CleanBox, all_finite, clean, down, down_, lib_bounds, up, up_
 
 __all__ = ["point", "add", "sub", "neg", "mul", "scale", "add_const", "div", "inv", "square",
            "abs_box", "max_box", "min_box", "relu_box", "contains_zero", "divide_exact", "DomainError",
@@ -48,7 +48,7 @@ def _outward_ends(lo: np.ndarray, hi: np.ndarray) -> Box:
     """``(down(lo), up(hi))`` of ends just computed here; when both are finite float64 arrays (one
     reduction each), rounded in place without further checks and known to be clean."""
     if (isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray) and lo.ndim and hi.ndim
-            and lo.dtype == hi.dtype == np.float64 and np.isfinite(np.sum(lo)) and np.isfinite(np.sum(hi))):
+            and lo.dtype == hi.dtype == np.float64 and all_finite(lo) and all_finite(hi)):
         return CleanBox((down_(lo, finite=True), up_(hi, finite=True)))
     return clean(_down(lo), _up(hi))
 

@@ -17,6 +17,7 @@ an exact value lying in the next binade.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -24,13 +25,24 @@ import numpy as np
 from .scratch import scratch
 
 __all__ = ["U", "TINY", "LIB_ULPS", "Box", "down", "up", "down_", "up_", "gamma", "clean", "lib_bounds", "sum_bounds",
-           "sum_nonneg_bounds", "center_radius", "dot_radius", "up_exact_zero", "CleanBox"]
+           "sum_nonneg_bounds", "center_radius", "dot_radius", "up_exact_zero", "CleanBox", "all_finite", "any_nan"]
 
 Box = tuple[np.ndarray, np.ndarray]
 
 
 class CleanBox(tuple):
     """A box ``clean`` returned: two float64 arrays without NaN, so the domain need not look again."""
+
+
+def all_finite(x: np.ndarray) -> bool:
+    """Whether every entry is finite, from one reduction (a sum is NaN or infinite whenever an entry
+    is, or when the sum overflows: then the caller takes its careful path, which is still right)."""
+    return math.isfinite(np.add.reduce(x, axis=None))
+
+
+def any_nan(x: np.ndarray) -> bool:
+    """Whether some entry may be NaN, from one reduction (never False when one is)."""
+    return math.isnan(np.add.reduce(x, axis=None))
 
 U = 2.0 ** -53          # unit roundoff of binary64
 TINY = 2.0 ** -1074     # smallest subnormal: absolute error of one product that underflows
@@ -78,7 +90,7 @@ def _outward(x: np.ndarray, step: np.ndarray, direction: float, out: np.ndarray 
     """``x -+ step`` into ``out`` (default: into ``step``; may be ``x`` itself), an infinite ``x`` on the
     inner side becoming the largest float (an exact real value is finite; inf - inf would be NaN)."""
     inner = None
-    if not finite and not np.isfinite(np.sum(x)):  # one reduction, no mask, in the common all-finite case
+    if not finite and not all_finite(x):  # one reduction, no mask, in the common all-finite case
         inner = np.isposinf(x) if direction < 0 else np.isneginf(x)
     out = step if out is None else out
     if direction < 0:
@@ -111,9 +123,9 @@ def clean(lo: np.ndarray, hi: np.ndarray) -> Box:
     """NaN endpoints (from inf - inf, 0 * inf) become the trivially sound -inf / +inf."""
     with np.errstate(all="ignore"):
         # one cheap reduction first: a sum is NaN whenever an entry is (or inf - inf occurs)
-        if np.isnan(np.sum(lo)):
+        if any_nan(lo):
             lo = np.where(np.isnan(lo), _NEG, lo)
-        if np.isnan(np.sum(hi)):
+        if any_nan(hi):
             hi = np.where(np.isnan(hi), _POS, hi)
     if isinstance(lo, np.ndarray) and isinstance(hi, np.ndarray) and lo.dtype == hi.dtype == np.float64:
         return CleanBox((lo, hi))

@@ -29,16 +29,22 @@ _LOCAL = threading.local()
 
 def scratch(name: str, shape: Sequence[int], dtype: np.dtype | type = np.float64) -> np.ndarray:
     """An uninitialized C-contiguous array of ``shape`` and ``dtype``, the buffer of ``name`` on this
-    thread (grown when too small), or a fresh array above ``MAX_SCRATCH_BYTES``."""
-    dtype = np.dtype(dtype)
-    shape = tuple(shape)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes > MAX_SCRATCH_BYTES:
-        return np.empty(shape, dtype)
+    thread (grown when too small), or a fresh array above ``MAX_SCRATCH_BYTES``. Asked again for the
+    same shape and type, it hands out the same array object (a hot loop asks thousands of times)."""
     buffers = getattr(_LOCAL, "buffers", None)
     if buffers is None:
         buffers = _LOCAL.buffers = {}
-    buf = buffers.get(name)
+    shape = tuple(shape)
+    got = buffers.get(name)
+    if got is not None and got[1] == shape and got[2] == dtype:
+        return got[3]
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > MAX_SCRATCH_BYTES:
+        return np.empty(shape, dtype)
+    buf = None if got is None else got[0]
     if buf is None or buf.nbytes < nbytes:
-        buf = buffers[name] = np.empty(max(nbytes, 64), np.uint8)
-    return buf[:nbytes].view(dtype).reshape(shape)
+        buf = np.empty(max(nbytes, 64), np.uint8)
+    view = buf[:nbytes].view(dtype).reshape(shape)
+    buffers[name] = (buf, shape, dtype, view)
+    return view

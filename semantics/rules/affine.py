@@ -23,7 +23,8 @@ import numpy as np
 
 from .. import interval_arith as ia
 from ..conv import conv_nd, conv_transpose_nd
-from ..interval_round import MIN_NORMAL, U, Box, CleanBox, center_radius, clean, dot_radius, down, gamma, sum_bounds, up
+from ..interval_round import (MIN_NORMAL, U, Box, CleanBox, all_finite, center_radius, clean, dot_radius, down, gamma,
+                              sum_bounds, up)
 from ..arena import result_array
 from ..conv_gemm import conv_plan, conv_products, stage
 from ..scratch import scratch
@@ -164,7 +165,7 @@ def box_halves(lo: np.ndarray, hi: np.ndarray) -> Halves:
         c *= 0.5
         r = np.subtract(hi, lo, out=scratch("affine.r", np.shape(lo)))
         r *= 0.5
-        if np.isfinite(np.sum(c)) and np.isfinite(np.sum(r)):
+        if all_finite(c) and all_finite(r):
             return c, r, True
         c, r = center_radius(lo, hi)
         return c, r, False
@@ -197,10 +198,10 @@ def _affine_ends(mid: np.ndarray, c_max: np.ndarray, r_max: np.ndarray | None, s
     t += (e_b * np.abs(bias) + floor) * _SAFETY_ROUNDED
     out_lo = np.subtract(mid, t, out=result_array(mid.shape))
     out_hi = np.add(mid, t, out=result_array(mid.shape))
-    if finite and np.isfinite(np.sum(mid)):
+    if finite and all_finite(mid):
         # finite c, r and center: T >= 0 is a sum of non-negative terms (at worst +inf), so no end is NaN
         return CleanBox((out_lo.reshape(shape), out_hi.reshape(shape)))
-    if not np.isfinite(np.sum(mid)):
+    if not all_finite(mid):
         # an overflowed center says nothing: a partial sum can overflow while the exact value is finite
         lost = ~np.isfinite(mid)
         out_lo[lost], out_hi[lost] = -np.inf, np.inf

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..arena import result_array
 from ..conv_gemm import conv_plan, conv_products, stage
-from ..interval_round import MIN_NORMAL, U, Box, CleanBox, gamma
+from ..interval_round import MIN_NORMAL, U, Box, CleanBox, all_finite, gamma
 from ..scratch import scratch
 from .affine import (AffineParams, Halves, _abs_max, _affine_ends, _uniform_radius, box_halves, conv_box,
                      in_bounds_abs_sums, linear_box)
@@ -205,7 +205,7 @@ def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weig
     in result memory, or None when float32 overflowed (a center or spread beyond its range)."""
     s = np.add(mid32, bias, out=scratch("affine.mid", shape))
     t = np.multiply(t32, w.scale, out=scratch("affine.t", shape))
-    if not (np.isfinite(np.sum(s)) and np.isfinite(np.sum(t))):
+    if not (all_finite(s) and all_finite(t)):
         return None
     t += w.floor + 4.01 * U * np.abs(bias)
     return CleanBox((np.subtract(s, t, out=result_array(shape)), np.add(s, t, out=result_array(shape))))

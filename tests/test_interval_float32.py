@@ -250,3 +250,27 @@ def test_float32_is_declined_where_its_rounding_would_dominate_the_width():
     from semantics.rules.affine import linear_box
     for a, b in zip(linear_box32((c - r, c + r), p), linear_box((c - r, c + r), p)):
         assert np.array_equal(a, b)
+
+
+def _conv_case(rng: np.random.Generator, w: np.ndarray, scale: float) -> tuple:
+    attrs = dict(kernel=[3, 3], stride=[1, 1], dilation=[1, 1], padding=[1, 1], padding_after=[1, 1], groups=1,
+                 channel_axis=1, in_channels=2, out_channels=3, spatial_rank=2)
+    c = rng.standard_normal((2, 2, 4, 4)) * scale
+    r = np.abs(rng.standard_normal(c.shape)) * scale * 0.1
+    return (c - r, c + r), AffineParams.of(w, _f32(rng, (3,))), attrs
+
+
+def test_conv_float32_falls_back_where_halving_the_weights_or_float32_range_fails():
+    """The varying-radius conv runs on halved float32 weights: a weight too small to halve exactly, or
+    ends beyond float32's range (2**126 here), give the float64 rule's box."""
+    from semantics.rules.affine import conv_box
+    rng = np.random.default_rng(8)
+    tiny = _f32(rng, (3, 2, 3, 3))
+    tiny[0, 0, 0, 0] = np.float32(1e-39)  # a float32 subnormal
+    for w, scale in ((tiny, 1.0), (_f32(rng, (3, 2, 3, 3)), 2.0 ** 126)):
+        box, params, attrs = _conv_case(rng, w, scale)
+        for a, b in zip(conv_box32(box, params, attrs, (2, 3, 4, 4)), conv_box(box, params, attrs, (2, 3, 4, 4))):
+            assert np.array_equal(a, b)
+    box, params, attrs = _conv_case(rng, _f32(rng, (3, 2, 3, 3)), 1.0)
+    assert not np.array_equal(conv_box32(box, params, attrs, (2, 3, 4, 4))[0],
+                              conv_box(box, params, attrs, (2, 3, 4, 4))[0])  # the float32 path otherwise

@@ -42,7 +42,7 @@ from ..arena import result_array
 from ..conv_gemm import conv_plan, conv_products, stage
 from ..interval_round import MIN_NORMAL, U, Box, CleanBox, all_finite, gamma
 from ..scratch import scratch
-from .affine import (AffineParams, Halves, _abs_max, _affine_ends, _uniform_radius, box_halves, conv_box,
+from .affine import (_NEAR_UNIFORM, AffineParams, Halves, _abs_max, _affine_ends, _uniform_radius, box_halves, conv_box,
                      in_bounds_abs_sums, linear_box)
 from .table import INTERVAL_RULES, read_params
 
@@ -81,6 +81,8 @@ class Float32Weights:
     scale: float      # K
     floor: float      # the bias-free part of kappa
     underflow: float  # A: float32 underflow in one output's products and sums
+    halves: tuple[np.ndarray, np.ndarray] | None  # weight / 2 and |weight| / 2 when halving is exact
+    abs_row_max: float  # the largest sum of |W| over one output's terms
 
 
 def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
@@ -96,8 +98,12 @@ def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
             underflow = n_terms * _F32_MIN_NORMAL * (2.0 + w_max)
             scale = (1.0 + g) * (1.0 + 16 * U) + 16 * U * (1.0 + g) ** 2 / g
             floor = (2.0 * underflow + MIN_NORMAL) * (1.0 + 1.0 / g) * 4.0
-            got = Float32Weights(w32, np.abs(w32), g, (g * (1.0 + U32) + U32 + 1.01 * U) * (1.0 + 4 * U), scale, floor,
-                                 underflow)
+            abs32 = np.abs(w32)
+            tiny = (abs32 > 0) & (abs32 < _F32_MIN_NORMAL * 2)  # halving them would round
+            halves = None if np.any(tiny) else (w32 * np.float32(0.5), abs32 * np.float32(0.5))
+            row_max = float(np.max(p.abs_row_sum, initial=0.0))
+            got = Float32Weights(w32, abs32, g, (g * (1.0 + U32) + U32 + 1.01 * U) * (1.0 + 4 * U), scale, floor,
+                                 underflow, halves, row_max)
         p.cache[key] = got
     return p.cache[key]
 
@@ -115,6 +121,31 @@ def _spread(c: np.ndarray, r: np.ndarray, w: Float32Weights) -> np.ndarray | Non
     v *= _TO_F32_UP * (1.0 + 3 * U)  # r's own float64 rounding (3u), then up to float32
     v += _TO_F32_TINY + 2.0 ** -1072
     return v
+
+
+def _doubled_spread(c2: np.ndarray, r2: np.ndarray, w: Float32Weights) -> tuple[np.ndarray, bool] | None:
+    """``_spread`` from 2c = fl(lo + hi) and 2r = fl(hi - lo): 2v, computed by the same roundings scaled
+    by 2 (exact), and whether float32 provably cannot overflow in either product (from the sums taken
+    here, each entry being at most its sum). None when an end is not finite or float32 rounding would
+    cost more than ``_WIDTH_COST`` of the width."""
+    v = np.abs(c2, out=scratch("affine32.v", c2.shape))
+    total_c, total_r = float(np.add.reduce(v, axis=None)), float(np.add.reduce(r2, axis=None))
+    if not (math.isfinite(total_c) and math.isfinite(total_r)) or w.g_center * total_c > _WIDTH_COST * total_r:
+        return None
+    v *= w.g_center
+    v += r2
+    v *= _TO_F32_UP * (1.0 + 3 * U)
+    v += 2.0 * (_TO_F32_TINY + 2.0 ** -1072)
+    v_total = (w.g_center * total_c + total_r) * _TO_F32_UP * (1.0 + 8 * U) + v.size * 2.0 ** -140
+    safe = max(total_c, v_total) * max(w.abs_row_max, 1.0) < _F32_SAFE
+    return v, safe
+
+
+def _first_sample_uniform(lo: np.ndarray, hi: np.ndarray, samples: int) -> bool:
+    """Whether the first sample's radius is uniform up to rounding (an l-inf ball at the first layer);
+    it decides ``_uniform_radius`` unless the samples differ, for 1/samples of its work."""
+    gap = np.subtract(hi.reshape(samples, -1)[0], lo.reshape(samples, -1)[0])
+    return bool(gap.size) and bool(gap.min() >= gap.max() * _NEAR_UNIFORM)
 
 
 # float32 products are used when their rounding costs at most this much of the width (gamma |W| |c|
@@ -199,13 +230,14 @@ def _uniform_conv32(halves: Halves, p: AffineParams, w: Float32Weights, attrs: M
     return _affine_ends(mid, c_max, r_max, None, sums, bias, g, True, out_shape, floor, gamma(3))
 
 
-def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weights, shape: tuple[int, ...]
-            ) -> Box | None:
+def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weights, shape: tuple[int, ...],
+            check: bool = True) -> Box | None:
     """The box ``mid32 + bias -+ T`` (``mid32 = fl32(W c32)``, ``t32 = fl32(|W| v32)``, any strides)
-    in result memory, or None when float32 overflowed (a center or spread beyond its range)."""
+    in result memory, or None when float32 overflowed (a center or spread beyond its range; not looked
+    for when ``check`` is False: the caller has proven it cannot happen)."""
     s = np.add(mid32, bias, out=scratch("affine.mid", shape))
     t = np.multiply(t32, w.scale, out=scratch("affine.t", shape))
-    if not (all_finite(s) and all_finite(t)):
+    if check and not (all_finite(s) and all_finite(t)):
         return None
     t += w.floor + 4.01 * U * np.abs(bias)
     return CleanBox((np.subtract(s, t, out=result_array(shape)), np.add(s, t, out=result_array(shape))))
@@ -240,40 +272,42 @@ def linear_box32(a: Box, p: AffineParams) -> Box:
 
 
 def conv_box32(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int]) -> Box:
-    """``conv_box`` (not transposed) with float32 products, or ``conv_box`` where float32 is not used."""
+    """``conv_box`` (not transposed) with float32 products, or ``conv_box`` where float32 is not used.
+
+    A varying radius runs on 2c and 2r against the halved float32 weights (exact): the same products,
+    without two halving passes over the input."""
     ca = attrs["channel_axis"]
     lo, hi = a
     lead, in_tail = lo.shape[:ca], lo.shape[ca:]
     n = math.prod(lead)
     w = float32_weights(p, attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]))
-    if not n:
+    if w is None or not n or not lo.size:
         return conv_box(a, p, attrs, out_shape)
-    halves = box_halves(lo, hi)
-    c, r, finite = halves
-    if w is not None and finite and r.size:
-        x_shape = (n,) + in_tail
-        c, r = c.reshape(x_shape), r.reshape(x_shape)
-        with np.errstate(all="ignore"):
-            r_max = _uniform_radius(r.reshape(n, -1))
+    x_shape = (n,) + in_tail
+    lo, hi = lo.reshape(x_shape), hi.reshape(x_shape)
+    with np.errstate(all="ignore"):
+        if _first_sample_uniform(lo, hi, n):
+            halves = box_halves(lo, hi)
+            r_max = _uniform_radius(halves[1].reshape(n, -1)) if halves[2] else None
             if r_max is not None:
                 got = _uniform_conv32(halves, p, w, attrs, r_max, x_shape, tuple(out_shape))
-            else:
-                got = None
-                v = _spread(c, r, w)
-                if v is not None:
-                    plan = conv_plan(x_shape, attrs)
-                    groups = attrs["groups"]
-                    t32 = conv_products(stage(v, plan, F32, "affine32.staged"), plan, w.abs_weight, groups,
-                                        "affine32.t")
-                    mid32 = conv_products(stage(c, plan, F32, "affine32.staged"), plan, w.weight, groups,
-                                          "affine32.mid")
-                    bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
-                    got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]))
-                    if got is not None:
-                        got = CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
-            if got is not None:
-                return got
-    return conv_box(a, p, attrs, out_shape, halves=halves)
+                return got if got is not None else conv_box(a, p, attrs, out_shape, halves=halves)
+        if w.halves is not None:
+            c2 = np.add(lo, hi, out=scratch("affine.c", x_shape))
+            r2 = np.subtract(hi, lo, out=scratch("affine.r", x_shape))
+            spread = _doubled_spread(c2, r2, w)
+            if spread is not None:
+                plan = conv_plan(x_shape, attrs)
+                groups = attrs["groups"]
+                half_w, half_abs = w.halves
+                t32 = conv_products(stage(spread[0], plan, F32, "affine32.staged"), plan, half_abs, groups,
+                                    "affine32.t")
+                mid32 = conv_products(stage(c2, plan, F32, "affine32.staged"), plan, half_w, groups, "affine32.mid")
+                bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
+                got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]), check=not spread[1])
+                if got is not None:
+                    return CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
+    return conv_box(a, p, attrs, out_shape)
 
 
 def _linear_rule32(node, ps, rec):

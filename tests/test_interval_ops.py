@@ -636,3 +636,18 @@ def test_affine_rules_at_extreme_magnitudes_never_return_nan(scale):
         lo_ok = np.isneginf(out[0]) | (frac(np.where(np.isfinite(out[0]), out[0], 0)) <= exact)
         hi_ok = np.isposinf(out[1]) | (exact <= frac(np.where(np.isfinite(out[1]), out[1], 0)))
         assert np.all(lo_ok) and np.all(hi_ok)
+
+
+def test_linear_box_on_doubled_halves_equals_the_halved_form():
+    """Without the caller's halves, linear_box multiplies 2c and 2r and halves the results: the same
+    boxes, bit for bit, as from box_halves (halving is exact in the normal range)."""
+    from semantics.rules.affine import AffineParams, box_halves, linear_box
+    rng = np.random.default_rng(12)
+    p = AffineParams.of(rng.standard_normal((6, 20)), rng.standard_normal(6))
+    for spread in (rng.random((5, 20)), np.full((5, 20), 0.25)):  # a varying and a uniform radius
+        lo = rng.standard_normal((5, 20)) * 10.0
+        hi = lo + spread
+        doubled = linear_box((lo, hi), p)
+        halved = linear_box((lo, hi), p, box_halves(lo, hi))
+        for a, b in zip(doubled, halved):
+            np.testing.assert_array_equal(a, b)

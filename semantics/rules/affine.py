@@ -81,22 +81,32 @@ def linear_box(a: Box, p: AffineParams, halves: Halves | None = None) -> Box:
     The radius is |W| r (one BLAS product, or max(r) * row sums when r is the same along the input
     axis up to rounding, as for an l-inf ball) plus the rounding bound gamma_n (|W| |c| + |b|), where
     |W| |c| is bounded by max|c| times the row sums (cheap, and only 1e-13 relative looser).
-    ``halves``: the input's ``halves`` when the caller has them.
+    ``halves``: the input's ``halves`` when the caller has them. Without them the products run on
+    2c = fl(lo + hi) and 2r = fl(hi - lo) and their (smaller) results are halved: the same values as
+    ``box_halves`` gives (halving is exact; a subnormal's rounding is covered by T's 2**-1022 floor),
+    without two passes over the input.
     """
-    c, r, finite = halves if halves is not None else box_halves(*a)
+    scale = 1.0
+    if halves is not None:
+        c, r, finite = halves
+    else:
+        c, r, finite = _doubled_halves(*a)
+        scale = 0.5 if finite else 1.0
     g = gamma(p.weight.shape[1] + 1)
     out_shape = c.shape[:-1] + p.weight.shape[:1]
     with np.errstate(all="ignore"):
         mid = np.matmul(c, p.weight.T, out=scratch("affine.mid", out_shape))
+        mid *= scale
         mid += p.bias
         lead = c.shape[:-1] + (1,)
         r_max = _uniform_radius(r.reshape(-1, r.shape[-1])) if r.size else None
         spread = None
         if r_max is None:
             spread = np.matmul(r, p.abs_weight.T, out=scratch("affine.spread", out_shape))
+            spread *= scale
         else:
-            r_max = r_max.reshape(lead)
-        c_max = _abs_max(c, axis=-1, keepdims=True) if c.shape[-1] else np.zeros(lead)
+            r_max = r_max.reshape(lead) * scale
+        c_max = (_abs_max(c, axis=-1, keepdims=True) if c.shape[-1] else np.zeros(lead)) * scale
         return _affine_ends(mid, c_max, r_max, spread, p.abs_row_sum, p.bias, g, finite, out_shape)
 
 
@@ -167,6 +177,18 @@ def box_halves(lo: np.ndarray, hi: np.ndarray) -> Halves:
         r *= 0.5
         if all_finite(c) and all_finite(r):
             return c, r, True
+        c, r = center_radius(lo, hi)
+        return c, r, False
+
+
+def _doubled_halves(lo: np.ndarray, hi: np.ndarray) -> Halves:
+    """``box_halves`` without the halving: 2c and 2r (or, for a box with an infinite or huge end,
+    ``center_radius``'s c and r, and False)."""
+    with np.errstate(all="ignore"):
+        c2 = np.add(lo, hi, out=scratch("affine.c", np.shape(lo)))
+        r2 = np.subtract(hi, lo, out=scratch("affine.r", np.shape(lo)))
+        if all_finite(c2) and all_finite(r2):
+            return c2, r2, True
         c, r = center_radius(lo, hi)
         return c, r, False
 

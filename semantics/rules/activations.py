@@ -57,7 +57,7 @@ def clamp(node, xs, rec, dt):
     return y
 
 
-on_ends("clamp")
+on_ends("clamp", nan_free=False)  # a NaN bound makes NaN
 
 
 @interval_rule("relu")

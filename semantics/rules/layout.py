@@ -125,7 +125,8 @@ def pad(node, xs, rec, dt):
 
 
 on_ends("detach", "permute", "transpose", "broadcast_to", "expand", "reshape", "flatten", "squeeze", "unsqueeze",
-        "concat", "slice", "pad")
+        "concat", "slice")
+on_ends("pad", nan_free=False)  # a constant pad value may be NaN
 
 
 @float_rule("cast")

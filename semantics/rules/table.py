@@ -28,6 +28,7 @@ import numpy as np
 
 from torchlean_bridge.graph import Node
 
+from ..interval_round import CleanBox
 from ..records import PREPARED, READERS, fail
 
 __all__ = ["RuleTable", "FLOAT_RULES", "INTERVAL_RULES", "EXACT_RULES", "float_rule", "interval_rule", "exact_rule", "float_unary",
@@ -92,16 +93,18 @@ def interval_pointwise(*kinds: str) -> Callable[[Callable[[Box, Mapping[str, Any
     return register
 
 
-def on_ends(*kinds: str) -> None:
+def on_ends(*kinds: str, nan_free: bool = True) -> None:
     """Data movement and monotone ops computed exactly in floating point (relu, floor, max, slicing):
-    the float rule applied to the lower ends and to the upper ends is the exact range."""
+    the float rule applied to the lower ends and to the upper ends is the exact range. ``nan_free``:
+    the op makes no NaN from numbers (the parents' ends never hold NaN), so its box needs no scan;
+    False for ops whose attributes may bring one in (a clamp bound, a pad value)."""
     for kind in kinds:
         fn = FLOAT_RULES[kind]
 
         def run(node: Node, ps: Sequence[Box], rec: Record, fn: FloatRule = fn) -> Box:
-            lo = fn(node, [p[0] for p in ps], rec, F64)
-            hi = fn(node, [p[1] for p in ps], rec, F64)
-            return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+            lo = np.asarray(fn(node, [p[0] for p in ps], rec, F64), dtype=np.float64)
+            hi = np.asarray(fn(node, [p[1] for p in ps], rec, F64), dtype=np.float64)
+            return CleanBox((lo, hi)) if nan_free else (lo, hi)
         INTERVAL_RULES.register(kind)(run)
 
 

@@ -2,7 +2,8 @@
 
 The input is staged once into a zero-padded, channel-major copy split by stride phase: channel c,
 phase p (the padded coordinates congruent to p modulo the stride) and the batch's flattened phase
-grids, ``[C, phases, n * prod(grid) + tail]``. In that layout every kernel tap reads, for all
+grids, ``[C, phases, n * prod(grid) + tail]``. Along a stride-1 axis consecutive rows share their
+padding (max(before, after) zeros between them). In that layout every kernel tap reads, for all
 samples and output positions at once, one contiguous run of each channel's row, at an offset fixed
 by the tap. The column matrix is therefore built from ``C * prod(kernel)`` long contiguous copies
 (an im2col view of the padded batch copies a few elements per inner step instead), and one GEMM per
@@ -68,7 +69,8 @@ def _plan(n: int, channels: int, spatial: tuple[int, ...], kernel: tuple[int, ..
           dilation: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ...]) -> ConvPlan:
     padded = tuple(s + b + e for s, b, e in zip(spatial, before, after))
     out_sp = tuple((p - d * (k - 1) - 1) // st + 1 for p, k, st, d in zip(padded, kernel, stride, dilation))
-    grid = tuple(-(-p // st) for p, st in zip(padded, stride))
+    grid = tuple(_shared_gap(s, b, e, o) if st == 1 else -(-p // st)
+                 for s, b, e, o, p, st in zip(spatial, before, after, out_sp, padded, stride))
     step = [math.prod(grid[ax + 1:]) for ax in range(len(grid))]
     taps = []
     for tap in np.ndindex(*kernel):
@@ -80,6 +82,15 @@ def _plan(n: int, channels: int, spatial: tuple[int, ...], kernel: tuple[int, ..
         taps.append((phase, offset))
     tail = max((off for _, off in taps), default=0)
     return ConvPlan(n, channels, spatial, out_sp, grid, stride, before, tuple(taps), tail)
+
+
+def _shared_gap(size: int, before: int, after: int, out: int) -> int:
+    """A stride-1 axis's grid extent: the cells, then max(before, after) zeros that serve as one row's
+    padding after it and the next row's padding before it (a window never reaches further than
+    ``before`` cells back or ``after`` cells on), so fewer wasted output positions than with both
+    paddings per row; both when the outputs would not fit (padding wider than the window)."""
+    shared = size + max(before, after)
+    return shared if shared >= out else size + before + after
 
 
 def conv_plan(shape: tuple[int, ...], attrs: Mapping[str, Any]) -> ConvPlan:

@@ -22,6 +22,7 @@ from .domains import Domain, IntervalDomain, run
 from .evaluate import float_domain, input_list
 from .interval import input_boxes, interval_domain
 from .interval_round import Box
+from .arena import ThreadArenas
 from .records import domain_records, read_payload
 from .rules import FLOAT_RULES, INTERVAL_RULES
 from .rules.rng import stream_records
@@ -38,6 +39,7 @@ class Prepared:
         self.graph = g
         self._typed = read_payload(g, payload if payload is not None else Payload())
         self._records: dict[str, list[dict]] = {}
+        self._arenas = ThreadArenas()
 
     def _domain_records(self, domain: Domain) -> list[dict]:
         interval = isinstance(domain, IntervalDomain)  # both product precisions read the same records
@@ -60,10 +62,12 @@ class Prepared:
         return run(self.graph, domain, seeds, records, all_nodes=all_nodes)
 
     def interval_bounds(self, lower: Any, upper: Any, all_nodes: bool = True, products: str = "float64") -> list[Box]:
-        """As ``tlb.interval_bounds(g, payload, lower, upper, all_nodes=..., products=...)``."""
+        """As ``tlb.interval_bounds(g, payload, lower, upper, all_nodes=..., products=...)``, with the
+        hot rules' results in memory reused across calls (as ``IntervalPropagator``'s)."""
         domain = interval_domain(products)
-        seeds = input_boxes(self.graph, lower, upper)
-        return run(self.graph, domain, seeds, self._domain_records(domain).__getitem__, all_nodes=all_nodes)
+        with self._arenas.active():
+            seeds = input_boxes(self.graph, lower, upper)
+            return run(self.graph, domain, seeds, self._domain_records(domain).__getitem__, all_nodes=all_nodes)
 
 
 def prepare(g: Graph, payload: Payload | None) -> Prepared:

@@ -111,3 +111,15 @@ def test_threads_sharing_a_propagator_get_their_own_memory():
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_prepared_interval_bounds_keep_held_boxes_too():
+    x = torch.rand(2, 1, 6, 6)
+    bundle = tlb.import_fx(_net(), (x,))
+    c = x.double().numpy()
+    prepared = tlb.prepare(bundle.graph, bundle.payload)
+    first = prepared.interval_bounds(c - 0.1, c + 0.1)
+    kept = [(lo.copy(), hi.copy()) for lo, hi in first]
+    prepared.interval_bounds(c - 0.4, c + 0.4)
+    for (lo, hi), (klo, khi) in zip(first, kept):
+        assert np.array_equal(lo, klo) and np.array_equal(hi, khi)

@@ -225,9 +225,18 @@ def _uniform_conv32(halves: Halves, p: AffineParams, w: Float32Weights, attrs: M
     sums = in_bounds_abs_sums(p, attrs, x_shape[1:])
     bias = p.bias.reshape((-1,) + ones)
     mid = conv_products(stage(c, plan, F32, "affine32.staged"), plan, w.weight, attrs["groups"], "affine32.mid")
-    mid = np.add(mid, bias, out=scratch("affine.mid", (n,) + sums.shape))
+    mid = _widened(mid, "affine.mid", (n,) + sums.shape)
+    mid += bias
     floor = MIN_NORMAL + 2.0 * w.underflow + 2.0 ** -149 * float(np.max(sums, initial=0.0))
     return _affine_ends(mid, c_max, r_max, None, sums, bias, g, True, out_shape, floor, gamma(3))
+
+
+def _widened(x32: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 result (any strides) as float64 in the scratch buffer ``name`` (exact): a casting copy,
+    which numpy runs faster than an arithmetic ufunc that casts its operand."""
+    out = scratch(name, shape)
+    np.copyto(out, x32)
+    return out
 
 
 def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weights, shape: tuple[int, ...],
@@ -235,8 +244,9 @@ def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weig
     """The box ``mid32 + bias -+ T`` (``mid32 = fl32(W c32)``, ``t32 = fl32(|W| v32)``, any strides)
     in result memory, or None when float32 overflowed (a center or spread beyond its range; not looked
     for when ``check`` is False: the caller has proven it cannot happen)."""
-    s = np.add(mid32, bias, out=scratch("affine.mid", shape))
-    t = np.multiply(t32, w.scale, out=scratch("affine.t", shape))
+    s, t = _widened(mid32, "affine.mid", shape), _widened(t32, "affine.t", shape)
+    s += bias
+    t *= w.scale
     if check and not (all_finite(s) and all_finite(t)):
         return None
     t += w.floor + 4.01 * U * np.abs(bias)

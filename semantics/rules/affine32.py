@@ -81,7 +81,6 @@ class Float32Weights:
     scale: float      # K
     floor: float      # the bias-free part of kappa
     underflow: float  # A: float32 underflow in one output's products and sums
-    halves: tuple[np.ndarray, np.ndarray] | None  # weight / 2 and |weight| / 2 when halving is exact
     abs_row_max: float  # the largest sum of |W| over one output's terms
 
 
@@ -98,12 +97,9 @@ def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
             underflow = n_terms * _F32_MIN_NORMAL * (2.0 + w_max)
             scale = (1.0 + g) * (1.0 + 16 * U) + 16 * U * (1.0 + g) ** 2 / g
             floor = (2.0 * underflow + MIN_NORMAL) * (1.0 + 1.0 / g) * 4.0
-            abs32 = np.abs(w32)
-            tiny = (abs32 > 0) & (abs32 < _F32_MIN_NORMAL * 2)  # halving them would round
-            halves = None if np.any(tiny) else (w32 * np.float32(0.5), abs32 * np.float32(0.5))
             row_max = float(np.max(p.abs_row_sum, initial=0.0))
-            got = Float32Weights(w32, abs32, g, (g * (1.0 + U32) + U32 + 1.01 * U) * (1.0 + 4 * U), scale, floor,
-                                 underflow, halves, row_max)
+            got = Float32Weights(w32, np.abs(w32), g, (g * (1.0 + U32) + U32 + 1.01 * U) * (1.0 + 4 * U), scale,
+                                 floor, underflow, row_max)
         p.cache[key] = got
     return p.cache[key]
 
@@ -121,6 +117,16 @@ def _spread(c: np.ndarray, r: np.ndarray, w: Float32Weights) -> np.ndarray | Non
     v *= _TO_F32_UP * (1.0 + 3 * U)  # r's own float64 rounding (3u), then up to float32
     v += _TO_F32_TINY + 2.0 ** -1072
     return v
+
+
+def _halved_weights(p: AffineParams, w: Float32Weights) -> tuple[np.ndarray, np.ndarray] | None:
+    """W / 2 and |W| / 2 in float32 (cached on ``p``), or None when a weight is too small to halve
+    exactly (below twice float32's smallest normal)."""
+    key = ("float32.halves",)
+    if key not in p.cache:
+        tiny = (w.abs_weight > 0) & (w.abs_weight < _F32_MIN_NORMAL * 2)
+        p.cache[key] = None if np.any(tiny) else (w.weight * np.float32(0.5), w.abs_weight * np.float32(0.5))
+    return p.cache[key]
 
 
 def _doubled_spread(c2: np.ndarray, r2: np.ndarray, w: Float32Weights) -> tuple[np.ndarray, bool] | None:
@@ -302,14 +308,15 @@ def conv_box32(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seq
             if r_max is not None:
                 got = _uniform_conv32(halves, p, w, attrs, r_max, x_shape, tuple(out_shape))
                 return got if got is not None else conv_box(a, p, attrs, out_shape, halves=halves)
-        if w.halves is not None:
+        halved = _halved_weights(p, w)
+        if halved is not None:
             c2 = np.add(lo, hi, out=scratch("affine.c", x_shape))
             r2 = np.subtract(hi, lo, out=scratch("affine.r", x_shape))
             spread = _doubled_spread(c2, r2, w)
             if spread is not None:
                 plan = conv_plan(x_shape, attrs)
                 groups = attrs["groups"]
-                half_w, half_abs = w.halves
+                half_w, half_abs = halved
                 t32 = conv_products(stage(spread[0], plan, F32, "affine32.staged"), plan, half_abs, groups,
                                     "affine32.t")
                 mid32 = conv_products(stage(c2, plan, F32, "affine32.staged"), plan, half_w, groups, "affine32.mid")

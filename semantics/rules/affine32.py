@@ -17,6 +17,9 @@ A radius that varies (every layer after the first):
 - in float64, s = fl(mid32 + b) and the ends fl(s -+ T) with T = K t32 + kappa: K and the per-channel
   kappa cover the two float64 roundings, using |s| <= (|W| v) (1 + g) / g + |b| (every |c32| term
   is at most |W| v / g), so no further pass over the output is needed.
+- conv runs this on 2c and 2r against W / 2 and |W| / 2 (exact scalings, the same roundings), and
+  rounds v to nearest instead of up: 2v <= K1 fl32(2v') + 2**-149 for the v' computed without v's
+  last two steps (K1 the factor those steps apply), so T uses K K1 and A + n max|W| 2**-144.
 
 A radius uniform per sample (an l-inf ball at the first layer): one float32 product for the center,
 rows of more than ``_PIECE_TERMS`` terms cut into pieces summed in float64 (so gamma32 is a piece's),
@@ -82,6 +85,8 @@ class Float32Weights:
     floor: float      # the bias-free part of kappa
     underflow: float  # A: float32 underflow in one output's products and sums
     abs_row_max: float  # the largest sum of |W| over one output's terms
+    scale_nearest: float  # K and kappa's floor for a spread rounded to nearest (``_doubled_spread``)
+    floor_nearest: float
 
 
 def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
@@ -98,8 +103,12 @@ def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
             scale = (1.0 + g) * (1.0 + 16 * U) + 16 * U * (1.0 + g) ** 2 / g
             floor = (2.0 * underflow + MIN_NORMAL) * (1.0 + 1.0 / g) * 4.0
             row_max = float(np.max(p.abs_row_sum, initial=0.0))
+            # a spread rounded to nearest: its own roundings and float32's (at most the factor that
+            # rounding up applied) move into K, its float32 underflow (2**-150 a term) into A
+            scale_nearest = scale * _TO_F32_UP * (1.0 + 3 * U)
+            floor_nearest = (2.0 * (underflow + n_terms * w_max * 2.0 ** -144) + MIN_NORMAL) * (1.0 + 1.0 / g) * 4.0
             got = Float32Weights(w32, np.abs(w32), g, (g * (1.0 + U32) + U32 + 1.01 * U) * (1.0 + 4 * U), scale,
-                                 floor, underflow, row_max)
+                                 floor, underflow, row_max, scale_nearest, floor_nearest)
         p.cache[key] = got
     return p.cache[key]
 
@@ -130,19 +139,19 @@ def _halved_weights(p: AffineParams, w: Float32Weights) -> tuple[np.ndarray, np.
 
 
 def _doubled_spread(c2: np.ndarray, r2: np.ndarray, w: Float32Weights) -> tuple[np.ndarray, bool] | None:
-    """``_spread`` from 2c = fl(lo + hi) and 2r = fl(hi - lo): 2v, computed by the same roundings scaled
-    by 2 (exact), and whether float32 provably cannot overflow in either product (from the sums taken
-    here, each entry being at most its sum). None when an end is not finite or float32 rounding would
-    cost more than ``_WIDTH_COST`` of the width."""
+    """``_spread`` from 2c = fl(lo + hi) and 2r = fl(hi - lo), as 2v' = fl(fl(g' |2c|) + 2r), to be
+    rounded to float32 to nearest: 2v <= K1 fl32(2v') + 2**-149 with K1 = ``_TO_F32_UP`` (1 + 3u), the
+    factor and the term that ``_spread`` applies to v, here carried by ``Float32Weights.scale_nearest``
+    and ``floor_nearest``. Also whether float32 provably cannot overflow in either product (from the
+    sums taken here, each entry being at most its sum). None when an end is not finite or float32
+    rounding would cost more than ``_WIDTH_COST`` of the width."""
     v = np.abs(c2, out=scratch("affine32.v", c2.shape))
     total_c, total_r = float(np.add.reduce(v, axis=None)), float(np.add.reduce(r2, axis=None))
     if not (math.isfinite(total_c) and math.isfinite(total_r)) or w.g_center * total_c > _WIDTH_COST * total_r:
         return None
     v *= w.g_center
     v += r2
-    v *= _TO_F32_UP * (1.0 + 3 * U)
-    v += 2.0 * (_TO_F32_TINY + 2.0 ** -1072)
-    v_total = (w.g_center * total_c + total_r) * _TO_F32_UP * (1.0 + 8 * U) + v.size * 2.0 ** -140
+    v_total = (w.g_center * total_c + total_r) * (1.0 + 8 * U)
     safe = max(total_c, v_total) * max(w.abs_row_max, 1.0) < _F32_SAFE
     return v, safe
 
@@ -246,16 +255,17 @@ def _widened(x32: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weights, shape: tuple[int, ...],
-            check: bool = True) -> Box | None:
+            check: bool = True, nearest: bool = False) -> Box | None:
     """The box ``mid32 + bias -+ T`` (``mid32 = fl32(W c32)``, ``t32 = fl32(|W| v32)``, any strides)
     in result memory, or None when float32 overflowed (a center or spread beyond its range; not looked
-    for when ``check`` is False: the caller has proven it cannot happen)."""
+    for when ``check`` is False: the caller has proven it cannot happen). ``nearest``: v32 was rounded
+    to nearest (``_doubled_spread``)."""
     s, t = _widened(mid32, "affine.mid", shape), _widened(t32, "affine.t", shape)
     s += bias
-    t *= w.scale
+    t *= w.scale_nearest if nearest else w.scale
     if check and not (all_finite(s) and all_finite(t)):
         return None
-    t += w.floor + 4.01 * U * np.abs(bias)
+    t += (w.floor_nearest if nearest else w.floor) + 4.01 * U * np.abs(bias)
     return CleanBox((np.subtract(s, t, out=result_array(shape)), np.add(s, t, out=result_array(shape))))
 
 
@@ -321,7 +331,7 @@ def conv_box32(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seq
                                     "affine32.t")
                 mid32 = conv_products(stage(c2, plan, F32, "affine32.staged"), plan, half_w, groups, "affine32.mid")
                 bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
-                got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]), check=not spread[1])
+                got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]), check=not spread[1], nearest=True)
                 if got is not None:
                     return CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
     return conv_box(a, p, attrs, out_shape)

@@ -52,16 +52,13 @@ class ConvPlan:
     grid: tuple[int, ...]          # the phase grid: ceil(padded extent / stride) per axis
     stride: tuple[int, ...]
     before: tuple[int, ...]
-    taps: tuple[tuple[int, int], ...]  # (phase, flat offset in the phase grid) per kernel tap, row-major
+    phases: tuple[tuple[int, ...], ...]  # the stride phases some tap reads (at most prod(kernel))
+    taps: tuple[tuple[int, int], ...]  # (index in phases, flat offset in the phase grid) per kernel tap
     tail: int                      # zero cells after the last grid, for the taps' reads past it
 
     @property
     def cells(self) -> int:
         return math.prod(self.grid)
-
-    @property
-    def phases(self) -> int:
-        return math.prod(self.stride)
 
 
 @functools.lru_cache(maxsize=256)
@@ -72,16 +69,15 @@ def _plan(n: int, channels: int, spatial: tuple[int, ...], kernel: tuple[int, ..
     grid = tuple(_shared_gap(s, b, e, o) if st == 1 else -(-p // st)
                  for s, b, e, o, p, st in zip(spatial, before, after, out_sp, padded, stride))
     step = [math.prod(grid[ax + 1:]) for ax in range(len(grid))]
-    taps = []
+    phases: dict[tuple[int, ...], int] = {}  # only the phases a tap reads: a stride beyond the kernel
+    taps = []                                # leaves the others out of the staged copy
     for tap in np.ndindex(*kernel):
-        phase, offset = 0, 0
-        for ax, k in enumerate(tap):
-            at = dilation[ax] * k
-            phase = phase * stride[ax] + at % stride[ax]
-            offset += (at // stride[ax]) * step[ax]
-        taps.append((phase, offset))
+        at = tuple(d * k for d, k in zip(dilation, tap))
+        phase = tuple(a % st for a, st in zip(at, stride))
+        offset = sum((a // st) * sp for a, st, sp in zip(at, stride, step))
+        taps.append((phases.setdefault(phase, len(phases)), offset))
     tail = max((off for _, off in taps), default=0)
-    return ConvPlan(n, channels, spatial, out_sp, grid, stride, before, tuple(taps), tail)
+    return ConvPlan(n, channels, spatial, out_sp, grid, stride, before, tuple(phases), tuple(taps), tail)
 
 
 def _shared_gap(size: int, before: int, after: int, out: int) -> int:
@@ -104,12 +100,13 @@ def stage(x: np.ndarray, plan: ConvPlan, dtype: np.dtype | type, name: str) -> n
     staged layout ``[C, phases, n * cells + tail]``, zero elsewhere."""
     dtype = np.dtype(dtype)
     length = plan.n * plan.cells + plan.tail
-    buf = scratch(name, (plan.channels, plan.phases, _row_stride(length, dtype.itemsize)), dtype)[:, :, :length]
+    phases = len(plan.phases)
+    buf = scratch(name, (plan.channels, phases, _row_stride(length, dtype.itemsize)), dtype)[:, :, :length]
     buf.fill(0)
     r = len(plan.spatial)
-    grids = buf[:, :, :plan.n * plan.cells].reshape((plan.channels, plan.phases, plan.n) + plan.grid)
+    grids = buf[:, :, :plan.n * plan.cells].reshape((plan.channels, phases, plan.n) + plan.grid)
     src_all = x.transpose((1, 0) + tuple(range(2, 2 + r)))
-    for index, phase in enumerate(np.ndindex(*plan.stride)):
+    for index, phase in enumerate(plan.phases):
         src, dst = [slice(None), slice(None)], [slice(None), index, slice(None)]
         for ax in range(r):
             st, b, s = plan.stride[ax], plan.before[ax], plan.spatial[ax]

@@ -46,3 +46,19 @@ def test_staged_gemm_matches_torch(dtype):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)
         np.testing.assert_array_equal(batched_conv(x.astype(dtype), w, attrs), got)
         checked += 1
+
+
+def test_a_stride_far_beyond_the_kernel_stages_only_the_phases_it_reads():
+    """Stride 200 x 300 with a 2 x 2 kernel: 60,000 stride phases, of which the taps read 4. The staged
+    copy holds those 4 (not one per phase, which would be sized by an attribute alone)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 401, 601))
+    w = rng.standard_normal((2, 3, 2, 2))
+    attrs = dict(kernel=(2, 2), stride=(200, 300), dilation=(1, 1), padding=(0, 0), padding_after=(0, 0), groups=1)
+    plan = conv_plan(x.shape, attrs)
+    assert len(plan.phases) == 4
+    staged = stage(x, plan, np.float64, "test.staged")
+    assert staged.shape[1] == 4
+    got = conv_products(staged, plan, w, 1, "test.products")
+    want = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=(200, 300)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

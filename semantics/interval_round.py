@@ -171,21 +171,16 @@ def sum_bounds(lo: np.ndarray, hi: np.ndarray, axis) -> Box:
         return clean(down(s_lo - e_lo), up(s_hi + e_hi))
 
 
-def center_radius(lo: np.ndarray, hi: np.ndarray, into: str | None = None) -> Box:
-    """A float center c and radius r with [c - r, c + r] containing [lo, hi] exactly; with ``into``,
-    both are written into that rule's scratch buffers (``into.c``, ``into.r``: see ``scratch``)."""
+def center_radius(lo: np.ndarray, hi: np.ndarray) -> Box:
+    """A float center c and radius r with [c - r, c + r] containing [lo, hi] exactly."""
     with np.errstate(all="ignore"):
-        c = np.add(lo, hi, out=None if into is None else scratch(into + ".c", np.shape(lo)))
+        c = lo + hi
         c *= 0.5  # any float will do: r is measured from the c we get (inf for huge or infinite ends)
-        if not np.isfinite(np.sum(c)):
+        if not all_finite(c):
             c = np.where(np.isfinite(c), c, 0.0)
         # up(max of the two rounded gaps) is above both exact gaps; a rounded gap is 0 only when
         # lo == c == hi, and that zero is kept exact (see up_exact_zero)
-        if into is None:
-            return c, up_exact_zero(np.maximum(hi - c, c - lo))
-        r = np.subtract(hi, c, out=scratch(into + ".r", c.shape))
-        np.maximum(r, np.subtract(c, lo, out=scratch(into + ".gap", c.shape)), out=r)
-        return c, _up_exact_zero_(r)
+        return c, up_exact_zero(np.maximum(hi - c, c - lo))
 
 
 def up_exact_zero(x: np.ndarray) -> np.ndarray:
@@ -193,14 +188,6 @@ def up_exact_zero(x: np.ndarray) -> np.ndarray:
     non-negative floats). Keeping those zeros (point entries, dead ReLU units) out of the
     subnormal range matters: BLAS slows down badly on subnormal products."""
     return np.where(x == 0, 0.0, up(x))
-
-
-def _up_exact_zero_(x: np.ndarray) -> np.ndarray:
-    """``up_exact_zero`` in place on an array of non-negative values (or +inf), through scratch."""
-    nonzero = np.not_equal(x, 0.0, out=scratch("round.nonzero", x.shape, np.bool_))
-    up_(x)
-    x *= nonzero  # the stepped zeros back to exactly 0; x is finite or +inf, never NaN, so 0 * x is 0
-    return x
 
 
 def dot_radius(abs_dot: Callable[[np.ndarray], np.ndarray], c: np.ndarray, r: np.ndarray, n: int,

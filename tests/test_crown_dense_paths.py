@@ -19,6 +19,7 @@ import torch.nn as nn
 import torchlean_bridge as tlb
 import semantics.linear_bounds.crown as crown_mod
 from semantics.sampling import sample_points
+from tests.test_linear_bounds import _exact_mlp
 
 
 def _mlp(width: int, batch: int):
@@ -57,15 +58,6 @@ def test_bounding_at_the_input_equals_building_the_rows(batch, monkeypatch):
         np.testing.assert_allclose(dhi, bhi, rtol=0, atol=scale)
 
 
-def _exact(weights, x):
-    h = [Fraction(v) for v in x]
-    for k, (w, bias) in enumerate(weights):
-        h = [sum((Fraction(w[i, j]) * h[j] for j in range(len(h))), Fraction(bias[i])) for i in range(w.shape[0])]
-        if k < len(weights) - 1:
-            h = [max(v, Fraction(0)) for v in h]
-    return h
-
-
 def test_blockwise_bounds_hold_in_exact_arithmetic(monkeypatch):
     monkeypatch.setattr(crown_mod, "_BLOCK", 6 * 40)  # blocks of a few rows: every block boundary is crossed
     net, b = _mlp(40, 1)
@@ -79,7 +71,7 @@ def test_blockwise_bounds_hold_in_exact_arithmetic(monkeypatch):
     points, corners = sample_points([(lo, hi)], 24, 2)
     assert corners >= 1
     for (x,) in points:
-        for j, v in enumerate(_exact(weights, x.reshape(-1))):
+        for j, v in enumerate(_exact_mlp(weights, x.reshape(-1))):
             assert Fraction(res.lower[0][0, j]) <= v <= Fraction(res.upper[0][0, j])
 
 

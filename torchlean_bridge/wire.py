@@ -572,7 +572,7 @@ def _one_pass(doc: Any, strict: bool, max_elements: int, consume: bool = False) 
             except _Staged:
                 pass
             node = _one_node(raw, i, nodes, strict, max_elements)  # attributes, dtype, source, reductions
-            arity_ok = arity_ok and _arity_ok(node)
+            arity_ok = arity_ok and node.spec.accepts_parents(len(node.parents))
             if node.kind == "input":
                 input_nodes.append(i)
             append(node)
@@ -597,9 +597,6 @@ def _one_pass(doc: Any, strict: bool, max_elements: int, consume: bool = False) 
 _UNSEEN = object()
 
 
-def _arity_ok(node: Node) -> bool:
-    spec = node.spec
-    return spec.min_parents <= len(node.parents) and (spec.max_parents is None or len(node.parents) <= spec.max_parents)
 
 
 def _plain_kind(kind: str, nid: int, strict: bool) -> tuple[str, int, int | None] | None:

@@ -166,9 +166,7 @@ class PatchPass:
                 big[..., oy:oy + item.geo[2][0], ox:ox + item.geo[2][1]] = patch
                 patch = big
             ps.append(patch)
-        total = ps[0]
-        total = total + ps[1]
-        return _Patch(total, (ga[0], pad, k), a.clean and b.clean, mag * (2.0 * U * _ERR_SAFETY))
+        return _Patch(ps[0] + ps[1], (ga[0], pad, k), a.clean and b.clean, mag * (2.0 * U * _ERR_SAFETY))
 
     # -- the pass -----------------------------------------------------------------------------
 

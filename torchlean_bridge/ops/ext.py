@@ -15,7 +15,8 @@ from ..errors import ShapeRuleError
 from .contracts import (Shape, can_broadcast_to, check_axis, conv_transpose_out_shape, fmt_shape, reduce_shape,
                         slice_extent,
                         check_per_axis, v1_pool_out_dim, window_buffers, window_out_dim)
-from .registry import BOOL, ELEMENT_TYPES, FLOAT, INT64, Attr, OpSpec, ParamRole, int_only, register, same_as_parent
+from .registry import (BOOL, ELEMENT_TYPES, FLOAT, INT64, Attr, OpSpec, ParamRole, int_only, per_axis_attrs, register,
+                       same_as_parent)
 from .v1 import CONV_ATTRS, _axis_keep, _identity, _same_shape
 
 A = Mapping[str, Any]
@@ -259,12 +260,8 @@ for _k in ("argmax", "argmin"):
 
 # -- general pooling --------------------------------------------------------------------------
 
-POOL_ND_ATTRS = (Attr("spatial_rank", "nat"), Attr("kernel", "nats", length_of="spatial_rank"),
-                 Attr("stride", "nats", length_of="spatial_rank"),
-                 Attr("padding", "nats", length_of="spatial_rank"),
-                 Attr("padding_after", "nats", length_of="spatial_rank"),
-                 Attr("dilation", "nats", length_of="spatial_rank"),
-                 Attr("ceil_mode", "bool", False), Attr("count_include_pad", "bool", True))
+POOL_ND_ATTRS = per_axis_attrs("kernel", "stride", "padding", "padding_after", "dilation") + (
+    Attr("ceil_mode", "bool", False), Attr("count_include_pad", "bool", True))
 
 
 def _pool_nd(tag: str):
@@ -344,8 +341,7 @@ def _resize_linear(attrs: A, p: P, d: Shape) -> Shape:
 
 register(OpSpec(
     "resize_linear", "ext", 1, 1, _resize_linear,
-    attrs=(Attr("spatial_rank", "nat"), Attr("sizes", "nats", length_of="spatial_rank"),
-           Attr("coordinate_mode", "str", "half_pixel", choices=RESIZE_COORDINATE_MODES)),
+    attrs=per_axis_attrs("sizes") + (Attr("coordinate_mode", "str", "half_pixel", choices=RESIZE_COORDINATE_MODES),),
     doc="(bi/tri)linear interpolation of the trailing axes to `sizes` (PyTorch interpolate, ONNX Resize "
         "mode=linear), one axis at a time; source coordinates are exact rationals"))
 

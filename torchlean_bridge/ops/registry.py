@@ -16,6 +16,7 @@ from .contracts import Shape, fmt_array, fmt_shape
 
 __all__ = [
     "Attr",
+    "per_axis_attrs",
     "ParamRole",
     "OpSpec",
     "REGISTRY",
@@ -56,6 +57,11 @@ class Attr:
 
     def __post_init__(self) -> None:
         assert self.kind in ATTR_KINDS, self.kind
+
+
+def per_axis_attrs(*names: str) -> tuple[Attr, ...]:
+    """``spatial_rank`` and one list of that many naturals per name (a window's geometry)."""
+    return (Attr("spatial_rank", "nat"),) + tuple(Attr(n, "nats", length_of="spatial_rank") for n in names)
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,9 @@ class OpSpec:
     @property
     def is_v1(self) -> bool:
         return self.dialect in ("v1", "v1-wire")
+
+    def accepts_parents(self, count: int) -> bool:
+        return self.min_parents <= count and (self.max_parents is None or count <= self.max_parents)
 
     def arity_text(self) -> str:
         if self.max_parents is None:

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import ShapeRuleError
 from .contracts import Shape, check_buffer, check_per_axis, fmt_shape, numel, window_out_dim
 from .ext import POOL_ND_ATTRS, _pool_nd
-from .registry import FLOAT, INT64, Attr, OpSpec, register
+from .registry import FLOAT, INT64, Attr, OpSpec, per_axis_attrs, register
 
 __all__ = ["GRID_SAMPLE_MODES", "GRID_PADDING_MODES", "GRID_CONVENTIONS", "col2im_blocks"]
 
@@ -70,12 +70,7 @@ register(OpSpec(
 
 # -- col2im ---------------------------------------------------------------------------------------------
 
-def _per_axis_attrs(*names: str) -> tuple[Attr, ...]:
-    """``spatial_rank`` and one list of that many naturals per name (a window's geometry)."""
-    return (Attr("spatial_rank", "nat"),) + tuple(Attr(n, "nats", length_of="spatial_rank") for n in names)
-
-
-COL2IM_ATTRS = _per_axis_attrs("image", "block", "stride", "padding", "padding_after", "dilation")
+COL2IM_ATTRS = per_axis_attrs("image", "block", "stride", "padding", "padding_after", "dilation")
 
 
 def col2im_blocks(attrs: A) -> tuple[int, ...] | None:
@@ -115,7 +110,7 @@ register(OpSpec(
 
 # -- deform_conv ----------------------------------------------------------------------------------------
 
-DEFORM_ATTRS = _per_axis_attrs("kernel", "stride", "padding", "padding_after", "dilation") + (
+DEFORM_ATTRS = per_axis_attrs("kernel", "stride", "padding", "padding_after", "dilation") + (
     Attr("groups", "nat", 1), Attr("offset_groups", "nat", 1))
 
 

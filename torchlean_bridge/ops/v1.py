@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import ShapeRuleError
 from .contracts import (Shape, can_broadcast_to, check_axis, concat_shape, conv_out_shape, fmt_array,
                         fmt_shape, matmul_dims, numel, v1_pool_out_dim, window_buffers, check_per_axis)
-from .registry import FLOAT, Attr, OpSpec, ParamRole, register, same_as_parent
+from .registry import FLOAT, Attr, OpSpec, ParamRole, per_axis_attrs, register, same_as_parent
 
 A = Mapping[str, Any]
 P = Sequence[Shape]
@@ -130,9 +130,7 @@ for _k in ("max_elem", "min_elem"):
 
 # -- pooling ----------------------------------------------------------------------------------
 
-POOL_ATTRS = (Attr("spatial_rank", "nat"), Attr("kernel", "nats", length_of="spatial_rank"),
-              Attr("stride", "nats", length_of="spatial_rank"),
-              Attr("padding", "nats", length_of="spatial_rank"))
+POOL_ATTRS = per_axis_attrs("kernel", "stride", "padding")
 
 
 def _pool(tag: str):
@@ -212,13 +210,8 @@ register(OpSpec(
             ParamRole("bias", lambda a, p, d: (d[-1],))),
     describe_fn=lambda a: "linear(payload=node_id)"))
 
-CONV_ATTRS = (Attr("spatial_rank", "nat"), Attr("kernel", "nats", length_of="spatial_rank"),
-              Attr("stride", "nats", length_of="spatial_rank"),
-              Attr("padding", "nats", length_of="spatial_rank"),
-              Attr("padding_after", "nats", length_of="spatial_rank"),
-              Attr("dilation", "nats", length_of="spatial_rank"),
-              Attr("groups", "nat"), Attr("channel_axis", "nat"),
-              Attr("in_channels", "nat"), Attr("out_channels", "nat"))
+CONV_ATTRS = per_axis_attrs("kernel", "stride", "padding", "padding_after", "dilation") + (
+    Attr("groups", "nat"), Attr("channel_axis", "nat"), Attr("in_channels", "nat"), Attr("out_channels", "nat"))
 
 
 def _conv(attrs: A, p: P, d: Shape) -> Shape:

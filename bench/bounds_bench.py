@@ -8,7 +8,9 @@ For each method (IBP, IBP with float32 products, CROWN, optionally alpha-CROWN) 
 auto_LiRPA's BoundedModule does) and of auto_LiRPA's ``compute_bounds`` in
 float32 (its usual precision) and float64, the time ratio ours/theirs(float32), and the largest
 ratio of our output width to each of theirs (ours is sound: it may be wider than the float64 peer
-only by outward rounding; a ratio below 1 is a tighter bound).
+only by outward rounding; a ratio below 1 is a tighter bound). Under each IBP line: the time of the float64
+matrix products its linear layers cannot do without (a floor under any float64 rule), against the peer's
+whole float32 IBP, and ours against the peer's float64 IBP.
 
 auto_LiRPA is optional: fetch its GitHub source and ``pip install --no-deps -e`` it (plus appdirs,
 graphviz), or it is picked up from /work/peers/auto_LiRPA if that checkout exists. Its defaults are
@@ -194,7 +196,8 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
             peer_method = method.split()[0]  # ours with float32 products against the same peer IBP
             fns += [_peer_bounds(model, x, eps, peer_method), _peer_bounds(copy.deepcopy(model).double(), x.double(),
                                                                             eps, peer_method)]
-        times = median_times(fns, repeat)
+        floor = _linear_product_floor(bundle, x.shape[0]) if method == "IBP" and peer is not None else None
+        times = median_times(fns + ([floor] if floor else []), repeat)
         lo, hi = fn()
         width = hi - lo
         line = f"{name:<28} {method:<11} ours {times[0] * 1e3:9.2f} ms"
@@ -206,6 +209,28 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
         print(f"{line}   auto_LiRPA f32 {times[1] * 1e3:9.2f} ms  f64 {times[2] * 1e3:9.2f} ms   "
               f"time ratio ours/f32 {times[0] / times[1]:5.2f}   width ratio max: /f64 {_ratio(width, w64):.12f}  "
               f"/f32 {_ratio(width, w32):.8f}")
+        if floor:
+            print(f"{'':<28} {'':<11} float64 products of its linear layers alone {times[3] * 1e3:.2f} ms = "
+                  f"{times[3] / times[1]:.2f} x auto_LiRPA f32's whole IBP (ours/f64 {times[0] / times[2]:.2f})")
+
+
+def _linear_product_floor(bundle: Bundle, batch: int) -> Callable[[], None] | None:
+    """The float64 matrix products interval linear layers cannot do without, as one function (None
+    without linear layers): the center product of each, and the radius product of each but the
+    first (an l-inf ball's uniform radius needs row sums only). No rule can be faster than these."""
+    rng = np.random.default_rng(0)
+    weights = [np.asarray(bundle.payload.get(n.id, "weight"), np.float64).T
+               for n in bundle.graph.nodes if n.kind == "linear"]
+    operands = [(rng.random((batch, w.shape[0])), w, np.abs(w) if i else None) for i, w in enumerate(weights)]
+    if not operands:
+        return None
+
+    def products() -> None:
+        for a, w, abs_w in operands:
+            a @ w
+            if abs_w is not None:
+                a @ abs_w
+    return products
 
 
 def _ratio(ours: np.ndarray, theirs: np.ndarray) -> float:

@@ -9,7 +9,8 @@ map (padding) get coefficient 0: every map is unfolded with zero padding. The ro
 in ``rules`` (the same error terms, with the maps unfolded like the coefficients).
 
 Used by ``crown`` for targets whose ancestors are convolutions, batch norms, residual additions and
-relaxed elementwise activations on ``[N, C, H, W]`` maps; any other graph uses the dense pass.
+differences, per-channel constant shifts and scales (input normalization) and relaxed elementwise
+activations on ``[N, C, H, W]`` maps; any other graph uses the dense pass.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..interval_round import MIN_NORMAL, U, center_radius, down, up
+from .. import interval_arith as ia
+from ..interval_round import MIN_NORMAL, U, Box, center_radius, down, up
 from ..records import PREPARED
 from ..rules.affine import batched_conv
 from ..scratch import scratch
@@ -31,7 +33,27 @@ if TYPE_CHECKING:
 
 __all__ = ["patchable", "PatchPass", "PatchMismatch"]
 
-_KINDS = frozenset({"input", "conv", "batch_norm_eval", "add", "detach"})
+_KINDS = frozenset({"input", "conv", "batch_norm_eval", "add", "sub", "detach"})
+_SCALINGS = frozenset({"add", "sub", "mul_elem", "div"})  # with a per-channel constant operand: z = k x + b
+
+
+def _constant_operand(run: "_Run", node) -> tuple[int, np.ndarray] | None:
+    """(the live parent, the constant operand as a ``[1, C, 1, 1]`` array) for an add, sub, mul or div
+    of a map by a constant that is the same at every position of every sample (input normalization,
+    per-channel scales); None otherwise."""
+    const = run.crown.const
+    x, y = node.parents
+    if const[x] == const[y] or (node.kind == "div" and const[x]):
+        return None
+    live, operand = (y, x) if const[x] else (x, y)
+    lo, hi = run.boxes[operand]
+    if not np.array_equal(lo, hi):
+        return None
+    value = np.broadcast_to(np.asarray(lo, dtype=np.float64), node.out_shape)
+    first = value[:1, :, :1, :1]
+    if not np.all(value == first) or not np.all(np.isfinite(first)) or (node.kind == "div" and np.any(first == 0)):
+        return None
+    return live, np.array(first)
 
 
 def patchable(run: "_Run", t: int) -> bool:
@@ -44,11 +66,12 @@ def patchable(run: "_Run", t: int) -> bool:
             continue
         if len(node.out_shape) != 4:
             return False
-        if node.kind not in _KINDS and v not in run.lines:
+        if node.kind in _SCALINGS and any(crown.const[p] for p in node.parents):
+            if _constant_operand(run, node) is None:
+                return False
+        elif node.kind not in _KINDS and v not in run.lines:
             return False
         if node.kind in ("conv", "batch_norm_eval") and node.attrs["channel_axis"] != 1:
-            return False
-        if node.kind == "add" and any(crown.const[p] for p in node.parents):
             return False
         if v in run.lines and any(crown.const[p] for p in node.parents[:1]):
             return False
@@ -79,6 +102,8 @@ class PatchPass:
         r = rows.size
         self.rows = r
         cells, self.inverse = np.unique(rows % (h * w), return_inverse=True)
+        # rows in the order of their distinct positions already (one per position, ascending) need no gather
+        self.in_order = cells.size == r and bool(np.all(self.inverse == np.arange(r)))
         self.ys, self.xs = cells // w, cells % w  # the distinct positions of the rows
         p = np.zeros((n, 1, r, c, 1, 1))
         p[:, 0, np.arange(r), rows // (h * w), 0, 0] = 1.0
@@ -108,7 +133,7 @@ class PatchPass:
             c0 += size
         win = sliding_window_view(padded, (kh, kw), axis=(2, 3)).transpose(0, 2, 3, 1, 4, 5)
         picked = win[:, self.ys * sy, self.xs * sx]  # [n', positions, C, kh, kw]
-        if picked.shape[1] != self.rows:
+        if not self.in_order:
             picked = np.take(picked, self.inverse, axis=1, out=scratch(name, (lead, self.rows) + picked.shape[2:]))
         out, c0 = [], 0
         for size in sizes:
@@ -187,6 +212,11 @@ class PatchPass:
                 out = [self._conv(node, item)]
             elif node.kind == "batch_norm_eval":
                 out = [self._batch_norm(node, self._flush(item))]
+            elif node.kind in _SCALINGS and any(self.crown.const[q] for q in node.parents):
+                out = [self._constant_operand(node, self._flush(item))]
+            elif node.kind == "sub":
+                item = self._flush(item)
+                out = [(node.parents[0], item), (node.parents[1], item._replace(p=-item.p))]
             else:  # add, detach
                 item = self._flush(item)
                 out = [(q, item) for q in node.parents]
@@ -311,11 +341,28 @@ class PatchPass:
 
     def _batch_norm(self, node, item: "_Patch"):
         rec = self.crown.ibp.records[node.id][PREPARED]
-        parent = node.parents[0]
         kb = batch_norm_scale_shift(rec, node.attrs["eps"], (1, -1, 1, 1))
         if kb is None:
             raise PatchMismatch
-        k, b = kb
+        return self._scale_shift(node, item, node.parents[0], *kb)
+
+    def _constant_operand(self, node, item: "_Patch"):
+        """x + m, x - m, m - x, x * m, m * x and x / m for a per-channel constant m, as z = k x + b."""
+        parent, m = _constant_operand(self.run_, node)
+        point = (m, m)
+        one = (np.ones_like(m), np.ones_like(m))
+        if node.kind == "add":
+            return self._scale_shift(node, item, parent, one, point)
+        if node.kind == "sub":
+            if parent == node.parents[0]:
+                return self._scale_shift(node, item, parent, one, (-m, -m))
+            return self._scale_shift(node, item, parent, (-one[0], -one[1]), point)
+        if node.kind == "mul_elem":
+            return self._scale_shift(node, item, parent, point, (np.zeros_like(m), np.zeros_like(m)))
+        return self._scale_shift(node, item, parent, ia.inv(point), (np.zeros_like(m), np.zeros_like(m)))
+
+    def _scale_shift(self, node, item: "_Patch", parent: int, k: Box, b: Box):
+        """z = k x + b per channel, with k and b known as ``[1, C, 1, 1]`` boxes (their exact values inside)."""
         kc, kr = _center(k)
         bc, br = _center(b)
         shape = (1,) + tuple(node.out_shape[1:])

@@ -105,6 +105,114 @@ def test_load_vnnlib_checks_counts(tmp_path):
     with pytest.raises(tlb.BridgeError, match="cannot read"):
         tlb.load_vnnlib(tmp_path / "missing.vnnlib")
 
+def test_strict_input_bounds_open_the_box():
+    text = decl(2, 1) + """(assert (> X_0 0)) (assert (<= X_0 1)) (assert (>= X_0 0))
+(assert (< X_1 0.5)) (assert (<= X_1 0.75)) (assert (>= X_1 -1))
+(assert (<= Y_0 0))"""
+    case, = parse_vnnlib(text).cases
+    np.testing.assert_array_equal(case.lower, [0, -1])
+    np.testing.assert_array_equal(case.upper, [1, 0.5])
+    assert case.lower_open.tolist() == [True, False] and case.upper_open.tolist() == [False, True]
+    # a point box with an open side is empty: that disjunct has no counterexample
+    point = decl(1, 1) + "(assert (or (and (< X_0 0.5) (> X_0 0.5)) (and (<= X_0 0.5) (< X_0 0.5) (>= X_0 0.5))" \
+                         " (and (<= X_0 2) (>= X_0 2))))\n(assert (<= Y_0 0))"
+    assert [(c.lower[0], c.upper[0]) for c in parse_vnnlib(point).cases] == [(2.0, 2.0)]
+
+
+def _identity_model(tmp_path):
+    """y = x on one input: the boundary of an open input bound is the only candidate of its property."""
+    from exporters.folder import save
+    net = nn.Linear(1, 1)
+    with torch.no_grad():
+        net.weight.fill_(1.0)
+        net.bias.zero_()
+    save(tlb.import_fx(net.eval(), (torch.zeros(1, 1),)), tmp_path / "identity")
+    return load_model(tmp_path / "identity")
+
+
+@pytest.mark.parametrize("method", ["ibp", "crown"])
+def test_no_counterexample_on_an_open_bound(method, tmp_path):
+    model = _identity_model(tmp_path)
+    empty = parse_vnnlib(decl(1, 1) + "(assert (>= X_0 0)) (assert (< X_0 0.5)) (assert (>= Y_0 0.5))")
+    assert verify(model, empty, method=method, timeout=2).result in ("unknown", "unsat")
+    inside = parse_vnnlib(decl(1, 1) + "(assert (> X_0 0.25)) (assert (< X_0 0.5)) (assert (>= Y_0 0.25))")
+    r = verify(model, inside, method=method, timeout=10)
+    assert r.result == "sat"
+    _reproduces(model, inside, r.counterexample)
+    assert 0.25 < r.counterexample["x"][0] < 0.5
+
+
+def test_output_atoms_may_carry_inputs_with_coefficient_zero():
+    case, = parse_vnnlib(decl(3, 2) + box([0] * 3, [1] * 3) + "(assert (<= (+ Y_1 (* 0 X_2)) 4))").cases
+    (c, d, _), = case.groups
+    np.testing.assert_array_equal(c, [[0, 1]])
+    np.testing.assert_array_equal(d, [4])
+
+
+def test_numbers_names_and_nesting_outside_the_subset():
+    for token in ("1_0", "inf", "nan", "0x10", "1e", "--1"):
+        with pytest.raises(tlb.BridgeError, match="neither a number"):
+            parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 0)) (assert (<= X_0 {token}))")
+    for token, value in (("-1.5e-03", -1.5e-3), ("+2", 2.0), (".5", 0.5), ("5.", 5.0), ("1E2", 100.0)):
+        assert parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 -1e3)) (assert (<= X_0 {token}))").cases[0].upper[0] == value
+    with pytest.raises(tlb.BridgeError, match="constant 'X_01'"):
+        parse_vnnlib(decl(2, 1) + "(declare-const X_01 Real)")
+    deep = decl(1, 1) + box([0], [1]) + "(assert " + "(and " * 300 + "(<= Y_0 0)" + ")" * 301
+    with pytest.raises(tlb.BridgeError, match="nested deeper than 256 levels"):
+        parse_vnnlib(deep)
+    fine = decl(1, 1) + box([0], [1]) + "(assert " + "(and " * 200 + "(<= Y_0 0)" + ")" * 201
+    assert len(parse_vnnlib(fine).cases) == 1
+
+
+def test_a_box_beyond_binary32_range_warns_nothing(tmp_path):
+    import warnings
+    model = _identity_model(tmp_path)
+    prop = parse_vnnlib(decl(1, 1) + "(assert (>= X_0 -1e300)) (assert (<= X_0 1e300)) (assert (>= Y_0 1e299))")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = verify(model, prop, timeout=2)
+    assert r.result in ("unknown", "unsat")  # no binary32 input reaches 1e299
+
+
+def test_models_with_external_data_from_any_folder(tmp_path):
+    """torch's exporter writes weights beside the model (MODEL.onnx.data): found from the model's path,
+    whatever the working directory."""
+    import onnx
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(5, 40), nn.ReLU(), nn.Linear(40, 5)).eval()
+    (tmp_path / "m").mkdir()
+    path = tmp_path / "m" / "net.onnx"
+    torch.onnx.export(net, (torch.zeros(1, 5),), str(path), dynamo=False)
+    onnx.save(onnx.load(str(path)), str(path), save_as_external_data=True, location="net.onnx.data",
+              size_threshold=0)
+    prop = tmp_path / "p.vnnlib"
+    prop.write_text(decl(5, 5) + box([-1] * 5, [1] * 5) + "(assert (<= Y_0 1e6))\n")
+    out = subprocess.run([sys.executable, "-m", "torchlean_bridge", "verify", str(path), str(prop), "--json"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["result"] == "sat"
+
+
+def test_the_timeout_holds_within_a_slow_bound(monkeypatch):
+    """A CROWN call longer than the timeout stops at its next backward pass: 'unknown', with the
+    first box's interval bounds reported."""
+    import time as time_mod
+    import semantics.linear_bounds.crown as crown_mod
+    model = load_model(FIX / "cnn_small.onnx")
+    p = tlb.load_vnnlib(FIX / "cnn_robust.vnnlib")
+    slow = crown_mod._Run.bound
+
+    def slower(self, *args, **kwargs):
+        time_mod.sleep(0.2)
+        return slow(self, *args, **kwargs)
+    monkeypatch.setattr(crown_mod._Run, "bound", slower)
+    start = time_mod.perf_counter()
+    r = verify(model, p, timeout=0.3)
+    assert time_mod.perf_counter() - start < 0.3 + 1.0
+    assert r.result == "unknown" and r.reason.startswith("timeout")
+    assert r.bounds and r.bounds[0]["method"] == "ibp"
+
+
 # -- verify on the committed fixtures -----------------------------------------------------------
 
 
@@ -112,7 +220,10 @@ def _reproduces(model, prop, found):
     x = np.array(found["x"])
     case_ok = False
     for case in prop.cases:
-        if np.all(x >= case.lower.reshape(-1)) and np.all(x <= case.upper.reshape(-1)):
+        lo, hi = case.lower.reshape(-1), case.upper.reshape(-1)
+        above, below = np.where(case.lower_open.reshape(-1), x > lo, x >= lo), \
+            np.where(case.upper_open.reshape(-1), x < hi, x <= hi)
+        if np.all(above) and np.all(below):
             case_ok = True
             x_shaped = x.reshape(model.input_shape)
             ys = [model.evaluate(x_shaped, "float64"), model.evaluate(x_shaped, "float32"),

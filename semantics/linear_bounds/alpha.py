@@ -116,6 +116,7 @@ def optimize_slopes(run: "_Run", t: int, rows: np.ndarray, iterations: int = ITE
     b1, b2, eps = 0.9, 0.999, 1e-8
     with np.errstate(all="ignore"):
         for step in range(1, iterations + 1):
+            run.on_time()
             _, grads = _bound_and_grads(run, layers, rows, alphas, c, r)
             for v, gr in grads.items():
                 gr = np.where(free[v] & np.isfinite(gr), gr, 0.0)

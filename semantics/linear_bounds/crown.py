@@ -28,6 +28,7 @@ matrix. Otherwise the whole graph is one sample.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,7 @@ from .relax import Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_li
 from .patches import PatchMismatch, PatchPass, patchable
 from .rules import _ERR_SAFETY, BACKWARD, err_factor
 
-__all__ = ["linear_bounds", "LinearBounds", "Crown", "METHODS"]
+__all__ = ["linear_bounds", "LinearBounds", "Crown", "METHODS", "DeadlineExceeded"]
 
 METHODS = ("crown", "ibp", "alpha-crown")
 _BUDGET = 1 << 22  # coefficient entries per backward chunk (32 MiB of float64)
@@ -56,6 +57,11 @@ _RELU_LIKE = frozenset({"relu", "leaky_relu", "prelu"})
 _MAX_POOLS = frozenset({"max_pool", "max_pool_nd"})
 _FEW_ROWS = 32  # below this many coefficient rows a pass multiplies whole weights instead of gathering columns
 _BLOCK = 1 << 17  # coefficient entries per row block of a product that is concretized at once (1 MiB, in cache)
+
+
+class DeadlineExceeded(Exception):
+    """The caller's deadline (``Crown(...)(..., deadline=t)``, a ``time.perf_counter()`` value) passed;
+    it is looked at before every backward pass and optimization step, so a call overruns it by at most one."""
 
 
 @dataclass
@@ -186,7 +192,7 @@ class Crown:
         return got
 
     def __call__(self, lower: Any, upper: Any, method: str = "crown", spec: np.ndarray | None = None,
-                 all_nodes: bool = False) -> LinearBounds:
+                 all_nodes: bool = False, deadline: float | None = None) -> LinearBounds:
         if method not in METHODS:
             raise BridgeError(f"linear_bounds: unknown method {method!r} (use one of {', '.join(METHODS)})")
         g = self.graph
@@ -199,7 +205,7 @@ class Crown:
             if spec is not None:
                 result.spec_lower, result.spec_upper = _spec_box(self, boxes[g.outputs[0]], spec)
             return result
-        run = _Run(self, boxes)
+        run = _Run(self, boxes, deadline)
         run.prepare(all_nodes)
         lowers, uppers = [], []
         spec_out = None
@@ -249,6 +255,7 @@ def _alpha(run: "_Run", t: int, spec: np.ndarray | None) -> Box | None:
         return None
     lower, upper = np.empty((n, k)), np.empty((n, k))
     for j in range(2 * k):
+        run.on_time()
         alt = with_slopes(run, alphas, j)
         i = j % k
         if spec is None:
@@ -280,8 +287,9 @@ def _spec_box(crown: Crown, box: Box, spec: Any) -> Box:
 class _Run:
     """One call: the node boxes (refined as intermediate bounds are computed), relaxations, fallbacks."""
 
-    def __init__(self, crown: Crown, boxes: list[Box]) -> None:
+    def __init__(self, crown: Crown, boxes: list[Box], deadline: float | None = None) -> None:
         self.crown = crown
+        self.deadline = deadline
         self.graph = crown.graph
         self.boxes = list(boxes)
         self.lines: dict[int, Lines] = {}
@@ -290,6 +298,11 @@ class _Run:
         self.refined = [False] * len(boxes)
         self._mag: dict[int, np.ndarray] = {}
         self._patchable: dict[int, bool] = {}
+
+    def on_time(self) -> None:
+        """Raise ``DeadlineExceeded`` once the caller's deadline has passed."""
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise DeadlineExceeded
 
     def mag(self, v: int) -> np.ndarray:
         """max(|lo|, |hi|) of v's box in the internal layout: bounds |z_v| entrywise."""
@@ -415,6 +428,7 @@ class _Run:
               spec: np.ndarray | None = None):
         """Lower and upper bounds ``[n, R]`` of the rows of t (flat tail indices, or spec rows)."""
         crown = self.crown
+        self.on_time()
         b0, b1 = batch if batch is not None else (0, crown.n)
         if spec is None:
             if self._patchable.setdefault(t, patchable(self, t)):
@@ -428,6 +442,7 @@ class _Run:
         best_lo = best_hi = None
         coeffs = None
         for s0 in range(0, crown.n, 1):
+            self.on_time()
             ps = _Pass(self, t, s0, s0 + 1, spec=spec, keep_inputs=True)
             low, neg_up = ps.run()
             best_lo = low if best_lo is None else np.concatenate([best_lo, low])
@@ -863,12 +878,13 @@ class _Pass:
 
 
 def linear_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any, method: str = "crown",
-                  spec: Any = None, all_nodes: bool = False) -> LinearBounds:
+                  spec: Any = None, all_nodes: bool = False, deadline: float | None = None) -> LinearBounds:
     """Sound linear (CROWN) or interval (``method="ibp"``) bounds of every output over the input box.
 
     ``lower``/``upper`` as for ``interval_bounds``. ``spec``: an optional ``[K, outputs per sample]``
     matrix C; ``spec_lower``/``spec_upper`` then bound ``C y`` (tighter than bounding y first).
-    ``all_nodes=True`` refines and returns every node's box. For many boxes, build ``Crown(g, payload)``
-    once and call it.
+    ``all_nodes=True`` refines and returns every node's box. ``deadline`` (a ``time.perf_counter()``
+    value): ``DeadlineExceeded`` once it has passed. For many boxes, build ``Crown(g, payload)`` once
+    and call it.
     """
-    return Crown(g, payload)(lower, upper, method=method, spec=spec, all_nodes=all_nodes)
+    return Crown(g, payload)(lower, upper, method=method, spec=spec, all_nodes=all_nodes, deadline=deadline)

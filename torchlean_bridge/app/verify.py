@@ -79,7 +79,7 @@ class _Model:
     """The network in the three evaluators a counterexample must pass."""
 
     bundle: Bundle
-    onnx_bytes: bytes | None
+    onnx_model: bytes | str | None  # serialized, or the file's path (its external data lie beside it)
     onnx_error: str = ""
 
     def __post_init__(self) -> None:
@@ -101,14 +101,14 @@ class _Model:
 
     def onnxruntime(self, x: np.ndarray) -> np.ndarray | None:
         if self._session is None:
-            if self.onnx_bytes is None:
+            if self.onnx_model is None:
                 return None
             try:
                 import onnxruntime as ort
-                self._session = ort.InferenceSession(self.onnx_bytes, providers=["CPUExecutionProvider"])
+                self._session = ort.InferenceSession(self.onnx_model, providers=["CPUExecutionProvider"])
             except Exception as e:  # noqa: BLE001 - any runtime failure means: cannot re-check
                 self.onnx_error = f"onnxruntime cannot run the model: {e}"
-                self.onnx_bytes = None
+                self.onnx_model = None
                 return None
         inp = self._session.get_inputs()[0]
         out = self._session.run(None, {inp.name: x.astype(np.float32).reshape(self.input_shape)})[0]
@@ -139,6 +139,7 @@ def load_model(path: str | Path) -> _Model:
         proto = onnx.load_from_string(data)
     except Exception as e:  # noqa: BLE001 - protobuf raises its own DecodeError
         raise BridgeError(f"verify: {path} is not an ONNX model: {e}") from None
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
     init = {t.name for t in proto.graph.initializer}
     shapes = []
     for vi in proto.graph.input:
@@ -146,7 +147,9 @@ def load_model(path: str | Path) -> _Model:
             continue
         dims = vi.type.tensor_type.shape.dim
         shapes.append(tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in dims))
-    return _Model(import_onnx(proto, input_shapes=shapes), data)
+    # with external data both readers take the path, which locates the data files (the importer checks
+    # every reference stays beside the model before anything reads it)
+    return _Model(import_onnx(p if external else proto, input_shapes=shapes), str(p) if external else data)
 
 
 def _margin(c: np.ndarray, d: np.ndarray, y_mag: float) -> np.ndarray:
@@ -161,12 +164,14 @@ class _Search:
         self.rng = np.random.default_rng(seed)
         self.boxes = 0
         self.rejected = 0  # candidates that passed float64 but failed a re-check
+        self.open_bounds: tuple[np.ndarray, np.ndarray] = (np.array(-np.inf), np.array(np.inf))
 
     def time_left(self) -> bool:
         return time.perf_counter() < self.deadline
 
     def bound(self, lo: np.ndarray, hi: np.ndarray, c: np.ndarray):
-        r = self.model.crown(lo, hi, method=self.method, spec=c if c.shape[0] else None)
+        """Bounds of the box and of its rows ``c`` (``DeadlineExceeded`` when time runs out first)."""
+        r = self.model.crown(lo, hi, method=self.method, spec=c if c.shape[0] else None, deadline=self.deadline)
         self.boxes += 1
         if not c.shape[0]:
             return r, np.zeros((1, 0)), None
@@ -176,7 +181,7 @@ class _Search:
 
     def check(self, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
         """A reproduced counterexample at (the binary32 point nearest) x, or None."""
-        x = _float32_inside(x, lo, hi)
+        x = _float32_inside(x, lo, hi, *self.open_bounds)
         if x is None:
             return None
         y64 = self.model.evaluate(x, "float64")
@@ -227,7 +232,8 @@ class _Search:
             if not c.shape[0]:
                 return self.check(x, lo, hi, groups)
             delta = np.maximum(width * 1e-3, 0.0)
-            r = self.model.crown(np.maximum(x - delta, lo), np.minimum(x + delta, hi), method="crown", spec=c[k:k + 1])
+            r = self.model.crown(np.maximum(x - delta, lo), np.minimum(x + delta, hi), method="crown", spec=c[k:k + 1],
+                                 deadline=self.deadline)
             coef = r.spec_coefficients[0][0, 0].reshape(x.shape) if r.spec_coefficients else np.zeros_like(x)
             trial = np.clip(x - step * width * np.sign(coef), lo, hi)
             found = self.check(trial, lo, hi, groups)
@@ -243,7 +249,10 @@ class _Search:
 
     def case(self, index: int, case: Case, report: list) -> tuple[str, dict[str, Any] | None]:
         """'unsat' when every group is refuted on every sub-box; 'sat' with a counterexample; else 'unknown'."""
+        from semantics.linear_bounds.crown import DeadlineExceeded
         lo0, hi0 = case.lower, case.upper
+        # a strict input bound: candidates must lie above (below) it; the bounds cover the closed box
+        self.open_bounds = (np.where(case.lower_open, lo0, -np.inf), np.where(case.upper_open, hi0, np.inf))
         queue: list[tuple[float, int, np.ndarray, np.ndarray, list]] = [(0.0, 0, lo0, hi0, list(case.groups))]
         order = 1
         first = True
@@ -252,7 +261,14 @@ class _Search:
                 return "unknown", None
             _, _, lo, hi, groups = heapq.heappop(queue)
             c = np.concatenate([g[0] for g in groups]) if groups else np.zeros((0, self.prop.n_outputs))
-            r, spec_lo, coeffs = self.bound(lo, hi, c)
+            try:
+                r, spec_lo, coeffs = self.bound(lo, hi, c)
+            except DeadlineExceeded:
+                if first:  # report the box's interval bounds (a fraction of one CROWN pass)
+                    r = self.model.crown(lo, hi, method="ibp")
+                    report.append({"case": index, "lower": r.lower[0].reshape(-1).tolist(),
+                                   "upper": r.upper[0].reshape(-1).tolist(), "method": "ibp"})
+                return "unknown", None
             y_lo, y_hi = r.lower[0].reshape(-1), r.upper[0].reshape(-1)
             top = first
             if first:
@@ -276,7 +292,10 @@ class _Search:
             sub = None
             if coeffs is not None:
                 sub = coeffs[0][:, np.r_[tuple(np.arange(s.start, s.stop) for s in open_rows)]]
-            found = self.attack(lo, hi, open_groups, sub, budget=8 if top else 2)
+            try:
+                found = self.attack(lo, hi, open_groups, sub, budget=8 if top else 2)
+            except DeadlineExceeded:
+                return "unknown", None
             if found is not None:
                 return "sat", found
             dim = _split_axis(lo, hi, sub)
@@ -306,15 +325,20 @@ def _split_axis(lo: np.ndarray, hi: np.ndarray, coeffs: np.ndarray | None) -> in
     return int(np.argmax(score))
 
 
-def _float32_inside(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
-    """The binary32 point nearest x moved inside [lo, hi], as float64 (None when the box holds no such point)."""
-    x32 = np.clip(x, lo, hi).astype(np.float32)
-    low = x32.astype(np.float64) < lo
-    x32 = np.where(low, np.nextafter(x32, np.float32(np.inf)), x32)
-    high = x32.astype(np.float64) > hi
-    x32 = np.where(high, np.nextafter(x32, np.float32(-np.inf)), x32)
+def _float32_inside(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, above: np.ndarray, below: np.ndarray
+                    ) -> np.ndarray | None:
+    """The binary32 point nearest x moved inside [lo, hi] and strictly between ``above`` and ``below``
+    (the open sides of the property's box; -inf / inf elsewhere), as float64; None when there is no
+    such point."""
+    with np.errstate(over="ignore"):  # bounds beyond binary32's range round to +-inf: refused below
+        x32 = np.clip(x, lo, hi).astype(np.float32)
+        low = (x32.astype(np.float64) < lo) | (x32.astype(np.float64) <= above)
+        x32 = np.where(low, np.nextafter(x32, np.float32(np.inf)), x32)
+        high = (x32.astype(np.float64) > hi) | (x32.astype(np.float64) >= below)
+        x32 = np.where(high, np.nextafter(x32, np.float32(-np.inf)), x32)
     out = x32.astype(np.float64)
-    return out if np.all(out >= lo) and np.all(out <= hi) else None
+    inside = (out >= lo) & (out <= hi) & (out > above) & (out < below) & np.isfinite(out)
+    return out if np.all(inside) else None
 
 
 def _satisfies(y: np.ndarray, group) -> bool:

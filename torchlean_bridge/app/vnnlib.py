@@ -10,8 +10,10 @@ both sides by single-variable atoms (a box) and constrains the outputs by ``C y 
 Anything else (other commands, ``=``, ``not``, ``=>``, non-linear terms, unbounded inputs, atoms
 mixing X and Y) is refused with a ``BridgeError`` naming the line.
 
-Strict comparisons are kept as flags: a counterexample must satisfy them strictly, and a proof of
-infeasibility is the same for ``<`` and ``<=`` (the proof has a margin).
+Strict comparisons are kept as flags, on output rows and on input bounds (an open side of the box): a
+counterexample must satisfy them strictly, and a proof of infeasibility is the same for ``<`` and ``<=``
+(the proof has a margin, and covers the closed box). Numbers are SMT-LIB numerals and decimals, signed
+and with an optional exponent (``-1.5e-03``); nesting is limited to 256 levels.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ __all__ = ["load_vnnlib", "parse_vnnlib", "Property", "Case"]
 
 _MAX_DISJUNCTS = 100_000
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
-_VAR = re.compile(r"^([XY])_(\d+)$")
+_VAR = re.compile(r"^([XY])_(0|[1-9]\d*)$")
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")  # SMT-LIB decimals, plus exponents
+_MAX_DEPTH = 256  # nesting levels: VNN-COMP files use fewer than 10; the formula readers recurse
 
 
 @dataclass
@@ -40,6 +44,14 @@ class Case:
     lower: np.ndarray
     upper: np.ndarray
     groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)  # (C, d, strict)
+    lower_open: np.ndarray | None = None  # inputs bounded by a strict ``>`` (the bound itself is excluded)
+    upper_open: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.lower_open is None:
+            self.lower_open = np.zeros(np.shape(self.lower), dtype=bool)
+        if self.upper_open is None:
+            self.upper_open = np.zeros(np.shape(self.upper), dtype=bool)
 
 
 @dataclass
@@ -55,7 +67,8 @@ class Property:
         if size != self.n_inputs:
             raise BridgeError(f"VNN-LIB {self.path}: declares {self.n_inputs} inputs X_i, the network input "
                               f"{list(input_shape)} has {size}")
-        cases = [Case(c.lower.reshape(input_shape), c.upper.reshape(input_shape), c.groups) for c in self.cases]
+        cases = [Case(c.lower.reshape(input_shape), c.upper.reshape(input_shape), c.groups,
+                      c.lower_open.reshape(input_shape), c.upper_open.reshape(input_shape)) for c in self.cases]
         return Property(self.n_inputs, self.n_outputs, cases, self.path)
 
 
@@ -77,6 +90,8 @@ def _parse_sexprs(tokens: list[tuple[str, int]], where: str) -> list[Any]:
     lines: list[int] = []
     for tok, line in tokens:
         if tok == "(":
+            if len(stack) > _MAX_DEPTH:
+                raise _Error(f"VNN-LIB {where}: line {line}: nested deeper than {_MAX_DEPTH} levels")
             stack.append([])
             lines.append(line)
         elif tok == ")":
@@ -92,10 +107,11 @@ def _parse_sexprs(tokens: list[tuple[str, int]], where: str) -> list[Any]:
 
 
 def _number(tok: str) -> float | None:
-    try:
-        v = float(tok)
-    except ValueError:
+    """A numeral or decimal (optionally signed, with an exponent), else None: Python's own ``float``
+    would also take ``inf``, ``nan`` and ``1_0``."""
+    if not _NUMBER.match(tok):
         return None
+    v = float(tok)
     return v if np.isfinite(v) else None
 
 
@@ -218,7 +234,7 @@ class _Parser:
         counts = {}
         for kind in "XY":
             idx = sorted(int(_VAR.match(n).group(2)) for n in self.declared if n[0] == kind)
-            if idx != list(range(len(idx))):
+            if idx != list(range(len(idx))):  # names are canonical (no leading zeros), so no index repeats
                 missing = sorted(set(range(max(idx, default=-1) + 1)) - set(idx))
                 raise _Error(f"VNN-LIB {self.where}: {kind}_i must be declared for i = 0..n-1; missing "
                              f"{', '.join(f'{kind}_{i}' for i in missing[:5])}")
@@ -242,6 +258,7 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
     cases: dict[bytes, Case] = {}
     for conj in dnf:
         lo, hi = np.full(n_in, -np.inf), np.full(n_in, np.inf)
+        lo_open, hi_open = np.zeros(n_in, dtype=bool), np.zeros(n_in, dtype=bool)
         rows, rhs, strict = [], [], []
         empty = False
         for term, is_strict, line in conj:
@@ -259,27 +276,37 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
                 (v, c), = live
                 i, bound = int(v[2:]), -term.const / c
                 if c > 0:  # c x + k <= 0  ->  x <= -k / c
-                    hi[i] = min(hi[i], bound)
+                    _tighten(hi, hi_open, i, bound, is_strict, np.less)
                 else:
-                    lo[i] = max(lo[i], bound)
+                    _tighten(lo, lo_open, i, bound, is_strict, np.greater)
                 continue
             row = np.zeros(n_out)
             for v, c in term.coef.items():
-                row[int(v[2:])] += c
+                if c != 0:  # an input term may stand in an output atom with coefficient 0
+                    row[int(v[2:])] += c
             rows.append(row)
             rhs.append(-term.const)
             strict.append(is_strict)
-        if empty or np.any(lo > hi):
-            continue  # this disjunct is unsatisfiable by itself
+        if empty or np.any(lo > hi) or np.any((lo == hi) & (lo_open | hi_open)):
+            continue  # this disjunct is unsatisfiable by itself (an empty, possibly open, box)
         unbounded = np.flatnonzero(~np.isfinite(lo) | ~np.isfinite(hi))
         if unbounded.size:
             raise _Error(f"VNN-LIB {where}: input X_{unbounded[0]} is not bounded on both sides in some disjunct "
                          f"(the subset needs a box on every input)")
-        key = lo.tobytes() + hi.tobytes()
-        case = cases.setdefault(key, Case(lo, hi))
+        key = lo.tobytes() + hi.tobytes() + lo_open.tobytes() + hi_open.tobytes()
+        case = cases.setdefault(key, Case(lo, hi, lower_open=lo_open, upper_open=hi_open))
         case.groups.append((np.array(rows).reshape(len(rows), n_out), np.array(rhs, dtype=np.float64),
                             np.array(strict, dtype=bool)))
     return Property(n_in, n_out, list(cases.values()), where)
+
+
+def _tighten(bound: np.ndarray, is_open: np.ndarray, i: int, value: float, strict: bool, tighter: Any) -> None:
+    """Input i's bound moved to ``value`` if that is tighter (``tighter(value, bound[i])``); at an equal
+    value a strict comparison makes the bound open."""
+    if tighter(value, bound[i]):
+        bound[i], is_open[i] = value, strict
+    elif value == bound[i]:
+        is_open[i] |= strict
 
 
 def load_vnnlib(path: str | Path, input_shape: Sequence[int] | None = None,

@@ -292,9 +292,9 @@ def _initializer_problem(init: Any, data_types: set[int]) -> str | None:
 
 def _load_onnx(path: Path, strip_prefix: str | None) -> Checkpoint:
     import onnx
-    from onnx import numpy_helper
-    try:
-        model = onnx.load(str(path))
+    from importers.onnx.external import initializer_array
+    try:  # external data stays on disk: read (memory-mapped) per initializer, after its checks
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # onnx raises DecodeError, OSError, ValueError ... depending on the damage
         raise CheckpointError(f"cannot read ONNX model {path}: {e}") from None
     data_types = set(onnx.TensorProto.DataType.values())
@@ -306,10 +306,10 @@ def _load_onnx(path: Path, strip_prefix: str | None) -> Checkpoint:
         problem = _initializer_problem(init, data_types)
         if problem is None:
             try:
-                arrays[init.name] = numpy_helper.to_array(init, base_dir=str(path.parent))
+                arrays[init.name] = initializer_array(init, path.parent)
                 continue
-            except (ValueError, TypeError, OSError) as e:
-                problem = str(e)
+            except BridgeError as e:
+                problem = e.message
         findings.append(Finding("unsupported", f"initializer `{init.name}` cannot be read: {problem}",
                                 keys=(init.name,), severity="warning"))
     return _eager(arrays, str(path), "onnx", findings, strip_prefix)

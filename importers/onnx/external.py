@@ -17,7 +17,7 @@ import numpy as np
 
 from torchlean_bridge.errors import BridgeError
 
-__all__ = ["is_external", "mapped_array"]
+__all__ = ["is_external", "mapped_array", "initializer_array", "sparse_initializer_array"]
 
 
 def is_external(t: Any) -> bool:
@@ -43,6 +43,23 @@ def _data_file(t: Any, base: Path, location: str) -> Path:
     if not real.is_file():
         raise _fail(t, f"no regular file {location!r} next to the model")
     return real
+
+
+def _check_extent(t: Any, base: Path) -> None:
+    """The location names a file inside ``base`` and offset + length lie within it, at most
+    ``DEFAULT_MAX_ELEMENTS`` bytes (the reader of an unmapped type holds the bytes in memory)."""
+    from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS
+    fields = _fields(t)
+    path = _data_file(t, base, fields.get("location", ""))
+    size = path.stat().st_size
+    try:
+        offset = int(fields.get("offset", 0))
+        length = int(fields.get("length", size - offset))
+    except ValueError:
+        raise _fail(t, f"offset/length {fields.get('offset')!r}/{fields.get('length')!r} are not integers") from None
+    if offset < 0 or length < 0 or offset + length > size or length > DEFAULT_MAX_ELEMENTS:
+        raise _fail(t, f"offset {offset} and length {length} do not lie within the {size}-byte file "
+                       f"(or exceed {DEFAULT_MAX_ELEMENTS} bytes)")
 
 
 def mapped_array(t: Any, base: Path) -> np.ndarray | None:
@@ -72,3 +89,55 @@ def mapped_array(t: Any, base: Path) -> np.ndarray | None:
     mapped = np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=offset, shape=(math.prod(t.dims),))
     view = mapped.view(np.ndarray).reshape(tuple(t.dims))  # a plain read-only array over the mapping
     return view if np.little_endian else view.astype(dtype)
+
+
+def initializer_array(t: Any, base: Path | None) -> np.ndarray:
+    """An initializer's values (external data memory-mapped from ``base``); data that cannot be read
+    is a BridgeError naming it."""
+    from onnx import numpy_helper
+    if is_external(t) and base is not None:
+        mapped = mapped_array(t, base)
+        if mapped is not None:
+            return mapped
+        _check_extent(t, base)  # element types that are not mapped are read whole: sized first
+        from onnx.external_data_helper import load_external_data_for_tensor
+        t = type(t).FromString(t.SerializeToString())
+        try:
+            load_external_data_for_tensor(t, str(base))
+        except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
+            raise BridgeError(f"ONNX import: cannot read initializer `{t.name}` (external data): "
+                              f"{type(e).__name__}: {e}"[:400]) from None
+        t.data_location = 0
+        del t.external_data[:]
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
+        where = {kv.key: kv.value for kv in t.external_data}.get("location")
+        detail = f" (external data `{where}`: load the model from its path, next to that file)" if where else ""
+        raise BridgeError(f"ONNX import: cannot read initializer `{t.name}`{detail}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}"[:400]) from None
+
+
+def sparse_initializer_array(sparse: Any, base: Path | None, max_elements: int) -> np.ndarray:
+    """A ``sparse_initializer`` made dense (its size checked first): ``values`` at ``indices``, given as
+    [NNZ] flat positions or [NNZ, rank] coordinates, zero elsewhere."""
+    name = sparse.values.name or "?"
+    dims = tuple(int(d) for d in sparse.dims)
+    count = math.prod(dims)
+    if any(d < 0 for d in dims) or count > max_elements:
+        raise BridgeError(f"ONNX import: sparse initializer `{name}` has dims {list(dims)}: negative, or above the "
+                          f"limit of {max_elements} elements")
+    values = np.asarray(initializer_array(sparse.values, base)).reshape(-1)
+    indices = np.asarray(initializer_array(sparse.indices, base)).astype(np.int64, copy=False)
+    flat = indices.reshape(-1) if indices.ndim == 1 else None
+    if indices.ndim == 2 and indices.shape[1] == len(dims):
+        if np.any(indices < 0) or np.any(indices >= np.asarray(dims, dtype=np.int64)):
+            flat = None
+        else:
+            flat = np.ravel_multi_index(tuple(indices.T), dims) if dims else np.zeros(len(indices), np.int64)
+    if flat is None or flat.size != values.size or np.any(flat < 0) or np.any(flat >= count):
+        raise BridgeError(f"ONNX import: sparse initializer `{name}`: indices {list(indices.shape)} do not address "
+                          f"{values.size} values inside {list(dims)}")
+    dense = np.zeros(count, dtype=values.dtype)
+    dense[flat] = values
+    return dense.reshape(dims)

@@ -31,7 +31,7 @@ from .breadth import BREADTH_MODULES  # issue #15's handlers, one module per fam
 from ..builder import GraphBuilder
 from ..errors import add_node_note
 from .checks import DEFAULT_DOMAINS, check_model, newest_opset
-from .external import is_external, mapped_array
+from .external import initializer_array, sparse_initializer_array
 from .context import Const, NodeUnsupported, OnnxContext, unsupported_error
 from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
 from .inputs import InputShapes, bound_constants, check_tensor_type, element_type_name, static_input_shapes
@@ -87,32 +87,6 @@ def _read_model(path_or_model: Any) -> tuple[Any, Path | None]:
         except Exception as e:  # noqa: BLE001 - protobuf raises several unrelated types
             raise BridgeError(f"ONNX import: cannot read {path}: {e}") from None
     return load_model(path_or_model), None
-
-
-def _initializer_array(t: Any, base: Path | None) -> np.ndarray:
-    """An initializer's values (external data memory-mapped from ``base``); data that cannot be read
-    is a BridgeError naming it."""
-    from onnx import numpy_helper
-    if is_external(t) and base is not None:
-        mapped = mapped_array(t, base)
-        if mapped is not None:
-            return mapped
-        from onnx.external_data_helper import load_external_data_for_tensor
-        t = type(t).FromString(t.SerializeToString())
-        try:
-            load_external_data_for_tensor(t, str(base))
-        except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
-            raise BridgeError(f"ONNX import: cannot read initializer `{t.name}` (external data): "
-                              f"{type(e).__name__}: {e}"[:400]) from None
-        t.data_location = 0
-        del t.external_data[:]
-    try:
-        return numpy_helper.to_array(t)
-    except Exception as e:  # noqa: BLE001 - onnx raises ValidationError, OSError, ValueError here
-        where = {kv.key: kv.value for kv in t.external_data}.get("location")
-        detail = f" (external data `{where}`: load the model from its path, next to that file)" if where else ""
-        raise BridgeError(f"ONNX import: cannot read initializer `{t.name}`{detail}: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}"[:400]) from None
 
 
 _SMALL_INITIALIZER = 4096  # elements: shape inference sees the values of initializers up to this size
@@ -235,7 +209,10 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     ctx.precision = "float64" if any(vi.type.tensor_type.elem_type == 11
                                      for vi in list(free_inputs) + list(graph.output)) else "float32"
     for t in graph.initializer:
-        ctx.values[t.name] = Const(_initializer_array(t, base), key=t.name)
+        ctx.values[t.name] = Const(initializer_array(t, base), key=t.name)
+    for sparse in graph.sparse_initializer:
+        ctx.values[sparse.values.name] = Const(sparse_initializer_array(sparse, base, max_elements),
+                                               key=sparse.values.name)
     for name, value in bound.items():
         ctx.values[name] = Const(value, initializer=False)
     ir_inputs = []

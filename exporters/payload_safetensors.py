@@ -15,7 +15,7 @@ import json
 import mmap
 import re
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping, NamedTuple
+from typing import Any, BinaryIO, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -24,13 +24,14 @@ from torchlean_bridge.errors import BridgeError, PayloadError
 from torchlean_bridge.fileio import atomic_write_stream, regular_file_size
 from torchlean_bridge.ops.contracts import MAX_RANK
 from torchlean_bridge.payload import Payload, tensor_hash_prefix, tensor_sha256
+from torchlean_bridge.wire import STRICT_JSON
 
-__all__ = ["payload_to_bytes", "payload_from_file", "write_payload", "split_key", "index_safetensors",
+__all__ = ["payload_to_bytes", "payload_from_file", "write_payload", "payload_writer", "split_key", "index_safetensors",
            "SafetensorsIndex", "MAX_HEADER_BYTES", "file_sha256"]
 
 _META_KEY = "torchlean_bridge.sha256"
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own cap on the JSON header
-_KEY = re.compile(r"(0|[1-9][0-9]*)\.([A-Za-z_][A-Za-z0-9_]*)")
+_KEY = re.compile(r"(0|[1-9][0-9]{0,17})\.([A-Za-z_][A-Za-z0-9_]*)")  # node ids below 10**18
 _TAGS = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
          "U8": "u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "?"}
 _TAG_OF = {np.dtype(v).newbyteorder("<").str: k for k, v in _TAGS.items()}
@@ -75,27 +76,21 @@ def payload_to_bytes(payload: Payload) -> bytes:
 
 def write_payload(payload: Payload, path: str | Path) -> None:
     """Atomically, one tensor at a time (no concatenated copy of the payload in memory)."""
-    atomic_write_stream(path, lambda f: _write(payload, f))
+    atomic_write_stream(path, payload_writer(payload))
+
+
+def payload_writer(payload: Payload) -> Callable[[BinaryIO], None]:
+    """The function that writes ``payload`` as safetensors to an open binary file."""
+    return lambda f: _write(payload, f)
 
 
 def split_key(key: str, where: str = "payload file") -> tuple[int, str]:
     """``"<node id>.<role>"`` in canonical spelling only (``01.weight`` and ``1..weight`` are refused)."""
     m = _KEY.fullmatch(key) if isinstance(key, str) else None
     if m is None:
-        raise PayloadError(f"{where}: tensor name {key!r} is not `<node id>.<role>` (a decimal node id without "
-                           f"leading zeros, a dot, a role name)")
+        raise PayloadError(f"{where}: tensor name {key!r:.200} is not `<node id>.<role>` (a decimal node id "
+                           f"below 10**18 without leading zeros, a dot, a role name)")
     return int(m.group(1)), m.group(2)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("duplicate names")
-    return out
 
 
 # every element type a safetensors file may declare, with its size in bytes
@@ -137,8 +132,7 @@ def _header(data: mmap.mmap | bytes, size: int, what: str) -> tuple[dict[str, An
     if n > MAX_HEADER_BYTES or 8 + n > size:
         raise BridgeError(f"cannot read {what}: header length {n} does not fit the file of {size} bytes")
     try:
-        header = json.loads(bytes(data[8:8 + n]).decode("utf-8"), parse_constant=_no_constant,
-                            object_pairs_hook=_unique_keys)
+        header = json.loads(bytes(data[8:8 + n]).decode("utf-8"), **STRICT_JSON)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise BridgeError(f"cannot read {what}: the header is not JSON ({type(e).__name__})") from None
     if not isinstance(header, dict):

@@ -9,19 +9,20 @@ importer rejects, payloads that do not fit) is refused with every blocking node 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, ExportError
-from torchlean_bridge.fileio import atomic_write_text
+from torchlean_bridge.fileio import staged_outputs
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, payload_errors
 from torchlean_bridge.passes.v1_rewrite import rewrite_to_v1
 from torchlean_bridge.v1compat import v1_blocking_nodes
 from torchlean_bridge.wire import dumps_document, graph_to_wire
 
-from .payload_safetensors import file_sha256, payload_from_file, write_payload
+from .payload_safetensors import file_sha256, payload_from_file, payload_writer
 
 __all__ = ["export_torchlean", "torchlean_blocking_nodes", "to_v1_graph", "payload_file_for",
            "read_companion_payload"]
@@ -64,14 +65,17 @@ def export_torchlean(bundle: Bundle, file: str | Path | None, inline_payload: bo
         raise ExportError("torchlean.ir.v1 export: the payload does not fit the graph:\n"
                           + "\n".join(f"  {p.message}" for p in problems), node=problems[0].node)
     doc = graph_to_wire(g, bundle.payload if inline_payload else None)
-    if file is not None and not inline_payload:
-        # the pair is one unit: the payload goes first, then the document naming its size and sha256,
-        # so an interruption leaves the old document, which refuses the new payload
-        side = payload_file_for(file)
-        write_payload(bundle.payload, side)
-        doc["payload_file"] = {"name": side.name, "bytes": side.stat().st_size, "sha256": file_sha256(side)}
-    if file is not None:
-        atomic_write_text(file, dumps_document(doc))
+    if file is None:
+        return doc
+    with staged_outputs() as stage:
+        if not inline_payload:
+            # the pair is one unit: both are written before either is renamed, the payload first, so
+            # the document that names its size and sha256 never appears without it
+            side = payload_file_for(file)
+            written = stage(side, payload_writer(bundle.payload))
+            doc["payload_file"] = {"name": side.name, "bytes": written.stat().st_size, "sha256": file_sha256(written)}
+        text = dumps_document(doc).encode("utf-8")
+        stage(file, lambda f: f.write(text))
     return doc
 
 
@@ -86,6 +90,10 @@ def read_companion_payload(document: Path, ref: Any) -> Payload:
     side = document.parent / name
     if not side.exists():
         raise BridgeError(f"{document}: its payload file {side} is missing")
+    real = Path(os.path.realpath(side))
+    if real.parent != Path(os.path.realpath(document.parent)):
+        raise BridgeError(f"{document}: its payload file {side} resolves outside the document's folder (a symlink "
+                          f"to {real}); refused")
     payload = payload_from_file(side)
     if side.stat().st_size != ref["bytes"] or file_sha256(side) != ref["sha256"]:
         raise BridgeError(f"{document}: payload file {side} does not match the size and sha256 the document "

@@ -1,7 +1,8 @@
 """File input and output that hostile paths and interrupted runs cannot turn into wrong results.
 
 Output: single files are written to a temporary file beside the target, fsynced and renamed into
-place; a multi-file output (a bundle folder) is built in a temporary folder beside the target and
+place (never over a folder or a device); files that belong together are all written before any is
+renamed (``staged_outputs``); a multi-file output (a bundle folder) is built in a temporary folder beside the target and
 swapped in whole (``atomic_folder``), so the target holds the old complete state or the new one.
 Leftovers of an interrupted write are dot-named siblings (``.NAME.tmp-*``, ``.NAME.old-*``) that no
 reader looks at.
@@ -24,7 +25,8 @@ from typing import BinaryIO, Callable, Iterator
 
 from .errors import BridgeError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_stream", "atomic_folder", "read_capped",
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_stream", "staged_outputs", "atomic_folder",
+           "read_capped",
            "regular_file_size", "fsync_folder", "MAX_DOCUMENT_BYTES", "TEMP_MARK", "ASIDE_MARK"]
 
 MAX_DOCUMENT_BYTES = 1 << 30  # a JSON document (graph, roles, report, checkpoint) larger than this is refused
@@ -82,25 +84,58 @@ def fsync_folder(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write_stream(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it into place."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+def _replaceable(target: Path) -> None:
+    """Refuse an output path that exists as something other than a regular file or a symlink (a
+    folder, a device such as /dev/full, a FIFO): renaming over it would replace it."""
     try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a device, FIFO or socket"
+        raise BridgeError(f"cannot write {target}: it is {kind}, not a regular file; refusing to replace it")
+
+
+@contextmanager
+def staged_outputs() -> Iterator[Callable[[str | os.PathLike, Callable[[BinaryIO], None]], Path]]:
+    """Files that appear together: ``stage(path, write)`` calls ``write(file)`` on an fsynced temporary
+    beside ``path`` (returned, to be read back); when the block ends, every temporary is renamed into
+    place in staging order. On an exception (an interrupt included) the temporaries are removed and no
+    target changes."""
+    staged: list[tuple[Path, Path]] = []
+
+    def stage(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
+        target = Path(path)
+        _replaceable(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        staged.append((Path(tmp), target))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, target)
-        fsync_folder(target.parent)
+        return Path(tmp)
+
+    try:
+        yield stage
+        for tmp, target in staged:
+            os.replace(tmp, target)
+        for folder in {target.parent for _, target in staged}:
+            fsync_folder(folder)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        for tmp, _ in staged:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
         raise
+
+
+def atomic_write_stream(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it into place."""
+    with staged_outputs() as stage:
+        stage(path, write)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -10,6 +10,7 @@ folder whose manifest is missing, lists a file that is not there, or disagrees w
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, foreign_record_errors
 from torchlean_bridge.report import jsonable
 from torchlean_bridge.roles import RoleMap
-from torchlean_bridge.wire import dump_graph, dumps_document, loads_document, parse_document
+from torchlean_bridge.wire import STRICT_JSON, dump_graph, dumps_document, loads_document, parse_document
 
 from .payload_safetensors import file_sha256, payload_from_file, write_payload
 
@@ -68,7 +69,8 @@ def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
     if not (folder / MANIFEST_FILE).exists():
         raise BridgeError(f"{where} is incomplete: {MANIFEST_FILE} is missing (an interrupted write, or a folder "
                           f"not written by tlb.save)")
-    doc = loads_document(read_capped(folder / MANIFEST_FILE, "bundle manifest"))
+    _inside(folder, MANIFEST_FILE)
+    doc = _json_file(folder / MANIFEST_FILE, "bundle manifest")
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(doc, dict) or set(doc) != {"format", "files"} or doc["format"] != MANIFEST_FORMAT \
             or not isinstance(files, dict):
@@ -80,6 +82,9 @@ def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
             raise BridgeError(f"{where}: {MANIFEST_FILE} entry `{str(name)[:80]}` is not a bundle file with "
                               f"bytes and sha256")
     missing = [n for n in files if not (folder / n).exists()]
+    for name in files:
+        if name not in missing:
+            _inside(folder, name)
     if missing:
         raise BridgeError(f"{where} is incomplete: {', '.join(missing)} listed in {MANIFEST_FILE} "
                           f"{'is' if len(missing) == 1 else 'are'} missing")
@@ -101,7 +106,33 @@ def _check_manifest_hashes(folder: Path, files: dict[str, dict[str, Any]]) -> No
 
 
 def _json_file(path: Path, what: str) -> Any:
-    return loads_document(read_capped(path, what))
+    """A bundle's manifest, roles or report: strict JSON (``STRICT_JSON``), errors naming the file."""
+    try:
+        return json.loads(read_capped(path, what), **STRICT_JSON)
+    except RecursionError:
+        raise BridgeError(f"{what} {path}: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BridgeError(f"{what} {path}: invalid JSON: {e}"[:500]) from None
+
+
+def _inside(folder: Path, name: str) -> None:
+    """A bundle file must be a file of the folder itself, not a symlink to somewhere else."""
+    real, root = Path(os.path.realpath(folder / name)), Path(os.path.realpath(folder))
+    if real.parent != root:
+        raise BridgeError(f"bundle {folder}: {name} resolves outside the bundle folder (a symlink to {real}); "
+                          f"refused")
+
+
+def _checked_roles(graph: Graph, roles: RoleMap, where: str) -> RoleMap:
+    """Bindings to nodes that do not exist or to roles their node does not have are refused at load."""
+    for b in roles.bindings():
+        if not 0 <= b.node < len(graph.nodes):
+            raise BridgeError(f"{where}: roles bind `{b.key:.200}` to node {b.node}, which is not in the graph")
+        node = graph.nodes[b.node]
+        if b.role not in {r.name for r in (node.spec.params if node.spec else ())}:
+            raise BridgeError(f"{where}: roles bind `{b.key:.200}` to node {b.node} ({node.kind}), which has no "
+                              f"role `{b.role:.80}`", node=b.node, op=node.kind)
+    return roles
 
 
 def _checked(graph: Graph, payload: Payload, where: str) -> Payload:
@@ -114,7 +145,7 @@ def _checked(graph: Graph, payload: Payload, where: str) -> Payload:
 
 
 def _load_document(path: Path) -> Bundle:
-    doc = _json_file(path, "graph document")
+    doc = loads_document(read_capped(path, "graph document"))
     graph, payload = parse_document(doc)
     check_well_formed(graph)
     companion = doc.get("payload_file") if isinstance(doc, dict) else None
@@ -139,13 +170,14 @@ def load(path: str | Path) -> Bundle:
     if not gfile.exists():
         raise BridgeError(f"{path} is not a bundle folder: {GRAPH_FILE} is missing")
     files = _manifest(path)
-    graph, inline = parse_document(_json_file(gfile, "bundle graph"))
+    graph, inline = parse_document(loads_document(read_capped(gfile, "bundle graph")))
     check_well_formed(graph)
     payload = payload_from_file(path / PAYLOAD_FILE) if PAYLOAD_FILE in files else Payload()
     for nid, role, arr in inline.items():
         if payload.get(nid, role) is None:
             payload.set(nid, role, arr)
     roles = RoleMap.from_json(_json_file(path / ROLES_FILE, "bundle roles")) if ROLES_FILE in files else RoleMap()
+    roles = _checked_roles(graph, roles, str(path))
     report = _json_file(path / REPORT_FILE, "bundle report") if REPORT_FILE in files else {}
     _check_manifest_hashes(path, files)
     return Bundle(graph, _checked(graph, payload, str(path)), roles, report if isinstance(report, dict) else {})

@@ -189,18 +189,50 @@ def read_tensor(value: Any, shape: Sequence[int], ctx: str) -> np.ndarray:
     return arr
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the name {twice!r:.80} appears twice in one object")
+    return out
+
+
+# json.loads arguments for documents read from outside: no NaN/Infinity, no name twice in an object
+# (JSON leaves a repeated name's meaning open; keeping the last would let a second value override
+# the first unseen)
+STRICT_JSON: dict[str, Any] = {"parse_constant": _no_constant, "object_pairs_hook": _unique_names}
+
+
 def loads_document(text: str | bytes) -> Any:
-    """``json.loads`` that rejects NaN/Infinity and turns every failure into a WireError."""
-
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not valid JSON")
-
+    """``json.loads`` that rejects NaN/Infinity and a repeated top-level name, and turns every failure
+    into a WireError. (Repeated names inside nodes are not looked for: the check costs a Python call
+    per object, a third of a 10^6-node document's load time.)"""
     try:
-        return json.loads(text, parse_constant=no_constants)
+        doc = json.loads(text, parse_constant=_no_constant)
+        if isinstance(doc, dict) and _may_repeat_names(text, doc):
+            json.loads(text, **STRICT_JSON)  # the slow reading that names a repeated name
+        return doc
     except RecursionError:
         raise _fail("document is nested too deeply") from None
+    except MemoryError:  # within the size cap, but a document of tiny values takes ~20 bytes per byte
+        raise _fail(f"the document ({len(text)} bytes) needs more memory to parse than is available") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise _fail(f"invalid JSON: {e}") from None
+
+
+def _may_repeat_names(text: str | bytes, doc: dict) -> bool:
+    """Whether some top-level name occurs more than once in the text (a cheap scan; a repeat inside
+    a string value or a nested object also counts, and the strict reading then decides)."""
+    for name in doc:
+        token = json.dumps(name)
+        if (text.count(token.encode()) if isinstance(text, bytes) else text.count(token)) > 1:
+            return True
+    return False
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -744,8 +776,33 @@ def graph_to_wire(g: Graph, payload: Payload | None = None, *, include_source: b
                            "output_ids": list(g.outputs)}
     if len(g.inputs) != 1:
         doc["input_ids"] = list(g.inputs)
+    if payload is not None:
+        _check_inline_size(g, payload)
     doc["nodes"] = [_node_wire_named(n, g, payload, include_source) for n in g.nodes]
     return doc
+
+
+# an inline payload of more numbers than this (each at least "0.0, ") makes a document above the
+# readers' 1 GiB cap (fileio.MAX_DOCUMENT_BYTES)
+MAX_INLINE_NUMBERS = (1 << 30) // 5
+
+
+def _check_inline_size(g: Graph, payload: Payload) -> None:
+    """Count the numbers an inline payload writes (grouped conv weights dense, as v1 lays them out)
+    before any is built: a document no reader would accept is refused with the way out."""
+    total = 0
+    for nid in payload.nodes():
+        node = g.nodes[nid] if 0 <= nid < len(g.nodes) else None
+        for role, arr in payload.record(nid).items():
+            n = int(np.size(arr))
+            if node is not None and node.kind == "conv" and role == "weight":
+                n *= int(node.attrs["groups"])  # [out, in/groups, *k] written as [out, in, *k]
+            total += n
+    if total > MAX_INLINE_NUMBERS:
+        raise BridgeError(f"torchlean.ir.v1 export: an inline payload would write {total} numbers (grouped "
+                          f"convolutions' weights dense, as v1 lays them out), a document above the 1 GiB that "
+                          f"readers accept; write the payload to a companion file instead (inline_payload=False, "
+                          f"the CLI's default without --inline-payload)")
 
 
 @gc_paused

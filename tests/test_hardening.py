@@ -142,6 +142,7 @@ def _rename_payload(folder: Path, old: str, new: str) -> None:
     ("1.bogus", r"node 1 \(linear\) has no role `bogus`"),
     ("2.weight", r"node 2 \(relu\) has no role `weight`"),
     ("9.weight", "record for node 9, which is not in the graph"),
+    ("9" * 5000 + ".weight", "a decimal node id below 10\\*\\*18"),  # int() of it would raise ValueError
 ])
 def test_bundle_payload_names_must_be_canonical_and_fit_the_graph(tmp_path, name: str, message: str) -> None:
     tlb.save(seed_mlp_bundle(), tmp_path / "b")
@@ -240,7 +241,9 @@ def test_bundle_files_that_are_not_regular_files_are_refused(tmp_path, name: str
     else:
         os.mkfifo(target)
     start = time.monotonic()
-    with pytest.raises(tlb.BridgeError, match=rf"{name}: it is (a folder|a device, FIFO or socket), not a regular"):
+    refused = rf"{name}: it is (a folder|a device, FIFO or socket), not a regular" if how != "dev_zero" \
+        else rf"{name} resolves outside the bundle folder \(a symlink to /dev/zero\)"
+    with pytest.raises(tlb.BridgeError, match=refused):
         tlb.load(tmp_path / "b")
     assert time.monotonic() - start < 2.0
 
@@ -653,3 +656,224 @@ def test_onnx_checkpoint_with_a_non_utf8_initializer_name_is_refused(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="is not valid UTF-8"):
         tlb.load_checkpoint(path)
+
+
+# -- found by a hostile-input sweep (12-01) ---------------------------------------------------------
+
+def _external_tensor(name: str, dims: list[int]):
+    from onnx import TensorProto
+    t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims)
+    t.data_location = TensorProto.EXTERNAL
+    return t
+
+
+def test_an_onnx_checkpoint_reads_external_data_memory_mapped(tmp_path):
+    """A checkpoint whose initializer lies in a 1 GiB external file is mapped, not read into memory
+    (it used to be loaded whole before any check: a segfault under a memory limit)."""
+    import onnx
+    from onnx import TensorProto, helper
+    data = tmp_path / "w.bin"
+    with open(data, "wb") as f:
+        f.truncate(1 << 30)  # sparse: no disk used
+    w = _external_tensor("W", [1 << 28])
+    for k, v in (("location", "w.bin"), ("offset", "0"), ("length", str(1 << 30))):
+        w.external_data.add(key=k, value=v)
+    graph = helper.make_graph([], "g", [], [helper.make_tensor_value_info("W", TensorProto.FLOAT, [1 << 28])], [w])
+    onnx.save(helper.make_model(graph), str(tmp_path / "ck.onnx"))
+    code = ("import resource, torchlean_bridge as tlb; c = tlb.load_checkpoint(%r); a = c.get('W'); "
+            "assert a.shape == (1 << 28,) and not a.flags.writeable; "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)" % str(tmp_path / "ck.onnx"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) < 600_000  # KiB: the 1 GiB tensor was never read
+
+
+def test_an_onnx_checkpoint_with_external_data_outside_its_folder_is_a_finding(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 16)
+    (tmp_path / "m").mkdir()
+    w = _external_tensor("W", [4])
+    w.external_data.add(key="location", value="../secret.bin")
+    graph = helper.make_graph([], "g", [], [helper.make_tensor_value_info("W", TensorProto.FLOAT, [4])], [w])
+    onnx.save(helper.make_model(graph), str(tmp_path / "m" / "ck.onnx"))
+    ckpt = tlb.load_checkpoint(tmp_path / "m" / "ck.onnx")
+    assert "W" not in ckpt.keys() and any("inside the model's folder" in f.message for f in ckpt.findings)
+
+
+@pytest.mark.parametrize("kind", ["device", "folder"])
+def test_file_outputs_never_replace_a_folder_or_a_device(tmp_path, capsys, kind):
+    import stat as stat_mod
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    target = tmp_path / "out"
+    if kind == "device":
+        if os.geteuid() != 0:
+            pytest.skip("making a device node needs root")
+        os.mknod(target, 0o666 | stat_mod.S_IFCHR, os.makedev(1, 7))  # /dev/full's numbers
+    else:
+        target.mkdir()
+    for to in ("onnx", "torchlean"):
+        code, err = _cli(capsys, "export", str(tmp_path / "b"), "--to", to, "-o", str(target))
+        assert code == 2 and "refusing to replace it" in err
+        assert (target.is_dir() if kind == "folder" else stat_mod.S_ISCHR(os.lstat(target).st_mode))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "out"]  # no companion payload left behind
+
+
+def test_an_interrupted_torchlean_export_leaves_neither_file(tmp_path, monkeypatch):
+    """The document and its companion payload appear together or not at all."""
+    import exporters.torchlean_json as tj
+    real = tj.dumps_document
+
+    def interrupted(doc):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tj, "dumps_document", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tlb.export_torchlean(seed_mlp_bundle(), tmp_path / "m.json", inline_payload=False)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(tj, "dumps_document", real)
+    tlb.export_torchlean(seed_mlp_bundle(), tmp_path / "m.json", inline_payload=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "m.payload.safetensors"]
+
+
+def test_bundle_files_linking_outside_the_folder_are_refused(tmp_path):
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    outside = tmp_path / "elsewhere.json"
+    (tmp_path / "b" / ROLES_FILE).rename(outside)
+    (tmp_path / "b" / ROLES_FILE).symlink_to(outside)
+    with pytest.raises(tlb.BridgeError, match=f"{ROLES_FILE} resolves outside the bundle folder"):
+        tlb.load(tmp_path / "b")
+    doc = tmp_path / "d" / "m.json"
+    tlb.export_torchlean(seed_mlp_bundle(), doc, inline_payload=False)
+    side = doc.with_name("m.payload.safetensors")
+    side.rename(tmp_path / "p.safetensors")
+    side.symlink_to(tmp_path / "p.safetensors")
+    with pytest.raises(tlb.BridgeError, match="resolves outside the document's folder"):
+        tlb.load(doc)
+
+
+@pytest.mark.parametrize("binding, message", [
+    ({"key": "w", "node": 99, "role": "weight"}, "roles bind `w` to node 99, which is not in the graph"),
+    ({"key": "w", "node": 1, "role": "evil"}, r"node 1 \(linear\), which has no role `evil`"),
+    ({"key": "w", "node": 2, "role": "weight"}, r"node 2 \(relu\), which has no role `weight`"),
+])
+def test_roles_binding_what_the_graph_does_not_have_are_refused(tmp_path, binding, message):
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    _rewrite_listed(tmp_path / "b", ROLES_FILE, json.dumps([binding]))
+    with pytest.raises(tlb.BridgeError, match=message):
+        tlb.load(tmp_path / "b")
+
+
+def _rewrite_listed(folder: Path, name: str, text: str) -> None:
+    """Replace one bundle file and re-record it in the manifest, so only its content is wrong."""
+    from exporters.folder import file_sha256
+    (folder / name).write_text(text)
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    manifest["files"][name] = {"bytes": (folder / name).stat().st_size, "sha256": file_sha256(folder / name)}
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name, text, message", [
+    (ROLES_FILE, "[NaN]", "bundle roles .*roles.json: invalid JSON: NaN is not valid JSON"),
+    (REPORT_FILE, "[" * 100_000 + "]" * 100_000, "bundle report .*report.json: nested too deeply"),
+    (REPORT_FILE, '{"a": 1, "a": 2}', "report.json: invalid JSON: the name 'a' appears twice"),
+    (GRAPH_FILE, None, "the name 'output_ids' appears twice in one object"),
+])
+def test_bundle_json_files_are_strict_and_named_in_errors(tmp_path, name, text, message):
+    tlb.save(seed_mlp_bundle(), tmp_path / "b")
+    if text is None:  # a second top-level output_ids after the first
+        body = (tmp_path / "b" / GRAPH_FILE).read_text().rstrip().rstrip("}")
+        text = body + ', "output_ids": [1]}'
+    if name == REPORT_FILE and REPORT_FILE not in json.loads((tmp_path / "b" / MANIFEST_FILE).read_text())["files"]:
+        pass
+    _rewrite_listed(tmp_path / "b", name, text)
+    with pytest.raises(tlb.BridgeError, match=message):
+        tlb.load(tmp_path / "b")
+
+
+def test_error_messages_are_bounded():
+    e = tlb.BridgeError("x" * 1_000_000, source="s" * 10_000)
+    assert len(str(e)) < 9000 and str(e).startswith("x" * 100) and "1000000 characters in all" in str(e)
+
+
+def test_an_onnx_fold_that_exhausts_memory_is_a_bridge_error(monkeypatch):
+    import importers.onnx.fold as fold
+    from onnx import TensorProto, helper
+
+    def exhausted(*args):
+        raise MemoryError
+    monkeypatch.setattr(fold, "_run_reference", exhausted)
+    node = helper.make_node("ConstantOfShape", ["s"], ["y"], name="big")
+    shape = helper.make_tensor("s", TensorProto.INT64, [1], [8])
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])], [shape])
+    with pytest.raises(tlb.BridgeError, match="folding its constant result at import time needs more memory"):
+        tlb.import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_document_that_exhausts_memory_is_a_wire_error(monkeypatch):
+    import torchlean_bridge.wire as wire
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+    monkeypatch.setattr(wire.json, "loads", exhausted)
+    with pytest.raises(WireError, match=r"the document \(2 bytes\) needs more memory to parse"):
+        wire.loads_document("[]")
+
+
+@pytest.mark.parametrize("start, limit, delta, message", [
+    (0.0, 1.0, 1e-12, r"has \d{13} elements, above the limit"),
+    (0.0, 1.0, 0.0, "delta is 0, so the range has no end"),
+])
+def test_onnx_range_of_float_initializers_is_folded_or_refused_for_its_size(start, limit, delta, message):
+    import onnx
+    from onnx import TensorProto, helper
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in (("a", start), ("b", limit), ("d", delta))]
+    graph = helper.make_graph([helper.make_node("Range", ["a", "b", "d"], ["y"], name="r")], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(tlb.BridgeError, match=message):
+        tlb.import_onnx(model)
+    inits[2] = helper.make_tensor("d", TensorProto.FLOAT, [], [0.25])  # a sane step folds
+    graph = helper.make_graph(graph.node, "g", [], graph.output, inits)
+    b = tlb.import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    np.testing.assert_array_equal(tlb.evaluate(b.graph, b.payload, [])[0], [0.0, 0.25, 0.5, 0.75])
+
+
+@pytest.mark.parametrize("form", ["flat", "coordinates"])
+def test_onnx_sparse_initializers_are_read_dense(form):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    dense = np.zeros((3, 4), np.float32)
+    dense[0, 1], dense[2, 3], dense[1, 0] = 2.5, -1.0, 4.0
+    nz = np.argwhere(dense != 0)
+    idx = np.ravel_multi_index(nz.T, dense.shape) if form == "flat" else nz
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(dense[dense != 0], "W"),
+                                       numpy_helper.from_array(idx.astype(np.int64), "W_idx"), [3, 4])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], sparse_initializer=[sparse])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).random((3, 4)).astype(np.float32)
+    b = tlb.import_onnx(model)
+    ours = tlb.evaluate(b.graph, b.payload, [x], dtype="float32")[0]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(ours, want)
+    bad = helper.make_sparse_tensor(numpy_helper.from_array(dense[dense != 0], "W"),
+                                    numpy_helper.from_array(np.array([0, 1, 99], np.int64), "W_idx"), [3, 4])
+    graph = helper.make_graph(graph.node, "g", graph.input, graph.output, sparse_initializer=[bad])
+    with pytest.raises(tlb.BridgeError, match="indices \\[3\\] do not address 3 values inside \\[3, 4\\]"):
+        tlb.import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_an_inline_payload_beyond_a_readable_document_is_refused_before_it_is_built(monkeypatch):
+    """Grouped conv weights are written dense ([out, in, *k]); a depthwise conv of C channels is C
+    times its weights. The count is checked before any dense array exists."""
+    import torch
+    import torchlean_bridge.wire as wire
+    m = torch.nn.Conv2d(64, 64, 3, groups=64).eval()
+    b = tlb.import_fx(m, (torch.zeros(1, 64, 5, 5),))
+    monkeypatch.setattr(wire, "MAX_INLINE_NUMBERS", 64 * 9 * 64 - 1)  # the dense weight, not the stored 576
+    with pytest.raises(tlb.BridgeError, match=r"an inline payload would write \d+ numbers .*inline_payload=False"):
+        tlb.export_torchlean(b, None)
+    monkeypatch.setattr(wire, "MAX_INLINE_NUMBERS", 64 * 9 * 64 + 64)
+    assert tlb.export_torchlean(b, None)["nodes"]
+

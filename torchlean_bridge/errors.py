@@ -21,11 +21,19 @@ __all__ = [
 ]
 
 
+MAX_MESSAGE = 4000  # characters: a hostile name or a 10**5-entry attribute must not become a megabyte of text
+
+
 class BridgeError(Exception):
-    """Base of every error the library raises on bad input."""
+    """Base of every error the library raises on bad input (messages beyond ``MAX_MESSAGE``
+    characters are cut, saying how long they were)."""
 
     def __init__(self, message: str, *, node: int | None = None, op: str | None = None,
                  source: str | None = None) -> None:
+        if len(message) > MAX_MESSAGE:
+            message = f"{message[:MAX_MESSAGE]} ... (cut: {len(message)} characters in all)"
+        if source is not None and len(source) > MAX_MESSAGE:
+            source = f"{source[:MAX_MESSAGE]} ..."
         super().__init__(message)
         self.message = message
         self.node = node

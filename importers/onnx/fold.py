@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.check import check_size
 from torchlean_bridge.ops.contracts import broadcast_shapes
 
@@ -118,6 +119,9 @@ def check_fold_size(ctx: OnnxContext, node: Any) -> None:
     """
     feeds = {n: ctx.values[n].value for n in node.input if n}
     where = f"ONNX import: node `{node.name or (node.output[0] if node.output else '?')}` ({node.op_type})"
+    if node.op_type == "Range" and len(node.input) == 3 and all(np.size(feeds.get(n, ())) == 1 for n in node.input) \
+            and float(np.asarray(feeds[node.input[2]]).reshape(-1)[0]) == 0:
+        raise BridgeError(f"{where}: delta is 0, so the range has no end")
     generators = ("ConstantOfShape", "Range", "Tile", "Expand", *GENERATED_SHAPES)
     shapes = [_generated_shape(node, feeds)] if node.op_type in generators \
         else [ctx.declared.get(o) for o in node.output if o]
@@ -135,7 +139,12 @@ def fold_node(ctx: OnnxContext, node: Any) -> list[Const]:
             outs.append(Const(np.ones(inputs[0].value.shape, dtype=bool), folded=True))
         return outs
     feeds = {n: v.value for n, v in zip(node.input, inputs) if n}
-    results = _run_reference(node, ctx.opset, feeds)
+    try:
+        results = _run_reference(node, ctx.opset, feeds)
+    except MemoryError:  # sized within max_elements (check_fold_size), yet more than this machine holds
+        raise BridgeError(f"ONNX import: node `{node.name or (node.output[0] if node.output else '?')}` "
+                          f"({node.op_type}): folding its constant result at import time needs more memory than "
+                          f"is available") from None
     if node.op_type == "Constant":
         return [Const(results[0], key=node.output[0], initializer=False)]
     data = inputs[0] if inputs else None

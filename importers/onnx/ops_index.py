@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.ops import BOOL, INT64
 
 from . import ops_math, ops_tensor
@@ -191,9 +192,24 @@ def _one_hot(ctx: OnnxContext) -> list[Value]:
 
 # -- value-dependent shapes -------------------------------------------------------------------
 
+def _folded(ctx: OnnxContext) -> list[Value]:
+    """The node's value computed at import (its size checked first): ops with no IR form whose operands
+    are all known."""
+    from .fold import check_fold_size, fold_node
+    check_fold_size(ctx, ctx.node)
+    try:
+        return list(fold_node(ctx, ctx.node))
+    except BridgeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the reference evaluator raises assorted errors
+        raise NodeUnsupported(f"cannot fold (onnx's reference evaluator: {type(e).__name__}: {e})"[:300]) from None
+
+
 def _fold_only(what: str) -> Handler:
     def lower(ctx: OnnxContext) -> list[Value]:
         names = [ctx.node.input[i] for i in range(len(ctx.node.input)) if ctx.has_input(i) and ctx.const(i) is None]
+        if not names:  # every operand is a constant (float initializers are kept as parameters): fold it now
+            return _folded(ctx)
         bind = [n for n in names if n in ctx.graph_inputs]
         hint = f" (bind graph inputs {bind} with constants=... or --bind)" if bind else ""
         raise NodeUnsupported(f"inputs {names} ({what}) must be constants known at import time{hint}", needs=names)

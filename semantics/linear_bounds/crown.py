@@ -83,6 +83,16 @@ class LinearBounds:
     spec_upper: np.ndarray | None = None
     spec_coefficients: list[np.ndarray] | None = None
 
+    # per output (lo, hi), as ``interval_bounds`` gives per node: ``lo, hi = lb[0]``, ``for lo, hi in lb``
+    def __len__(self) -> int:
+        return len(self.lower)
+
+    def __getitem__(self, i: int) -> Box:
+        return self.lower[i], self.upper[i]
+
+    def __iter__(self):
+        return iter(zip(self.lower, self.upper))
+
     def to_json(self) -> dict[str, Any]:
         return {"method": self.method, "lower": [x.tolist() for x in self.lower],
                 "upper": [x.tolist() for x in self.upper],

@@ -814,7 +814,7 @@ def test_a_document_that_exhausts_memory_is_a_wire_error(monkeypatch):
 
     def exhausted(*args, **kwargs):
         raise MemoryError
-    monkeypatch.setattr(wire.json, "loads", exhausted)
+    monkeypatch.setattr(wire, "_top_level_unique", exhausted)
     with pytest.raises(WireError, match=r"the document \(2 bytes\) needs more memory to parse"):
         wire.loads_document("[]")
 

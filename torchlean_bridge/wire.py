@@ -213,10 +213,9 @@ def loads_document(text: str | bytes) -> Any:
     into a WireError. (Repeated names inside nodes are not looked for: the check costs a Python call
     per object, a third of a 10^6-node document's load time.)"""
     try:
-        doc = json.loads(text, parse_constant=_no_constant)
-        if isinstance(doc, dict) and _may_repeat_names(text, doc):
-            json.loads(text, **STRICT_JSON)  # the slow reading that names a repeated name
-        return doc
+        if isinstance(text, (bytes, bytearray)):
+            text = text.decode(json.detect_encoding(text), "surrogatepass")
+        return _top_level_unique(text)
     except RecursionError:
         raise _fail("document is nested too deeply") from None
     except MemoryError:  # within the size cap, but a document of tiny values takes ~20 bytes per byte
@@ -225,14 +224,40 @@ def loads_document(text: str | bytes) -> Any:
         raise _fail(f"invalid JSON: {e}") from None
 
 
-def _may_repeat_names(text: str | bytes, doc: dict) -> bool:
-    """Whether some top-level name occurs more than once in the text (a cheap scan; a repeat inside
-    a string value or a nested object also counts, and the strict reading then decides)."""
-    for name in doc:
-        token = json.dumps(name)
-        if (text.count(token.encode()) if isinstance(text, bytes) else text.count(token)) > 1:
-            return True
-    return False
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_SPACE = json.decoder.WHITESPACE.match
+
+
+def _top_level_unique(text: str) -> Any:
+    """The document parsed once: a top-level object's names read here (a repeat is refused), each
+    value by the C decoder; anything else as ``json.loads``."""
+    i = _SPACE(text, 0).end()
+    if not text.startswith("{", i):
+        return _DECODER.decode(text)
+    out: dict[str, Any] = {}
+    i = _SPACE(text, i + 1).end()
+    while not text.startswith("}", i) or out:
+        if not text.startswith('"', i):
+            raise ValueError(f"expecting a property name enclosed in double quotes at char {i}")
+        key, i = json.decoder.scanstring(text, i + 1)
+        i = _SPACE(text, i).end()
+        if not text.startswith(":", i):
+            raise ValueError(f"expecting ':' at char {i}")
+        value, i = _DECODER.raw_decode(text, _SPACE(text, i + 1).end())
+        if key in out:
+            raise ValueError(f"the name {key!r:.80} appears twice in one object")
+        out[key] = value
+        i = _SPACE(text, i).end()
+        if text.startswith(",", i):
+            i = _SPACE(text, i + 1).end()
+            continue
+        if not text.startswith("}", i):
+            raise ValueError(f"expecting ',' or '}}' at char {i}")
+        break
+    i = _SPACE(text, i + 1).end()
+    if i != len(text):
+        raise ValueError(f"extra data at char {i}")
+    return out
 
 
 # -- reading ----------------------------------------------------------------------------------

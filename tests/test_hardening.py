@@ -680,12 +680,13 @@ def test_an_onnx_checkpoint_reads_external_data_memory_mapped(tmp_path):
         w.external_data.add(key=k, value=v)
     graph = helper.make_graph([], "g", [], [helper.make_tensor_value_info("W", TensorProto.FLOAT, [1 << 28])], [w])
     onnx.save(helper.make_model(graph), str(tmp_path / "ck.onnx"))
-    code = ("import resource, torchlean_bridge as tlb; c = tlb.load_checkpoint(%r); a = c.get('W'); "
-            "assert a.shape == (1 << 28,) and not a.flags.writeable; "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)" % str(tmp_path / "ck.onnx"))
+    code = ("import resource, onnx, torchlean_bridge as tlb; from importers import checkpoints; "
+            "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; before = peak(); "
+            "c = tlb.load_checkpoint(%r); a = c.get('W'); "
+            "assert a.shape == (1 << 28,) and not a.flags.writeable; print(peak() - before)" % str(tmp_path / "ck.onnx"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert int(out.stdout.split()[-1]) < 600_000  # KiB: the 1 GiB tensor was never read
+    assert int(out.stdout.split()[-1]) < 300_000  # KiB of peak growth: the 1 GiB tensor was never read
 
 
 def test_an_onnx_checkpoint_with_external_data_outside_its_folder_is_a_finding(tmp_path):

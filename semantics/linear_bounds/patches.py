@@ -213,7 +213,7 @@ class PatchPass:
             elif node.kind == "batch_norm_eval":
                 out = [self._batch_norm(node, self._flush(item))]
             elif node.kind in _SCALINGS and any(self.crown.const[q] for q in node.parents):
-                out = [self._constant_operand(node, self._flush(item))]
+                out = [self._with_constant(node, self._flush(item))]
             elif node.kind == "sub":
                 item = self._flush(item)
                 out = [(node.parents[0], item), (node.parents[1], item._replace(p=-item.p))]
@@ -346,7 +346,7 @@ class PatchPass:
             raise PatchMismatch
         return self._scale_shift(node, item, node.parents[0], *kb)
 
-    def _constant_operand(self, node, item: "_Patch"):
+    def _with_constant(self, node, item: "_Patch"):
         """x + m, x - m, m - x, x * m, m * x and x / m for a per-channel constant m, as z = k x + b."""
         parent, m = _constant_operand(self.run_, node)
         point = (m, m)

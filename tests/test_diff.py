@@ -356,3 +356,20 @@ def test_inputs_outside_our_domain_are_skipped_and_reported():
     report = tlb.diff(bundle, against="torch", module=Log(), inputs=[[positive], [mixed]])
     assert report.ok and report.inputs == ["input 0", "input 1"]
     assert [f.message.split(":")[0] for f in report.of_kind("input-skipped")] == ["input 1"]
+
+
+def test_a_node_scale_reaches_its_grandparents_and_behind_unshown_nodes():
+    """An add of a product that cancels to 1e-13 inherits the product's rounding, made at its 1e-4
+    operands: the add's budget floor is relative to them (a false divergence on timm's efficientvit
+    otherwise). Beyond grandparents only nodes without a framework counterpart are looked through."""
+    from torchlean_bridge.app.diff import _scale
+    from torchlean_bridge.graph import Graph, Node
+    nodes = [Node(0, [], "input", (2,)), Node(1, [0], "relu", (2,)), Node(2, [1], "relu", (2,)),
+             Node(3, [2], "relu", (2,)), Node(4, [3], "relu", (2,))]
+    g = Graph(nodes, [0], [4])
+    ref = {0: np.array([5e-1, 0.0]), 1: np.array([1e-4, 0.0]), 2: np.array([1e-13, 0.0]),
+           3: np.array([1e-13, 0.0]), 4: np.array([1e-13, 0.0])}
+    assert _scale(g, 4, ref, {0, 1, 2, 3}, {}) == 1e-13  # parent 3 and grandparent 2 are tiny
+    assert _scale(g, 3, ref, {0, 1, 2, 3}, {}) == 1e-4  # the grandparent 1
+    assert _scale(g, 4, ref, {0, 1, 3}, {}) == 1e-4  # through 2, which the framework does not show
+    assert _scale(g, 4, ref, {0, 3}, {}) == 5e-1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Collection, Hashable
 
 import numpy as np
 
@@ -289,11 +289,32 @@ def _compare(row: NodeDiff, label: str, actual: np.ndarray | None, ref64: np.nda
         row.diverged_on = label
 
 
-def _scale(g: Graph, nid: int, ref: dict[Hashable, np.ndarray]) -> float:
-    """Magnitude the node's rounding error is relative to: its value and its parents' values."""
-    vals = [ref[nid]] + [ref[p] for p in g.nodes[nid].parents]
-    return max((float(np.max(np.abs(v.astype(np.float64)))) for v in vals if v.size and v.dtype.kind == "f"),
-               default=1.0)
+_SCALE_REACH = 64  # nodes looked at behind one compared node
+
+
+def _scale(g: Graph, nid: int, ref: dict[Hashable, np.ndarray], compared: Collection[int],
+           mags: dict[int, float | None]) -> float:
+    """Magnitude the node's rounding error is relative to: its value, its parents' and its
+    grandparents' values (an error a parent hands on was made at the parent's own scale: a product
+    that cancels to 1e-13 carries the rounding of its 1e-4 operands, and an add of it inherits that),
+    and further back through nodes whose value the framework does not show (no counterpart).
+    ``mags`` caches max |value| per node for one input."""
+    def mag(v: int) -> float | None:
+        if v not in mags:
+            a = ref[v]
+            mags[v] = float(np.max(np.abs(a.astype(np.float64)))) if a.size and a.dtype.kind == "f" else None
+        return mags[v]
+    found = [mag(nid)]
+    stack, seen = [(p, 1) for p in g.nodes[nid].parents], set()
+    while stack and len(seen) < _SCALE_REACH:
+        p, depth = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        found.append(mag(p))
+        if depth < 2 or p not in compared:
+            stack.extend((q, depth + 1) for q in g.nodes[p].parents)
+    return max((m for m in found if m is not None), default=1.0)
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -554,16 +575,18 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
         if produced is None:  # the oracle knows its output keys after one run
             outs, produced = _output_rows(g, oracle, report), set()
         produced.update(theirs)
+        mags: dict[int, float | None] = {}
+        shown = {nid for nid, key in matched.items() if key in theirs}
         for row in outs:
             _compare(row, label, theirs.get(row.counterpart), ref[row.node], low[row.node],
-                     _scale(g, row.node, ref), g.nodes[row.node].dtype != "float")
+                     _scale(g, row.node, ref, shown, mags), g.nodes[row.node].dtype != "float")
         for nid, value in exact.items():
             if g.nodes[nid].dtype == "float":
                 row = rows[nid]
                 row.exact_ulps = max(row.exact_ulps or 0.0, ulp64_distance(ref[nid], value))
         for nid, key in matched.items():
             if key in theirs:
-                _compare(rows[nid], label, theirs[key], ref[nid], low[nid], _scale(g, nid, ref),
+                _compare(rows[nid], label, theirs[key], ref[nid], low[nid], _scale(g, nid, ref, shown, mags),
                          g.nodes[nid].dtype != "float")
         if advance:
             advance()

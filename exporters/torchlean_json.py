@@ -16,6 +16,7 @@ from typing import Any
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, ExportError
 from torchlean_bridge.fileio import staged_outputs
+from torchlean_bridge.gcpause import gc_paused
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, payload_errors
 from torchlean_bridge.passes.v1_rewrite import rewrite_to_v1
@@ -53,6 +54,7 @@ def payload_file_for(file: str | Path) -> Path:
     return path.with_name(path.stem + ".payload.safetensors")
 
 
+@gc_paused
 def export_torchlean(bundle: Bundle, file: str | Path | None, inline_payload: bool = True) -> dict[str, Any]:
     """Write (atomically, when ``file`` is given) and return the torchlean.ir.v1 document.
 

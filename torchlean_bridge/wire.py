@@ -795,6 +795,7 @@ def _inline_fields(node: Node, g: Graph, payload: Payload) -> dict[str, Any]:
     return {}
 
 
+@gc_paused
 def graph_to_wire(g: Graph, payload: Payload | None = None, *, include_source: bool = True) -> dict[str, Any]:
     """The wire document: nodes only, or with payload inline (TorchLean's own importer form)."""
     doc: dict[str, Any] = {"format": FORMAT, "input_id": g.inputs[0] if g.inputs else 0,

@@ -17,7 +17,7 @@ from typing import Any
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.check import check_well_formed
 from torchlean_bridge.errors import BridgeError, PayloadError
-from torchlean_bridge.fileio import atomic_folder, read_capped
+from torchlean_bridge.fileio import atomic_folder, read_capped, real_inside
 from torchlean_bridge.gcpause import gc_paused
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, foreign_record_errors
@@ -117,10 +117,9 @@ def _json_file(path: Path, what: str) -> Any:
 
 def _inside(folder: Path, name: str) -> None:
     """A bundle file must be a file of the folder itself, not a symlink to somewhere else."""
-    real, root = Path(os.path.realpath(folder / name)), Path(os.path.realpath(folder))
-    if real.parent != root:
-        raise BridgeError(f"bundle {folder}: {name} resolves outside the bundle folder (a symlink to {real}); "
-                          f"refused")
+    if real_inside(folder, folder / name) is None:
+        raise BridgeError(f"bundle {folder}: {name} resolves outside the bundle folder (a symlink to "
+                          f"{os.path.realpath(folder / name)}); refused")
 
 
 def _checked_roles(graph: Graph, roles: RoleMap, where: str) -> RoleMap:

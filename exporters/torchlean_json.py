@@ -15,7 +15,7 @@ from typing import Any
 
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, ExportError
-from torchlean_bridge.fileio import staged_outputs
+from torchlean_bridge.fileio import real_inside, staged_outputs
 from torchlean_bridge.gcpause import gc_paused
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, payload_errors
@@ -92,10 +92,9 @@ def read_companion_payload(document: Path, ref: Any) -> Payload:
     side = document.parent / name
     if not side.exists():
         raise BridgeError(f"{document}: its payload file {side} is missing")
-    real = Path(os.path.realpath(side))
-    if real.parent != Path(os.path.realpath(document.parent)):
+    if real_inside(document.parent, side) is None:
         raise BridgeError(f"{document}: its payload file {side} resolves outside the document's folder (a symlink "
-                          f"to {real}); refused")
+                          f"to {os.path.realpath(side)}); refused")
     payload = payload_from_file(side)
     if side.stat().st_size != ref["bytes"] or file_sha256(side) != ref["sha256"]:
         raise BridgeError(f"{document}: payload file {side} does not match the size and sha256 the document "

@@ -27,7 +27,7 @@ from .errors import BridgeError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_stream", "staged_outputs", "atomic_folder",
            "read_capped",
-           "regular_file_size", "fsync_folder", "MAX_DOCUMENT_BYTES", "TEMP_MARK", "ASIDE_MARK"]
+           "regular_file_size", "real_inside", "fsync_folder", "MAX_DOCUMENT_BYTES", "TEMP_MARK", "ASIDE_MARK"]
 
 MAX_DOCUMENT_BYTES = 1 << 30  # a JSON document (graph, roles, report, checkpoint) larger than this is refused
 TEMP_MARK, ASIDE_MARK = ".tmp-", ".old-"
@@ -45,6 +45,14 @@ def regular_file_size(path: str | os.PathLike, what: str) -> int:
         kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a device, FIFO or socket"
         raise BridgeError(f"cannot read {what} {path}: it is {kind}, not a regular file")
     return st.st_size
+
+
+def real_inside(folder: str | os.PathLike, path: str | os.PathLike) -> Path | None:
+    """``path`` with every symlink resolved, if that lies inside ``folder`` (resolved too); else None.
+    Readers of files that a folder names (bundle files, companion payloads, external data) use it so
+    that a symlink cannot take them elsewhere."""
+    real, root = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return real if root in real.parents else None
 
 
 def read_capped(path: str | os.PathLike, what: str, limit: int = MAX_DOCUMENT_BYTES) -> bytes:

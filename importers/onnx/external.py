@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from torchlean_bridge.errors import BridgeError
+from torchlean_bridge.fileio import real_inside
 
 __all__ = ["is_external", "mapped_array", "initializer_array", "sparse_initializer_array"]
 
@@ -36,30 +37,26 @@ def _fail(t: Any, what: str) -> BridgeError:
 def _data_file(t: Any, base: Path, location: str) -> Path:
     if not location or os.path.isabs(location) or ".." in Path(location).parts:
         raise _fail(t, f"location {location!r} must be a relative path inside the model's folder")
-    path = base / location
-    real, root = Path(os.path.realpath(path)), Path(os.path.realpath(base))
-    if root != real and root not in real.parents:
+    real = real_inside(base, base / location)
+    if real is None:
         raise _fail(t, f"location {location!r} resolves outside the model's folder")
     if not real.is_file():
         raise _fail(t, f"no regular file {location!r} next to the model")
     return real
 
 
-def _check_extent(t: Any, base: Path) -> None:
-    """The location names a file inside ``base`` and offset + length lie within it, at most
-    ``DEFAULT_MAX_ELEMENTS`` bytes (the reader of an unmapped type holds the bytes in memory)."""
-    from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS
+def _extent(t: Any, base: Path, default_length: int | None) -> tuple[Path, int, int, int]:
+    """(data file, offset, length, file size) of external tensor ``t``, the file checked to lie inside
+    ``base``; a missing ``length`` is ``default_length`` (None: the rest of the file)."""
     fields = _fields(t)
     path = _data_file(t, base, fields.get("location", ""))
     size = path.stat().st_size
     try:
         offset = int(fields.get("offset", 0))
-        length = int(fields.get("length", size - offset))
+        length = int(fields.get("length", size - offset if default_length is None else default_length))
     except ValueError:
         raise _fail(t, f"offset/length {fields.get('offset')!r}/{fields.get('length')!r} are not integers") from None
-    if offset < 0 or length < 0 or offset + length > size or length > DEFAULT_MAX_ELEMENTS:
-        raise _fail(t, f"offset {offset} and length {length} do not lie within the {size}-byte file "
-                       f"(or exceed {DEFAULT_MAX_ELEMENTS} bytes)")
+    return path, offset, length, size
 
 
 def mapped_array(t: Any, base: Path) -> np.ndarray | None:
@@ -72,15 +69,8 @@ def mapped_array(t: Any, base: Path) -> np.ndarray | None:
         return None
     if dtype.kind not in "biuf" or dtype.itemsize not in (1, 2, 4, 8) or dtype.name == "bfloat16":
         return None
-    fields = _fields(t)
-    path = _data_file(t, base, fields.get("location", ""))
-    try:
-        offset = int(fields.get("offset", 0))
-        nbytes = math.prod(t.dims) * dtype.itemsize
-        length = int(fields.get("length", nbytes))
-    except ValueError:
-        raise _fail(t, f"offset/length {fields.get('offset')!r}/{fields.get('length')!r} are not integers") from None
-    size = path.stat().st_size
+    nbytes = math.prod(t.dims) * dtype.itemsize
+    path, offset, length, size = _extent(t, base, nbytes)
     if offset < 0 or length != nbytes or offset + length > size:
         raise _fail(t, f"offset {offset} and length {length} do not hold {list(t.dims)} x {dtype.name} "
                        f"({nbytes} bytes) within the {size}-byte file")
@@ -99,7 +89,11 @@ def initializer_array(t: Any, base: Path | None) -> np.ndarray:
         mapped = mapped_array(t, base)
         if mapped is not None:
             return mapped
-        _check_extent(t, base)  # element types that are not mapped are read whole: sized first
+        from torchlean_bridge.check import DEFAULT_MAX_ELEMENTS
+        _, offset, length, size = _extent(t, base, None)  # types that are not mapped are read whole: sized first
+        if offset < 0 or length < 0 or offset + length > size or length > DEFAULT_MAX_ELEMENTS:
+            raise _fail(t, f"offset {offset} and length {length} do not lie within the {size}-byte file "
+                           f"(or exceed {DEFAULT_MAX_ELEMENTS} bytes)")
         from onnx.external_data_helper import load_external_data_for_tensor
         t = type(t).FromString(t.SerializeToString())
         try:

@@ -90,7 +90,7 @@ def _layout_step(node: Any, data: Const, result: np.ndarray) -> str | None:
     return None
 
 
-def _generated_shape(node: Any, feeds: dict[str, np.ndarray]) -> tuple[int, ...] | None:
+def _generated_shape(node: Any, feeds: dict[str, np.ndarray], where: str) -> tuple[int, ...] | None:
     """The output shape of an op whose size is set by input values rather than input sizes."""
     op, v = node.op_type, [feeds.get(n) for n in node.input]
     if op in GENERATED_SHAPES:
@@ -103,7 +103,9 @@ def _generated_shape(node: Any, feeds: dict[str, np.ndarray]) -> tuple[int, ...]
         if any(np.asarray(x).size != 1 for x in v[:3]):
             return None  # not scalars: the reference evaluator's error names them
         start, limit, delta = (float(np.asarray(x).reshape(-1)[0]) for x in v[:3])
-        return (max(int(np.ceil((limit - start) / delta)), 0),) if delta else None
+        if not delta:
+            raise BridgeError(f"{where}: delta is 0, so the range has no end")
+        return (max(int(np.ceil((limit - start) / delta)), 0),)
     if op == "Tile":
         return tuple(int(d) * int(r) for d, r in zip(v[0].shape, v[1].reshape(-1)))
     if op == "Expand":
@@ -119,11 +121,8 @@ def check_fold_size(ctx: OnnxContext, node: Any) -> None:
     """
     feeds = {n: ctx.values[n].value for n in node.input if n}
     where = f"ONNX import: node `{node.name or (node.output[0] if node.output else '?')}` ({node.op_type})"
-    if node.op_type == "Range" and len(node.input) == 3 and all(np.size(feeds.get(n, ())) == 1 for n in node.input) \
-            and float(np.asarray(feeds[node.input[2]]).reshape(-1)[0]) == 0:
-        raise BridgeError(f"{where}: delta is 0, so the range has no end")
     generators = ("ConstantOfShape", "Range", "Tile", "Expand", *GENERATED_SHAPES)
-    shapes = [_generated_shape(node, feeds)] if node.op_type in generators \
+    shapes = [_generated_shape(node, feeds, where)] if node.op_type in generators \
         else [ctx.declared.get(o) for o in node.output if o]
     for shape in shapes:
         if shape is not None:

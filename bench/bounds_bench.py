@@ -3,14 +3,15 @@
 Models: a 784-1024-1024-10 ReLU MLP, a CNN (1x28x28: conv 8 k4 s2, relu, conv 16 k4 s2, relu,
 linear 100, relu, linear 10) and a residual CNN (conv 8 k4 s2, relu, [conv 8 k3, relu, conv 8 k3]
 + skip, relu, linear 10), each at batch 1 and 64, l-inf ball of radius --eps around random inputs.
-For each method (IBP, IBP with float32 products, CROWN, optionally alpha-CROWN) and case: median wall time of ours
-(float64, outward rounded, or for "IBP f32" float32 BLAS products with rigorous error bounds; the model read once, as
+For each method (IBP, IBP with float64 products, CROWN, optionally alpha-CROWN) and case: median wall time of ours
+(outward rounded: "IBP" is the default, float32 BLAS products with rigorous error bounds where they cost at most
+2**-9 of a width; "IBP f64" and CROWN run every product in float64; the model read once, as
 auto_LiRPA's BoundedModule does) and of auto_LiRPA's ``compute_bounds`` in
 float32 (its usual precision) and float64, the time ratio ours/theirs(float32), and the largest
 ratio of our output width to each of theirs (ours is sound: it may be wider than the float64 peer
-only by outward rounding; a ratio below 1 is a tighter bound). Under each IBP line: the time of the float64
-matrix products its linear layers cannot do without (a floor under any float64 rule), against the peer's
-whole float32 IBP, and ours against the peer's float64 IBP.
+only by outward rounding; a ratio below 1 is a tighter bound). Under each "IBP f64" line: the time of the
+float64 matrix products its linear layers cannot do without (a floor under any float64 rule), against the
+peer's whole float32 IBP, and ours against the peer's float64 IBP.
 
 auto_LiRPA is optional: fetch its GitHub source and ``pip install --no-deps -e`` it (plus appdirs,
 graphviz), or it is picked up from /work/peers/auto_LiRPA if that checkout exists. Its defaults are
@@ -18,7 +19,7 @@ kept (CROWN with sparse intermediate bounds, patches for convolutions, adaptive 
 Without it the peer columns are skipped.
 
 Run: ``python bench/bounds_bench.py [--repeat N] [--eps R] [--threads T] [--only mlp,cnn,res]
-[--batches 1,64] [--methods ibp,ibp32,crown,alpha-crown]``. alpha-CROWN (ours: optimized slopes for the
+[--batches 1,64] [--methods ibp,ibp64,crown,alpha-crown]``. alpha-CROWN (ours: optimized slopes for the
 output bounds of linear/relu chains; auto_LiRPA's: its defaults, 20 Adam steps, which also optimize
 the intermediate bounds) is not run by default. Both
 sides get the same number of BLAS/OpenMP threads (default 1: on a shared host a multi-threaded BLAS
@@ -48,8 +49,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for both sides")
     parser.add_argument("--only", default="mlp,cnn,res", help="comma-separated cases: mlp, cnn, res")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
-    parser.add_argument("--methods", default="ibp,ibp32,crown",
-                        help="comma-separated methods: ibp, ibp32 (float32 products), crown, alpha-crown")
+    parser.add_argument("--methods", default="ibp,ibp64,crown",
+                        help="comma-separated methods: ibp, ibp64 (float64 products), crown, alpha-crown")
     return parser.parse_args()
 
 
@@ -181,22 +182,22 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
     lower, upper = c - eps, c + eps
     out = bundle.graph.outputs[0]
     # like auto_LiRPA's BoundedModule, both of ours read the model once (float64 weights, |W|)
-    propagator = IntervalPropagator(bundle.graph, bundle.payload)
-    propagator32 = IntervalPropagator(bundle.graph, bundle.payload, products="float32")
+    propagator = IntervalPropagator(bundle.graph, bundle.payload)  # the default: float32 products where they pay
+    propagator64 = IntervalPropagator(bundle.graph, bundle.payload, products="float64")
     crown = Crown(bundle.graph, bundle.payload)
     ours = {"IBP": lambda: propagator(lower, upper)[out],
-            "IBP f32": lambda: propagator32(lower, upper)[out],
+            "IBP f64": lambda: propagator64(lower, upper)[out],
             "CROWN": lambda: (lambda r: (r.lower[0], r.upper[0]))(crown(lower, upper)),
             "alpha-CROWN": lambda: (lambda r: (r.lower[0], r.upper[0]))(crown(lower, upper, method="alpha-crown"))}
     for method, fn in ours.items():
-        if method.lower().replace(" f32", "32") not in methods:
+        if method.lower().replace(" f64", "64") not in methods:
             continue
         fns = [fn]
         if peer is not None:
-            peer_method = method.split()[0]  # ours with float32 products against the same peer IBP
+            peer_method = method.split()[0]  # ours with float64 products against the same peer IBP
             fns += [_peer_bounds(model, x, eps, peer_method), _peer_bounds(copy.deepcopy(model).double(), x.double(),
                                                                             eps, peer_method)]
-        floor = _linear_product_floor(bundle, x.shape[0]) if method == "IBP" and peer is not None else None
+        floor = _linear_product_floor(bundle, x.shape[0]) if method == "IBP f64" and peer is not None else None
         times = median_times(fns + ([floor] if floor else []), repeat)
         lo, hi = fn()
         width = hi - lo

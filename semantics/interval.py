@@ -39,7 +39,7 @@ from torchlean_bridge.ops import BOOL, INT64, fmt_shape
 from torchlean_bridge.payload import Payload
 
 from .arena import ThreadArenas, result_array
-from .domains import PRODUCTS, IntervalDomain, run
+from .domains import DEFAULT_PRODUCTS, PRODUCTS, IntervalDomain, run
 from .evaluate import input_list
 from .interval_round import Box
 from .records import domain_records, read_payload
@@ -105,7 +105,8 @@ class IntervalPropagator:
     record readers (so it fails exactly as ``evaluate`` does; affine weights are converted to
     float64 with their absolute values precomputed), for propagating many boxes through one model."""
 
-    def __init__(self, g: Graph, payload: Payload | None, checked: bool = False, products: str = "float64") -> None:
+    def __init__(self, g: Graph, payload: Payload | None, checked: bool = False,
+                 products: str = DEFAULT_PRODUCTS) -> None:
         self.domain = interval_domain(products)
         if not checked:
             check(g)
@@ -126,7 +127,7 @@ class IntervalPropagator:
 
 
 def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any, all_nodes: bool = True,
-                    products: str = "float64") -> list[Box]:
+                    products: str = DEFAULT_PRODUCTS) -> list[Box]:
     """One ``(lo, hi)`` pair of float64 arrays per node (the node's shape), outward rounded; with
     ``all_nodes=False`` the outputs' boxes only, in ``g.outputs`` order, in memory that follows the
     live frontier.
@@ -134,9 +135,11 @@ def interval_bounds(g: Graph, payload: Payload | None, lower: Any, upper: Any, a
     ``lower``/``upper``: one array each for a one-input graph (a list of plain numbers is one
     array), or lists of arrays in ``g.inputs`` order; read as ``evaluate`` reads its inputs.
     For many boxes through one model, build an ``IntervalPropagator`` (or ``tlb.prepare``) once.
-    ``products="float32"`` runs linear and conv products in float32 BLAS with rigorous error bounds
-    (``semantics.rules.affine32``): about twice as fast on large layers, wider by about
-    n 2**-24 |W| |x| per layer (n the terms per output); weights not exactly float32 keep float64.
+    ``products``: ``"float32"`` (the default) runs linear and conv products in float32 BLAS with rigorous
+    error bounds (``semantics.rules.affine32``): up to twice as fast on large layers, wider by about
+    n 2**-24 |W| |x| per layer (n the terms per output), and used on a layer only where that costs at
+    most 2**-9 of its width; weights not exactly float32 keep float64. ``"float64"`` runs every product
+    in float64 (widths within a few ulps of the exact interval image).
     """
     domain = interval_domain(products)
     check(g)

@@ -18,7 +18,7 @@ from torchlean_bridge.check import check
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload
 
-from .domains import Domain, IntervalDomain, run
+from .domains import DEFAULT_PRODUCTS, Domain, IntervalDomain, run
 from .evaluate import float_domain, input_list
 from .interval import input_boxes, interval_domain
 from .interval_round import Box
@@ -61,7 +61,8 @@ class Prepared:
         records = stream_records(self.graph, self._domain_records(domain).__getitem__)
         return run(self.graph, domain, seeds, records, all_nodes=all_nodes)
 
-    def interval_bounds(self, lower: Any, upper: Any, all_nodes: bool = True, products: str = "float64") -> list[Box]:
+    def interval_bounds(self, lower: Any, upper: Any, all_nodes: bool = True,
+                        products: str = DEFAULT_PRODUCTS) -> list[Box]:
         """As ``tlb.interval_bounds(g, payload, lower, upper, all_nodes=..., products=...)``, with the
         hot rules' results in memory reused across calls (as ``IntervalPropagator``'s)."""
         domain = interval_domain(products)

@@ -104,7 +104,7 @@ def assert_sound_and_close(net: nn.Module, x: torch.Tensor, eps: float, samples:
     g, out = bundle.graph, bundle.graph.outputs[0]
     assert {"conv", "linear"} <= {n.kind for n in g}
     c = x.double().numpy()
-    lo64, hi64 = tlb.interval_bounds(g, bundle.payload, c - eps, c + eps)[out]
+    lo64, hi64 = tlb.interval_bounds(g, bundle.payload, c - eps, c + eps, products="float64")[out]
     lo32, hi32 = tlb.interval_bounds(g, bundle.payload, c - eps, c + eps, products="float32")[out]
     assert np.all(hi32 - lo32 <= (hi64 - lo64) * (1.0 + 1e-3) + 1e-12)  # point rows: allowances of 1e-16
     rng = np.random.default_rng(seed)
@@ -205,6 +205,17 @@ def test_products_argument_is_checked_and_prepared_forms_agree():
     prep = tlb.prepare(bundle.graph, bundle.payload).interval_bounds(c - 0.1, c + 0.1, products="float32")
     for (a, b), (e, f), (g, h) in zip(direct, prop, prep):
         assert np.array_equal(a, e) and np.array_equal(b, f) and np.array_equal(a, g) and np.array_equal(b, h)
+    # float32 products are every entry point's default (and CROWN's own boxes keep float64)
+    defaults = [tlb.interval_bounds(bundle.graph, bundle.payload, c - 0.1, c + 0.1),
+                IntervalPropagator(bundle.graph, bundle.payload)(c - 0.1, c + 0.1),
+                tlb.prepare(bundle.graph, bundle.payload).interval_bounds(c - 0.1, c + 0.1)]
+    wide = tlb.interval_bounds(bundle.graph, bundle.payload, c - 0.1, c + 0.1, products="float64")
+    out = bundle.graph.outputs[0]
+    for boxes in defaults:
+        assert all(np.array_equal(a, e) for a, e in zip(boxes[out], direct[out]))
+    assert not np.array_equal(direct[out][1], wide[out][1])  # the net's layers do take the float32 rule
+    crown = tlb.linear_bounds(bundle.graph, bundle.payload, c - 0.1, c + 0.1, method="ibp")
+    assert np.array_equal(crown.upper[0], wide[out][1])
 
 
 class _Grouped(nn.Module):
@@ -235,7 +246,7 @@ def test_narrow_linear_layers_keep_the_float64_rule():
         c = x.double().numpy()
         lo, hi = c - np.linspace(0.01, 0.02, 30), c + 0.01  # a radius that is not uniform
         out = bundle.graph.outputs[0]
-        b64 = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi)[out]
+        b64 = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi, products="float64")[out]
         b32 = tlb.interval_bounds(bundle.graph, bundle.payload, lo, hi, products="float32")[out]
         assert all(np.array_equal(a, b) for a, b in zip(b64, b32)) == same
 

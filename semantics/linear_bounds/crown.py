@@ -145,7 +145,7 @@ class Crown:
     def __init__(self, g: Graph, payload: Payload | None) -> None:
         check(g)
         self.graph = g
-        self.ibp = IntervalPropagator(g, payload)
+        self.ibp = IntervalPropagator(g, payload, products="float64")  # intermediate boxes as tight as CROWN's own
         nodes = g.nodes
         depends = [False] * len(nodes)
         for node in nodes:

@@ -66,8 +66,10 @@ def _plan(n: int, channels: int, spatial: tuple[int, ...], kernel: tuple[int, ..
           dilation: tuple[int, ...], before: tuple[int, ...], after: tuple[int, ...]) -> ConvPlan:
     padded = tuple(s + b + e for s, b, e in zip(spatial, before, after))
     out_sp = tuple((p - d * (k - 1) - 1) // st + 1 for p, k, st, d in zip(padded, kernel, stride, dilation))
-    grid = tuple(_shared_gap(s, b, e, o) if st == 1 else -(-p // st)
-                 for s, b, e, o, p, st in zip(spatial, before, after, out_sp, padded, stride))
+    # a strided axis's grid ends where the last output's window does (its phase cells past that are never
+    # read): a 13-cell axis under kernel 4, stride 2 has 5 outputs on 6 grid cells, not ceil(13 / 2) = 7
+    grid = tuple(_shared_gap(s, b, e, o) if st == 1 else min(-(-p // st), o + d * (k - 1) // st)
+                 for s, b, e, o, p, st, k, d in zip(spatial, before, after, out_sp, padded, stride, kernel, dilation))
     step = [math.prod(grid[ax + 1:]) for ax in range(len(grid))]
     phases: dict[tuple[int, ...], int] = {}  # only the phases a tap reads: a stride beyond the kernel
     taps = []                                # leaves the others out of the staged copy

@@ -90,6 +90,10 @@ def test_bounds_command_json_and_counterexample_exit_1(seed_folder, capsys, monk
     assert main(args + ["--json", "--samples", "5", "--seed", "3"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["nodes"][4]["lo"] == pytest.approx(0.020775, abs=5e-7) and doc["containment"]["samples"] == 5
+    assert doc["products"] == "float32"  # the default, reported; the chapter's 4-wide layers take float64 anyway
+    assert main(args + ["--json", "--samples", "5", "--seed", "3", "--products", "float64"]) == 0
+    doc64 = json.loads(capsys.readouterr().out)
+    assert doc64["products"] == "float64" and doc64["nodes"] == doc["nodes"]
     monkeypatch.setitem(interval_module.INTERVAL_RULES, "tanh", _broken_tanh)
     assert main(args) == 1
     captured = capsys.readouterr()

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         if r:
             # c - r and c + r are rounded: widen so the box contains the exact real ball
             lower[-1], upper[-1] = np.nextafter(lower[-1], -np.inf), np.nextafter(upper[-1], np.inf)
-    boxes = interval_bounds(g, bundle.payload, lower, upper, products=args.products or DEFAULT_PRODUCTS)
+    products = args.products or DEFAULT_PRODUCTS
+    boxes = interval_bounds(g, bundle.payload, lower, upper, products=products)
     report, failure = None, None
     if args.samples:
         try:
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         except IntervalError as e:
             failure = e
     if args.json:
-        doc = {"radius": args.radius,
+        doc = {"radius": args.radius, "products": products,
                "nodes": [{"id": n.id, "kind": n.kind, "shape": list(n.out_shape), "lo": jsonable(boxes[n.id][0]),
                           "hi": jsonable(boxes[n.id][1])} for n in g],
                "containment": (report.to_json() if report else None) if failure is None

@@ -23,6 +23,7 @@ from torchlean_bridge.errors import BridgeError, EvalError, IntervalError
 from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.ops import BOOL, INT64, fmt_shape
 
+from .float_env import FLUSH_MESSAGE, flushes_subnormals
 from .interval_arith import DomainError
 from .interval_round import CleanBox, clean
 from .records import fail
@@ -61,6 +62,10 @@ class Domain:
     def no_rule(self, node: Node) -> BridgeError:
         return self.fail(node, f"no {self.name} rule for op kind `{node.kind}`")
 
+    def environment_error(self, message: str) -> BridgeError:
+        """A refusal that concerns the whole run, not a node."""
+        raise NotImplementedError
+
 
 class FloatDomain(Domain):
     """TorchLean's ``denote`` at Float (binary64, the reference) or binary32 (PyTorch's arithmetic)."""
@@ -89,6 +94,9 @@ class FloatDomain(Domain):
 
     def no_rule(self, node):
         return fail(node, f"IR eval: node {node.id}: no float semantics for op kind `{node.kind}`")
+
+    def environment_error(self, message):
+        return EvalError(f"IR eval: {message}")
 
 
 class _Overlay(Mapping):
@@ -164,6 +172,9 @@ class IntervalDomain(Domain):
         return IntervalError(f"interval: node {node.id} ({node.kind}): {message}", node=node.id, op=node.kind,
                              source=str(node.source) if node.source else None)
 
+    def environment_error(self, message):
+        return IntervalError(f"interval: {message}")
+
 
 def _malformed(node: Node, parent_shapes: Sequence[tuple[int, ...]]) -> str | None:
     """The node's own shape rule on its parents' shapes: its message if the node is malformed."""
@@ -211,6 +222,8 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
     and messages come first, as in TorchLean's ``denoteAll``), so a malformed node is refused, never
     silently broadcast.
     """
+    if flushes_subnormals():
+        raise domain.environment_error(FLUSH_MESSAGE)
     values: list[Any] = [None] * len(g.nodes)
     plan = schedule(g)
     last, in_range, value_of = plan.last_reader, plan.parents_in_range, values.__getitem__

@@ -19,7 +19,7 @@ import torchlean_bridge as tlb
 from semantics.interval import IntervalPropagator
 from semantics.rules.affine import AffineParams
 from semantics.rules.affine32 import MIN_OUT_FLOAT32, conv_box32, float32_weights, linear_box32
-from torchlean_bridge.errors import IntervalError
+from torchlean_bridge.errors import EvalError, IntervalError
 
 
 def _f32(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
@@ -285,3 +285,46 @@ def test_conv_float32_falls_back_where_halving_the_weights_or_float32_range_fail
     box, params, attrs = _conv_case(rng, _f32(rng, (3, 2, 3, 3)), 1.0)
     assert not np.array_equal(conv_box32(box, params, attrs, (2, 3, 4, 4))[0],
                               conv_box(box, params, attrs, (2, 3, 4, 4))[0])  # the float32 path otherwise
+
+
+def test_subnormal_float32_weights_are_read_exactly_and_flush_to_zero_mode_is_refused():
+    """1e-39 weights (float32 subnormals) over a box around 1e30: the exact minimum is 7.9e-9. With IEEE
+    gradual underflow both product settings enclose it; under FTZ/DAZ (``torch.set_flush_denormal``)
+    the weights would read as 0, so every evaluation and bound refuses to run, naming the mode."""
+    net = nn.Linear(8, 64, bias=False).eval()
+    with torch.no_grad():
+        net.weight.fill_(1e-39)
+    bundle = tlb.import_fx(net, (torch.zeros(1, 8),))
+    g, p = bundle.graph, bundle.payload
+    w = float(p.record(1)["weight"][0, 0])
+    lo = np.full((1, 8), 1e30) - np.linspace(1e28, 2e28, 8)
+    hi = np.full((1, 8), 1e30) + np.linspace(1e28, 2e28, 8)
+    exact_min = sum(Fraction(w) * Fraction(float(v)) for v in lo[0])
+    for products in ("float32", "float64"):
+        box_lo, box_hi = tlb.interval_bounds(g, p, lo, hi, products=products)[1]
+        assert Fraction(float(box_lo[0, 0])) <= exact_min <= Fraction(float(box_hi[0, 0]))
+    torch.set_flush_denormal(True)
+    try:
+        for call in (lambda: tlb.interval_bounds(g, p, lo, hi), lambda: tlb.linear_bounds(g, p, lo, hi),
+                     lambda: IntervalPropagator(g, p)(lo, hi)):
+            with pytest.raises(IntervalError, match=r"^interval: this thread flushes subnormal numbers to zero"):
+                call()
+        with pytest.raises(EvalError, match=r"^IR eval: this thread flushes subnormal numbers .*set_flush_denormal"):
+            tlb.evaluate(g, p, lo)
+    finally:
+        torch.set_flush_denormal(False)
+    assert np.isfinite(tlb.evaluate(g, p, lo)[0]).all()
+
+
+def test_an_infinite_weight_keeps_the_float64_rule_so_other_outputs_stay_finite():
+    rng = np.random.default_rng(5)
+    w = _f32(rng, (64, 20))
+    w[3, 7] = np.inf
+    p = AffineParams.of(w, np.zeros(64))
+    c = rng.random((2, 20))
+    r = rng.random((2, 20)) * 0.01
+    got = linear_box32((c - r, c + r), p)
+    from semantics.rules.affine import linear_box
+    want = linear_box((c - r, c + r), p)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert np.isfinite(got[0][:, :3]).all() and np.isinf(got[0][:, 3]).all()

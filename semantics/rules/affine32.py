@@ -29,7 +29,7 @@ finishing step (``affine._affine_ends``) with that gamma.
 Float32 is used only where its rounding costs at most ``_WIDTH_COST`` (2**-9) of the width; the bounds
 are then wider than the float64 rules' by a relative 1e-4 to 2e-3 on the bench models, the price of
 the speed. A node keeps its float64 rule when its weight is not exactly a float32 array (a float64
-checkpoint), when n >= 2**20, when float32 would overflow, where float32 rounding would dominate
+checkpoint) or has an infinite entry, when n >= 2**20, when float32 would overflow, where float32 rounding would dominate
 the width (a radius tiny next to the center), and (linear) below ``MIN_OUT_FLOAT32`` outputs.
 """
 
@@ -96,9 +96,11 @@ def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
     if key not in p.cache:
         w32 = p.weight.astype(F32)
         got = None
-        if n_terms < _MAX_TERMS and bool(np.array_equal(w32.astype(np.float64), p.weight)):
+        w_max = float(np.max(np.abs(p.weight))) if p.weight.size else 0.0
+        # an infinite weight would make the underflow allowance A infinite for every output: float64 keeps
+        # the outputs that do not read it finite
+        if n_terms < _MAX_TERMS and math.isfinite(w_max) and bool(np.array_equal(w32.astype(np.float64), p.weight)):
             g = gamma32(n_terms)
-            w_max = float(np.max(np.abs(p.weight))) if p.weight.size else 0.0
             underflow = n_terms * _F32_MIN_NORMAL * (2.0 + w_max)
             scale = (1.0 + g) * (1.0 + 16 * U) + 16 * U * (1.0 + g) ** 2 / g
             floor = (2.0 * underflow + MIN_NORMAL) * (1.0 + 1.0 / g) * 4.0

@@ -148,7 +148,6 @@ class IntervalDomain(Domain):
     def __init__(self, products: str = "float64") -> None:
         if products not in PRODUCTS:
             raise ValueError(f"products must be one of {', '.join(PRODUCTS)}, got {products!r}")
-        self.products = products  # the name stays "interval": no op's refusal depends on the products
         if products == "float32":
             self.rules = _Overlay(FLOAT32_OVERRIDES, INTERVAL_RULES)
 

@@ -29,8 +29,9 @@ finishing step (``affine._affine_ends``) with that gamma.
 Float32 is used only where its rounding costs at most ``_WIDTH_COST`` (2**-9) of the width; the bounds
 are then wider than the float64 rules' by a relative 1e-4 to 2e-3 on the bench models, the price of
 the speed. A node keeps its float64 rule when its weight is not exactly a float32 array (a float64
-checkpoint) or has an infinite entry, when n >= 2**20, when float32 would overflow, where float32 rounding would dominate
-the width (a radius tiny next to the center), and (linear) below ``MIN_OUT_FLOAT32`` outputs.
+checkpoint) or has an infinite entry, when n >= 2**20, when float32 would overflow, where float32
+rounding would dominate the width (a radius tiny next to the center), and (linear) below
+``MIN_OUT_FLOAT32`` outputs.
 """
 
 from __future__ import annotations

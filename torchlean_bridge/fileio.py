@@ -2,9 +2,9 @@
 
 Output: single files are written to a temporary file beside the target, fsynced and renamed into
 place (never over a folder or a device); files that belong together are all written before any is
-renamed (``staged_outputs``); a multi-file output (a bundle folder) is built in a temporary folder beside the target and
-swapped in whole (``atomic_folder``), so the target holds the old complete state or the new one.
-Leftovers of an interrupted write are dot-named siblings (``.NAME.tmp-*``, ``.NAME.old-*``) that no
+renamed (``staged_outputs``); a multi-file output (a bundle folder) is built in a temporary folder
+beside the target and swapped in whole (``atomic_folder``), so the target holds the old complete state
+or the new one. Leftovers of an interrupted write are dot-named siblings (``.NAME.tmp-*``, ``.NAME.old-*``) that no
 reader looks at.
 
 Input: ``read_capped`` reads regular files only (not a FIFO, a device such as /dev/zero or a
@@ -26,8 +26,8 @@ from typing import BinaryIO, Callable, Iterator
 from .errors import BridgeError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_stream", "staged_outputs", "atomic_folder",
-           "read_capped",
-           "regular_file_size", "real_inside", "fsync_folder", "MAX_DOCUMENT_BYTES", "TEMP_MARK", "ASIDE_MARK"]
+           "read_capped", "regular_file_size", "real_inside", "fsync_folder", "MAX_DOCUMENT_BYTES", "TEMP_MARK",
+           "ASIDE_MARK"]
 
 MAX_DOCUMENT_BYTES = 1 << 30  # a JSON document (graph, roles, report, checkpoint) larger than this is refused
 TEMP_MARK, ASIDE_MARK = ".tmp-", ".old-"

@@ -47,6 +47,8 @@ CATEGORIES = {
     "shape": "shapes our rules reject or onnx and we disagree on (empty tensors, ...)",
     "precision": "results outside the suite's tolerance because of binary32 evaluation order",
     "numeric": "a float semantics difference at special values (NaN, inf, signed zero, rounding ties)",
+    "undefined": "the case feeds values for which ONNX leaves the result undefined (refused by name; the suite "
+                 "encodes one implementation's choice)",
     "mixed-precision": "casts between float32 and float64 inside the computation (the evaluator computes one "
                        "float precision per model)",
 }

@@ -5,6 +5,7 @@ ONNX export, and the refusals by name."""
 
 from __future__ import annotations
 
+import re
 from functools import partial
 
 import ml_dtypes
@@ -131,6 +132,8 @@ _model = partial(onnx_model, opset=23)
 def test_narrow_inputs_and_outputs_through_the_backend(fmt):
     code = TP.DataType.Value(fmt.upper())
     x = (RNG.standard_normal((3, 5)) * 6).astype(np.float32)
+    if fmt in ("int4", "uint4"):  # a float outside the integer range is undefined in ONNX (refused, tested below)
+        x = np.clip(x, *((-8.9, 7.9) if fmt == "int4" else (-0.9, 15.9))).astype(np.float32)
     m = _model([N("Cast", ["x"], ["n"], to=code), N("Cast", ["n"], ["y"], to=TP.FLOAT)],
                [("x", TP.FLOAT, [3, 5])], [("n", code, [3, 5]), ("y", TP.FLOAT, [3, 5])])
     ours, ref = backend.run_model(m, [x]), ReferenceEvaluator(m).run(None, {"x": x})
@@ -240,10 +243,31 @@ def test_nan_to_float4_is_refused_by_name():
         backend.run_model(m, [np.array([1.0, np.nan], np.float32)])
 
 
-def test_float_to_int8_out_of_range_is_refused_at_evaluation_never_wrapped():
-    m = _model([N("Cast", ["x"], ["y"], to=TP.INT8)], [("x", TP.FLOAT, [2])], [("y", TP.INT8, [2])])
-    with pytest.raises(tlb.BridgeError, match="int_wrap: value -129 is outside int8"):
-        backend.run_model(m, [np.array([1.0, -129.5], np.float32)])
+@pytest.mark.parametrize("name, low, high", [("int8", -128, 127), ("uint8", 0, 255), ("int4", -8, 7),
+                                              ("uint4", 0, 15), ("int2", -2, 1), ("uint2", 0, 3),
+                                              ("int16", -32768, 32767), ("uint32", 0, 2 ** 32 - 1)])
+def test_float_to_fixed_point_out_of_range_is_refused_at_evaluation_never_wrapped(name, low, high):
+    code = TP.DataType.Value(name.upper())
+    m = _model([N("Cast", ["x"], ["y"], to=code)], [("x", TP.FLOAT, [3])], [("y", code, [3])])
+    # in range (after truncation toward zero) casts exactly, as every peer agrees
+    top = min(high, 2 ** 23)  # + 0.5 stays exact in float32
+    inside = np.array([low - 0.5 if low else -0.5, top + 0.5, 0.0], np.float32)
+    assert backend.run_model(m, [inside])[0].tolist() == [low, top, 0]
+    for bad, shown in ((low - 1, low - 1), (high + 1, high + 1)):
+        x = np.array([0.0, float(bad), 3.0], np.float32)
+        with pytest.raises(tlb.BridgeError, match=rf"int_wrap: value {shown} is outside {name}"):
+            backend.run_model(m, [x])
+    for bad in (np.nan, np.inf, 1e30):  # beyond every integer type: the first offending value is named
+        with pytest.raises(tlb.BridgeError, match="cast: value " + re.escape(repr(float(np.float32(bad)))) + " is NaN, infinite or outside"):
+            backend.run_model(m, [np.array([0.0, bad, np.nan], np.float32)])
+
+
+@pytest.mark.parametrize("name", ["INT4", "UINT2", "INT8", "UINT64", "INT64"])
+def test_a_constant_float_cast_out_of_range_is_refused_at_import(name):
+    code = getattr(TP, name)
+    m = _model([N("Cast", ["c"], ["y"], to=code)], [], [("y", code, [2])], [("c", np.array([1.0, 1e30], np.float32))])
+    with pytest.raises(tlb.BridgeError, match=r"constant input 0 holds 1.0000000150474662e\+30, outside"):
+        tlb.import_onnx(m)
 
 
 def test_an_output_off_its_declared_grid_is_an_error_never_rounded():

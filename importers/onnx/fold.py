@@ -129,6 +129,19 @@ def check_fold_size(ctx: OnnxContext, node: Any) -> None:
             check_size(shape, ctx.max_elements, where)
 
 
+def _refuse_undefined_cast(ctx: OnnxContext, node: Any, feeds: dict[str, np.ndarray]) -> None:
+    """A constant float cast to an integer type out of its range: ONNX leaves the result undefined, so the
+    fold is refused by value instead of taking onnx's reference's choice."""
+    if node.op_type not in ("Cast", "CastLike") or not node.input:
+        return
+    from onnx.helper import np_dtype_to_tensor_dtype
+    from .ops_cast import undefined_cast
+    to = attr_value(node, "to") if node.op_type == "Cast" else np_dtype_to_tensor_dtype(feeds[node.input[1]].dtype)
+    reason = undefined_cast(np.asarray(feeds[node.input[0]]), int(to))
+    if reason:
+        raise ctx.fail(reason)
+
+
 def fold_node(ctx: OnnxContext, node: Any) -> list[Const]:
     """Values of every output of a node whose inputs are all constants."""
     inputs = [ctx.values[n] if n else None for n in node.input]
@@ -138,6 +151,7 @@ def fold_node(ctx: OnnxContext, node: Any) -> list[Const]:
             outs.append(Const(np.ones(inputs[0].value.shape, dtype=bool), folded=True))
         return outs
     feeds = {n: v.value for n, v in zip(node.input, inputs) if n}
+    _refuse_undefined_cast(ctx, node, feeds)
     try:
         results = _run_reference(node, ctx.opset, feeds)
     except MemoryError:  # sized within max_elements (check_fold_size), yet more than this machine holds

@@ -3,10 +3,12 @@
 Narrow values are held exactly in the IR's float (or int64) values (docs/element-types.md), so a
 cast *from* a narrow type is exact and emits nothing but a float/int conversion; a cast *to* a
 narrow float is ``round_float`` (ONNX's rounding, ``saturate`` and ``round_mode``); a cast to a
-narrower integer type is ``int_wrap`` (ONNX wraps fixed-point values out of range; a float operand
-is truncated toward zero first, and then wrapped for int4/int2 as onnx's reference does, while for
-int8..uint32, where ONNX leaves out-of-range values undefined, such a value is refused at evaluation). CastLike takes its target from input 1's element type; a constant operand folds with
-onnx's reference conversion.
+narrower integer type is ``int_wrap``: ONNX wraps fixed-point values out of range, but leaves a float
+out of the target's range undefined, so a float operand is truncated toward zero and a value outside
+the target type (int2 .. uint32 alike) is refused at evaluation, naming the node and the value, never
+wrapped (peers differ: onnxruntime wraps int4, onnx's reference with current ml_dtypes gives 0).
+CastLike takes its target from input 1's element type; a constant operand folds with onnx's
+reference conversion.
 
 ``round_narrow_outputs`` is the storage precision of narrow-typed models: every ONNX node whose
 output onnx's inference types as float16/bfloat16/float8... computes in the evaluator's precision from
@@ -25,7 +27,7 @@ from .context import Const, OnnxContext, Value
 from .inputs import element_type_name
 from .ops_math import onnx_element_type, refuse_mixed_precision_cast, refuse_wrapping_cast
 
-__all__ = ["HANDLERS", "OPSETS", "EMITS", "round_narrow_outputs", "NARROW_FLOAT_CODES", "NARROW_INT_CODES"]
+__all__ = ["HANDLERS", "OPSETS", "EMITS", "undefined_cast", "round_narrow_outputs", "NARROW_FLOAT_CODES", "NARROW_INT_CODES"]
 
 Handler = Callable[[OnnxContext], list[Value]]
 
@@ -36,6 +38,7 @@ NARROW_INT_CODES = {21: (4, False), 22: (4, True), 25: (2, False), 26: (2, True)
                     4: (16, False), 5: (16, True), 6: (32, True), 12: (32, False)}
 _SUB_BYTE = {21, 22, 25, 26}
 _BOOL = 9
+_UINT64 = 13
 
 
 def input_elem_type(ctx: OnnxContext, i: int) -> int | None:
@@ -61,13 +64,28 @@ def _int_range(code: int | None) -> tuple[int, int] | None:
     return None
 
 
+def undefined_cast(value: np.ndarray, to: int) -> str | None:
+    """Why casting float ``value`` to integer type ``to`` is undefined in ONNX (non-finite, or out of the
+    target's range after truncation toward zero), naming the first offending value; None when defined."""
+    if value.dtype.kind != "f" or onnx_element_type(to) != INT64 or not value.size:
+        return None
+    flat = value.astype(np.float64).reshape(-1)
+    lo, hi = _int_range(to) or ((0, 2 ** 64 - 1) if to == _UINT64 else (-2 ** 63, 2 ** 63 - 1))
+    t = np.trunc(flat)
+    bad = np.flatnonzero(~((t >= float(lo)) & (t < float(hi + 1))))  # hi + 1 is exact as a float; NaN is bad
+    if not bad.size:
+        return None
+    return (f"constant input 0 holds {float(flat[bad[0]])!r}, outside {element_type_name(to)} (ONNX leaves a float "
+            "cast out of range undefined); refused")
+
+
 def _fold(ctx: OnnxContext, src: Const, to: int, saturate: bool, round_mode: str) -> list[Value]:
     """A constant operand converted at import time by onnx's reference conversion (what Cast computes)."""
     from onnx.reference.ops.op_cast import cast_to
     value = src.value
-    if value.dtype.kind == "f" and onnx_element_type(to) == INT64 and value.size \
-            and not np.all(np.isfinite(value.astype(np.float64))):
-        raise ctx.fail(f"constant input 0 holds non-finite values, which have no {element_type_name(to)} value")
+    reason = undefined_cast(value, to)
+    if reason:
+        raise ctx.fail(reason)
     with np.errstate(all="ignore"):
         return [Const(np.asarray(cast_to(value, to, saturate, round_mode)), folded=True)]
 
@@ -98,8 +116,8 @@ def lower_cast(ctx: OnnxContext, to: int, saturate: bool, round_mode: str) -> li
         if dtype == BOOL:
             return [x]
         bits, signed = NARROW_INT_CODES[to]
-        # float to int8..uint32 out of range is undefined in ONNX: refused at evaluation, never wrapped
-        checked = dtype == FLOAT and to not in _SUB_BYTE
+        # float to int2..uint32 out of range is undefined in ONNX: refused at evaluation, never wrapped
+        checked = dtype == FLOAT
         return [ctx.add("int_wrap", [x], {"bits": bits, "signed": signed, "wrap": not checked})]
     if source in NARROW_FLOAT_CODES or source in _SUB_BYTE:
         # exact: every narrow value is a float32 / int64 value

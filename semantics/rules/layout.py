@@ -138,8 +138,10 @@ def cast(node, xs, rec, dt):
         if x.dtype.kind != "f":
             return x.astype(np.int64)
         t = np.trunc(x)
-        if not np.all((t >= -2.0**63) & (t < 2.0**63)):
-            raise domain_error(node, "value is NaN, infinite or outside the int64 range")
+        inside = (t >= -2.0**63) & (t < 2.0**63)
+        if not np.all(inside):
+            bad = x.reshape(-1)[np.flatnonzero(~inside.reshape(-1))[0]]
+            raise domain_error(node, f"value {float(bad)!r} is NaN, infinite or outside the int64 range")
         return t.astype(np.int64)
     return x.astype(dt)
 

@@ -279,7 +279,7 @@ def _load_torch(path: Path, strip_prefix: str | None) -> Checkpoint:
 def _initializer_problem(init: Any, data_types: set[int]) -> str | None:
     """Why an initializer cannot be read, decided from its header before any data is decoded."""
     if init.data_type not in data_types or init.data_type == 0:
-        return f"unknown element type code {init.data_type}"
+        return f"data_type {init.data_type} is not an ONNX element type"
     if any(d < 0 for d in init.dims):
         return f"negative dimension in {list(init.dims)}"
     if len(init.dims) > MAX_RANK:
@@ -304,12 +304,13 @@ def _load_onnx(path: Path, strip_prefix: str | None) -> Checkpoint:
         if not isinstance(init.name, str):  # protobuf hands back bytes for a name that is not UTF-8
             raise CheckpointError(f"ONNX model {path}: initializer name {init.name!r} is not valid UTF-8")
         problem = _initializer_problem(init, data_types)
-        if problem is None:
-            try:
-                arrays[init.name] = initializer_array(init, path.parent)
-                continue
-            except BridgeError as e:
-                problem = e.message
+        if problem is not None:  # a header no ONNX writer produces: a damaged file, not a tensor to skip
+            raise CheckpointError(f"ONNX model {path}: initializer `{init.name}`: {problem}")
+        try:
+            arrays[init.name] = initializer_array(init, path.parent)
+            continue
+        except BridgeError as e:  # a valid element type the IR cannot hold (strings, ...): that key is skipped
+            problem = e.message
         findings.append(Finding("unsupported", f"initializer `{init.name}` cannot be read: {problem}",
                                 keys=(init.name,), severity="warning"))
     return _eager(arrays, str(path), "onnx", findings, strip_prefix)
@@ -336,11 +337,17 @@ def _json_shape(value: Any) -> tuple[int, ...] | None:
     return tuple(shape)
 
 
-def _meta_shape(shape: Any) -> list[int] | None:
+def _meta_shape(shape: Any, where: str) -> list[int]:
+    """A meta record's shape: a list of natural numbers within the element limit, else the file is refused
+    (a shape of ``Infinity``, ``1e300`` or a value past int64 is a damaged or hostile file, not a tensor to skip)."""
+    text = json.dumps(shape, allow_nan=True)[:80]
     if not isinstance(shape, list) or len(shape) > MAX_RANK or \
             not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        return None
-    return shape if math.prod(shape) <= DEFAULT_ELEMENT_LIMIT else None
+        raise CheckpointError(f"{where}: {text} is not a list of at most {MAX_RANK} natural numbers")
+    if math.prod(shape) > DEFAULT_ELEMENT_LIMIT:
+        raise CheckpointError(f"{where}: {text} has {math.prod(shape)} elements, above the limit of "
+                              f"{DEFAULT_ELEMENT_LIMIT}")
+    return shape
 
 
 def _load_torchlean_json(path: Path, strip_prefix: str | None) -> Checkpoint:
@@ -367,9 +374,9 @@ def _load_torchlean_json(path: Path, strip_prefix: str | None) -> Checkpoint:
                                     keys=(key,), severity="warning"))
             continue
         dtype = _JSON_DTYPES.get(tag, np.float64)
+        shape = _meta_shape(info["shape"], f"JSON checkpoint {path}: meta.{key}.shape") if "shape" in info else None
         data_shape = _json_shape(value)
-        shape = _meta_shape(info["shape"]) if "shape" in info else None
-        if data_shape is None or ("shape" in info and shape is None):
+        if data_shape is None:
             findings.append(Finding("non_tensor", f"`{key}` is not a rectangular array of numbers with a list "
                                     "shape of natural numbers; not loaded", keys=(key,), severity="warning"))
             continue

@@ -241,7 +241,10 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
                         raise _not_evaluated(domain, node, p, values)
             else:
                 parents = [_parent(domain, node, p, values) for p in node.parents]
-            values[nid] = node_value(domain, node, parents, record(nid))
+            try:
+                values[nid] = node_value(domain, node, parents, record(nid))
+            except MemoryError:  # within every size check, yet more than this machine holds
+                raise domain.fail(node, "evaluating it needs more memory than is available") from None
             if local_checks and node.kind != "input":  # after the rule's own checks and messages
                 malformed = _malformed(node, [domain.shape(p) for p in parents])
                 if malformed is not None:

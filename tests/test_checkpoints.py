@@ -98,11 +98,15 @@ def test_prefix_is_stripped_only_when_every_key_has_it(tmp_path):
 
 
 def test_malformed_json_checkpoint_entries_are_reported_not_crashes(tmp_path):
-    doc = {"params": {"w": None, "v": [1.0, 2.0], "u": "text"}, "meta": {"v": {"shape": 7}}}
+    doc = {"params": {"w": None, "v": [1.0, [2.0]], "u": "text", "t": [1.0, 2.0]}}
     (tmp_path / "c.json").write_text(json.dumps(doc))
     ckpt = load_checkpoint(tmp_path / "c.json")
-    assert list(ckpt) == []
+    assert list(ckpt) == ["t"]
     assert sorted(k for f in kinds(ckpt, "non_tensor") for k in f.keys) == ["u", "v", "w"]
+    doc["meta"] = {"t": {"shape": 7}}  # a damaged meta record refuses the file, naming the field
+    (tmp_path / "c.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match=r"meta\.t\.shape: 7 is not a list"):
+        load_checkpoint(tmp_path / "c.json")
 
 
 def test_non_finite_values_are_reported_not_changed(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -350,21 +351,29 @@ def test_the_element_limit_applies_to_evaluation_too() -> None:
 
 # -- checkpoints --------------------------------------------------------------------------------------
 
-def test_onnx_checkpoint_with_an_unknown_data_type_is_a_finding(tmp_path) -> None:
+@pytest.mark.parametrize("damage, message", [
+    (dict(data_type=999), "initializer `b`: data_type 999 is not an ONNX element type"),
+    (dict(data_type=0), "initializer `b`: data_type 0 is not an ONNX element type"),
+    (dict(dims=[-2]), r"initializer `b`: negative dimension in \[-2\]"),
+    (dict(dims=[2 ** 40, 2 ** 40]), "initializer `b`: shape .* above the limit")])
+def test_onnx_checkpoint_with_a_damaged_initializer_header_is_refused(tmp_path, damage, message) -> None:
     import onnx
     from onnx import helper, numpy_helper
     good = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
     bad = numpy_helper.from_array(np.ones((2,), np.float32), "b")
-    bad.data_type = 999
+    for field, value in damage.items():
+        if field == "dims":
+            del bad.dims[:]
+            bad.dims.extend(value)
+        else:
+            setattr(bad, field, value)
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])], [good, bad])
     path = tmp_path / "m.onnx"
     path.write_bytes(helper.make_model(graph).SerializeToString())
-    ckpt = tlb.load_checkpoint(path)
-    assert list(ckpt) == ["w"]
-    assert [f.message for f in ckpt.findings if f.kind == "unsupported"] == [
-        "initializer `b` cannot be read: unknown element type code 999"]
+    with pytest.raises(CheckpointError, match=f"ONNX model {re.escape(str(path))}: {message}"):
+        tlb.load_checkpoint(path)
 
 
 def _mutations(data: bytes) -> list[bytes]:
@@ -398,15 +407,18 @@ def test_corrupted_pytorch_checkpoints_raise_checkpoint_errors(tmp_path, legacy:
     assert "refused" in kinds
 
 
-@pytest.mark.parametrize("shape", [[float("inf")], [1e300, 0], [2 ** 40, 2 ** 40], [-1, 3], [True], ["3"], [2.0, 3],
-                                   None, [[2, 3]]])
-def test_json_checkpoint_meta_shapes_must_be_natural_numbers_within_the_limit(tmp_path, shape) -> None:
-    doc = {"params": {"w": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "b": [0.0]}, "meta": {"w": {"shape": shape}}}
+@pytest.mark.parametrize("shape, text", [
+    ([float("inf")], "[Infinity]"), ([1e300, 0], "[1e+300, 0]"), ([2 ** 40, 2 ** 40], "[1099511627776, 1099511627776]"),
+    ([2 ** 64 + 6], "[18446744073709551622]"), ([-1, 3], "[-1, 3]"), ([True], "[true]"), (["3"], '["3"]'),
+    ([2.0, 3], "[2.0, 3]"), (None, "null"), ([[2, 3]], "[[2, 3]]")])
+def test_json_checkpoint_meta_shapes_must_be_natural_numbers_within_the_limit(tmp_path, shape, text) -> None:
     path = tmp_path / "c.json"
-    path.write_text(json.dumps(doc))
-    ckpt = tlb.load_checkpoint(path)
-    assert list(ckpt) == ["b"]
-    assert [f.keys for f in ckpt.findings if f.kind == "non_tensor"] == [("w",)]
+    path.write_text(json.dumps({"params": {"w": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "b": [0.0]},
+                                "meta": {"w": {"shape": shape}}}))
+    with pytest.raises(CheckpointError, match=re.escape(f"JSON checkpoint {path}: meta.w.shape: {text}")):
+        tlb.load_checkpoint(path)
+    path.write_text(json.dumps({"params": {"w": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}, "meta": {"w": {"shape": [2, 3]}}}))
+    assert tlb.load_checkpoint(path)["w"].shape == (2, 3)
 
 
 def test_json_checkpoint_with_deep_nesting_is_refused_or_noted(tmp_path) -> None:
@@ -878,3 +890,38 @@ def test_an_inline_payload_beyond_a_readable_document_is_refused_before_it_is_bu
     monkeypatch.setattr(wire, "MAX_INLINE_NUMBERS", 64 * 9 * 64 + 64)
     assert tlb.export_torchlean(b, None)["nodes"]
 
+
+
+def test_crown_refuses_a_max_pool_window_table_beyond_the_memory_budget(monkeypatch):
+    pool = dict(spatial_rank=1, kernel=(3000,), stride=(1,), padding=(0,))
+    g = _graph(Node(0, [], "input", (1, 1, 6000)), Node(1, [0], "max_pool", (1, 1, 3001), pool))
+    x = np.zeros((1, 1, 6000))
+    monkeypatch.setenv("TLB_MEMORY_BUDGET", str(2 ** 26))
+    with pytest.raises(tlb.BridgeError, match=r"linear_bounds: node 1 \(max_pool\): its max-pool relaxation needs "
+                                              r"0\.41 GiB, above the working-memory budget of 0\.06 GiB"):
+        tlb.linear_bounds(g, tlb.Payload({}), x, x + 1, method="crown")
+    monkeypatch.setenv("TLB_MEMORY_BUDGET", str(2 ** 30))  # the same node within the budget is bounded
+    pool = dict(spatial_rank=1, kernel=(30,), stride=(1,), padding=(0,))
+    g = _graph(Node(0, [], "input", (1, 1, 60)), Node(1, [0], "max_pool", (1, 1, 31), pool))
+    ((lo, hi),) = tlb.linear_bounds(g, tlb.Payload({}), np.zeros((1, 1, 60)), np.ones((1, 1, 60)), method="crown")
+    assert np.all(lo <= 0) and np.all(hi >= 1)
+
+
+def test_evaluation_that_exhausts_memory_names_the_node(tmp_path):
+    """Within every size check (2^30 elements < the 2^31 limit), but above an address-space cap (8 GiB of
+    float64 tanh results under a 3 GiB cap)."""
+    import subprocess
+    import sys
+    code = """
+import resource, numpy as np, torchlean_bridge as tlb
+from torchlean_bridge import Node, Graph
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+g = Graph([Node(0, [], "input", (1,)), Node(1, [0], "broadcast_to", (1 << 15, 1 << 15), {"from_shape": (1,),
+          "to_shape": (1 << 15, 1 << 15)}), Node(2, [1], "tanh", (1 << 15, 1 << 15))], [0], [2])
+try:
+    tlb.evaluate(g, tlb.Payload({}), [np.ones(1)])
+except tlb.BridgeError as e:
+    print("refused:", e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "refused: IR eval: node 2: evaluating it needs more memory than is available" in out.stdout, out.stderr

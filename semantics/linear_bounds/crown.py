@@ -41,6 +41,7 @@ from torchlean_bridge.ops import FLOAT
 from torchlean_bridge.payload import Payload
 
 from ..interval import IntervalPropagator
+from ..memory import exceeds_working_memory
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
 from ..records import PREPARED
 from ..scratch import scratch
@@ -390,6 +391,12 @@ class _Run:
         p = node.parents[0]
         tail = self.crown.ishape(p)[1:]
         spatial, out_sp = tuple(tail[len(tail) - r:]), pool_out_spatial(node.out_shape, r)
+        # the window tables (int64 index, bool mask) and five float64 gathers per sample and leading index
+        entries = math.prod(out_sp) * math.prod(a["kernel"])
+        lead = math.prod(tail[:len(tail) - r])
+        refusal = exceeds_working_memory(entries * (9 + 40 * self.crown.n * lead), "its max-pool relaxation")
+        if refusal:
+            raise BridgeError(f"linear_bounds: node {node.id} ({node.kind}): {refusal}")
         idx, valid = window_indices(spatial, out_sp, a["kernel"], a["stride"], a["padding"],
                                     a.get("dilation", (1,) * r))
         n = self.crown.n

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import os
 
+from torchlean_bridge.errors import BridgeError
+
 __all__ = ["working_memory_bytes", "exceeds_working_memory"]
 
 
 def working_memory_bytes() -> int:
     override = os.environ.get("TLB_MEMORY_BUDGET")
     if override:
+        if not override.strip().isdigit():
+            raise BridgeError(f"TLB_MEMORY_BUDGET={override[:40]!r}: expected a whole number of bytes")
         return int(override)
     budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     try:

@@ -898,9 +898,12 @@ def test_crown_refuses_a_max_pool_window_table_beyond_the_memory_budget(monkeypa
     x = np.zeros((1, 1, 6000))
     monkeypatch.setenv("TLB_MEMORY_BUDGET", str(2 ** 26))
     with pytest.raises(tlb.BridgeError, match=r"linear_bounds: node 1 \(max_pool\): its max-pool relaxation needs "
-                                              r"0\.41 GiB, above the working-memory budget of 0\.06 GiB"):
+                                              r"\d+\.\d\d GiB, above the working-memory budget of 0\.06 GiB"):
         tlb.linear_bounds(g, tlb.Payload({}), x, x + 1, method="crown")
-    monkeypatch.setenv("TLB_MEMORY_BUDGET", str(2 ** 30))  # the same node within the budget is bounded
+    monkeypatch.setenv("TLB_MEMORY_BUDGET", "64 MiB")
+    with pytest.raises(tlb.BridgeError, match="TLB_MEMORY_BUDGET='64 MiB': expected a whole number of bytes"):
+        tlb.linear_bounds(g, tlb.Payload({}), x, x + 1, method="crown")
+    monkeypatch.setenv("TLB_MEMORY_BUDGET", str(2 ** 30))  # a small pool within the budget is bounded
     pool = dict(spatial_rank=1, kernel=(30,), stride=(1,), padding=(0,))
     g = _graph(Node(0, [], "input", (1, 1, 60)), Node(1, [0], "max_pool", (1, 1, 31), pool))
     ((lo, hi),) = tlb.linear_bounds(g, tlb.Payload({}), np.zeros((1, 1, 60)), np.ones((1, 1, 60)), method="crown")
@@ -925,3 +928,14 @@ except tlb.BridgeError as e:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "refused: IR eval: node 2: evaluating it needs more memory than is available" in out.stdout, out.stderr
+
+
+def test_interval_cast_to_int64_refuses_what_evaluation_refuses():
+    g = Graph([Node(0, [], "input", (2,)), Node(1, [0], "cast", (2,), {"dtype": "int64"}, "int64")], [0], [1])
+    lo, hi = tlb.interval_bounds(g, tlb.Payload({}), np.array([0.5, -2.7]), np.array([3.7, -1.2]))[1]
+    assert lo.tolist() == [0, -2] and hi.tolist() == [3, -1]
+    for top in (1e30, np.inf, 2.0 ** 63):
+        with pytest.raises(tlb.BridgeError, match="cast: value .* outside the int64 range"):
+            tlb.evaluate(g, tlb.Payload({}), [np.array([0.0, top])])
+        with pytest.raises(tlb.BridgeError, match="past the int64 range cannot be converted to int64"):
+            tlb.interval_bounds(g, tlb.Payload({}), np.array([0.0, 0.0]), np.array([1.0, top]))

@@ -41,8 +41,8 @@ from torchlean_bridge.ops import FLOAT
 from torchlean_bridge.payload import Payload
 
 from ..interval import IntervalPropagator
-from ..memory import exceeds_working_memory
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
+from ..memory import exceeds_working_memory
 from ..records import PREPARED
 from ..scratch import scratch
 from ..conv import pool_out_spatial

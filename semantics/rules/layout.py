@@ -151,9 +151,10 @@ def cast_box(node, ps, rec):
     (lo, hi), target = ps[0], node.attrs["dtype"]
     if target == BOOL:
         return (~ia.contains_zero((lo, hi))).astype(np.float64), (~((lo == 0) & (hi == 0))).astype(np.float64)
-    if target == INT64:
-        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
-            raise ia.DomainError("cast: an unbounded box cannot be converted to int64")
+    if target == INT64:  # the float rule's domain: truncated values inside int64 (NaN, inf and beyond refused)
+        if lo.size and not (np.trunc(np.min(lo)) >= -2.0 ** 63 and np.trunc(np.max(hi)) < 2.0 ** 63):
+            raise ia.DomainError("cast: a box reaching NaN, infinity or past the int64 range cannot be converted "
+                                 "to int64")
         return np.trunc(lo), np.trunc(hi)
     return lo, hi
 

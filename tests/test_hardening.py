@@ -939,3 +939,23 @@ def test_interval_cast_to_int64_refuses_what_evaluation_refuses():
             tlb.evaluate(g, tlb.Payload({}), [np.array([0.0, top])])
         with pytest.raises(tlb.BridgeError, match="past the int64 range cannot be converted to int64"):
             tlb.interval_bounds(g, tlb.Payload({}), np.array([0.0, 0.0]), np.array([1.0, top]))
+
+
+@pytest.mark.parametrize("node_text, message", [
+    ('{"id": 1, "kind": "relu", "kind": "tanh", "parents": [0], "shape": [2]}',
+     r"the name 'kind' appears twice in one object \(node\[1\]\)"),
+    ('{"id": 1, "id": 0, "kind": "relu", "parents": [0], "shape": [2]}', "the name 'id' appears twice in one object$"),
+    ('{"id": 1, "kind": "relu", "parents": [0], "shape": [2], "shape": [3]}', r"'shape' appears twice .*\(node\[1\]\)"),
+    ('{"id": 1, "kind": "softmax", "parents": [0], "shape": [2], "axis": 1, "axis": 0}',
+     r"the name 'axis' appears twice in one object \(node\[1\]\)"),
+])
+def test_a_name_repeated_inside_a_node_is_refused(tmp_path, node_text, message):
+    text = ('{"format": "torchlean.ir.v1", "input_id": 0, "output_ids": [1], "nodes": ['
+            '{"id": 0, "kind": "input", "parents": [], "shape": [2]}, ' + node_text + ']}')
+    path = tmp_path / "g.json"
+    path.write_text(text)
+    for source in (path, text):
+        with pytest.raises(WireError, match=message):
+            tlb.load_graph(source)
+    tlb.load_graph(text.replace('"kind": "tanh", ', "").replace('"id": 0, "kind": "relu"', '"kind": "relu"')
+                   .replace(', "shape": [3]', "").replace('"axis": 1, ', ""))  # without the repeat it loads

@@ -51,7 +51,11 @@ def outcome(reader, doc, strict: bool = False):
 
 def assert_same(doc, strict: bool = False) -> None:
     assert outcome(W.parse_document, doc, strict) == outcome(staged, doc, strict)
-    assert loaded(json.dumps(doc), strict) == loaded(copy.deepcopy(doc), strict)
+    try:
+        text = json.dumps(doc, allow_nan=False)
+    except ValueError:  # a document holding NaN/Infinity has no JSON text: the text reader refuses it first
+        return
+    assert loaded(text, strict) == loaded(copy.deepcopy(doc), strict)
 
 
 def loaded(source, strict: bool):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, ExportError
@@ -19,24 +19,25 @@ from torchlean_bridge.fileio import real_inside, staged_outputs
 from torchlean_bridge.gcpause import gc_paused
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload, payload_errors
+from torchlean_bridge.passes.base import Note
 from torchlean_bridge.passes.v1_rewrite import rewrite_to_v1
-from torchlean_bridge.v1compat import v1_blocking_nodes
 from torchlean_bridge.wire import dumps_document, graph_to_wire
 
 from .payload_safetensors import file_sha256, payload_from_file, payload_writer
 
-__all__ = ["export_torchlean", "torchlean_blocking_nodes", "to_v1_graph", "payload_file_for",
+__all__ = ["export_torchlean", "torchlean_blocking_nodes", "to_v1", "to_v1_graph", "payload_file_for",
            "read_companion_payload"]
 
 
 def torchlean_blocking_nodes(bundle: Bundle) -> list[dict[str, Any]]:
     """Every node that keeps the bundle out of torchlean.ir.v1, with the reason (empty when none)."""
-    return v1_blocking_nodes(bundle.graph)
+    return rewrite_to_v1(bundle)[1].facts["blocking"]
 
 
-def to_v1_graph(bundle: Bundle) -> Graph:
-    """The graph with every ext node in its v1 form; ExportError listing every blocking node."""
-    v1, note = rewrite_to_v1(bundle)
+def to_v1(bundle: Bundle, approximate: Mapping[str, str] | None = None) -> tuple[Bundle, Note]:
+    """The bundle with every node in its v1 form and the rewrite's note; ExportError listing every
+    blocking node."""
+    v1, note = rewrite_to_v1(bundle, approximate)
     blocking = note.facts["blocking"]
     if blocking:
         lines = [(f"  node {b['id']}: {b['kind']}" if b["id"] is not None else "  graph")
@@ -45,7 +46,12 @@ def to_v1_graph(bundle: Bundle) -> Graph:
                             node=blocking[0]["id"], op=blocking[0]["kind"])
         error.items = blocking
         raise error
-    return v1.graph
+    return v1, note
+
+
+def to_v1_graph(bundle: Bundle) -> Graph:
+    """The graph with every ext node in its v1 form; ExportError listing every blocking node."""
+    return to_v1(bundle)[0].graph
 
 
 def payload_file_for(file: str | Path) -> Path:
@@ -55,18 +61,25 @@ def payload_file_for(file: str | Path) -> Path:
 
 
 @gc_paused
-def export_torchlean(bundle: Bundle, file: str | Path | None, inline_payload: bool = True) -> dict[str, Any]:
+def export_torchlean(bundle: Bundle, file: str | Path | None, inline_payload: bool = True,
+                     approximate: Mapping[str, str] | None = None,
+                     annotations: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write (atomically, when ``file`` is given) and return the torchlean.ir.v1 document.
 
     Without ``inline_payload`` the document holds nodes only and the payload goes to
     ``payload_file_for(file)`` (safetensors, ``"<node id>.<role>"`` keys, sha256 per tensor).
+    ``approximate`` names the approximations allowed (``{"gelu": "tanh"}``). Every rewrite is listed
+    in the document's root field ``torchlean_bridge.rewrites`` (TorchLean ignores other root fields),
+    beside ``annotations`` (the application's measured deviations, the cut, ...).
     """
-    g = to_v1_graph(bundle)
-    problems = payload_errors(g, bundle.payload)
+    v1, note = to_v1(bundle, approximate)
+    problems = payload_errors(v1.graph, v1.payload)
     if problems:
         raise ExportError("torchlean.ir.v1 export: the payload does not fit the graph:\n"
                           + "\n".join(f"  {p.message}" for p in problems), node=problems[0].node)
-    doc = graph_to_wire(g, bundle.payload if inline_payload else None)
+    doc = graph_to_wire(v1.graph, v1.payload if inline_payload else None)
+    if note.facts["rewrites"] or annotations:
+        doc["torchlean_bridge"] = {"rewrites": note.facts["rewrites"], **dict(annotations or {})}
     if file is None:
         return doc
     with staged_outputs() as stage:
@@ -74,7 +87,7 @@ def export_torchlean(bundle: Bundle, file: str | Path | None, inline_payload: bo
             # the pair is one unit: both are written before either is renamed, the payload first, so
             # the document that names its size and sha256 never appears without it
             side = payload_file_for(file)
-            written = stage(side, payload_writer(bundle.payload))
+            written = stage(side, payload_writer(v1.payload))
             doc["payload_file"] = {"name": side.name, "bytes": written.stat().st_size, "sha256": file_sha256(written)}
         text = dumps_document(doc).encode("utf-8")
         stage(file, lambda f: f.write(text))

@@ -46,7 +46,8 @@ def test_import_via_export_writes_the_bundle_and_prints_the_summary(model_file, 
         "nodes: 4 (1 input(s), 1 output(s))",
         "parameters: 58 values in 4 tensors, 4 keys bound",
         "ops used: gelu, input, linear×2",
-        "torchlean.ir.v1 export: blocked by gelu (ext op without an exact torchlean.ir.v1 form)",
+        "torchlean.ir.v1 export: blocked by gelu (GELU with erf has no exact v1 form (v1 has no erf): "
+        "--approximate gelu=tanh or gelu=sigmoid exports an approximation and states its deviation)",
         f"wrote {out}"]
     assert sorted(p.name for p in out.iterdir()) == ["graph.json", "manifest.json", "payload.safetensors",
                                                       "report.json", "roles.json"]

@@ -8,7 +8,6 @@ from typing import Any
 from .graph import Graph
 from .payload import Payload
 from .roles import RoleMap
-from .v1compat import v1_blocking_nodes
 
 __all__ = ["Bundle"]
 
@@ -26,11 +25,7 @@ class Bundle:
         return self.graph == other.graph and self.payload == other.payload and self.roles == other.roles
 
     def summary(self) -> dict[str, Any]:
-        """Nodes, parameters, ops used and what blocks torchlean.ir.v1 export (kinds grouped by reason)."""
-        reasons: dict[str, list[str]] = {}
-        for b in v1_blocking_nodes(self.graph):
-            reasons.setdefault(b["reason"], []).append(b["kind"] or "graph")
-        blocking = [f"{', '.join(sorted(set(kinds)))} ({reason})" for reason, kinds in sorted(reasons.items())]
+        """Nodes, parameters and ops used (``passes.rewrite_to_v1`` says what blocks torchlean.ir.v1)."""
         return {"nodes": len(self.graph), "inputs": list(self.graph.inputs), "outputs": list(self.graph.outputs),
                 "parameters": self.payload.num_parameters(), "tensors": len(self.payload),
-                "ops": self.graph.ops_used(), "v1_blocking": blocking}
+                "ops": self.graph.ops_used()}

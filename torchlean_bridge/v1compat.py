@@ -1,58 +1,31 @@
-"""What keeps a graph out of torchlean.ir.v1, and each node in its exact v1 form.
+"""What keeps a node out of torchlean.ir.v1 once every rewrite has been tried.
 
-Ext ops whose registry entry has an exact ``v1_rewrite`` (squeeze/unsqueeze -> reshape, expand ->
-broadcast_to, pools with v1 geometry) count as v1; everything else TorchLean cannot take (other ext
-ops, several inputs or none, int64/bool values, kinds its importer rejects) blocks, with a reason.
+TorchLean takes v1 kinds over float values in a graph with exactly one input; its importer also
+rejects some v1 kinds (``custom``, ``hard_masked_softmax``). ``passes.v1_rewrite`` lowers what it can
+and asks ``blocking_reason`` about every node that is left.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from .graph import Graph, Node
+from .graph import Node
 from .ops import FLOAT
 
-__all__ = ["to_v1_node", "v1_blocking_nodes"]
+__all__ = ["blocking_reason", "NO_FORM"]
 
+NO_FORM = "ext op without an exact torchlean.ir.v1 form"
 _IMPORTER_REJECTS = {"custom": "custom computations need a checked Lean body",
                      "hard_masked_softmax": "TorchLean's importer has no encoding for the mask"}
 
 
-def to_v1_node(g: Graph, node: Node) -> Node | None:
-    """The node in v1 form: itself, its exact v1 rewrite, or None when it has none."""
+def blocking_reason(node: Node, no_form: str = NO_FORM) -> str | None:
+    """Why ``node`` (as it stands after the rewrite) cannot be written as v1, or None when it can."""
     spec = node.spec
-    if spec is None:
-        return None
-    if spec.is_v1:
-        return node
-    if spec.v1_rewrite is None:
-        return None
-    parent_shapes = [g.nodes[p].out_shape for p in node.parents]
-    rewritten = spec.v1_rewrite(node.attrs, parent_shapes, node.out_shape)
-    if rewritten is None:
-        return None
-    kind, attrs = rewritten
-    return Node(node.id, node.parents, kind, node.out_shape, attrs, dtype=node.dtype, source=node.source)
-
-
-def v1_blocking_nodes(g: Graph) -> list[dict[str, Any]]:
-    """Every node that keeps the graph out of torchlean.ir.v1, with the reason (empty when none)."""
-    blocking: list[dict[str, Any]] = []
-
-    def block(node: Node, reason: str) -> None:
-        blocking.append({"id": node.id, "kind": node.kind, "source": str(node.source) if node.source else None,
-                         "reason": reason})
-
-    if not g.inputs:
-        blocking.append({"id": None, "kind": None, "source": None,
-                         "reason": "the graph has no input; TorchLean graphs have exactly one"})
-    for nid in g.inputs[1:]:
-        block(g.nodes[nid], f"graph input #{list(g.inputs).index(nid) + 1}: TorchLean graphs have exactly one input")
-    for node in g.nodes:
-        if node.kind in _IMPORTER_REJECTS:
-            block(node, _IMPORTER_REJECTS[node.kind])
-        elif to_v1_node(g, node) is None:
-            block(node, "ext op without an exact torchlean.ir.v1 form")
-        elif node.dtype != FLOAT:
-            block(node, f"element type {node.dtype} (torchlean.ir.v1 is float-only)")
-    return blocking
+    if node.kind in _IMPORTER_REJECTS:
+        return _IMPORTER_REJECTS[node.kind]
+    if spec is None or not spec.is_v1:
+        return no_form
+    if node.dtype != FLOAT:
+        hint = (": cut the graph after it with --input-at NODE (--input-at embeddings for token ids)"
+                if node.kind == "input" else "")
+        return f"element type {node.dtype} (torchlean.ir.v1 is float-only){hint}"
+    return None

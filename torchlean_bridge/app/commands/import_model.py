@@ -140,15 +140,28 @@ def bind_weights(bundle: Bundle, path: str, source: str) -> Bundle:
     return bound
 
 
+def v1_outlook(bundle: Bundle) -> str:
+    """What a torchlean.ir.v1 export would rewrite and what blocks it, kinds grouped by reason."""
+    from torchlean_bridge.passes.v1_rewrite import rewrite_to_v1
+    note = rewrite_to_v1(bundle)[1]
+    reasons: dict[str, list[str]] = {}
+    for b in note.facts["blocking"]:
+        reasons.setdefault(b["reason"], []).append(b["kind"] or "graph")
+    rewritten = sorted({r["kind"] for r in note.facts["rewrites"]})
+    text = f"{len(note.facts['rewrites'])} node(s) rewritten ({', '.join(rewritten)}); " if rewritten else ""
+    if not reasons:
+        return text + "nothing blocks it"
+    return text + "blocked by " + "; ".join(f"{', '.join(sorted(set(kinds)))} ({reason})"
+                                           for reason, kinds in sorted(reasons.items()))
+
+
 def summary_lines(bundle: Bundle) -> list[str]:
     s = bundle.summary()
     ops = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in s["ops"].items())
     lines = [f"nodes: {s['nodes']} ({len(s['inputs'])} input(s), {len(s['outputs'])} output(s))",
              f"parameters: {s['parameters']} values in {s['tensors']} tensors, {len(bundle.roles)} keys bound",
              f"ops used: {ops}"]
-    blocking = s["v1_blocking"]
-    lines.append("torchlean.ir.v1 export: " + ("blocked by " + "; ".join(blocking) if blocking
-                                               else "nothing blocks it"))
+    lines.append("torchlean.ir.v1 export: " + v1_outlook(bundle))
     lines.extend(f"note: {note}" for note in bundle.report.get("notes", ()))
     unused = bundle.report.get("unused_tensors")
     if unused:

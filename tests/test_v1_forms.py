@@ -130,7 +130,7 @@ def test_rounding_forms_agree_within_a_few_ulps(kind, attrs, shape, consts):
 
 
 def test_every_listed_form_is_tested():
-    tested = {k for k, *_ in EXACT + ROUNDED} | {"where", "gather", "log1p", "log2"}
+    tested = {k for k, *_ in EXACT + ROUNDED} | {"where", "gather", "log1p", "log2", "avg_pool_nd", "conv_transpose"}
     assert set(V1_FORMS) <= tested, set(V1_FORMS) - tested
 
 
@@ -189,3 +189,44 @@ def test_what_has_no_form_is_refused_with_the_option_that_would_export_it():
 def test_an_unknown_approximation_is_refused():
     with pytest.raises(ValueError, match="no approximation gelu=cubic"):
         export_torchlean(one_op("gelu", {"approximate": "none"}, (2,)), None, approximate={"gelu": "cubic"})
+
+
+AVG_POOLS = [
+    {"kernel_size": 3, "stride": 2, "padding": 1, "count_include_pad": False, "ceil_mode": True},
+    {"kernel_size": 2, "stride": 2, "padding": 0, "ceil_mode": True},
+    {"kernel_size": (3, 2), "stride": (1, 2), "padding": (1, 1), "count_include_pad": True},
+]
+CONV_TRANSPOSES = [
+    ("ConvTranspose2d", dict(in_channels=4, out_channels=6, kernel_size=3, stride=2, padding=1,
+                                           output_padding=1), (1, 4, 5, 6)),
+    ("ConvTranspose2d", dict(in_channels=4, out_channels=2, kernel_size=2, stride=2, groups=2), (2, 4, 3, 3)),
+    ("ConvTranspose1d", dict(in_channels=3, out_channels=5, kernel_size=4, stride=3, padding=2, dilation=2), (2, 3, 7)),
+    ("ConvTranspose3d", dict(in_channels=2, out_channels=2, kernel_size=2, stride=(1, 2, 2)), (1, 2, 3, 4, 4)),
+]
+
+
+def _via_torch(module, shape):
+    import torch
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    b = tlb.import_export(module.eval(), (x,))
+    return b, x.double().numpy(), module.double()(x.double()).detach().numpy()
+
+
+@pytest.mark.parametrize("params", AVG_POOLS)
+def test_average_pools_with_their_divisors(params):
+    import torch
+    b, x, expected = _via_torch(torch.nn.AvgPool2d(**params), (2, 3, 7, 6))
+    theirs, doc = exported_values(b, x)
+    np.testing.assert_allclose(theirs, tlb.evaluate(b.graph, b.payload, [x])[0], rtol=1e-14)
+    np.testing.assert_allclose(theirs, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name, params, shape", CONV_TRANSPOSES)
+def test_transposed_convolutions_as_v1_convs(name, params, shape):
+    import torch
+    b, x, expected = _via_torch(getattr(torch.nn, name)(**params), shape)
+    theirs, doc = exported_values(b, x)
+    assert [r["kind"] for r in doc["torchlean_bridge"]["rewrites"]] == ["conv_transpose"]
+    np.testing.assert_allclose(theirs, tlb.evaluate(b.graph, b.payload, [x])[0], rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(theirs, expected, rtol=1e-10, atol=1e-12)

@@ -88,8 +88,10 @@ class GraphEdit:
         assert node.id not in self.old.payload and node.id not in self._old_bindings, node
         self.new_id[node.id] = new_id
 
-    def result(self, report: Mapping[str, Any] | None = None) -> Bundle:
+    def result(self, report: Mapping[str, Any] | None = None, inputs: Sequence[int] | None = None) -> Bundle:
+        """The new bundle; ``inputs`` (new ids) replaces the old inputs' images when the pass changes them."""
         g = self.old.graph
-        graph = Graph(self.nodes, [self.new_id[i] for i in g.inputs], [self.new_id[o] for o in g.outputs])
+        inputs = [self.new_id[i] for i in g.inputs] if inputs is None else list(inputs)
+        graph = Graph(self.nodes, inputs, [self.new_id[o] for o in g.outputs])
         return Bundle(graph, Payload(self.payload), RoleMap(self.bindings),
                       dict(self.old.report if report is None else report))

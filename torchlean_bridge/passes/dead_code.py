@@ -42,4 +42,4 @@ def eliminate_dead_code(bundle: Bundle) -> tuple[Bundle, Note]:
         report["unused_tensors"] = sorted(set(report.get("unused_tensors", ())) | set(dropped))
     removed = sorted(set(range(len(bundle.graph.nodes))) - live)
     return edit.result(report), Note("dead_code", len(removed), (f"dropped nodes {removed}",),
-                                     {"unused_tensors": dropped})
+                                     {"unused_tensors": dropped, "ids": dict(edit.new_id)})

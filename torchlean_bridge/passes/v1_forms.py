@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from ..graph import Node, normalized_attrs
 from ..ops import FLOAT, REGISTRY
-from .base import GraphEdit
+
+if TYPE_CHECKING:
+    from .base import GraphEdit
 
 __all__ = ["V1Form", "V1_FORMS", "APPROXIMATIONS", "Emit", "LOWEST"]
 
@@ -34,8 +36,10 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 class Emit:
     """Emits v1 nodes for one ext node into a ``GraphEdit``; shapes come from the registry's rules."""
 
-    def __init__(self, edit: GraphEdit, node: Node, const_value: Callable[[int], np.ndarray | None]) -> None:
-        self.edit, self.node, self._const_value = edit, node, const_value
+    def __init__(self, edit: GraphEdit, node: Node, const_value: Callable[[int], np.ndarray | None],
+                 parameter: Callable[[str], np.ndarray | None]) -> None:
+        self.edit, self.node, self._const_value, self.parameter = edit, node, const_value, parameter
+        self.owns_payload = False  # the lowering wrote its node's parameters itself (transformed)
 
     def shape(self, nid: int) -> tuple[int, ...]:
         return self.edit.shape(nid)
@@ -132,6 +136,14 @@ class Emit:
         if after:
             parts.append(self.full(value, s[:axis] + (after,) + s[axis + 1:]))
         return self.op("concat", *parts, axis=axis)
+
+    def interleave_zeros(self, x: int, axis: int, stride: int) -> int:
+        """``stride - 1`` zeros after every entry along ``axis`` (a concat on a new axis, then a reshape)."""
+        s = self.shape(x)
+        col = self.reshape(x, s[:axis + 1] + (1,) + s[axis + 1:])
+        zeros = self.full(0.0, s[:axis + 1] + (stride - 1,) + s[axis + 1:])
+        both = self.op("concat", col, zeros, axis=axis + 1)
+        return self.reshape(both, s[:axis] + (s[axis] * stride,) + s[axis + 1:])
 
     def const_parent(self, i: int) -> np.ndarray | None:
         """The value of the node's ``i``-th parent when it is a constant (through broadcasts and reshapes)."""
@@ -470,3 +482,70 @@ def _cumsum(e: Emit, n: Node, xs: Sequence[int]) -> int:
         take &= j != i
     moved, back = e.move_axis_last(x, axis)
     return back(e.op("matmul", moved, e.const(take.astype(np.float64))))
+
+
+def _window_counts(size: int, kernel: int, stride: int, padding: int, out: int, lo: int, hi: int) -> np.ndarray:
+    """Cells of each window ``[o*stride - padding, ... + kernel)`` inside ``[lo, hi)``."""
+    start = np.arange(out) * stride - padding
+    return np.clip(np.minimum(start + kernel, hi) - np.maximum(start, lo), 0, None)
+
+
+@form("avg_pool_nd", "zero blocks concatenated for the padding, a v1 avg_pool (divisor the kernel size), times a "
+                     "constant map kernel size / the op's divisor", "rounding: (sum / K) * (K / divisor) instead of "
+                                                                    "sum / divisor")
+def _avg_pool_nd(e: Emit, n: Node, xs: Sequence[int]) -> int | str:
+    a = n.attrs
+    if any(d != 1 for d in a["dilation"]):
+        return "average pooling with dilation has no v1 form"
+    x, r = xs[0], a["spatial_rank"]
+    s = e.shape(x)
+    lead = len(s) - r
+    out = n.out_shape[lead:]
+    divisor = np.ones(())
+    for i in range(r):
+        size, k, st, pb = s[lead + i], a["kernel"][i], a["stride"][i], a["padding"][i]
+        lo, hi = (-pb, size + a["padding_after"][i]) if a["count_include_pad"] else (0, size)
+        divisor = np.multiply.outer(divisor, _window_counts(size, k, st, pb, out[i], lo, hi))
+        need = (out[i] - 1) * st + k
+        x = e.pad_axis(x, lead + i, pb, max(need - size - pb, 0), 0.0)
+    if np.any(divisor == 0):
+        return "average pooling with a window entirely in the padding has no v1 form"
+    kernel = float(math.prod(a["kernel"]))
+    y = e.op("avg_pool", x, spatial_rank=r, kernel=tuple(a["kernel"]), stride=tuple(a["stride"]), padding=(0,) * r)
+    if np.all(divisor == kernel):
+        return y
+    ratio = e.const(kernel / divisor)
+    return e.op("mul_elem", y, e.op("broadcast_to", ratio, from_shape=tuple(out), to_shape=tuple(n.out_shape))
+                if lead else ratio)
+
+
+@form("conv_transpose", "zeros interleaved by concat and reshape (the stride), then a v1 conv with the kernel "
+                        "flipped and its channel axes exchanged", "rounding: the sums run in another order and "
+                                                                  "include exact zero products")
+def _conv_transpose(e: Emit, n: Node, xs: Sequence[int]) -> int | str:
+    a = n.attrs
+    r, ax = a["spatial_rank"], a["channel_axis"]
+    weight, bias = e.parameter("weight"), e.parameter("bias")
+    if weight is None:
+        return "conv_transpose without its weight in the payload"
+    k, st, dil = a["kernel"], a["stride"], a["dilation"]
+    before = [dil[i] * (k[i] - 1) - a["padding"][i] for i in range(r)]
+    after = [dil[i] * (k[i] - 1) - a["padding_after"][i] + a["output_padding"][i] - (st[i] - 1) for i in range(r)]
+    if min(before + after) < 0:
+        return "conv_transpose whose padding crops more than the kernel reach has no v1 form here"
+    x = xs[0]
+    for i in range(r):
+        if st[i] > 1:
+            x = e.interleave_zeros(x, ax + 1 + i, st[i])
+    g, cin, cout = a["groups"], a["in_channels"], a["out_channels"]
+    w = np.asarray(weight, dtype=np.float64).reshape(g, cin // g, cout // g, *k)
+    w = np.flip(w, axis=tuple(range(3, 3 + r))).swapaxes(1, 2).reshape(cout, cin // g, *k)
+    y = e.op("conv", x, spatial_rank=r, kernel=tuple(k), stride=(1,) * r, padding=tuple(before),
+             padding_after=tuple(after), dilation=tuple(dil), groups=g, channel_axis=ax, in_channels=cin,
+             out_channels=cout)
+    record = {"weight": np.ascontiguousarray(w)}
+    if bias is not None:
+        record["bias"] = np.asarray(bias, dtype=np.float64)
+    e.edit.payload[y] = record
+    e.owns_payload = True
+    return y

@@ -64,7 +64,7 @@ def rewrite_to_v1(bundle: Bundle, approximate: Mapping[str, str] | None = None) 
                 rewrites.append(_entry(node, new, f"exactly a v1 {same[0]}", "none: the same function", None))
                 continue
         start = len(edit.nodes)
-        emit = Emit(edit, node, const_value)
+        emit = Emit(edit, node, const_value, lambda role, n=node.id: bundle.payload.get(n, role))
         approximation = approximate.get(node.kind)
         if approximation is not None:
             lower, formula = APPROXIMATIONS[(node.kind, approximation)]
@@ -76,7 +76,10 @@ def rewrite_to_v1(bundle: Bundle, approximate: Mapping[str, str] | None = None) 
         form = V1_FORMS.get(node.kind)
         result = form.lower(emit, node, edit.parents(node)) if form is not None else None
         if isinstance(result, int):
-            edit.replace(node, result)
+            if emit.owns_payload:  # its parameters were rewritten (a flipped kernel): the old record stays behind
+                edit.new_id[node.id] = result
+            else:
+                edit.replace(node, result)
             rewrites.append(_entry(node, result, form.formula, form.deviation, None))
             continue
         _roll_back(edit, start)

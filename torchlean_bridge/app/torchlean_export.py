@@ -49,8 +49,10 @@ class TorchleanExport:
     frozen: list[int] = field(default_factory=list)
 
     def annotations(self) -> dict[str, Any]:
-        return {"cut": self.cut, "folded": self.folded, "frozen_inputs": self.frozen, "samples": self.samples,
-                "deviation_by_kind": self.by_kind, "output_deviation": self.outputs}
+        """JSON-ready (an infinite deviation, from a -inf constant written finite, is the string "inf")."""
+        return _json_numbers({"cut": self.cut, "folded": self.folded, "frozen_inputs": self.frozen,
+                              "samples": self.samples, "deviation_by_kind": self.by_kind,
+                              "output_deviation": self.outputs})
 
     def lines(self) -> list[str]:
         out = []
@@ -74,6 +76,16 @@ class TorchleanExport:
             out.append(f"outputs vs the graph before rewriting: largest difference "
                        f"{max(self.outputs):.3g} on {self.samples}")
         return out
+
+
+def _json_numbers(value: Any) -> Any:
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_numbers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_numbers(v) for v in value]
+    return value
 
 
 def _ids(ids: Sequence[int], limit: int = 8) -> str:

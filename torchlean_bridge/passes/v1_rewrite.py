@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..bundle import Bundle
+from ..errors import BridgeError
 from ..graph import Node
 from ..v1compat import blocking_reason
 from .base import GraphEdit, Note
@@ -33,7 +34,7 @@ def rewrite_to_v1(bundle: Bundle, approximate: Mapping[str, str] | None = None) 
     for kind, name in approximate.items():
         if (kind, name) not in APPROXIMATIONS:
             choices = ", ".join(f"{k}={n}" for k, n in APPROXIMATIONS)
-            raise ValueError(f"no approximation {kind}={name} (there are: {choices})")
+            raise BridgeError(f"no approximation {kind}={name} (there are: {choices})")
     g = bundle.graph
     edit = GraphEdit(bundle)
     reasons: dict[int, str] = {}  # new id -> why its node keeps its ext kind

@@ -25,6 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "TorchLean's Graph.denoteAll at Float on the v1 kinds (float64 only)")
     p.add_argument("--all-nodes", action="store_true", help="print every node's value, not just the outputs")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--at", metavar="NODE", help="also report NODE's value (an id, or `embeddings`: the node "
+                                               "`export --input-at embeddings` cuts at)")
+    p.add_argument("--save", metavar="FILE.npy", help="with --at: write NODE's value to FILE.npy (the input of a "
+                                                      "graph cut there)")
     p.add_argument("--plan", metavar="PLAN", help="run each node with its provider in a saved kernel plan "
                                                   "(a plan file, or a bundle folder holding kernel_plan.json)")
 
@@ -42,6 +46,13 @@ def run(args: argparse.Namespace) -> int:
     bundle = read_bundle(args.path)
     g = bundle.graph
     inputs = [read_array(f) for f in args.input]
+    if args.save and not args.at:
+        raise BridgeError("eval: --save needs --at NODE")
+    at = None
+    if args.at is not None:
+        from ..torchlean_export import resolve_node
+        at = resolve_node(bundle, args.at)
+        args.all_nodes = args.all_nodes or at not in g.outputs
     if args.exact and (args.plan or args.dtype != "float64"):
         raise BridgeError("eval: --exact is the float64 reference evaluator's mode (no --plan, no --dtype float32)")
     if args.plan:  # see `torchlean-bridge plan --save`
@@ -51,8 +62,12 @@ def run(args: argparse.Namespace) -> int:
                               all_nodes=args.all_nodes)
     else:
         values = evaluate(g, bundle.payload, inputs, dtype=args.dtype, all_nodes=args.all_nodes, exact=args.exact)
-    ids = list(range(len(g))) if args.all_nodes else list(g.outputs)
     table = values if args.all_nodes else dict(zip(g.outputs, values))
+    ids = [at] if at is not None else (list(range(len(g))) if args.all_nodes else list(g.outputs))
+    if args.save:
+        from ...fileio import staged_outputs
+        with staged_outputs() as stage:
+            stage(args.save, lambda f: np.save(f, np.asarray(table[at]), allow_pickle=False))
     if args.json:
         doc = {"dtype": args.dtype, "exact": args.exact,
                "nodes": [{"id": i, "kind": g[i].kind, "shape": list(g[i].out_shape), "element_type": g[i].dtype,

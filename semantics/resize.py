@@ -11,9 +11,11 @@ are resized one at a time, last axis first (PyTorch's kernels nest the same way)
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
+
+from torchlean_bridge.ops.resize_taps import Taps, linear_taps
 
 from .interval_round import U, Box, clean, down, up
 
@@ -21,34 +23,6 @@ __all__ = ["Taps", "linear_taps", "resize_linear", "resize_linear_box", "WEIGHT_
 
 # |fl(l) - l| <= u l and |fl(1 - fl(l)) - (1 - l)| <= 2u: each computed weight is within 2u of its exact value
 WEIGHT_ERROR = 2 * U
-
-
-class Taps(NamedTuple):
-    """Per output index: the two source indices and the float64 weight of the second."""
-
-    i0: np.ndarray
-    i1: np.ndarray
-    weight1: np.ndarray
-
-
-def _source_ratio(o: np.ndarray, n: int, m: int, mode: str) -> tuple[np.ndarray, int]:
-    """Numerators (int64) and the common denominator of the unclamped source coordinates."""
-    if m == 1 and mode in ("pytorch_half_pixel", "align_corners"):
-        return np.zeros_like(o), 1
-    if mode in ("half_pixel", "pytorch_half_pixel"):
-        return (2 * o + 1) * n - m, 2 * m
-    if mode == "align_corners":
-        return o * (n - 1), m - 1
-    return o * n, m  # asymmetric
-
-
-def linear_taps(n: int, m: int, mode: str) -> Taps:
-    """Taps resizing an axis of extent ``n`` to ``m``."""
-    num, den = _source_ratio(np.arange(m, dtype=np.int64), n, m, mode)
-    num = np.clip(num, 0, (n - 1) * den)  # clamp the coordinate to [0, n - 1]
-    i0 = num // den
-    weight1 = (num - i0 * den) / den  # exact integers, one rounding
-    return Taps(i0, np.minimum(i0 + 1, n - 1), weight1)
 
 
 def _axis_shape(ndim: int, axis: int, m: int) -> tuple[int, ...]:

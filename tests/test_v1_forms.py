@@ -130,7 +130,7 @@ def test_rounding_forms_agree_within_a_few_ulps(kind, attrs, shape, consts):
 
 
 def test_every_listed_form_is_tested():
-    tested = {k for k, *_ in EXACT + ROUNDED} | {"where", "gather", "log1p", "log2", "avg_pool_nd", "conv_transpose"}
+    tested = {k for k, *_ in EXACT + ROUNDED} | {"where", "gather", "log1p", "log2", "avg_pool_nd", "conv_transpose", "resize_linear"}
     assert set(V1_FORMS) <= tested, set(V1_FORMS) - tested
 
 
@@ -230,3 +230,24 @@ def test_transposed_convolutions_as_v1_convs(name, params, shape):
     assert [r["kind"] for r in doc["torchlean_bridge"]["rewrites"]] == ["conv_transpose"]
     np.testing.assert_allclose(theirs, tlb.evaluate(b.graph, b.payload, [x])[0], rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(theirs, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_the_docs_tables_are_current():
+    import importlib.util
+    from tests.conftest import ROOT
+    spec = importlib.util.spec_from_file_location("make_md", ROOT / "docs" / "make_torchlean_export_md.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    render = module.render
+    text = (ROOT / "docs" / "torchlean-export.md").read_text()
+    assert render(text) == text, "run python docs/make_torchlean_export_md.py"
+    assert all(f"| `{kind}` |" in text for kind in V1_FORMS)
+
+
+@pytest.mark.parametrize("mode", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+@pytest.mark.parametrize("sizes", [(9, 4), (3, 14), (5, 5)])
+def test_linear_resizes_are_bit_identical(mode, sizes):
+    b = one_op("resize_linear", {"spatial_rank": 2, "sizes": list(sizes), "coordinate_mode": mode}, (2, 3, 5, 7))
+    x = _x((2, 3, 5, 7))
+    theirs, _ = exported_values(b, x)
+    np.testing.assert_array_equal(theirs, tlb.evaluate(b.graph, b.payload, [x], exact=True)[0])

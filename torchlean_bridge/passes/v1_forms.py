@@ -21,6 +21,7 @@ import numpy as np
 
 from ..graph import Node, normalized_attrs
 from ..ops import FLOAT, REGISTRY
+from ..ops.resize_taps import interpolation_matrix
 
 if TYPE_CHECKING:
     from .base import GraphEdit
@@ -549,3 +550,19 @@ def _conv_transpose(e: Emit, n: Node, xs: Sequence[int]) -> int | str:
     e.edit.payload[y] = record
     e.owns_payload = True
     return y
+
+
+@form("resize_linear", "a matmul by the interpolation matrix per resized axis, last axis first", _SELECTION.replace(
+    "selected exactly", "interpolated with the same two products and sum"))
+def _resize_linear(e: Emit, n: Node, xs: Sequence[int]) -> int:
+    x = xs[0]
+    sizes, mode = n.attrs["sizes"], n.attrs["coordinate_mode"]
+    rank = len(e.shape(x))
+    for axis in range(rank - 1, rank - len(sizes) - 1, -1):
+        m = sizes[axis - (rank - len(sizes))]
+        size = e.shape(x)[axis]
+        if m == size and mode != "asymmetric" and np.array_equal(interpolation_matrix(size, m, mode), np.eye(size)):
+            continue
+        moved, back = e.move_axis_last(x, axis)
+        x = back(e.op("matmul", moved, e.const(interpolation_matrix(size, m, mode))))
+    return x

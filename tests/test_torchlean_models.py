@@ -24,7 +24,7 @@ FAST = [name for name, c in CASES.items() if not c.slow]
 REFUSED = {
     "decoder": "graph input #2", "arithmetic": "graph input #2", "cross_attention": "graph input #2",
     "indexing": "graph input #2", "contractions": "graph input #2", "kitchen_sink": "ext op without",
-    "tiny_unet": "resize_linear", "pooling": "max pooling with dilation",
+    "tiny_unet": "where over a computed condition", "pooling": "max pooling with dilation",
 }
 
 
@@ -133,3 +133,17 @@ def test_bad_export_flags_are_named(tmp_path, capsys, flags, message):
     tlb.save(tlb.import_export(module.eval(), (torch.randn(1, 3),)), tmp_path / "b")
     assert main(["export", str(tmp_path / "b"), "--to", "torchlean", "-o", str(tmp_path / "m.json")] + flags) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_second_input_frozen_to_a_constant_exports(tmp_path):
+    module, (x, y), b = _import(CASES["arithmetic"])
+    with pytest.raises(tlb.BridgeError, match=r"--constant-input 1=FILE.npy"):
+        export_for_torchlean(b, None)
+    frozen = y.double().numpy()
+    report = export_for_torchlean(b, tmp_path / "m.json", constants={1: frozen}, samples=[[x.numpy(), y.numpy()]])
+    assert report.frozen == [1]
+    g, payload = parse_document(json.loads((tmp_path / "m.json").read_text()), strict=True)
+    ours = tlb.evaluate(b.graph, b.payload, [x.double().numpy(), frozen])
+    theirs = tlb.evaluate(g, payload, [x.double().numpy()], exact=True)
+    for a, c in zip(theirs, ours, strict=True):
+        np.testing.assert_allclose(a, c, rtol=1e-12, atol=4 * max(report.outputs) + 1e-12)

@@ -68,6 +68,8 @@ class TorchleanExport:
             out.append("no rewrite: every node is a v1 kind")
         for kind, k in self.by_kind.items():
             measured = "" if k["max_deviation"] is None else f"; largest deviation {k['max_deviation']:.3g}"
+            if k["max_deviation"] == np.inf:
+                measured += " (where the op gives an infinity the form gives a finite value: see the class)"
             if k.get("interval_deviation") is not None:
                 measured += f" (over the input interval {k['interval']}: {k['interval_deviation']:.3g})"
             out.append(f"rewrote {k['count']} {kind} node(s) ({_ids(k['nodes'])}) as {k['formula']}{measured}; "

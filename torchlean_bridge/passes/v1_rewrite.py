@@ -127,7 +127,8 @@ def _blocking(b: Bundle, live: set[int], reasons: dict[int, str], origin: dict[i
             continue
         old = original.nodes[origin[node.id]]
         if node.id in extra:
-            reason = f"graph input #{extra[node.id] + 1}: TorchLean graphs have exactly one input"
+            reason = (f"graph input #{extra[node.id] + 1}: TorchLean graphs have exactly one input (freeze it with "
+                      f"--constant-input {old.id}=FILE.npy, or cut past it with --input-at NODE)")
         else:
             reason = blocking_reason(node, reasons.get(node.id, "ext op without an exact torchlean.ir.v1 form"))
         if reason is not None:

@@ -251,3 +251,12 @@ def test_linear_resizes_are_bit_identical(mode, sizes):
     x = _x((2, 3, 5, 7))
     theirs, _ = exported_values(b, x)
     np.testing.assert_array_equal(theirs, tlb.evaluate(b.graph, b.payload, [x], exact=True)[0])
+
+
+def test_an_approximation_is_used_only_where_no_exact_form_applies():
+    b = GraphBuilder("test")
+    x = b.input((3, 4))
+    exact = b.add("gelu", [x], {"approximate": "tanh"})
+    erf = b.add("gelu", [exact], {"approximate": "none"})
+    _, doc = exported_values(b.finish([erf], canonical=False), _x((3, 4)), approximate={"gelu": "sigmoid"})
+    assert [r["approximation"] for r in doc["torchlean_bridge"]["rewrites"]] == [None, "sigmoid"]

@@ -36,6 +36,7 @@ _LAZY = {
     "load": "exporters.folder",
     "save": "exporters.folder",
     "export_torchlean": "exporters.torchlean_json",
+    "export_for_torchlean": "torchlean_bridge.app.torchlean_export",  # cut, fold, rewrite, measure, write
     "export_onnx": "exporters.onnx",
     "abi": "torchlean_bridge.app.abi",
     "bind_checkpoint": "torchlean_bridge.app.abi",

@@ -66,14 +66,6 @@ def rewrite_to_v1(bundle: Bundle, approximate: Mapping[str, str] | None = None) 
                 continue
         start = len(edit.nodes)
         emit = Emit(edit, node, const_value, lambda role, n=node.id: bundle.payload.get(n, role))
-        approximation = approximate.get(node.kind)
-        if approximation is not None:
-            lower, formula = APPROXIMATIONS[(node.kind, approximation)]
-            new = lower(emit, edit.parents(node)[0])
-            edit.replace(node, new)
-            rewrites.append(_entry(node, new, formula, f"approximation ({node.kind}={approximation})",
-                                   approximation))
-            continue
         form = V1_FORMS.get(node.kind)
         result = form.lower(emit, node, edit.parents(node)) if form is not None else None
         if isinstance(result, int):
@@ -82,6 +74,15 @@ def rewrite_to_v1(bundle: Bundle, approximate: Mapping[str, str] | None = None) 
             else:
                 edit.replace(node, result)
             rewrites.append(_entry(node, result, form.formula, form.deviation, None))
+            continue
+        approximation = approximate.get(node.kind)
+        if approximation is not None:  # only where no exact form applies
+            _roll_back(edit, start)
+            lower, formula = APPROXIMATIONS[(node.kind, approximation)]
+            new = lower(emit, edit.parents(node)[0])
+            edit.replace(node, new)
+            rewrites.append(_entry(node, new, formula, f"approximation ({node.kind}={approximation})",
+                                   approximation))
             continue
         _roll_back(edit, start)
         new = edit.keep(node)

@@ -4,15 +4,15 @@ sampled containment check (exit 1 on a counterexample)."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
 import numpy as np
 
 from ...errors import BridgeError, IntervalError
-from ...report import jsonable
-from .common import MAX_SAMPLES, bounded_int, format_vector, read_array, read_bundle
+from ..output import (add_json_argument, add_view_arguments, box_stats, box_summary, box_text, boxes_table,
+                      emit_json, format_shape, human_output, shown_nodes)
+from .common import MAX_SAMPLES, bounded_int, read_array, read_bundle
 
 HELP = "interval bounds of every node over an l-inf ball around --center, checked by sampling"
 
@@ -29,11 +29,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--products", choices=("float32", "float64"),
                    help="precision of linear/conv products, both rigorously rounded (default float32 where its "
                         "rounding costs at most 2**-9 of a width; float64 is slower and tighter by about 1e-3)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_view_arguments(p)
+    add_json_argument(p, "every node's box (lo, hi, range and widths) and the containment check")
 
 
-def _box_text(lo: np.ndarray, hi: np.ndarray) -> str:
-    return f"{format_vector(np.atleast_1d(lo))} .. {format_vector(np.atleast_1d(hi))}"
+def _text(g, boxes, args: argparse.Namespace) -> str:
+    """Per output its shape, box range and widths by default; a table with --all-nodes; boxes with --node/--full."""
+    ids = shown_nodes(g, args)
+    if args.all_nodes and not args.full and not args.node:
+        return boxes_table(g, boxes, ids)
+    if args.full or args.node:
+        return "\n".join(box_text(g, i, *boxes[i], full=args.full) for i in ids)
+    return "\n".join(f"output {k}: node {i} ({g[i].kind}) {format_shape(g[i].out_shape)}: "
+                     f"{box_summary(box_stats(*boxes[i]))}" for k, i in enumerate(ids))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,20 +77,17 @@ def run(args: argparse.Namespace) -> int:
                                        boxes=boxes)
         except IntervalError as e:
             failure = e
-    if args.json:
-        doc = {"radius": args.radius, "products": products,
-               "nodes": [{"id": n.id, "kind": n.kind, "shape": list(n.out_shape), "lo": jsonable(boxes[n.id][0]),
-                          "hi": jsonable(boxes[n.id][1])} for n in g],
+    emit_json({"radius": args.radius, "products": products,
+               "nodes": [{"id": n.id, "kind": n.kind, "shape": list(n.out_shape), **box_stats(*boxes[n.id]),
+                          "lo": boxes[n.id][0], "hi": boxes[n.id][1]} for n in g],
                "containment": (report.to_json() if report else None) if failure is None
-               else {"ok": False, "node": failure.node, "message": str(failure)}}
-        print(json.dumps(doc, allow_nan=False))
-    else:
-        for n in g:
-            print(f"node {n.id}: {_box_text(*boxes[n.id])}")
+               else {"ok": False, "node": failure.node, "message": str(failure)}}, args.json)
+    if human_output(args):
+        print(_text(g, boxes, args))
         if report is not None:
             print(report)
     if failure is not None:
-        if not args.json:
+        if human_output(args):
             print(f"counterexample: {failure}", file=sys.stderr)
         return 1
     return 0

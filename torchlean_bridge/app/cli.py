@@ -59,8 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    from .output import json_owns_stdout
     try:
-        return int(args._run(args) or 0)
+        with json_owns_stdout(args):
+            return int(args._run(args) or 0)
     except BridgeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if isinstance(e, CheckFailed) else 2

@@ -12,10 +12,12 @@ import argparse
 import io
 import json
 import math
+import os
 import shutil
 import sys
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -23,7 +25,7 @@ from ..report import jsonable
 
 __all__ = ["add_json_argument", "add_view_arguments", "format_number", "format_tensor", "format_shape",
            "Stats", "stats", "box_stats", "value_text", "values_table", "box_text", "box_summary",
-           "boxes_table", "shown_nodes", "Table", "terminal_width", "json_text", "emit_json", "human_output",
+           "boxes_table", "shown_nodes", "Table", "terminal_width", "json_text", "emit_json", "json_owns_stdout", "human_output",
            "SUMMARY_ELEMENTS"]
 
 SUMMARY_ELEMENTS = 16  # a tensor of at most this many elements is printed whole on one line
@@ -261,6 +263,24 @@ class Table:
 
 # -- JSON -----------------------------------------------------------------------------------------
 
+_json_stream: Any = None  # the real stdout while ``--json -`` silences the text (see ``json_owns_stdout``)
+
+
+@contextmanager
+def json_owns_stdout(args: argparse.Namespace) -> Iterator[None]:
+    """With ``--json -`` the command's text is discarded so that stdout carries one JSON document and
+    nothing else, whatever a command or a library prints."""
+    global _json_stream
+    if getattr(args, "json", None) != "-":
+        yield
+        return
+    _json_stream = sys.stdout
+    try:
+        with open(os.devnull, "w") as sink, redirect_stdout(sink):
+            yield
+    finally:
+        _json_stream = None
+
 def json_text(doc: Any) -> str:
     """The one JSON spelling of every command: deterministic, one line (pipe it to `jq` to read it), no
     NaN or Infinity (non-finite numbers are the strings "inf", "-inf", "nan")."""
@@ -274,8 +294,9 @@ def emit_json(doc: Any, dest: str | None) -> None:
         return
     text = json_text(doc)
     if dest == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        stream = _json_stream or sys.stdout
+        stream.write(text)
+        stream.flush()
         return
     from ..fileio import atomic_write_text
     atomic_write_text(dest, text)

@@ -6,6 +6,7 @@ import argparse
 
 from ...check import check
 from ...payload import payload_errors
+from ..output import add_json_argument, emit_json
 from .common import read_bundle
 
 HELP = "validate structure and shapes (exit 0 valid, 1 invalid)"
@@ -14,6 +15,7 @@ HELP = "validate structure and shapes (exit 0 valid, 1 invalid)"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="BUNDLE_OR_GRAPH", help="bundle folder or torchlean.ir.v1 JSON file")
     p.add_argument("--all", action="store_true", help="list every problem, not just the first")
+    add_json_argument(p, "the verdict and every problem")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
     errors = check(g, collect=True)
     if not errors and len(bundle.payload):
         errors = payload_errors(g, bundle.payload)
+    emit_json({"ok": not errors, "nodes": len(g), "inputs": list(g.inputs), "outputs": list(g.outputs),
+               "errors": [str(e) for e in errors]}, args.json)
     if not errors:
         print(f"accepted: nodes={len(g)}, inputs={list(g.inputs)}, outputs={list(g.outputs)}")
         return 0

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ...errors import BridgeError
-from ...fileio import atomic_write_text
+from ..output import add_json_argument, emit_json, human_output
 from .common import MAX_SAMPLES, bounded_int, load_factory, progress, read_array, read_bundle
 
 HELP = "differential test against PyTorch or onnxruntime; exit 1 on divergence"
@@ -31,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="N seeded input sets: normal, uniform, zeros, edge values, ... (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed for --random (default 0)")
     p.add_argument("--per-node", action="store_true", help="print every node's row, not only divergent ones")
-    p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON")
+    add_json_argument(p, "the report (per-node and per-output rows, findings, first divergence)")
     p.add_argument("--quiet", action="store_true", help="print only the verdict; no progress display")
 
 
@@ -50,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     with progress(count, "comparing inputs", args.quiet) as advance:
         report = diff(bundle, against=args.against, module=module, onnx_model=args.onnx, inputs=inputs,
                       random=args.random, seed=args.seed, advance=advance)
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n")
-    print(report.summary() if args.quiet else report.render(all_nodes=args.per_node))
+    emit_json(report.to_json(), args.json)
+    if human_output(args):
+        print(report.summary().splitlines()[0] if args.quiet else report.render(all_nodes=args.per_node))
     return 0 if report.ok else 1

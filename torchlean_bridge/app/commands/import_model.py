@@ -9,6 +9,7 @@ from typing import Any
 from ...bundle import Bundle
 from ...errors import BridgeError, CheckFailed
 from ...ops.contracts import MAX_RANK
+from ..output import add_json_argument, emit_json
 from .common import load_factory, progress
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
@@ -39,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ONNX: freeze graph input NAME to the array in FILE.npy (shapes, axes, pads, weights given "
                         "as inputs); what follows from it folds at import. Repeat per input")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    add_json_argument(p, "what was imported (summary, notes, the checkpoint binding)")
 
 
 def parse_input_shape(text: str) -> tuple[tuple[int, ...], str]:
@@ -124,7 +126,7 @@ def import_source(args: argparse.Namespace) -> Bundle:
     return import_export(model, inputs, decompose=args.decompose)
 
 
-def bind_weights(bundle: Bundle, path: str, source: str) -> Bundle:
+def bind_weights(bundle: Bundle, path: str, source: str) -> tuple[Bundle, Any]:
     """Bind the checkpoint; an ONNX file's renamed weights (``onnx::MatMul_14``) first take the
     checkpoint's keys where the values prove them."""
     from importers.checkpoints import load_checkpoint
@@ -137,7 +139,7 @@ def bind_weights(bundle: Bundle, path: str, source: str) -> Bundle:
     print(str(report))
     if not report.ok:
         raise CheckFailed(f"--checkpoint {path}: the checkpoint does not fit the imported graph (see above)")
-    return bound
+    return bound, report
 
 
 def summary_lines(bundle: Bundle) -> list[str]:
@@ -161,12 +163,17 @@ def run(args: argparse.Namespace) -> int:
     with progress(3, "importing", args.quiet) as advance:
         bundle = import_source(args)
         advance()
+        binding = None
         if args.checkpoint:
-            bundle = bind_weights(bundle, args.checkpoint, args.source)
+            bundle, binding = bind_weights(bundle, args.checkpoint, args.source)
         advance()
         save(bundle, args.output)
         advance()
     how = "onnx" if args.source.endswith(".onnx") else args.via + (" (core ATen)" if args.decompose else "")
+    emit_json({"source": args.source, "via": how, "output": str(args.output), **bundle.summary(),
+               "keys_bound": len(bundle.roles), "notes": list(bundle.report.get("notes", ())),
+               "unused_tensors": list(bundle.report.get("unused_tensors") or ()),
+               "binding": binding.to_json() if binding is not None else None}, args.json)
     print(f"imported {args.source} via {how}")
     for line in summary_lines(bundle):
         print(line)

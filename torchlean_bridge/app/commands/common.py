@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,13 +14,20 @@ import numpy as np
 from ...bundle import Bundle
 from ...errors import BridgeError
 
-__all__ = ["read_bundle", "read_array", "progress", "format_vector", "load_factory", "bounded_int", "MAX_SAMPLES"]
+__all__ = ["refuse_existing", "read_bundle", "read_array", "progress", "format_vector", "load_factory", "bounded_int", "MAX_SAMPLES"]
 
 
 def read_bundle(path: str) -> Bundle:
     """A bundle folder, or a single torchlean.ir.v1 document (payload inline or absent)."""
     from exporters.folder import load
     return load(Path(path))
+
+
+def refuse_existing(folder: str, force: bool) -> None:
+    """An output folder that exists is replaced only with ``--force`` (and then only if it holds a
+    bundle: the writer refuses a folder of other files)."""
+    if not force and (os.path.lexists(folder)):
+        raise BridgeError(f"{folder} exists; give --force to replace it")
 
 
 MAX_SAMPLES = 10_000  # sampled or generated input sets a command evaluates, one at a time

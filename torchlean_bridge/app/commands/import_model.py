@@ -10,7 +10,7 @@ from ...bundle import Bundle
 from ...errors import BridgeError, CheckFailed
 from ...ops.contracts import MAX_RANK
 from ..output import add_json_argument, emit_json
-from .common import load_factory, progress
+from .common import load_factory, progress, refuse_existing
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
 DESCRIPTION = (
@@ -28,6 +28,7 @@ MAX_EXAMPLE_ELEMENTS = 2 ** 26  # an example input is materialized to trace the 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SOURCE", help="model.onnx or path/to/file.py:factory")
     p.add_argument("-o", "--output", metavar="FOLDER", required=True, help="bundle folder to write")
+    p.add_argument("--force", action="store_true", help="replace FOLDER if it exists (a bundle folder only)")
     p.add_argument("--via", choices=("export", "fx"), default="export",
                    help="PyTorch capture: torch.export (default) or torch.fx symbolic tracing")
     p.add_argument("--decompose", action="store_true", help="with --via export: lower core ATen "
@@ -160,6 +161,7 @@ def summary_lines(bundle: Bundle) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from exporters.folder import save
+    refuse_existing(args.output, args.force)
     with progress(3, "importing", args.quiet) as advance:
         bundle = import_source(args)
         advance()

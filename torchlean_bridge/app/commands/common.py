@@ -20,7 +20,35 @@ __all__ = ["refuse_existing", "read_bundle", "read_array", "progress", "format_v
 def read_bundle(path: str) -> Bundle:
     """A bundle folder, or a single torchlean.ir.v1 document (payload inline or absent)."""
     from exporters.folder import load
+    sniff_document(path)
     return load(Path(path))
+
+
+def sniff_document(path: str) -> None:
+    """Refuse, in the command line's words, a file that cannot be a graph document (an ONNX model, a
+    checkpoint, text), before the JSON reader reports a decoding error."""
+    if not os.path.isfile(path):
+        return  # a folder (the bundle reader names what is missing) or nothing (it says so)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return  # the reader reports it
+    start = head.lstrip()[:1]
+    if start == b"{":
+        return
+    hint = f"run `torchlean-bridge import {path} -o FOLDER` and give FOLDER instead"
+    if path.endswith(".onnx") or head[:1] == b"\x08":
+        raise BridgeError(f"{path} is an ONNX model, not a bundle: {hint}")
+    if head.startswith(NPY_MAGIC):
+        raise BridgeError(f"{path} is a .npy array, not a bundle (arrays go to --input / --center)")
+    if path.endswith((".pt", ".pth", ".safetensors")):
+        raise BridgeError(f"{path} is a checkpoint, not a bundle (checkpoints go to --checkpoint)")
+    raise BridgeError(f"{path} is not a bundle: expected a bundle folder or a torchlean.ir.v1 JSON document; "
+                      f"a model becomes one with `torchlean-bridge import MODEL.onnx -o FOLDER`")
+
+
+NPY_MAGIC = b"\x93NUMPY"
 
 
 def refuse_existing(folder: str, force: bool) -> None:
@@ -47,6 +75,12 @@ def read_array(path: str) -> np.ndarray:
     from ...ops.contracts import DEFAULT_ELEMENT_LIMIT
     if regular_file_size(path, "array") == 0:
         raise BridgeError(f"cannot read array {path}: the file is empty")
+    with open(path, "rb") as f:
+        head = f.read(len(NPY_MAGIC))
+    if head[:2] == b"PK":
+        raise BridgeError(f"cannot read array {path}: expected one .npy array, got an archive (.npz)")
+    if head != NPY_MAGIC:
+        raise BridgeError(f"cannot read array {path}: not a .npy file (write one with numpy.save)")
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:

@@ -68,14 +68,19 @@ def test_tensors_truncate_numpy_style_and_stay_whole_when_small():
     assert (s.min, s.max, s.mean, s.nonfinite) == (-3.0, 1.0, -1.0, 1)
 
 
-def test_tables_fit_the_width_they_are_given():
-    t = Table(["key", "shape", "value"], numeric=["value"])
-    for i in range(5):
-        t.add(f"encoder.layers.{i}.self_attn.in_proj_weight" * 2, "[1536, 512]", 0.5 * i)
+def test_tables_fit_the_width_they_are_given_and_never_drop_a_column():
+    t = Table(["key", "shape", "value"], numeric=["value"], wrap=["key"])
+    keys = [f"encoder.layers.{i}.self_attn.in_proj_weight" * 2 for i in range(5)]
+    for i, key in enumerate(keys):
+        t.add(key, "[1536, 512]", 0.5 * i)
     for width in (60, 100):
         lines = t.render(width).splitlines()
         assert lines[0].split() == ["key", "shape", "value"]
         assert max(map(len, lines)) <= width
+        assert "".join(line.split()[0] for line in lines[1:] if not line.startswith(" ")).count("encoder") >= 5
+        assert sum("[1536, 512]" in line for line in lines) == 5 and "2.000000" in lines[-1] + "".join(lines)
+    narrow = t.render(20).splitlines()  # too narrow for whole columns: wider than asked, nothing lost
+    assert sum("[1536, 512]" in line for line in narrow) == 5 and sum("2.000000" in line for line in narrow) == 1
 
 
 def test_eval_on_a_wide_model_prints_one_screen(wide):
@@ -129,3 +134,16 @@ def test_bounds_on_a_wide_model_summarizes_per_output(wide):
 def test_bad_node_id_is_named(wide):
     r = cli("eval", str(wide / "seed"), "--input", str(wide / "x0.npy"), "--node", "9")
     assert r.returncode == 2 and "--node 9: the graph has nodes 0..5" in r.stderr
+
+
+def test_diff_table_columns_fit_their_content():
+    from torchlean_bridge.app.diff import DiffReport, NodeDiff
+    from torchlean_bridge.app.output import diff_table
+    long_op, long_cp = "hard_masked_softmax_with_a_long_name", "encoder.layers.0.self_attn.out_proj/MatMul_output_0"
+    report = DiffReport("diff against onnxruntime", against="onnxruntime")
+    report.nodes = [NodeDiff(3, long_op, long_cp, max_abs=1.5e-7, budget=2e-6, status="ok")]
+    report.outputs = [NodeDiff(3, long_op, long_cp, max_abs=1.5e-7, budget=2e-6, status="ok", output=0)]
+    lines = diff_table(report, all_nodes=True).splitlines()
+    rows = [line for line in lines if line.lstrip().startswith(("node 3", "output 0"))]
+    assert len(rows) == 2 and all(long_op in row and "1.50e-07" in row for row in rows)
+    assert "".join(line.strip() for line in lines).count("encoder.layers.0") == 2 and max(map(len, lines)) <= 120

@@ -25,7 +25,7 @@ from ..report import jsonable
 
 __all__ = ["add_json_argument", "add_view_arguments", "format_number", "format_tensor", "format_shape",
            "Stats", "stats", "box_stats", "value_text", "values_table", "box_text", "box_summary",
-           "boxes_table", "shown_nodes", "Table", "terminal_width", "json_text", "emit_json", "json_owns_stdout", "human_output",
+           "boxes_table", "shown_nodes", "Table", "terminal_width", "format_short", "abi_table", "plan_table", "diff_table", "diff_text", "json_text", "emit_json", "json_owns_stdout", "human_output",
            "SUMMARY_ELEMENTS"]
 
 SUMMARY_ELEMENTS = 16  # a tensor of at most this many elements is printed whole on one line
@@ -72,6 +72,18 @@ def format_number(v: Any, digits: int = _DIGITS) -> str:
     if 10 ** -(digits - 2) <= abs(f) < 1e9:
         return f"{f:.{digits}f}"
     return f"{f:.{digits}e}"
+
+
+def format_short(v: float | None) -> str:
+    """Three significant digits, for error figures and budgets in tables."""
+    if v is None:
+        return "-"
+    f = float(v)
+    if f == 0:
+        return "0"
+    if not math.isfinite(f):
+        return "nan" if math.isnan(f) else ("inf" if f > 0 else "-inf")
+    return f"{f:.3g}" if 1e-3 <= abs(f) < 1e4 else f"{f:.2e}"
 
 
 def format_shape(shape: Iterable[int]) -> str:
@@ -233,12 +245,18 @@ def terminal_width() -> int:
     return max(40, shutil.get_terminal_size((120, 24)).columns)
 
 
-class Table:
-    """Rows of cells rendered by rich to fit ``width``: right-aligned numbers, long cells wrapped
-    inside their column rather than the line."""
+_MIN_FOLD = 12  # a folding column keeps at least this many characters a line
 
-    def __init__(self, columns: Sequence[str], numeric: Sequence[str] = (), title: str | None = None):
+
+class Table:
+    """Rows of cells rendered by rich to fit ``width``: right-aligned numbers; the ``wrap`` columns
+    (names, keys, statuses; the last column by default) fold long cells inside the column, every other
+    column keeps its cells whole."""
+
+    def __init__(self, columns: Sequence[str], numeric: Sequence[str] = (), wrap: Sequence[str] = (),
+                 title: str | None = None):
         self.columns, self.numeric, self.title = list(columns), set(numeric), title
+        self.wrap = set(wrap) or {self.columns[-1]}
         self.rows: list[list[str]] = []
 
     def add(self, *cells: Any) -> None:
@@ -252,13 +270,84 @@ class Table:
         t = RichTable(box=None, show_edge=False, pad_edge=False, title=self.title, title_justify="left",
                       header_style="", title_style="")
         for name in self.columns:
-            t.add_column(name, justify="right" if name in self.numeric else "left", overflow="fold")
+            t.add_column(name, justify="right" if name in self.numeric else "left", overflow="fold",
+                         no_wrap=name not in self.wrap)
         for row in self.rows:
             t.add_row(*row)
         buf = io.StringIO()
-        Console(file=buf, width=width or terminal_width(), color_system=None, highlight=False, markup=False,
+        # never narrower than whole unwrapped columns plus folded ones of _MIN_FOLD: rich would drop columns
+        natural = [max(len(c) for c in [name, *(r[i] for r in self.rows)]) for i, name in enumerate(self.columns)]
+        needed = sum(min(w, _MIN_FOLD) if name in self.wrap else w for name, w in zip(self.columns, natural))
+        needed += 2 * (len(self.columns) - 1)
+        Console(file=buf, width=max(width or terminal_width(), needed), color_system=None, highlight=False, markup=False,
                 emoji=False).print(t)
         return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
+
+
+# -- report tables (abi, plan, diff) -------------------------------------------------------------
+
+def abi_table(slots: Any, squares: Sequence[str] = ()) -> str:
+    """The ABI's slots as a table, then its totals, ambiguity groups and the keys of square matrices."""
+    t = Table(["slot", "node", "op", "role", "shape", "dtype", "params", "key"], numeric=["slot", "node", "params"])
+    for s in slots:
+        t.add(str(s.index), str(s.node), s.op, s.role, format_shape(s.shape), s.dtype, str(s.size),
+              (s.key or "-") + (f" ({s.transform})" if s.transform else ""))
+    lines = [t.render()]
+    unbound = len(slots.unbound())
+    lines.append(f"total: {len(slots)} slots, {slots.num_parameters} parameters"
+                 + (f", {unbound} unbound" if unbound else ""))
+    lines.append(f"shapes: {slots.shapes}")
+    groups = slots.ambiguity_groups()
+    if groups:
+        lines.append("ambiguity groups (same shape and dtype: a swap passes every key and shape check):")
+        lines.extend(f"  {g.describe()}" for g in groups)
+    if squares:
+        lines.append(f"square matrices (a transpose passes the shape check): {', '.join(squares)}")
+    return "\n".join(lines)
+
+
+def plan_table(plan: Any) -> str:
+    """One row per planned kernel: node, kind, backend op, capsule and its four states."""
+    yes = {True: "yes", False: "no"}
+    t = Table(["node", "kind", "backend op", "capsule", "ext", "registered", "selectable", "executable", "proved"],
+              numeric=["node"], wrap=["capsule", "backend op"])
+    for k in plan.kernels:
+        s = k.states
+        t.add(str(k.node), k.kind, k.op, k.capsule.name, yes[k.capsule.ext], yes[s["registered"]],
+              yes[s["selectable"]], yes[s["executable"]], yes[s["proved"]])
+    return t.render()
+
+
+def diff_table(report: Any, all_nodes: bool = False) -> str:
+    """The compared nodes (all, or the divergent ones) and the outputs: errors against the budget."""
+    t = Table(["", "op", "counterpart", "max abs", "max rel", "ulps", "budget", "vs exact", "status"],
+              numeric=["", "max abs", "max rel", "ulps", "budget"], wrap=["counterpart", "status"])
+
+    def row(label: str, r: Any) -> None:
+        status = r.status + (f" on {r.diverged_on}" if r.diverged and r.diverged_on else "")
+        if r.problem:
+            status += f" ({r.problem})"
+        exact = "-" if r.exact_ulps is None else "=" if r.exact_ulps == 0 else f"{format_short(r.exact_ulps)} ulp"
+        figures = ([""] * 4 if r.status == "no counterpart"
+                   else [format_short(x) for x in (r.max_abs, r.max_rel, r.max_ulp, r.budget)])
+        t.add(label, r.op, r.counterpart or "-", *figures, exact, status)
+
+    for r in report.nodes:
+        if all_nodes or r.diverged:
+            row(f"node {r.node}", r)
+    for r in report.outputs:
+        row(f"output {r.output}", r)
+    return t.render()
+
+
+def diff_text(report: Any, all_nodes: bool = False) -> str:
+    """A diff report for people: the verdict, the table, the findings besides the first divergence."""
+    lines = [report.summary(), diff_table(report, all_nodes)]
+    notable = [f for f in report.findings if f is not report.first_divergence]
+    if notable:
+        lines.append("findings:")
+        lines.extend(f"  [{f.severity}] {f.kind}: {f.message}" for f in notable)
+    return "\n".join(lines)
 
 
 # -- JSON -----------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ...errors import BridgeError
-from ..output import add_json_argument, emit_json, human_output
+from ..output import add_json_argument, diff_text, emit_json, human_output
 from .common import MAX_SAMPLES, bounded_int, load_factory, progress, read_array, read_bundle
 
 HELP = "differential test against PyTorch or onnxruntime; exit 1 on divergence"
@@ -51,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
                       random=args.random, seed=args.seed, advance=advance)
     emit_json(report.to_json(), args.json)
     if human_output(args):
-        print(report.summary().splitlines()[0] if args.quiet else report.render(all_nodes=args.per_node))
+        print(report.summary().splitlines()[0] if args.quiet else diff_text(report, all_nodes=args.per_node))
     return 0 if report.ok else 1

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..kernel_plan import DEVICES, PROVIDERS, KernelPolicy, plan_kernels, save_plan
-from ..output import add_json_argument, emit_json, human_output
+from ..output import add_json_argument, diff_text, emit_json, human_output
 from .common import read_bundle
 
 HELP = "plan a kernel capsule per runtime node (TorchLean's GraphKernelPlan) and report each capsule's states"
@@ -53,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
     report = diff(bundle, against="plan", plan=plan, random=args.random)
     emit_json({**plan.to_json(), "diff": report.to_json()}, args.json)
     if human_output(args):
-        print(report.render(all_nodes=True))
+        print(diff_text(report, all_nodes=True))
     return 0 if report.ok else 1

@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="precision of linear/conv products, both rigorously rounded (default float32 where its "
                         "rounding costs at most 2**-9 of a width; float64 is slower and tighter by about 1e-3)")
     add_view_arguments(p)
+    p.add_argument("--plot", metavar="FILE.png", help="draw every node's box width (log scale) to FILE (.png, .svg, "
+                                                     ".pdf; needs matplotlib: the `plot` extra)")
     add_json_argument(p, "every node's box (lo, hi, range and widths) and the containment check")
 
 
@@ -52,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         raise BridgeError(f"bounds: --radius must be a finite number >= 0, got {args.radius}")
     bounded_int(args.samples, "bounds: --samples", 0, MAX_SAMPLES)
     bounded_int(args.seed, "bounds: --seed")
+    if args.plot:
+        from ..plots import check_target
+        check_target(args.plot)
     bundle = read_bundle(args.path)
     g = bundle.graph
     centers = [read_array(f) for f in args.center]
@@ -82,10 +87,16 @@ def run(args: argparse.Namespace) -> int:
                           "lo": boxes[n.id][0], "hi": boxes[n.id][1]} for n in g],
                "containment": (report.to_json() if report else None) if failure is None
                else {"ok": False, "node": failure.node, "message": str(failure)}}, args.json)
+    if args.plot:
+        from ..plots import plot_widths
+        plot_widths(g, boxes, args.plot, f"interval box width per node (l-inf radius {args.radius:g}, "
+                                         f"{products} products)")
     if human_output(args):
         print(_text(g, boxes, args))
         if report is not None:
             print(report)
+        if args.plot:
+            print(f"wrote {args.plot}")
     if failure is not None:
         if human_output(args):
             print(f"counterexample: {failure}", file=sys.stderr)

@@ -32,12 +32,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-node", action="store_true", help="print every node's row, not only divergent ones")
     add_json_argument(p, "the report (per-node and per-output rows, findings, first divergence)")
     p.add_argument("--quiet", action="store_true", help="print only the verdict; no progress display")
+    p.add_argument("--plot", metavar="FILE.png", help="draw error / budget per node (log scale, first divergence "
+                                                     "marked) to FILE (.png, .svg, .pdf; needs matplotlib)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..diff import diff
     bounded_int(args.random, "diff: --random", 0, MAX_SAMPLES)
     bounded_int(args.seed, "diff: --seed")
+    if args.plot:
+        from ..plots import check_target
+        check_target(args.plot)
     bundle = read_bundle(args.bundle)
     if args.against == "torch" and not args.reference:
         raise BridgeError("--against torch needs --reference FILE.py:FACTORY")
@@ -50,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
         report = diff(bundle, against=args.against, module=module, onnx_model=args.onnx, inputs=inputs,
                       random=args.random, seed=args.seed, advance=advance)
     emit_json(report.to_json(), args.json)
+    if args.plot:
+        from ..plots import plot_diff
+        plot_diff(report, args.plot)
+        if human_output(args) and not args.quiet:
+            print(f"wrote {args.plot}")
     if human_output(args):
         print(report.summary().splitlines()[0] if args.quiet else diff_text(report, all_nodes=args.per_node))
     return 0 if report.ok else 1

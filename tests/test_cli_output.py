@@ -147,3 +147,42 @@ def test_diff_table_columns_fit_their_content():
     rows = [line for line in lines if line.lstrip().startswith(("node 3", "output 0"))]
     assert len(rows) == 2 and all(long_op in row and "1.50e-07" in row for row in rows)
     assert "".join(line.strip() for line in lines).count("encoder.layers.0") == 2 and max(map(len, lines)) <= 120
+
+
+def test_bounds_crown_is_tighter_and_still_contains_the_samples(wide):
+    args = ["bounds", str(wide / "b"), "--center", str(wide / "x.npy"), "--radius", "0.05", "--samples", "8",
+            "--json", "-"]
+    ibp, crown = (json.loads(cli(*args, "--method", m).stdout) for m in ("ibp", "crown"))
+    assert (ibp["method"], crown["method"]) == ("ibp", "crown") and crown["containment"]["ok"] is True
+    assert crown["nodes"][4]["width_mean"] < 0.5 * ibp["nodes"][4]["width_mean"]
+    assert np.all(np.asarray(crown["nodes"][4]["lo"]) >= np.asarray(ibp["nodes"][4]["lo"]) - 1e-9)
+
+
+def _on_a_terminal(argv: list[str]) -> tuple[subprocess.CompletedProcess, bytes]:
+    """Run the CLI with stderr on a pseudo-terminal; (the run, what was drawn there)."""
+    import pty
+    master, slave = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100")
+    proc = subprocess.run([sys.executable, "-m", "torchlean_bridge", *argv], stdout=subprocess.PIPE, stderr=slave,
+                          cwd=ROOT, env=env, timeout=300)
+    os.close(slave)
+    drawn = b""
+    try:
+        while chunk := os.read(master, 65536):
+            drawn += chunk
+    except OSError:  # the pty's writer is gone
+        pass
+    os.close(master)
+    return proc, drawn
+
+
+def test_progress_moves_on_a_terminal_and_stays_off_pipes(wide):
+    argv = ["bounds", str(wide / "b"), "--center", str(wide / "x.npy"), "--radius", "0.05", "--method", "crown",
+            "--samples", "200"]
+    proc, drawn = _on_a_terminal(argv)
+    assert proc.returncode == 0 and b"bounds: crown bounds of 5 nodes" in drawn
+    assert b"\x1b[" not in proc.stdout  # the text on stdout carries no drawing
+    piped = cli(*argv)
+    assert piped.stderr == "" and piped.stdout.encode() == proc.stdout
+    quiet, drawn = _on_a_terminal([*argv, "--quiet"])
+    assert quiet.stdout == proc.stdout and drawn == b""

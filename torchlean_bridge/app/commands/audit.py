@@ -52,8 +52,11 @@ def run(args: argparse.Namespace) -> int:
         from .common import load_factory
         reference = load_factory(args.reference, "--reference")
     inputs = [read_array(p) for p in args.input] or None
-    report = audit(bundle, ckpt, reference=reference, inputs=inputs, tolerance=args.tolerance,
-                   samples=args.samples, seed=args.seed, strict=not args.no_strict)
+    from .common import phases
+    with phases(f"auditing {args.checkpoint}", args.quiet) as step:
+        step("binding, comparing, searching swaps")
+        report = audit(bundle, ckpt, reference=reference, inputs=inputs, tolerance=args.tolerance,
+                       samples=args.samples, seed=args.seed, strict=not args.no_strict)
     emit_json(report.to_json(), args.json)
     if human_output(args):
         print(report)

@@ -14,7 +14,8 @@ import numpy as np
 from ...bundle import Bundle
 from ...errors import BridgeError
 
-__all__ = ["refuse_existing", "read_bundle", "read_array", "progress", "format_vector", "load_factory", "bounded_int", "MAX_SAMPLES"]
+__all__ = ["refuse_existing", "read_bundle", "sniff_document", "read_array", "progress", "phases", "format_vector",
+           "load_factory", "bounded_int", "MAX_SAMPLES"]
 
 
 def read_bundle(path: str) -> Bundle:
@@ -101,16 +102,39 @@ def format_vector(a: Any, digits: int = 6) -> str:
     return "[" + ", ".join(f"{float(v):.{digits}f}" for v in arr.reshape(-1)) + "]"
 
 
+def _shows_progress(quiet: bool) -> bool:
+    """Progress is drawn on stderr when it is a terminal, never with --quiet or into a pipe or file."""
+    return not quiet and sys.stderr.isatty()
+
+
 @contextmanager
 def progress(total: int | None, description: str, quiet: bool = False) -> Iterator[Any]:
-    """A rich progress bar on a terminal; silent when piped or quiet. Yields ``advance(n=1)``."""
-    if quiet or not sys.stderr.isatty():
+    """A rich progress bar on stderr when it is a terminal; silent when piped or quiet. Yields
+    ``advance(n=1)``."""
+    if not _shows_progress(quiet):
         yield lambda n=1: None
         return
+    from rich.console import Console
     from rich.progress import Progress
-    with Progress(transient=True) as bar:
+    with Progress(*Progress.get_default_columns(), transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n=1: bar.advance(task, n)
+
+
+@contextmanager
+def phases(description: str, quiet: bool = False) -> Iterator[Any]:
+    """For work done in a few long calls: a spinner with the current phase and the elapsed time,
+    redrawn by rich's own thread so it moves while a call runs (stderr, terminal only). Yields
+    ``step(text)``."""
+    if not _shows_progress(quiet):
+        yield lambda text: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True,
+                  console=Console(stderr=True)) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda text: bar.update(task, description=f"{description}: {text}")
 
 
 def iterate(items: Iterable[Any], total: int | None, description: str, quiet: bool = False) -> Iterator[Any]:

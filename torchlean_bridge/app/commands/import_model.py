@@ -10,7 +10,7 @@ from ...bundle import Bundle
 from ...errors import BridgeError, CheckFailed
 from ...ops.contracts import MAX_RANK
 from ..output import add_json_argument, emit_json
-from .common import load_factory, progress, refuse_existing
+from .common import load_factory, phases, refuse_existing
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
 DESCRIPTION = (
@@ -162,15 +162,15 @@ def summary_lines(bundle: Bundle) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from exporters.folder import save
     refuse_existing(args.output, args.force)
-    with progress(3, "importing", args.quiet) as advance:
+    with phases(f"importing {args.source}", args.quiet) as step:
+        step("capturing and lowering")
         bundle = import_source(args)
-        advance()
         binding = None
         if args.checkpoint:
+            step(f"binding {args.checkpoint}")
             bundle, binding = bind_weights(bundle, args.checkpoint, args.source)
-        advance()
+        step(f"writing {args.output}")
         save(bundle, args.output)
-        advance()
     how = "onnx" if args.source.endswith(".onnx") else args.via + (" (core ATen)" if args.decompose else "")
     emit_json({"source": args.source, "via": how, "output": str(args.output), **bundle.summary(),
                "keys_bound": len(bundle.roles), "notes": list(bundle.report.get("notes", ())),

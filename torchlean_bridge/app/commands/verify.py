@@ -29,7 +29,10 @@ def run(args: argparse.Namespace) -> int:
     from ..verify import verify_files
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise BridgeError(f"verify: --timeout must be a positive number of seconds, got {args.timeout}")
-    result = verify_files(args.model, args.property, method=args.method, timeout=args.timeout, seed=args.seed)
+    from .common import phases
+    with phases(f"verify ({args.method})", args.quiet) as step:
+        step(f"bounding and searching, at most {args.timeout:g} s")
+        result = verify_files(args.model, args.property, method=args.method, timeout=args.timeout, seed=args.seed)
     emit_json(result.to_json(), args.json)
     if human_output(args):
         print(result)

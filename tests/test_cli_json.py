@@ -98,6 +98,22 @@ def test_import_json(seed, tmp_path):
     assert {"nodes", "inputs", "outputs", "ops", "v1_blocking", "notes", "keys_bound", "binding"} <= set(doc)
 
 
+def test_import_and_abi_count_parameters_the_same_way(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    const = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.arange(4, dtype=np.float32)))
+    nodes = [const, helper.make_node("Add", ["x", "c"], ["y"]), helper.make_node("MatMul", ["y", "W"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3])],
+                          [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "c.onnx"))
+    imported = doc_of("import", str(tmp_path / "c.onnx"), "-o", str(tmp_path / "b"), "--json")
+    slots = doc_of("abi", str(tmp_path / "b"), "--json")
+    assert imported["parameters"] == slots["parameters"] == sum(np.prod(s["shape"]) for s in slots["slots"])
+    assert imported["constant_values"] == 4 and imported["constant_tensors"] == 1
+    assert imported["parameters"] + imported["constant_values"] == tlb.load(tmp_path / "b").payload.num_parameters()
+
+
 def test_diff_json_on_stdout_and_in_a_file(seed, tmp_path):
     doc = doc_of("diff", str(seed / "seed"), "--against", "onnxruntime", "--random", "2", "--json", "-")
     assert doc["ok"] is True and doc["first_divergence"] is None and len(doc["inputs"]) == 2

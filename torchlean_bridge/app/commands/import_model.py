@@ -143,11 +143,25 @@ def bind_weights(bundle: Bundle, path: str, source: str) -> tuple[Bundle, Any]:
     return bound, report
 
 
+def counts(bundle: Bundle) -> dict[str, int]:
+    """One definition of "parameters", the ABI's (``abi`` prints the same figure): the values of its
+    slots, i.e. the parameter roles of parameter-bearing ops and every tensor bound to a checkpoint key.
+    Constants the importer made (folded shapes, masks, literals) are counted apart."""
+    from ..abi import abi
+    slots = abi(bundle)
+    total = bundle.payload.num_parameters()
+    return {"parameters": slots.num_parameters, "parameter_tensors": len(slots),
+            "constant_values": total - slots.num_parameters, "constant_tensors": len(bundle.payload) - len(slots)}
+
+
 def summary_lines(bundle: Bundle) -> list[str]:
-    s = bundle.summary()
+    s, c = bundle.summary(), counts(bundle)
     ops = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in s["ops"].items())
+    consts = (f"; constants: {c['constant_values']} values in {c['constant_tensors']} tensors"
+              if c["constant_tensors"] else "")
     lines = [f"nodes: {s['nodes']} ({len(s['inputs'])} input(s), {len(s['outputs'])} output(s))",
-             f"parameters: {s['parameters']} values in {s['tensors']} tensors, {len(bundle.roles)} keys bound",
+             f"parameters: {c['parameters']} values in {c['parameter_tensors']} tensors (the ABI's slots), "
+             f"{len(bundle.roles)} keys bound{consts}",
              f"ops used: {ops}"]
     blocking = s["v1_blocking"]
     lines.append("torchlean.ir.v1 export: " + ("blocked by " + "; ".join(blocking) if blocking
@@ -172,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         step(f"writing {args.output}")
         save(bundle, args.output)
     how = "onnx" if args.source.endswith(".onnx") else args.via + (" (core ATen)" if args.decompose else "")
-    emit_json({"source": args.source, "via": how, "output": str(args.output), **bundle.summary(),
+    emit_json({"source": args.source, "via": how, "output": str(args.output), **bundle.summary(), **counts(bundle),
                "keys_bound": len(bundle.roles), "notes": list(bundle.report.get("notes", ())),
                "unused_tensors": list(bundle.report.get("unused_tensors") or ()),
                "binding": binding.to_json() if binding is not None else None}, args.json)

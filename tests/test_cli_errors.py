@@ -87,3 +87,21 @@ def test_warnings_stay_off_stderr_unless_verbose(tmp_path):
     loud = cli("import", f"{tmp_path / 'm.py'}:make", "--input-shape", "2", "-o", str(tmp_path / "b"), "--force",
                "--verbose")
     assert loud.returncode == 0 and "UserWarning: factory warning" in loud.stderr and "FutureWarning" in loud.stderr
+
+
+def test_library_advice_is_given_in_the_flags_words(tmp_path):
+    g = tlb.Graph([tlb.Node(0, [], "input", [4]), tlb.Node(1, [0], "layernorm", [4], {"axis": 0})])
+    tlb.save(tlb.Bundle(g, tlb.Payload({1: {"weight": np.ones(4), "bias": np.zeros(4)}})), tmp_path / "ln")
+    r = cli("init", str(tmp_path / "ln"), "-o", str(tmp_path / "out"))
+    assert r.returncode == 2 and "(give --scheme zeros)" in r.stderr and "scheme='zeros'" not in r.stderr
+    assert cli("init", str(tmp_path / "ln"), "-o", str(tmp_path / "out"), "--scheme", "zeros").returncode == 0
+
+
+@pytest.mark.slow
+def test_an_untraceable_model_is_told_to_use_via_export(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import torch\n\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return x if x.sum() > 0 else -x\n\n\ndef make():\n    return M()\n")
+    r = cli("import", f"{tmp_path / 'm.py'}:make", "--via", "fx", "--input-shape", "2", "-o", str(tmp_path / "b"))
+    assert r.returncode == 2 and "import with --via export (torch.export) instead" in r.stderr
+    assert "import_export" not in r.stderr

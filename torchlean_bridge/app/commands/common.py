@@ -14,7 +14,7 @@ import numpy as np
 from ...bundle import Bundle
 from ...errors import BridgeError
 
-__all__ = ["refuse_existing", "read_bundle", "sniff_document", "read_array", "progress", "phases", "format_vector",
+__all__ = ["refuse_existing", "read_bundle", "sniff_document", "read_array", "progress", "phases", "in_cli_words", "CLI_WORDS", "format_vector",
            "load_factory", "bounded_int", "MAX_SAMPLES"]
 
 
@@ -57,6 +57,29 @@ def refuse_existing(folder: str, force: bool) -> None:
     bundle: the writer refuses a folder of other files)."""
     if not force and (os.path.lexists(folder)):
         raise BridgeError(f"{folder} exists; give --force to replace it")
+
+
+# the library's advice in Python terms -> the same advice as the command line spells it
+CLI_WORDS = {
+    "(use scheme='zeros')": "(give --scheme zeros)",
+    "; use import_export (torch.export) instead": "; import with --via export (torch.export) instead",
+}
+
+
+@contextmanager
+def in_cli_words() -> Iterator[None]:
+    """A BridgeError raised inside says what to do with the command's flags, not the Python API's
+    arguments (``--scheme zeros``, not ``scheme='zeros'``)."""
+    try:
+        yield
+    except BridgeError as e:
+        text = e.message
+        for python, cli in CLI_WORDS.items():
+            text = text.replace(python, cli)
+        if text != e.message:
+            e.message = text
+            e.args = (text, *e.args[1:])
+        raise
 
 
 MAX_SAMPLES = 10_000  # sampled or generated input sets a command evaluates, one at a time

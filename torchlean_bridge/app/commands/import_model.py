@@ -10,7 +10,7 @@ from ...bundle import Bundle
 from ...errors import BridgeError, CheckFailed
 from ...ops.contracts import MAX_RANK
 from ..output import add_json_argument, emit_json
-from .common import load_factory, phases, refuse_existing
+from .common import in_cli_words, load_factory, phases, refuse_existing
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
 DESCRIPTION = (
@@ -178,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     refuse_existing(args.output, args.force)
     with phases(f"importing {args.source}", args.quiet) as step:
         step("capturing and lowering")
-        bundle = import_source(args)
+        with in_cli_words():
+            bundle = import_source(args)
         binding = None
         if args.checkpoint:
             step(f"binding {args.checkpoint}")

@@ -10,7 +10,7 @@ import numpy as np
 from ...bundle import Bundle
 from ...seeded_init import SCHEMES, init_params
 from ..output import add_json_argument, emit_json
-from .common import format_vector, read_bundle, refuse_existing
+from .common import format_vector, in_cli_words, read_bundle, refuse_existing
 
 HELP = "write a copy of a bundle whose parameters are initialized deterministically (TorchLean's seeded init)"
 _PRINT_LIMIT = 64  # tensors up to this many elements are printed in full
@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from exporters.folder import save
     refuse_existing(args.output, args.force)
     bundle = read_bundle(args.path)
-    payload = init_params(bundle, scheme=args.scheme, seed=args.seed)
+    with in_cli_words():
+        payload = init_params(bundle, scheme=args.scheme, seed=args.seed)
     report = dict(bundle.report)
     report["initialized"] = {"scheme": args.scheme, "seed": args.seed}
     out = save(Bundle(bundle.graph, payload, bundle.roles, report), Path(args.output))

@@ -78,7 +78,8 @@ def test_every_command_accepts_quiet_and_verbose():
 @pytest.mark.slow
 def test_warnings_stay_off_stderr_unless_verbose(tmp_path):
     (tmp_path / "m.py").write_text(
-        "import warnings\nimport torch\n\n\ndef make():\n"
+        "import logging\nimport warnings\nimport torch\n\n\ndef make():\n"
+        "    logging.getLogger('torch.export').warning('a multi-line graph dump')\n"
         "    warnings.warn('factory warning', UserWarning)\n"
         "    warnings.warn('old spelling', FutureWarning)\n"
         "    return torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())\n")
@@ -87,6 +88,7 @@ def test_warnings_stay_off_stderr_unless_verbose(tmp_path):
     loud = cli("import", f"{tmp_path / 'm.py'}:make", "--input-shape", "2", "-o", str(tmp_path / "b"), "--force",
                "--verbose")
     assert loud.returncode == 0 and "UserWarning: factory warning" in loud.stderr and "FutureWarning" in loud.stderr
+    assert "a multi-line graph dump" in loud.stderr
 
 
 def test_library_advice_is_given_in_the_flags_words(tmp_path):

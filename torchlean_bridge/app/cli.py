@@ -7,11 +7,13 @@ or unreadable input.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import warnings
+from contextlib import contextmanager
 from importlib import import_module
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ..errors import BridgeError, CheckFailed
 
@@ -88,6 +90,21 @@ def _common_options(p: argparse.ArgumentParser) -> None:
                    help="show the warnings libraries raise (numpy, torch, onnx); hidden by default")
 
 
+@contextmanager
+def _quiet_logging(quiet: bool) -> Iterator[None]:
+    """Libraries' log records below ERROR (torch's graph dumps and notices) stay off stderr unless
+    --verbose."""
+    if not quiet:
+        yield
+        return
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(before)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
@@ -99,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from .output import json_owns_stdout
     try:
-        with json_owns_stdout(args), warnings.catch_warnings():
+        with json_owns_stdout(args), warnings.catch_warnings(), _quiet_logging(not args.verbose):
             if not args.verbose:
                 warnings.simplefilter("ignore")
             return int(args._run(args) or 0)

@@ -186,3 +186,17 @@ def test_progress_moves_on_a_terminal_and_stays_off_pipes(wide):
     assert piped.stderr == "" and piped.stdout.encode() == proc.stdout
     quiet, drawn = _on_a_terminal([*argv, "--quiet"])
     assert quiet.stdout == proc.stdout and drawn == b""
+
+
+def test_bounds_node_view_truncates_both_bounds_to_the_terminal(wide):
+    r = cli("bounds", str(wide / "b"), "--center", str(wide / "x.npy"), "--radius", "0.01", "--samples", "0",
+            "--node", "1")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and lines[0].startswith("node 1 (linear) [512]: box [") and lines[1] == "  lower:"
+    upper = lines.index("  upper:")
+    assert all("..." in "".join(part) for part in (lines[2:upper], lines[upper + 1:]))
+    assert max(len(line) for line in lines[1:]) <= 100
+    boxes = tlb.interval_bounds(wide_mlp().graph, wide_mlp().payload, np.linspace(-1, 1, 512) - 0.01,
+                                np.linspace(-1, 1, 512) + 0.01)
+    first_lo = float(lines[2].strip().lstrip("[").split(",")[0])
+    assert first_lo == pytest.approx(boxes[1][0][0], abs=1e-6)

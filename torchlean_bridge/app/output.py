@@ -185,7 +185,7 @@ def value_text(g: Any, nid: int, value: Any, full: bool = False) -> str:
         return f"node {nid}: {_one_line(arr)}"
     if full:
         return f"node {nid}: {format_tensor(arr, full=True)}"
-    return f"{_head(g, nid)}: {stats(arr).text()}\n{_indent(format_tensor(arr))}"
+    return f"{_head(g, nid)}: {stats(arr).text()}\n{_indent(format_tensor(arr, width=terminal_width() - 2))}"
 
 
 def values_table(g: Any, table: Any, ids: Iterable[int]) -> str:
@@ -205,8 +205,9 @@ def box_text(g: Any, nid: int, lo: Any, hi: Any, full: bool = False) -> str:
     if full:
         return f"node {nid}: {format_tensor(lo, full=True)} ..\n{format_tensor(hi, full=True)}"
     s = box_stats(lo, hi)
-    return (f"{_head(g, nid)}: {box_summary(s)}\n  lower:\n{_indent(_indent(format_tensor(lo)))}"
-            f"\n  upper:\n{_indent(_indent(format_tensor(hi)))}")
+    width = terminal_width() - 4
+    return (f"{_head(g, nid)}: {box_summary(s)}\n  lower:\n{_indent(_indent(format_tensor(lo, width=width)))}"
+            f"\n  upper:\n{_indent(_indent(format_tensor(hi, width=width)))}")
 
 
 def box_summary(s: dict[str, float | None]) -> str:

@@ -44,7 +44,7 @@ def test_import_via_export_writes_the_bundle_and_prints_the_summary(model_file, 
     assert capsys.readouterr().out.splitlines() == [
         f"imported {model_file}:make via export",
         "nodes: 4 (1 input(s), 1 output(s))",
-        "parameters: 58 values in 4 tensors, 4 keys bound",
+        "parameters: 58 values in 4 tensors (the ABI's slots), 4 keys bound",
         "ops used: gelu, input, linear×2",
         "torchlean.ir.v1 export: blocked by gelu (GELU with erf has no exact v1 form (v1 has no erf): "
         "--approximate gelu=tanh or gelu=sigmoid exports an approximation and states its deviation)",

@@ -77,7 +77,8 @@ def seed_folder(tmp_path):
 
 
 def test_bounds_command_prints_the_chapter_table(seed_folder, capsys):
-    status = main(["bounds", str(seed_folder / "seed"), "--center", str(seed_folder / "c.npy"), "--radius", "0.05"])
+    status = main(["bounds", str(seed_folder / "seed"), "--center", str(seed_folder / "c.npy"), "--radius", "0.05",
+                   "--all-nodes", "--full"])
     out = capsys.readouterr().out.splitlines()
     assert status == 0
     assert "\n".join(out[:5]) == CHAPTER_BOXES

@@ -271,7 +271,8 @@ def test_eval_cli_with_a_saved_plan(tmp_path):
     folder = save(b, tmp_path / "b")
     np.save(tmp_path / "x.npy", SEED_X0)
     assert _cli("plan", str(folder), "--prefer", "libtorch", "--save").returncode == 0
-    r = _cli("eval", str(folder), "--input", str(tmp_path / "x.npy"), "--plan", str(folder), "--all-nodes")
+    r = _cli("eval", str(folder), "--input", str(tmp_path / "x.npy"), "--plan", str(folder), "--all-nodes",
+             "--full")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[4:] == ["node 4: 0.027720", "node 5: 0.027713"]
 

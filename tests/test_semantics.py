@@ -301,7 +301,7 @@ def test_cli_eval_prints_the_seed_table(capsys, tmp_path):
     x = tmp_path / "x.npy"
     np.save(x, SEED_X0)
     bundle = FIXTURES / "seed_mlp.json"
-    code, out, _ = _run(capsys, "eval", str(bundle), "--input", str(x), "--all-nodes")
+    code, out, _ = _run(capsys, "eval", str(bundle), "--input", str(x), "--all-nodes", "--full")
     assert code == 0
     assert out.splitlines() == [f"node {i}: {v}" for i, v in enumerate(SEED_TABLE)]
     code, out, _ = _run(capsys, "eval", str(bundle), "--input", str(x), "--dtype", "float32")
@@ -363,7 +363,7 @@ def test_cli_eval_several_inputs_exact_integers_and_json_without_nan(capsys, tmp
     args = ["eval", str(tmp_path / "b"), "--input", str(tmp_path / "d.npy"), "--input", str(tmp_path / "i.npy")]
     code, out, _ = _run(capsys, *args)
     assert code == 0
-    assert out.splitlines() == [f"node 3: [inf, {math.exp(5):.6f}, 1.000000, {math.e:.6f}]", "node 4: [0, 1]"]
+    assert out.splitlines() == [f"node 3: [[inf, {math.exp(5):.6f}], [1.000000, {math.e:.6f}]]", "node 4: [0, 1]"]
     code, out, _ = _run(capsys, *args, "--json")
     nodes = json.loads(out)["nodes"]
     assert nodes[0]["value"][0] == ["inf", math.exp(5.0)] and nodes[1]["value"] == [0, 1]

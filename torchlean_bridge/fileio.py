@@ -1,7 +1,8 @@
 """File input and output that hostile paths and interrupted runs cannot turn into wrong results.
 
 Output: single files are written to a temporary file beside the target, fsynced and renamed into
-place (never over a folder or a device); files that belong together are all written before any is
+place (never over a folder; a symlink is written through to its target and stays a link; a stream
+or device such as /dev/stdout is written in place); files that belong together are all written before any is
 renamed (``staged_outputs``); a multi-file output (a bundle folder) is built in a temporary folder
 beside the target and swapped in whole (``atomic_folder``), so the target holds the old complete state
 or the new one. Leftovers of an interrupted write are dot-named siblings (``.NAME.tmp-*``, ``.NAME.old-*``) that no
@@ -25,7 +26,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from .errors import BridgeError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_stream", "staged_outputs", "atomic_folder",
+__all__ = ["output_target", "atomic_write_bytes", "atomic_write_text", "atomic_write_stream", "staged_outputs", "atomic_folder",
            "read_capped", "regular_file_size", "real_inside", "fsync_folder", "MAX_DOCUMENT_BYTES", "TEMP_MARK",
            "ASIDE_MARK"]
 
@@ -92,47 +93,110 @@ def fsync_folder(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def _replaceable(target: Path) -> None:
-    """Refuse an output path that exists as something other than a regular file or a symlink (a
-    folder, a device such as /dev/full, a FIFO): renaming over it would replace it."""
+_MAX_LINK_HOPS = 40
+
+
+def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
+    """Where a write to ``path`` lands, and whether it is written in place.
+
+    A symlink is followed to its final target, which is then replaced (the link stays a link); a
+    path that is, or leads through, a descriptor link (``/dev/stdout``, ``/proc/self/fd/1``) or a
+    device, FIFO or socket is written in place, since replacing it would replace the stream itself;
+    a folder, a symlink loop or a link into a missing folder is refused."""
+    cur = os.path.abspath(path)
+    for _ in range(_MAX_LINK_HOPS):
+        parent, name = os.path.split(cur)
+        cur = os.path.join(os.path.realpath(parent), name)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            if cur != os.path.abspath(path) and not os.path.isdir(os.path.dirname(cur)):
+                raise BridgeError(f"cannot write {path}: it is a symlink to {cur}, whose folder does not exist") from None
+            return Path(cur), False
+        if stat.S_ISLNK(st.st_mode):
+            if cur.startswith("/proc/"):  # a descriptor's magic link: the open stream, whatever it is
+                if os.path.isdir(cur):
+                    raise BridgeError(f"cannot write {path}: it is a folder, not a regular file")
+                return Path(cur), True
+            cur = os.path.join(os.path.dirname(cur), os.readlink(cur))
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            raise BridgeError(f"cannot write {path}: it is a folder, not a regular file; refusing to replace it")
+        return Path(cur), not stat.S_ISREG(st.st_mode)
+    raise BridgeError(f"cannot write {path}: too many levels of symbolic links")
+
+
+def _write_in_place(tmp: Path, target: Path) -> None:
+    """Copy a staged file into a stream or device (appending, as a shell's redirection expects)."""
+    import sys
+    for stream in (sys.stdout, sys.stderr):  # what we printed before comes first
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    own = _own_descriptor(target)
+    fd = own if own is not None else os.open(target, os.O_WRONLY | os.O_APPEND)
     try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        return
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a device, FIFO or socket"
-        raise BridgeError(f"cannot write {target}: it is {kind}, not a regular file; refusing to replace it")
+        with open(tmp, "rb") as src, os.fdopen(fd, "wb", closefd=False) as out:
+            shutil.copyfileobj(src, out)
+    finally:
+        if own is None:
+            os.close(fd)
+
+
+def _own_descriptor(target: Path) -> int | None:
+    """N for ``/proc/<our pid>/fd/N``: written through the descriptor itself, so that its file offset
+    is shared with what else the process writes there (``> out.txt`` then stays in order)."""
+    parts = target.parts
+    if len(parts) == 5 and parts[1] == "proc" and parts[2] in (str(os.getpid()), "self") and parts[3] == "fd" \
+            and parts[4].isdigit():
+        return int(parts[4])
+    return None
 
 
 @contextmanager
 def staged_outputs() -> Iterator[Callable[[str | os.PathLike, Callable[[BinaryIO], None]], Path]]:
     """Files that appear together: ``stage(path, write)`` calls ``write(file)`` on an fsynced temporary
-    beside ``path`` (returned, to be read back); when the block ends, every temporary is renamed into
-    place in staging order. On an exception (an interrupt included) the temporaries are removed and no
-    target changes."""
-    staged: list[tuple[Path, Path]] = []
+    beside ``path``'s target (returned, to be read back); when the block ends, every temporary is renamed
+    into place in staging order (a symlink's target is replaced, never the link; streams and devices
+    are written in place, see ``output_target``). On an exception (an interrupt included) the
+    temporaries are removed and no target changes."""
+    staged: list[tuple[Path, Path, bool]] = []
 
     def stage(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
-        target = Path(path)
-        _replaceable(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        staged.append((Path(tmp), target))
+        target, in_place = output_target(path)
+        mode = 0o666 & ~_umask()
+        if in_place:
+            fd, tmp = tempfile.mkstemp(prefix=".tlb-stream.", suffix=".tmp")
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                mode = stat.S_IMODE(os.stat(target).st_mode)  # a replaced file keeps its permissions
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        staged.append((Path(tmp), target, in_place))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
+        os.chmod(tmp, mode)  # mkstemp makes 0600; give the file the usual mode
         return Path(tmp)
 
     try:
         yield stage
-        for tmp, target in staged:
-            os.replace(tmp, target)
-        for folder in {target.parent for _, target in staged}:
+        for tmp, target, in_place in staged:  # streams first: one that fails (a full device) renames nothing
+            if in_place:
+                try:
+                    _write_in_place(tmp, target)
+                except OSError as e:
+                    raise BridgeError(f"cannot write {target}: {e.strerror or e}") from None
+                os.unlink(tmp)
+        for tmp, target, in_place in staged:
+            if not in_place:
+                os.replace(tmp, target)
+        for folder in {target.parent for _, target, in_place in staged if not in_place}:
             fsync_folder(folder)
     except BaseException:
-        for tmp, _ in staged:
+        for tmp, _, _ in staged:
             try:
                 os.unlink(tmp)
             except FileNotFoundError:

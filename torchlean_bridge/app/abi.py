@@ -309,20 +309,5 @@ def _alias_findings(bundle: Bundle, slots: ABI, ckpt: Any, payload: Any) -> list
 
 def format_abi(slots: ABI) -> str:
     """The ABI as a text table, then totals and ambiguity groups."""
-    header = ("slot", "node", "op", "role", "shape", "dtype", "params", "key")
-    rows = [(str(s.index), str(s.node), s.op, s.role, fmt_shape(s.shape), s.dtype, str(s.size),
-             (s.key or "-") + (f" ({s.transform})" if s.transform else "")) for s in slots]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-    unbound = len(slots.unbound())
-    lines.append(f"total: {len(slots)} slots, {slots.num_parameters} parameters"
-                 + (f", {unbound} unbound" if unbound else ""))
-    lines.append(f"shapes: {slots.shapes}")
-    groups = slots.ambiguity_groups()
-    if groups:
-        lines.append("ambiguity groups (same shape and dtype: a swap passes every key and shape check):")
-        lines.extend(f"  {g.describe()}" for g in groups)
-    squares = square_matrix_keys(slots)
-    if squares:
-        lines.append(f"square matrices (a transpose passes the shape check): {', '.join(squares)}")
-    return "\n".join(lines)
+    from .output import abi_table
+    return abi_table(slots, square_matrix_keys(slots))

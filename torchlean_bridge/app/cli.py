@@ -7,10 +7,13 @@ or unreadable input.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import warnings
+from contextlib import contextmanager
 from importlib import import_module
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ..errors import BridgeError, CheckFailed
 
@@ -34,12 +37,35 @@ COMMANDS = {
 }
 
 
+def _version() -> str:
+    """This library's version and the versions of what it runs on (read from metadata, not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+    from .. import __version__
+    parts = [f"python {sys.version.split()[0]}"]
+    for dist in ("numpy", "onnx", "onnxruntime", "torch"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist} not installed")
+    return f"torchlean-bridge {__version__} ({', '.join(parts)})"
+
+
+class _Version(argparse.Action):
+    """``--version``: one unwrapped line (argparse's own action wraps it to the help width)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(_version())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchlean-bridge",
         description="Import PyTorch/ONNX models into TorchLean's graph IR; validate, evaluate, bound, "
                     "export and differential-test them.")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(_commands={})
     for name, module in COMMANDS.items():
         try:
             mod = import_module(f".commands.{module}", __package__)
@@ -49,18 +75,51 @@ def _parser() -> argparse.ArgumentParser:
             raise
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
         mod.add_arguments(p)
+        _common_options(p)
         p.set_defaults(_run=mod.run)
+        parser.get_default("_commands")[name] = p
     return parser
+
+
+def _common_options(p: argparse.ArgumentParser) -> None:
+    """--quiet and --verbose on every command (a command may define --quiet itself)."""
+    opts = {o for a in p._actions for o in a.option_strings}
+    if "--quiet" not in opts:
+        p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the warnings libraries raise (numpy, torch, onnx); hidden by default")
+
+
+@contextmanager
+def _quiet_logging(quiet: bool) -> Iterator[None]:
+    """Libraries' log records below ERROR (torch's graph dumps and notices) stay off stderr unless
+    --verbose."""
+    if not quiet:
+        yield
+        return
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(before)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the subcommand's usage, not the top level's
+        sub = parser.get_default("_commands").get(args.command)
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    from .output import json_owns_stdout
     try:
-        return int(args._run(args) or 0)
+        with json_owns_stdout(args), warnings.catch_warnings(), _quiet_logging(not args.verbose):
+            if not args.verbose:
+                warnings.simplefilter("ignore")
+            return int(args._run(args) or 0)
     except BridgeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if isinstance(e, CheckFailed) else 2

@@ -328,16 +328,8 @@ class KernelPlan:
         return f"KernelPlan({self})"
 
     def table(self) -> str:
-        head = (f"{'node':>5}  {'kind':<16} {'backend op':<20} {'capsule':<28} {'ext':<4} registered  selectable  "
-                f"executable  proved")
-        rows = [head]
-        yes = {True: "yes", False: "no"}
-        for k in self.kernels:
-            s = k.states
-            rows.append(f"{k.node:>5}  {k.kind:<16} {k.op:<20} {k.capsule.name:<28} {yes[k.capsule.ext]:<4} "
-                        f"{yes[s['registered']]:<11} {yes[s['selectable']]:<11} {yes[s['executable']]:<11} "
-                        f"{yes[s['proved']]}")
-        return "\n".join(rows)
+        from .output import plan_table
+        return plan_table(self)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "graph_sha256": self.graph_digest, "policy": self.policy.to_json(),

@@ -64,8 +64,6 @@ class TorchleanExport:
             out.append(f"inputs frozen to the given constants: {self.frozen}")
         if self.folded:
             out.append(f"folded {len(self.folded)} constant subgraph(s) into constants (nodes {_ids(self.folded)})")
-        if not self.rewrites:
-            out.append("no rewrite: every node is a v1 kind")
         for kind, k in self.by_kind.items():
             measured = "" if k["max_deviation"] is None else f"; largest deviation {k['max_deviation']:.3g}"
             if k["max_deviation"] == np.inf:
@@ -74,7 +72,7 @@ class TorchleanExport:
                 measured += f" (over the input interval {k['interval']}: {k['interval_deviation']:.3g})"
             out.append(f"rewrote {k['count']} {kind} node(s) ({_ids(k['nodes'])}) as {k['formula']}{measured}; "
                        f"deviation class: {k['deviation']}")
-        if self.outputs:
+        if self.outputs and self.rewrites:
             out.append(f"outputs vs the graph before rewriting: largest difference "
                        f"{max(self.outputs):.3g} on {self.samples}")
         return out

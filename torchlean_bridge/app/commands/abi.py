@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..abi import abi, format_abi
+from ..output import add_json_argument, emit_json, human_output
 from .common import read_bundle
 
 HELP = "print the parameter ABI: ordered slots (node, op, role, shape, dtype, key) and totals"
@@ -13,7 +13,7 @@ HELP = "print the parameter ABI: ordered slots (node, op, role, shape, dtype, ke
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="BUNDLE", help="bundle folder or torchlean.ir.v1 JSON file")
-    p.add_argument("--json", action="store_true", help="print the ABI as JSON instead of a table")
+    add_json_argument(p, "the slots and totals")
     p.add_argument("--summary", action="store_true", help="print the GraphSpec view: params and state per layer")
 
 
@@ -23,5 +23,7 @@ def run(args: argparse.Namespace) -> int:
         print(summary(read_bundle(args.path)))
         return 0
     slots = abi(read_bundle(args.path))
-    print(json.dumps(slots.to_json(), indent=1) if args.json else format_abi(slots))
+    emit_json(slots.to_json(), args.json)
+    if human_output(args):
+        print(format_abi(slots))
     return 0

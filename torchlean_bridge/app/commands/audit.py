@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 
 from ...errors import BridgeError
-from ...fileio import atomic_write_text
+from ..output import add_json_argument, emit_json, human_output
 from .common import MAX_SAMPLES, bounded_int, read_array, read_bundle
 
 HELP = "bind a checkpoint and audit its key->role mapping (exit 0 clean, 1 any finding that is an error)"
@@ -34,8 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "1e-6 suits --reference (run in float64); float32 --golden outputs need about 1e-5")
     p.add_argument("--no-strict", action="store_true", help="missing and unexpected keys are warnings, not errors")
     p.add_argument("--keep-prefix", action="store_true", help="do not strip a leading `module.` from keys")
-    p.add_argument("--json", nargs="?", const="-", metavar="REPORT.json",
-                   help="print the report as JSON (or write it to REPORT.json)")
+    add_json_argument(p, "the audit report")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,12 +52,12 @@ def run(args: argparse.Namespace) -> int:
         from .common import load_factory
         reference = load_factory(args.reference, "--reference")
     inputs = [read_array(p) for p in args.input] or None
-    report = audit(bundle, ckpt, reference=reference, inputs=inputs, tolerance=args.tolerance,
-                   samples=args.samples, seed=args.seed, strict=not args.no_strict)
-    if args.json == "-":
-        print(json.dumps(report.to_json(), indent=1))
-    else:
+    from .common import phases
+    with phases(f"auditing {args.checkpoint}", args.quiet) as step:
+        step("binding, comparing, searching swaps")
+        report = audit(bundle, ckpt, reference=reference, inputs=inputs, tolerance=args.tolerance,
+                       samples=args.samples, seed=args.seed, strict=not args.no_strict)
+    emit_json(report.to_json(), args.json)
+    if human_output(args):
         print(report)
-        if args.json:
-            atomic_write_text(Path(args.json), json.dumps(report.to_json(), indent=1) + "\n")
     return 0 if report.ok else 1

@@ -35,6 +35,8 @@ RADIUS = 0.05
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default="tlb-demo", help="folder for the demo's artefacts (default: tlb-demo)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
+                   help="the outcome (ok, failure, artefacts) as JSON: on stdout with no value or `-`, else to FILE")
 
 
 def section(title: str) -> None:
@@ -227,6 +229,15 @@ def swapped_biases(out: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..output import emit_json
+    code, failure = _story(args)
+    out = Path(args.output)
+    emit_json({"ok": code == 0, "failure": failure, "output": str(out),
+               "artefacts": sorted(p.name for p in out.iterdir())}, args.json)
+    return code
+
+
+def _story(args: argparse.Namespace) -> tuple[int, str | None]:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     print(f"torchlean-bridge demo: artefacts go to {out}/")
@@ -239,11 +250,12 @@ def run(args: argparse.Namespace) -> int:
     caught = swapped_biases(out)
     story = init_and_plan_story(bundles["fx"], section)
     print(f"\ndone; artefacts in {out}/: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    failure = None
     if not (agree and caught):
-        print("demo FAILED: " + ("an import disagrees with its oracle" if not agree else
-                                 "the exchanged biases were not caught"))
-        return 1
-    if not story:
-        print("demo FAILED: PyTorch or the libtorch plan disagrees with the reference on the init-and-plan story")
-        return 1
-    return 0
+        failure = "an import disagrees with its oracle" if not agree else "the exchanged biases were not caught"
+    elif not story:
+        failure = "PyTorch or the libtorch plan disagrees with the reference on the init-and-plan story"
+    if failure:
+        print(f"demo FAILED: {failure}")
+        return 1, failure
+    return 0, None

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ...errors import BridgeError
-from ...fileio import atomic_write_text
+from ..output import add_json_argument, diff_text, emit_json, human_output
 from .common import MAX_SAMPLES, bounded_int, load_factory, progress, read_array, read_bundle
 
 HELP = "differential test against PyTorch or onnxruntime; exit 1 on divergence"
@@ -31,14 +30,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="N seeded input sets: normal, uniform, zeros, edge values, ... (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed for --random (default 0)")
     p.add_argument("--per-node", action="store_true", help="print every node's row, not only divergent ones")
-    p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON")
+    add_json_argument(p, "the report (per-node and per-output rows, findings, first divergence)")
     p.add_argument("--quiet", action="store_true", help="print only the verdict; no progress display")
+    p.add_argument("--plot", metavar="FILE.png", help="draw error / budget per node (log scale, first divergence "
+                                                     "marked) to FILE (.png, .svg, .pdf; needs matplotlib)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..diff import diff
     bounded_int(args.random, "diff: --random", 0, MAX_SAMPLES)
     bounded_int(args.seed, "diff: --seed")
+    if args.plot:
+        from ..plots import check_target
+        check_target(args.plot)
     bundle = read_bundle(args.bundle)
     if args.against == "torch" and not args.reference:
         raise BridgeError("--against torch needs --reference FILE.py:FACTORY")
@@ -50,7 +54,12 @@ def run(args: argparse.Namespace) -> int:
     with progress(count, "comparing inputs", args.quiet) as advance:
         report = diff(bundle, against=args.against, module=module, onnx_model=args.onnx, inputs=inputs,
                       random=args.random, seed=args.seed, advance=advance)
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n")
-    print(report.summary() if args.quiet else report.render(all_nodes=args.per_node))
+    emit_json(report.to_json(), args.json)
+    if args.plot:
+        from ..plots import plot_diff
+        plot_diff(report, args.plot)
+        if human_output(args) and not args.quiet:
+            print(f"wrote {args.plot}")
+    if human_output(args):
+        print(report.summary().splitlines()[0] if args.quiet else diff_text(report, all_nodes=args.per_node))
     return 0 if report.ok else 1

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ...errors import BridgeError
+from ..output import add_json_argument, emit_json
 from .common import read_array, read_bundle
 
 HELP = "export a bundle to ONNX or to TorchLean's torchlean.ir.v1 JSON"
@@ -36,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(gelu=tanh, gelu=sigmoid)")
     p.add_argument("--sample", metavar="FILE.npy", action="append", default=[],
                    help="torchlean: one sample input per graph input (in order) to measure the rewrites' deviations on")
+    add_json_argument(p, "what was written, with the torchlean report (or, exit 1, what blocks the export)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
         if args.to == "onnx":
             from exporters.onnx import export_onnx
             model = export_onnx(bundle, args.output)
-            print(f"wrote {args.output}: ONNX opset {model.opset_import[0].version}, {len(model.graph.node)} nodes, "
-                  f"{len(model.graph.initializer)} initializers")
+            doc = {"ok": True, "output": args.output, "format": "onnx", "opset": model.opset_import[0].version,
+                   "nodes": len(model.graph.node), "initializers": len(model.graph.initializer)}
+            print(f"wrote {args.output}: ONNX opset {doc['opset']}, {doc['nodes']} nodes, {doc['initializers']} "
+                  f"initializers")
         else:
             from exporters.torchlean_json import payload_file_for
             from ..torchlean_export import export_for_torchlean
@@ -55,12 +59,18 @@ def run(args: argparse.Namespace) -> int:
                                           approximate=_approximations(args.approximate),
                                           samples=[[read_array(f) for f in args.sample]] if args.sample else None)
             where = "inline" if args.inline_payload else str(payload_file_for(args.output))
-            print(f"wrote {args.output}: torchlean.ir.v1, {len(report.document['nodes'])} nodes, payload {where}")
+            doc = {"ok": True, "output": args.output, "format": "torchlean.ir.v1",
+                   "nodes": len(report.document["nodes"]), "payload": where,
+                   "rewrites": report.document.get("torchlean_bridge", {}).get("rewrites", []),
+                   **report.annotations()}
+            print(f"wrote {args.output}: torchlean.ir.v1, {doc['nodes']} nodes, payload {where}")
             for line in report.lines():
                 print(line)
     except ExportError as e:
+        emit_json({"ok": False, "output": args.output, "format": args.to, "error": str(e)}, args.json)
         print(f"error: {e}", file=sys.stderr)
         return 1
+    emit_json(doc, args.json)
     return 0
 
 

@@ -9,7 +9,8 @@ from typing import Any
 from ...bundle import Bundle
 from ...errors import BridgeError, CheckFailed
 from ...ops.contracts import MAX_RANK
-from .common import load_factory, progress
+from ..output import add_json_argument, emit_json
+from .common import in_cli_words, load_factory, phases, refuse_existing
 
 HELP = "import a PyTorch model (file.py:factory) or an ONNX file into a bundle folder"
 DESCRIPTION = (
@@ -27,6 +28,7 @@ MAX_EXAMPLE_ELEMENTS = 2 ** 26  # an example input is materialized to trace the 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SOURCE", help="model.onnx or path/to/file.py:factory")
     p.add_argument("-o", "--output", metavar="FOLDER", required=True, help="bundle folder to write")
+    p.add_argument("--force", action="store_true", help="replace FOLDER if it exists (a bundle folder only)")
     p.add_argument("--via", choices=("export", "fx"), default="export",
                    help="PyTorch capture: torch.export (default) or torch.fx symbolic tracing")
     p.add_argument("--decompose", action="store_true", help="with --via export: lower core ATen "
@@ -39,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ONNX: freeze graph input NAME to the array in FILE.npy (shapes, axes, pads, weights given "
                         "as inputs); what follows from it folds at import. Repeat per input")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    add_json_argument(p, "what was imported (summary, notes, the checkpoint binding)")
 
 
 def parse_input_shape(text: str) -> tuple[tuple[int, ...], str]:
@@ -124,7 +127,7 @@ def import_source(args: argparse.Namespace) -> Bundle:
     return import_export(model, inputs, decompose=args.decompose)
 
 
-def bind_weights(bundle: Bundle, path: str, source: str) -> Bundle:
+def bind_weights(bundle: Bundle, path: str, source: str) -> tuple[Bundle, Any]:
     """Bind the checkpoint; an ONNX file's renamed weights (``onnx::MatMul_14``) first take the
     checkpoint's keys where the values prove them."""
     from importers.checkpoints import load_checkpoint
@@ -137,7 +140,18 @@ def bind_weights(bundle: Bundle, path: str, source: str) -> Bundle:
     print(str(report))
     if not report.ok:
         raise CheckFailed(f"--checkpoint {path}: the checkpoint does not fit the imported graph (see above)")
-    return bound
+    return bound, report
+
+
+def counts(bundle: Bundle) -> dict[str, int]:
+    """One definition of "parameters", the ABI's (``abi`` prints the same figure): the values of its
+    slots, i.e. the parameter roles of parameter-bearing ops and every tensor bound to a checkpoint key.
+    Constants the importer made (folded shapes, masks, literals) are counted apart."""
+    from ..abi import abi
+    slots = abi(bundle)
+    total = bundle.payload.num_parameters()
+    return {"parameters": slots.num_parameters, "parameter_tensors": len(slots),
+            "constant_values": total - slots.num_parameters, "constant_tensors": len(bundle.payload) - len(slots)}
 
 
 def v1_outlook(bundle: Bundle) -> str:
@@ -156,10 +170,13 @@ def v1_outlook(bundle: Bundle) -> str:
 
 
 def summary_lines(bundle: Bundle) -> list[str]:
-    s = bundle.summary()
+    s, c = bundle.summary(), counts(bundle)
     ops = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in s["ops"].items())
+    consts = (f"; constants: {c['constant_values']} values in {c['constant_tensors']} tensors"
+              if c["constant_tensors"] else "")
     lines = [f"nodes: {s['nodes']} ({len(s['inputs'])} input(s), {len(s['outputs'])} output(s))",
-             f"parameters: {s['parameters']} values in {s['tensors']} tensors, {len(bundle.roles)} keys bound",
+             f"parameters: {c['parameters']} values in {c['parameter_tensors']} tensors (the ABI's slots), "
+             f"{len(bundle.roles)} keys bound{consts}",
              f"ops used: {ops}"]
     lines.append("torchlean.ir.v1 export: " + v1_outlook(bundle))
     lines.extend(f"note: {note}" for note in bundle.report.get("notes", ()))
@@ -171,15 +188,22 @@ def summary_lines(bundle: Bundle) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from exporters.folder import save
-    with progress(3, "importing", args.quiet) as advance:
-        bundle = import_source(args)
-        advance()
+    refuse_existing(args.output, args.force)
+    with phases(f"importing {args.source}", args.quiet) as step:
+        step("capturing and lowering")
+        with in_cli_words():
+            bundle = import_source(args)
+        binding = None
         if args.checkpoint:
-            bundle = bind_weights(bundle, args.checkpoint, args.source)
-        advance()
+            step(f"binding {args.checkpoint}")
+            bundle, binding = bind_weights(bundle, args.checkpoint, args.source)
+        step(f"writing {args.output}")
         save(bundle, args.output)
-        advance()
     how = "onnx" if args.source.endswith(".onnx") else args.via + (" (core ATen)" if args.decompose else "")
+    emit_json({"source": args.source, "via": how, "output": str(args.output), **bundle.summary(), **counts(bundle),
+               "keys_bound": len(bundle.roles), "notes": list(bundle.report.get("notes", ())),
+               "unused_tensors": list(bundle.report.get("unused_tensors") or ()),
+               "binding": binding.to_json() if binding is not None else None}, args.json)
     print(f"imported {args.source} via {how}")
     for line in summary_lines(bundle):
         print(line)

@@ -4,10 +4,10 @@ beside it or executed against the reference node by node."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..kernel_plan import DEVICES, PROVIDERS, KernelPolicy, plan_kernels, save_plan
+from ..output import add_json_argument, diff_text, emit_json, human_output
 from .common import read_bundle
 
 HELP = "plan a kernel capsule per runtime node (TorchLean's GraphKernelPlan) and report each capsule's states"
@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefer", metavar="PROVIDER", help=f"provider searched first ({', '.join(PROVIDERS)})")
     p.add_argument("--only", action="store_true", help="admit no provider but the preferred one")
     p.add_argument("--device", default="cpu", metavar="D", help=f"target device (default cpu; {', '.join(DEVICES)})")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_json_argument(p, "the plan (with --diff, the comparison under `diff`)")
     p.add_argument("--save", action="store_true", help="write the plan beside the bundle (BUNDLE/kernel_plan.json)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the plan to FILE")
     p.add_argument("--diff", action="store_true",
@@ -36,9 +36,7 @@ def run(args: argparse.Namespace) -> int:
         save_plan(plan, Path(args.path))
     if args.output:
         save_plan(plan, Path(args.output))
-    if args.json:
-        print(json.dumps(plan.to_json(), indent=1))
-    else:
+    if human_output(args):
         policy = plan.policy
         print(f"kernel plan: device {policy.device}, provider {policy.preference}; this build has "
               f"{', '.join(policy.providers)} on {', '.join(policy.devices)}")
@@ -46,11 +44,14 @@ def run(args: argparse.Namespace) -> int:
         print(plan.table())
         if not plan.kernels:
             print("(no node needs runtime work)")
-    if args.diff:
-        from ..diff import diff
-        if args.random < 1:
-            raise BridgeError(f"--random must be at least 1, got {args.random}")
-        report = diff(bundle, against="plan", plan=plan, random=args.random)
-        print(report.render(all_nodes=True))
-        return 0 if report.ok else 1
-    return 0
+    if not args.diff:
+        emit_json(plan.to_json(), args.json)
+        return 0
+    from ..diff import diff
+    if args.random < 1:
+        raise BridgeError(f"--random must be at least 1, got {args.random}")
+    report = diff(bundle, against="plan", plan=plan, random=args.random)
+    emit_json({**plan.to_json(), "diff": report.to_json()}, args.json)
+    if human_output(args):
+        print(diff_text(report, all_nodes=True))
+    return 0 if report.ok else 1

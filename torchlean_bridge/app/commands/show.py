@@ -9,6 +9,7 @@ import subprocess
 from ...errors import BridgeError
 from ...fileio import atomic_write_bytes
 from ...pretty import listing, to_dot
+from ..output import emit_json
 from .common import read_bundle
 
 HELP = "print the node listing, or GraphViz DOT / SVG / PNG"
@@ -20,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fmt.add_argument("--dot", action="store_true", help="print GraphViz DOT instead of the listing")
     fmt.add_argument("--svg", metavar="FILE", help="render to SVG with Graphviz `dot`")
     fmt.add_argument("--png", metavar="FILE", help="render to PNG with Graphviz `dot`")
+    fmt.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
+                     help="the torchlean.ir.v1 graph document (nodes, no tensors) on stdout, or written to FILE")
 
 
 def render(dot_text: str, fmt: str, out: str) -> None:
@@ -35,7 +38,12 @@ def render(dot_text: str, fmt: str, out: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     g = read_bundle(args.path).graph
-    if args.dot:
+    if args.json:
+        from ...wire import dump_graph
+        emit_json(dump_graph(g), args.json)
+        if args.json != "-":
+            print(f"wrote {args.json}")
+    elif args.dot:
         print(to_dot(g), end="")
     elif args.svg or args.png:
         out = args.svg or args.png

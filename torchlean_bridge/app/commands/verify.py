@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from ...errors import BridgeError
+from ..output import add_json_argument, emit_json, human_output
 
 HELP = "prove a VNN-LIB property (unsat), find a re-checked counterexample (sat), or say unknown"
 DESCRIPTION = (HELP + ". unsat: sound linear (CROWN) or interval bounds refute the property on the whole input "
@@ -22,16 +22,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds for bounding, splitting and the counterexample search (default 60)")
     p.add_argument("--seed", type=int, default=0, help="seed of the counterexample search")
-    p.add_argument("--json", action="store_true", help="print one JSON object (result, time_s, counterexample, ...)")
+    add_json_argument(p, "one object (result, time_s, method, bounds, counterexample, ...)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..verify import verify_files
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise BridgeError(f"verify: --timeout must be a positive number of seconds, got {args.timeout}")
-    result = verify_files(args.model, args.property, method=args.method, timeout=args.timeout, seed=args.seed)
-    if args.json:
-        print(json.dumps(result.to_json(), allow_nan=False))
-    else:
+    from .common import phases
+    with phases(f"verify ({args.method})", args.quiet) as step:
+        step(f"bounding and searching, at most {args.timeout:g} s")
+        result = verify_files(args.model, args.property, method=args.method, timeout=args.timeout, seed=args.seed)
+    emit_json(result.to_json(), args.json)
+    if human_output(args):
         print(result)
     return 0

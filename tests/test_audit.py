@@ -165,10 +165,24 @@ def test_cnn_with_exchanged_conv_weights(tmp_path):
     assert report.error_before > 0.1 and report.error_after < 1e-12
 
 
-def test_two_independent_exchanges_are_both_found():
+def test_two_exchanged_layers_are_named_as_one_block_exchange():
+    """With the trusted weights, weight and bias of layers 0 and 2 exchanged read as one block."""
     net = cnn()
     sd = swapped(swapped(net.state_dict(), "0.weight", "2.weight"), "0.bias", "2.bias")
     report = audit(cnn_bundle(), sd, reference=net)
+    assert [(f.kind, f.keys) for f in report.swaps] == [("block_swap", ("0.bias", "0.weight", "2.bias", "2.weight"))]
+    assert report.swaps[0].message.startswith("block 0 <-> 2 exchanged (4 tensors): max error ")
+    assert report.error_before > 0.1 and report.error_after < 1e-12
+
+
+def test_two_independent_exchanges_are_both_found():
+    """Golden outputs only: the greedy search finds both exchanges, one after the other."""
+    net = cnn()
+    sd = swapped(swapped(net.state_dict(), "0.weight", "2.weight"), "0.bias", "2.bias")
+    xs = [np.random.default_rng(k).standard_normal((1, 2, 5, 5)) for k in range(3)]
+    with torch.no_grad():
+        golden = [[net.double()(torch.tensor(x)).numpy()] for x in xs]
+    report = audit(cnn_bundle(), sd, reference=golden, inputs=[[x] for x in xs])
     assert sorted(f.keys for f in report.swaps) == [("0.bias", "2.bias"), ("0.weight", "2.weight")]
     assert report.error_after < 1e-12
     before, after = zip(*[(f.data["error_before"], f.data["error_after"]) for f in report.swaps])
@@ -180,8 +194,9 @@ def test_a_wrong_value_is_not_blamed_on_a_swap():
     sd = {k: v.clone() for k, v in net.state_dict().items()}
     sd["2.bias"] += 1.0
     report = audit(cnn_bundle(), sd, reference=net)
-    assert not report.ok and report.swaps == []
-    assert kinds(report, "unresolved")
+    assert not report.ok and report.swaps == [] and not kinds(report, "unresolved")
+    (different,) = kinds(report, "different_values")
+    assert different.keys == ("2.bias",) and different.message.startswith("2.bias: different values (2 of 2 differ")
 
 
 def onnx_mlp(tmp_path, name, w1, b1, w2, b2):
@@ -319,8 +334,9 @@ def test_agreement_carries_its_error(seed_files):
 
 
 def test_too_many_candidates_are_truncated_and_said(seed_files):
-    same, sd, _ = seed_files
-    report = audit(bias_pair_bundle(), sd, reference=same, inputs=[np.zeros(3)], samples=0, max_candidates=1)
+    _, sd, _ = seed_files
+    report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=[np.zeros(3)],
+                   max_candidates=1)
     (truncated,) = kinds(report, "truncated")
     assert truncated.severity == "warning"
     assert truncated.message == "2 possible exchanges; only the first 1 were tried"
@@ -357,7 +373,7 @@ def _three_layer() -> tuple:
 
 
 def test_unresolved_names_the_best_single_exchange():
-    """Wrong values (not an exchange): the report says so and names the single exchange that came
+    """Golden outputs only, wrong values (not an exchange): the report says so and names the single exchange that came
     closest, with its error computed here independently in torch."""
     net, bundle = _three_layer()
     sd = {k: v.clone() for k, v in net.state_dict().items()}
@@ -376,7 +392,9 @@ def test_unresolved_names_the_best_single_exchange():
     errors = {name: error({**sd, **change}) for name, change in exchanges.items()}
     best = min(errors, key=errors.get)
     assert sorted(errors.values())[0] < sorted(errors.values())[1]  # one best, clearly
-    report = audit(bundle, sd, reference=net, inputs=[[x] for x in xs], samples=0)
+    with torch.no_grad():
+        golden = [[net(torch.tensor(x)).numpy()] for x in xs]
+    report = audit(bundle, sd, reference=golden, inputs=[[x] for x in xs])
     (unresolved,) = kinds(report, "unresolved")
     assert unresolved.message == (
         f"no exchange within the ambiguity groups restores agreement (the best single exchange, {best}, "
@@ -400,7 +418,7 @@ def test_a_plain_callable_is_not_a_reference_module():
     with pytest.raises(BridgeError) as e:
         audit(bias_pair_bundle(), sd, reference=lambda x: x, inputs=np.zeros(3))
     assert str(e.value) == ("audit: the reference is a function; give an nn.Module holding the trusted weights, "
-                            "or golden outputs (arrays)")
+                            "trusted weights (a state_dict or checkpoint), or golden outputs (arrays)")
 
 
 class _DictOutputs(nn.Module):
@@ -634,7 +652,9 @@ def test_unresolved_carries_the_number_of_candidates():
     net, bundle = _three_layer()
     sd = {k: v.clone() for k, v in net.state_dict().items()}
     sd["0.bias"] = sd["0.bias"] + 0.75
-    (unresolved,) = kinds(audit(bundle, sd, reference=net, inputs=[np.ones(3)], samples=0), "unresolved")
+    with torch.no_grad():
+        golden = [net(torch.ones(3, dtype=torch.float64)).numpy()]
+    (unresolved,) = kinds(audit(bundle, sd, reference=golden, inputs=[np.ones(3)]), "unresolved")
     assert unresolved.data == {"candidates": 4}  # the bias and weight exchanges, and two transposes
 
 

@@ -9,6 +9,12 @@ ambiguity group, and transposes of square matrices. It applies the best exchange
 after. Inputs are the user's plus, for a module reference, a zero input and seeded random ones
 (``diff.make_inputs``), so a swap is observable; every exchange that changes no output on those
 inputs (identical tensors, or a difference the inputs never excite) is reported as a warning.
+
+With trusted weights (a reference module's state_dict, or a state_dict/checkpoint given as the
+reference) the checkpoint is first compared with them tensor by tensor (``audit_weights``: exact
+hashes, no evaluation); every difference found there is named as its transformation (block
+exchange, layer shift, Q/K/V reorder, transpose, rounding, scale, different values) with the output
+error before and after undoing it, and the exchange search is not needed.
 """
 
 from __future__ import annotations
@@ -16,11 +22,12 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint, square_matrix_keys
+from .audit_weights import WeightReport, compare_weights
 from ..bundle import Bundle
 from ..check import check
 from ..errors import BridgeError
@@ -33,6 +40,8 @@ from semantics.evaluate import as_array, input_sets
 __all__ = ["audit", "AuditReport", "Exchange"]
 
 Case = list[np.ndarray]
+# findings that name tensors in the wrong place (moved between keys, or rearranged inside one)
+SWAP_KINDS = ("swap", "transpose", "cycle", "moved", "block_swap", "block_cycle", "layer_shift", "reordered")
 
 
 @dataclass(frozen=True)
@@ -66,14 +75,21 @@ class AuditReport(Report):
         self.error_before: float | None = None
         self.error_after: float | None = None
         self.inputs_used = 0
+        self.weights: WeightReport | None = None
 
     @property
     def swaps(self) -> list[Finding]:
-        return self.of_kind("swap", "transpose")
+        return self.of_kind(*SWAP_KINDS)
 
     def _extra_json(self) -> dict:
-        return {"error_before": self.error_before, "error_after": self.error_after,
-                "inputs_used": self.inputs_used, "swaps": [list(f.keys) for f in self.swaps]}
+        out = {"error_before": self.error_before, "error_after": self.error_after,
+               "inputs_used": self.inputs_used, "swaps": [list(f.keys) for f in self.swaps]}
+        if self.weights is not None:
+            out["weights"] = {"compared": self.weights.compared, "same": self.weights.same}
+        return out
+
+    def to_dict(self) -> dict:
+        return self.to_json()
 
 
 # -- inputs and the reference ---------------------------------------------------------------------
@@ -232,23 +248,67 @@ def _with_reference_keys(bundle: Bundle, module: Any) -> Bundle:
     return bundle if set(state) >= set(bundle.roles) else recover_keys(bundle, state)
 
 
+def _trusted_weights(reference: Any) -> Any:
+    """The trusted weights a reference carries (a module's state_dict, or the reference itself when
+    it is a state_dict or checkpoint), as a Checkpoint; None for golden outputs."""
+    from importers.checkpoints import Checkpoint, as_checkpoint
+    if _is_module(reference):
+        return as_checkpoint(reference.state_dict(), strip_prefix="module.")
+    if isinstance(reference, (Checkpoint, Mapping)):
+        return as_checkpoint(reference, strip_prefix="module.")
+    return None
+
+
+def _graph_outputs(bundle: Bundle, trusted: Any, cases: list[Case]) -> list[list[np.ndarray]]:
+    """Reference outputs from trusted weights alone: the graph bound to them, in float64."""
+    from semantics.evaluate import evaluate
+    bound, binding = bind_checkpoint(bundle, trusted, strict=False)
+    problems = payload_errors(bound.graph, bound.payload)
+    if problems:
+        raise BridgeError(f"audit: the reference weights do not fill the graph: {problems[0]}")
+    return [[np.asarray(v, np.float64) for v in evaluate(bound.graph, bound.payload, case, "float64", check=False)]
+            for case in cases]
+
+
+def _undo_steps(report: AuditReport, weights: WeightReport, evaluator: "_Evaluator", tensors: dict[str, np.ndarray],
+                trusted: Any, ref: list[list[np.ndarray]], before: float) -> float:
+    """Each weight finding with the output error before and after restoring its keys' trusted
+    tensors, one after another (the steps chain); returns the error once all are undone."""
+    current, changed, error = dict(tensors), set(), before
+    for f in weights.findings:
+        if f.severity != "error":
+            report.add(f)
+            continue
+        bound_keys = [k for k in f.keys if k in current and k in trusted]
+        for k in bound_keys:
+            current[k] = np.asarray(trusted[k])
+        changed |= set(bound_keys)
+        after = _max_error(evaluator.outputs(evaluator.payload(current, sorted(changed))), ref) if bound_keys else error
+        report.add(Finding(f.kind, f"{f.message}: max error {_fmt(error)} -> {_fmt(after)}", keys=f.keys,
+                           data={**(f.data or {}), "error_before": error, "error_after": after}))
+        error = after
+    return error
+
+
 def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, *, tolerance: float = 1e-6,
           samples: int = 5, seed: int = 0, max_steps: int = 3, max_candidates: int = 5000,
           strict: bool = True) -> AuditReport:
     """Bind ``ckpt`` to ``bundle`` and compare the bound graph with ``reference``.
 
-    ``reference``: an ``nn.Module`` holding the trusted weights (run in float64 on a copy), or golden
-    outputs (a list of arrays in graph-output order for the one input set ``inputs``, or a list of
-    such lists, one per set). Without a reference only the binding is checked. Outputs agree when
-    the largest absolute difference is at most ``tolerance * max(1, max |reference|)``.
+    ``reference``: an ``nn.Module`` holding the trusted weights (run in float64 on a copy), trusted
+    weights alone (a state_dict or Checkpoint: the graph bound to them gives the reference outputs),
+    or golden outputs (a list of arrays in graph-output order for the one input set ``inputs``, or a
+    list of such lists, one per set). Without a reference only the binding is checked. Outputs agree
+    when the largest absolute difference is at most ``tolerance * max(1, max |reference|)``.
     """
     from importers.checkpoints import as_checkpoint
     if callable(reference) and not _is_module(reference):
         raise BridgeError(f"audit: the reference is a {type(reference).__name__}; give an nn.Module holding the "
-                          "trusted weights, or golden outputs (arrays)")
+                          "trusted weights, trusted weights (a state_dict or checkpoint), or golden outputs (arrays)")
     ckpt = as_checkpoint(ckpt)
     if _is_module(reference) and bundle.report.get("framework") == "onnx":
         bundle = _with_reference_keys(bundle, reference)
+    trusted = _trusted_weights(reference)
     bound, binding = bind_checkpoint(bundle, ckpt, strict=strict)
     g = bundle.graph
     report = AuditReport(binding.findings, title=f"audit of {ckpt.source}")
@@ -257,21 +317,28 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                            "checked; exchanges within the ambiguity groups cannot be detected",
                            severity="warning"))
         return report
+    if trusted is not None:
+        report.weights = compare_weights(ckpt, trusted, title=f"weights of {ckpt.source}")
     problems = payload_errors(g, bound.payload)
     if problems:
         report.add(Finding("not_evaluable", f"the bound graph cannot be evaluated: {problems[0]}"
                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")))
+        if report.weights is not None:
+            report.extend(report.weights.findings)
         return report
 
     check(g)  # once here: candidates are then evaluated without re-checking the graph
     labelled = [(f"the given input {k}", case) for k, case in enumerate(_given_cases(g, inputs))]
-    if _is_module(reference):
+    if trusted is not None:
         from .diff import make_inputs
         labelled += [(f"the {label} input", case) for label, case in make_inputs(g, samples, seed)]
     cases = [case for _, case in labelled]
     if _is_module(reference):
         ref = _aligned(g, _module_outputs(reference, cases), "the reference module")
         what = f"the reference module {type(reference).__name__}"
+    elif trusted is not None:
+        ref = _aligned(g, _graph_outputs(bundle, trusted, cases), "the reference weights")
+        what = "the graph with the reference weights"
     else:
         ref = _aligned(g, _golden(reference, cases), "the golden outputs")
         what = "the golden outputs"
@@ -283,23 +350,26 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     base_outputs = evaluator.outputs(bound.payload)
     before = _max_error(base_outputs, ref)
     report.error_before = before
+    by_weights = report.weights is not None and not report.weights.ok
 
     groups = [g_ for g_ in binding.ambiguity_groups if all(k in tensors for k in g_.keys)]
     squares = [k for k in square_matrix_keys(slots, ckpt) if k in tensors and not np.array_equal(tensors[k],
                                                                                                  tensors[k].T)]
-    candidates = _candidates(groups, squares)
+    candidates = [] if by_weights else _candidates(groups, squares)
     if len(candidates) > max_candidates:
         report.add(Finding("truncated", f"{len(candidates)} possible exchanges; only the first {max_candidates} "
                                         f"were tried", severity="warning"))
         candidates = candidates[:max_candidates]
+    for ex in _candidates(groups, []):
+        if np.array_equal(tensors[ex.first], tensors[ex.second]):
+            report.add(Finding("indistinguishable", f"{ex.first} and {ex.second} hold identical tensors: an "
+                                                    f"exchange between them cannot be seen", keys=ex.keys,
+                               severity="warning"))
 
     # one evaluation per exchange from the checkpoint as given: observability and the first search step
     first_errors: dict[Exchange, float] = {}
     for ex in candidates:
         if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
-            report.add(Finding("indistinguishable", f"{ex.first} and {ex.second} hold identical tensors: an "
-                                                    f"exchange between them cannot be seen", keys=ex.keys,
-                               severity="warning"))
             continue
         outs = evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys))
         first_errors[ex] = _max_error(outs, ref)
@@ -312,11 +382,16 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
         report.error_after = before
         report.add(Finding("agreement", f"outputs agree with {what}: max error {_fmt(before)} on {len(cases)} "
                                         f"input(s)", severity="info", data={"max_error": before}))
+        if by_weights:
+            report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
         return report
 
     report.add(Finding("mismatch", f"outputs disagree with {what}: max error {_fmt(before)} on {len(cases)} "
                                    f"input(s){_worst_case(labelled, base_outputs, ref)}",
                        data={"max_error": before, "limit": limit}))
+    if by_weights:
+        report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
+        return report
     suspects = _suspects(reference, tensors, ckpt)
     searched = [ex for ex in candidates if set(ex.keys) <= suspects]
     steps, error = _search(evaluator, tensors, searched, {ex: first_errors[ex] for ex in searched

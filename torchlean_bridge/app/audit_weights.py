@@ -175,7 +175,8 @@ def _group_moves(moves: list[_Move], layers: Mapping[tuple[str, ...], set[int]])
         for _, d, s in members:
             if index_map.setdefault(d, s) != s:
                 consistent = False
-        if not consistent or len(members) < 2:
+        kinds = {tuple(m.dst.split(".")[len(prefix) + 1:]) for m, _, _ in members}
+        if not consistent or len(kinds) < 2:  # one tensor kind moving is a pair, not a block
             rest.extend(m for m, _, _ in members)
             continue
         findings.extend(_block_findings(prefix, index_map, members, sorted(layers.get(prefix, set()))))

@@ -278,3 +278,28 @@ def test_keys_only_one_side_has_are_warnings(ref):
     report = compare_weights(sd, ref)
     assert report.ok and [f.kind for f in report.findings] == ["not_in_reference", "not_in_checkpoint"]
     assert report.findings[1].keys == ("ln_f.bias",)
+
+
+def test_the_command_takes_a_checkpoint_as_the_reference(tmp_path, capsys):
+    """--reference FILE.safetensors: trusted weights alone; the graph bound to them gives the outputs."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from exporters.folder import save
+    from torchlean_bridge.app.cli import main
+    from torchlean_bridge.seed import bias_pair_bundle
+    ref = {k: np.asarray(v, np.float64) for k, v in BIAS_PAIR.items()}
+    save_file(ref, str(tmp_path / "trusted.safetensors"))
+    save_file(dict(ref, **{"0.bias": ref["2.bias"], "2.bias": ref["0.bias"]}), str(tmp_path / "bad.safetensors"))
+    save(bias_pair_bundle(), tmp_path / "bundle")
+    args = ["audit", str(tmp_path / "bundle"), "--reference", str(tmp_path / "trusted.safetensors")]
+    assert main(args + ["--checkpoint", str(tmp_path / "bad.safetensors")]) == 1
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "[error] swap:" in x]
+    assert line.startswith("  [error] swap: swap 0.bias <-> 2.bias: max error ") and line.endswith(" -> 0.000000")
+    assert "graph with the reference weights" in out
+    assert main(args + ["--checkpoint", str(tmp_path / "bad.safetensors"), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["swaps"] == [["0.bias", "2.bias"]] and doc["weights"] == {"compared": 4, "same": 2}
+    assert main(args + ["--checkpoint", str(tmp_path / "trusted.safetensors")]) == 0

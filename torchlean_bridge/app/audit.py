@@ -350,12 +350,15 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     base_outputs = evaluator.outputs(bound.payload)
     before = _max_error(base_outputs, ref)
     report.error_before = before
-    by_weights = report.weights is not None and not report.weights.ok
+    # the trusted weights explain the checkpoint when they hold every key the graph binds
+    covered = trusted is not None and all(k in trusted for k in tensors)
+    by_weights = covered and not report.weights.ok
 
     groups = [g_ for g_ in binding.ambiguity_groups if all(k in tensors for k in g_.keys)]
     squares = [k for k in square_matrix_keys(slots, ckpt) if k in tensors and not np.array_equal(tensors[k],
                                                                                                  tensors[k].T)]
-    candidates = [] if by_weights else _candidates(groups, squares)
+    # trusted weights name every misplaced tensor by hash: no exchange search is needed
+    candidates = [] if covered else _candidates(groups, squares)
     if len(candidates) > max_candidates:
         report.add(Finding("truncated", f"{len(candidates)} possible exchanges; only the first {max_candidates} "
                                         f"were tried", severity="warning"))
@@ -391,6 +394,12 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                        data={"max_error": before, "limit": limit}))
     if by_weights:
         report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
+        return report
+    if covered:
+        report.error_after = before
+        report.add(Finding("unresolved", f"every checkpoint tensor equals the trusted one ({report.weights.compared} "
+                                         f"compared): the difference lies in the graph or its role map, not in "
+                                         f"the weights", data={"compared": report.weights.compared}))
         return report
     suspects = _suspects(reference, tensors, ckpt)
     searched = [ex for ex in candidates if set(ex.keys) <= suspects]

@@ -14,15 +14,20 @@ from .common import MAX_SAMPLES, bounded_int, read_array, read_bundle
 HELP = "bind a checkpoint and audit its key->role mapping (exit 0 clean, 1 any finding that is an error)"
 DESCRIPTION = (HELP + ". With --reference, the bound graph is compared with the trusted module on the given "
                "inputs plus a zero input and seeded random ones; when they disagree, swaps of same-shaped "
-               "tensors and transposes of square matrices are searched and the one restoring agreement is named.")
+               "tensors and transposes of square matrices are searched and the one restoring agreement is named. "
+               "With trusted weights (--reference), every checkpoint tensor is first compared with the trusted "
+               "one by exact hash, and each difference is named as a transformation: block exchange, layer "
+               "shift, swap or cycle, transpose, Q/K/V or per-head reordering, float16/bfloat16 rounding, "
+               "scale, or different values.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", metavar="BUNDLE", help="bundle folder or torchlean.ir.v1 JSON file")
     p.add_argument("--checkpoint", required=True, metavar="FILE",
                    help=".safetensors, .pt/.pth (weights-only), .onnx (its initializers) or TorchLean .json")
-    p.add_argument("--reference", metavar="FILE.py:FACTORY",
-                   help="zero-argument factory returning the nn.Module with the trusted weights")
+    p.add_argument("--reference", metavar="FILE.py:FACTORY|CHECKPOINT",
+                   help="the trusted weights: a zero-argument factory returning the nn.Module holding them, or a "
+                        "checkpoint file (.safetensors, .pt/.pth weights-only, .onnx, TorchLean .json)")
     p.add_argument("--golden", action="append", default=[], metavar="FILE.npy",
                    help="trusted outputs for the --input arrays, one per graph output (instead of --reference)")
     p.add_argument("--input", action="append", default=[], metavar="FILE.npy",
@@ -52,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise BridgeError("audit: give --reference or --golden, not both")
     reference = [read_array(p) for p in args.golden] or None
     if args.reference:
-        from .common import load_factory
-        reference = load_factory(args.reference, "--reference")
+        reference = _reference(args.reference, None if args.keep_prefix else "module.")
     inputs = [read_array(p) for p in args.input] or None
     report = audit(bundle, ckpt, reference=reference, inputs=inputs, tolerance=args.tolerance,
                    samples=args.samples, seed=args.seed, strict=not args.no_strict)
@@ -64,3 +68,13 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             atomic_write_text(Path(args.json), json.dumps(report.to_json(), indent=1) + "\n")
     return 0 if report.ok else 1
+
+
+def _reference(spec: str, strip_prefix: str | None) -> object:
+    """``file.py:factory`` -> the module it returns; any other existing file -> a checkpoint."""
+    from .common import load_factory
+    path = Path(spec)
+    if path.suffix != ".py" and path.is_file():
+        from importers.checkpoints import load_checkpoint
+        return load_checkpoint(path, strip_prefix=strip_prefix)
+    return load_factory(spec, "--reference")

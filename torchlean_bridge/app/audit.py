@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint, square_matrix_keys
+from .audit_search import SearchResult, search
 from .audit_weights import WeightReport, compare_weights
 from ..bundle import Bundle
 from ..check import check
@@ -76,6 +77,7 @@ class AuditReport(Report):
         self.error_after: float | None = None
         self.inputs_used = 0
         self.weights: WeightReport | None = None
+        self.search: dict | None = None
 
     @property
     def swaps(self) -> list[Finding]:
@@ -86,6 +88,8 @@ class AuditReport(Report):
                "inputs_used": self.inputs_used, "swaps": [list(f.keys) for f in self.swaps]}
         if self.weights is not None:
             out["weights"] = {"compared": self.weights.compared, "same": self.weights.same}
+        if self.search is not None:
+            out["search"] = self.search
         return out
 
     def to_dict(self) -> dict:
@@ -292,7 +296,7 @@ def _undo_steps(report: AuditReport, weights: WeightReport, evaluator: "_Evaluat
 
 def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, *, tolerance: float = 1e-6,
           samples: int = 5, seed: int = 0, max_steps: int = 3, max_candidates: int = 5000,
-          strict: bool = True) -> AuditReport:
+          strict: bool = True, max_hypotheses: int = 2000, time_limit: float = 60.0) -> AuditReport:
     """Bind ``ckpt`` to ``bundle`` and compare the bound graph with ``reference``.
 
     ``reference``: an ``nn.Module`` holding the trusted weights (run in float64 on a copy), trusted
@@ -300,6 +304,9 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     or golden outputs (a list of arrays in graph-output order for the one input set ``inputs``, or a
     list of such lists, one per set). Without a reference only the binding is checked. Outputs agree
     when the largest absolute difference is at most ``tolerance * max(1, max |reference|)``.
+    Without trusted weights, structured hypotheses (``audit_search``: block exchanges, layer shifts,
+    Q/K/V orders, transposes) are searched first, bounded by ``max_hypotheses`` and ``time_limit``
+    seconds, then single exchanges.
     """
     from importers.checkpoints import as_checkpoint
     if callable(reference) and not _is_module(reference):
@@ -369,19 +376,22 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                                     f"exchange between them cannot be seen", keys=ex.keys,
                                severity="warning"))
 
-    # one evaluation per exchange from the checkpoint as given: observability and the first search step
-    first_errors: dict[Exchange, float] = {}
-    for ex in candidates:
-        if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
-            continue
-        outs = evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys))
-        first_errors[ex] = _max_error(outs, ref)
-        if base_outputs is not None and _max_error(outs, base_outputs) <= limit:
-            report.add(Finding("indistinguishable", f"{ex.describe()} changes no output on the {len(cases)} "
-                                                    f"input(s) used: these inputs cannot tell them apart",
-                               keys=ex.keys, severity="warning"))
+    def first_errors_of() -> dict[Exchange, float]:
+        """One evaluation per exchange from the checkpoint as given: observability and the first step."""
+        first_errors: dict[Exchange, float] = {}
+        for ex in candidates:
+            if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
+                continue
+            outs = evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys))
+            first_errors[ex] = _max_error(outs, ref)
+            if base_outputs is not None and _max_error(outs, base_outputs) <= limit:
+                report.add(Finding("indistinguishable", f"{ex.describe()} changes no output on the {len(cases)} "
+                                                        f"input(s) used: these inputs cannot tell them apart",
+                                   keys=ex.keys, severity="warning"))
+        return first_errors
 
     if before <= limit:
+        first_errors_of()
         report.error_after = before
         report.add(Finding("agreement", f"outputs agree with {what}: max error {_fmt(before)} on {len(cases)} "
                                         f"input(s)", severity="info", data={"max_error": before}))
@@ -401,6 +411,20 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                          f"compared): the difference lies in the graph or its role map, not in "
                                          f"the weights", data={"compared": report.weights.compared}))
         return report
+    structured = _structured_search(evaluator, _Evaluator(bound, slots, cases[:1]), tensors, ref, before, limit,
+                                    max_steps=max_steps, max_hypotheses=max_hypotheses, time_limit=time_limit)
+    report.search = {k: v for k, v in structured.to_dict().items() if k != "steps"}
+    if structured.bounded:
+        report.add(Finding("search_bounded", f"the structured search stopped at its bound: {structured.tried} "
+                                             f"hypotheses tried in {structured.time_s:.1f} s", severity="warning",
+                           data=report.search))
+    if structured.steps and structured.error <= limit:
+        report.error_after = structured.error
+        for h, err_in, err_out in structured.steps:
+            report.add(Finding(h.kind, f"{h.message}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=h.keys,
+                               data={**h.data, "error_before": err_in, "error_after": err_out}))
+        return report
+    first_errors = first_errors_of()
     suspects = _suspects(reference, tensors, ckpt)
     searched = [ex for ex in candidates if set(ex.keys) <= suspects]
     steps, error = _search(evaluator, tensors, searched, {ex: first_errors[ex] for ex in searched
@@ -413,12 +437,24 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                f"{ex.describe()}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=ex.keys,
                                data={"error_before": err_in, "error_after": err_out}))
     else:
+        # a suggestion that does not remove most of the error would mislead: it is not named
         best = min(first_errors.items(), key=lambda kv: kv[1], default=None)
-        hint = f" (the best single exchange, {best[0].describe()}, leaves {_fmt(best[1])})" if best else ""
-        report.add(Finding("unresolved", f"no exchange within the ambiguity groups restores agreement{hint}; the "
-                                         f"difference lies elsewhere (wrong values, or a role map or import error)",
-                           data={"candidates": len(candidates)}))
+        hint = f" (the best single exchange, {best[0].describe()}, leaves {_fmt(best[1])})" \
+            if best and best[1] < before / 2 else ""
+        tried = f" and none of {structured.tried} structured hypotheses" if structured.tried else ""
+        report.add(Finding("unresolved", f"no exchange within the ambiguity groups{tried} restores agreement{hint}; "
+                                         f"the difference lies elsewhere (wrong values, or a role map or import "
+                                         f"error)", data={"candidates": len(candidates), "hypotheses": structured.tried}))
     return report
+
+
+def _structured_search(evaluator: _Evaluator, screen: _Evaluator, tensors: dict[str, np.ndarray],
+                       ref: list[list[np.ndarray]], before: float, limit: float, **bounds: Any) -> SearchResult:
+    """Structured hypotheses, screened on the first input set and confirmed on all of them."""
+    def error_of(trial: dict[str, np.ndarray], changed: list[str], screening: bool) -> float:
+        use, against = (screen, ref[:1]) if screening else (evaluator, ref)
+        return _max_error(use.outputs(use.payload(trial, changed)), against)
+    return search(tensors, error_of, before, limit, **bounds)
 
 
 def _suspects(reference: Any, tensors: dict[str, np.ndarray], ckpt: Any) -> set[str]:

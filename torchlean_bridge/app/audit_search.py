@@ -156,9 +156,10 @@ def _reorder(a: np.ndarray, axis: int, perm: list[int]) -> np.ndarray:
 
 
 def _reorder_hypotheses(modules: dict[str, list[tuple[str, int]]], tensors: Mapping[str, np.ndarray],
-                        orders: list[tuple[int, list[int], str]]) -> Iterator[Hypothesis]:
-    """Each stored order (n slices per part) for every fused module at once, then for each module."""
-    groups = [list(modules)] + ([[m] for m in modules] if len(modules) > 1 else [])
+                        orders: list[tuple[int, list[int], str]], every: bool = True) -> Iterator[Hypothesis]:
+    """Each stored order (n slices per part) for every fused module at once (``every``), then for
+    each module."""
+    groups = ([list(modules)] if every else []) + ([[m] for m in modules] if len(modules) > 1 or not every else [])
     for n, perm, family in orders:
         for group in groups:
             members = [(k, ax) for m in group for k, ax in modules[m] if tensors[k].shape[ax] % n == 0]
@@ -188,6 +189,8 @@ def _qkv_orders(modules: dict[str, list[tuple[str, int]]], tensors: Mapping[str,
                 continue
             n = 3 * h
             cheap.append((n, [j * h + i for i in range(h) for j in range(3)], "qkv"))  # [Q0 K0 V0 Q1 ...]
+            if d // h < 2:
+                continue  # heads of width 1 would make every slice order a hypothesis
             for third in range(3):
                 for i, j in itertools.combinations(range(h), 2):
                     perm = list(range(n))
@@ -224,7 +227,7 @@ def hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
     gate_up = _fused_modules(tensors, _FUSED_GATE_UP, 2)
     yield from _reorder_hypotheses(gate_up, tensors, [(2, [1, 0], "gate_up")])
     yield from _transpose_hypotheses(tensors)
-    yield from _reorder_hypotheses(qkv, tensors, head_pairs)
+    yield from _reorder_hypotheses(qkv, tensors, head_pairs, every=False)
 
 
 # -- the search -----------------------------------------------------------------------------------------
@@ -255,7 +258,8 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
     steps: list[tuple[Hypothesis, float, float]] = []
     current, changed = dict(tensors), set()
     for _ in range(max_steps):
-        screened: list[tuple[float, int, Hypothesis, dict[str, np.ndarray]]] = []
+        screened: list[tuple[float, int, Hypothesis]] = []  # trials are rebuilt when confirmed: bounded memory
+        best = None
         for k, h in enumerate(hypotheses(current)):
             if tried >= max_hypotheses or time.perf_counter() - start > time_limit:
                 bounded = True
@@ -263,13 +267,22 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
             tried += 1
             trial = dict(current)
             trial.update(h.undo(current))
-            screened.append((error_of(trial, sorted(changed | set(h.keys)), True), k, h, trial))
-        screened.sort(key=lambda s: (s[0], s[1]))
-        best = None
-        for _, _, h, trial in screened[:confirm]:
-            e = error_of(trial, sorted(changed | set(h.keys)), False)
-            if best is None or e < best[0]:
-                best = (e, h, trial)
+            keys = sorted(changed | set(h.keys))
+            screen = error_of(trial, keys, True)
+            if screen <= limit:  # agreement on the first set: confirm now, and stop if it holds everywhere
+                e = error_of(trial, keys, False)
+                if e <= limit:
+                    best = (e, h, trial)
+                    break
+            screened.append((screen, k, h))
+        if best is None:
+            screened.sort(key=lambda s: (s[0], s[1]))
+            for _, _, h in screened[:confirm]:
+                trial = dict(current)
+                trial.update(h.undo(current))
+                e = error_of(trial, sorted(changed | set(h.keys)), False)
+                if best is None or e < best[0]:
+                    best = (e, h, trial)
         if best is None or not best[0] < error / 2:
             break
         steps.append((best[1], error, best[0]))

@@ -146,3 +146,36 @@ def test_hypotheses_are_generated_cheapest_first_and_the_bound_is_reported(impor
         return 1.0
     result = search(dict(ref), error_of, 1.0, 1e-6, max_hypotheses=10)
     assert result.bounded and result.tried == 10 and result.steps == [] and calls.count(True) == 10
+
+
+def test_the_command_with_golden_outputs(imported, tmp_path, capsys):
+    import json
+
+    from safetensors.numpy import save_file
+
+    from exporters.folder import save
+    from torchlean_bridge.app.cli import main
+    bundle, ref, xs, golden = imported
+    save(bundle, tmp_path / "bundle")
+    save_file(exchange_blocks(ref, 0, 3), str(tmp_path / "bad.safetensors"))
+    np.save(tmp_path / "x.npy", xs[0])
+    np.save(tmp_path / "y.npy", golden[0][0])
+    args = ["audit", str(tmp_path / "bundle"), "--checkpoint", str(tmp_path / "bad.safetensors"),
+            "--input", str(tmp_path / "x.npy"), "--golden", str(tmp_path / "y.npy")]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "[error] block_swap: block h.0 <-> h.3 exchanged (24 tensors): max error " in out
+    assert main(args + ["--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["swaps"] == [list(block_keys(ref, 0, 3))] and doc["search"]["bounded"] is False
+    # a time limit of 0 s stops the structured search and the single exchanges at once, and says so
+    start = time.perf_counter()
+    assert main(args + ["--time-limit", "0", "--json"]) == 1
+    assert time.perf_counter() - start < 3.0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["search"]["tried"] == 0 and doc["search"]["bounded"] is True and doc["swaps"] == []
+    bounded = [f["message"] for f in doc["findings"] if f["kind"] == "search_bounded"]
+    assert len(bounded) == 2 and bounded[0].startswith("the structured search stopped at its bound: 0 hypotheses")
+    assert bounded[1].startswith("the time limit (0.0 s) stopped the single exchanges after 0 of ")
+    assert main(args + ["--time-limit", "nan"]) == 2
+    assert "--time-limit must be a finite number" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -305,8 +306,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     list of such lists, one per set). Without a reference only the binding is checked. Outputs agree
     when the largest absolute difference is at most ``tolerance * max(1, max |reference|)``.
     Without trusted weights, structured hypotheses (``audit_search``: block exchanges, layer shifts,
-    Q/K/V orders, transposes) are searched first, bounded by ``max_hypotheses`` and ``time_limit``
-    seconds, then single exchanges.
+    Q/K/V orders, transposes) are searched first, bounded by ``max_hypotheses``, then single
+    exchanges; both within ``time_limit`` seconds from the start of the search.
     """
     from importers.checkpoints import as_checkpoint
     if callable(reference) and not _is_module(reference):
@@ -378,12 +379,19 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
 
     screen = _Evaluator(bound, slots, cases[:1])
 
+    deadline = [math.inf]  # set when the search starts: the single exchanges share the time limit
+
     def first_errors_of(observability_only: bool = False) -> dict[Exchange, float]:
         """One evaluation per exchange from the checkpoint as given: observability and the first step.
         For observability alone an exchange that changes the first input set's outputs is not
         evaluated further."""
         first_errors: dict[Exchange, float] = {}
         for ex in candidates:
+            if time.perf_counter() > deadline[0]:
+                report.add(Finding("search_bounded", f"the time limit ({time_limit} s) stopped the single exchanges "
+                                                     f"after {len(first_errors)} of {len(candidates)}",
+                                   severity="warning", data={"tried": len(first_errors), "of": len(candidates)}))
+                break
             if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
                 continue
             if observability_only and base_outputs is not None and len(cases) > 1:
@@ -419,6 +427,7 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                          f"compared): the difference lies in the graph or its role map, not in "
                                          f"the weights", data={"compared": report.weights.compared}))
         return report
+    deadline[0] = time.perf_counter() + time_limit
     structured = _structured_search(evaluator, screen, tensors, ref, before, limit,
                                     max_steps=max_steps, max_hypotheses=max_hypotheses, time_limit=time_limit)
     report.search = {k: v for k, v in structured.to_dict().items() if k != "steps"}
@@ -445,7 +454,7 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     searched = [ex for ex in candidates if set(ex.keys) <= suspects]
     steps, error = _search(evaluator, tensors, searched, {ex: first_errors[ex] for ex in searched
                                                                   if ex in first_errors},
-                                    ref, before, limit, max_steps)
+                                    ref, before, limit, max_steps, deadline[0])
     report.error_after = error
     if error <= limit:
         for ex, err_in, err_out in steps:
@@ -492,8 +501,9 @@ def _suspects(reference: Any, tensors: dict[str, np.ndarray], ckpt: Any) -> set[
 
 def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: list[Exchange],
             first_errors: dict[Exchange, float], ref: list[list[np.ndarray]], error: float, limit: float,
-            max_steps: int) -> tuple[list[tuple[Exchange, float, float]], float]:
-    """Greedy: apply the exchange that lowers the error most, until agreement or no improvement."""
+            max_steps: int, deadline: float = math.inf) -> tuple[list[tuple[Exchange, float, float]], float]:
+    """Greedy: apply the exchange that lowers the error most, until agreement, no improvement or the
+    deadline (``time.perf_counter()`` seconds)."""
     steps: list[tuple[Exchange, float, float]] = []
     current, changed = tensors, set()
     errors = first_errors
@@ -510,6 +520,8 @@ def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: l
             break
         errors = {}
         for ex in candidates:
+            if time.perf_counter() > deadline:
+                break
             if ex == best:
                 continue
             trial = ex.apply(current)

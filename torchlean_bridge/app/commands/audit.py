@@ -37,6 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tolerance", type=float, default=1e-6,
                    help="agreement: max |ours - reference| <= tolerance * max(1, max |reference|); the default "
                         "1e-6 suits --reference (run in float64); float32 --golden outputs need about 1e-5")
+    p.add_argument("--max-hypotheses", type=int, default=2000, metavar="N",
+                   help="without trusted weights: structured hypotheses (block exchanges, layer shifts, Q/K/V "
+                        "orders, transposes) tried at most (default 2000)")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                   help="without trusted weights: seconds the search (structured hypotheses, then single exchanges) may take "
+                        "(default 60)")
     p.add_argument("--no-strict", action="store_true", help="missing and unexpected keys are warnings, not errors")
     p.add_argument("--keep-prefix", action="store_true", help="do not strip a leading `module.` from keys")
     p.add_argument("--json", nargs="?", const="-", metavar="REPORT.json",
@@ -51,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     bounded_int(args.seed, "audit: --seed")
     if not math.isfinite(args.tolerance) or args.tolerance < 0:
         raise BridgeError(f"audit: --tolerance must be a finite number >= 0, got {args.tolerance}")
+    bounded_int(args.max_hypotheses, "audit: --max-hypotheses", 0, 10_000_000)
+    if not math.isfinite(args.time_limit) or args.time_limit < 0:
+        raise BridgeError(f"audit: --time-limit must be a finite number of seconds >= 0, got {args.time_limit}")
     bundle = read_bundle(args.bundle)
     ckpt = load_checkpoint(args.checkpoint, strip_prefix=None if args.keep_prefix else "module.")
     if args.reference and args.golden:
@@ -60,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         reference = _reference(args.reference, None if args.keep_prefix else "module.")
     inputs = [read_array(p) for p in args.input] or None
     report = audit(bundle, ckpt, reference=reference, inputs=inputs, tolerance=args.tolerance,
-                   samples=args.samples, seed=args.seed, strict=not args.no_strict)
+                   samples=args.samples, seed=args.seed, strict=not args.no_strict,
+                   max_hypotheses=args.max_hypotheses, time_limit=args.time_limit)
     if args.json == "-":
         print(json.dumps(report.to_json(), indent=1))
     else:

@@ -4,7 +4,6 @@ error left once it is undone (0 for a full explanation)."""
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -40,6 +39,9 @@ def test_exchanged_blocks_against_the_module(imported):
     assert named(report)[1] == ("block_swap", "block h.1 <-> h.2 exchanged (24 tensors)")
     (swap,) = report.swaps
     assert swap.keys == block_keys(ref, 1, 2)
+    short = report.short().splitlines()
+    assert short[0] == "audit of <state_dict>: FAILED" and len(short) == 3
+    assert short[2].startswith("  block_swap: block h.1 <-> h.2 exchanged (24 tensors): max error ")
     assert swap.data["error_before"] > 0.05 and swap.data["error_after"] < 1e-9 and report.error_after < 1e-9
 
 

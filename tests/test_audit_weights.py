@@ -137,6 +137,8 @@ def test_float32_and_float64_copies_and_signed_zeros_hash_alike():
 def test_two_exchanged_blocks_are_one_finding(ref):
     report = compare_weights(exchange_blocks(ref, 1, 2), ref)
     assert errors(report) == [("block_swap", "block h.1 <-> h.2 exchanged (24 tensors)")]
+    assert report.short() == ("weights: 26 of 50 tensor(s) identical to the reference\n"
+                              "  block_swap: block h.1 <-> h.2 exchanged (24 tensors)")
     assert report.findings[0].keys == block_keys(ref, 1, 2)
     assert report.findings[0].data["map"] == {"1": 2, "2": 1}
 
@@ -206,7 +208,8 @@ def test_per_head_interleave_and_two_heads_exchanged(ref):
     interleaved = w.reshape(D, 3, HEADS, hd).transpose(0, 2, 1, 3).reshape(D, 3 * D)
     w3 = ref["h.3.attn.c_attn.weight"]
     heads = w3.copy()
-    heads[:, D + hd:D + 2 * hd], heads[:, D + 2 * hd:D + 3 * hd] = w3[:, D + 2 * hd:D + 3 * hd], w3[:, D + hd:D + 2 * hd]
+    k1, k2 = slice(D + hd, D + 2 * hd), slice(D + 2 * hd, D + 3 * hd)
+    heads[:, k1], heads[:, k2] = w3[:, k2], w3[:, k1]
     sd = dict(ref, **{"h.1.attn.c_attn.weight": interleaved, "h.3.attn.c_attn.weight": heads})
     assert errors(compare_weights(sd, ref)) == [
         ("reordered", "h.1.attn.c_attn.weight: interleaved along axis 1: per-head interleave, [Q0, K0, V0, Q1, ...] "

@@ -96,6 +96,12 @@ class AuditReport(Report):
     def to_dict(self) -> dict:
         return self.to_json()
 
+    def short(self) -> str:
+        """The short text form: the status, then what is wrong (errors only), or the agreement."""
+        lines = [f"{self.title}: {'OK' if self.ok else 'FAILED'}"]
+        lines += [f"  {f.kind}: {f.message}" for f in self.findings if f.severity == "error" or f.kind == "agreement"]
+        return "\n".join(lines)
+
 
 # -- inputs and the reference ---------------------------------------------------------------------
 def _given_cases(g: Graph, inputs: Any) -> list[Case]:
@@ -469,7 +475,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
         tried = f" and none of {structured.tried} structured hypotheses" if structured.tried else ""
         report.add(Finding("unresolved", f"no exchange within the ambiguity groups{tried} restores agreement{hint}; "
                                          f"the difference lies elsewhere (wrong values, or a role map or import "
-                                         f"error)", data={"candidates": len(candidates), "hypotheses": structured.tried}))
+                                         f"error)",
+                           data={"candidates": len(candidates), "hypotheses": structured.tried}))
     return report
 
 

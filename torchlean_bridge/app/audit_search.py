@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from .audit_weights import _describe_order
+from .audit_weights import describe_order
 
 __all__ = ["Hypothesis", "hypotheses", "SearchResult", "search"]
 
@@ -104,7 +104,8 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]
             # a block exchange must move at least two different tensor kinds; one is a pair exchange
             if moves and _distinct(moves, tensors) >= 4:
                 yield _move_hypothesis("block_swap", f"block {_name(prefix, a)} <-> {_name(prefix, b)} exchanged "
-                                       f"({len(moves)} tensors)", moves, {"prefix": label, "map": {str(a): b, str(b): a}})
+                                       f"({len(moves)} tensors)", moves,
+                                       {"prefix": label, "map": {str(a): b, str(b): a}})
         n = len(idx)
         if idx != list(range(idx[0], idx[0] + n)):
             continue
@@ -166,10 +167,9 @@ def _reorder_hypotheses(modules: dict[str, list[tuple[str, int]]], tensors: Mapp
             if not members:
                 continue
             first_key, first_axis = members[0]
-            desc = _describe_order(first_key, tensors[first_key].shape, first_axis, n, perm)
-            where = f"every {'fused projection' if family != 'gate_up' else 'fused gate/up'} ({len(members)} tensors)" \
-                if len(group) > 1 else ", ".join(k for k, _ in members)
-            desc = re.sub(r" along axis \d+", "", desc)
+            desc = describe_order(tensors[first_key].shape[first_axis] // n, n, perm)
+            what = "fused projection" if family != "gate_up" else "fused gate/up"
+            where = f"every {what} ({len(members)} tensors)" if len(group) > 1 else ", ".join(k for k, _ in members)
 
             def undo(t: Mapping[str, np.ndarray], members=members, perm=perm) -> dict[str, np.ndarray]:
                 return {k: _reorder(t[k], ax, perm) for k, ax in members}

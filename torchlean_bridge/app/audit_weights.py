@@ -29,7 +29,7 @@ import numpy as np
 
 from ..report import Finding, Report
 
-__all__ = ["WeightReport", "compare_weights", "tensor_hash", "EXPLAINED_KINDS"]
+__all__ = ["WeightReport", "compare_weights", "tensor_hash", "describe_order", "EXPLAINED_KINDS"]
 
 # finding kinds that name a transformation: undoing it restores the trusted tensor
 EXPLAINED_KINDS = ("block_swap", "block_cycle", "layer_shift", "swap", "cycle", "moved", "transpose",
@@ -102,8 +102,8 @@ class WeightReport(Report):
     def to_dict(self) -> dict:
         return self.to_json()
 
-    def text(self) -> str:
-        """One line per finding, after a count."""
+    def short(self) -> str:
+        """The short text form: a count, then one line per finding."""
         head = f"{self.title}: {self.same} of {self.compared} tensor(s) identical to the reference"
         return "\n".join([head] + [f"  {f.kind}: {f.message}" for f in self.findings])
 
@@ -290,32 +290,32 @@ def _interleave(perm: list[int]) -> tuple[int, int] | None:
     return None
 
 
-def _describe_order(key: str, shape: tuple[int, ...], axis: int, n: int, perm: list[int]) -> str:
-    width = shape[axis] // n
-    where = f"along axis {axis}"
+def describe_order(width: int, n: int, perm: list[int], where: str = "") -> str:
+    """Words for a stored order of ``n`` slices ``width`` wide (``where``: e.g. "along axis 1")."""
+    where = f" {where}" if where else ""
     moved = [i for i in range(n) if perm[i] != i]
     if n == 3:
         names = "QKV"
         order = "".join(names[p] for p in perm)
         what = f"{names[moved[0]]} and {names[moved[1]]} exchanged" if len(moved) == 2 else f"order {order}"
-        return f"thirds {where} reordered: {what} (stored as [{', '.join(order)}], reference [Q, K, V]; {width} wide)"
+        return f"thirds{where} reordered: {what} (stored as [{', '.join(order)}], reference [Q, K, V]; {width} wide)"
     if n == 2:
-        return f"halves {where} exchanged (e.g. gate/up or K/V order; {width} wide)"
+        return f"halves{where} exchanged (e.g. gate/up or K/V order; {width} wide)"
     inter = _interleave(perm)
     if inter:
         a, b = inter
         layout = (f"[Q0, K0, V0, Q1, ...] for the reference's [Q0..Q{b - 1}, K.., V..]" if a == 3
                   else f"slice j of each of the reference's {a} runs of {b} side by side")
-        return f"interleaved {where}: per-head interleave, {layout} ({n} slices, {width} wide)"
+        return f"interleaved{where}: per-head interleave, {layout} ({n} slices, {width} wide)"
     if len(moved) == 2:
         i, j = moved
         if n % 3 == 0 and i // (n // 3) == j // (n // 3):
             per = n // 3
             part = "QKV"[i // per]
-            return (f"{part} heads {i % per} <-> {j % per} exchanged {where} ({per} heads per third, "
+            return (f"{part} heads {i % per} <-> {j % per} exchanged{where} ({per} heads per third, "
                     f"{width} wide)")
-        return f"slices {i} <-> {j} of {n} exchanged {where} ({width} wide)"
-    return f"{n} slices {where} reordered ({width} wide): stored order {perm}"
+        return f"slices {i} <-> {j} of {n} exchanged{where} ({width} wide)"
+    return f"{n} slices{where} reordered ({width} wide): stored order {perm}"
 
 
 # -- per-key explanations -----------------------------------------------------------------------------
@@ -346,7 +346,8 @@ def _explain(key: str, ours: np.ndarray, ref: np.ndarray) -> Finding:
     order = _slice_order(ours, ref)
     if order is not None:
         axis, n, perm = order
-        return Finding("reordered", f"{key}: {_describe_order(key, ours.shape, axis, n, perm)}", keys=(key,),
+        text = describe_order(ours.shape[axis] // n, n, perm, f"along axis {axis}")
+        return Finding("reordered", f"{key}: {text}", keys=(key,),
                        data={"axis": axis, "slices": n, "order": perm})
     o, r = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
     if ref.dtype.kind == "f":

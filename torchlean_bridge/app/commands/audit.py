@@ -41,8 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="without trusted weights: structured hypotheses (block exchanges, layer shifts, Q/K/V "
                         "orders, transposes) tried at most (default 2000)")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
-                   help="without trusted weights: seconds the search (structured hypotheses, then single exchanges) may take "
-                        "(default 60)")
+                   help="without trusted weights: seconds the search (structured hypotheses, then single "
+                        "exchanges) may take (default 60)")
     p.add_argument("--no-strict", action="store_true", help="missing and unexpected keys are warnings, not errors")
     p.add_argument("--keep-prefix", action="store_true", help="do not strip a leading `module.` from keys")
     p.add_argument("--json", nargs="?", const="-", metavar="REPORT.json",

@@ -15,6 +15,7 @@ import torchlean_bridge as tlb
 from tests.test_audit_weights import D, HEADS, GPT2Like, block_keys, exchange_blocks, shifted, thirds
 from torchlean_bridge.app.audit import audit
 from torchlean_bridge.app.audit_search import _reorder, hypotheses, search
+from torchlean_bridge.app.audit_weights import compare_weights
 
 HD = D // HEADS
 BOUND_S = 5.0  # each named case below is found in well under this (0.05 to 0.4 s measured)
@@ -109,6 +110,18 @@ def test_two_heads_exchanged(imported):
                      "4 wide)")
 
 
+def test_the_same_exchange_in_every_layer(imported):
+    ref = imported[1]
+    sd = dict(ref)
+    for i in range(4):
+        a, b = f"h.{i}.ln_2.weight", f"h.{i}.attn.c_proj.bias"
+        sd[a], sd[b] = ref[b], ref[a]
+    kind, message, keys = named(imported, sd)
+    assert (kind, message) == ("swap", "attn.c_proj.bias <-> ln_2.weight exchanged in every layer of h (4 pairs)")
+    assert len(keys) == 8
+    assert compare_weights(sd, ref).findings[0].message == message  # the weight audit's words
+
+
 def test_a_transposed_square_weight(imported):
     ref = imported[1]
     sd = dict(ref, **{"h.0.attn.c_proj.weight": ref["h.0.attn.c_proj.weight"].T.copy()})
@@ -136,8 +149,8 @@ def test_slice_restoration_inverts_the_stored_order():
 def test_hypotheses_are_generated_cheapest_first_and_the_bound_is_reported(imported):
     ref = imported[1]
     kinds = [h.kind for h in hypotheses(ref)]
-    first = {k: kinds.index(k) for k in ("block_swap", "layer_shift", "reordered", "transpose")}
-    assert first["block_swap"] < first["layer_shift"] < first["reordered"] < first["transpose"]
+    first = {k: kinds.index(k) for k in ("block_swap", "layer_shift", "swap", "reordered", "transpose")}
+    assert first["block_swap"] < first["layer_shift"] < first["swap"] < first["reordered"] < first["transpose"]
     assert kinds.count("block_swap") == 6  # C(4, 2) layer pairs
     calls = []
 

@@ -306,3 +306,44 @@ def test_the_command_takes_a_checkpoint_as_the_reference(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["swaps"] == [["0.bias", "2.bias"]] and doc["weights"] == {"compared": 4, "same": 2}
     assert main(args + ["--checkpoint", str(tmp_path / "trusted.safetensors")]) == 0
+
+
+def llama_like(layers: int = 3, d: int = 8, kv: int = 4, hidden: int = 12) -> dict[str, np.ndarray]:
+    """A Llama-style state_dict with grouped-query attention (separate q/k/v, k and v narrower)."""
+    rng = np.random.default_rng(11)
+    sd = {}
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        shapes = {"self_attn.q_proj.weight": (d, d), "self_attn.k_proj.weight": (kv, d),
+                  "self_attn.v_proj.weight": (kv, d), "self_attn.o_proj.weight": (d, d),
+                  "mlp.gate_proj.weight": (hidden, d), "mlp.up_proj.weight": (hidden, d),
+                  "mlp.down_proj.weight": (d, hidden), "input_layernorm.weight": (d,),
+                  "post_attention_layernorm.weight": (d,)}
+        sd.update({f"{p}.{k}": rng.standard_normal(s) for k, s in shapes.items()})
+    return sd
+
+
+def test_gate_and_up_exchanged_in_every_layer_is_one_finding():
+    ref = llama_like()
+    sd = dict(ref)
+    for i in range(3):
+        g, u = f"model.layers.{i}.mlp.gate_proj.weight", f"model.layers.{i}.mlp.up_proj.weight"
+        sd[g], sd[u] = ref[u], ref[g]
+    report = compare_weights(sd, ref)
+    assert errors(report) == [("swap", "mlp.gate_proj.weight <-> mlp.up_proj.weight exchanged in every layer of "
+                                       "model.layers (3 pairs)")]
+    assert len(report.findings[0].keys) == 6
+
+
+def test_k_and_v_exchanged_in_one_layer_of_a_gqa_model_and_gate_up_in_two():
+    ref = llama_like()
+    sd = dict(ref)
+    k, v = "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight"
+    sd[k], sd[v] = ref[v], ref[k]
+    for i in (0, 2):
+        g, u = f"model.layers.{i}.mlp.gate_proj.weight", f"model.layers.{i}.mlp.up_proj.weight"
+        sd[g], sd[u] = ref[u], ref[g]
+    assert errors(compare_weights(sd, ref)) == [
+        ("swap", "mlp.gate_proj.weight <-> mlp.up_proj.weight exchanged in layers model.layers.0, model.layers.2 "
+                 "(2 pairs)"),
+        ("swap", f"swap {k} <-> {v}")]

@@ -7,6 +7,7 @@ the audit tries these hypotheses, each a way to restore the checkpoint:
 
 - block exchanges: every tensor of layer ``a`` with the same-named tensor of layer ``b``;
 - layer shifts: every layer moved by one (or rotated by ``d``);
+- one exchange repeated in every layer (gate/up, K/V of the same shape, two norms);
 - fused projections (keys named like ``c_attn``, ``qkv``, ``in_proj``, ``query_key_value``): the five
   other orders of the Q/K/V thirds, per-head interleavings, two heads exchanged in one third;
   fused gate/up keys: their halves exchanged; each for every layer at once and for one layer;
@@ -127,6 +128,26 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]
                                        moves, {"prefix": label, "shift": d})
 
 
+def _layer_swap_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
+    """The same exchange of two same-shaped tensors (gate/up, K/V, two norms) in every layer."""
+    for prefix, layers in _layer_index(sorted(tensors)).items():
+        if len(layers) < 2:
+            continue
+        common = set.intersection(*(set(s) for s in layers.values()))
+        label = ".".join(prefix) if prefix else "layer"
+        for x, y in itertools.combinations(sorted(common), 2):
+            moves = {}
+            for suffixes in layers.values():
+                a, b = suffixes[x], suffixes[y]
+                if tensors[a].shape != tensors[b].shape:
+                    moves = {}
+                    break
+                moves.update({a: b, b: a})
+            if moves and _distinct(moves, tensors) >= 4:
+                yield _move_hypothesis("swap", f"{x} <-> {y} exchanged in every layer of {label} "
+                                       f"({len(layers)} pairs)", moves, {"prefix": label, "suffixes": [x, y]})
+
+
 # -- fused projections ----------------------------------------------------------------------------------
 def _fused_modules(tensors: Mapping[str, np.ndarray], pattern: re.Pattern, parts: int
                    ) -> dict[str, list[tuple[str, int]]]:
@@ -221,6 +242,7 @@ def _transpose_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothe
 def hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
     """Every structured hypothesis for these checkpoint tensors, cheapest families first."""
     yield from _block_hypotheses(tensors)
+    yield from _layer_swap_hypotheses(tensors)
     qkv = _fused_modules(tensors, _FUSED_QKV, 3)
     cheap, head_pairs = _qkv_orders(qkv, tensors)
     yield from _reorder_hypotheses(qkv, tensors, cheap)

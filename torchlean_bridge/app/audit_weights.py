@@ -7,7 +7,8 @@ transformation that reproduces it exactly:
 
 1. another key's tensor: moves grouped into permutations; moves between keys that differ only in a
    layer index are grouped by their index pattern, so a layer-mapping bug reads ``block h.1 <-> h.2``
-   or ``every layer of h shifted by +1`` instead of dozens of pairs;
+   or ``every layer of h shifted by +1`` instead of dozens of pairs, and one exchange repeated in
+   several layers reads ``gate_proj.weight <-> up_proj.weight exchanged in every layer of layers``;
 2. a transpose (2-D);
 3. a reordering of equal slices along one axis (Q/K/V thirds, gate/up halves, per-head interleave,
    head order): the fewest slices whose permutation reproduces the tensor;
@@ -232,13 +233,55 @@ def _block_findings(prefix: tuple[str, ...], index_map: dict[int, int], members:
     return out
 
 
-def _pair_findings(moves: list[_Move]) -> list[Finding]:
+def _within_layer(a: str, b: str) -> tuple[tuple[str, ...], int, str, str] | None:
+    """(prefix, layer index, suffix of a, suffix of b) when both keys sit in the same numbered layer."""
+    pa, pb = a.split("."), b.split(".")
+    for i, (x, y) in enumerate(zip(pa[:-1], pb[:-1])):
+        if x != y:
+            return None
+        if _INDEX.match(x):
+            return tuple(pa[:i]), int(x), ".".join(pa[i + 1:]), ".".join(pb[i + 1:])
+    return None
+
+
+def _layer_swaps(pairs: list[list[str]], layers: Mapping[tuple[str, ...], set[int]]) -> tuple[list[Finding],
+                                                                                              list[list[str]]]:
+    """The same exchange (e.g. gate_proj <-> up_proj) in several layers: one finding naming it."""
+    groups: dict[tuple[tuple[str, ...], str, str], list[tuple[int, list[str]]]] = {}
+    rest = []
+    for pair in pairs:
+        w = _within_layer(*pair)
+        if w is None:
+            rest.append(pair)
+            continue
+        prefix, index, x, y = w
+        if x > y:
+            x, y = y, x
+        groups.setdefault((prefix, x, y), []).append((index, pair))
+    out = []
+    for (prefix, x, y), members in sorted(groups.items()):
+        if len(members) < 2:
+            rest.extend(pair for _, pair in members)
+            continue
+        indices = sorted(i for i, _ in members)
+        name = ".".join(prefix) if prefix else "layer"
+        scope = f"every layer of {name}" if set(indices) >= layers.get(prefix, set()) else \
+            "layers " + ", ".join(_layer_name(prefix, i) for i in indices)
+        keys = tuple(sorted(k for _, pair in members for k in pair))
+        out.append(Finding("swap", f"{x} <-> {y} exchanged in {scope} ({len(members)} pairs)", keys=keys,
+                           data={"prefix": name, "layers": indices, "suffixes": [x, y]}))
+    return out, rest
+
+
+def _pair_findings(moves: list[_Move], layers: Mapping[tuple[str, ...], set[int]]) -> list[Finding]:
     mapping = {m.dst: m.src for m in moves}
     cycles, chains = _cycles(mapping)
-    out = []
+    grouped, pairs = _layer_swaps([c for c in cycles if len(c) == 2], layers)
+    out = list(grouped)
+    out += [Finding("swap", f"swap {a} <-> {b}", keys=(a, b)) for a, b in pairs]
     for cyc in cycles:
         if len(cyc) == 2:
-            out.append(Finding("swap", f"swap {cyc[0]} <-> {cyc[1]}", keys=tuple(cyc)))
+            continue
         else:
             out.append(Finding("cycle", "cycle " + " <- ".join(cyc + [cyc[0]]) + " (each holds the next one's tensor)",
                                keys=tuple(cyc)))
@@ -435,9 +478,10 @@ def compare_weights(ckpt: Mapping[str, np.ndarray], reference: Mapping[str, np.n
         # prefer a source that itself differs (a permutation), then one a layer index away
         sources.sort(key=lambda s: (s not in differing_set, _split_index(k, s) is None, s))
         moves.append(_Move(k, sources[0]))
-    blocks, rest = _group_moves(moves, _layers(reference))
+    layers = _layers(reference)
+    blocks, rest = _group_moves(moves, layers)
     report.extend(blocks)
-    report.extend(_pair_findings(rest))
+    report.extend(_pair_findings(rest, layers))
     different = []
     for k in unexplained:
         f = _explain(k, np.asarray(ckpt[k]), np.asarray(reference[k]))

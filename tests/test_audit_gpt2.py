@@ -4,6 +4,7 @@ error left once it is undone (0 for a full explanation)."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,8 +41,9 @@ def test_exchanged_blocks_against_the_module(imported):
     (swap,) = report.swaps
     assert swap.keys == block_keys(ref, 1, 2)
     short = report.short().splitlines()
-    assert short[0] == "audit of <state_dict>: FAILED" and len(short) == 3
+    assert short[0] == "audit of <state_dict>: FAILED" and len(short) == 4
     assert short[2].startswith("  block_swap: block h.1 <-> h.2 exchanged (24 tensors): max error ")
+    assert short[3].startswith("  first_departure: first departure at node ")
     assert swap.data["error_before"] > 0.05 and swap.data["error_after"] < 1e-9 and report.error_after < 1e-9
 
 
@@ -87,3 +89,22 @@ def test_a_perturbed_tensor_is_named_without_an_invented_exchange(imported):
     assert report.swaps == [] and not report.of_kind("unresolved")
     (different,) = report.of_kind("different_values")
     assert different.keys == ("h.3.mlp.c_fc.bias",) and different.data["error_after"] < 1e-9
+
+
+def test_the_first_departure_points_at_the_layer_of_a_perturbed_tensor(imported):
+    model, bundle, ref = imported
+    noise = np.random.default_rng(3).standard_normal(ref["h.2.mlp.c_fc.weight"].shape) * 0.01
+    report = audit(bundle, dict(ref, **{"h.2.mlp.c_fc.weight": ref["h.2.mlp.c_fc.weight"] + noise}), reference=model)
+    (where,) = report.of_kind("first_departure")
+    assert where.keys[0] == "h.2.mlp.c_fc.weight" and where.severity == "info"
+    assert bundle.roles.for_node(where.node)[0].key == "h.2.mlp.c_fc.weight"
+    assert where.message.startswith(f"first departure at node {where.node} (")
+    # every node before it agrees exactly: nothing upstream of the perturbed tensor moved
+    assert all(all(b.key != "h.2.mlp.c_fc.weight" for b in bundle.roles.for_node(n.id))
+               for n in bundle.graph.nodes if n.id < where.node)
+
+
+def test_the_first_departure_of_exchanged_blocks_is_in_the_first_of_them(imported):
+    model, bundle, ref = imported
+    (where,) = audit(bundle, exchange_blocks(ref, 1, 2), reference=model).of_kind("first_departure")
+    assert where.keys and all(k.startswith("h.1.") for k in where.keys)

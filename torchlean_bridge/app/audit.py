@@ -14,7 +14,8 @@ With trusted weights (a reference module's state_dict, or a state_dict/checkpoin
 reference) the checkpoint is first compared with them tensor by tensor (``audit_weights``: exact
 hashes, no evaluation); every difference found there is named as its transformation (block
 exchange, layer shift, Q/K/V reorder, transpose, rounding, scale, different values) with the output
-error before and after undoing it, and the exchange search is not needed.
+error before and after undoing it, and the exchange search is not needed; the first node whose
+value departs (``audit_localize``) names the layer even for a difference nothing explains.
 """
 
 from __future__ import annotations
@@ -97,9 +98,11 @@ class AuditReport(Report):
         return self.to_json()
 
     def short(self) -> str:
-        """The short text form: the status, then what is wrong (errors only), or the agreement."""
+        """The short text form: the status, then what is wrong (errors, and where it first shows), or
+        the agreement."""
         lines = [f"{self.title}: {'OK' if self.ok else 'FAILED'}"]
-        lines += [f"  {f.kind}: {f.message}" for f in self.findings if f.severity == "error" or f.kind == "agreement"]
+        lines += [f"  {f.kind}: {f.message}" for f in self.findings
+                  if f.severity == "error" or f.kind in ("agreement", "first_departure")]
         return "\n".join(lines)
 
 
@@ -426,6 +429,10 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                        data={"max_error": before, "limit": limit}))
     if by_weights:
         report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
+        from .audit_localize import first_departure
+        where = first_departure(bundle, ckpt, trusted, cases[0], tolerance) if cases else None
+        if where is not None:
+            report.add(where)
         return report
     if covered:
         report.error_after = before

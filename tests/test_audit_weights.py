@@ -347,3 +347,22 @@ def test_k_and_v_exchanged_in_one_layer_of_a_gqa_model_and_gate_up_in_two():
         ("swap", "mlp.gate_proj.weight <-> mlp.up_proj.weight exchanged in layers model.layers.0, model.layers.2 "
                  "(2 pairs)"),
         ("swap", f"swap {k} <-> {v}")]
+
+
+def test_a_key_overwritten_by_another_keys_tensor_is_a_move():
+    rng = np.random.default_rng(2)
+    ref = {"enc.weight": rng.standard_normal((4, 4)), "dec.weight": rng.standard_normal((4, 4))}
+    sd = {"enc.weight": ref["enc.weight"], "dec.weight": ref["enc.weight"]}
+    assert errors(compare_weights(sd, ref)) == [("moved", "dec.weight holds the reference's enc.weight")]
+
+
+def test_slice_orders_of_a_large_tensor_are_found_quickly():
+    """A [1024, 3072] fused projection with Q and K exchanged, among 3072's many divisors."""
+    import time
+    rng = np.random.default_rng(0)
+    ref = {"attn.c_attn.weight": rng.standard_normal((1024, 3072)).astype(np.float32)}
+    sd = {"attn.c_attn.weight": thirds(ref["attn.c_attn.weight"], (1, 0, 2))}
+    start = time.perf_counter()
+    (f,) = compare_weights(sd, ref).findings
+    assert f.data == {"axis": 1, "slices": 3, "order": [1, 0, 2]}
+    assert time.perf_counter() - start < 5.0

@@ -28,13 +28,12 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from .audit_weights import describe_order
+from .audit_weights import _index_of, _label, _layer_name, describe_order
 
 __all__ = ["Hypothesis", "hypotheses", "SearchResult", "search"]
 
 _FUSED_QKV = re.compile(r"(c_attn|qkv|in_proj|query_key_value)", re.IGNORECASE)
 _FUSED_GATE_UP = re.compile(r"(gate_up|w13|w1_w3)", re.IGNORECASE)
-_INDEX = re.compile(r"^\d+$")
 MAX_HEADS = 64
 
 
@@ -52,19 +51,18 @@ class Hypothesis:
 
 # -- layers ---------------------------------------------------------------------------------------------
 def _layer_index(keys: list[str]) -> dict[tuple[str, ...], dict[int, dict[str, str]]]:
-    """prefix -> layer index -> suffix -> key, for the first numeric component of every key."""
+    """prefix (ending with the index's stem) -> layer index -> suffix -> key, for the first layer
+    component of every key."""
     out: dict[tuple[str, ...], dict[int, dict[str, str]]] = {}
     for key in keys:
         parts = key.split(".")
         for i, p in enumerate(parts[:-1]):
-            if _INDEX.match(p):
-                out.setdefault(tuple(parts[:i]), {}).setdefault(int(p), {})[".".join(parts[i + 1:])] = key
+            index = _index_of(p)
+            if index is not None:
+                prefix = tuple(parts[:i]) + (index[0],)
+                out.setdefault(prefix, {}).setdefault(index[1], {})[".".join(parts[i + 1:])] = key
                 break
     return out
-
-
-def _name(prefix: tuple[str, ...], i: int) -> str:
-    return ".".join(prefix + (str(i),))
 
 
 def _moves(layers: dict[int, dict[str, str]], tensors: Mapping[str, np.ndarray],
@@ -99,12 +97,12 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]
         idx = sorted(layers)
         if len(idx) < 2:
             continue
-        label = ".".join(prefix) if prefix else "layer"
+        label = _label(prefix)
         for a, b in itertools.combinations(idx, 2):
             moves = _moves(layers, tensors, {a: b, b: a})
             # a block exchange must move at least two different tensor kinds; one is a pair exchange
             if moves and _distinct(moves, tensors) >= 4:
-                yield _move_hypothesis("block_swap", f"block {_name(prefix, a)} <-> {_name(prefix, b)} exchanged "
+                yield _move_hypothesis("block_swap", f"block {_layer_name(prefix, a)} <-> {_layer_name(prefix, b)} exchanged "
                                        f"({len(moves)} tensors)", moves,
                                        {"prefix": label, "map": {str(a): b, str(b): a}})
         n = len(idx)
@@ -123,8 +121,8 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]
             if moves and _distinct(moves, tensors) >= 4:
                 lo, hi = (idx[1], idx[-1]) if d == 1 else (idx[0], idx[-2])
                 yield _move_hypothesis("layer_shift", f"every layer of {label} shifted by {d:+d}: "
-                                       f"{_name(prefix, lo)}..{_name(prefix, hi)} hold the reference's "
-                                       f"{_name(prefix, lo - d)}..{_name(prefix, hi - d)} ({len(moves)} tensors)",
+                                       f"{_layer_name(prefix, lo)}..{_layer_name(prefix, hi)} hold the reference's "
+                                       f"{_layer_name(prefix, lo - d)}..{_layer_name(prefix, hi - d)} ({len(moves)} tensors)",
                                        moves, {"prefix": label, "shift": d})
 
 
@@ -134,7 +132,7 @@ def _layer_swap_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypoth
         if len(layers) < 2:
             continue
         common = set.intersection(*(set(s) for s in layers.values()))
-        label = ".".join(prefix) if prefix else "layer"
+        label = _label(prefix)
         for x, y in itertools.combinations(sorted(common), 2):
             moves = {}
             for suffixes in layers.values():
@@ -227,7 +225,7 @@ def _transpose_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothe
     for prefix, layers in _layer_index(squares).items():
         for i, suffixes in layers.items():
             for suffix, key in suffixes.items():
-                by_suffix.setdefault(".".join(prefix) + ".*." + suffix, []).append(key)
+                by_suffix.setdefault(_layer_name(prefix, "*") + "." + suffix, []).append(key)
 
     def undo_of(keys: list[str]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
         return lambda t: {k: np.ascontiguousarray(t[k].T) for k in keys}

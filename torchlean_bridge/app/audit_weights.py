@@ -38,7 +38,23 @@ EXPLAINED_KINDS = ("block_swap", "block_cycle", "layer_shift", "swap", "cycle", 
 MAX_SLICES = 4096          # slice orders are searched with at most this many slices along one axis
 MAX_REORDER_ELEMENTS = 1 << 26  # larger tensors are not searched for slice orders (hashing cost)
 
-_INDEX = re.compile(r"^\d+$")
+_INDEX = re.compile(r"^(|.*_)(\d+)$")  # a layer index: `3`, or the `3` of `encoder_layer_3`
+
+
+def _index_of(component: str) -> tuple[str, int] | None:
+    """(stem, index) of a layer component (`3` -> ("", 3), `encoder_layer_3` -> ("encoder_layer_", 3))."""
+    m = _INDEX.match(component)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def _layer_name(prefix: tuple[str, ...], index: int | str) -> str:
+    """The key prefix of one layer; ``prefix`` ends with the index's stem."""
+    return ".".join(prefix[:-1] + (prefix[-1] + str(index),))
+
+
+def _label(prefix: tuple[str, ...]) -> str:
+    """The layers' collective name: ``h``, ``encoder.layers.encoder_layer``."""
+    return ".".join(p for p in prefix[:-1] + (prefix[-1].rstrip("_"),) if p) or "layer"
 
 
 # -- canonical hashes ---------------------------------------------------------------------------------
@@ -121,10 +137,13 @@ def _split_index(dst: str, src: str) -> tuple[tuple[str, ...], int, int, int] | 
     if len(a) != len(b):
         return None
     diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
-    if len(diff) != 1 or not (_INDEX.match(a[diff[0]]) and _INDEX.match(b[diff[0]])):
+    if len(diff) != 1:
         return None
     p = diff[0]
-    return tuple(a[:p]), p, int(a[p]), int(b[p])
+    ia, ib = _index_of(a[p]), _index_of(b[p])
+    if ia is None or ib is None or ia[0] != ib[0]:
+        return None
+    return tuple(a[:p]) + (ia[0],), p, ia[1], ib[1]
 
 
 def _cycles(mapping: Mapping[Any, Any]) -> tuple[list[list[Any]], list[list[Any]]]:
@@ -154,10 +173,6 @@ def _cycles(mapping: Mapping[Any, Any]) -> tuple[list[list[Any]], list[list[Any]
     return cycles, chains
 
 
-def _layer_name(prefix: tuple[str, ...], index: int) -> str:
-    return ".".join(prefix + (str(index),))
-
-
 def _group_moves(moves: list[_Move], layers: Mapping[tuple[str, ...], set[int]]) -> tuple[list[Finding], list[_Move]]:
     """Moves between keys differing only in one layer index, grouped by (prefix, index map): each
     group with at least two tensors becomes one block finding; the rest are returned."""
@@ -176,7 +191,7 @@ def _group_moves(moves: list[_Move], layers: Mapping[tuple[str, ...], set[int]])
         for _, d, s in members:
             if index_map.setdefault(d, s) != s:
                 consistent = False
-        kinds = {tuple(m.dst.split(".")[len(prefix) + 1:]) for m, _, _ in members}
+        kinds = {tuple(m.dst.split(".")[len(prefix):]) for m, _, _ in members}
         if not consistent or len(kinds) < 2:  # one tensor kind moving is a pair, not a block
             rest.extend(m for m, _, _ in members)
             continue
@@ -186,7 +201,8 @@ def _group_moves(moves: list[_Move], layers: Mapping[tuple[str, ...], set[int]])
 
 def _block_findings(prefix: tuple[str, ...], index_map: dict[int, int], members: list[tuple[_Move, int, int]],
                     all_layers: list[int]) -> list[Finding]:
-    name = ".".join(prefix) if prefix else "layer"
+    name = _label(prefix)
+
     def keys_of(indices: Iterable[int]) -> tuple[str, ...]:
         wanted = set(indices)
         return tuple(sorted(m.dst for m, d, _ in members if d in wanted))
@@ -239,8 +255,9 @@ def _within_layer(a: str, b: str) -> tuple[tuple[str, ...], int, str, str] | Non
     for i, (x, y) in enumerate(zip(pa[:-1], pb[:-1])):
         if x != y:
             return None
-        if _INDEX.match(x):
-            return tuple(pa[:i]), int(x), ".".join(pa[i + 1:]), ".".join(pb[i + 1:])
+        index = _index_of(x)
+        if index is not None:
+            return tuple(pa[:i]) + (index[0],), index[1], ".".join(pa[i + 1:]), ".".join(pb[i + 1:])
     return None
 
 
@@ -264,7 +281,7 @@ def _layer_swaps(pairs: list[list[str]], layers: Mapping[tuple[str, ...], set[in
             rest.extend(pair for _, pair in members)
             continue
         indices = sorted(i for i, _ in members)
-        name = ".".join(prefix) if prefix else "layer"
+        name = _label(prefix)
         scope = f"every layer of {name}" if set(indices) >= layers.get(prefix, set()) else \
             "layers " + ", ".join(_layer_name(prefix, i) for i in indices)
         keys = tuple(sorted(k for _, pair in members for k in pair))
@@ -438,7 +455,7 @@ def _group_different(findings: list[Finding]) -> list[Finding]:
     order: list[str] = []
     for f in findings:
         parts = f.keys[0].split(".")
-        cut = next((i for i, p in enumerate(parts[:-1]) if _INDEX.match(p)), None)
+        cut = next((i for i, p in enumerate(parts[:-1]) if _index_of(p)), None)
         layer = ".".join(parts[:cut + 1]) if cut is not None else f.keys[0]
         if layer not in by_layer:
             order.append(layer)
@@ -462,8 +479,9 @@ def _layers(keys: Iterable[str]) -> dict[tuple[str, ...], set[int]]:
     for key in keys:
         parts = key.split(".")
         for i, p in enumerate(parts[:-1]):
-            if _INDEX.match(p):
-                out.setdefault(tuple(parts[:i]), set()).add(int(p))
+            index = _index_of(p)
+            if index is not None:
+                out.setdefault(tuple(parts[:i]) + (index[0],), set()).add(index[1])
     return out
 
 

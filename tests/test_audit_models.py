@@ -88,3 +88,31 @@ def test_vit_layers_named_encoder_layer_n_and_fused_in_proj():
     report = compare_weights(dict(ref, **{key: np.concatenate([q, v, k])}), ref)
     assert errors(report) == [("reordered", f"{key}: thirds along axis 0 reordered: K and V exchanged (stored as "
                                             f"[Q, V, K], reference [Q, K, V]; 8 wide)")]
+
+
+def test_hf_gpt2_through_torch_export_with_the_module_and_with_golden_outputs_only():
+    """The issue's case: two blocks exchanged in Hugging Face's GPT-2 imported through torch.export.
+    Both audits name the same block with the same tensor count and restore agreement."""
+    from transformers import GPT2Config, GPT2Model
+
+    import torchlean_bridge as tlb
+    from torchlean_bridge.app.audit import audit
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=4, n_embd=32, n_head=4, n_positions=16, vocab_size=64, use_cache=False,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2Model(config).eval()
+    bundle = tlb.import_export(model, (torch.randint(0, 64, (1, 8)),))
+    ref = numpy_state(model)
+    sd = exchange(ref, "h.1", "h.2")
+    with_module = audit(bundle, sd, reference=model)
+    xs = [np.random.default_rng(k).integers(0, 64, (1, 8)) for k in range(2)]
+    with torch.no_grad():
+        golden = [[model(torch.tensor(x)).last_hidden_state.numpy()] for x in xs]
+    golden_only = audit(bundle, sd, reference=golden, inputs=[[x] for x in xs], tolerance=1e-5)  # float32 model
+    for report in (with_module, golden_only):
+        (f,) = report.swaps
+        assert f.kind == "block_swap" and f.message.startswith("block h.1 <-> h.2 exchanged (8 tensors): max error ")
+        assert report.error_after <= 1e-5 * max(1.0, float(np.abs(golden[0][0]).max()))
+    assert golden_only.search["tried"] <= 10 and golden_only.search["time_s"] < 5.0
+    (where,) = with_module.of_kind("first_departure")
+    assert all(k.startswith("h.1.") for k in where.keys)

@@ -1,8 +1,8 @@
 """Weight audits against trusted weights: each conversion bug named exactly, by hash, no evaluation.
 
 The model is a 4-layer GPT-2-like network under Hugging Face's keys (fused c_attn in Conv1D layout,
-weight [in, 3 * out]), written out here: transformers' GPT-2 cannot be imported in this environment
-(its torchvision import fails), and the blocks are what matter."""
+weight [in, 3 * out]), written out here so these tests stay fast (no transformers import) and every
+tensor is random (no two equal by construction); test_audit_models runs Hugging Face's own GPT-2."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]
             # a block exchange must move at least two different tensor kinds; one is a pair exchange
             if moves and _distinct(moves, tensors) >= 4:
                 yield _move_hypothesis("block_swap", f"block {_layer_name(prefix, a)} <-> {_layer_name(prefix, b)} exchanged "
-                                       f"({len(moves)} tensors)", moves,
+                                       f"({_distinct(moves, tensors)} tensors)", moves,
                                        {"prefix": label, "map": {str(a): b, str(b): a}})
         n = len(idx)
         if idx != list(range(idx[0], idx[0] + n)):
@@ -113,7 +113,8 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]
             moves = _moves(layers, tensors, source)
             if moves and _distinct(moves, tensors) >= 4:
                 yield _move_hypothesis("layer_shift", f"every layer of {label} rotated by {d:+d}: layer i holds the "
-                                       f"reference's layer (i - {d}) mod {n} ({len(moves)} tensors)", moves,
+                                       f"reference's layer (i - {d}) mod {n} ({_distinct(moves, tensors)} tensors)",
+                                       moves,
                                        {"prefix": label, "shift": d})
         for d in (1, -1):  # shifted without wrapping: the layer pushed out is lost, the vacated one kept
             source = {i: i + d for i in idx if i + d in layers}
@@ -122,7 +123,8 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]
                 lo, hi = (idx[1], idx[-1]) if d == 1 else (idx[0], idx[-2])
                 yield _move_hypothesis("layer_shift", f"every layer of {label} shifted by {d:+d}: "
                                        f"{_layer_name(prefix, lo)}..{_layer_name(prefix, hi)} hold the reference's "
-                                       f"{_layer_name(prefix, lo - d)}..{_layer_name(prefix, hi - d)} ({len(moves)} tensors)",
+                                       f"{_layer_name(prefix, lo - d)}..{_layer_name(prefix, hi - d)} "
+                                       f"({_distinct(moves, tensors)} tensors)",
                                        moves, {"prefix": label, "shift": d})
 
 
@@ -143,7 +145,8 @@ def _layer_swap_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypoth
                 moves.update({a: b, b: a})
             if moves and _distinct(moves, tensors) >= 4:
                 yield _move_hypothesis("swap", f"{x} <-> {y} exchanged in every layer of {label} "
-                                       f"({len(layers)} pairs)", moves, {"prefix": label, "suffixes": [x, y]})
+                                       f"({_distinct(moves, tensors) // 2} pairs)", moves,
+                                       {"prefix": label, "suffixes": [x, y]})
 
 
 # -- fused projections ----------------------------------------------------------------------------------

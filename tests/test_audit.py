@@ -439,7 +439,8 @@ def test_unresolved_names_the_best_single_exchange_when_it_removes_most_of_the_e
     tried = unresolved.data["hypotheses"]
     assert tried in (4, 8)  # one round of the 4 hypotheses, or two when one removed half of the error
     assert unresolved.message == (
-        f"no exchange within the ambiguity groups and none of {tried} structured hypotheses restores agreement (the best "
+        f"no exchange within the ambiguity groups and none of {tried} structured hypotheses restores agreement "
+        f"(the best "
         f"single exchange, {best}, leaves {errors[best]:.6f}); the difference lies elsewhere (wrong values, or a "
         f"role map or import error)")
 

@@ -102,7 +102,8 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]
             moves = _moves(layers, tensors, {a: b, b: a})
             # a block exchange must move at least two different tensor kinds; one is a pair exchange
             if moves and _distinct(moves, tensors) >= 4:
-                yield _move_hypothesis("block_swap", f"block {_layer_name(prefix, a)} <-> {_layer_name(prefix, b)} exchanged "
+                yield _move_hypothesis("block_swap", f"block {_layer_name(prefix, a)} <-> {_layer_name(prefix, b)} "
+                                       f"exchanged "
                                        f"({_distinct(moves, tensors)} tensors)", moves,
                                        {"prefix": label, "map": {str(a): b, str(b): a}})
         n = len(idx)

@@ -366,3 +366,17 @@ def test_slice_orders_of_a_large_tensor_are_found_quickly():
     (f,) = compare_weights(sd, ref).findings
     assert f.data == {"axis": 1, "slices": 3, "order": [1, 0, 2]}
     assert time.perf_counter() - start < 5.0
+
+
+def test_hashes_are_chunked_and_a_tensor_too_large_for_slice_orders_says_so(monkeypatch):
+    from torchlean_bridge.app import audit_weights
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((7, 5))
+    whole = tensor_hash(a)
+    monkeypatch.setattr(audit_weights, "HASH_CHUNK", 3)  # 35 elements in 12 chunks: the same bytes hashed
+    f32 = a.astype(np.float32)
+    assert tensor_hash(a) == whole and tensor_hash(f32) == tensor_hash(f32.astype(np.float64)) != whole
+    monkeypatch.setattr(audit_weights, "MAX_REORDER_ELEMENTS", 10)
+    ref = {"qkv.weight": rng.standard_normal((6, 4))}
+    (f,) = compare_weights({"qkv.weight": thirds(ref["qkv.weight"], (1, 0, 2), axis=0)}, ref).findings
+    assert f.kind == "different_values" and "(slice orders not searched above 10 elements)" in f.message

@@ -306,6 +306,12 @@ def test_the_command_takes_a_checkpoint_as_the_reference(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["swaps"] == [["0.bias", "2.bias"]] and doc["weights"] == {"compared": 4, "same": 2}
     assert main(args + ["--checkpoint", str(tmp_path / "trusted.safetensors")]) == 0
+    capsys.readouterr()
+    missing = tmp_path / "nowhere.safetensors"
+    assert main(["audit", str(tmp_path / "bundle"), "--checkpoint", str(tmp_path / "bad.safetensors"),
+                 "--reference", str(missing)]) == 2
+    assert f"audit: --reference: no such checkpoint file: {missing} (or give path/to/file.py:factory)" in \
+        capsys.readouterr().err
 
 
 def llama_like(layers: int = 3, d: int = 8, kv: int = 4, hidden: int = 12) -> dict[str, np.ndarray]:

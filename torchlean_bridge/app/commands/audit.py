@@ -87,4 +87,6 @@ def _reference(spec: str, strip_prefix: str | None) -> object:
     if path.suffix != ".py" and path.is_file():
         from importers.checkpoints import load_checkpoint
         return load_checkpoint(path, strip_prefix=strip_prefix)
+    if ".py:" not in spec:
+        raise BridgeError(f"audit: --reference: no such checkpoint file: {spec} (or give path/to/file.py:factory)")
     return load_factory(spec, "--reference")

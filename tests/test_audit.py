@@ -165,11 +165,39 @@ def test_cnn_with_exchanged_conv_weights(tmp_path):
     assert report.error_before > 0.1 and report.error_after < 1e-12
 
 
-def test_two_independent_exchanges_are_both_found():
+def test_two_exchanged_layers_are_named_as_one_block_exchange():
+    """With the trusted weights, weight and bias of layers 0 and 2 exchanged read as one block."""
     net = cnn()
     sd = swapped(swapped(net.state_dict(), "0.weight", "2.weight"), "0.bias", "2.bias")
     report = audit(cnn_bundle(), sd, reference=net)
-    assert sorted(f.keys for f in report.swaps) == [("0.bias", "2.bias"), ("0.weight", "2.weight")]
+    assert [(f.kind, f.keys) for f in report.swaps] == [("block_swap", ("0.bias", "0.weight", "2.bias", "2.weight"))]
+    assert report.swaps[0].message.startswith("block 0 <-> 2 exchanged (4 tensors): max error ")
+    assert report.error_before > 0.1 and report.error_after < 1e-12
+
+
+def test_two_exchanged_layers_are_a_block_exchange_with_golden_outputs_too():
+    net = cnn()
+    sd = swapped(swapped(net.state_dict(), "0.weight", "2.weight"), "0.bias", "2.bias")
+    xs = [np.random.default_rng(k).standard_normal((1, 2, 5, 5)) for k in range(3)]
+    with torch.no_grad():
+        golden = [[net.double()(torch.tensor(x)).numpy()] for x in xs]
+    report = audit(cnn_bundle(), sd, reference=golden, inputs=[[x] for x in xs])
+    assert [(f.kind, f.keys) for f in report.swaps] == [("block_swap", ("0.bias", "0.weight", "2.bias", "2.weight"))]
+    assert report.swaps[0].message.startswith("block 0 <-> 2 exchanged (4 tensors): max error ")
+    assert report.error_after < 1e-12 and report.to_json()["search"]["tried"] == 1
+
+
+def test_two_independent_exchanges_are_both_found():
+    """Golden outputs only, a bias exchange and a transposed weight: no structured hypothesis explains
+    both, the greedy search finds them one after the other."""
+    net, bundle = _three_layer()
+    sd = swapped(net.state_dict(), "0.bias", "2.bias")
+    sd["0.weight"] = sd["0.weight"].T.contiguous()
+    xs = [np.random.default_rng(k).standard_normal(3) for k in range(3)]
+    with torch.no_grad():
+        golden = [[net(torch.tensor(x)).numpy()] for x in xs]
+    report = audit(bundle, sd, reference=golden, inputs=[[x] for x in xs])
+    assert sorted(f.keys for f in report.swaps) == [("0.bias", "2.bias"), ("0.weight",)]
     assert report.error_after < 1e-12
     before, after = zip(*[(f.data["error_before"], f.data["error_after"]) for f in report.swaps])
     assert before[1] == after[0]  # the steps chain: each starts where the previous one ended
@@ -180,8 +208,9 @@ def test_a_wrong_value_is_not_blamed_on_a_swap():
     sd = {k: v.clone() for k, v in net.state_dict().items()}
     sd["2.bias"] += 1.0
     report = audit(cnn_bundle(), sd, reference=net)
-    assert not report.ok and report.swaps == []
-    assert kinds(report, "unresolved")
+    assert not report.ok and report.swaps == [] and not kinds(report, "unresolved")
+    (different,) = kinds(report, "different_values")
+    assert different.keys == ("2.bias",) and different.message.startswith("2.bias: different values (2 of 2 differ")
 
 
 def onnx_mlp(tmp_path, name, w1, b1, w2, b2):
@@ -319,8 +348,9 @@ def test_agreement_carries_its_error(seed_files):
 
 
 def test_too_many_candidates_are_truncated_and_said(seed_files):
-    same, sd, _ = seed_files
-    report = audit(bias_pair_bundle(), sd, reference=same, inputs=[np.zeros(3)], samples=0, max_candidates=1)
+    _, sd, _ = seed_files
+    report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=[np.zeros(3)],
+                   max_candidates=1)
     (truncated,) = kinds(report, "truncated")
     assert truncated.severity == "warning"
     assert truncated.message == "2 possible exchanges; only the first 1 were tried"
@@ -356,32 +386,63 @@ def _three_layer() -> tuple:
     return net, linear_relu_linear(3)
 
 
-def test_unresolved_names_the_best_single_exchange():
-    """Wrong values (not an exchange): the report says so and names the single exchange that came
-    closest, with its error computed here independently in torch."""
-    net, bundle = _three_layer()
-    sd = {k: v.clone() for k, v in net.state_dict().items()}
-    sd["0.bias"] = sd["0.bias"] + 0.75  # damage no exchange can undo
-    xs = [np.array([0.3, -0.2, 0.9]), np.array([-1.0, 0.5, 0.25])]
+_XS = [np.array([0.3, -0.2, 0.9]), np.array([-1.0, 0.5, 0.25])]
 
+
+def _torch_errors(net, sd) -> tuple[float, dict[str, float]]:
+    """The error of ``sd`` and of each single exchange, computed independently in torch."""
     def error(state) -> float:
         m = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3)).double()
         m.load_state_dict(state)
-        return max(float((m(torch.tensor(x)) - net(torch.tensor(x))).abs().max()) for x in xs)
+        with torch.no_grad():
+            return max(float((m(torch.tensor(x)) - net(torch.tensor(x))).abs().max()) for x in _XS)
 
     exchanges = {"swap 0.bias <-> 2.bias": {"0.bias": sd["2.bias"], "2.bias": sd["0.bias"]},
                  "swap 0.weight <-> 2.weight": {"0.weight": sd["2.weight"], "2.weight": sd["0.weight"]},
                  "transpose 0.weight": {"0.weight": sd["0.weight"].T},
                  "transpose 2.weight": {"2.weight": sd["2.weight"].T}}
-    errors = {name: error({**sd, **change}) for name, change in exchanges.items()}
-    best = min(errors, key=errors.get)
-    assert sorted(errors.values())[0] < sorted(errors.values())[1]  # one best, clearly
-    report = audit(bundle, sd, reference=net, inputs=[[x] for x in xs], samples=0)
+    return error(sd), {name: error({**sd, **change}) for name, change in exchanges.items()}
+
+
+def _golden_audit(net, bundle, sd):
+    with torch.no_grad():
+        golden = [[net(torch.tensor(x)).numpy()] for x in _XS]
+    return audit(bundle, sd, reference=golden, inputs=[[x] for x in _XS])
+
+
+def test_unresolved_names_no_exchange_that_leaves_most_of_the_error():
+    """Golden outputs only, wrong values (not an exchange): the report says so, and names no
+    exchange, since none removes most of the error (checked here independently in torch)."""
+    net, bundle = _three_layer()
+    sd = {k: v.clone() for k, v in net.state_dict().items()}
+    sd["0.bias"] = sd["0.bias"] + 0.75  # damage no exchange can undo
+    before, errors = _torch_errors(net, sd)
+    assert min(errors.values()) > before / 2
+    report = _golden_audit(net, bundle, sd)
     (unresolved,) = kinds(report, "unresolved")
     assert unresolved.message == (
-        f"no exchange within the ambiguity groups restores agreement (the best single exchange, {best}, "
-        f"leaves {errors[best]:.6f}); the difference lies elsewhere (wrong values, or a role map or import error)")
+        "no exchange within the ambiguity groups and none of 4 structured hypotheses restores agreement; the "
+        "difference lies elsewhere (wrong values, or a role map or import error)")
     assert report.swaps == [] and not report.ok
+
+
+def test_unresolved_names_the_best_single_exchange_when_it_removes_most_of_the_error():
+    """Exchanged biases plus a small change of one weight: the exchange removes most of the error, and
+    is named with what it leaves."""
+    net, bundle = _three_layer()
+    sd = swapped(net.state_dict(), "0.bias", "2.bias")
+    sd["2.weight"] = sd["2.weight"] + 0.01
+    before, errors = _torch_errors(net, sd)
+    best = min(errors, key=errors.get)
+    assert best == "swap 0.bias <-> 2.bias" and errors[best] < before / 2
+    (unresolved,) = kinds(_golden_audit(net, bundle, sd), "unresolved")
+    tried = unresolved.data["hypotheses"]
+    assert tried in (4, 8)  # one round of the 4 hypotheses, or two when one removed half of the error
+    assert unresolved.message == (
+        f"no exchange within the ambiguity groups and none of {tried} structured hypotheses restores agreement "
+        f"(the best "
+        f"single exchange, {best}, leaves {errors[best]:.6f}); the difference lies elsewhere (wrong values, or a "
+        f"role map or import error)")
 
 
 def test_an_ambiguity_group_with_a_missing_key_is_not_searched():
@@ -400,7 +461,7 @@ def test_a_plain_callable_is_not_a_reference_module():
     with pytest.raises(BridgeError) as e:
         audit(bias_pair_bundle(), sd, reference=lambda x: x, inputs=np.zeros(3))
     assert str(e.value) == ("audit: the reference is a function; give an nn.Module holding the trusted weights, "
-                            "or golden outputs (arrays)")
+                            "trusted weights (a state_dict or checkpoint), or golden outputs (arrays)")
 
 
 class _DictOutputs(nn.Module):
@@ -634,8 +695,11 @@ def test_unresolved_carries_the_number_of_candidates():
     net, bundle = _three_layer()
     sd = {k: v.clone() for k, v in net.state_dict().items()}
     sd["0.bias"] = sd["0.bias"] + 0.75
-    (unresolved,) = kinds(audit(bundle, sd, reference=net, inputs=[np.ones(3)], samples=0), "unresolved")
-    assert unresolved.data == {"candidates": 4}  # the bias and weight exchanges, and two transposes
+    with torch.no_grad():
+        golden = [net(torch.ones(3, dtype=torch.float64)).numpy()]
+    (unresolved,) = kinds(audit(bundle, sd, reference=golden, inputs=[np.ones(3)]), "unresolved")
+    # the bias and weight exchanges and two transposes; the layer exchange, both weights transposed, each
+    assert unresolved.data == {"candidates": 4, "hypotheses": 4}
 
 
 def test_the_zero_tolerance_search_stops_at_exact_agreement(monkeypatch):

@@ -9,18 +9,28 @@ ambiguity group, and transposes of square matrices. It applies the best exchange
 after. Inputs are the user's plus, for a module reference, a zero input and seeded random ones
 (``diff.make_inputs``), so a swap is observable; every exchange that changes no output on those
 inputs (identical tensors, or a difference the inputs never excite) is reported as a warning.
+
+With trusted weights (a reference module's state_dict, or a state_dict/checkpoint given as the
+reference) the checkpoint is first compared with them tensor by tensor (``audit_weights``: exact
+hashes, no evaluation); every difference found there is named as its transformation (block
+exchange, layer shift, Q/K/V reorder, transpose, rounding, scale, different values) with the output
+error before and after undoing it, and the exchange search is not needed; the first node whose
+value departs (``audit_localize``) names the layer even for a difference nothing explains.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint, square_matrix_keys
+from .audit_search import SearchResult, search
+from .audit_weights import WeightReport, compare_weights
 from ..bundle import Bundle
 from ..check import check
 from ..errors import BridgeError
@@ -33,6 +43,8 @@ from semantics.evaluate import as_array, input_sets
 __all__ = ["audit", "AuditReport", "Exchange"]
 
 Case = list[np.ndarray]
+# findings that name tensors in the wrong place (moved between keys, or rearranged inside one)
+SWAP_KINDS = ("swap", "transpose", "cycle", "moved", "block_swap", "block_cycle", "layer_shift", "reordered")
 
 
 @dataclass(frozen=True)
@@ -66,14 +78,32 @@ class AuditReport(Report):
         self.error_before: float | None = None
         self.error_after: float | None = None
         self.inputs_used = 0
+        self.weights: WeightReport | None = None
+        self.search: dict | None = None
 
     @property
     def swaps(self) -> list[Finding]:
-        return self.of_kind("swap", "transpose")
+        return self.of_kind(*SWAP_KINDS)
 
     def _extra_json(self) -> dict:
-        return {"error_before": self.error_before, "error_after": self.error_after,
-                "inputs_used": self.inputs_used, "swaps": [list(f.keys) for f in self.swaps]}
+        out = {"error_before": self.error_before, "error_after": self.error_after,
+               "inputs_used": self.inputs_used, "swaps": [list(f.keys) for f in self.swaps]}
+        if self.weights is not None:
+            out["weights"] = {"compared": self.weights.compared, "same": self.weights.same}
+        if self.search is not None:
+            out["search"] = self.search
+        return out
+
+    def to_dict(self) -> dict:
+        return self.to_json()
+
+    def short(self) -> str:
+        """The short text form: the status, then what is wrong (errors, and where it first shows), or
+        the agreement."""
+        lines = [f"{self.title}: {'OK' if self.ok else 'FAILED'}"]
+        lines += [f"  {f.kind}: {f.message}" for f in self.findings
+                  if f.severity == "error" or f.kind in ("agreement", "first_departure")]
+        return "\n".join(lines)
 
 
 # -- inputs and the reference ---------------------------------------------------------------------
@@ -232,23 +262,70 @@ def _with_reference_keys(bundle: Bundle, module: Any) -> Bundle:
     return bundle if set(state) >= set(bundle.roles) else recover_keys(bundle, state)
 
 
+def _trusted_weights(reference: Any) -> Any:
+    """The trusted weights a reference carries (a module's state_dict, or the reference itself when
+    it is a state_dict or checkpoint), as a Checkpoint; None for golden outputs."""
+    from importers.checkpoints import Checkpoint, as_checkpoint
+    if _is_module(reference):
+        return as_checkpoint(reference.state_dict(), strip_prefix="module.")
+    if isinstance(reference, (Checkpoint, Mapping)):
+        return as_checkpoint(reference, strip_prefix="module.")
+    return None
+
+
+def _graph_outputs(bundle: Bundle, trusted: Any, cases: list[Case]) -> list[list[np.ndarray]]:
+    """Reference outputs from trusted weights alone: the graph bound to them, in float64."""
+    from semantics.evaluate import evaluate
+    bound, binding = bind_checkpoint(bundle, trusted, strict=False)
+    problems = payload_errors(bound.graph, bound.payload)
+    if problems:
+        raise BridgeError(f"audit: the reference weights do not fill the graph: {problems[0]}")
+    return [[np.asarray(v, np.float64) for v in evaluate(bound.graph, bound.payload, case, "float64", check=False)]
+            for case in cases]
+
+
+def _undo_steps(report: AuditReport, weights: WeightReport, evaluator: "_Evaluator", tensors: dict[str, np.ndarray],
+                trusted: Any, ref: list[list[np.ndarray]], before: float) -> float:
+    """Each weight finding with the output error before and after restoring its keys' trusted
+    tensors, one after another (the steps chain); returns the error once all are undone."""
+    current, changed, error = dict(tensors), set(), before
+    for f in weights.findings:
+        if f.severity != "error":
+            report.add(f)
+            continue
+        bound_keys = [k for k in f.keys if k in current and k in trusted]
+        for k in bound_keys:
+            current[k] = np.asarray(trusted[k])
+        changed |= set(bound_keys)
+        after = _max_error(evaluator.outputs(evaluator.payload(current, sorted(changed))), ref) if bound_keys else error
+        report.add(Finding(f.kind, f"{f.message}: max error {_fmt(error)} -> {_fmt(after)}", keys=f.keys,
+                           data={**(f.data or {}), "error_before": error, "error_after": after}))
+        error = after
+    return error
+
+
 def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, *, tolerance: float = 1e-6,
           samples: int = 5, seed: int = 0, max_steps: int = 3, max_candidates: int = 5000,
-          strict: bool = True) -> AuditReport:
+          strict: bool = True, max_hypotheses: int = 2000, time_limit: float = 60.0) -> AuditReport:
     """Bind ``ckpt`` to ``bundle`` and compare the bound graph with ``reference``.
 
-    ``reference``: an ``nn.Module`` holding the trusted weights (run in float64 on a copy), or golden
-    outputs (a list of arrays in graph-output order for the one input set ``inputs``, or a list of
-    such lists, one per set). Without a reference only the binding is checked. Outputs agree when
-    the largest absolute difference is at most ``tolerance * max(1, max |reference|)``.
+    ``reference``: an ``nn.Module`` holding the trusted weights (run in float64 on a copy), trusted
+    weights alone (a state_dict or Checkpoint: the graph bound to them gives the reference outputs),
+    or golden outputs (a list of arrays in graph-output order for the one input set ``inputs``, or a
+    list of such lists, one per set). Without a reference only the binding is checked. Outputs agree
+    when the largest absolute difference is at most ``tolerance * max(1, max |reference|)``.
+    Without trusted weights, structured hypotheses (``audit_search``: block exchanges, layer shifts,
+    Q/K/V orders, transposes) are searched first, bounded by ``max_hypotheses``, then single
+    exchanges; both within ``time_limit`` seconds from the start of the search.
     """
     from importers.checkpoints import as_checkpoint
     if callable(reference) and not _is_module(reference):
         raise BridgeError(f"audit: the reference is a {type(reference).__name__}; give an nn.Module holding the "
-                          "trusted weights, or golden outputs (arrays)")
+                          "trusted weights, trusted weights (a state_dict or checkpoint), or golden outputs (arrays)")
     ckpt = as_checkpoint(ckpt)
     if _is_module(reference) and bundle.report.get("framework") == "onnx":
         bundle = _with_reference_keys(bundle, reference)
+    trusted = _trusted_weights(reference)
     bound, binding = bind_checkpoint(bundle, ckpt, strict=strict)
     g = bundle.graph
     report = AuditReport(binding.findings, title=f"audit of {ckpt.source}")
@@ -257,21 +334,28 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                            "checked; exchanges within the ambiguity groups cannot be detected",
                            severity="warning"))
         return report
+    if trusted is not None:
+        report.weights = compare_weights(ckpt, trusted, title=f"weights of {ckpt.source}")
     problems = payload_errors(g, bound.payload)
     if problems:
         report.add(Finding("not_evaluable", f"the bound graph cannot be evaluated: {problems[0]}"
                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")))
+        if report.weights is not None:
+            report.extend(report.weights.findings)
         return report
 
     check(g)  # once here: candidates are then evaluated without re-checking the graph
     labelled = [(f"the given input {k}", case) for k, case in enumerate(_given_cases(g, inputs))]
-    if _is_module(reference):
+    if trusted is not None:
         from .diff import make_inputs
         labelled += [(f"the {label} input", case) for label, case in make_inputs(g, samples, seed)]
     cases = [case for _, case in labelled]
     if _is_module(reference):
         ref = _aligned(g, _module_outputs(reference, cases), "the reference module")
         what = f"the reference module {type(reference).__name__}"
+    elif trusted is not None:
+        ref = _aligned(g, _graph_outputs(bundle, trusted, cases), "the reference weights")
+        what = "the graph with the reference weights"
     else:
         ref = _aligned(g, _golden(reference, cases), "the golden outputs")
         what = "the golden outputs"
@@ -283,45 +367,107 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     base_outputs = evaluator.outputs(bound.payload)
     before = _max_error(base_outputs, ref)
     report.error_before = before
+    # the trusted weights explain the checkpoint when they hold every key the graph binds
+    covered = trusted is not None and all(k in trusted for k in tensors)
+    by_weights = covered and not report.weights.ok
 
     groups = [g_ for g_ in binding.ambiguity_groups if all(k in tensors for k in g_.keys)]
     squares = [k for k in square_matrix_keys(slots, ckpt) if k in tensors and not np.array_equal(tensors[k],
                                                                                                  tensors[k].T)]
-    candidates = _candidates(groups, squares)
+    # trusted weights name every misplaced tensor by hash: no exchange search is needed
+    candidates = [] if covered else _candidates(groups, squares)
     if len(candidates) > max_candidates:
         report.add(Finding("truncated", f"{len(candidates)} possible exchanges; only the first {max_candidates} "
                                         f"were tried", severity="warning"))
         candidates = candidates[:max_candidates]
-
-    # one evaluation per exchange from the checkpoint as given: observability and the first search step
-    first_errors: dict[Exchange, float] = {}
-    for ex in candidates:
-        if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
+    for ex in _candidates(groups, []):
+        if np.array_equal(tensors[ex.first], tensors[ex.second]):
             report.add(Finding("indistinguishable", f"{ex.first} and {ex.second} hold identical tensors: an "
                                                     f"exchange between them cannot be seen", keys=ex.keys,
                                severity="warning"))
-            continue
-        outs = evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys))
-        first_errors[ex] = _max_error(outs, ref)
-        if base_outputs is not None and _max_error(outs, base_outputs) <= limit:
-            report.add(Finding("indistinguishable", f"{ex.describe()} changes no output on the {len(cases)} "
-                                                    f"input(s) used: these inputs cannot tell them apart",
-                               keys=ex.keys, severity="warning"))
+
+    screen = _Evaluator(bound, slots, cases[:1])
+
+    deadline = [math.inf]  # set when the search starts: the single exchanges share the time limit
+
+    def first_errors_of(observability_only: bool = False) -> dict[Exchange, float]:
+        """One evaluation per exchange from the checkpoint as given: observability and the first step.
+        For observability alone an exchange that changes the first input set's outputs is not
+        evaluated further."""
+        first_errors: dict[Exchange, float] = {}
+        for ex in candidates:
+            if time.perf_counter() > deadline[0]:
+                report.add(Finding("search_bounded", f"the time limit ({time_limit} s) stopped the single exchanges "
+                                                     f"after {len(first_errors)} of {len(candidates)}",
+                                   severity="warning", data={"tried": len(first_errors), "of": len(candidates)}))
+                break
+            if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
+                continue
+            if observability_only and base_outputs is not None and len(cases) > 1:
+                first = screen.outputs(screen.payload(ex.apply(tensors), ex.keys))
+                if _max_error(first, base_outputs[:1]) > limit:
+                    continue
+            outs = evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys))
+            first_errors[ex] = _max_error(outs, ref)
+            if base_outputs is not None and _max_error(outs, base_outputs) <= limit:
+                report.add(Finding("indistinguishable", f"{ex.describe()} changes no output on the {len(cases)} "
+                                                        f"input(s) used: these inputs cannot tell them apart",
+                                   keys=ex.keys, severity="warning"))
+        return first_errors
 
     if before <= limit:
+        first_errors_of(observability_only=True)
         report.error_after = before
         report.add(Finding("agreement", f"outputs agree with {what}: max error {_fmt(before)} on {len(cases)} "
                                         f"input(s)", severity="info", data={"max_error": before}))
+        if by_weights:
+            report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
         return report
 
     report.add(Finding("mismatch", f"outputs disagree with {what}: max error {_fmt(before)} on {len(cases)} "
                                    f"input(s){_worst_case(labelled, base_outputs, ref)}",
                        data={"max_error": before, "limit": limit}))
+    if by_weights:
+        report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
+        from .audit_localize import first_departure
+        where = first_departure(bundle, ckpt, trusted, cases[0], tolerance) if cases else None
+        if where is not None:
+            report.add(where)
+        return report
+    if covered:
+        report.error_after = before
+        report.add(Finding("unresolved", f"every checkpoint tensor equals the trusted one ({report.weights.compared} "
+                                         f"compared): the difference lies in the graph or its role map, not in "
+                                         f"the weights", data={"compared": report.weights.compared}))
+        return report
+    deadline[0] = time.perf_counter() + time_limit
+    structured = _structured_search(evaluator, screen, tensors, ref, before, limit,
+                                    max_steps=max_steps, max_hypotheses=max_hypotheses, time_limit=time_limit)
+    report.search = {k: v for k, v in structured.to_dict().items() if k != "steps"}
+    if structured.bounded:
+        report.add(Finding("search_bounded", f"the structured search stopped at its bound: {structured.tried} "
+                                             f"hypotheses tried in {structured.time_s:.1f} s", severity="warning",
+                           data=report.search))
+    if structured.steps and structured.error <= limit:
+        report.error_after = structured.error
+        for h, err_in, err_out in structured.steps:
+            report.add(Finding(h.kind, f"{h.message}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=h.keys,
+                               data={**h.data, "error_before": err_in, "error_after": err_out}))
+        return report
+    if structured.steps:  # most of the error explained, not all: the best explanation with what it leaves
+        h_first = structured.steps[0][0]
+        text = "; then ".join(h.message for h, _, _ in structured.steps)
+        report.add(Finding("partial", f"{text}: max error {_fmt(before)} -> {_fmt(structured.error)} (most of the "
+                                      f"error, not all: the rest is not explained by it)",
+                           keys=tuple(k for h, _, _ in structured.steps for k in h.keys),
+                           data={**h_first.data, "error_before": before, "error_after": structured.error,
+                                 "steps": [h.message for h, _, _ in structured.steps]}))
+    first_errors = first_errors_of()
     suspects = _suspects(reference, tensors, ckpt)
     searched = [ex for ex in candidates if set(ex.keys) <= suspects]
     steps, error = _search(evaluator, tensors, searched, {ex: first_errors[ex] for ex in searched
                                                                   if ex in first_errors},
-                                    ref, before, limit, max_steps)
+                                    ref, before, limit, max_steps, deadline[0])
     report.error_after = error
     if error <= limit:
         for ex, err_in, err_out in steps:
@@ -329,12 +475,25 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                f"{ex.describe()}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=ex.keys,
                                data={"error_before": err_in, "error_after": err_out}))
     else:
+        # a suggestion that does not remove most of the error would mislead: it is not named
         best = min(first_errors.items(), key=lambda kv: kv[1], default=None)
-        hint = f" (the best single exchange, {best[0].describe()}, leaves {_fmt(best[1])})" if best else ""
-        report.add(Finding("unresolved", f"no exchange within the ambiguity groups restores agreement{hint}; the "
-                                         f"difference lies elsewhere (wrong values, or a role map or import error)",
-                           data={"candidates": len(candidates)}))
+        hint = f" (the best single exchange, {best[0].describe()}, leaves {_fmt(best[1])})" \
+            if best and best[1] < before / 2 else ""
+        tried = f" and none of {structured.tried} structured hypotheses" if structured.tried else ""
+        report.add(Finding("unresolved", f"no exchange within the ambiguity groups{tried} restores agreement{hint}; "
+                                         f"the difference lies elsewhere (wrong values, or a role map or import "
+                                         f"error)",
+                           data={"candidates": len(candidates), "hypotheses": structured.tried}))
     return report
+
+
+def _structured_search(evaluator: _Evaluator, screen: _Evaluator, tensors: dict[str, np.ndarray],
+                       ref: list[list[np.ndarray]], before: float, limit: float, **bounds: Any) -> SearchResult:
+    """Structured hypotheses, screened on the first input set and confirmed on all of them."""
+    def error_of(trial: dict[str, np.ndarray], changed: list[str], screening: bool) -> float:
+        use, against = (screen, ref[:1]) if screening else (evaluator, ref)
+        return _max_error(use.outputs(use.payload(trial, changed)), against)
+    return search(tensors, error_of, before, limit, **bounds)
 
 
 def _suspects(reference: Any, tensors: dict[str, np.ndarray], ckpt: Any) -> set[str]:
@@ -356,8 +515,9 @@ def _suspects(reference: Any, tensors: dict[str, np.ndarray], ckpt: Any) -> set[
 
 def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: list[Exchange],
             first_errors: dict[Exchange, float], ref: list[list[np.ndarray]], error: float, limit: float,
-            max_steps: int) -> tuple[list[tuple[Exchange, float, float]], float]:
-    """Greedy: apply the exchange that lowers the error most, until agreement or no improvement."""
+            max_steps: int, deadline: float = math.inf) -> tuple[list[tuple[Exchange, float, float]], float]:
+    """Greedy: apply the exchange that lowers the error most, until agreement, no improvement or the
+    deadline (``time.perf_counter()`` seconds)."""
     steps: list[tuple[Exchange, float, float]] = []
     current, changed = tensors, set()
     errors = first_errors
@@ -374,6 +534,8 @@ def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: l
             break
         errors = {}
         for ex in candidates:
+            if time.perf_counter() > deadline:
+                break
             if ex == best:
                 continue
             trial = ex.apply(current)

@@ -154,22 +154,26 @@ def counts(bundle: Bundle) -> dict[str, int]:
             "constant_values": total - slots.num_parameters, "constant_tensors": len(bundle.payload) - len(slots)}
 
 
-def v1_outlook(bundle: Bundle) -> str:
-    """What a torchlean.ir.v1 export would rewrite and what blocks it, kinds grouped by reason."""
+def v1_facts(bundle: Bundle) -> dict:
+    """The v1 rewrite's note: what a torchlean.ir.v1 export would rewrite and what blocks it."""
     from torchlean_bridge.passes.v1_rewrite import rewrite_to_v1
-    note = rewrite_to_v1(bundle)[1]
+    return dict(rewrite_to_v1(bundle)[1].facts)
+
+
+def v1_outlook(facts: dict) -> str:
+    """``v1_facts`` in one line, blocking kinds grouped by reason."""
     reasons: dict[str, list[str]] = {}
-    for b in note.facts["blocking"]:
+    for b in facts["blocking"]:
         reasons.setdefault(b["reason"], []).append(b["kind"] or "graph")
-    rewritten = sorted({r["kind"] for r in note.facts["rewrites"]})
-    text = f"{len(note.facts['rewrites'])} node(s) rewritten ({', '.join(rewritten)}); " if rewritten else ""
+    rewritten = sorted({r["kind"] for r in facts["rewrites"]})
+    text = f"{len(facts['rewrites'])} node(s) rewritten ({', '.join(rewritten)}); " if rewritten else ""
     if not reasons:
         return text + "nothing blocks it"
     return text + "blocked by " + "; ".join(f"{', '.join(sorted(set(kinds)))} ({reason})"
                                            for reason, kinds in sorted(reasons.items()))
 
 
-def summary_lines(bundle: Bundle) -> list[str]:
+def summary_lines(bundle: Bundle, facts: dict | None = None) -> list[str]:
     s, c = bundle.summary(), counts(bundle)
     ops = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in s["ops"].items())
     consts = (f"; constants: {c['constant_values']} values in {c['constant_tensors']} tensors"
@@ -178,7 +182,7 @@ def summary_lines(bundle: Bundle) -> list[str]:
              f"parameters: {c['parameters']} values in {c['parameter_tensors']} tensors (the ABI's slots), "
              f"{len(bundle.roles)} keys bound{consts}",
              f"ops used: {ops}"]
-    lines.append("torchlean.ir.v1 export: " + v1_outlook(bundle))
+    lines.append("torchlean.ir.v1 export: " + v1_outlook(facts or v1_facts(bundle)))
     lines.extend(f"note: {note}" for note in bundle.report.get("notes", ()))
     unused = bundle.report.get("unused_tensors")
     if unused:
@@ -200,12 +204,15 @@ def run(args: argparse.Namespace) -> int:
         step(f"writing {args.output}")
         save(bundle, args.output)
     how = "onnx" if args.source.endswith(".onnx") else args.via + (" (core ATen)" if args.decompose else "")
+    facts = v1_facts(bundle)
     emit_json({"source": args.source, "via": how, "output": str(args.output), **bundle.summary(), **counts(bundle),
+               "v1_blocking": facts["blocking"], "v1_rewrites": [{k: r[k] for k in ("id", "kind", "formula")}
+                                                                 for r in facts["rewrites"]],
                "keys_bound": len(bundle.roles), "notes": list(bundle.report.get("notes", ())),
                "unused_tensors": list(bundle.report.get("unused_tensors") or ()),
                "binding": binding.to_json() if binding is not None else None}, args.json)
     print(f"imported {args.source} via {how}")
-    for line in summary_lines(bundle):
+    for line in summary_lines(bundle, facts):
         print(line)
     print(f"wrote {args.output}")
     return 0

@@ -1,0 +1,110 @@
+"""End to end: the GPT-2-like model imported through torch.export, audited against its trusted
+module or trusted weights; each conversion bug is named with the output error it causes and the
+error left once it is undone (0 for a full explanation)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import torchlean_bridge as tlb
+from exporters.folder import save
+from tests.test_audit_weights import D, GPT2Like, block_keys, exchange_blocks, shifted, thirds
+from torchlean_bridge.app.audit import audit
+
+pytestmark = pytest.mark.slow  # one torch.export import of a 4-layer model (~5 s)
+
+
+@pytest.fixture(scope="module")
+def imported():
+    model = GPT2Like().double().eval()
+    bundle = tlb.import_export(model, (torch.zeros(5, D, dtype=torch.float64),))
+    return model, bundle, {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def named(report):
+    return [(f.kind, f.message.split(": max error")[0]) for f in report.findings if f.severity == "error"]
+
+
+def test_the_clean_checkpoint_passes(imported):
+    model, bundle, ref = imported
+    report = audit(bundle, ref, reference=model)
+    assert report.ok and report.error_before < 1e-9 and report.swaps == []
+
+
+def test_exchanged_blocks_against_the_module(imported):
+    model, bundle, ref = imported
+    report = audit(bundle, exchange_blocks(ref, 1, 2), reference=model)
+    assert [kind for kind, _ in named(report)] == ["mismatch", "block_swap"]
+    assert named(report)[1] == ("block_swap", "block h.1 <-> h.2 exchanged (24 tensors)")
+    (swap,) = report.swaps
+    assert swap.keys == block_keys(ref, 1, 2)
+    short = report.short().splitlines()
+    assert short[0] == "audit of <state_dict>: FAILED" and len(short) == 4
+    assert short[2].startswith("  block_swap: block h.1 <-> h.2 exchanged (24 tensors): max error ")
+    assert short[3].startswith("  first_departure: first departure at node ")
+    assert swap.data["error_before"] > 0.05 and swap.data["error_after"] < 1e-9 and report.error_after < 1e-9
+
+
+def test_q_and_k_exchanged_against_the_module(imported):
+    model, bundle, ref = imported
+    sd = dict(ref, **{"h.0.attn.c_attn.weight": thirds(ref["h.0.attn.c_attn.weight"], (1, 0, 2)),
+                      "h.0.attn.c_attn.bias": thirds(ref["h.0.attn.c_attn.bias"], (1, 0, 2))})
+    report = audit(bundle, sd, reference=model)
+    assert [(f.kind, f.keys) for f in report.swaps] == [("reordered", ("h.0.attn.c_attn.weight",)),
+                                                        ("reordered", ("h.0.attn.c_attn.bias",))]
+    first, second = report.swaps
+    assert first.data["error_before"] > 1e-3 and first.data["error_after"] == second.data["error_before"]
+    assert second.data["error_after"] < 1e-9
+    assert not report.of_kind("unresolved")
+
+
+def test_a_layer_shift_against_trusted_weights_alone(imported, tmp_path, capsys):
+    """The reference is a checkpoint (no module): the command line, text and --json."""
+    from safetensors.numpy import save_file
+
+    from torchlean_bridge.app.cli import main
+    _, bundle, ref = imported
+    save(bundle, tmp_path / "bundle")
+    save_file(ref, str(tmp_path / "trusted.safetensors"))
+    save_file(shifted(ref, "rotate"), str(tmp_path / "shifted.safetensors"))
+    args = ["audit", str(tmp_path / "bundle"), "--checkpoint", str(tmp_path / "shifted.safetensors"),
+            "--reference", str(tmp_path / "trusted.safetensors"), "--samples", "2"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "[error] layer_shift: every layer of h rotated by +1: layer i holds the reference's layer (i - 1) mod 4 " \
+           "(48 tensors): max error " in out
+    assert main(args + ["--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    (shift,) = [f for f in doc["findings"] if f["kind"] == "layer_shift"]
+    assert shift["data"]["shift"] == 1 and shift["data"]["error_after"] < 1e-9
+    assert doc["weights"] == {"compared": len(ref), "same": len(ref) - 48}
+
+
+def test_a_perturbed_tensor_is_named_without_an_invented_exchange(imported):
+    model, bundle, ref = imported
+    sd = dict(ref, **{"h.3.mlp.c_fc.bias": ref["h.3.mlp.c_fc.bias"] + 0.01})
+    report = audit(bundle, sd, reference=model)
+    assert report.swaps == [] and not report.of_kind("unresolved")
+    (different,) = report.of_kind("different_values")
+    assert different.keys == ("h.3.mlp.c_fc.bias",) and different.data["error_after"] < 1e-9
+
+
+def test_the_first_departure_points_at_the_layer_of_a_perturbed_tensor(imported):
+    model, bundle, ref = imported
+    noise = np.random.default_rng(3).standard_normal(ref["h.2.mlp.c_fc.weight"].shape) * 0.01
+    report = audit(bundle, dict(ref, **{"h.2.mlp.c_fc.weight": ref["h.2.mlp.c_fc.weight"] + noise}), reference=model)
+    (where,) = report.of_kind("first_departure")
+    assert where.keys[0] == "h.2.mlp.c_fc.weight" and where.severity == "info"
+    assert bundle.roles.for_node(where.node)[0].key == "h.2.mlp.c_fc.weight"
+    assert where.message.startswith(f"first departure at node {where.node} (")
+    # every node before it agrees exactly: nothing upstream of the perturbed tensor moved
+    assert all(all(b.key != "h.2.mlp.c_fc.weight" for b in bundle.roles.for_node(n.id))
+               for n in bundle.graph.nodes if n.id < where.node)
+
+
+def test_the_first_departure_of_exchanged_blocks_is_in_the_first_of_them(imported):
+    model, bundle, ref = imported
+    (where,) = audit(bundle, exchange_blocks(ref, 1, 2), reference=model).of_kind("first_departure")
+    assert where.keys and all(k.startswith("h.1.") for k in where.keys)

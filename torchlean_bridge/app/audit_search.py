@@ -1,0 +1,317 @@
+"""Structured hypotheses for audits with golden outputs only: the conversion bugs real converters make.
+
+Without trusted weights a misplaced tensor can only be found by evaluating the model. Single
+exchanges cannot explain a layer-mapping bug (two whole blocks exchanged is a dozen exchanges at
+once) or a fused-projection layout bug (Q and K thirds exchanged inside one tensor), so before them
+the audit tries these hypotheses, each a way to restore the checkpoint:
+
+- block exchanges: every tensor of layer ``a`` with the same-named tensor of layer ``b``;
+- layer shifts: every layer moved by one (or rotated by ``d``);
+- one exchange repeated in every layer (gate/up, K/V of the same shape, two norms);
+- fused projections (keys named like ``c_attn``, ``qkv``, ``in_proj``, ``query_key_value``): the five
+  other orders of the Q/K/V thirds, per-head interleavings, two heads exchanged in one third;
+  fused gate/up keys: their halves exchanged; each for every layer at once and for one layer;
+- transposes of square weights, of every layer at once and of one key.
+
+Each is screened on the first input set and ranked by the error left; the best are confirmed on
+every set. The search is bounded by a count and a time (both reported). Messages are those of the
+weight audit (``audit_weights``), so both audits name a bug the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping
+
+import numpy as np
+
+from .audit_weights import _index_of, _label, _layer_name, describe_order
+
+__all__ = ["Hypothesis", "hypotheses", "SearchResult", "search"]
+
+_FUSED_QKV = re.compile(r"(c_attn|qkv|in_proj|query_key_value)", re.IGNORECASE)
+_FUSED_GATE_UP = re.compile(r"(gate_up|w13|w1_w3)", re.IGNORECASE)
+MAX_HEADS = 64
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A conversion bug and how to undo it: ``undo`` maps the current tensors to restored ones for
+    ``keys``."""
+
+    kind: str
+    message: str
+    keys: tuple[str, ...]
+    undo: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] = field(compare=False, repr=False)
+    data: dict = field(default_factory=dict, compare=False)
+
+
+# -- layers ---------------------------------------------------------------------------------------------
+def _layer_index(keys: list[str]) -> dict[tuple[str, ...], dict[int, dict[str, str]]]:
+    """prefix (ending with the index's stem) -> layer index -> suffix -> key, for the first layer
+    component of every key."""
+    out: dict[tuple[str, ...], dict[int, dict[str, str]]] = {}
+    for key in keys:
+        parts = key.split(".")
+        for i, p in enumerate(parts[:-1]):
+            index = _index_of(p)
+            if index is not None:
+                prefix = tuple(parts[:i]) + (index[0],)
+                out.setdefault(prefix, {}).setdefault(index[1], {})[".".join(parts[i + 1:])] = key
+                break
+    return out
+
+
+def _moves(layers: dict[int, dict[str, str]], tensors: Mapping[str, np.ndarray],
+           source_of: dict[int, int]) -> dict[str, str] | None:
+    """dst key -> src key for a layer map (restored layer i takes the checkpoint's layer source_of[i]),
+    for the suffixes both layers have with equal shapes; None when some tensor would change shape."""
+    moves = {}
+    for dst, src in source_of.items():
+        for suffix, key in layers[dst].items():
+            other = layers.get(src, {}).get(suffix)
+            if other is None:
+                continue
+            if tensors[other].shape != tensors[key].shape:
+                return None
+            moves[key] = other
+    return moves
+
+
+def _distinct(moves: Mapping[str, str], tensors: Mapping[str, np.ndarray]) -> int:
+    """How many of the moved tensors actually change value."""
+    return sum(1 for dst, src in moves.items() if not np.array_equal(tensors[dst], tensors[src]))
+
+
+def _move_hypothesis(kind: str, message: str, moves: dict[str, str], data: dict) -> Hypothesis:
+    def undo(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {dst: t[src] for dst, src in moves.items()}
+    return Hypothesis(kind, message, tuple(sorted(moves)), undo, data)
+
+
+def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
+    for prefix, layers in _layer_index(sorted(tensors)).items():
+        idx = sorted(layers)
+        if len(idx) < 2:
+            continue
+        label = _label(prefix)
+        for a, b in itertools.combinations(idx, 2):
+            moves = _moves(layers, tensors, {a: b, b: a})
+            # a block exchange must move at least two different tensor kinds; one is a pair exchange
+            if moves and _distinct(moves, tensors) >= 4:
+                yield _move_hypothesis("block_swap", f"block {_layer_name(prefix, a)} <-> {_layer_name(prefix, b)} "
+                                       f"exchanged "
+                                       f"({_distinct(moves, tensors)} tensors)", moves,
+                                       {"prefix": label, "map": {str(a): b, str(b): a}})
+        n = len(idx)
+        if idx != list(range(idx[0], idx[0] + n)):
+            continue
+        for d in range(1, n):  # checkpoint layer i holds the true layer i - d (mod n): restore from i + d
+            source = {i: idx[(k + d) % n] for k, i in enumerate(idx)}
+            moves = _moves(layers, tensors, source)
+            if moves and _distinct(moves, tensors) >= 4:
+                yield _move_hypothesis("layer_shift", f"every layer of {label} rotated by {d:+d}: layer i holds the "
+                                       f"reference's layer (i - {d}) mod {n} ({_distinct(moves, tensors)} tensors)",
+                                       moves,
+                                       {"prefix": label, "shift": d})
+        for d in (1, -1):  # shifted without wrapping: the layer pushed out is lost, the vacated one kept
+            source = {i: i + d for i in idx if i + d in layers}
+            moves = _moves(layers, tensors, source)
+            if moves and _distinct(moves, tensors) >= 4:
+                lo, hi = (idx[1], idx[-1]) if d == 1 else (idx[0], idx[-2])
+                yield _move_hypothesis("layer_shift", f"every layer of {label} shifted by {d:+d}: "
+                                       f"{_layer_name(prefix, lo)}..{_layer_name(prefix, hi)} hold the reference's "
+                                       f"{_layer_name(prefix, lo - d)}..{_layer_name(prefix, hi - d)} "
+                                       f"({_distinct(moves, tensors)} tensors)",
+                                       moves, {"prefix": label, "shift": d})
+
+
+def _layer_swap_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
+    """The same exchange of two same-shaped tensors (gate/up, K/V, two norms) in every layer."""
+    for prefix, layers in _layer_index(sorted(tensors)).items():
+        if len(layers) < 2:
+            continue
+        common = set.intersection(*(set(s) for s in layers.values()))
+        label = _label(prefix)
+        for x, y in itertools.combinations(sorted(common), 2):
+            moves = {}
+            for suffixes in layers.values():
+                a, b = suffixes[x], suffixes[y]
+                if tensors[a].shape != tensors[b].shape:
+                    moves = {}
+                    break
+                moves.update({a: b, b: a})
+            if moves and _distinct(moves, tensors) >= 4:
+                yield _move_hypothesis("swap", f"{x} <-> {y} exchanged in every layer of {label} "
+                                       f"({_distinct(moves, tensors) // 2} pairs)", moves,
+                                       {"prefix": label, "suffixes": [x, y]})
+
+
+# -- fused projections ----------------------------------------------------------------------------------
+def _fused_modules(tensors: Mapping[str, np.ndarray], pattern: re.Pattern, parts: int
+                   ) -> dict[str, list[tuple[str, int]]]:
+    """module name -> [(key, axis)]: the keys matching ``pattern`` and the axis split into ``parts``
+    (the bias's length decides a weight's axis; the last fitting axis otherwise)."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for key, t in sorted(tensors.items()):
+        module, _, leaf = key.rpartition(".")
+        if not pattern.search(module or key) or t.ndim == 0:
+            continue
+        bias = tensors.get(f"{module}.bias")
+        size = bias.shape[0] if bias is not None and bias.ndim == 1 else None
+        axes = [a for a in range(t.ndim) if t.shape[a] % parts == 0 and t.shape[a] >= parts
+                and (size is None or t.shape[a] == size)]
+        if axes:
+            out.setdefault(module or key, []).append((key, axes[-1]))
+    return out
+
+
+def _reorder(a: np.ndarray, axis: int, perm: list[int]) -> np.ndarray:
+    """``a`` with its ``len(perm)`` slices along ``axis`` restored from stored order ``perm``
+    (stored slice i is the true slice perm[i])."""
+    n = len(perm)
+    inverse = np.argsort(perm)
+    moved = np.moveaxis(a, axis, 0)
+    parts = moved.reshape((n, -1) + moved.shape[1:])[inverse]
+    return np.moveaxis(parts.reshape(moved.shape), 0, axis)
+
+
+def _reorder_hypotheses(modules: dict[str, list[tuple[str, int]]], tensors: Mapping[str, np.ndarray],
+                        orders: list[tuple[int, list[int], str]], every: bool = True) -> Iterator[Hypothesis]:
+    """Each stored order (n slices per part) for every fused module at once (``every``), then for
+    each module."""
+    groups = ([list(modules)] if every else []) + ([[m] for m in modules] if len(modules) > 1 or not every else [])
+    for n, perm, family in orders:
+        for group in groups:
+            members = [(k, ax) for m in group for k, ax in modules[m] if tensors[k].shape[ax] % n == 0]
+            if not members:
+                continue
+            first_key, first_axis = members[0]
+            desc = describe_order(tensors[first_key].shape[first_axis] // n, n, perm)
+            what = "fused projection" if family != "gate_up" else "fused gate/up"
+            where = f"every {what} ({len(members)} tensors)" if len(group) > 1 else ", ".join(k for k, _ in members)
+
+            def undo(t: Mapping[str, np.ndarray], members=members, perm=perm) -> dict[str, np.ndarray]:
+                return {k: _reorder(t[k], ax, perm) for k, ax in members}
+            yield Hypothesis("reordered", f"{where}: {desc}", tuple(k for k, _ in members), undo,
+                             {"slices": n, "order": perm})
+
+
+def _qkv_orders(modules: dict[str, list[tuple[str, int]]], tensors: Mapping[str, np.ndarray]
+                ) -> tuple[list[tuple[int, list[int], str]], list[tuple[int, list[int], str]]]:
+    """(third orders and per-head interleaves, two-head exchanges) to try for the fused Q/K/V keys."""
+    widths = {tensors[k].shape[ax] // 3 for m in modules.values() for k, ax in m}
+    cheap = [(3, list(p), "qkv") for p in itertools.permutations(range(3)) if list(p) != [0, 1, 2]]
+    heads_exchanges = []
+    for d in sorted(widths):
+        for h in range(2, min(d, MAX_HEADS) + 1):
+            if d % h:
+                continue
+            n = 3 * h
+            cheap.append((n, [j * h + i for i in range(h) for j in range(3)], "qkv"))  # [Q0 K0 V0 Q1 ...]
+            if d // h < 2:
+                continue  # heads of width 1 would make every slice order a hypothesis
+            for third in range(3):
+                for i, j in itertools.combinations(range(h), 2):
+                    perm = list(range(n))
+                    perm[third * h + i], perm[third * h + j] = third * h + j, third * h + i
+                    heads_exchanges.append((n, perm, "qkv"))
+    return cheap, heads_exchanges
+
+
+def _transpose_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
+    squares = [k for k, t in sorted(tensors.items()) if t.ndim == 2 and t.shape[0] == t.shape[1] > 1
+               and not np.array_equal(t, t.T)]
+    by_suffix: dict[str, list[str]] = {}
+    for prefix, layers in _layer_index(squares).items():
+        for i, suffixes in layers.items():
+            for suffix, key in suffixes.items():
+                by_suffix.setdefault(_layer_name(prefix, "*") + "." + suffix, []).append(key)
+
+    def undo_of(keys: list[str]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        return lambda t: {k: np.ascontiguousarray(t[k].T) for k in keys}
+    for pattern, keys in sorted(by_suffix.items()):
+        if len(keys) > 1:
+            yield Hypothesis("transpose", f"transpose every {pattern} ({len(keys)} tensors)", tuple(keys),
+                             undo_of(keys))
+    for k in squares:
+        yield Hypothesis("transpose", f"transpose {k}", (k,), undo_of([k]))
+
+
+def hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
+    """Every structured hypothesis for these checkpoint tensors, cheapest families first."""
+    yield from _block_hypotheses(tensors)
+    yield from _layer_swap_hypotheses(tensors)
+    qkv = _fused_modules(tensors, _FUSED_QKV, 3)
+    cheap, head_pairs = _qkv_orders(qkv, tensors)
+    yield from _reorder_hypotheses(qkv, tensors, cheap)
+    gate_up = _fused_modules(tensors, _FUSED_GATE_UP, 2)
+    yield from _reorder_hypotheses(gate_up, tensors, [(2, [1, 0], "gate_up")])
+    yield from _transpose_hypotheses(tensors)
+    yield from _reorder_hypotheses(qkv, tensors, head_pairs, every=False)
+
+
+# -- the search -----------------------------------------------------------------------------------------
+@dataclass
+class SearchResult:
+    """The steps taken (hypothesis, error before, error after), the error left, and the budget used."""
+
+    steps: list[tuple[Hypothesis, float, float]]
+    error: float
+    tried: int
+    time_s: float
+    bounded: bool
+
+    def to_dict(self) -> dict:
+        return {"steps": [{"kind": h.kind, "message": h.message, "keys": list(h.keys), "error_before": a,
+                           "error_after": b} for h, a, b in self.steps],
+                "error": self.error, "tried": self.tried, "time_s": self.time_s, "bounded": self.bounded}
+
+
+def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndarray], list[str], bool], float],
+           error: float, limit: float, *, max_steps: int = 3, max_hypotheses: int = 2000,
+           time_limit: float = 60.0, confirm: int = 5) -> SearchResult:
+    """Greedy over structured hypotheses: screen each (``error_of(tensors, changed, screen=True)``,
+    the first input set), confirm the ``confirm`` best on every set, take the best if it removes more
+    than half of the error left; stop at agreement, when nothing does, or when the budget is spent."""
+    start = time.perf_counter()
+    tried, bounded = 0, False
+    steps: list[tuple[Hypothesis, float, float]] = []
+    current, changed = dict(tensors), set()
+    for _ in range(max_steps):
+        screened: list[tuple[float, int, Hypothesis]] = []  # trials are rebuilt when confirmed: bounded memory
+        best = None
+        for k, h in enumerate(hypotheses(current)):
+            if tried >= max_hypotheses or time.perf_counter() - start > time_limit:
+                bounded = True
+                break
+            tried += 1
+            trial = dict(current)
+            trial.update(h.undo(current))
+            keys = sorted(changed | set(h.keys))
+            screen = error_of(trial, keys, True)
+            if screen <= limit:  # agreement on the first set: confirm now, and stop if it holds everywhere
+                e = error_of(trial, keys, False)
+                if e <= limit:
+                    best = (e, h, trial)
+                    break
+            screened.append((screen, k, h))
+        if best is None:
+            screened.sort(key=lambda s: (s[0], s[1]))
+            for _, _, h in screened[:confirm]:
+                trial = dict(current)
+                trial.update(h.undo(current))
+                e = error_of(trial, sorted(changed | set(h.keys)), False)
+                if best is None or e < best[0]:
+                    best = (e, h, trial)
+        if best is None or not best[0] < error / 2:
+            break
+        steps.append((best[1], error, best[0]))
+        current, error = best[2], best[0]
+        changed |= set(best[1].keys)
+        if error <= limit or bounded:
+            break
+    return SearchResult(steps, error, tried, time.perf_counter() - start, bounded)

@@ -432,7 +432,13 @@ def _oracle(bundle: Bundle, against: str, module: Any, onnx_model: Any,
         return R.TorchExportRunner(module, example, decompose=bool(bundle.report.get("decomposed"))), "export"
     runner_cls = R.OnnxRuntimeRunner if against == "onnxruntime" else R.OnnxReferenceRunner
     if onnx_model is not None:
-        return runner_cls(onnx_model), "onnx"
+        runner = runner_cls(onnx_model)
+        from exporters.onnx import node_value_names
+        annotated = node_value_names(runner.source)
+        if annotated is not None and annotated[1] == [n.kind for n in bundle.graph.nodes]:
+            runner.name += " (our ONNX export of this graph)"  # matched through its node annotation
+            return runner, {i: name for i, name in enumerate(annotated[0]) if name is not None}
+        return runner, "onnx"
     from exporters.onnx import to_onnx_model
     own = to_onnx_model(bundle, expose_all_nodes=True)  # graph output i is node i's value
     names = {i: o.name for i, o in enumerate(own.graph.output)}
@@ -523,9 +529,13 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     if not per_node:
         matched, unmatched = {}, {}
     elif isinstance(framework, dict):
-        matched, unmatched = dict(framework), {}
+        matched = dict(framework)
+        unmatched = {n.id: "no value of its own in the ONNX file (a broadcast ONNX does implicitly)"
+                     for n in g.nodes if n.id not in matched}
     else:
         matched, unmatched = match_nodes(g, framework)
+    if hasattr(oracle, "wanted"):
+        oracle.wanted = set(matched.values())
     rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
     outs, produced = _run_all(g, sets, (ours64, ours32, exact64), oracle, rows, matched, report, advance)
     if produced is None:

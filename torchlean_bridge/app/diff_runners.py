@@ -224,7 +224,18 @@ class _OnnxRunner(Runner):
         self.output_keys = [o.name for o in model.graph.output]
         floats = [dt for _, dt in self.feeds if np.dtype(dt).kind == "f"]
         self.input_precision = np.float64 if floats and all(dt == np.float64 for dt in floats) else np.float32
+        self.source = model  # as given (its metadata says which value holds which IR node, for our exports)
         self.model = expose_all_values(model)
+        self._initializers = {t.name: t for t in model.graph.initializer}
+        self._constants: dict[str, np.ndarray] = {}
+        self.wanted: set[str] = set()  # keys the diff compares: initializers among them are returned too
+
+    def constants(self) -> dict[str, np.ndarray]:
+        """The wanted initializers' values (they are no node's output, so no run exposes them)."""
+        from onnx import numpy_helper
+        for name in self.wanted.difference(self._constants).intersection(self._initializers):
+            self._constants[name] = numpy_helper.to_array(self._initializers[name])
+        return self._constants
 
     def _feed(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         if len(inputs) != len(self.feeds):
@@ -249,7 +260,8 @@ class OnnxRuntimeRunner(_OnnxRunner):
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         feeds = self._feed(inputs)
-        return {**feeds, **dict(zip(self.names, (np.asarray(v) for v in self.session.run(None, feeds))))}
+        return {**self.constants(), **feeds,
+                **dict(zip(self.names, (np.asarray(v) for v in self.session.run(None, feeds))))}
 
 
 class OnnxReferenceRunner(_OnnxRunner):
@@ -265,7 +277,8 @@ class OnnxReferenceRunner(_OnnxRunner):
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         feeds = self._feed(inputs)
-        return {**feeds, **dict(zip(self.names, (np.asarray(v) for v in self.evaluator.run(None, feeds))))}
+        return {**self.constants(), **feeds,
+                **dict(zip(self.names, (np.asarray(v) for v in self.evaluator.run(None, feeds))))}
 
 
 def reference_parameters(reference: Any) -> Mapping[str, np.ndarray]:

@@ -223,6 +223,7 @@ class NodeDiff:
     status: str = "ok"  # ok | diverged | downstream | no counterpart
     output: int | None = None  # output position, for output rows
     exact_ulps: float | None = None  # default float64 vs the exact mode, float64 ulps (0: bit-identical)
+    via: str | None = None  # how the oracle's value was obtained when not read directly (finer oracle)
 
     @property
     def diverged(self) -> bool:
@@ -232,7 +233,7 @@ class NodeDiff:
         d = {"node": self.node, "op": self.op, "counterpart": self.counterpart, "status": self.status,
              "max_abs": self.max_abs, "max_rel": self.max_rel, "max_ulp": self.max_ulp, "budget": self.budget,
              "float32_gap": self.gap32}
-        for k in ("output", "diverged_on", "problem", "exact_ulps"):
+        for k in ("output", "diverged_on", "problem", "exact_ulps", "via"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         if self.source:
@@ -448,15 +449,11 @@ def _oracle(bundle: Bundle, against: str, module: Any, onnx_model: Any,
     return runner, names
 
 
-def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
-    """Payload tensors compared with the reference's own tensors of the same name (via the role map).
-
-    A value that differs from its key's tensor but equals another key's tensor names both keys.
-    """
+def _reference_tensors(bundle: Bundle, reference: Any) -> tuple[dict[tuple[int, str], tuple[str, np.ndarray]],
+                                                                 list[Finding]]:
+    """The reference's own tensors by the (node, role) they are bound to, transform applied."""
     from .diff_runners import reference_parameters
-    params = reference_parameters(reference)
-    if not params:
-        return []
+    params = reference_parameters(reference) if reference is not None else {}
     expected: dict[tuple[int, str], tuple[str, np.ndarray]] = {}
     findings: list[Finding] = []
     for b in bundle.roles.bindings():
@@ -467,6 +464,15 @@ def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
         except (BridgeError, ValueError) as e:
             findings.append(Finding("parameter-mismatch", f"{b.key}: cannot apply transform {b.transform!r}: {e}",
                                     node=b.node, keys=(b.key,)))
+    return expected, findings
+
+
+def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
+    """Payload tensors compared with the reference's own tensors of the same name (via the role map).
+
+    A value that differs from its key's tensor but equals another key's tensor names both keys.
+    """
+    expected, findings = _reference_tensors(bundle, reference)
     candidates = list(expected.values())
     named_pairs: set[frozenset[str]] = set()
     for (nid, role), (key, want) in expected.items():
@@ -537,13 +543,23 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     if hasattr(oracle, "wanted"):
         oracle.wanted = set(matched.values())
     rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
-    outs, produced = _run_all(g, sets, (ours64, ours32, exact64), oracle, rows, matched, report, advance)
+    reference = module if against == "torch" else onnx_model
+    tensors = {k: v for k, (_, v) in _reference_tensors(bundle, reference)[0].items()} if per_node else {}
+    finer = (tensors, bundle.payload) if per_node else None
+    outs, produced, via = _run_all(g, sets, (ours64, ours32, exact64), oracle, rows, matched, report, advance,
+                                   finer)
     if produced is None:
         report.add(Finding("no-inputs", "no input set could be compared (our evaluation was undefined on all)"))
 
     for nid, key in matched.items():
         if produced is not None and key not in produced:
-            unmatched[nid] = f"{key} is not among {oracle.name}'s values"
+            unmatched.setdefault(nid, f"{key} is not among {oracle.name}'s values")
+    for nid, reason in via.items():
+        if nid in rows and rows[nid].via is not None:  # compared through the finer oracle
+            unmatched.pop(nid, None)
+            rows[nid].counterpart = "finer oracle"
+        elif nid in unmatched and not reason.startswith("no finer oracle"):
+            unmatched[nid] = f"{unmatched[nid]}; {reason}"
     for nid, reason in unmatched.items():
         rows[nid].status, rows[nid].counterpart, rows[nid].problem = "no counterpart", None, reason
     _classify(g, rows)
@@ -551,7 +567,6 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
     report.nodes = list(rows.values())
     report.outputs = outs
-    reference = module if against == "torch" else onnx_model
     parameters = _parameter_findings(bundle, reference) if reference is not None else []
     _add_findings(report, bundle, rows, outs, unmatched, parameters)
     report.extend(parameters)
@@ -560,12 +575,16 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
 
 def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any, Any], oracle: Any,
              rows: dict[int, NodeDiff], matched: dict[int, str], report: DiffReport,
-             advance: Callable[[], None] | None) -> tuple[list[NodeDiff], set | None]:
+             advance: Callable[[], None] | None, finer: tuple[Any, Any] | None = None,
+             ) -> tuple[list[NodeDiff], set | None, dict[int, str]]:
     """Run every input set through our two precisions and the oracle, folding each comparison into
-    the rows; returns the output rows and the keys the oracle produced (None when nothing ran)."""
+    the rows; returns the output rows, the keys the oracle produced (None when nothing ran) and, per
+    node the oracle did not show, how the finer oracle derived it (or why it could not)."""
+    from .diff_finer import derive
     ours64, ours32, exact64 = ours
     outs: list[NodeDiff] = []
     produced: set | None = None
+    reasons: dict[int, str] = {}
     for label, arrays in sets:
         try:
             ref, low = ours64.run(arrays), ours32.run(arrays)
@@ -585,8 +604,13 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
         if produced is None:  # the oracle knows its output keys after one run
             outs, produced = _output_rows(g, oracle, report), set()
         produced.update(theirs)
+        values = {nid: np.asarray(theirs[key]) for nid, key in matched.items() if key in theirs}
+        derived: dict[int, np.ndarray] = {}
+        if finer is not None:
+            missing = [n.id for n in g.nodes if n.id not in values]
+            derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, *finer)
         mags: dict[int, float | None] = {}
-        shown = {nid for nid, key in matched.items() if key in theirs}
+        shown = set(values) | set(derived)
         for row in outs:
             _compare(row, label, theirs.get(row.counterpart), ref[row.node], low[row.node],
                      _scale(g, row.node, ref, shown, mags), g.nodes[row.node].dtype != "float")
@@ -594,13 +618,14 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
             if g.nodes[nid].dtype == "float":
                 row = rows[nid]
                 row.exact_ulps = max(row.exact_ulps or 0.0, ulp64_distance(ref[nid], value))
-        for nid, key in matched.items():
-            if key in theirs:
-                _compare(rows[nid], label, theirs[key], ref[nid], low[nid], _scale(g, nid, ref, shown, mags),
-                         g.nodes[nid].dtype != "float")
+        for nid, value in [*values.items(), *derived.items()]:
+            if nid in derived:
+                rows[nid].via = reasons[nid]
+            _compare(rows[nid], label, value, ref[nid], low[nid], _scale(g, nid, ref, shown, mags),
+                     g.nodes[nid].dtype != "float")
         if advance:
             advance()
-    return outs, produced
+    return outs, produced, reasons
 
 
 def _output_rows(g: Graph, oracle: Any, report: DiffReport) -> list[NodeDiff]:

@@ -1,0 +1,143 @@
+"""The finer oracle: values for IR nodes the framework never materialized.
+
+An importer lowers one framework op into several IR nodes (a decomposed attention: slices,
+transposes, matmuls, a scale, a softmax; an expanded broadcast; a fused op's inner half). The
+framework holds only the op's final value, so those inner nodes have no counterpart. Here each is
+recomputed from the *oracle's own* values of its parents with plain numpy primitives in the oracle's
+precision, written from the op's definition (not our semantics module), and compared like any
+other node; the reason is recorded per node. Constants bound to a reference tensor are the
+reference's tensor (transform applied); graph inputs are exactly what the oracle was fed.
+
+A kind without a primitive here, or a node whose parents have no oracle value, stays uncompared
+with its reason: it is never guessed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..graph import Graph, Node
+
+__all__ = ["PRIMITIVES", "derive"]
+
+Prim = Callable[[Node, list[np.ndarray], Mapping[str, np.ndarray]], np.ndarray]
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _slice(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np.ndarray:
+    index = [slice(None)] * xs[0].ndim
+    a = node.attrs
+    for ax, st, en, sp in zip(a["axes"], a["starts"], a["ends"], a["steps"]):
+        index[ax] = slice(st, en, sp)
+    return xs[0][tuple(index)]
+
+
+def _linear(node: Node, xs: list[np.ndarray], params: Mapping[str, np.ndarray]) -> np.ndarray:
+    w = params["weight"].astype(xs[0].dtype)
+    y = np.matmul(xs[0], w.T)
+    return y + params["bias"].astype(xs[0].dtype) if "bias" in params else y
+
+
+def _unary(f: Callable[[np.ndarray], np.ndarray]) -> Prim:
+    return lambda node, xs, _: f(xs[0])
+
+
+def _binary(f: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Prim:
+    return lambda node, xs, _: f(xs[0], xs[1])
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, np.zeros((), x.dtype))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def _shaped(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np.ndarray:
+    return xs[0].reshape(node.out_shape)
+
+
+# one primitive per IR kind, each the op's definition in numpy (the oracle's primitives)
+PRIMITIVES: dict[str, Prim] = {
+    "broadcast_to": lambda node, xs, _: np.broadcast_to(xs[0], node.out_shape),
+    "expand": lambda node, xs, _: np.broadcast_to(xs[0], node.out_shape),
+    "reshape": _shaped, "flatten": _shaped, "squeeze": _shaped, "unsqueeze": _shaped,
+    "transpose": lambda node, xs, _: np.swapaxes(xs[0], node.attrs["axis1"], node.attrs["axis2"]),
+    "permute": lambda node, xs, _: np.transpose(xs[0], node.attrs["perm"]),
+    "slice": _slice,
+    "concat": lambda node, xs, _: np.concatenate(xs, axis=node.attrs["axis"]),
+    "gather": lambda node, xs, _: np.take(xs[0], xs[1], axis=node.attrs["axis"]),
+    "detach": _unary(lambda x: x),
+    "matmul": _binary(np.matmul),
+    "add": _binary(np.add), "sub": _binary(np.subtract), "mul_elem": _binary(np.multiply),
+    "div": _binary(np.divide), "max_elem": _binary(np.maximum), "min_elem": _binary(np.minimum),
+    "where": lambda node, xs, _: np.where(xs[0], xs[1], xs[2]),
+    "softmax": lambda node, xs, _: _softmax(xs[0], node.attrs["axis"]),
+    "relu": _unary(_relu), "tanh": _unary(np.tanh), "sigmoid": _unary(_sigmoid), "exp": _unary(np.exp),
+    "neg": _unary(np.negative), "abs": _unary(np.abs), "sqrt": _unary(np.sqrt),
+    "linear": _linear,
+}
+
+
+def _precise(x: np.ndarray, precision: type) -> np.ndarray:
+    return x.astype(precision) if x.dtype.kind == "f" else x
+
+
+def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], precision: type,
+           inputs: Sequence[np.ndarray], reference: Mapping[tuple[int, str], np.ndarray],
+           payload: Any) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+    """Oracle values for ``candidates`` (ascending ids, so parents come first) from ``known``
+    (the oracle's values by node id, extended as nodes are derived), and why each was derivable or not.
+
+    ``reference`` holds the reference's tensors by (node, role), transform applied; a folded constant
+    with no reference tensor lends our own value to its consumers (said in their reason) but is not
+    compared itself.
+    """
+    values: dict[int, np.ndarray] = {}
+    reasons: dict[int, str] = {}
+    position = {nid: k for k, nid in enumerate(g.inputs)}
+    borrowed: dict[int, np.ndarray] = {}
+    for nid in candidates:
+        node = g.nodes[nid]
+        if node.kind == "input":
+            values[nid] = known[nid] = np.asarray(inputs[position[nid]])
+            reasons[nid] = "graph input: the value the oracle was fed"
+            continue
+        if node.kind == "const":
+            ref = reference.get((nid, "values"))
+            if ref is not None:
+                values[nid] = known[nid] = ref
+                reasons[nid] = "constant: the reference's own tensor"
+            else:
+                own = payload.get(nid, "values")
+                if own is not None:
+                    borrowed[nid] = np.asarray(own)
+                reasons[nid] = "constant folded by the importer: the oracle holds no tensor for it"
+            continue
+        prim = PRIMITIVES.get(node.kind)
+        if prim is None:
+            reasons[nid] = f"no finer oracle for {node.kind}"
+            continue
+        missing = [p for p in node.parents if p not in known and p not in borrowed]
+        if missing:
+            reasons[nid] = f"parent node(s) {', '.join(map(str, missing))} have no oracle value"
+            continue
+        params = {role: reference[(nid, role)] for role in ("weight", "bias") if (nid, role) in reference}
+        if node.kind == "linear" and "weight" not in params:
+            reasons[nid] = "linear with no reference weight to recompute it from"
+            continue
+        xs = [_precise(known[p] if p in known else borrowed[p], precision) for p in node.parents]
+        with np.errstate(all="ignore"):
+            values[nid] = known[nid] = np.asarray(prim(node, xs, params))
+        lent = [p for p in node.parents if p in borrowed and p not in known]
+        reasons[nid] = (f"finer oracle: numpy {node.kind} on the oracle's values of node(s) "
+                        f"{', '.join(map(str, node.parents))}"
+                        + (f" (our folded constant(s) {', '.join(map(str, lent))})" if lent else ""))
+    return values, reasons

@@ -72,3 +72,36 @@ def test_a_file_of_another_graph_is_matched_by_provenance_only(exported):
                                         NODE_KINDS_KEY: json.dumps(kinds[::-1] + ["x"])})
     report = tlb.diff(bundle, against="onnxruntime", onnx_model=model, random=1)
     assert "this graph" not in report.against
+
+
+# -- coverage in every report -------------------------------------------------------------------
+
+def test_every_report_states_its_coverage(exported):
+    bundle, path = exported
+    report = tlb.diff(bundle, against="onnxruntime", onnx_model=str(path), random=1)
+    c = report.to_dict()["coverage"]
+    assert c["compared"] == c["direct"] + c["finer"] == len(bundle.graph.nodes) - sum(c["not_compared"].values())
+    json.dumps(report.to_dict(), allow_nan=False)
+    n = len(bundle.graph.nodes)
+    assert f"compared {n} of {n} IR nodes" in report.summary()
+    assert f"agree at every node ({n} of {n})" in report.summary()
+
+
+def test_an_outputs_only_verdict_says_so():
+    module, inputs = CASES["cnn2d"].make()
+    bundle = tlb.import_fx(module, inputs)
+    report = tlb.diff(bundle, against="torch", module=module, random=1, per_node=False)
+    assert report.ok and report.coverage["compared"] == 0
+    verdict = report.summary().splitlines()[0]
+    assert verdict.endswith("outputs agree (only the outputs were compared)")
+
+
+def test_a_partial_verdict_names_what_it_left_out():
+    module, inputs = CASES["layout"].make()  # a folded index constant: the oracle holds no tensor for it
+    bundle = tlb.import_fx(module, inputs)
+    report = tlb.diff(bundle, against="torch", module=module, random=1)
+    c = report.coverage
+    if c["compared"] == c["nodes"]:
+        pytest.skip("every node reached")
+    assert f"agree on the {c['compared']} of {c['nodes']} nodes compared" in report.summary()
+    assert "not compared: " in report.summary()

@@ -345,8 +345,45 @@ class DiffReport(Report):
     outputs: list[NodeDiff] = field(default_factory=list)
     first_divergence: Finding | None = None
 
+    @property
+    def coverage(self) -> dict[str, Any]:
+        """How many IR nodes were compared (read from the oracle directly, or through the finer oracle),
+        and how many were not, counted per reason."""
+        direct = sum(r.status != "no counterpart" and r.via is None for r in self.nodes)
+        finer = sum(r.status != "no counterpart" and r.via is not None for r in self.nodes)
+        reasons: dict[str, int] = {}
+        for r in self.nodes:
+            if r.status == "no counterpart":
+                reason = (r.problem or "no counterpart").split(";")[-1].strip()
+                reasons[reason] = reasons.get(reason, 0) + 1
+        return {"compared": direct + finer, "nodes": len(self.nodes), "direct": direct, "finer": finer,
+                "outputs": len(self.outputs), "not_compared": reasons}
+
+    def coverage_line(self) -> str:
+        """``compared N of M IR nodes (D read from the oracle, F by the finer oracle)``."""
+        c = self.coverage
+        return (f"compared {c['compared']} of {c['nodes']} IR nodes ({c['direct']} read from the oracle, "
+                f"{c['finer']} by the finer oracle) and {c['outputs']} output(s)")
+
+    def _verdict(self) -> str:
+        """Never a plain 'agree' over fewer nodes than the graph has."""
+        if self.first_divergence is not None:
+            return f"DIVERGED: {self.first_divergence.message}"
+        if not self.ok:
+            return "FAILED"
+        c = self.coverage
+        if c["compared"] == 0:
+            return "outputs agree (only the outputs were compared)"
+        if c["compared"] < c["nodes"]:
+            return f"agree on the {c['compared']} of {c['nodes']} nodes compared (and the outputs)"
+        return f"agree at every node ({c['nodes']} of {c['nodes']})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (for renderers): ``to_json()``, coverage included."""
+        return self.to_json()
+
     def _extra_json(self) -> dict:
-        return {"against": self.against, "inputs": self.inputs,
+        return {"against": self.against, "inputs": self.inputs, "coverage": self.coverage,
                 "tolerance": {"safety": SAFETY, "floor_ulps": FLOOR_ULPS},
                 "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
                 "outputs": [r.to_json() for r in self.outputs], "nodes": [r.to_json() for r in self.nodes]}
@@ -376,12 +413,7 @@ class DiffReport(Report):
         return "\n".join(lines)
 
     def summary(self) -> str:
-        if self.first_divergence is not None:
-            verdict = f"DIVERGED: {self.first_divergence.message}"
-        elif not self.ok:
-            verdict = "FAILED"
-        else:
-            verdict = "agree"
+        verdict = self._verdict()
         if len(self.inputs) <= 6:
             listed = ", ".join(self.inputs)
         else:  # counts per kind, e.g. "23 normal, 23 uniform, 1 zeros, 1 edge"
@@ -392,7 +424,9 @@ class DiffReport(Report):
         vs_exact = (f"\n  default float64 vs exact mode (TorchLean's fold orders and libm): {same} of {len(exact)} "
                     f"node(s) bit-identical" + (f", at most {_fmt(max(r.exact_ulps for r in exact))} ulps apart"
                                                  if same < len(exact) else "")) if exact else ""
-        return (f"{self.title}: {verdict}\n  {len(self.inputs)} input set(s): {listed}; "
+        c = self.coverage
+        missing = "".join(f"\n  not compared: {n} node(s): {reason}" for reason, n in c["not_compared"].items())
+        return (f"{self.title}: {verdict}\n  {self.coverage_line()}{missing}\n  {len(self.inputs)} input set(s): {listed}; "
                 f"budget per node = max({SAFETY:g} x our float32 gap, {FLOOR_ULPS} float32 ulps){vs_exact}")
 
     def render(self, all_nodes: bool = True) -> str:

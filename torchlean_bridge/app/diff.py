@@ -148,6 +148,21 @@ def match_nodes(g: Graph, framework: str) -> tuple[dict[int, str], dict[int, str
     return matched, unmatched
 
 
+def _match_folded_onnx(g: Graph, oracle: Any, matched: dict[int, str], unmatched: dict[int, str]) -> None:
+    """A node the ONNX importer folded records the ONNX node it came from, not a tensor: when that
+    node has one output no other IR node holds, the oracle's value of it is this node's value."""
+    held = set(matched.values())
+    outputs = getattr(oracle, "node_outputs", {})
+    for nid in list(unmatched):
+        src = g.nodes[nid].source
+        if src is not None and src.framework == "onnx" and src.folded and src.name:
+            outs = outputs.get(src.name, [])
+            if len(outs) == 1 and outs[0] not in held:
+                matched[nid] = outs[0]
+                held.add(outs[0])
+                del unmatched[nid]
+
+
 def feeding_keys(bundle: Bundle, nid: int) -> list[str]:
     """Checkpoint keys bound to the node, then to its ancestors (nearest first)."""
     g = bundle.graph
@@ -574,6 +589,8 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
                      for n in g.nodes if n.id not in matched}
     else:
         matched, unmatched = match_nodes(g, framework)
+        if framework == "onnx":
+            _match_folded_onnx(g, oracle, matched, unmatched)
     if hasattr(oracle, "wanted"):
         oracle.wanted = set(matched.values())
     rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
@@ -592,7 +609,7 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         if nid in rows and rows[nid].via is not None:  # compared through the finer oracle
             unmatched.pop(nid, None)
             rows[nid].counterpart = "finer oracle"
-        elif nid in unmatched and not reason.startswith("no finer oracle"):
+        elif nid in unmatched:
             unmatched[nid] = f"{unmatched[nid]}; {reason}"
     for nid, reason in unmatched.items():
         rows[nid].status, rows[nid].counterpart, rows[nid].problem = "no counterpart", None, reason
@@ -642,7 +659,8 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
         derived: dict[int, np.ndarray] = {}
         if finer is not None:
             missing = [n.id for n in g.nodes if n.id not in values]
-            derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, *finer)
+            derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, *finer,
+                                      literals=getattr(oracle, "literals", None))
         mags: dict[int, float | None] = {}
         shown = set(values) | set(derived)
         for row in outs:

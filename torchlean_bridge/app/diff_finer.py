@@ -90,15 +90,42 @@ def _precise(x: np.ndarray, precision: type) -> np.ndarray:
     return x.astype(precision) if x.dtype.kind == "f" else x
 
 
+def _from_literal(g: Graph, nid: int, ours: np.ndarray, literals: Callable[[str], list[np.ndarray]],
+                  ) -> tuple[np.ndarray, str] | None:
+    """The framework literal a folded constant came from, read off the nodes it feeds (through
+    broadcasts): the one equal to ours (float32 rounding allowed), else the only one of its size
+    (so a wrong fold diverges); None when there is no such literal."""
+    consumers = g.consumers()
+    own = g.nodes[nid].source
+    frontier, names = list(consumers[nid]), [own.name] if own is not None and own.name else []
+    while frontier:
+        c = g.nodes[frontier.pop()]
+        if c.kind in ("broadcast_to", "expand", "cast", "reshape", "unsqueeze"):
+            frontier.extend(consumers[c.id])
+        elif c.source is not None and c.source.name and c.source.name not in names:
+            names.append(c.source.name)
+    for name in names:
+        sized = [lit for lit in literals(name) if lit is not None and lit.dtype.kind in "biuf"
+                 and (lit.size == ours.size or lit.size == 1 == ours.size)]
+        same = [lit for lit in sized if np.allclose(lit.astype(np.float64).reshape(ours.shape), ours.astype(np.float64),
+                                                     rtol=2 * float(np.finfo(np.float32).eps), atol=0)]
+        pick = same[0] if same else (sized[0] if len(sized) == 1 else None)
+        if pick is not None:
+            return pick.reshape(ours.shape), f"constant folded from a literal argument of {name}"
+    return None
+
+
 def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], precision: type,
            inputs: Sequence[np.ndarray], reference: Mapping[tuple[int, str], np.ndarray],
-           payload: Any) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+           payload: Any, literals: Callable[[str], list[np.ndarray]] | None = None,
+           ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
     """Oracle values for ``candidates`` (ascending ids, so parents come first) from ``known``
     (the oracle's values by node id, extended as nodes are derived), and why each was derivable or not.
 
     ``reference`` holds the reference's tensors by (node, role), transform applied; a folded constant
     with no reference tensor lends our own value to its consumers (said in their reason) but is not
-    compared itself.
+    compared itself, unless ``literals`` (framework node name -> the numbers it was called with) gives
+    the literal it was folded from.
     """
     values: dict[int, np.ndarray] = {}
     reasons: dict[int, str] = {}
@@ -115,11 +142,16 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
             if ref is not None:
                 values[nid] = known[nid] = ref
                 reasons[nid] = "constant: the reference's own tensor"
+                continue
+            own = payload.get(nid, "values")
+            found = _from_literal(g, nid, np.asarray(own), literals) if own is not None and literals else None
+            if found is not None:
+                values[nid] = known[nid] = found[0]
+                reasons[nid] = found[1]
             else:
-                own = payload.get(nid, "values")
                 if own is not None:
                     borrowed[nid] = np.asarray(own)
-                reasons[nid] = "constant folded by the importer: the oracle holds no tensor for it"
+                reasons[nid] = "constant folded by the importer: the oracle holds no tensor or literal for it"
             continue
         prim = PRIMITIVES.get(node.kind)
         if prim is None:

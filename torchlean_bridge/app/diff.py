@@ -359,6 +359,7 @@ class DiffReport(Report):
     nodes: list[NodeDiff] = field(default_factory=list)
     outputs: list[NodeDiff] = field(default_factory=list)
     first_divergence: Finding | None = None
+    reduced: dict[str, Any] | None = None  # what diff --reduce wrote (reduced.json)
 
     @property
     def coverage(self) -> dict[str, Any]:
@@ -550,7 +551,7 @@ def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
 
 def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model: Any = None,
          inputs: Any = None, random: int = 4, seed: int = 0, per_node: bool = True,
-         advance: Callable[[], None] | None = None, plan: Any = None) -> DiffReport:
+         advance: Callable[[], None] | None = None, plan: Any = None, reduce: Any = None) -> DiffReport:
     """Compare ``bundle`` (our float64 reference, budgets from our float32) with an oracle.
 
     ``against="plan"``: the oracle is ``plan``'s execution in float32 (each node by its planned
@@ -558,6 +559,9 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
 
     ``inputs``: one input set (arrays in graph-input order, or one array) or a list of sets; without
     them ``random`` seeded sets are generated. ``advance`` is called after each input set (progress).
+
+    ``reduce``: a folder; on a node divergence the minimal reproducer is written there (see
+    ``app/diff_reduce.py``) and described by a ``reduced`` finding (``report.reduced``).
     """
     if against not in AGAINST:
         raise BridgeError(f"diff: unknown oracle {against!r}; expected one of {', '.join(AGAINST)}")
@@ -621,7 +625,43 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     parameters = _parameter_findings(bundle, reference) if reference is not None else []
     _add_findings(report, bundle, rows, outs, unmatched, parameters)
     report.extend(parameters)
+    if reduce is not None:
+        _reduce(report, reduce, bundle, dict(sets), oracle, matched, finer, tensors)
     return report
+
+
+def _reduce(report: DiffReport, folder: Any, bundle: Bundle, sets: dict[str, list[np.ndarray]], oracle: Any,
+            matched: dict[int, str], finer: tuple[Any, Any] | None, tensors: dict) -> None:
+    """Write the minimal reproducer of the first divergence (the oracle re-run on its input set)."""
+    from .diff_reduce import write_reduced
+    first = report.first_divergence
+    if first is None or first.node is None:
+        report.add(Finding("reduced", "nothing to reduce: no node diverged", severity="info"))
+        return
+    label = (first.data or {}).get("diverged_on")
+    arrays = sets.get(label)
+    if arrays is None:
+        report.add(Finding("reduce-failed", f"no input set recorded for the divergence at node {first.node}",
+                           node=first.node, severity="warning"))
+        return
+    theirs = oracle.run(arrays)
+    values, derived, _ = oracle_values(bundle.graph, oracle, theirs, matched, arrays, finer)
+    known = {**values, **derived}
+    out_row = next((r for r in report.outputs if r.node == first.node and first.kind == "output-divergence"), None)
+    if out_row is not None and first.node not in known and out_row.counterpart in theirs:
+        known[first.node] = np.asarray(theirs[out_row.counterpart])
+    try:
+        if first.node not in known:
+            raise BridgeError(f"diff --reduce: the oracle has no value for node {first.node}")
+        info = write_reduced(folder, bundle, first.node, known, known[first.node], tensors, label)
+    except BridgeError as e:
+        report.add(Finding("reduce-failed", str(e), node=first.node, severity="warning"))
+        return
+    report.reduced = info
+    report.add(Finding("reduced", f"reduced to {info['nodes']} node(s) around node {first.node} in {folder}; "
+                                  + (f"reproduce: {info['reproduce']}" if info["reproduce"] else
+                                     "reproduces against expected.npy (onnxruntime agrees with our IR there)"),
+                       node=first.node, severity="info", data=info))
 
 
 def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any, Any], oracle: Any,
@@ -631,7 +671,6 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
     """Run every input set through our two precisions and the oracle, folding each comparison into
     the rows; returns the output rows, the keys the oracle produced (None when nothing ran) and, per
     node the oracle did not show, how the finer oracle derived it (or why it could not)."""
-    from .diff_finer import derive
     ours64, ours32, exact64 = ours
     outs: list[NodeDiff] = []
     produced: set | None = None
@@ -655,12 +694,7 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
         if produced is None:  # the oracle knows its output keys after one run
             outs, produced = _output_rows(g, oracle, report), set()
         produced.update(theirs)
-        values = {nid: np.asarray(theirs[key]) for nid, key in matched.items() if key in theirs}
-        derived: dict[int, np.ndarray] = {}
-        if finer is not None:
-            missing = [n.id for n in g.nodes if n.id not in values]
-            derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, *finer,
-                                      literals=getattr(oracle, "literals", None))
+        values, derived, reasons = oracle_values(g, oracle, theirs, matched, arrays, finer)
         mags: dict[int, float | None] = {}
         shown = set(values) | set(derived)
         for row in outs:
@@ -678,6 +712,20 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
         if advance:
             advance()
     return outs, produced, reasons
+
+
+def oracle_values(g: Graph, oracle: Any, theirs: dict, matched: dict[int, str], arrays: list[np.ndarray],
+                  finer: tuple[Any, Any] | None) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], dict[int, str]]:
+    """The oracle's values by node id: those it showed (``theirs`` through ``matched``), those the
+    finer oracle derived from them, and the finer oracle's reason per remaining node."""
+    from .diff_finer import derive
+    values = {nid: np.asarray(theirs[key]) for nid, key in matched.items() if key in theirs}
+    if finer is None:
+        return values, {}, {}
+    missing = [n.id for n in g.nodes if n.id not in values]
+    derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, *finer,
+                              literals=getattr(oracle, "literals", None))
+    return values, derived, reasons
 
 
 def _output_rows(g: Graph, oracle: Any, report: DiffReport) -> list[NodeDiff]:

@@ -239,6 +239,8 @@ class NodeDiff:
     output: int | None = None  # output position, for output rows
     exact_ulps: float | None = None  # default float64 vs the exact mode, float64 ulps (0: bit-identical)
     via: str | None = None  # how the oracle's value was obtained when not read directly (finer oracle)
+    exceeded: int = 0  # input sets on which the error exceeded the budget
+    worst_on: str | None = None  # the input set with the largest error / budget
 
     @property
     def diverged(self) -> bool:
@@ -248,7 +250,8 @@ class NodeDiff:
         d = {"node": self.node, "op": self.op, "counterpart": self.counterpart, "status": self.status,
              "max_abs": self.max_abs, "max_rel": self.max_rel, "max_ulp": self.max_ulp, "budget": self.budget,
              "float32_gap": self.gap32}
-        for k in ("output", "diverged_on", "problem", "exact_ulps", "via"):
+        d["exceeded"] = self.exceeded
+        for k in ("output", "diverged_on", "worst_on", "problem", "exact_ulps", "via"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         if self.source:
@@ -268,16 +271,15 @@ def _align(actual: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 def _compare(row: NodeDiff, label: str, actual: np.ndarray | None, ref64: np.ndarray, ours32: np.ndarray,
              scale: float, integral: bool) -> None:
     """Fold one input set's comparison into ``row``."""
-    if actual is None:
-        row.problem = row.problem or "the framework produced no value"
-        row.diverged_on = row.diverged_on or label
-        row.worst_ratio = math.inf
-        return
-    aligned = _align(np.asarray(actual), tuple(ref64.shape))
+    aligned = None if actual is None else _align(np.asarray(actual), tuple(ref64.shape))
     if aligned is None:
-        row.problem = row.problem or f"shape {list(np.shape(actual))} vs ours {list(ref64.shape)}"
+        row.problem = row.problem or ("the framework produced no value" if actual is None else
+                                      f"shape {list(np.shape(actual))} vs ours {list(ref64.shape)}")
         row.diverged_on = row.diverged_on or label
+        if row.worst_ratio < math.inf:
+            row.worst_on = label
         row.worst_ratio = math.inf
+        row.exceeded += 1
         return
     if ref64.size == 0:
         return
@@ -300,9 +302,12 @@ def _compare(row: NodeDiff, label: str, actual: np.ndarray | None, ref64: np.nda
     row.budget = max(row.budget, budget)
     row.gap32 = max(row.gap32, gap)
     ratio = math.inf if budget == 0.0 and max_abs > 0 else (max_abs / budget if budget else 0.0)
+    if ratio > row.worst_ratio or row.worst_on is None:
+        row.worst_on = label
     row.worst_ratio = max(row.worst_ratio, ratio)
-    if ratio > 1.0 and row.diverged_on is None:
-        row.diverged_on = label
+    if ratio > 1.0:
+        row.exceeded += 1
+        row.diverged_on = row.diverged_on or label
 
 
 _SCALE_REACH = 64  # nodes looked at behind one compared node
@@ -435,12 +440,17 @@ class DiffReport(Report):
         else:  # counts per kind, e.g. "23 normal, 23 uniform, 1 zeros, 1 edge"
             kinds = [label.partition("(")[2].rstrip(")") or "given" for label in self.inputs]
             listed = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+            if kinds == ["given"] * len(kinds):
+                listed = f"{self.inputs[0]} .. {self.inputs[-1]}"
         exact = [r for r in self.nodes if r.exact_ulps is not None]
         same = sum(r.exact_ulps == 0 for r in exact)
         vs_exact = (f"\n  default float64 vs exact mode (TorchLean's fold orders and libm): {same} of {len(exact)} "
                     f"node(s) bit-identical" + (f", at most {_fmt(max(r.exact_ulps for r in exact))} ulps apart"
                                                  if same < len(exact) else "")) if exact else ""
         c = self.coverage
+        if self.reduced is not None:
+            how = self.reduced["reproduce"] or "compare with expected.npy (onnxruntime agrees with our IR there)"
+            vs_exact += f"\n  reduced to {self.reduced['nodes']} node(s); reproduce: {how}"
         missing = "".join(f"\n  not compared: {n} node(s): {reason}" for reason, n in c["not_compared"].items())
         return (f"{self.title}: {verdict}\n  {self.coverage_line()}{missing}\n  {len(self.inputs)} input set(s): {listed}; "
                 f"budget per node = max({SAFETY:g} x our float32 gap, {FLOOR_ULPS} float32 ulps){vs_exact}")
@@ -551,7 +561,8 @@ def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
 
 def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model: Any = None,
          inputs: Any = None, random: int = 4, seed: int = 0, per_node: bool = True,
-         advance: Callable[[], None] | None = None, plan: Any = None, reduce: Any = None) -> DiffReport:
+         advance: Callable[[], None] | None = None, plan: Any = None, reduce: Any = None,
+         dataset: Any = None) -> DiffReport:
     """Compare ``bundle`` (our float64 reference, budgets from our float32) with an oracle.
 
     ``against="plan"``: the oracle is ``plan``'s execution in float32 (each node by its planned
@@ -560,6 +571,10 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     ``inputs``: one input set (arrays in graph-input order, or one array) or a list of sets; without
     them ``random`` seeded sets are generated. ``advance`` is called after each input set (progress).
 
+    ``dataset``: an .npz file or a folder of .npy files holding many input sets (see
+    ``app/diff_dataset.py``), consumed one set at a time; each row then says on how many sets it
+    exceeded its budget (``exceeded``) and where its worst error was (``worst_on``).
+
     ``reduce``: a folder; on a node divergence the minimal reproducer is written there (see
     ``app/diff_reduce.py``) and described by a ``reduced`` finding (``report.reduced``).
     """
@@ -567,7 +582,10 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         raise BridgeError(f"diff: unknown oracle {against!r}; expected one of {', '.join(AGAINST)}")
     from . import diff_runners as R
     g = bundle.graph
-    if inputs is not None:
+    if dataset is not None:
+        from .diff_dataset import Dataset, load_dataset
+        sets: Any = dataset if isinstance(dataset, Dataset) else load_dataset(g, dataset)
+    elif inputs is not None:
         sets = _given_inputs(g, inputs)
     else:
         generated = make_inputs(g, max(int(random), 1), seed)
@@ -581,9 +599,8 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         oracle, framework = PlanRunner(bundle, plan), {n.id: PlanRunner.key(n.id) for n in g.nodes}
     else:
         oracle, framework = _oracle(bundle, against, module, onnx_model, sets[0][1])
-    sets = [(label, oracle.rounded(arrays)) for label, arrays in sets]
     title = f"diff against {oracle.name}"
-    report = DiffReport(title=title, against=oracle.name, inputs=[label for label, _ in sets])
+    report = DiffReport(title=title, against=oracle.name)  # inputs: filled as the sets are run
 
     if not per_node:
         matched, unmatched = {}, {}
@@ -626,11 +643,11 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     _add_findings(report, bundle, rows, outs, unmatched, parameters)
     report.extend(parameters)
     if reduce is not None:
-        _reduce(report, reduce, bundle, dict(sets), oracle, matched, finer, tensors)
+        _reduce(report, reduce, bundle, sets, oracle, matched, finer, tensors)
     return report
 
 
-def _reduce(report: DiffReport, folder: Any, bundle: Bundle, sets: dict[str, list[np.ndarray]], oracle: Any,
+def _reduce(report: DiffReport, folder: Any, bundle: Bundle, sets: Any, oracle: Any,
             matched: dict[int, str], finer: tuple[Any, Any] | None, tensors: dict) -> None:
     """Write the minimal reproducer of the first divergence (the oracle re-run on its input set)."""
     from .diff_reduce import write_reduced
@@ -639,7 +656,7 @@ def _reduce(report: DiffReport, folder: Any, bundle: Bundle, sets: dict[str, lis
         report.add(Finding("reduced", "nothing to reduce: no node diverged", severity="info"))
         return
     label = (first.data or {}).get("diverged_on")
-    arrays = sets.get(label)
+    arrays = next((oracle.rounded(given) for lab, given in sets if lab == label), None)
     if arrays is None:
         report.add(Finding("reduce-failed", f"no input set recorded for the divergence at node {first.node}",
                            node=first.node, severity="warning"))
@@ -675,7 +692,9 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
     outs: list[NodeDiff] = []
     produced: set | None = None
     reasons: dict[int, str] = {}
-    for label, arrays in sets:
+    for label, given in sets:
+        arrays = oracle.rounded(given)  # exactly what the oracle sees, one set at a time
+        report.inputs.append(label)
         try:
             ref, low = ours64.run(arrays), ours32.run(arrays)
             exact = exact64.run(arrays) if exact64 is not None else {}
@@ -765,6 +784,14 @@ def _describe(nid: int, g: Graph) -> str:
     return f"node {nid} ({g.nodes[nid].kind}{', ' + where if where else ''})"
 
 
+def _spread(r: NodeDiff, report: DiffReport) -> str:
+    """On how many of several input sets a row exceeded its budget, and where it was worst."""
+    n = len(report.inputs)
+    if n < 2:
+        return ""
+    return f" (exceeded on {r.exceeded} of {n} input sets, worst on {r.worst_on})"
+
+
 def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff], outs: list[NodeDiff],
                   unmatched: dict[int, str], parameters: list[Finding]) -> None:
     g = bundle.graph
@@ -774,7 +801,7 @@ def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff],
                              f"({_fmt(r.max_ulp)} float32 ulps)")
         suspects = [p for p in parameters if p.keys and p.keys[0] in keys]
         f = report.add(Finding(
-            "divergence", f"{_describe(r.node, g)} vs {r.counterpart}: {what} on {r.diverged_on}"
+            "divergence", f"{_describe(r.node, g)} vs {r.counterpart}: {what} on {r.diverged_on}{_spread(r, report)}"
                           + (f"; checkpoint keys feeding it: {', '.join(keys)}" if keys else "")
                           + "".join(f"; suspect: {p.message}" for p in suspects),
             node=r.node, keys=tuple(keys), data={**r.to_json(), "suspects": [list(p.keys) for p in suspects]}))
@@ -783,7 +810,8 @@ def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff],
     for r in (r for r in outs if r.status == "diverged"):
         what = r.problem or f"max abs error {_fmt(r.max_abs)} > budget {_fmt(r.budget)}"
         f = report.add(Finding("output-divergence",
-                               f"output {r.output} ({_describe(r.node, g)}): {what} on {r.diverged_on}",
+                               f"output {r.output} ({_describe(r.node, g)}): {what} on {r.diverged_on}"
+                               f"{_spread(r, report)}",
                                node=r.node, keys=tuple(feeding_keys(bundle, r.node)), data=r.to_json()))
         if report.first_divergence is None:
             report.first_divergence = f

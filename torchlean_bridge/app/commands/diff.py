@@ -29,6 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="one .npy per graph input, in graph-input order (list them, or repeat the option)")
     src.add_argument("--random", metavar="N", type=int, default=4,
                      help="N seeded input sets: normal, uniform, zeros, edge values, ... (default 4)")
+    src.add_argument("--inputs", metavar="FILE.npz|DIR",
+                     help="a dataset: an .npz (one array per graph input, [N, *shape] stacks) or a folder of "
+                          ".npy files; every set is run, and each node says on how many it exceeded its budget")
+    p.add_argument("--reduce", metavar="FOLDER",
+                   help="on a node divergence, write the smallest subgraph that still diverges (bundle, ONNX "
+                        "file, captured .npy inputs, expected value, reproduction line) to FOLDER, atomically")
     p.add_argument("--seed", type=int, default=0, help="seed for --random (default 0)")
     p.add_argument("--per-node", action="store_true", help="print every node's row, not only divergent ones")
     p.add_argument("--json", metavar="REPORT.json", help="also write the report as JSON")
@@ -46,10 +52,14 @@ def run(args: argparse.Namespace) -> int:
         raise BridgeError(f"--reference applies to --against torch; for {args.against} give --onnx FILE or nothing")
     module = load_factory(args.reference, "--reference") if args.reference else None
     inputs = [read_array(f) for f in args.input] if args.input else None
-    count = 1 if inputs is not None else max(args.random, 1)
+    dataset = None
+    if args.inputs:
+        from ..diff_dataset import load_dataset
+        dataset = load_dataset(bundle.graph, args.inputs)
+    count = len(dataset) if dataset is not None else 1 if inputs is not None else max(args.random, 1)
     with progress(count, "comparing inputs", args.quiet) as advance:
         report = diff(bundle, against=args.against, module=module, onnx_model=args.onnx, inputs=inputs,
-                      random=args.random, seed=args.seed, advance=advance)
+                      random=args.random, seed=args.seed, advance=advance, dataset=dataset, reduce=args.reduce)
     if args.json:
         atomic_write_text(args.json, json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n")
     print(report.summary() if args.quiet else report.render(all_nodes=args.per_node))

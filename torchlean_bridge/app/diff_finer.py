@@ -93,25 +93,30 @@ def _precise(x: np.ndarray, precision: type) -> np.ndarray:
 def _from_literal(g: Graph, nid: int, ours: np.ndarray, literals: Callable[[str], list[np.ndarray]],
                   ) -> tuple[np.ndarray, str] | None:
     """The framework literal a folded constant came from, read off the nodes it feeds (through
-    broadcasts): the one equal to ours (float32 rounding allowed), else the only one of its size
-    (so a wrong fold diverges); None when there is no such literal."""
+    broadcasts and the unnamed rest of one lowering): one equal to ours up to float32 rounding. None
+    when no literal equals it: a node has many literals (dropout, flags, axes), so an unequal one is
+    no evidence of a wrong fold; the constant then stays uncompared (its consumers still are)."""
     consumers = g.consumers()
     own = g.nodes[nid].source
     frontier, names = list(consumers[nid]), [own.name] if own is not None and own.name else []
-    while frontier:
-        c = g.nodes[frontier.pop()]
-        if c.kind in ("broadcast_to", "expand", "cast", "reshape", "unsqueeze"):
+    seen: set[int] = set()
+    while frontier and len(seen) < 64:  # through broadcasts and the unnamed rest of the same lowering
+        c = g.nodes[frontier.pop(0)]
+        if c.id in seen:
+            continue
+        seen.add(c.id)
+        if c.source is not None and c.source.name and c.kind not in ("broadcast_to", "expand"):
+            if c.source.name not in names:
+                names.append(c.source.name)
+        else:
             frontier.extend(consumers[c.id])
-        elif c.source is not None and c.source.name and c.source.name not in names:
-            names.append(c.source.name)
     for name in names:
         sized = [lit for lit in literals(name) if lit is not None and lit.dtype.kind in "biuf"
                  and (lit.size == ours.size or lit.size == 1 == ours.size)]
         same = [lit for lit in sized if np.allclose(lit.astype(np.float64).reshape(ours.shape), ours.astype(np.float64),
                                                      rtol=2 * float(np.finfo(np.float32).eps), atol=0)]
-        pick = same[0] if same else (sized[0] if len(sized) == 1 else None)
-        if pick is not None:
-            return pick.reshape(ours.shape), f"constant folded from a literal argument of {name}"
+        if same:
+            return same[0].reshape(ours.shape), f"constant folded from a literal argument of {name}"
     return None
 
 
@@ -151,7 +156,7 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
             else:
                 if own is not None:
                     borrowed[nid] = np.asarray(own)
-                reasons[nid] = "constant folded by the importer: the oracle holds no tensor or literal for it"
+                reasons[nid] = "constant folded by the importer: no reference tensor or equal framework literal"
             continue
         prim = PRIMITIVES.get(node.kind)
         if prim is None:

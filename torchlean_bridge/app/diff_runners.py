@@ -108,7 +108,7 @@ def _output_names(graph_module: Any) -> list[str]:
     return [leaf.name if isinstance(leaf, torch.fx.Node) else f"<constant {leaf!r}>" for leaf in leaves]
 
 
-def _numeric_literals(graph_module: Any, name: str) -> list[np.ndarray]:
+def _numeric_literals(graph_module: Any, name: str, constant: Any = None) -> list[np.ndarray]:
     """The numbers an FX node was called with (scalars, number lists, constant tensors), as arrays;
     for ``scaled_dot_product_attention`` without ``scale``, its documented default 1/sqrt(E) too."""
     import torch
@@ -128,6 +128,10 @@ def _numeric_literals(graph_module: Any, name: str) -> list[np.ndarray]:
             found.append(np.asarray(arg))
         elif isinstance(arg, torch.Tensor):
             found.append(_to_numpy(arg))
+        elif isinstance(arg, torch.fx.Node) and constant is not None:
+            value = constant(arg)  # a lifted constant tensor (torch.export), not a computed value
+            if value is not None:
+                found.append(_to_numpy(value))
 
     walk([*node.args, *node.kwargs.values()])
     if "scaled_dot_product_attention" in str(node.target) and "scale" not in node.kwargs and node.args:
@@ -210,7 +214,18 @@ class TorchExportRunner(Runner):
 
     def literals(self, name: str) -> list[np.ndarray]:
         """Numbers the graph node ``name`` was called with (what a folded constant came from)."""
-        return _numeric_literals(self.program.graph_module, name)
+        return _numeric_literals(self.program.graph_module, name, self._constant)
+
+    def _constant(self, node: Any) -> Any:
+        """The tensor a placeholder feeds when it is a lifted constant (not a parameter or an input)."""
+        from torch.export.graph_signature import InputKind
+        if node.op != "placeholder":
+            return None
+        spec = next((s for s in self.program.graph_signature.input_specs if getattr(s.arg, "name", None) == node.name),
+                    None)
+        if spec is None or spec.kind != InputKind.CONSTANT_TENSOR:
+            return None
+        return self.program.constants.get(spec.target)
 
     def _lifted(self, user_inputs: list[Any]) -> list[Any]:
         from torch.export.graph_signature import InputKind

@@ -97,17 +97,20 @@ def test_an_outputs_only_verdict_says_so():
 
 
 def test_a_partial_verdict_names_what_it_left_out():
-    """The seed bundle has no provenance: the finer oracle reaches the nodes up to the sum (no
-    primitive for it), the tanh after it has no oracle parent."""
-    from tests.test_diff import seed_module
-    from torchlean_bridge.seed import seed_mlp_bundle
-    report = tlb.diff(seed_mlp_bundle(), against="torch", module=seed_module(), random=1)
+    """A GELU node stripped of its provenance: no counterpart, and no numpy primitive for erf."""
+    from torchlean_bridge.graph import Graph
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.GELU(), torch.nn.Linear(5, 2)).eval()
+    b = tlb.import_fx(m, (torch.zeros(3, 4),))
+    gelu = next(n.id for n in b.graph.nodes if n.kind == "gelu")
+    nodes = [n.with_(source=None) if n.id == gelu else n for n in b.graph.nodes]
+    stripped = tlb.Bundle(Graph(nodes, b.graph.inputs, b.graph.outputs), b.payload, b.roles, b.report)
+    report = tlb.diff(stripped, against="torch", module=m, random=1)
     c = report.coverage
-    assert 0 < c["compared"] < c["nodes"], str(report)
+    assert c["compared"] == c["nodes"] - 1, str(report)
     summary = report.summary()
     assert f"agree on the {c['compared']} of {c['nodes']} nodes compared" in summary
-    assert "not compared: 1 node(s): no finer oracle for sum" in summary
-    assert "have no oracle value" in summary
+    assert "not compared: 1 node(s): no finer oracle for gelu" in summary
 
 
 # -- the finer oracle on attention ----------------------------------------------------------------

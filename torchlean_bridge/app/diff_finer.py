@@ -44,6 +44,40 @@ def _linear(node: Node, xs: list[np.ndarray], params: Mapping[str, np.ndarray]) 
     return y + params["bias"].astype(xs[0].dtype) if "bias" in params else y
 
 
+def _layernorm(node: Node, xs: list[np.ndarray], params: Mapping[str, np.ndarray]) -> np.ndarray:
+    x = xs[0]
+    axes = tuple(range(node.attrs["axis"], x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + np.asarray(node.attrs["eps"], x.dtype))
+    if "weight" in params:
+        y = y * params["weight"].astype(x.dtype)
+    return y + params["bias"].astype(x.dtype) if "bias" in params else y
+
+
+def _reduce(f: Callable[..., np.ndarray]) -> Prim:
+    """A reduction over the listed axes (kept or removed as the node says); none listed: refused."""
+    def prim(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np.ndarray:
+        axes = node.attrs.get("axes", (node.attrs["axis"],) if "axis" in node.attrs else None)
+        if not axes:
+            raise ValueError("no axes listed")
+        return f(xs[0], axis=tuple(axes), keepdims=bool(node.attrs.get("keepdim", False)))
+    return prim
+
+
+def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def _clamp(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np.ndarray:
+    lo, hi = node.attrs.get("min"), node.attrs.get("max")
+    x = xs[0]
+    if lo is not None:
+        x = np.maximum(x, np.asarray(lo, x.dtype))
+    return np.minimum(x, np.asarray(hi, x.dtype)) if hi is not None else x
+
+
 def _unary(f: Callable[[np.ndarray], np.ndarray]) -> Prim:
     return lambda node, xs, _: f(xs[0])
 
@@ -82,7 +116,16 @@ PRIMITIVES: dict[str, Prim] = {
     "softmax": lambda node, xs, _: _softmax(xs[0], node.attrs["axis"]),
     "relu": _unary(_relu), "tanh": _unary(np.tanh), "sigmoid": _unary(_sigmoid), "exp": _unary(np.exp),
     "neg": _unary(np.negative), "abs": _unary(np.abs), "sqrt": _unary(np.sqrt),
-    "linear": _linear,
+    "linear": _linear, "layernorm": _layernorm,
+    "log": _unary(np.log), "pow_elem": _binary(np.power), "clamp": _clamp,
+    "log_softmax": lambda node, xs, _: _log_softmax(xs[0], node.attrs["axis"]),
+    "reduce_sum_axes": _reduce(np.sum), "reduce_mean_axes": _reduce(np.mean), "reduce_max": _reduce(np.max),
+    "reduce_min": _reduce(np.min), "reduce_prod": _reduce(np.prod), "reduce_sum": _reduce(np.sum),
+    "reduce_mean": _reduce(np.mean), "sum": lambda node, xs, _: np.sum(xs[0]),
+    "eq": _binary(np.equal), "ne": _binary(np.not_equal), "lt": _binary(np.less), "le": _binary(np.less_equal),
+    "gt": _binary(np.greater), "ge": _binary(np.greater_equal),
+    "logical_and": _binary(np.logical_and), "logical_or": _binary(np.logical_or),
+    "logical_not": _unary(np.logical_not),
 }
 
 
@@ -166,13 +209,21 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
         if missing:
             reasons[nid] = f"parent node(s) {', '.join(map(str, missing))} have no oracle value"
             continue
-        params = {role: reference[(nid, role)] for role in ("weight", "bias") if (nid, role) in reference}
-        if node.kind == "linear" and "weight" not in params:
-            reasons[nid] = "linear with no reference weight to recompute it from"
+        record = payload.record(nid) if nid in payload else {}
+        # an unbound all-zero role is a default the importer filled in (a bias the framework op lacks)
+        unbound = [role for role, a in record.items() if (nid, role) not in reference and np.any(a)]
+        if unbound:
+            reasons[nid] = f"its payload `{unbound[0]}` is bound to no reference tensor to recompute it from"
             continue
+        params = {role: reference.get((nid, role), a) for role, a in record.items()}
         xs = [_precise(known[p] if p in known else borrowed[p], precision) for p in node.parents]
-        with np.errstate(all="ignore"):
-            values[nid] = known[nid] = np.asarray(prim(node, xs, params))
+        try:
+            with np.errstate(all="ignore"):
+                value = np.asarray(prim(node, xs, params)).reshape(node.out_shape)
+        except ValueError as e:  # numpy refusing these operands: say so, compare nothing
+            reasons[nid] = f"no finer oracle for this {node.kind}: numpy: {e}"
+            continue
+        values[nid] = known[nid] = value
         lent = [p for p in node.parents if p in borrowed and p not in known]
         reasons[nid] = (f"finer oracle: numpy {node.kind} on the oracle's values of node(s) "
                         f"{', '.join(map(str, node.parents))}"

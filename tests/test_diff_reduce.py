@@ -78,3 +78,19 @@ def test_a_foreign_folder_is_never_replaced(resnet, tmp_path):
     report = tlb.diff(bad, against="torch", module=module, random=1, reduce=tmp_path / "s")
     report = tlb.diff(bad, against="torch", module=module, random=1, reduce=tmp_path / "s")
     assert report.reduced is not None and (tmp_path / "s" / "reduced.json").is_file()
+
+
+def test_cli_reduce_writes_the_folder_and_prints_the_reproduction(resnet, tmp_path, capsys):
+    from torchlean_bridge.app.cli import main
+    module, inputs, bundle = resnet
+    deep = [n.id for n in bundle.graph.nodes if n.kind == "conv"][-1]
+    bad = with_payload(bundle, {(deep, "weight"): bundle.payload.get(deep, "weight") * 1.01})
+    tlb.save(bad, tmp_path / "bad")
+    (tmp_path / "m.py").write_text("from tests.model_zoo import CASES\n"
+                                   "def make():\n    return CASES['residual'].make()[0]\n")
+    rc = main(["diff", str(tmp_path / "bad"), "--reference", f"{tmp_path / 'm.py'}:make", "--random", "1",
+               "--reduce", str(tmp_path / "r"), "--quiet"])
+    assert rc == 1
+    out = capsys.readouterr().out
+    assert "reduced to 2 node(s); reproduce: torchlean-bridge diff" in out
+    assert json.loads((tmp_path / "r" / "reduced.json").read_text())["node"] == deep

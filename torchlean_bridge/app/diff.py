@@ -647,6 +647,25 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     return report
 
 
+def _reduced_diverges(reduced: Bundle, inputs: list[np.ndarray], expected: np.ndarray) -> tuple[bool, dict]:
+    """Whether our evaluation of a reduced case still exceeds its output's budget against ``expected``."""
+    from .diff_runners import EvaluatorRunner
+    g = reduced.graph
+    out = g.outputs[0]
+    ref = EvaluatorRunner(reduced, "float64").run(inputs)
+    low = EvaluatorRunner(reduced, "float32").run(inputs)
+    row = NodeDiff(out, g.nodes[out].kind, "expected")
+    _compare(row, "captured input", expected, ref[out], low[out], _scale(g, out, ref, set(g.inputs), {}),
+             g.nodes[out].dtype != "float")
+    row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
+    return row.worst_ratio > 1.0, row.to_json()
+
+
+def _reduced_onnx_diverges(reduced: Bundle, inputs: list[np.ndarray], model: Any) -> bool:
+    """Whether the reduced bundle diverges from onnxruntime running ``model`` on the captured inputs."""
+    return not diff(reduced, against="onnxruntime", onnx_model=model, inputs=[inputs]).ok
+
+
 def _reduce(report: DiffReport, folder: Any, bundle: Bundle, sets: Any, oracle: Any,
             matched: dict[int, str], finer: tuple[Any, Any] | None, tensors: dict) -> None:
     """Write the minimal reproducer of the first divergence (the oracle re-run on its input set)."""
@@ -670,7 +689,8 @@ def _reduce(report: DiffReport, folder: Any, bundle: Bundle, sets: Any, oracle: 
     try:
         if first.node not in known:
             raise BridgeError(f"diff --reduce: the oracle has no value for node {first.node}")
-        info = write_reduced(folder, bundle, first.node, known, known[first.node], tensors, label)
+        info = write_reduced(folder, bundle, first.node, known, known[first.node], tensors, label,
+                             _reduced_diverges, _reduced_onnx_diverges)
     except BridgeError as e:
         report.add(Finding("reduce-failed", str(e), node=first.node, severity="warning"))
         return

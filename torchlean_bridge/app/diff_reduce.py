@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -70,21 +70,6 @@ def with_reference_tensors(reduced: Bundle, original: Bundle, reference: Mapping
     return Bundle(reduced.graph, payload, reduced.roles, reduced.report)
 
 
-def _diverges(reduced: Bundle, inputs: list[np.ndarray], expected: np.ndarray) -> tuple[bool, dict[str, Any]]:
-    """Whether our evaluation of the reduced case still exceeds the node's budget against ``expected``."""
-    from . import diff as D
-    from .diff_runners import EvaluatorRunner
-    g = reduced.graph
-    out = g.outputs[0]
-    ref = EvaluatorRunner(reduced, "float64").run(inputs)
-    low = EvaluatorRunner(reduced, "float32").run(inputs)
-    row = D.NodeDiff(out, g.nodes[out].kind, "expected")
-    D._compare(row, "captured input", expected, ref[out], low[out], D._scale(g, out, ref, set(g.inputs), {}),
-               g.nodes[out].dtype != "float")
-    row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
-    return row.worst_ratio > 1.0, row.to_json()
-
-
 def _npy(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
@@ -96,12 +81,19 @@ def _replaceable(folder: Path) -> bool:
     return (folder / MARKER).is_file()
 
 
+Verify = Callable[[Bundle, list[np.ndarray], np.ndarray], tuple[bool, dict[str, Any]]]
+OnnxCheck = Callable[[Bundle, list[np.ndarray], Any], bool]
+
+
 def write_reduced(folder: str | Path, bundle: Bundle, nid: int, values: Mapping[int, np.ndarray],
                   expected: np.ndarray, reference: Mapping[tuple[int, str], np.ndarray], label: str,
-                  ) -> dict[str, Any]:
+                  diverges: Verify, onnx_diverges: OnnxCheck) -> dict[str, Any]:
     """Reduce around node ``nid``, verify the reduced case diverges, write the folder atomically;
     returns what ``reduced.json`` says. ``values``: the oracle's values by original node id on the
-    diverging input ``label``; ``expected``: its value at ``nid``."""
+    diverging input ``label``; ``expected``: its value at ``nid``. ``diverges(reduced, inputs,
+    expected)`` is the diff's own budget test on the reduced output, ``onnx_diverges(reduced, inputs,
+    model)`` the diff of the reduced bundle against onnxruntime on ``model`` (the diff's engine, passed
+    in so this module stays below it)."""
     from exporters.folder import save
     from exporters.onnx import export_onnx
     reduced, cut = reduce_to_node(bundle, nid)
@@ -110,8 +102,8 @@ def write_reduced(folder: str | Path, bundle: Bundle, nid: int, values: Mapping[
         raise BridgeError(f"diff --reduce: the oracle has no value for node(s) {missing} feeding node {nid}")
     inputs = [np.asarray(values[p]) for p in cut]
     inputs = [x.astype(np.float64) if x.dtype.kind == "f" else x for x in inputs]
-    diverges, row = _diverges(reduced, inputs, np.asarray(expected))
-    if not diverges:
+    still, row = diverges(reduced, inputs, np.asarray(expected))
+    if not still:
         raise BridgeError(f"diff --reduce: node {nid} alone, fed the oracle's parent values, no longer diverges "
                           f"(error/budget {row['max_abs']:.3g}/{row['budget']:.3g}); nothing written")
     oracle_side = with_reference_tensors(reduced, bundle, reference)
@@ -124,9 +116,7 @@ def write_reduced(folder: str | Path, bundle: Bundle, nid: int, values: Mapping[
     onnx_reproduces = None
     if onnx_model is not None:
         try:
-            from .diff import diff
-            onnx_reproduces = not diff(reduced, against="onnxruntime", onnx_model=onnx_model,
-                                       inputs=[inputs], per_node=True).ok
+            onnx_reproduces = onnx_diverges(reduced, inputs, onnx_model)
         except (BridgeError, ImportError) as e:
             onnx_note = f"onnxruntime could not run it: {str(e).splitlines()[0]}"
     names = [f"input_{k}.npy" for k in range(len(inputs))]

@@ -164,3 +164,38 @@ def test_a_folded_constant_is_checked_against_the_literal_it_came_from():
     assert const.status == "no counterpart" and "no reference tensor or equal framework literal" in const.problem
     first = report.first_divergence
     assert first is not None and first.node > row.node, str(report)
+
+
+# -- every node, every route ----------------------------------------------------------------------
+
+def _torch_onnx(module, inputs):
+    import io
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            buf = io.BytesIO()
+            torch.onnx.export(module, inputs, buf, dynamo=False)
+            return onnx.load_from_string(buf.getvalue())
+        except Exception:  # the TorchScript exporter refuses attention fast paths: the dynamo one
+            return torch.onnx.export(module, inputs, dynamo=True, verbose=False).model_proto
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["encoder_layer_batch_first", "cnn2d", "residual"])
+@pytest.mark.parametrize("route", ["fx", "export", "torch.onnx", "own onnx"])
+def test_every_node_is_compared_on_every_route(name, route):
+    module, inputs = CASES[name].make()
+    if route == "torch.onnx":
+        model = _torch_onnx(module, inputs)
+        bundle, kw = tlb.import_onnx(model), dict(against="onnxruntime", onnx_model=model)
+    elif route == "own onnx":
+        bundle = tlb.import_fx(module, inputs)
+        kw = dict(against="onnxruntime", onnx_model=tlb.export_onnx(bundle))
+    else:
+        bundle = (tlb.import_fx if route == "fx" else tlb.import_export)(module, inputs)
+        kw = dict(against="torch", module=module)
+    report = tlb.diff(bundle, random=2, **kw)
+    assert report.ok, str(report)
+    n = len(bundle.graph.nodes)
+    assert report.coverage["compared"] == n and f"agree at every node ({n} of {n})" in report.summary(), str(report)

@@ -4,7 +4,6 @@ oracle), and a payload changed after the export is found at exactly its node."""
 
 import json
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -617,7 +617,7 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
     rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
     reference = module if against == "torch" else onnx_model
     tensors = {k: v for k, (_, v) in _reference_tensors(bundle, reference)[0].items()} if per_node else {}
-    finer = (tensors, bundle.payload) if per_node else None
+    finer = (tensors, bundle.payload, {}) if per_node else None  # the dict: literal look-ups, kept across sets
     outs, produced, via = _run_all(g, sets, (ours64, ours32, exact64), oracle, rows, matched, report, advance,
                                    finer)
     if produced is None:
@@ -667,7 +667,7 @@ def _reduced_onnx_diverges(reduced: Bundle, inputs: list[np.ndarray], model: Any
 
 
 def _reduce(report: DiffReport, folder: Any, bundle: Bundle, sets: Any, oracle: Any,
-            matched: dict[int, str], finer: tuple[Any, Any] | None, tensors: dict) -> None:
+            matched: dict[int, str], finer: tuple[Any, Any, dict] | None, tensors: dict) -> None:
     """Write the minimal reproducer of the first divergence (the oracle re-run on its input set)."""
     from .diff_reduce import write_reduced
     first = report.first_divergence
@@ -701,9 +701,9 @@ def _reduce(report: DiffReport, folder: Any, bundle: Bundle, sets: Any, oracle: 
                        node=first.node, severity="info", data=info))
 
 
-def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any, Any], oracle: Any,
+def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any, Any, Any], oracle: Any,
              rows: dict[int, NodeDiff], matched: dict[int, str], report: DiffReport,
-             advance: Callable[[], None] | None, finer: tuple[Any, Any] | None = None,
+             advance: Callable[[], None] | None, finer: tuple[Any, Any, dict] | None = None,
              ) -> tuple[list[NodeDiff], set | None, dict[int, str]]:
     """Run every input set through our two precisions and the oracle, folding each comparison into
     the rows; returns the output rows, the keys the oracle produced (None when nothing ran) and, per
@@ -754,7 +754,8 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
 
 
 def oracle_values(g: Graph, oracle: Any, theirs: dict, matched: dict[int, str], arrays: list[np.ndarray],
-                  finer: tuple[Any, Any] | None) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], dict[int, str]]:
+                  finer: tuple[Any, Any, dict] | None,
+                  ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], dict[int, str]]:
     """The oracle's values by node id: those it showed (``theirs`` through ``matched``), those the
     finer oracle derived from them, and the finer oracle's reason per remaining node."""
     from .diff_finer import derive
@@ -762,8 +763,9 @@ def oracle_values(g: Graph, oracle: Any, theirs: dict, matched: dict[int, str], 
     if finer is None:
         return values, {}, {}
     missing = [n.id for n in g.nodes if n.id not in values]
-    derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, *finer,
-                              literals=getattr(oracle, "literals", None))
+    tensors, payload, cache = finer
+    derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, tensors, payload,
+                              literals=getattr(oracle, "literals", None), cache=cache)
     return values, derived, reasons
 
 

@@ -166,6 +166,7 @@ def _from_literal(g: Graph, nid: int, ours: np.ndarray, literals: Callable[[str]
 def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], precision: type,
            inputs: Sequence[np.ndarray], reference: Mapping[tuple[int, str], np.ndarray],
            payload: Any, literals: Callable[[str], list[np.ndarray]] | None = None,
+           cache: dict[int, tuple[np.ndarray, str] | None] | None = None,
            ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
     """Oracle values for ``candidates`` (ascending ids, so parents come first) from ``known``
     (the oracle's values by node id, extended as nodes are derived), and why each was derivable or not.
@@ -173,8 +174,10 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
     ``reference`` holds the reference's tensors by (node, role), transform applied; a folded constant
     with no reference tensor lends our own value to its consumers (said in their reason) but is not
     compared itself, unless ``literals`` (framework node name -> the numbers it was called with) gives
-    the literal it was folded from.
+    the literal it was folded from. ``cache`` keeps those literal look-ups across input sets (they do
+    not depend on the input).
     """
+    cache = {} if cache is None else cache
     values: dict[int, np.ndarray] = {}
     reasons: dict[int, str] = {}
     position = {nid: k for k, nid in enumerate(g.inputs)}
@@ -192,7 +195,9 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
                 reasons[nid] = "constant: the reference's own tensor"
                 continue
             own = payload.get(nid, "values")
-            found = _from_literal(g, nid, np.asarray(own), literals) if own is not None and literals else None
+            if nid not in cache:
+                cache[nid] = _from_literal(g, nid, np.asarray(own), literals) if own is not None and literals else None
+            found = cache[nid]
             if found is not None:
                 values[nid] = known[nid] = found[0]
                 reasons[nid] = found[1]

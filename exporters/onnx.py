@@ -7,6 +7,11 @@ or folded into ``Gemm``'s ``transB``), so importing the result gives back the sa
 Explicit ``broadcast_to`` nodes feeding elementwise ops are left to ONNX's implicit broadcasting
 (decided by ``passes.absorb_broadcasts``), which is what the importer turns back into them. Auxiliary constants (shapes, axes, scalars) are
 ``Constant`` nodes, never initializers. Output is deterministic: same bundle, same bytes.
+
+Every file carries, in its metadata, which ONNX value holds each IR node's value
+(``torchlean_bridge.node_values``: a JSON list, entry ``i`` the value name of node ``i`` or null for
+an absorbed broadcast) and the node kinds (``torchlean_bridge.node_kinds``), so a differential test
+of a bundle against its own export compares every node, not only the outputs.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from torchlean_bridge.roles import transform_shape
 
 from .onnx_spatial import SPATIAL_EXPORTERS
 
-__all__ = ["export_onnx", "to_onnx_model", "ONNX_EXPORTERS", "OPSET", "IR_VERSION", "blocking_nodes"]
+__all__ = ["export_onnx", "to_onnx_model", "ONNX_EXPORTERS", "OPSET", "IR_VERSION", "blocking_nodes",
+           "NODE_VALUES_KEY", "NODE_KINDS_KEY", "node_value_names"]
 
 OPSET, IR_VERSION = 21, 10
+NODE_VALUES_KEY, NODE_KINDS_KEY = "torchlean_bridge.node_values", "torchlean_bridge.node_kinds"
 
 
 def _elem_type(dtype: str) -> int:
@@ -680,7 +687,34 @@ def to_onnx_model(bundle: Bundle, expose_all_nodes: bool = False) -> Any:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="torchlean-bridge", producer_version=_version())
     model.ir_version = IR_VERSION
+    _annotate(model, g, w)
     return model
+
+
+def _annotate(model: Any, g: Any, w: OnnxWriter) -> None:
+    """Record which ONNX value holds each IR node's value, and the node kinds (metadata, JSON)."""
+    import json
+    from onnx import helper
+    values = [None if n.id in w.absorbed else w.names.get(n.id) for n in g.nodes]
+    helper.set_model_props(model, {NODE_VALUES_KEY: json.dumps(values, separators=(",", ":")),
+                                   NODE_KINDS_KEY: json.dumps([n.kind for n in g.nodes], separators=(",", ":"))})
+
+
+def node_value_names(model: Any) -> tuple[list[str | None], list[str]] | None:
+    """The annotation ``to_onnx_model`` writes: (value name per IR node id, kind per node id), or None
+    for a file without it (or with a malformed one: the file then matches by provenance only)."""
+    import json
+    props = {p.key: p.value for p in model.metadata_props}
+    if NODE_VALUES_KEY not in props or NODE_KINDS_KEY not in props:
+        return None
+    try:
+        values, kinds = json.loads(props[NODE_VALUES_KEY]), json.loads(props[NODE_KINDS_KEY])
+    except ValueError:
+        return None
+    if not (isinstance(values, list) and isinstance(kinds, list) and len(values) == len(kinds)
+            and all(v is None or isinstance(v, str) for v in values) and all(isinstance(k, str) for k in kinds)):
+        return None
+    return values, kinds
 
 
 def _version() -> str:

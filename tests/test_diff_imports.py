@@ -65,14 +65,16 @@ class Affine(nn.Module):
         return torch.relu(x * self.scale + self.shift) * 2.0
 
 
-def test_inserted_broadcasts_are_reported_not_guessed():
+def test_inserted_broadcasts_are_compared_through_the_finer_oracle():
     m = Affine().eval()
     bundle = tlb.import_fx(m, (torch.zeros(3, 8),))
     report = tlb.diff(bundle, against="torch", module=m)
     assert report.ok, str(report)
-    inserted = [r for r in report.nodes if r.status == "no counterpart"]
+    inserted = [r for r in report.nodes if r.via]
     assert inserted and all(bundle.graph.nodes[r.node].kind in ("broadcast_to", "const") for r in inserted)
-    assert all("inserted by the importer" in r.problem or "lowering of" in r.problem for r in inserted)
+    assert all(r.status == "ok" and r.counterpart == "finer oracle" for r in inserted)
+    assert all(r.via.startswith(("finer oracle: numpy broadcast_to", "constant")) for r in inserted)
+    assert report.coverage["compared"] == len(bundle.graph.nodes), str(report)
     assert {r.counterpart for r in report.nodes if r.status == "ok"} >= {"x", "mul", "add", "relu", "mul_1"}
 
 

@@ -148,6 +148,21 @@ def match_nodes(g: Graph, framework: str) -> tuple[dict[int, str], dict[int, str
     return matched, unmatched
 
 
+def _match_folded_onnx(g: Graph, oracle: Any, matched: dict[int, str], unmatched: dict[int, str]) -> None:
+    """A node the ONNX importer folded records the ONNX node it came from, not a tensor: when that
+    node has one output no other IR node holds, the oracle's value of it is this node's value."""
+    held = set(matched.values())
+    outputs = getattr(oracle, "node_outputs", {})
+    for nid in list(unmatched):
+        src = g.nodes[nid].source
+        if src is not None and src.framework == "onnx" and src.folded and src.name:
+            outs = outputs.get(src.name, [])
+            if len(outs) == 1 and outs[0] not in held:
+                matched[nid] = outs[0]
+                held.add(outs[0])
+                del unmatched[nid]
+
+
 def feeding_keys(bundle: Bundle, nid: int) -> list[str]:
     """Checkpoint keys bound to the node, then to its ancestors (nearest first)."""
     g = bundle.graph
@@ -223,6 +238,9 @@ class NodeDiff:
     status: str = "ok"  # ok | diverged | downstream | no counterpart
     output: int | None = None  # output position, for output rows
     exact_ulps: float | None = None  # default float64 vs the exact mode, float64 ulps (0: bit-identical)
+    via: str | None = None  # how the oracle's value was obtained when not read directly (finer oracle)
+    exceeded: int = 0  # input sets on which the error exceeded the budget
+    worst_on: str | None = None  # the input set with the largest error / budget
 
     @property
     def diverged(self) -> bool:
@@ -232,7 +250,8 @@ class NodeDiff:
         d = {"node": self.node, "op": self.op, "counterpart": self.counterpart, "status": self.status,
              "max_abs": self.max_abs, "max_rel": self.max_rel, "max_ulp": self.max_ulp, "budget": self.budget,
              "float32_gap": self.gap32}
-        for k in ("output", "diverged_on", "problem", "exact_ulps"):
+        d["exceeded"] = self.exceeded
+        for k in ("output", "diverged_on", "worst_on", "problem", "exact_ulps", "via"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         if self.source:
@@ -252,16 +271,15 @@ def _align(actual: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 def _compare(row: NodeDiff, label: str, actual: np.ndarray | None, ref64: np.ndarray, ours32: np.ndarray,
              scale: float, integral: bool) -> None:
     """Fold one input set's comparison into ``row``."""
-    if actual is None:
-        row.problem = row.problem or "the framework produced no value"
-        row.diverged_on = row.diverged_on or label
-        row.worst_ratio = math.inf
-        return
-    aligned = _align(np.asarray(actual), tuple(ref64.shape))
+    aligned = None if actual is None else _align(np.asarray(actual), tuple(ref64.shape))
     if aligned is None:
-        row.problem = row.problem or f"shape {list(np.shape(actual))} vs ours {list(ref64.shape)}"
+        row.problem = row.problem or ("the framework produced no value" if actual is None else
+                                      f"shape {list(np.shape(actual))} vs ours {list(ref64.shape)}")
         row.diverged_on = row.diverged_on or label
+        if row.worst_ratio < math.inf:
+            row.worst_on = label
         row.worst_ratio = math.inf
+        row.exceeded += 1
         return
     if ref64.size == 0:
         return
@@ -284,9 +302,12 @@ def _compare(row: NodeDiff, label: str, actual: np.ndarray | None, ref64: np.nda
     row.budget = max(row.budget, budget)
     row.gap32 = max(row.gap32, gap)
     ratio = math.inf if budget == 0.0 and max_abs > 0 else (max_abs / budget if budget else 0.0)
+    if ratio > row.worst_ratio or row.worst_on is None:
+        row.worst_on = label
     row.worst_ratio = max(row.worst_ratio, ratio)
-    if ratio > 1.0 and row.diverged_on is None:
-        row.diverged_on = label
+    if ratio > 1.0:
+        row.exceeded += 1
+        row.diverged_on = row.diverged_on or label
 
 
 _SCALE_REACH = 64  # nodes looked at behind one compared node
@@ -343,9 +364,47 @@ class DiffReport(Report):
     nodes: list[NodeDiff] = field(default_factory=list)
     outputs: list[NodeDiff] = field(default_factory=list)
     first_divergence: Finding | None = None
+    reduced: dict[str, Any] | None = None  # what diff --reduce wrote (reduced.json)
+
+    @property
+    def coverage(self) -> dict[str, Any]:
+        """How many IR nodes were compared (read from the oracle directly, or through the finer oracle),
+        and how many were not, counted per reason."""
+        direct = sum(r.status != "no counterpart" and r.via is None for r in self.nodes)
+        finer = sum(r.status != "no counterpart" and r.via is not None for r in self.nodes)
+        reasons: dict[str, int] = {}
+        for r in self.nodes:
+            if r.status == "no counterpart":
+                reason = (r.problem or "no counterpart").split(";")[-1].strip()
+                reasons[reason] = reasons.get(reason, 0) + 1
+        return {"compared": direct + finer, "nodes": len(self.nodes), "direct": direct, "finer": finer,
+                "outputs": len(self.outputs), "not_compared": reasons}
+
+    def coverage_line(self) -> str:
+        """``compared N of M IR nodes (D read from the oracle, F by the finer oracle)``."""
+        c = self.coverage
+        return (f"compared {c['compared']} of {c['nodes']} IR nodes ({c['direct']} read from the oracle, "
+                f"{c['finer']} by the finer oracle) and {c['outputs']} output(s)")
+
+    def _verdict(self) -> str:
+        """Never a plain 'agree' over fewer nodes than the graph has."""
+        if self.first_divergence is not None:
+            return f"DIVERGED: {self.first_divergence.message}"
+        if not self.ok:
+            return "FAILED"
+        c = self.coverage
+        if c["compared"] == 0:
+            return "outputs agree (only the outputs were compared)"
+        if c["compared"] < c["nodes"]:
+            return f"agree on the {c['compared']} of {c['nodes']} nodes compared (and the outputs)"
+        return f"agree at every node ({c['nodes']} of {c['nodes']})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (for renderers): ``to_json()``, coverage included."""
+        return self.to_json()
 
     def _extra_json(self) -> dict:
-        return {"against": self.against, "inputs": self.inputs,
+        return {"against": self.against, "inputs": self.inputs, "coverage": self.coverage,
                 "tolerance": {"safety": SAFETY, "floor_ulps": FLOOR_ULPS},
                 "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
                 "outputs": [r.to_json() for r in self.outputs], "nodes": [r.to_json() for r in self.nodes]}
@@ -375,23 +434,25 @@ class DiffReport(Report):
         return "\n".join(lines)
 
     def summary(self) -> str:
-        if self.first_divergence is not None:
-            verdict = f"DIVERGED: {self.first_divergence.message}"
-        elif not self.ok:
-            verdict = "FAILED"
-        else:
-            verdict = "agree"
+        verdict = self._verdict()
         if len(self.inputs) <= 6:
             listed = ", ".join(self.inputs)
         else:  # counts per kind, e.g. "23 normal, 23 uniform, 1 zeros, 1 edge"
             kinds = [label.partition("(")[2].rstrip(")") or "given" for label in self.inputs]
             listed = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+            if kinds == ["given"] * len(kinds):
+                listed = f"{self.inputs[0]} .. {self.inputs[-1]}"
         exact = [r for r in self.nodes if r.exact_ulps is not None]
         same = sum(r.exact_ulps == 0 for r in exact)
         vs_exact = (f"\n  default float64 vs exact mode (TorchLean's fold orders and libm): {same} of {len(exact)} "
                     f"node(s) bit-identical" + (f", at most {_fmt(max(r.exact_ulps for r in exact))} ulps apart"
                                                  if same < len(exact) else "")) if exact else ""
-        return (f"{self.title}: {verdict}\n  {len(self.inputs)} input set(s): {listed}; "
+        c = self.coverage
+        if self.reduced is not None:
+            how = self.reduced["reproduce"] or "compare with expected.npy (onnxruntime agrees with our IR there)"
+            vs_exact += f"\n  reduced to {self.reduced['nodes']} node(s); reproduce: {how}"
+        missing = "".join(f"\n  not compared: {n} node(s): {reason}" for reason, n in c["not_compared"].items())
+        return (f"{self.title}: {verdict}\n  {self.coverage_line()}{missing}\n  {len(self.inputs)} input set(s): {listed}; "
                 f"budget per node = max({SAFETY:g} x our float32 gap, {FLOOR_ULPS} float32 ulps){vs_exact}")
 
     def render(self, all_nodes: bool = True) -> str:
@@ -432,7 +493,13 @@ def _oracle(bundle: Bundle, against: str, module: Any, onnx_model: Any,
         return R.TorchExportRunner(module, example, decompose=bool(bundle.report.get("decomposed"))), "export"
     runner_cls = R.OnnxRuntimeRunner if against == "onnxruntime" else R.OnnxReferenceRunner
     if onnx_model is not None:
-        return runner_cls(onnx_model), "onnx"
+        runner = runner_cls(onnx_model)
+        from exporters.onnx import node_value_names
+        annotated = node_value_names(runner.source)
+        if annotated is not None and annotated[1] == [n.kind for n in bundle.graph.nodes]:
+            runner.name += " (our ONNX export of this graph)"  # matched through its node annotation
+            return runner, {i: name for i, name in enumerate(annotated[0]) if name is not None}
+        return runner, "onnx"
     from exporters.onnx import to_onnx_model
     own = to_onnx_model(bundle, expose_all_nodes=True)  # graph output i is node i's value
     names = {i: o.name for i, o in enumerate(own.graph.output)}
@@ -442,15 +509,11 @@ def _oracle(bundle: Bundle, against: str, module: Any, onnx_model: Any,
     return runner, names
 
 
-def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
-    """Payload tensors compared with the reference's own tensors of the same name (via the role map).
-
-    A value that differs from its key's tensor but equals another key's tensor names both keys.
-    """
+def _reference_tensors(bundle: Bundle, reference: Any) -> tuple[dict[tuple[int, str], tuple[str, np.ndarray]],
+                                                                 list[Finding]]:
+    """The reference's own tensors by the (node, role) they are bound to, transform applied."""
     from .diff_runners import reference_parameters
-    params = reference_parameters(reference)
-    if not params:
-        return []
+    params = reference_parameters(reference) if reference is not None else {}
     expected: dict[tuple[int, str], tuple[str, np.ndarray]] = {}
     findings: list[Finding] = []
     for b in bundle.roles.bindings():
@@ -461,6 +524,15 @@ def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
         except (BridgeError, ValueError) as e:
             findings.append(Finding("parameter-mismatch", f"{b.key}: cannot apply transform {b.transform!r}: {e}",
                                     node=b.node, keys=(b.key,)))
+    return expected, findings
+
+
+def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
+    """Payload tensors compared with the reference's own tensors of the same name (via the role map).
+
+    A value that differs from its key's tensor but equals another key's tensor names both keys.
+    """
+    expected, findings = _reference_tensors(bundle, reference)
     candidates = list(expected.values())
     named_pairs: set[frozenset[str]] = set()
     for (nid, role), (key, want) in expected.items():
@@ -489,7 +561,8 @@ def _parameter_findings(bundle: Bundle, reference: Any) -> list[Finding]:
 
 def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model: Any = None,
          inputs: Any = None, random: int = 4, seed: int = 0, per_node: bool = True,
-         advance: Callable[[], None] | None = None, plan: Any = None) -> DiffReport:
+         advance: Callable[[], None] | None = None, plan: Any = None, reduce: Any = None,
+         dataset: Any = None) -> DiffReport:
     """Compare ``bundle`` (our float64 reference, budgets from our float32) with an oracle.
 
     ``against="plan"``: the oracle is ``plan``'s execution in float32 (each node by its planned
@@ -497,12 +570,22 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
 
     ``inputs``: one input set (arrays in graph-input order, or one array) or a list of sets; without
     them ``random`` seeded sets are generated. ``advance`` is called after each input set (progress).
+
+    ``dataset``: an .npz file or a folder of .npy files holding many input sets (see
+    ``app/diff_dataset.py``), consumed one set at a time; each row then says on how many sets it
+    exceeded its budget (``exceeded``) and where its worst error was (``worst_on``).
+
+    ``reduce``: a folder; on a node divergence the minimal reproducer is written there (see
+    ``app/diff_reduce.py``) and described by a ``reduced`` finding (``report.reduced``).
     """
     if against not in AGAINST:
         raise BridgeError(f"diff: unknown oracle {against!r}; expected one of {', '.join(AGAINST)}")
     from . import diff_runners as R
     g = bundle.graph
-    if inputs is not None:
+    if dataset is not None:
+        from .diff_dataset import Dataset, load_dataset
+        sets: Any = dataset if isinstance(dataset, Dataset) else load_dataset(g, dataset)
+    elif inputs is not None:
         sets = _given_inputs(g, inputs)
     else:
         generated = make_inputs(g, max(int(random), 1), seed)
@@ -516,24 +599,39 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         oracle, framework = PlanRunner(bundle, plan), {n.id: PlanRunner.key(n.id) for n in g.nodes}
     else:
         oracle, framework = _oracle(bundle, against, module, onnx_model, sets[0][1])
-    sets = [(label, oracle.rounded(arrays)) for label, arrays in sets]
     title = f"diff against {oracle.name}"
-    report = DiffReport(title=title, against=oracle.name, inputs=[label for label, _ in sets])
+    report = DiffReport(title=title, against=oracle.name)  # inputs: filled as the sets are run
 
     if not per_node:
         matched, unmatched = {}, {}
     elif isinstance(framework, dict):
-        matched, unmatched = dict(framework), {}
+        matched = dict(framework)
+        unmatched = {n.id: "no value of its own in the ONNX file (a broadcast ONNX does implicitly)"
+                     for n in g.nodes if n.id not in matched}
     else:
         matched, unmatched = match_nodes(g, framework)
+        if framework == "onnx":
+            _match_folded_onnx(g, oracle, matched, unmatched)
+    if hasattr(oracle, "wanted"):
+        oracle.wanted = set(matched.values())
     rows = {n.id: NodeDiff(n.id, n.kind, matched.get(n.id), str(n.source or "")) for n in g.nodes} if per_node else {}
-    outs, produced = _run_all(g, sets, (ours64, ours32, exact64), oracle, rows, matched, report, advance)
+    reference = module if against == "torch" else onnx_model
+    tensors = {k: v for k, (_, v) in _reference_tensors(bundle, reference)[0].items()} if per_node else {}
+    finer = (tensors, bundle.payload, {}) if per_node else None  # the dict: literal look-ups, kept across sets
+    outs, produced, via = _run_all(g, sets, (ours64, ours32, exact64), oracle, rows, matched, report, advance,
+                                   finer)
     if produced is None:
         report.add(Finding("no-inputs", "no input set could be compared (our evaluation was undefined on all)"))
 
     for nid, key in matched.items():
         if produced is not None and key not in produced:
-            unmatched[nid] = f"{key} is not among {oracle.name}'s values"
+            unmatched.setdefault(nid, f"{key} is not among {oracle.name}'s values")
+    for nid, reason in via.items():
+        if nid in rows and rows[nid].via is not None:  # compared through the finer oracle
+            unmatched.pop(nid, None)
+            rows[nid].counterpart = "finer oracle"
+        elif nid in unmatched:
+            unmatched[nid] = f"{unmatched[nid]}; {reason}"
     for nid, reason in unmatched.items():
         rows[nid].status, rows[nid].counterpart, rows[nid].problem = "no counterpart", None, reason
     _classify(g, rows)
@@ -541,22 +639,82 @@ def diff(bundle: Bundle, against: str = "torch", module: Any = None, onnx_model:
         row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
     report.nodes = list(rows.values())
     report.outputs = outs
-    reference = module if against == "torch" else onnx_model
     parameters = _parameter_findings(bundle, reference) if reference is not None else []
     _add_findings(report, bundle, rows, outs, unmatched, parameters)
     report.extend(parameters)
+    if reduce is not None:
+        _reduce(report, reduce, bundle, sets, oracle, matched, finer, tensors)
     return report
 
 
-def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any, Any], oracle: Any,
+def _reduced_diverges(reduced: Bundle, inputs: list[np.ndarray], expected: np.ndarray) -> tuple[bool, dict]:
+    """Whether our evaluation of a reduced case still exceeds its output's budget against ``expected``."""
+    from .diff_runners import EvaluatorRunner
+    g = reduced.graph
+    out = g.outputs[0]
+    ref = EvaluatorRunner(reduced, "float64").run(inputs)
+    low = EvaluatorRunner(reduced, "float32").run(inputs)
+    row = NodeDiff(out, g.nodes[out].kind, "expected")
+    _compare(row, "captured input", expected, ref[out], low[out], _scale(g, out, ref, set(g.inputs), {}),
+             g.nodes[out].dtype != "float")
+    row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
+    return row.worst_ratio > 1.0, row.to_json()
+
+
+def _reduced_onnx_diverges(reduced: Bundle, inputs: list[np.ndarray], model: Any) -> bool:
+    """Whether the reduced bundle diverges from onnxruntime running ``model`` on the captured inputs."""
+    return not diff(reduced, against="onnxruntime", onnx_model=model, inputs=[inputs]).ok
+
+
+def _reduce(report: DiffReport, folder: Any, bundle: Bundle, sets: Any, oracle: Any,
+            matched: dict[int, str], finer: tuple[Any, Any, dict] | None, tensors: dict) -> None:
+    """Write the minimal reproducer of the first divergence (the oracle re-run on its input set)."""
+    from .diff_reduce import write_reduced
+    first = report.first_divergence
+    if first is None or first.node is None:
+        report.add(Finding("reduced", "nothing to reduce: no node diverged", severity="info"))
+        return
+    label = (first.data or {}).get("diverged_on")
+    arrays = next((oracle.rounded(given) for lab, given in sets if lab == label), None)
+    if arrays is None:
+        report.add(Finding("reduce-failed", f"no input set recorded for the divergence at node {first.node}",
+                           node=first.node, severity="warning"))
+        return
+    theirs = oracle.run(arrays)
+    values, derived, _ = oracle_values(bundle.graph, oracle, theirs, matched, arrays, finer)
+    known = {**values, **derived}
+    out_row = next((r for r in report.outputs if r.node == first.node and first.kind == "output-divergence"), None)
+    if out_row is not None and first.node not in known and out_row.counterpart in theirs:
+        known[first.node] = np.asarray(theirs[out_row.counterpart])
+    try:
+        if first.node not in known:
+            raise BridgeError(f"diff --reduce: the oracle has no value for node {first.node}")
+        info = write_reduced(folder, bundle, first.node, known, known[first.node], tensors, label,
+                             _reduced_diverges, _reduced_onnx_diverges)
+    except BridgeError as e:
+        report.add(Finding("reduce-failed", str(e), node=first.node, severity="warning"))
+        return
+    report.reduced = info
+    report.add(Finding("reduced", f"reduced to {info['nodes']} node(s) around node {first.node} in {folder}; "
+                                  + (f"reproduce: {info['reproduce']}" if info["reproduce"] else
+                                     "reproduces against expected.npy (onnxruntime agrees with our IR there)"),
+                       node=first.node, severity="info", data=info))
+
+
+def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any, Any, Any], oracle: Any,
              rows: dict[int, NodeDiff], matched: dict[int, str], report: DiffReport,
-             advance: Callable[[], None] | None) -> tuple[list[NodeDiff], set | None]:
+             advance: Callable[[], None] | None, finer: tuple[Any, Any, dict] | None = None,
+             ) -> tuple[list[NodeDiff], set | None, dict[int, str]]:
     """Run every input set through our two precisions and the oracle, folding each comparison into
-    the rows; returns the output rows and the keys the oracle produced (None when nothing ran)."""
+    the rows; returns the output rows, the keys the oracle produced (None when nothing ran) and, per
+    node the oracle did not show, how the finer oracle derived it (or why it could not)."""
     ours64, ours32, exact64 = ours
     outs: list[NodeDiff] = []
     produced: set | None = None
-    for label, arrays in sets:
+    reasons: dict[int, str] = {}
+    for label, given in sets:
+        arrays = oracle.rounded(given)  # exactly what the oracle sees, one set at a time
+        report.inputs.append(label)
         try:
             ref, low = ours64.run(arrays), ours32.run(arrays)
             exact = exact64.run(arrays) if exact64 is not None else {}
@@ -575,8 +733,9 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
         if produced is None:  # the oracle knows its output keys after one run
             outs, produced = _output_rows(g, oracle, report), set()
         produced.update(theirs)
+        values, derived, reasons = oracle_values(g, oracle, theirs, matched, arrays, finer)
         mags: dict[int, float | None] = {}
-        shown = {nid for nid, key in matched.items() if key in theirs}
+        shown = set(values) | set(derived)
         for row in outs:
             _compare(row, label, theirs.get(row.counterpart), ref[row.node], low[row.node],
                      _scale(g, row.node, ref, shown, mags), g.nodes[row.node].dtype != "float")
@@ -584,13 +743,30 @@ def _run_all(g: Graph, sets: list[tuple[str, list[np.ndarray]]], ours: tuple[Any
             if g.nodes[nid].dtype == "float":
                 row = rows[nid]
                 row.exact_ulps = max(row.exact_ulps or 0.0, ulp64_distance(ref[nid], value))
-        for nid, key in matched.items():
-            if key in theirs:
-                _compare(rows[nid], label, theirs[key], ref[nid], low[nid], _scale(g, nid, ref, shown, mags),
-                         g.nodes[nid].dtype != "float")
+        for nid, value in [*values.items(), *derived.items()]:
+            if nid in derived:
+                rows[nid].via = reasons[nid]
+            _compare(rows[nid], label, value, ref[nid], low[nid], _scale(g, nid, ref, shown, mags),
+                     g.nodes[nid].dtype != "float")
         if advance:
             advance()
-    return outs, produced
+    return outs, produced, reasons
+
+
+def oracle_values(g: Graph, oracle: Any, theirs: dict, matched: dict[int, str], arrays: list[np.ndarray],
+                  finer: tuple[Any, Any, dict] | None,
+                  ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], dict[int, str]]:
+    """The oracle's values by node id: those it showed (``theirs`` through ``matched``), those the
+    finer oracle derived from them, and the finer oracle's reason per remaining node."""
+    from .diff_finer import derive
+    values = {nid: np.asarray(theirs[key]) for nid, key in matched.items() if key in theirs}
+    if finer is None:
+        return values, {}, {}
+    missing = [n.id for n in g.nodes if n.id not in values]
+    tensors, payload, cache = finer
+    derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, tensors, payload,
+                              literals=getattr(oracle, "literals", None), cache=cache)
+    return values, derived, reasons
 
 
 def _output_rows(g: Graph, oracle: Any, report: DiffReport) -> list[NodeDiff]:
@@ -630,6 +806,14 @@ def _describe(nid: int, g: Graph) -> str:
     return f"node {nid} ({g.nodes[nid].kind}{', ' + where if where else ''})"
 
 
+def _spread(r: NodeDiff, report: DiffReport) -> str:
+    """On how many of several input sets a row exceeded its budget, and where it was worst."""
+    n = len(report.inputs)
+    if n < 2:
+        return ""
+    return f" (exceeded on {r.exceeded} of {n} input sets, worst on {r.worst_on})"
+
+
 def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff], outs: list[NodeDiff],
                   unmatched: dict[int, str], parameters: list[Finding]) -> None:
     g = bundle.graph
@@ -639,7 +823,7 @@ def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff],
                              f"({_fmt(r.max_ulp)} float32 ulps)")
         suspects = [p for p in parameters if p.keys and p.keys[0] in keys]
         f = report.add(Finding(
-            "divergence", f"{_describe(r.node, g)} vs {r.counterpart}: {what} on {r.diverged_on}"
+            "divergence", f"{_describe(r.node, g)} vs {r.counterpart}: {what} on {r.diverged_on}{_spread(r, report)}"
                           + (f"; checkpoint keys feeding it: {', '.join(keys)}" if keys else "")
                           + "".join(f"; suspect: {p.message}" for p in suspects),
             node=r.node, keys=tuple(keys), data={**r.to_json(), "suspects": [list(p.keys) for p in suspects]}))
@@ -648,7 +832,8 @@ def _add_findings(report: DiffReport, bundle: Bundle, rows: dict[int, NodeDiff],
     for r in (r for r in outs if r.status == "diverged"):
         what = r.problem or f"max abs error {_fmt(r.max_abs)} > budget {_fmt(r.budget)}"
         f = report.add(Finding("output-divergence",
-                               f"output {r.output} ({_describe(r.node, g)}): {what} on {r.diverged_on}",
+                               f"output {r.output} ({_describe(r.node, g)}): {what} on {r.diverged_on}"
+                               f"{_spread(r, report)}",
                                node=r.node, keys=tuple(feeding_keys(bundle, r.node)), data=r.to_json()))
         if report.first_divergence is None:
             report.first_divergence = f

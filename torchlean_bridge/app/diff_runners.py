@@ -108,6 +108,39 @@ def _output_names(graph_module: Any) -> list[str]:
     return [leaf.name if isinstance(leaf, torch.fx.Node) else f"<constant {leaf!r}>" for leaf in leaves]
 
 
+def _numeric_literals(graph_module: Any, name: str, constant: Any = None) -> list[np.ndarray]:
+    """The numbers an FX node was called with (scalars, number lists, constant tensors), as arrays;
+    for ``scaled_dot_product_attention`` without ``scale``, its documented default 1/sqrt(E) too."""
+    import torch
+    import torch.fx
+    node = next((n for n in graph_module.graph.nodes if n.name == name), None)
+    if node is None:
+        return []
+    found: list[np.ndarray] = []
+
+    def walk(arg: Any) -> None:
+        if isinstance(arg, (list, tuple)) and arg and all(type(v) in (int, float) for v in arg):
+            found.append(np.asarray(arg))  # a number list is one literal (an index list, a shape)
+        if isinstance(arg, (list, tuple, dict)):
+            for v in (arg.values() if isinstance(arg, dict) else arg):
+                walk(v)
+        elif type(arg) in (int, float, bool):
+            found.append(np.asarray(arg))
+        elif isinstance(arg, torch.Tensor):
+            found.append(_to_numpy(arg))
+        elif isinstance(arg, torch.fx.Node) and constant is not None:
+            value = constant(arg)  # a lifted constant tensor (torch.export), not a computed value
+            if value is not None:
+                found.append(_to_numpy(value))
+
+    walk([*node.args, *node.kwargs.values()])
+    if "scaled_dot_product_attention" in str(node.target) and "scale" not in node.kwargs and node.args:
+        query = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if query is not None and len(query.shape) and int(query.shape[-1]) > 0:
+            found.append(np.asarray(1.0 / np.sqrt(float(query.shape[-1]))))
+    return found
+
+
 class TorchFXRunner(Runner):
     """PyTorch eager, node by node through ``torch.fx.symbolic_trace`` (or the GraphModule given).
 
@@ -133,6 +166,10 @@ class TorchFXRunner(Runner):
                 self.name = "torch (eager, outputs only)"
         self.module.eval()
         self.output_keys = _output_names(self.module) if self.traced else []
+
+    def literals(self, name: str) -> list[np.ndarray]:
+        """Numbers the FX node ``name`` was called with (what a folded constant came from)."""
+        return _numeric_literals(self.module, name) if self.traced else []
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         import torch
@@ -174,6 +211,21 @@ class TorchExportRunner(Runner):
         self.input_precision = np.float64 if self.float_dtype == torch.float64 else np.float32
         self.output_keys = [getattr(spec.arg, "name", "?") for spec in program.graph_signature.output_specs
                             if spec.kind.name == "USER_OUTPUT"]
+
+    def literals(self, name: str) -> list[np.ndarray]:
+        """Numbers the graph node ``name`` was called with (what a folded constant came from)."""
+        return _numeric_literals(self.program.graph_module, name, self._constant)
+
+    def _constant(self, node: Any) -> Any:
+        """The tensor a placeholder feeds when it is a lifted constant (not a parameter or an input)."""
+        from torch.export.graph_signature import InputKind
+        if node.op != "placeholder":
+            return None
+        spec = next((s for s in self.program.graph_signature.input_specs if getattr(s.arg, "name", None) == node.name),
+                    None)
+        if spec is None or spec.kind != InputKind.CONSTANT_TENSOR:
+            return None
+        return self.program.constants.get(spec.target)
 
     def _lifted(self, user_inputs: list[Any]) -> list[Any]:
         from torch.export.graph_signature import InputKind
@@ -224,7 +276,34 @@ class _OnnxRunner(Runner):
         self.output_keys = [o.name for o in model.graph.output]
         floats = [dt for _, dt in self.feeds if np.dtype(dt).kind == "f"]
         self.input_precision = np.float64 if floats and all(dt == np.float64 for dt in floats) else np.float32
+        self.node_outputs = {n.name: list(n.output) for n in model.graph.node if n.name}
+        self.source = model  # as given (its metadata says which value holds which IR node, for our exports)
         self.model = expose_all_values(model)
+        self._initializers = {t.name: t for t in model.graph.initializer}
+        self._constants: dict[str, np.ndarray] = {}
+        self.wanted: set[str] = set()  # keys the diff compares: initializers among them are returned too
+
+    def literals(self, name: str) -> list[np.ndarray]:
+        """The constant operands (initializers, ``Constant`` outputs) of the ONNX node ``name``."""
+        from onnx import numpy_helper
+        node = next((n for n in self.source.graph.node if n.name == name), None)
+        if node is None:
+            return []
+        made = {n.output[0]: n for n in self.source.graph.node if n.op_type == "Constant" and n.output}
+        found = []
+        for i in node.input:
+            if i in self._initializers:
+                found.append(numpy_helper.to_array(self._initializers[i]))
+            elif i in made and made[i].attribute and made[i].attribute[0].name == "value":
+                found.append(numpy_helper.to_array(made[i].attribute[0].t))
+        return found
+
+    def constants(self) -> dict[str, np.ndarray]:
+        """The wanted initializers' values (they are no node's output, so no run exposes them)."""
+        from onnx import numpy_helper
+        for name in self.wanted.difference(self._constants).intersection(self._initializers):
+            self._constants[name] = numpy_helper.to_array(self._initializers[name])
+        return self._constants
 
     def _feed(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         if len(inputs) != len(self.feeds):
@@ -249,7 +328,8 @@ class OnnxRuntimeRunner(_OnnxRunner):
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         feeds = self._feed(inputs)
-        return {**feeds, **dict(zip(self.names, (np.asarray(v) for v in self.session.run(None, feeds))))}
+        return {**self.constants(), **feeds,
+                **dict(zip(self.names, (np.asarray(v) for v in self.session.run(None, feeds))))}
 
 
 class OnnxReferenceRunner(_OnnxRunner):
@@ -265,7 +345,8 @@ class OnnxReferenceRunner(_OnnxRunner):
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         feeds = self._feed(inputs)
-        return {**feeds, **dict(zip(self.names, (np.asarray(v) for v in self.evaluator.run(None, feeds))))}
+        return {**self.constants(), **feeds,
+                **dict(zip(self.names, (np.asarray(v) for v in self.evaluator.run(None, feeds))))}
 
 
 def reference_parameters(reference: Any) -> Mapping[str, np.ndarray]:

@@ -30,7 +30,7 @@ from . import ops_math, ops_nn, ops_tensor
 from .breadth import BREADTH_MODULES  # issue #15's handlers, one module per family
 from ..builder import GraphBuilder
 from ..errors import add_node_note
-from .checks import DEFAULT_DOMAINS, check_model, newest_opset
+from .checks import DEFAULT_DOMAINS, check_model, newest_opset, unique_opsets
 from .external import initializer_array, sparse_initializer_array
 from .context import Const, NodeUnsupported, OnnxContext, unsupported_error
 from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
@@ -184,7 +184,7 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     """
     model, base = _read_model(path_or_model)
     opset = check_model(model)
-    model, opset, notes = _upgraded(model, opset)
+    model, opset, notes = _upgraded(unique_opsets(model), opset)
     graph = model.graph
     init_names = {t.name for t in graph.initializer}
     real_inputs = [vi for vi in graph.input if vi.name not in init_names]

@@ -69,3 +69,45 @@ def test_duplicate_old_opset_is_upgraded_once():
     (ours,) = evaluate_onnx(m, {"x": x})
     np.testing.assert_array_equal(ours, _ref(m, {"x": x})[0])
     assert tlb.import_onnx(m).report["opset"] == 7
+
+
+# -- 5: NaN is an answer
+
+def _same_with_nan(a, b):
+    assert a.shape == b.shape
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+    np.testing.assert_allclose(np.nan_to_num(a), np.nan_to_num(b).astype(np.float64), rtol=2e-6)
+
+
+@pytest.mark.parametrize("exponent", [0.5, -1.5, 2.25, 1 / 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pow_of_a_negative_base_by_a_constant_non_integer_exponent_is_nan(exponent, dtype):
+    tp = TP.FLOAT if dtype == np.float32 else TP.DOUBLE
+    m = onnx_model([N("Pow", ["x", "e"], ["y"])], [("x", tp, [3, 4])], [("y", tp, [3, 4])],
+                   [("e", np.array(exponent, dtype))], opset=15, ir_version=8)
+    x = (RNG.standard_normal((3, 4)) * 3).astype(dtype)
+    x[0, 0] = 0.0 if exponent > 0 else 1.0
+    (ours,) = evaluate_onnx(m, {"x": x})
+    assert np.isnan(ours).any() and not np.isnan(ours).all()
+    _same_with_nan(ours, _ort(m, {"x": x})[0])
+    _same_with_nan(ours, _ref(m, {"x": x})[0])
+
+
+def test_pow_with_a_computed_exponent_gives_nan_where_the_base_is_negative():
+    m = onnx_model([N("Pow", ["x", "e"], ["y"])], [("x", TP.FLOAT, [2, 5]), ("e", TP.FLOAT, [5])],
+                   [("y", TP.FLOAT, [2, 5])], opset=15, ir_version=8)
+    feeds = {"x": RNG.standard_normal((2, 5)).astype(np.float32),
+             "e": np.array([0.5, 2.0, -1.5, 3.0, 0.7], np.float32)}
+    (ours,) = evaluate_onnx(m, feeds)
+    assert np.isnan(ours).any()
+    _same_with_nan(ours, _ort(m, feeds)[0])
+
+
+def test_pow_interval_refuses_boxes_reaching_below_zero_and_stays_sound_above():
+    m = onnx_model([N("Pow", ["x", "e"], ["y"])], [("x", TP.DOUBLE, [4])], [("y", TP.DOUBLE, [4])],
+                   [("e", np.array(0.5))], opset=15, ir_version=8)
+    b = tlb.import_onnx(m)
+    with pytest.raises(BridgeError, match=r"pow: box reaches below 0 and the exponent 0.5 is not an integer"):
+        tlb.interval_bounds(b.graph, b.payload, [np.array([-0.1, 0.0, 1.0, 2.0])], [np.array([1.0, 1.0, 2.0, 3.0])])
+    lo, hi = np.array([0.0, 0.1, 1.0, 2.0]), np.array([1.0, 1.0, 2.0, 3.0])
+    tlb.check_containment(b.graph, b.payload, [lo], [hi], samples=50, seed=0)

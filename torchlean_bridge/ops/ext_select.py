@@ -67,7 +67,8 @@ register(OpSpec("max_unpool", "ext", 2, 2, _unpool, attrs=(Attr("scatter_shape",
 
 register(OpSpec("pow_elem", "ext", 2, 2, _same_shape("pow_elem"),
                 doc="x ** y elementwise (ONNX Pow with a computed exponent, torch.pow of two tensors); a negative base "
-                    "to a non-integer power and 0 to a negative power are refused"))
+                    "to a non-integer power is NaN (as torch, onnxruntime and C's pow); 0 to a negative power is "
+                    "refused"))
 register(OpSpec("int_pow", "ext", 2, 2, _same_shape("int_pow"), attrs=INT_TYPE_ATTRS, dtype=int_only("int_pow"),
                 doc="integer a ** b, exact; a negative exponent is refused, and the result must fit the "
                     "`bits`/`signed` type"))

@@ -111,3 +111,82 @@ def test_pow_interval_refuses_boxes_reaching_below_zero_and_stays_sound_above():
         tlb.interval_bounds(b.graph, b.payload, [np.array([-0.1, 0.0, 1.0, 2.0])], [np.array([1.0, 1.0, 2.0, 3.0])])
     lo, hi = np.array([0.0, 0.1, 1.0, 2.0]), np.array([1.0, 1.0, 2.0, 3.0])
     tlb.check_containment(b.graph, b.payload, [lo], [hi], samples=50, seed=0)
+
+
+# -- 1: integer arithmetic on the data path
+
+_INT_TP = {np.int8: TP.INT8, np.int32: TP.INT32, np.int64: TP.INT64, np.uint8: TP.UINT8}
+
+
+def _reduce_model(op, dtype, axes, keepdims, opset):
+    tp = _INT_TP[dtype]
+    axes_input = opset >= (13 if op == "ReduceSum" else 18)
+    if axes is None:
+        node = N(op, ["x"], ["y"], keepdims=keepdims)
+        inits = []
+    elif axes_input:
+        node, inits = N(op, ["x", "axes"], ["y"], keepdims=keepdims), [("axes", np.array(axes, np.int64))]
+    else:
+        node, inits = N(op, ["x"], ["y"], keepdims=keepdims, axes=axes), []
+    return onnx_model([node], [("x", tp, [2, 3, 4])], [("y", tp, None)], inits, opset=opset, ir_version=8)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceSumSquare"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.int8, np.uint8])
+@pytest.mark.parametrize("axes,keepdims,opset", [([1], 0, 18), ([0, -1], 1, 18), (None, 0, 18), ([2], 1, 13)])
+def test_integer_reductions_are_exact_in_the_models_type(op, dtype, axes, keepdims, opset):
+    m = _reduce_model(op, dtype, axes, keepdims, opset)
+    lo = 0 if dtype == np.uint8 else -2
+    x = RNG.integers(lo, 3, (2, 3, 4)).astype(dtype)  # every sum of squares of 24 values fits int8
+    if op == "ReduceProd":  # products of +-1 and one 2
+        x = np.where(x % 2 == 0, 1, -1 if lo else 1).astype(dtype)
+        x[0, 0, 0] = 2
+    b = tlb.import_onnx(m)
+    assert any(n.kind.startswith("int_reduce_") for n in b.graph.nodes)
+    (ours,) = evaluate_onnx(m, {"x": x})
+    (ref,) = _ref(m, {"x": x})
+    assert ours.shape == ref.shape and np.array_equal(ours, ref.astype(np.int64))
+    try:
+        (theirs,) = _ort(m, {"x": x})
+    except Exception:  # noqa: BLE001 - onnxruntime has no kernel for some (op, type) pairs
+        return
+    assert np.array_equal(ours, theirs.astype(np.int64))
+
+
+def test_integer_reductions_of_a_computed_index_tensor_match_onnxruntime():
+    """Index arithmetic as exporters write it: Shape -> Mul -> ReduceProd / ReduceSum -> Div, all int64."""
+    nodes = [N("Shape", ["x"], ["s"]), N("Mul", ["s", "two"], ["s2"]), N("ReduceProd", ["s2"], ["p"], keepdims=0),
+             N("ReduceSum", ["i"], ["t"], keepdims=1), N("Div", ["t", "p"], ["q"]), N("Mod", ["t", "three"], ["r"]),
+             N("Less", ["i", "q"], ["lt"]), N("Where", ["lt", "i", "r"], ["y"])]
+    m = onnx_model(nodes, [("x", TP.FLOAT, [2, 3]), ("i", TP.INT64, [5])], [("y", TP.INT64, [5])],
+                   [("two", np.array(2, np.int64)), ("three", np.array(3, np.int64))], opset=18, ir_version=8)
+    feeds = {"x": np.zeros((2, 3), np.float32), "i": np.array([40, -7, 13, 2, 9], np.int64)}
+    (ours,) = evaluate_onnx(m, feeds)
+    assert np.array_equal(ours, _ort(m, feeds)[0])
+
+
+def test_integer_reductions_refuse_results_outside_the_type_and_empty_sets_are_the_identity():
+    m = _reduce_model("ReduceSum", np.int8, [1], 0, 18)
+    x = np.full((2, 3, 4), 100, np.int8)
+    with pytest.raises(BridgeError, match=r"int_reduce_sum: result 300 is outside int8 \(ONNX would wrap it\)"):
+        evaluate_onnx(m, {"x": x})
+    m = _reduce_model("ReduceProd", np.int64, None, 0, 18)
+    with pytest.raises(BridgeError, match="int_reduce_prod: a product may leave int64"):
+        evaluate_onnx(m, {"x": np.full((2, 3, 4), 7, np.int64)})
+    for op in ("ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin"):
+        m = onnx_model([N(op, ["x", "axes"], ["y"], keepdims=0)], [("x", TP.INT32, [2, 0])], [("y", TP.INT32, None)],
+                       [("axes", np.array([1], np.int64))], opset=18, ir_version=8)
+        (ours,) = evaluate_onnx(m, {"x": np.zeros((2, 0), np.int32)})
+        assert np.array_equal(ours, _ref(m, {"x": np.zeros((2, 0), np.int32)})[0].astype(np.int64))
+
+
+def test_every_integer_reduction_refuses_interval_bounds_by_name():
+    from semantics.rules.integer import INT_REDUCTIONS
+    from torchlean_bridge.graph import Graph, Node
+    x = np.zeros((2, 3), np.int64)
+    for kind in INT_REDUCTIONS:
+        g = Graph([Node(0, (), "input", (2, 3), {}, dtype="int64"),
+                   Node(1, (0,), kind, (2,), {"axes": (1,), "keepdim": False}, dtype="int64")], [0], [1])
+        assert np.array_equal(tlb.evaluate(g, None, [x + 1])[0], [3 if kind == "int_reduce_sum" else 1] * 2)
+        with pytest.raises(BridgeError, match=f"no interval rule for {kind}: integer arithmetic"):
+            tlb.interval_bounds(g, None, [x], [x])

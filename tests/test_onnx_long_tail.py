@@ -190,3 +190,21 @@ def test_every_integer_reduction_refuses_interval_bounds_by_name():
         assert np.array_equal(tlb.evaluate(g, None, [x + 1])[0], [3 if kind == "int_reduce_sum" else 1] * 2)
         with pytest.raises(BridgeError, match=f"no interval rule for {kind}: integer arithmetic"):
             tlb.interval_bounds(g, None, [x], [x])
+
+
+@pytest.mark.parametrize("op,arity", [("Neg", 1), ("Abs", 1), ("Max", 3)])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.int8])
+def test_integer_neg_abs_and_max_match_onnxruntime(op, arity, dtype):
+    names = [f"x{i}" for i in range(arity)]
+    tp = _INT_TP[dtype]
+    m = onnx_model([N(op, names, ["y"])], [(n, tp, [3, 4]) for n in names], [("y", tp, [3, 4])], opset=13,
+                   ir_version=8)
+    feeds = {n: RNG.integers(-40, 40, (3, 4)).astype(dtype) for n in names}
+    (ours,) = evaluate_onnx(m, feeds)
+    assert np.array_equal(ours, _ort(m, feeds)[0].astype(np.int64))
+
+
+def test_integer_neg_of_the_least_value_is_refused_not_wrapped():
+    m = onnx_model([N("Neg", ["x"], ["y"])], [("x", TP.INT8, [2])], [("y", TP.INT8, [2])], opset=13, ir_version=8)
+    with pytest.raises(BridgeError, match=r"result 128 is outside int8"):
+        evaluate_onnx(m, {"x": np.array([-128, 3], np.int8)})

@@ -208,3 +208,92 @@ def test_integer_neg_of_the_least_value_is_refused_not_wrapped():
     m = onnx_model([N("Neg", ["x"], ["y"])], [("x", TP.INT8, [2])], [("y", TP.INT8, [2])], opset=13, ir_version=8)
     with pytest.raises(BridgeError, match=r"result 128 is outside int8"):
         evaluate_onnx(m, {"x": np.array([-128, 3], np.int8)})
+
+
+# -- 2: slices whose start comes from an input
+
+def _patch_model(k=(3, 2), axes=(2, 3), start_type=TP.INT64, ends=None):
+    """x[..., r:r+k0, c:c+k1] with the start vector a graph input, ends = starts + k (as exporters write it)."""
+    nodes = [N("Add", ["s", "k"], ["e"]) if ends is None else ends,
+             N("Slice", ["x", "s", "e", "axes"], ["y"]), N("Mul", ["y", "two"], ["z"])]
+    dt = np.int64 if start_type == TP.INT64 else np.int32
+    return onnx_model(nodes, [("x", TP.FLOAT, [1, 2, 6, 5]), ("s", start_type, [len(axes)])],
+                      [("z", TP.FLOAT, [1, 2] + [None] * 2)],
+                      [("k", np.array(k, dt)), ("axes", np.array(axes, dt)), ("two", np.array(2.0, np.float32))],
+                      opset=18, ir_version=8)
+
+
+@pytest.mark.parametrize("start_type", [TP.INT64, TP.INT32])
+def test_slice_at_a_computed_start_matches_onnxruntime_and_the_reference_at_every_feasible_start(start_type):
+    m = _patch_model(start_type=start_type)
+    b = tlb.import_onnx(m)
+    assert [n.attrs["sizes"] for n in b.graph.nodes if n.kind == "dynamic_slice"] == [(3, 2)]
+    x = RNG.standard_normal((1, 2, 6, 5)).astype(np.float32)
+    dt = np.int64 if start_type == TP.INT64 else np.int32
+    starts = [(r, c) for r in list(range(0, 4)) + list(range(-6, -3)) for c in list(range(0, 4)) + [-5, -4, -3]]
+    for r, c in starts:
+        feeds = {"x": x, "s": np.array([r, c], dt)}
+        (ours,) = evaluate_onnx(m, feeds)
+        assert np.array_equal(ours, _ort(m, feeds)[0]) and np.array_equal(ours, _ref(m, feeds)[0])
+
+
+def test_torch_exported_patch_slice_imports_and_matches_onnxruntime(tmp_path):
+    torch = pytest.importorskip("torch")
+
+    class Patch(torch.nn.Module):
+        def forward(self, x, r, c):
+            return torch.tanh(x[:, :, r:r + 3, c:c + 2])
+
+    path = tmp_path / "patch.onnx"
+    torch.onnx.export(Patch(), (torch.randn(1, 2, 6, 5), torch.tensor(1), torch.tensor(2)), str(path),
+                      dynamo=False, opset_version=17)
+    m = onnx.load(str(path))
+    names = [i.name for i in m.graph.input]
+    x = RNG.standard_normal((1, 2, 6, 5)).astype(np.float32)
+    for r, c in [(0, 0), (3, 3), (2, 1), (-6, -5)]:
+        feeds = dict(zip(names, [x, np.array(r), np.array(c)]))
+        (ours,) = evaluate_onnx(m, feeds)
+        np.testing.assert_allclose(ours, _ort(m, feeds)[0], rtol=1e-6, atol=1e-7)
+
+
+def test_slice_at_a_computed_start_refuses_a_window_onnx_would_shorten():
+    m = _patch_model()
+    x = np.zeros((1, 2, 6, 5), np.float32)
+    for r, c, read in [(4, 0, 2), (0, 4, 1), (-2, 0, 0), (-7, 0, 2)]:
+        with pytest.raises(BridgeError, match=rf"dynamic_slice: start {r if c == 0 else c} on axis {2 if c == 0 else 3} "
+                                              rf"\(extent {6 if c == 0 else 5}\): ONNX's Slice would read {read} of"):
+            evaluate_onnx(m, {"x": x, "s": np.array([r, c])})
+
+
+@pytest.mark.parametrize("ends,message", [
+    (N("Constant", [], ["e"], value=helper.make_tensor("e", TP.INT64, [2], [6, 5])),
+     r"constant ends: the output's extent depends on the value of `s` \(a data-dependent shape\)"),
+    (N("Mul", ["s", "k"], ["e"]), r"the length ends - starts is not a constant the importer can prove"),
+])
+def test_slice_at_a_computed_start_without_a_provable_length_is_refused_by_name(ends, message):
+    with pytest.raises(BridgeError, match=r"Slice \(node `[^`]*`, opset 18\): Slice with starts computed at run time"):
+        tlb.import_onnx(_patch_model(ends=ends))
+    with pytest.raises(BridgeError, match=message):
+        tlb.import_onnx(_patch_model(ends=ends))
+
+
+def test_dynamic_slice_interval_is_the_hull_over_feasible_offsets_and_refuses_unbounded_ones():
+    """The start is a float input cast to int64 (integer inputs take point boxes only), so its box is a range."""
+    m = _patch_model()
+    m.graph.node.insert(0, N("Cast", ["sf"], ["s"], to=TP.INT64))
+    m.graph.input[1].CopyFrom(helper.make_tensor_value_info("sf", TP.FLOAT, [2]))
+    b = tlb.import_onnx(m)
+    x_lo = RNG.standard_normal((1, 2, 6, 5))
+    x_hi = x_lo + RNG.uniform(0, 0.5, (1, 2, 6, 5))
+    s_lo, s_hi = np.array([1, 0]), np.array([3, 2])
+    tlb.check_containment(b.graph, b.payload, [x_lo, s_lo], [x_hi, s_hi], samples=40, seed=0)
+    boxes = tlb.interval_bounds(b.graph, b.payload, [x_lo, s_lo], [x_hi, s_hi])
+    (node,) = [n for n in b.graph.nodes if n.kind == "dynamic_slice"]
+    lo_in, hi_in = boxes[node.parents[0]]
+    lo, hi = boxes[node.id]
+    for got, end, pick in ((lo, lo_in, np.min), (hi, hi_in, np.max)):  # the hull, not a looser box
+        windows = [end[:, :, r:r + 3, c:c + 2] for r in range(1, 4) for c in range(0, 3)]
+        np.testing.assert_array_equal(got, pick(windows, axis=0))
+    with pytest.raises(BridgeError, match=r"dynamic_slice: the start box \[2.0, 4.0\] on axis 2 reaches outside "
+                                          r"\[0, 3\]"):
+        tlb.interval_bounds(b.graph, b.payload, [x_lo, np.array([2, 0])], [x_hi, np.array([4, 0])])

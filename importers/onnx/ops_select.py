@@ -88,7 +88,75 @@ def _max_unpool(ctx: OnnxContext) -> list[Value]:
 
 # -- Slice with negative steps ------------------------------------------------------------------
 
+# -- Slice with starts computed at run time (issue #32) -------------------------------------------
+
+_SAME_ORDER = ("reshape", "unsqueeze", "squeeze", "flatten", "cast")  # element order kept: offsets carry over
+
+
+def _offset(ctx: OnnxContext, end: int, start: int) -> np.ndarray | None:
+    """``k`` (start's shape, int64) with ``end == start + k`` provable from the IR nodes, else None: the same
+    node, a constant added to (subtracted from) the start, or both wrapped alike (reshapes, casts, concats)."""
+    b = ctx.b
+    if end == start:
+        return np.zeros(b.shape(start), dtype=np.int64)
+    e, s = b.nodes[end], b.nodes[start]
+    if e.kind in ("int_add", "int_sub"):
+        consts = [b.value(p) for p in e.parents]
+        for i in (0, 1):
+            if consts[1 - i] is not None and (i == 0 or e.kind == "int_add"):
+                inner = _offset(ctx, e.parents[i], start)
+                if inner is not None:  # int_add / int_sub are exact or refuse: end == start + k wherever defined
+                    delta = np.asarray(consts[1 - i], dtype=np.int64)
+                    return np.broadcast_to(inner + (delta if e.kind == "int_add" else -delta), e.out_shape).copy()
+    if e.kind == "broadcast_to" and e.parents:
+        inner = _offset(ctx, e.parents[0], start)
+        return None if inner is None else np.broadcast_to(inner, e.out_shape).copy()
+    if e.kind != s.kind or e.attrs != s.attrs or len(e.parents) != len(s.parents):
+        return None
+    if e.kind in _SAME_ORDER and len(e.parents) == 1:
+        inner = _offset(ctx, e.parents[0], s.parents[0])
+        return None if inner is None else inner.reshape(e.out_shape)
+    if e.kind == "concat":
+        parts = [_offset(ctx, pe, ps) for pe, ps in zip(e.parents, s.parents)]
+        return None if any(p is None for p in parts) else np.concatenate(parts, axis=e.attrs["axis"])
+    return None
+
+
+def _dynamic_slice(ctx: OnnxContext) -> list[Value]:
+    """``dynamic_slice`` when the ends are provably the computed starts plus constant sizes, with unit steps."""
+    s = ctx.shape(0)
+    what = "Slice with starts computed at run time"
+    if ctx.const(2) is not None:
+        raise ctx.fail(f"{what} and constant ends: the output's extent depends on the value of `{ctx.node.input[1]}` "
+                       "(a data-dependent shape); write the end as start + a constant length, or bind the start "
+                       "with constants=... / --bind")
+    if ctx.rank(1) != 1:
+        raise ctx.fail(f"{what}: starts of rank {ctx.rank(1)}")
+    count = ctx.shape(1)[0]
+    axes = ctx.ints(3, "axes") if ctx.has_input(3) else list(range(count))
+    steps = ctx.ints(4, "steps") if ctx.has_input(4) else [1] * count
+    if not len(axes) == len(steps) == count:
+        raise ctx.fail(f"{what}: starts, axes and steps differ in length")
+    if any(sp != 1 for sp in steps):
+        raise ctx.fail(f"{what} and steps {steps} (only unit steps are lowered)")
+    axes = [ctx.axis(a, len(s)) for a in axes]
+    if len(set(axes)) != len(axes):
+        raise ctx.fail(f"axes {axes} repeat an axis")
+    starts, ends = ctx.operand(1), ctx.operand(2)
+    sizes = _offset(ctx, ends, starts)
+    if sizes is None:
+        raise ctx.fail(f"{what}: the length ends - starts is not a constant the importer can prove (ends must be the "
+                       f"starts plus a constant), so the output's extent is data-dependent; fix the length, or "
+                       f"export with static slices")
+    for ax, k in zip(axes, sizes.tolist()):
+        if not 1 <= k <= s[ax]:
+            raise ctx.fail(f"{what}: length {k} on axis {ax} of extent {s[ax]}")
+    return [ctx.add("dynamic_slice", [ctx.operand(0), starts], {"axes": tuple(axes), "sizes": tuple(sizes.tolist())})]
+
+
 def _slice(ctx: OnnxContext) -> list[Value]:
+    if ctx.opset >= 10 and ctx.const(1) is None:
+        return _dynamic_slice(ctx)
     if ctx.opset < 10 or not ctx.has_input(4) or all(v > 0 for v in ctx.ints(4, "steps")):
         return ops_tensor._slice(ctx)
     s = ctx.shape(0)
@@ -154,4 +222,4 @@ HANDLERS: dict[str, Handler] = {"TopK": _topk, "MaxPool": _max_pool, "MaxUnpool"
 OPSETS: dict[str, tuple[int, int]] = {"TopK": (1, 24), "MaxPool": (1, 22), "MaxUnpool": (9, 22), "Slice": (1, 13),
                                       "Pow": (7, 15)}
 EMITS = frozenset({"sort", "topk_indices", "max_pool_nd", "max_pool", "max_pool_indices", "max_unpool", "gather",
-                   "slice", "const", "pow", "pow_elem", "int_pow", "cast", "broadcast_to"})
+                   "slice", "const", "pow", "pow_elem", "int_pow", "cast", "broadcast_to", "dynamic_slice"})

@@ -237,6 +237,7 @@ def test_slice_at_a_computed_start_matches_onnxruntime_and_the_reference_at_ever
         assert np.array_equal(ours, _ort(m, feeds)[0]) and np.array_equal(ours, _ref(m, feeds)[0])
 
 
+@pytest.mark.slow
 def test_torch_exported_patch_slice_imports_and_matches_onnxruntime(tmp_path):
     torch = pytest.importorskip("torch")
 

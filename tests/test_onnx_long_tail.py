@@ -298,3 +298,86 @@ def test_dynamic_slice_interval_is_the_hull_over_feasible_offsets_and_refuses_un
     with pytest.raises(BridgeError, match=r"dynamic_slice: the start box \[2.0, 4.0\] on axis 2 reaches outside "
                                           r"\[0, 3\]"):
         tlb.interval_bounds(b.graph, b.payload, [x_lo, np.array([2, 0])], [x_hi, np.array([4, 0])])
+
+
+# -- 4: legacy semantics (pre-opset-7 broadcast attributes)
+
+def _legacy_model(nodes, inputs, outputs, inits, opset=6):
+    """An IR-3 model as old exporters wrote it: initializers are also graph inputs."""
+    m = onnx_model(nodes, inputs, outputs, inits, opset=opset, ir_version=3)
+    for name, v in inits:
+        v = np.asarray(v)
+        m.graph.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape))
+    return m
+
+
+@pytest.mark.parametrize("slope_shape", [(3,), (3, 1, 1), (1,), (5,)])
+def test_opset6_prelu_per_channel_slope_matches_onnx_reference(slope_shape):
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    w = RNG.standard_normal(slope_shape).astype(np.float32)
+    m = _legacy_model([N("PRelu", ["x", "w"], ["y"])], [("x", TP.FLOAT, [2, 3, 4, 5])], [("y", TP.FLOAT, None)],
+                      [("w", w)])
+    (ours,) = evaluate_onnx(m, {"x": x})
+    np.testing.assert_allclose(ours, _ref(m, {"x": x})[0], rtol=1e-6)  # float64 evaluation, binary32 reference
+    if slope_shape == (3,):  # the per-channel reading, spelled out
+        np.testing.assert_allclose(ours, np.where(x > 0, x, x * w[:, None, None]), rtol=1e-6)
+
+
+def test_opset6_prelu_slope_matching_several_dimensions_is_refused_by_name():
+    m = _legacy_model([N("PRelu", ["x", "w"], ["y"], name="act")], [("x", TP.FLOAT, [2, 3, 3, 5])],
+                      [("y", TP.FLOAT, None)], [("w", np.ones(3, np.float32))])
+    with pytest.raises(BridgeError, match=r"node \(`act`, PRelu, before opset 7\): slope of shape \[3\] matches 2 "
+                                          r"dimensions"):
+        tlb.import_onnx(m)
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Pow"])
+@pytest.mark.parametrize("b_shape,axis", [((3, 4), 1), ((2,), 0), ((4, 5), 2), ((5,), None), ((1,), None),
+                                          ((3,), -3)])
+def test_pre_opset7_broadcast_axis_follows_the_spec(op, b_shape, axis):
+    """B's dimensions align with A's from ``axis`` on (trailing when no axis), as Add-6's spec defines."""
+    x = RNG.uniform(0.5, 2.0, (2, 3, 4, 5)).astype(np.float32)
+    w = RNG.uniform(0.5, 2.0, b_shape).astype(np.float32)
+    attrs = {"broadcast": 1} if axis is None else {"broadcast": 1, "axis": axis}
+    m = _legacy_model([N(op, ["x", "w"], ["y"], **attrs)], [("x", TP.FLOAT, [2, 3, 4, 5])], [("y", TP.FLOAT, None)],
+                      [("w", w)], opset=6 if op != "Pow" else 1)
+    (ours,) = evaluate_onnx(m, {"x": x})
+    start = 4 - len(b_shape) if axis is None else axis % 4
+    aligned = w.reshape((1,) * start + b_shape + (1,) * (4 - start - len(b_shape)))
+    want = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}[op](x, aligned)
+    np.testing.assert_allclose(ours, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["Equal", "Greater", "Less", "And", "Or", "Xor"])
+def test_opset1_comparisons_and_logic_with_broadcast_axis(op):
+    logic = op in ("And", "Or", "Xor")
+    if logic:
+        x, w, tp = RNG.random((2, 3, 4)) > 0.5, RNG.random(3) > 0.5, TP.BOOL
+    else:
+        x, w, tp = RNG.integers(0, 3, (2, 3, 4)), RNG.integers(0, 3, 3), TP.INT64
+    m = _legacy_model([N(op, ["x", "w"], ["y"], broadcast=1, axis=1)], [("x", tp, [2, 3, 4])], [("y", TP.BOOL, None)],
+                      [("w", w)], opset=6)
+    (ours,) = evaluate_onnx(m, {"x": x})
+    fn = {"Equal": np.equal, "Greater": np.greater, "Less": np.less, "And": np.logical_and, "Or": np.logical_or,
+          "Xor": np.logical_xor}[op]
+    assert np.array_equal(ours, fn(x, w[:, None]))
+
+
+def test_legacy_broadcast_with_an_axis_past_a_is_refused_by_name():
+    m = _legacy_model([N("Add", ["x", "w"], ["y"], broadcast=1, axis=3)], [("x", TP.FLOAT, [2, 3, 4, 5])],
+                      [("y", TP.FLOAT, None)], [("w", np.ones((4, 5), np.float32))])
+    with pytest.raises(BridgeError, match=r"Add, before opset 7\): axis 3 for B of shape \[4, 5\] on A of shape"):
+        tlb.import_onnx(m)
+
+
+@pytest.mark.parametrize("c_shape", [(4,), (1,), (2, 4)])
+def test_opset6_gemm_broadcast_c_follows_its_definition(c_shape):
+    a = RNG.standard_normal((2, 3)).astype(np.float32)
+    inits = [("b", RNG.standard_normal((3, 4)).astype(np.float32)), ("c", RNG.standard_normal(c_shape).astype(np.float32))]
+    m = _legacy_model([N("Gemm", ["a", "b", "c"], ["y"], broadcast=int(c_shape != (2, 4)), alpha=0.5, beta=2.0)],
+                      [("a", TP.FLOAT, [2, 3])], [("y", TP.FLOAT, None)], inits)
+    (ours,) = evaluate_onnx(m, {"a": a})
+    want = 0.5 * a.astype(np.float64) @ inits[0][1] + 2.0 * inits[1][1]  # Gemm-6's definition
+    np.testing.assert_allclose(ours, want, rtol=1e-6, atol=1e-7)
+    if c_shape != (2, 4):  # onnx's reference Gemm-6 with broadcast=0 drops alpha and beta
+        np.testing.assert_allclose(ours, _ref(m, {"a": a})[0], rtol=1e-5, atol=1e-6)

@@ -125,11 +125,11 @@ HANDLERS: dict[str, Handler] = {
     "BitwiseXor": _bitwise("bitwise_xor"), "BitwiseNot": _bitwise("bitwise_not"), "Xor": _xor,
 }
 # the arithmetic ops keep ops_math's ranges; Mod-10/-13 (types), -28 (float fmod=0: numpy.mod);
-# BitShift-11 (unsigned), -28 (signed: arithmetic right shift, two's complement left shift); Bitwise*-18; Xor-7
+# BitShift-11 (unsigned), -28 (signed: arithmetic right shift, two's complement left shift); Bitwise*-18; Xor-1/-7
 OPSETS: dict[str, tuple[int, int]] = {
     **{op: ops_math.OPSETS[op] for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Abs")},
     "Mod": (10, 28), "BitShift": (11, 28), "BitwiseAnd": (18, 18), "BitwiseOr": (18, 18), "BitwiseXor": (18, 18),
-    "BitwiseNot": (18, 18), "Xor": (7, 7),
+    "BitwiseNot": (18, 18), "Xor": (1, 7),  # Xor-1: its broadcast attributes are made explicit (legacy.py)
 }
 EMITS = frozenset({"int_add", "int_sub", "int_mul", "int_div", "int_max", "int_min", "mod", "bitshift",
                    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "ne", "broadcast_to", "const"})

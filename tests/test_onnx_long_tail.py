@@ -323,6 +323,15 @@ def test_opset6_prelu_per_channel_slope_matches_onnx_reference(slope_shape):
         np.testing.assert_allclose(ours, np.where(x > 0, x, x * w[:, None, None]), rtol=1e-6)
 
 
+def test_opset6_prelu_per_channel_slope_with_a_dynamic_batch():
+    w = RNG.standard_normal(3).astype(np.float32)
+    m = _legacy_model([N("PRelu", ["x", "w"], ["y"])], [("x", TP.FLOAT, ["N", 3, 4])], [("y", TP.FLOAT, None)],
+                      [("w", w)])
+    x = RNG.standard_normal((3, 3, 4)).astype(np.float32)
+    (ours,) = evaluate_onnx(m, {"x": x}, input_shapes={"x": (3, 3, 4)})
+    np.testing.assert_allclose(ours, np.where(x > 0, x, x * w[:, None]), rtol=1e-6)
+
+
 def test_opset6_prelu_slope_matching_several_dimensions_is_refused_by_name():
     m = _legacy_model([N("PRelu", ["x", "w"], ["y"], name="act")], [("x", TP.FLOAT, [2, 3, 3, 5])],
                       [("y", TP.FLOAT, None)], [("w", np.ones(3, np.float32))])

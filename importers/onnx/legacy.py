@@ -8,7 +8,8 @@ end, so an ``Unsqueeze`` appending B's missing trailing axes makes the two agree
 
 ``PRelu`` before opset 7 applies a one-dimensional slope of C values per channel: where numpy broadcasting
 fails, the slope lies along the one dimension of X with C entries (onnx's reference reads it so); the slope
-becomes [C, 1, ...] there. A slope matching several dimensions, or a rank unknown, is refused by name.
+becomes [C, 1, ...] there. A slope matching several dimensions, or a rank unknown, is refused by name; a
+symbolic dimension (a dynamic batch) never counts as a match.
 """
 
 from __future__ import annotations
@@ -59,9 +60,7 @@ def _prelu_axes(node: Any, x: tuple, slope: tuple) -> list[int] | None:
     trailing_ok = x[-1] == c or c == 1
     if trailing_ok:
         return None
-    if None in x:
-        raise _fail(node, f"slope of shape [{c}] on X of shape {list(x)} with unknown dimensions")
-    matches = [i for i, d in enumerate(x) if d == c]
+    matches = [i for i, d in enumerate(x) if d == c]  # a symbolic dimension (a dynamic batch) is not C
     if len(matches) != 1:
         raise _fail(node, f"slope of shape [{c}] matches {len(matches)} dimensions of X {list(x)} (one is needed)")
     return list(range(1, len(x) - matches[0]))

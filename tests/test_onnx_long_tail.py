@@ -268,8 +268,10 @@ def test_slice_at_a_computed_start_refuses_a_window_onnx_would_shorten():
 
 @pytest.mark.parametrize("ends,message", [
     (N("Constant", [], ["e"], value=helper.make_tensor("e", TP.INT64, [2], [6, 5])),
-     r"constant ends: the output's extent depends on the value of `s` \(a data-dependent shape\)"),
-    (N("Mul", ["s", "k"], ["e"]), r"the length ends - starts is not a constant the importer can prove"),
+     r"constant ends \(a data-dependent shape: the output's extent depends on the values of \['s'\]\); bind graph "
+     r"inputs \['s'\]"),
+    (N("Mul", ["s", "k"], ["e"]), r"the length ends - starts is not a constant the importer can prove \(a data-dependent "
+                                  r"shape: .* \['s', 'e'\]\).*write the end as the start plus a constant length"),
 ])
 def test_slice_at_a_computed_start_without_a_provable_length_is_refused_by_name(ends, message):
     with pytest.raises(BridgeError, match=r"Slice \(node `[^`]*`, opset 18\): Slice with starts computed at run time"):
@@ -390,3 +392,39 @@ def test_opset6_gemm_broadcast_c_follows_its_definition(c_shape):
     np.testing.assert_allclose(ours, want, rtol=1e-6, atol=1e-7)
     if c_shape != (2, 4):  # onnx's reference Gemm-6 with broadcast=0 drops alpha and beta
         np.testing.assert_allclose(ours, _ref(m, {"a": a})[0], rtol=1e-5, atol=1e-6)
+
+
+# -- 6: data-dependent shapes, said clearly
+
+_X = ("x", TP.FLOAT, [2, 3])
+_COUNT = [N("Cast", ["x"], ["xi"], to=TP.INT64), N("ReduceMax", ["xi"], ["k"], keepdims=0),
+          N("Unsqueeze", ["k", "zero"], ["k1"])]  # a count computed from the input's values
+_DD_CASES = {
+    "NonZero": ([N("NonZero", ["x"], ["y"], name="nz")], "nz", "['x']", "fix the count"),
+    "mask": ([N("Greater", ["x", "c"], ["m"]), N("NonZero", ["m"], ["i"], name="where_true"),
+              N("Transpose", ["i"], ["it"]), N("GatherND", ["x", "it"], ["y"])], "where_true", "['m']", "fix the count"),
+    "Compress": ([N("Greater", ["x", "c"], ["m"]), N("Compress", ["x", "m"], ["y"], name="masked")], "masked", "['m']",
+                 "keep the shape"),
+    "NMS": ([N("Concat", ["x", "x"], ["xx"], axis=1), N("Reshape", ["xx", "box"], ["b"]), N("Reshape", ["x", "sc"], ["s"]),
+             N("NonMaxSuppression", ["b", "s", "kk"], ["y"], name="nms")], "nms", "['b', 's']", "fix the count"),
+    "TopK": (_COUNT + [N("TopK", ["x", "k1"], ["y", "idx"], name="top")], "top", "['k1']", "give a constant K"),
+    "Reshape": (_COUNT + [N("Concat", ["k1", "minus"], ["sh"], axis=0), N("Reshape", ["x", "sh"], ["y"], name="rs")],
+                "rs", "['sh']", "make `shape` a constant"),
+    "Range": (_COUNT[:2] + [N("Range", ["zero0", "k", "one"], ["y"], name="rg")], "rg", "['k']", "fix the length"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_DD_CASES))
+def test_data_dependent_shapes_are_refused_naming_the_node_the_values_and_the_fix(case):
+    nodes, node_name, names, fix = _DD_CASES[case]
+    inits = [("c", np.zeros((2, 3), np.float32)), ("zero", np.array([0])), ("zero0", np.array(0)),
+             ("one", np.array(1)), ("minus", np.array([-1])), ("box", np.array([1, 3, 4])), ("sc", np.array([1, 1, 6])),
+             ("kk", np.array([2]))]
+    used = {i for n in nodes for i in n.input}
+    m = onnx_model(nodes, [_X], [("y", TP.FLOAT, None)], [t for t in inits if t[0] in used], opset=18, ir_version=8)
+    with pytest.raises(BridgeError) as e:
+        tlb.import_onnx(m)
+    text = str(e.value)
+    assert f"(node `{node_name}`, opset 18)" in text
+    assert f"(a data-dependent shape: the output's extent depends on the values of {names})" in text
+    assert fix in text and "export with static shapes" in text

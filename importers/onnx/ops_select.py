@@ -19,7 +19,7 @@ from torchlean_bridge.ops import FLOAT, INT64, REGISTRY
 from torchlean_bridge.ops.contracts import broadcast_shapes
 
 from . import ops_math, ops_nn, ops_reduce, ops_tensor
-from .context import OnnxContext, Value
+from .context import OnnxContext, Value, data_dependent
 from .ops_int import _INT_TYPES
 
 __all__ = ["HANDLERS", "OPSETS", "EMITS"]
@@ -34,6 +34,9 @@ def _read(ctx: OnnxContext, i: int) -> bool:
 # -- TopK -------------------------------------------------------------------------------------
 
 def _topk(ctx: OnnxContext) -> list[Value]:
+    if ctx.opset >= 10 and ctx.const(1) is None:
+        raise data_dependent(ctx, [ctx.node.input[1]], "input 1 (K) must be a constant known at import time: the "
+                             "number of values kept is K", "give a constant K")
     k = int(ctx.attr("k")) if ctx.opset < 10 else int(np.asarray(ctx.static(1, "K")).reshape(-1)[0])
     axis = ctx.axis(int(ctx.attr("axis", -1)), ctx.rank(0))
     if k < 0 or k > ctx.shape(0)[axis]:
@@ -127,9 +130,8 @@ def _dynamic_slice(ctx: OnnxContext) -> list[Value]:
     s = ctx.shape(0)
     what = "Slice with starts computed at run time"
     if ctx.const(2) is not None:
-        raise ctx.fail(f"{what} and constant ends: the output's extent depends on the value of `{ctx.node.input[1]}` "
-                       "(a data-dependent shape); write the end as start + a constant length, or bind the start "
-                       "with constants=... / --bind")
+        raise data_dependent(ctx, [ctx.node.input[1]], f"{what} and constant ends",
+                             "write the end as the start plus a constant length")
     if ctx.rank(1) != 1:
         raise ctx.fail(f"{what}: starts of rank {ctx.rank(1)}")
     count = ctx.shape(1)[0]
@@ -145,9 +147,8 @@ def _dynamic_slice(ctx: OnnxContext) -> list[Value]:
     starts, ends = ctx.operand(1), ctx.operand(2)
     sizes = _offset(ctx, ends, starts)
     if sizes is None:
-        raise ctx.fail(f"{what}: the length ends - starts is not a constant the importer can prove (ends must be the "
-                       f"starts plus a constant), so the output's extent is data-dependent; fix the length, or "
-                       f"export with static slices")
+        raise data_dependent(ctx, [ctx.node.input[1], ctx.node.input[2]], f"{what}: the length ends - starts is not a "
+                             "constant the importer can prove", "write the end as the start plus a constant length")
     for ax, k in zip(axes, sizes.tolist()):
         if not 1 <= k <= s[ax]:
             raise ctx.fail(f"{what}: length {k} on axis {ax} of extent {s[ax]}")

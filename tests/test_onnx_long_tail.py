@@ -428,3 +428,25 @@ def test_data_dependent_shapes_are_refused_naming_the_node_the_values_and_the_fi
     assert f"(node `{node_name}`, opset 18)" in text
     assert f"(a data-dependent shape: the output's extent depends on the values of {names})" in text
     assert fix in text and "export with static shapes" in text
+
+
+# -- ONNX export of the new kinds (exporters/onnx.py: int_reduce_* as Reduce*, dynamic_slice as Slice with
+#    ends = starts + sizes)
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceSumSquare"])
+def test_integer_reductions_export_to_onnxruntime(op):
+    m = _reduce_model(op, np.int64, [0, 2], 1, 18)
+    exported = tlb.export_onnx(tlb.import_onnx(m))
+    x = RNG.integers(-3, 4, (2, 3, 4)).astype(np.int64)
+    assert np.array_equal(_ort(exported, {exported.graph.input[0].name: x})[0], _ort(m, {"x": x})[0])
+
+
+def test_dynamic_slice_exports_to_onnxruntime():
+    m = _patch_model()
+    b = tlb.import_onnx(m)
+    exported = tlb.export_onnx(b)
+    x = RNG.standard_normal((1, 2, 6, 5)).astype(np.float32)
+    for start in [(0, 0), (3, 3), (-6, -5), (1, 2)]:
+        feeds = {"x": x, "s": np.array(start)}
+        ours = _ort(exported, {vi.name: feeds[n] for vi, n in zip(exported.graph.input, b.report["inputs"])})[0]
+        assert np.array_equal(ours, _ort(m, feeds)[0])

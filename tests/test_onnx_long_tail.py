@@ -257,12 +257,42 @@ def test_torch_exported_patch_slice_imports_and_matches_onnxruntime(tmp_path):
         np.testing.assert_allclose(ours, _ort(m, feeds)[0], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("add_first", [False, True])
+def test_slice_starts_picked_from_a_location_vector_as_torch_dynamo_writes_them(add_first):
+    """starts = Reshape(Gather(Reshape(Gather(rc, i)), 0)), ends the same of rc[i] + k (torch.onnx dynamo=True), or
+    the Add before the Gather."""
+    nodes = []
+    for axis, (i, k) in enumerate([(0, 3), (1, 2)]):
+        t = f"_{axis}"
+        nodes += [N("Gather", ["rc", f"i{i}"], ["g" + t], axis=0)]
+        if add_first:
+            nodes += [N("Add", ["rc", "k"], ["a" + t]), N("Gather", ["a" + t, f"i{i}"], ["ga" + t], axis=0)]
+        else:
+            nodes += [N("Add", ["g" + t, f"k{i}"], ["ga" + t])]
+        for name in ("g", "ga"):
+            nodes += [N("Reshape", [name + t, "one"], [name + "r" + t]),
+                      N("Gather", [name + "r" + t, "i0"], [name + "s" + t], axis=0),
+                      N("Reshape", [name + "s" + t, "one"], [name + "v" + t])]
+        src = "x" if axis == 0 else "y0"
+        nodes += [N("Slice", [src, "gv" + t, "gav" + t, f"ax{axis}", "one"], [f"y{axis}"])]
+    m = onnx_model(nodes, [("x", TP.FLOAT, [1, 2, 6, 5]), ("rc", TP.INT64, [2])], [("y1", TP.FLOAT, None)],
+                   [("i0", np.array(0)), ("i1", np.array(1)), ("k0", np.array(3)), ("k1", np.array(2)),
+                    ("k", np.array([3, 2])), ("one", np.array([1])), ("ax0", np.array([2])), ("ax1", np.array([3]))],
+                   opset=18, ir_version=8)
+    assert sum(n.kind == "dynamic_slice" for n in tlb.import_onnx(m).graph.nodes) == 2
+    x = RNG.standard_normal((1, 2, 6, 5)).astype(np.float32)
+    for rc in [(1, 2), (3, 3), (0, 0), (-6, -5)]:
+        feeds = {"x": x, "rc": np.array(rc)}
+        assert np.array_equal(evaluate_onnx(m, feeds)[0], _ort(m, feeds)[0])
+
+
 def test_slice_at_a_computed_start_refuses_a_window_onnx_would_shorten():
     m = _patch_model()
     x = np.zeros((1, 2, 6, 5), np.float32)
     for r, c, read in [(4, 0, 2), (0, 4, 1), (-2, 0, 0), (-7, 0, 2)]:
-        with pytest.raises(BridgeError, match=rf"dynamic_slice: start {r if c == 0 else c} on axis {2 if c == 0 else 3} "
-                                              rf"\(extent {6 if c == 0 else 5}\): ONNX's Slice would read {read} of"):
+        start, axis, extent = (r, 2, 6) if c == 0 else (c, 3, 5)
+        with pytest.raises(BridgeError, match=rf"dynamic_slice: start {start} on axis {axis} \(extent {extent}\): "
+                                              rf"ONNX's Slice would read {read} of"):
             evaluate_onnx(m, {"x": x, "s": np.array([r, c])})
 
 
@@ -270,8 +300,9 @@ def test_slice_at_a_computed_start_refuses_a_window_onnx_would_shorten():
     (N("Constant", [], ["e"], value=helper.make_tensor("e", TP.INT64, [2], [6, 5])),
      r"constant ends \(a data-dependent shape: the output's extent depends on the values of \['s'\]\); bind graph "
      r"inputs \['s'\]"),
-    (N("Mul", ["s", "k"], ["e"]), r"the length ends - starts is not a constant the importer can prove \(a data-dependent "
-                                  r"shape: .* \['s', 'e'\]\).*write the end as the start plus a constant length"),
+    (N("Mul", ["s", "k"], ["e"]), r"the length ends - starts is not a constant the importer can prove "
+                                  r"\(a data-dependent shape: .* \['s', 'e'\]\).*write the end as the start plus a "
+                                  r"constant length"),
 ])
 def test_slice_at_a_computed_start_without_a_provable_length_is_refused_by_name(ends, message):
     with pytest.raises(BridgeError, match=r"Slice \(node `[^`]*`, opset 18\): Slice with starts computed at run time"):
@@ -384,7 +415,8 @@ def test_legacy_broadcast_with_an_axis_past_a_is_refused_by_name():
 @pytest.mark.parametrize("c_shape", [(4,), (1,), (2, 4)])
 def test_opset6_gemm_broadcast_c_follows_its_definition(c_shape):
     a = RNG.standard_normal((2, 3)).astype(np.float32)
-    inits = [("b", RNG.standard_normal((3, 4)).astype(np.float32)), ("c", RNG.standard_normal(c_shape).astype(np.float32))]
+    inits = [("b", RNG.standard_normal((3, 4)).astype(np.float32)),
+             ("c", RNG.standard_normal(c_shape).astype(np.float32))]
     m = _legacy_model([N("Gemm", ["a", "b", "c"], ["y"], broadcast=int(c_shape != (2, 4)), alpha=0.5, beta=2.0)],
                       [("a", TP.FLOAT, [2, 3])], [("y", TP.FLOAT, None)], inits)
     (ours,) = evaluate_onnx(m, {"a": a})
@@ -402,10 +434,12 @@ _COUNT = [N("Cast", ["x"], ["xi"], to=TP.INT64), N("ReduceMax", ["xi"], ["k"], k
 _DD_CASES = {
     "NonZero": ([N("NonZero", ["x"], ["y"], name="nz")], "nz", "['x']", "fix the count"),
     "mask": ([N("Greater", ["x", "c"], ["m"]), N("NonZero", ["m"], ["i"], name="where_true"),
-              N("Transpose", ["i"], ["it"]), N("GatherND", ["x", "it"], ["y"])], "where_true", "['m']", "fix the count"),
+              N("Transpose", ["i"], ["it"]), N("GatherND", ["x", "it"], ["y"])],
+             "where_true", "['m']", "fix the count"),
     "Compress": ([N("Greater", ["x", "c"], ["m"]), N("Compress", ["x", "m"], ["y"], name="masked")], "masked", "['m']",
                  "keep the shape"),
-    "NMS": ([N("Concat", ["x", "x"], ["xx"], axis=1), N("Reshape", ["xx", "box"], ["b"]), N("Reshape", ["x", "sc"], ["s"]),
+    "NMS": ([N("Concat", ["x", "x"], ["xx"], axis=1), N("Reshape", ["xx", "box"], ["b"]),
+             N("Reshape", ["x", "sc"], ["s"]),
              N("NonMaxSuppression", ["b", "s", "kk"], ["y"], name="nms")], "nms", "['b', 's']", "fix the count"),
     "TopK": (_COUNT + [N("TopK", ["x", "k1"], ["y", "idx"], name="top")], "top", "['k1']", "give a constant K"),
     "Reshape": (_COUNT + [N("Concat", ["k1", "minus"], ["sh"], axis=0), N("Reshape", ["x", "sh"], ["y"], name="rs")],

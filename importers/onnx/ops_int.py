@@ -4,8 +4,8 @@ The IR holds every integer tensor as int64. ``Add``/``Sub``/``Mul``/``Div``/``Ma
 integer operands lower to the ``int_*`` / ``mod`` ext ops, which compute exactly in int64 and carry the
 ONNX element type (int8..uint64) whose range the result must fit: a result ONNX would wrap is refused
 at evaluation. Float operands keep the existing lowerings (``Mod`` on floats is the ``mod`` op: numpy's
-fmod / mod, as onnx's reference computes it). ``Xor`` on bools is ``ne``. Integer ``Neg``/``Abs`` are ``0 - x`` / ``max(x, 0 - x)``
-(issue #32).
+fmod / mod, as onnx's reference computes it). ``Xor`` on bools is ``ne``. Integer ``Neg``/``Abs`` are ``0 - x`` /
+``max(x, 0 - x)`` (issue #32).
 """
 
 from __future__ import annotations

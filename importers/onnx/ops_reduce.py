@@ -168,6 +168,6 @@ HANDLERS: dict[str, Handler] = {**{op: _reduce(op) for op in _REDUCE_OPS}, "Clip
                                 "CumSum": _cumsum}
 OPSETS: dict[str, tuple[int, int]] = {op: ops_math.OPSETS[op] for op in _REDUCE_OPS + ("Clip", "CumSum")}
 OPSETS["MaxPool"] = ops_nn.OPSETS["MaxPool"]
-EMITS = frozenset({"const", "cast", "reduce_max", "reduce_min", "int_max", "int_min", "int_cumsum", "int_sub", "int_mul",
-                   "int_reduce_sum", "int_reduce_prod", "int_reduce_max", "int_reduce_min"}) \
+EMITS = frozenset({"const", "cast", "reduce_max", "reduce_min", "int_max", "int_min", "int_cumsum", "int_sub",
+                   "int_mul", "int_reduce_sum", "int_reduce_prod", "int_reduce_max", "int_reduce_min"}) \
     | ops_math.EMITS | ops_nn.EMITS

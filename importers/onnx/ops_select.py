@@ -98,7 +98,8 @@ _SAME_ORDER = ("reshape", "unsqueeze", "squeeze", "flatten", "cast")  # element 
 
 def _offset(ctx: OnnxContext, end: int, start: int) -> np.ndarray | None:
     """``k`` (start's shape, int64) with ``end == start + k`` provable from the IR nodes, else None: the same
-    node, a constant added to (subtracted from) the start, or both wrapped alike (reshapes, casts, concats)."""
+    node, a constant added to (subtracted from) the start, or both wrapped alike (reshapes, casts, concats,
+    gathers of the same constant positions)."""
     b = ctx.b
     if end == start:
         return np.zeros(b.shape(start), dtype=np.int64)
@@ -119,10 +120,22 @@ def _offset(ctx: OnnxContext, end: int, start: int) -> np.ndarray | None:
     if e.kind in _SAME_ORDER and len(e.parents) == 1:
         inner = _offset(ctx, e.parents[0], s.parents[0])
         return None if inner is None else inner.reshape(e.out_shape)
+    if e.kind == "gather" and _same_value(ctx, e.parents[1], s.parents[1]):  # the same entries of both
+        inner = _offset(ctx, e.parents[0], s.parents[0])
+        index = b.value(e.parents[1])
+        if inner is None or index is None:
+            return None
+        return np.take(inner, np.asarray(index, dtype=np.int64), axis=e.attrs["axis"])
     if e.kind == "concat":
         parts = [_offset(ctx, pe, ps) for pe, ps in zip(e.parents, s.parents)]
         return None if any(p is None for p in parts) else np.concatenate(parts, axis=e.attrs["axis"])
     return None
+
+
+def _same_value(ctx: OnnxContext, a: int, b: int) -> bool:
+    """The same node, or two constants with equal values."""
+    va, vb = ctx.b.value(a), ctx.b.value(b)
+    return a == b or (va is not None and vb is not None and va.shape == vb.shape and np.array_equal(va, vb))
 
 
 def _dynamic_slice(ctx: OnnxContext) -> list[Value]:

@@ -62,7 +62,8 @@ def dynamic_slice_box(node, ps, rec):
     for i, (axis, size) in enumerate(zip(node.attrs["axes"], node.attrs["sizes"])):
         n = lo.shape[axis]
         if not (np.isfinite(s_lo[i]) and np.isfinite(s_hi[i]) and 0 <= s_lo[i] and s_hi[i] <= n - size):
-            raise ia.DomainError(f"dynamic_slice: the start box [{float(s_lo[i])!r}, {float(s_hi[i])!r}] on axis {axis} reaches "
+            box = f"[{float(s_lo[i])!r}, {float(s_hi[i])!r}]"
+            raise ia.DomainError(f"dynamic_slice: the start box {box} on axis {axis} reaches "
                                  f"outside [0, {n - size}] (extent {n}, size {size}), where the offset is not bounded")
         a = int(np.ceil(s_lo[i]))
         b = max(int(np.floor(s_hi[i])), a)  # an integer-free box holds no start: any box encloses it

@@ -19,7 +19,7 @@ from torchlean_bridge.ops import FLOAT, INT64, REGISTRY
 from torchlean_bridge.ops.contracts import broadcast_shapes
 
 from . import ops_math, ops_nn, ops_reduce, ops_tensor
-from .context import OnnxContext, Value, data_dependent
+from .context import NodeUnsupported, OnnxContext, Value, data_dependent
 from .ops_int import _INT_TYPES
 
 __all__ = ["HANDLERS", "OPSETS", "EMITS"]
@@ -142,21 +142,27 @@ def _dynamic_slice(ctx: OnnxContext) -> list[Value]:
     """``dynamic_slice`` when the ends are provably the computed starts plus constant sizes, with unit steps."""
     s = ctx.shape(0)
     what = "Slice with starts computed at run time"
+    computed = [ctx.node.input[i] for i in range(1, 5) if ctx.has_input(i) and ctx.const(i) is None]
+
+    def refuse(reason: str) -> NodeUnsupported:  # the backend binds ``needs`` and lowers the static slice
+        return NodeUnsupported(reason, needs=computed)
     if ctx.const(2) is not None:
         raise data_dependent(ctx, [ctx.node.input[1]], f"{what} and constant ends",
                              "write the end as the start plus a constant length")
     if ctx.rank(1) != 1:
-        raise ctx.fail(f"{what}: starts of rank {ctx.rank(1)}")
+        raise refuse(f"{what}: starts of rank {ctx.rank(1)}")
     count = ctx.shape(1)[0]
+    if any(ctx.has_input(i) and ctx.const(i) is None for i in (3, 4)):
+        raise refuse(f"{what} and computed axes or steps")
     axes = ctx.ints(3, "axes") if ctx.has_input(3) else list(range(count))
     steps = ctx.ints(4, "steps") if ctx.has_input(4) else [1] * count
     if not len(axes) == len(steps) == count:
-        raise ctx.fail(f"{what}: starts, axes and steps differ in length")
+        raise refuse(f"{what}: starts, axes and steps differ in length")
     if any(sp != 1 for sp in steps):
-        raise ctx.fail(f"{what} and steps {steps} (only unit steps are lowered)")
+        raise refuse(f"{what} and steps {steps} (only unit steps are lowered)")
     axes = [ctx.axis(a, len(s)) for a in axes]
     if len(set(axes)) != len(axes):
-        raise ctx.fail(f"axes {axes} repeat an axis")
+        raise refuse(f"axes {axes} repeat an axis")
     starts, ends = ctx.operand(1), ctx.operand(2)
     sizes = _offset(ctx, ends, starts)
     if sizes is None:
@@ -164,7 +170,7 @@ def _dynamic_slice(ctx: OnnxContext) -> list[Value]:
                              "constant the importer can prove", "write the end as the start plus a constant length")
     for ax, k in zip(axes, sizes.tolist()):
         if not 1 <= k <= s[ax]:
-            raise ctx.fail(f"{what}: length {k} on axis {ax} of extent {s[ax]}")
+            raise refuse(f"{what}: length {k} on axis {ax} of extent {s[ax]}")
     return [ctx.add("dynamic_slice", [ctx.operand(0), starts], {"axes": tuple(axes), "sizes": tuple(sizes.tolist())})]
 
 

@@ -286,6 +286,23 @@ def test_slice_starts_picked_from_a_location_vector_as_torch_dynamo_writes_them(
         assert np.array_equal(evaluate_onnx(m, feeds)[0], _ort(m, feeds)[0])
 
 
+@pytest.mark.parametrize("static", [(0, 2 ** 63 - 1), (-2, 2 ** 63 - 1), (1, -1)])
+def test_slice_mixing_constant_and_computed_entries(static):
+    """starts = [c0, r], ends = [c1, r + 3] on axes [1, 2]: a static slice of axis 1, a dynamic one of axis 2."""
+    nodes = [N("Unsqueeze", ["r", "zero"], ["ru"]), N("Add", ["r", "three"], ["e"]),
+             N("Unsqueeze", ["e", "zero"], ["eu"]),
+             N("Concat", ["c0", "ru"], ["starts"], axis=0), N("Concat", ["c1", "eu"], ["ends"], axis=0),
+             N("Slice", ["x", "starts", "ends", "axes"], ["y"])]
+    m = onnx_model(nodes, [("x", TP.FLOAT, [2, 4, 6]), ("r", TP.INT64, [])], [("y", TP.FLOAT, None)],
+                   [("zero", np.array([0])), ("three", np.array(3)), ("c0", np.array([static[0]])),
+                    ("c1", np.array([static[1]])), ("axes", np.array([1, 2]))], opset=18, ir_version=8)
+    assert [n.kind for n in tlb.import_onnx(m).graph.nodes].count("dynamic_slice") == 1
+    x = RNG.standard_normal((2, 4, 6)).astype(np.float32)
+    for r in (0, 2, 3, -6, -4):
+        feeds = {"x": x, "r": np.array(r)}
+        assert np.array_equal(evaluate_onnx(m, feeds)[0], _ort(m, feeds)[0])
+
+
 def test_slice_at_a_computed_start_refuses_a_window_onnx_would_shorten():
     m = _patch_model()
     x = np.zeros((1, 2, 6, 5), np.float32)

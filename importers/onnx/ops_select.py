@@ -165,13 +165,56 @@ def _dynamic_slice(ctx: OnnxContext) -> list[Value]:
         raise refuse(f"axes {axes} repeat an axis")
     starts, ends = ctx.operand(1), ctx.operand(2)
     sizes = _offset(ctx, ends, starts)
+    x = ctx.operand(0)
+    if sizes is None:
+        mixed = _split_constant_entries(ctx, x, axes, starts, ends)
+        if mixed is not None:
+            x, axes, starts, sizes = mixed
     if sizes is None:
         raise data_dependent(ctx, [ctx.node.input[1], ctx.node.input[2]], f"{what}: the length ends - starts is not a "
                              "constant the importer can prove", "write the end as the start plus a constant length")
     for ax, k in zip(axes, sizes.tolist()):
         if not 1 <= k <= s[ax]:
             raise refuse(f"{what}: length {k} on axis {ax} of extent {s[ax]}")
-    return [ctx.add("dynamic_slice", [ctx.operand(0), starts], {"axes": tuple(axes), "sizes": tuple(sizes.tolist())})]
+    return [ctx.add("dynamic_slice", [x, starts], {"axes": tuple(axes), "sizes": tuple(sizes.tolist())})]
+
+
+def _split_constant_entries(ctx: OnnxContext, x: int, axes: list[int], starts: int, ends: int
+                            ) -> tuple[int, list[int], int, np.ndarray] | None:
+    """Starts and ends concatenated from parts where some parts are constants on both sides (``x[:, r:r+3, 1:]``):
+    those axes become a static slice (ONNX's clamping, at import), the rest a dynamic slice of the computed
+    parts. None when the parts do not pair up that way."""
+    b = ctx.b
+    e, s = b.nodes[ends], b.nodes[starts]
+    if not (e.kind == s.kind == "concat" and len(e.parents) == len(s.parents)):
+        return None
+    static, parts, dyn_axes, sizes, pos = [], [], [], [], 0
+    for pe, ps in zip(e.parents, s.parents):
+        m = b.shape(ps)[0] if len(b.shape(ps)) == 1 else -1
+        if m < 0 or b.shape(pe) != b.shape(ps):
+            return None
+        here, pos = axes[pos:pos + m], pos + m
+        ve, vs = b.value(pe), b.value(ps)
+        if ve is not None and vs is not None:
+            static += list(zip(here, np.asarray(vs).reshape(-1).tolist(), np.asarray(ve).reshape(-1).tolist()))
+            continue
+        k = _offset(ctx, pe, ps)
+        if k is None:
+            return None
+        parts.append(ps)
+        dyn_axes += here
+        sizes += k.reshape(-1).tolist()
+    if not parts:
+        return None
+    shape = ctx.shape(0)
+    for ax, st, en in static:
+        n = shape[ax]
+        st = min(max(st + n if st < 0 else st, 0), n)
+        en = max(min(max(en + n if en < 0 else en, 0), n), st)
+        if (st, en) != (0, n):
+            x = ops_tensor._slice_node(ctx, x, [ax], [st], [en], [1])
+    computed = parts[0] if len(parts) == 1 else ctx.add("concat", parts, {"axis": 0})
+    return x, dyn_axes, computed, np.asarray(sizes, dtype=np.int64)
 
 
 def _slice(ctx: OnnxContext) -> list[Value]:

@@ -1,9 +1,11 @@
-"""ONNX TopK and MaxPool with their Indices outputs, MaxUnpool, Slice with negative steps, and Pow of every
-type pair.
+"""ONNX TopK and MaxPool with their Indices outputs, MaxUnpool, Slice with negative steps or computed starts, and
+Pow of every type pair.
 
 TopK's values stay ``sort`` and its Indices are ``topk_indices`` (int64, ties by lower index); MaxPool's Indices
 are ``max_pool_indices`` next to the pooled values; MaxUnpool is ``max_unpool``. A negative Slice step is a
-``gather`` with the constant positions it reads (exact data movement). Pow: a uniform constant exponent keeps the
+``gather`` with the constant positions it reads (exact data movement). A Slice whose starts are computed at run
+time is a ``dynamic_slice`` when its ends are provably the starts plus constants (issue #32), else a
+data-dependent shape refused by name. Pow: a uniform constant exponent keeps the
 unary ``pow``; two floats are ``pow_elem``; two integers are ``int_pow`` (exact in int64, in the base's ONNX type);
 an integer exponent of a float base is cast to float first (as onnx's reference promotes it); a float exponent of
 an integer base computes in float and truncates toward zero, as the reference's ``astype`` does.

@@ -26,7 +26,7 @@ import pytest
 
 import torchlean_bridge as tlb
 from semantics.interval import INTERVAL_RULES, NO_RULE
-from semantics.rules.integer import INTERVAL_REFUSALS as INTEGER_REFUSALS
+from semantics.rules.integer import INT_REDUCTIONS, INTERVAL_REFUSALS as INTEGER_REFUSALS
 from semantics.rules.misc import INTERVAL_REFUSALS as MISC_REFUSALS
 from semantics.rules.select import INTERVAL_REFUSALS as SELECT_REFUSALS
 from semantics.rules.spatial import NO_SPATIAL_INTERVAL_RULE
@@ -714,7 +714,8 @@ def test_every_rule_has_a_tightness_check():
                | {"round_float", "int_wrap", "int_matmul", "int_conv"}  # tests/test_element_types.py, test_quantization.py
                | {"cumprod"} | set(MISC_REFUSALS)  # tests/test_onnx_misc_ops.py (exact bounds, refusals)
                | set(NO_SPATIAL_INTERVAL_RULE) | {"lp_pool_nd", "col2im", "grid_sample"}  # tests/test_spatial_ops.py
-               | set(SELECT_REFUSALS) | {"pow_elem"})  # tests/test_select_ops.py (refusals by name, pow_elem's boxes)
+               | set(SELECT_REFUSALS) | {"pow_elem"}  # tests/test_select_ops.py (refusals by name, pow_elem's boxes)
+               | set(INT_REDUCTIONS) | {"dynamic_slice"})  # tests/test_onnx_long_tail.py (refusals, the exact hull)
     missing = sorted(set(INTERVAL_RULES) - set(NO_RULE) - {"input"} - covered)  # input: the seeded box itself
     assert not missing, f"interval rules without a tightness check in {__file__}: {missing}"
     for kind in NO_RULE:

@@ -125,7 +125,7 @@ def test_narrow_floats_are_held_exactly_and_rounded_where_onnx_rounds():
 
 
 def test_messages_name_the_onnx_element_type_and_non_tensor_inputs():
-    m = _model([N("Neg", ["x"], ["y"])], [("x", TP.INT8, [2])], [("y", TP.INT8, [2])], opset=14)
+    m = _model([N("Sign", ["x"], ["y"])], [("x", TP.INT8, [2])], [("y", TP.INT8, [2])], opset=14)
     with pytest.raises(UnsupportedError, match="operands of element types int8:"):
         tlb.import_onnx(m)
     m = _model([N("Identity", ["x"], ["y"])], [("x", TP.STRING, [2])], [("y", TP.STRING, [2])])

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from torchlean_bridge.errors import BridgeError
 
-__all__ = ["check_model", "newest_opset", "DEFAULT_DOMAINS"]
+__all__ = ["check_model", "newest_opset", "unique_opsets", "DEFAULT_DOMAINS"]
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 _MAX_DOMAIN_VERSION = 10_000  # no operator set of any domain is anywhere near this
@@ -58,25 +58,53 @@ def _node_label(i: int, node: Any) -> str:
 
 
 def _check_opsets(model: Any) -> int:
-    """The default-domain opset, checked to be one the installed onnx defines."""
-    default = None
-    seen: set[str] = set()
+    """The default-domain opset, checked to be one the installed onnx defines.
+
+    A domain listed twice (``""`` and ``"ai.onnx"`` are one domain) is accepted when the entries agree
+    (onnx's checker and onnxruntime accept them; exporters write them) and refused when they disagree:
+    which version governs the nodes would be a guess.
+    """
+    versions: dict[str, int] = {}
     for o in model.opset_import:
         domain = _text(o.domain, "an opset_import domain")
-        if domain in seen:
-            raise _fail(f"opset_import lists domain `{domain or 'ai.onnx'}` twice")
-        seen.add(domain)
-        if domain in DEFAULT_DOMAINS:
+        key = "" if domain in DEFAULT_DOMAINS else domain
+        if key in versions:
+            if versions[key] != o.version:
+                raise _fail(f"opset_import lists domain `{domain or 'ai.onnx'}` twice with different versions "
+                            f"({versions[key]} and {o.version})")
+            continue
+        if key == "":
             if not 1 <= o.version <= newest_opset():
                 raise _fail(f"default-domain opset version {o.version} (the installed onnx defines "
                             f"1..{newest_opset()})")
-            default = int(o.version)
         elif not 1 <= o.version <= _MAX_DOMAIN_VERSION:
             raise _fail(f"opset version {o.version} for domain `{domain}`")
-    if default is None:
+        versions[key] = int(o.version)
+    if "" not in versions:
         raise BridgeError(f"ONNX import: the model imports no default-domain (ai.onnx) opset, only "
-                          f"{sorted(seen) or 'no domains'}; its ops are outside what the importer lowers")
-    return default
+                          f"{sorted(versions) or 'no domains'}; its ops are outside what the importer lowers")
+    return versions[""]
+
+
+def unique_opsets(model: Any) -> Any:
+    """``model`` with one opset_import entry per domain (a copy only when it lists one twice).
+
+    Run after ``check_model`` (so duplicates agree): onnx's version converter upgrades only the first
+    of two default-domain entries, and shape inference would see the stale one.
+    """
+    keys = ["" if o.domain in DEFAULT_DOMAINS else o.domain for o in model.opset_import]
+    if len(set(keys)) == len(keys):
+        return model
+    import onnx
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.opset_import[:]
+    seen: set[str] = set()
+    for key, o in zip(keys, model.opset_import):
+        if key not in seen:
+            seen.add(key)
+            copy.opset_import.add(domain=o.domain, version=o.version)
+    return copy
 
 
 def _check_ssa(graph: Any) -> None:

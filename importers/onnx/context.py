@@ -24,7 +24,7 @@ from semantics.narrow import widen
 from ..builder import GraphBuilder
 from ..errors import NotLowerable
 
-__all__ = ["Const", "OnnxContext", "NodeUnsupported", "Opt", "Seq", "Value", "attr_value",
+__all__ = ["Const", "OnnxContext", "NodeUnsupported", "Opt", "Seq", "Value", "attr_value", "data_dependent",
            "unsupported_error"]
 
 
@@ -173,6 +173,9 @@ class OnnxContext:
         c = self.const(i)
         if c is None:
             name = self.node.input[i] if self.has_input(i) else ""
+            if what in SHAPE_OPERANDS and name:
+                raise data_dependent(self, [name], f"input {i} ({what}) must be a constant known at import time",
+                                     f"make `{what}` a constant")
             raise NodeUnsupported(f"input {i} ({what}) must be a constant known at import time (bind graph input "
                                   f"`{name}` with constants=... or --bind)" if name in self.graph_inputs else
                                   f"input {i} ({what}) must be a constant known at import time", needs=[name])
@@ -282,3 +285,19 @@ def unsupported_error(items: list[dict], opset: int) -> UnsupportedError:
     ops = sorted({it["op"] for it in items})
     return UnsupportedError(f"ONNX import: {len(items)} node(s) cannot be lowered ({', '.join(ops)}):\n"
                             + "\n".join(lines), items=[{**it, "opset": opset} for it in items])
+
+
+# operands whose value sets the output's extent: computed at run time, they make a data-dependent shape
+SHAPE_OPERANDS = frozenset({"shape", "sizes", "scales", "repeats", "pads", "split", "K", "k", "output_shape", "size",
+                            "depth", "starts", "ends", "steps", "image_shape", "block_shape"})
+
+
+def data_dependent(ctx: "OnnxContext", names: Sequence[str], what: str, fix: str) -> NodeUnsupported:
+    """The refusal of a node whose output shape depends on input values (issue #32): ``what`` says which
+    values and why, then the remedies: bind the graph inputs among ``names``, ``fix`` (the op's own way to a
+    static shape), or export with static shapes. ``needs`` keeps ``names`` (the ONNX backend binds them)."""
+    names = list(names)
+    bind = [n for n in names if n in ctx.graph_inputs]
+    hint = f"; bind graph inputs {bind} with constants=... or --bind" if bind else ""
+    return NodeUnsupported(f"{what} (a data-dependent shape: the output's extent depends on the values of "
+                           f"{names}){hint}; or {fix}, or export with static shapes", needs=names)

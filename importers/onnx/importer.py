@@ -30,7 +30,7 @@ from . import ops_math, ops_nn, ops_tensor
 from .breadth import BREADTH_MODULES  # issue #15's handlers, one module per family
 from ..builder import GraphBuilder
 from ..errors import add_node_note
-from .checks import DEFAULT_DOMAINS, check_model, newest_opset
+from .checks import DEFAULT_DOMAINS, check_model, newest_opset, unique_opsets
 from .external import initializer_array, sparse_initializer_array
 from .context import Const, NodeUnsupported, OnnxContext, unsupported_error
 from .fold import LAYOUT_OPS, NONDETERMINISTIC, check_fold_size, fold_node, fold_shape
@@ -39,6 +39,7 @@ from .ops_control import references
 from .ops_math import onnx_element_type
 from .ops_cast import round_narrow_outputs
 from .ops_sequence import flatten_output, structured_input, type_text
+from .legacy import explicit_legacy_broadcasts
 from .opsets import upgrade, upgrade_target, version_problem
 
 __all__ = ["import_onnx", "load_model", "HANDLERS", "EMITTED_KINDS", "MIN_OPSET", "MAX_OPSET"]
@@ -184,7 +185,9 @@ def import_onnx(path_or_model: Any, input_shapes: InputShapes = None,
     """
     model, base = _read_model(path_or_model)
     opset = check_model(model)
+    model, legacy_notes = explicit_legacy_broadcasts(unique_opsets(model), opset)
     model, opset, notes = _upgraded(model, opset)
+    notes = legacy_notes + notes
     graph = model.graph
     init_names = {t.name for t in graph.initializer}
     real_inputs = [vi for vi in graph.input if vi.name not in init_names]

@@ -21,7 +21,7 @@ from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.ops import BOOL, INT64
 
 from . import ops_math, ops_tensor
-from .context import NodeUnsupported, OnnxContext, Value
+from .context import NodeUnsupported, OnnxContext, Value, data_dependent
 
 __all__ = ["HANDLERS", "OPSETS", "EMITS"]
 
@@ -205,14 +205,12 @@ def _folded(ctx: OnnxContext) -> list[Value]:
         raise NodeUnsupported(f"cannot fold (onnx's reference evaluator: {type(e).__name__}: {e})"[:300]) from None
 
 
-def _fold_only(what: str) -> Handler:
+def _fold_only(what: str, fix: str) -> Handler:
     def lower(ctx: OnnxContext) -> list[Value]:
         names = [ctx.node.input[i] for i in range(len(ctx.node.input)) if ctx.has_input(i) and ctx.const(i) is None]
         if not names:  # every operand is a constant (float initializers are kept as parameters): fold it now
             return _folded(ctx)
-        bind = [n for n in names if n in ctx.graph_inputs]
-        hint = f" (bind graph inputs {bind} with constants=... or --bind)" if bind else ""
-        raise NodeUnsupported(f"inputs {names} ({what}) must be constants known at import time{hint}", needs=names)
+        raise data_dependent(ctx, names, f"inputs {names} ({what}) must be constants known at import time", fix)
     return lower
 
 
@@ -262,8 +260,10 @@ def _gather_nd(ctx: OnnxContext) -> list[Value]:
 
 HANDLERS: dict[str, Handler] = {
     "Pad": _pad, "ScatterElements": _scatter_elements, "Scatter": _scatter_elements, "ScatterND": _scatter_nd,
-    "OneHot": _one_hot, "Range": _fold_only("Range operand"), "NonZero": _fold_only("NonZero's input: the "
-                                                                                    "output shape is its count"),
+    "OneHot": _one_hot, "Range": _fold_only("Range operand: the length is (limit - start) / delta",
+                                                  "fix the length (a constant limit)"),
+    "NonZero": _fold_only("NonZero's input: the output shape is its count of nonzero entries",
+                          "fix the count (keep the shape with Where and a mask, or TopK with a constant k)"),
     "ArgMax": _arg("argmax"), "ArgMin": _arg("argmin"), "GatherND": _gather_nd,
 }
 # ScatterElements-11 (indices), -13 (types), -16 (reduction add/mul), -18 (max/min); ScatterND-11..18

@@ -4,12 +4,15 @@ The IR holds every integer tensor as int64. ``Add``/``Sub``/``Mul``/``Div``/``Ma
 integer operands lower to the ``int_*`` / ``mod`` ext ops, which compute exactly in int64 and carry the
 ONNX element type (int8..uint64) whose range the result must fit: a result ONNX would wrap is refused
 at evaluation. Float operands keep the existing lowerings (``Mod`` on floats is the ``mod`` op: numpy's
-fmod / mod, as onnx's reference computes it). ``Xor`` on bools is ``ne``.
+fmod / mod, as onnx's reference computes it). ``Xor`` on bools is ``ne``. Integer ``Neg``/``Abs`` are ``0 - x`` /
+``max(x, 0 - x)`` (issue #32).
 """
 
 from __future__ import annotations
 
 from typing import Callable
+
+import numpy as np
 
 from torchlean_bridge.ops import BOOL, INT64
 from torchlean_bridge.ops.contracts import broadcast_shapes
@@ -93,6 +96,23 @@ def _bitwise(kind: str) -> Handler:
     return lower
 
 
+def _signed_unary(op: str) -> Handler:
+    """Integer ``Neg`` is ``0 - x`` and ``Abs`` is ``max(x, 0 - x)`` (``x`` when unsigned), exact in the type."""
+    float_lowering = ops_math.HANDLERS[op]
+
+    def lower(ctx: OnnxContext) -> list[Value]:
+        if ctx.dtype(0) != INT64:
+            return float_lowering(ctx)
+        attrs = _int_type(ctx)
+        x = ctx.operand(0)
+        if op == "Abs" and not attrs["signed"]:
+            return [x]
+        zero = ctx.b.const(np.zeros(ctx.shape(0), dtype=np.int64), source=ctx.source, folded=True)
+        negated = ctx.add("int_sub", [zero, x], attrs)
+        return [negated if op == "Neg" else ctx.add("int_max", [x, negated], attrs)]
+    return lower
+
+
 def _xor(ctx: OnnxContext) -> list[Value]:
     return [ctx.elementwise("ne", [ctx.operand(0), ctx.operand(1)])]
 
@@ -100,15 +120,16 @@ def _xor(ctx: OnnxContext) -> list[Value]:
 HANDLERS: dict[str, Handler] = {
     "Add": _integer("Add", "int_add"), "Sub": _integer("Sub", "int_sub"), "Mul": _integer("Mul", "int_mul"),
     "Div": _integer("Div", "int_div"), "Max": _integer("Max", "int_max"), "Min": _integer("Min", "int_min"),
+    "Neg": _signed_unary("Neg"), "Abs": _signed_unary("Abs"),
     "Mod": _mod, "BitShift": _bitshift, "BitwiseAnd": _bitwise("bitwise_and"), "BitwiseOr": _bitwise("bitwise_or"),
     "BitwiseXor": _bitwise("bitwise_xor"), "BitwiseNot": _bitwise("bitwise_not"), "Xor": _xor,
 }
 # the arithmetic ops keep ops_math's ranges; Mod-10/-13 (types), -28 (float fmod=0: numpy.mod);
-# BitShift-11 (unsigned), -28 (signed: arithmetic right shift, two's complement left shift); Bitwise*-18; Xor-7
+# BitShift-11 (unsigned), -28 (signed: arithmetic right shift, two's complement left shift); Bitwise*-18; Xor-1/-7
 OPSETS: dict[str, tuple[int, int]] = {
-    **{op: ops_math.OPSETS[op] for op in ("Add", "Sub", "Mul", "Div", "Max", "Min")},
+    **{op: ops_math.OPSETS[op] for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Abs")},
     "Mod": (10, 28), "BitShift": (11, 28), "BitwiseAnd": (18, 18), "BitwiseOr": (18, 18), "BitwiseXor": (18, 18),
-    "BitwiseNot": (18, 18), "Xor": (7, 7),
+    "BitwiseNot": (18, 18), "Xor": (1, 7),  # Xor-1: its broadcast attributes are made explicit (legacy.py)
 }
 EMITS = frozenset({"int_add", "int_sub", "int_mul", "int_div", "int_max", "int_min", "mod", "bitshift",
                    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "ne", "broadcast_to", "const"})

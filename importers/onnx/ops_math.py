@@ -330,8 +330,10 @@ _UNARY_LAST = {"Relu": 14, "Sin": 22, "Cos": 22, "Tan": 22, "Asin": 22, "Acos": 
                "Mish": 22, "Round": 22, "IsNaN": 20, "Not": 1}
 OPSETS: dict[str, tuple[int, int]] = {
     **{op: (7, 14) for op in ("Add", "Sub", "Mul", "Div")},
-    "Equal": (7, 19), "Less": (7, 13), "Greater": (7, 13), "LessOrEqual": (12, 16), "GreaterOrEqual": (12, 16),
-    "And": (7, 7), "Or": (7, 7),
+    # Equal/Less/Greater/And/Or-1 differ from -7 only by their broadcast attributes, which legacy.py makes
+    # explicit (onnx.version_converter has no adapter from them)
+    "Equal": (1, 19), "Less": (1, 13), "Greater": (1, 13), "LessOrEqual": (12, 16), "GreaterOrEqual": (12, 16),
+    "And": (1, 7), "Or": (1, 7),
     **{op: (_UNARY_SINCE.get(op, 1), _UNARY_LAST.get(op, 13)) for op in _UNARY},
     "LeakyRelu": (1, 16), "Elu": (1, 22), "Celu": (12, 28), "HardSigmoid": (1, 22), "Selu": (1, 22), "Gelu": (20, 20),
     "PRelu": (7, 16), "Pow": (7, 15), "Max": (1, 13), "Min": (1, 13), "Sum": (1, 13), "Mean": (1, 13),

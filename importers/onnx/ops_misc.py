@@ -26,7 +26,7 @@ import numpy as np
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 
 from . import ops_nn, ops_tensor
-from .context import Const, NodeUnsupported, OnnxContext, Value
+from .context import Const, NodeUnsupported, OnnxContext, Value, data_dependent
 from .fold import check_fold_size, fold_node
 
 __all__ = ["HANDLERS", "OPSETS", "EMITS"]
@@ -40,17 +40,15 @@ def _index_const(ctx: OnnxContext, values: Any) -> int:
 
 # -- folded when known ------------------------------------------------------------------------
 
-def _fold_only(what: str) -> Handler:
+def _fold_only(what: str, fix: str) -> Handler:
     """Folded with onnx's reference once every input is known (a float initializer among them keeps the
-    importer from folding on its own); otherwise the unknown inputs are named."""
+    importer from folding on its own); otherwise the unknown inputs are named as a data-dependent shape."""
     def lower(ctx: OnnxContext) -> list[Value]:
         if all(ctx.const(i) is not None for i in range(len(ctx.node.input)) if ctx.has_input(i)):
             check_fold_size(ctx, ctx.node)
             return fold_node(ctx, ctx.node)
         names = [ctx.node.input[i] for i in range(len(ctx.node.input)) if ctx.has_input(i) and ctx.const(i) is None]
-        bind = [n for n in names if n in ctx.graph_inputs]
-        hint = f" (bind graph inputs {bind} with constants=... or --bind)" if bind else ""
-        raise NodeUnsupported(f"inputs {names} must be constants known at import time: {what}{hint}", needs=names)
+        raise data_dependent(ctx, names, f"inputs {names} must be constants known at import time: {what}", fix)
     return lower
 
 
@@ -146,11 +144,9 @@ def _compress(ctx: OnnxContext) -> list[Value]:
     nothing beyond its end; a true entry past the end is an error)."""
     cond_c = ctx.const(1)
     if cond_c is None:
-        name = ctx.node.input[1]
-        raise NodeUnsupported(f"input 1 (condition) must be a constant known at import time: the output shape is "
-                              f"its count of true entries (bind graph input `{name}` with constants=... or --bind)"
-                              if name in ctx.graph_inputs else "input 1 (condition) must be a constant known at "
-                              "import time: the output shape is its count of true entries", needs=[name])
+        raise data_dependent(ctx, [ctx.node.input[1]], "input 1 (condition) must be a constant known at import time: "
+                             "the output shape is its count of true entries",
+                             "keep the shape (Where with a fill value instead of a boolean mask)")
     cond = np.asarray(cond_c.value)
     if cond.ndim != 1:
         raise ctx.fail(f"condition of rank {cond.ndim} (Compress takes a 1-D condition)")
@@ -341,13 +337,14 @@ def _bitcast(ctx: OnnxContext) -> list[Value]:
 
 HANDLERS: dict[str, Handler] = {
     "CumProd": _cumprod, "Det": _det, "BitCast": _bitcast, "LpNormalization": _lp_norm,
-    "NonMaxSuppression": _fold_only("the number of selected boxes depends on their values"),
-    "Unique": _fold_only("the number of unique values depends on the data"),
-    "ConstantOfShape": _fold_only("the output shape is the input's value"),
-    "HannWindow": _fold_only("the window length is the input's value"),
-    "HammingWindow": _fold_only("the window length is the input's value"),
-    "BlackmanWindow": _fold_only("the window length is the input's value"),
-    "MelWeightMatrix": _fold_only("the matrix shape is set by the inputs' values"),
+    "NonMaxSuppression": _fold_only("the number of selected boxes depends on their values",
+                                    "fix the count (select a constant number of boxes, e.g. TopK of the scores)"),
+    "Unique": _fold_only("the number of unique values depends on the data", "fix the count"),
+    "ConstantOfShape": _fold_only("the output shape is the input's value", "give a constant shape"),
+    "HannWindow": _fold_only("the window length is the input's value", "give a constant length"),
+    "HammingWindow": _fold_only("the window length is the input's value", "give a constant length"),
+    "BlackmanWindow": _fold_only("the window length is the input's value", "give a constant length"),
+    "MelWeightMatrix": _fold_only("the matrix shape is set by the inputs' values", "give constant sizes"),
     "Hardmax": _hardmax, "Swish": _swish, "SwiGLU": _swiglu, "MeanVarianceNormalization": _mvn,
     "EyeLike": _eye_like, "Compress": _compress, "TensorScatter": _tensor_scatter, "Dropout": _dropout,
     "BatchNormalization": _batch_norm,

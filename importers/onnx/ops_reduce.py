@@ -3,7 +3,9 @@
 A reduction whose reduced axes hold no element is the identity of its operation (onnx's reference and
 spec: 0 for sums and norms, 1 for a product, -inf for max, log-sum and log-sum-exp, +inf for min;
 False / True for a bool max / min): a constant of the output shape. ``ReduceMax``/``ReduceMin`` of
-bool tensors are the float max/min of 0/1 cast back to bool. ``Clip`` on integers is
+bool tensors are the float max/min of 0/1 cast back to bool. Integer ``ReduceSum``/``ReduceProd``/
+``ReduceMax``/``ReduceMin`` (and ``ReduceL1``/``ReduceSumSquare`` of ``|x|``/``x * x``) are the exact
+``int_reduce_*`` kinds (issue #32). ``Clip`` on integers is
 ``int_min(int_max(x, min), max)`` in the input's type; ``MaxPool`` on 8- and 16-bit integers pools
 their float values (exact: every such integer is a binary32 value) and casts back; ``CumSum`` on
 integers is the exact ``int_cumsum``. Everything else keeps ops_math's / ops_nn's lowering.
@@ -46,6 +48,8 @@ def _reduce(op: str) -> Handler:
 
     def lower(ctx: OnnxContext) -> list[Value]:
         reduced = _reduce_axes(ctx, _AXES_INPUT_SINCE.get(op, 18))
+        if ctx.dtype(0) == INT64 and op in _INT_REDUCE:
+            return [_int_reduce(ctx, op, reduced)]
         if reduced is None:
             if ctx.dtype(0) == BOOL and op in _BOOL_IDENTITY:
                 return [ctx.values[ctx.node.input[0]]]
@@ -63,6 +67,39 @@ def _reduce(op: str) -> Handler:
     return lower
 
 
+# integer reductions (issue #32): exact int64 kinds; ReduceL1 / ReduceSumSquare reduce |x| / x * x computed
+# exactly in the input's type (a square outside the type is refused, as every integer op refuses a wrap)
+_INT_REDUCE = {"ReduceSum": "int_reduce_sum", "ReduceProd": "int_reduce_prod", "ReduceMax": "int_reduce_max",
+               "ReduceMin": "int_reduce_min", "ReduceL1": "int_reduce_sum", "ReduceSumSquare": "int_reduce_sum"}
+
+
+def _int_reduce(ctx: OnnxContext, op: str, reduced: tuple[list[int], bool] | None) -> int:
+    attrs = _int_attrs(ctx)
+    x = ctx.operand(0)
+    if op == "ReduceL1" and attrs["signed"]:  # |x| of an unsigned value is x
+        zero = ctx.b.const(np.zeros(ctx.shape(0), dtype=np.int64), source=ctx.source, folded=True)
+        x = ctx.add("int_max", [x, ctx.add("int_sub", [zero, x], attrs)], attrs)
+    elif op == "ReduceSumSquare":
+        x = ctx.add("int_mul", [x, x], attrs)
+    if reduced is None:
+        return x
+    axes, keep = reduced
+    s = ctx.shape(0)
+    if math.prod(s[a] for a in axes) == 0:
+        return _identity(ctx, s, axes, keep)
+    return ctx.add(_INT_REDUCE[op], [x], {"axes": tuple(axes), "keepdim": keep, **attrs})
+
+
+def _int_identity(ctx: OnnxContext, op: str) -> int:
+    """The identity of an integer reduction: 0, 1, or the type's least / greatest value (ONNX Reduce*-18)."""
+    bits, signed = _int_attrs(ctx)["bits"], _int_attrs(ctx)["signed"]
+    least, greatest = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    value = {"ReduceMax": least, "ReduceMin": greatest, "ReduceProd": 1}.get(op, 0)
+    if value > np.iinfo(np.int64).max:
+        raise ctx.fail(f"{op} over an empty set of uint64 values ({value} is beyond int64)")
+    return value
+
+
 def _identity(ctx: OnnxContext, s: tuple[int, ...], axes: list[int], keep: bool) -> int:
     op = ctx.node.op_type
     shape = tuple(1 if i in axes else d for i, d in enumerate(s)) if keep else \
@@ -73,6 +110,8 @@ def _identity(ctx: OnnxContext, s: tuple[int, ...], axes: list[int], keep: bool)
         value = np.full(shape, _BOOL_IDENTITY[op])
     elif ctx.dtype(0) == FLOAT and op in _FLOAT_IDENTITY:
         value = np.full(shape, _FLOAT_IDENTITY[op], dtype=np.float64)
+    elif ctx.dtype(0) == INT64 and op in _INT_REDUCE:
+        value = np.full(shape, _int_identity(ctx, op), dtype=np.int64)
     else:
         raise ctx.fail(f"{op} over an empty set of {ctx.onnx_type(ctx.node.input[0])} values")
     return ctx.b.const(value, source=ctx.source, folded=True)
@@ -129,5 +168,6 @@ HANDLERS: dict[str, Handler] = {**{op: _reduce(op) for op in _REDUCE_OPS}, "Clip
                                 "CumSum": _cumsum}
 OPSETS: dict[str, tuple[int, int]] = {op: ops_math.OPSETS[op] for op in _REDUCE_OPS + ("Clip", "CumSum")}
 OPSETS["MaxPool"] = ops_nn.OPSETS["MaxPool"]
-EMITS = frozenset({"const", "cast", "reduce_max", "reduce_min", "int_max", "int_min", "int_cumsum"}) \
+EMITS = frozenset({"const", "cast", "reduce_max", "reduce_min", "int_max", "int_min", "int_cumsum", "int_sub",
+                   "int_mul", "int_reduce_sum", "int_reduce_prod", "int_reduce_max", "int_reduce_min"}) \
     | ops_math.EMITS | ops_nn.EMITS

@@ -1,9 +1,11 @@
-"""ONNX TopK and MaxPool with their Indices outputs, MaxUnpool, Slice with negative steps, and Pow of every
-type pair.
+"""ONNX TopK and MaxPool with their Indices outputs, MaxUnpool, Slice with negative steps or computed starts, and
+Pow of every type pair.
 
 TopK's values stay ``sort`` and its Indices are ``topk_indices`` (int64, ties by lower index); MaxPool's Indices
 are ``max_pool_indices`` next to the pooled values; MaxUnpool is ``max_unpool``. A negative Slice step is a
-``gather`` with the constant positions it reads (exact data movement). Pow: a uniform constant exponent keeps the
+``gather`` with the constant positions it reads (exact data movement). A Slice whose starts are computed at run
+time is a ``dynamic_slice`` when its ends are provably the starts plus constants (issue #32), else a
+data-dependent shape refused by name. Pow: a uniform constant exponent keeps the
 unary ``pow``; two floats are ``pow_elem``; two integers are ``int_pow`` (exact in int64, in the base's ONNX type);
 an integer exponent of a float base is cast to float first (as onnx's reference promotes it); a float exponent of
 an integer base computes in float and truncates toward zero, as the reference's ``astype`` does.
@@ -19,7 +21,7 @@ from torchlean_bridge.ops import FLOAT, INT64, REGISTRY
 from torchlean_bridge.ops.contracts import broadcast_shapes
 
 from . import ops_math, ops_nn, ops_reduce, ops_tensor
-from .context import OnnxContext, Value
+from .context import NodeUnsupported, OnnxContext, Value, data_dependent
 from .ops_int import _INT_TYPES
 
 __all__ = ["HANDLERS", "OPSETS", "EMITS"]
@@ -34,6 +36,9 @@ def _read(ctx: OnnxContext, i: int) -> bool:
 # -- TopK -------------------------------------------------------------------------------------
 
 def _topk(ctx: OnnxContext) -> list[Value]:
+    if ctx.opset >= 10 and ctx.const(1) is None:
+        raise data_dependent(ctx, [ctx.node.input[1]], "input 1 (K) must be a constant known at import time: the "
+                             "number of values kept is K", "give a constant K")
     k = int(ctx.attr("k")) if ctx.opset < 10 else int(np.asarray(ctx.static(1, "K")).reshape(-1)[0])
     axis = ctx.axis(int(ctx.attr("axis", -1)), ctx.rank(0))
     if k < 0 or k > ctx.shape(0)[axis]:
@@ -88,7 +93,135 @@ def _max_unpool(ctx: OnnxContext) -> list[Value]:
 
 # -- Slice with negative steps ------------------------------------------------------------------
 
+# -- Slice with starts computed at run time (issue #32) -------------------------------------------
+
+_SAME_ORDER = ("reshape", "unsqueeze", "squeeze", "flatten", "cast")  # element order kept: offsets carry over
+
+
+def _offset(ctx: OnnxContext, end: int, start: int) -> np.ndarray | None:
+    """``k`` (start's shape, int64) with ``end == start + k`` provable from the IR nodes, else None: the same
+    node, a constant added to (subtracted from) the start, or both wrapped alike (reshapes, casts, concats,
+    gathers of the same constant positions)."""
+    b = ctx.b
+    if end == start:
+        return np.zeros(b.shape(start), dtype=np.int64)
+    e, s = b.nodes[end], b.nodes[start]
+    if e.kind in ("int_add", "int_sub"):
+        consts = [b.value(p) for p in e.parents]
+        for i in (0, 1):
+            if consts[1 - i] is not None and (i == 0 or e.kind == "int_add"):
+                inner = _offset(ctx, e.parents[i], start)
+                if inner is not None:  # int_add / int_sub are exact or refuse: end == start + k wherever defined
+                    delta = np.asarray(consts[1 - i], dtype=np.int64)
+                    return np.broadcast_to(inner + (delta if e.kind == "int_add" else -delta), e.out_shape).copy()
+    if e.kind == "broadcast_to" and e.parents:
+        inner = _offset(ctx, e.parents[0], start)
+        return None if inner is None else np.broadcast_to(inner, e.out_shape).copy()
+    if e.kind != s.kind or e.attrs != s.attrs or len(e.parents) != len(s.parents):
+        return None
+    if e.kind in _SAME_ORDER and len(e.parents) == 1:
+        inner = _offset(ctx, e.parents[0], s.parents[0])
+        return None if inner is None else inner.reshape(e.out_shape)
+    if e.kind == "gather" and _same_value(ctx, e.parents[1], s.parents[1]):  # the same entries of both
+        inner = _offset(ctx, e.parents[0], s.parents[0])
+        index = b.value(e.parents[1])
+        if inner is None or index is None:
+            return None
+        return np.take(inner, np.asarray(index, dtype=np.int64), axis=e.attrs["axis"])
+    if e.kind == "concat":
+        parts = [_offset(ctx, pe, ps) for pe, ps in zip(e.parents, s.parents)]
+        return None if any(p is None for p in parts) else np.concatenate(parts, axis=e.attrs["axis"])
+    return None
+
+
+def _same_value(ctx: OnnxContext, a: int, b: int) -> bool:
+    """The same node, or two constants with equal values."""
+    va, vb = ctx.b.value(a), ctx.b.value(b)
+    return a == b or (va is not None and vb is not None and va.shape == vb.shape and np.array_equal(va, vb))
+
+
+def _dynamic_slice(ctx: OnnxContext) -> list[Value]:
+    """``dynamic_slice`` when the ends are provably the computed starts plus constant sizes, with unit steps."""
+    s = ctx.shape(0)
+    what = "Slice with starts computed at run time"
+    computed = [ctx.node.input[i] for i in range(1, 5) if ctx.has_input(i) and ctx.const(i) is None]
+
+    def refuse(reason: str) -> NodeUnsupported:  # the backend binds ``needs`` and lowers the static slice
+        return NodeUnsupported(reason, needs=computed)
+    if ctx.const(2) is not None:
+        raise data_dependent(ctx, [ctx.node.input[1]], f"{what} and constant ends",
+                             "write the end as the start plus a constant length")
+    if ctx.rank(1) != 1:
+        raise refuse(f"{what}: starts of rank {ctx.rank(1)}")
+    count = ctx.shape(1)[0]
+    if any(ctx.has_input(i) and ctx.const(i) is None for i in (3, 4)):
+        raise refuse(f"{what} and computed axes or steps")
+    axes = ctx.ints(3, "axes") if ctx.has_input(3) else list(range(count))
+    steps = ctx.ints(4, "steps") if ctx.has_input(4) else [1] * count
+    if not len(axes) == len(steps) == count:
+        raise refuse(f"{what}: starts, axes and steps differ in length")
+    if any(sp != 1 for sp in steps):
+        raise refuse(f"{what} and steps {steps} (only unit steps are lowered)")
+    axes = [ctx.axis(a, len(s)) for a in axes]
+    if len(set(axes)) != len(axes):
+        raise refuse(f"axes {axes} repeat an axis")
+    starts, ends = ctx.operand(1), ctx.operand(2)
+    sizes = _offset(ctx, ends, starts)
+    x = ctx.operand(0)
+    if sizes is None:
+        mixed = _split_constant_entries(ctx, x, axes, starts, ends)
+        if mixed is not None:
+            x, axes, starts, sizes = mixed
+    if sizes is None:
+        raise data_dependent(ctx, [ctx.node.input[1], ctx.node.input[2]], f"{what}: the length ends - starts is not a "
+                             "constant the importer can prove", "write the end as the start plus a constant length")
+    for ax, k in zip(axes, sizes.tolist()):
+        if not 1 <= k <= s[ax]:
+            raise refuse(f"{what}: length {k} on axis {ax} of extent {s[ax]}")
+    return [ctx.add("dynamic_slice", [x, starts], {"axes": tuple(axes), "sizes": tuple(sizes.tolist())})]
+
+
+def _split_constant_entries(ctx: OnnxContext, x: int, axes: list[int], starts: int, ends: int
+                            ) -> tuple[int, list[int], int, np.ndarray] | None:
+    """Starts and ends concatenated from parts where some parts are constants on both sides (``x[:, r:r+3, 1:]``):
+    those axes become a static slice (ONNX's clamping, at import), the rest a dynamic slice of the computed
+    parts. None when the parts do not pair up that way."""
+    b = ctx.b
+    e, s = b.nodes[ends], b.nodes[starts]
+    if not (e.kind == s.kind == "concat" and len(e.parents) == len(s.parents)):
+        return None
+    static, parts, dyn_axes, sizes, pos = [], [], [], [], 0
+    for pe, ps in zip(e.parents, s.parents):
+        m = b.shape(ps)[0] if len(b.shape(ps)) == 1 else -1
+        if m < 0 or b.shape(pe) != b.shape(ps):
+            return None
+        here, pos = axes[pos:pos + m], pos + m
+        ve, vs = b.value(pe), b.value(ps)
+        if ve is not None and vs is not None:
+            static += list(zip(here, np.asarray(vs).reshape(-1).tolist(), np.asarray(ve).reshape(-1).tolist()))
+            continue
+        k = _offset(ctx, pe, ps)
+        if k is None:
+            return None
+        parts.append(ps)
+        dyn_axes += here
+        sizes += k.reshape(-1).tolist()
+    if not parts:
+        return None
+    shape = ctx.shape(0)
+    for ax, st, en in static:
+        n = shape[ax]
+        st = min(max(st + n if st < 0 else st, 0), n)
+        en = max(min(max(en + n if en < 0 else en, 0), n), st)
+        if (st, en) != (0, n):
+            x = ops_tensor._slice_node(ctx, x, [ax], [st], [en], [1])
+    computed = parts[0] if len(parts) == 1 else ctx.add("concat", parts, {"axis": 0})
+    return x, dyn_axes, computed, np.asarray(sizes, dtype=np.int64)
+
+
 def _slice(ctx: OnnxContext) -> list[Value]:
+    if ctx.opset >= 10 and ctx.const(1) is None:
+        return _dynamic_slice(ctx)
     if ctx.opset < 10 or not ctx.has_input(4) or all(v > 0 for v in ctx.ints(4, "steps")):
         return ops_tensor._slice(ctx)
     s = ctx.shape(0)
@@ -154,4 +287,4 @@ HANDLERS: dict[str, Handler] = {"TopK": _topk, "MaxPool": _max_pool, "MaxUnpool"
 OPSETS: dict[str, tuple[int, int]] = {"TopK": (1, 24), "MaxPool": (1, 22), "MaxUnpool": (9, 22), "Slice": (1, 13),
                                       "Pow": (7, 15)}
 EMITS = frozenset({"sort", "topk_indices", "max_pool_nd", "max_pool", "max_pool_indices", "max_unpool", "gather",
-                   "slice", "const", "pow", "pow_elem", "int_pow", "cast", "broadcast_to"})
+                   "slice", "const", "pow", "pow_elem", "int_pow", "cast", "broadcast_to", "dynamic_slice"})

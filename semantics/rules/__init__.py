@@ -16,6 +16,7 @@ from . import select  # TopK/MaxPool indices, MaxUnpool, powers (issue #15)
 from . import misc  # cumprod, det, bitcast (issue #15)
 from . import narrow  # narrow element types (issue #15)
 from . import spatial  # (issue #15: grid_sample, lp_pool_nd, col2im, deform_conv, roi_align)
+from . import dynamic  # dynamic_slice (issue #32)
 from .layout import NO_INTERVAL_RULE
 from .table import EXACT_RULES, FLOAT_RULES, INTERVAL_RULES, POINTWISE_INTERVAL_KINDS
 
@@ -26,6 +27,7 @@ FAMILIES = (layout, indexing, elementwise, activations, reductions, normalizatio
 FAMILIES += (misc,)
 FAMILIES += (spatial,)
 FAMILIES += (select,)
+FAMILIES += (dynamic,)
 
 for _table in (FLOAT_RULES, INTERVAL_RULES):
     _missing = sorted(set(REGISTRY) - set(_table))

@@ -2,7 +2,9 @@
 
 Float rules read like spec section 2.2 (v1) or the PyTorch/ONNX definition (ext). Partial operations
 never return NaN: they raise ``EvalError`` naming the node (log of a value <= 0, square root of a
-negative, division by zero, pow producing NaN).
+negative, division by zero). The one exception is pow of a negative base by a non-integer exponent:
+torch, onnxruntime and C's pow (so TorchLean's Float) all answer NaN, and so does the rule; its
+interval rule refuses boxes reaching below 0 (no box encloses NaN).
 
 Interval rules: monotone functions at the endpoints (tanh of [a, b] is [tanh a, tanh b], never
 [-1, 1]); sin, cos and tan detect the peaks or poles inside the box; library functions are enclosed
@@ -102,10 +104,8 @@ def power(node, xs, rec, dt):
     x, e = xs[0], node.attrs["exponent"]
     if e < 0 and np.any(x == 0):
         raise domain_error(node, f"zero raised to the negative power {e}")
-    y = np.power(x, e)
-    if np.any(np.isnan(y) & ~np.isnan(x)):
-        raise domain_error(node, f"negative base raised to the non-integer power {e} (NaN)")
-    return y
+    with np.errstate(invalid="ignore"):
+        return np.power(x, e)  # a negative base to a non-integer power is NaN, as in torch, onnxruntime and C
 
 
 @interval_pointwise("pow")
@@ -125,7 +125,8 @@ def pow_box(a: Box, attrs: Mapping[str, Any]) -> Box:
         return monotone(power, a) if p > 0 else decreasing(power, a)
     if np.any(a[1] < 0):
         raise DomainError(f"pow: box lies below 0 and the exponent {p} is not an integer")
-    a = np.maximum(a[0], 0.0), a[1]
+    if np.any(a[0] < 0):  # the float rule gives NaN there, which no box encloses
+        raise DomainError(f"pow: box reaches below 0 and the exponent {p} is not an integer (the value there is NaN)")
     if p < 0 and np.any(a[0] == 0):
         raise DomainError(f"pow: box reaches 0 and the exponent {p} is negative")
     lo, hi = monotone(power, a) if p > 0 else decreasing(power, a)

@@ -1,4 +1,4 @@
-"""Integer arithmetic, remainders and bit operations on int64 values, each with its interval rule.
+"""Integer arithmetic, reductions, remainders and bit operations on int64 values, each with its interval rule.
 
 Float rules compute exactly in int64 and check, before trusting a result, that it did not overflow
 int64 and that it fits the ONNX element type the node names (``bits``, ``signed``): ONNX would wrap
@@ -18,7 +18,7 @@ import numpy as np
 from .. import interval_arith as ia
 from .table import domain_error, float_rule, interval_rule
 
-__all__ = ["INTEGER_KINDS", "INTERVAL_REFUSALS"]
+__all__ = ["INTEGER_KINDS", "INT_REDUCTIONS", "INTERVAL_REFUSALS"]
 
 _I64 = np.iinfo(np.int64)
 
@@ -154,17 +154,48 @@ def mod(node, xs, rec, dt):
     return _fit(node, np.fmod(a, b) if node.attrs["fmod"] else np.mod(a, b))
 
 
+def _reduced(node, fn, x: np.ndarray) -> np.ndarray:
+    return fn(x, axis=tuple(node.attrs["axes"]), keepdims=bool(node.attrs["keepdim"]))
+
+
+@float_rule("int_reduce_sum")
+def int_reduce_sum(node, xs, rec, dt):
+    """Exact: the float64 sum of |x| bounds the exact sum's magnitude (within 1e-12), so below 2^62 no int64
+    partial sum wrapped."""
+    (x,) = _ints(xs)
+    if np.any(_reduced(node, np.sum, np.abs(x.astype(np.float64))) >= 2.0 ** 62):
+        raise domain_error(node, "a sum may leave int64 (ONNX would wrap it); refused, not wrapped")
+    return _fit(node, _reduced(node, np.sum, x))
+
+
+@float_rule("int_reduce_prod")
+def int_reduce_prod(node, xs, rec, dt):
+    """Exact: below 2^62 in float64 (relative error n * 2^-53) no int64 partial product wrapped."""
+    (x,) = _ints(xs)
+    with np.errstate(over="ignore"):
+        if np.any(_reduced(node, np.prod, np.abs(x.astype(np.float64))) >= 2.0 ** 62):
+            raise domain_error(node, "a product may leave int64 (ONNX would wrap it); refused, not wrapped")
+    return _fit(node, _reduced(node, np.prod, x))
+
+
+@float_rule("int_reduce_max", "int_reduce_min")
+def int_reduce_extreme(node, xs, rec, dt):
+    (x,) = _ints(xs)
+    return _fit(node, _reduced(node, np.max if node.kind == "int_reduce_max" else np.min, x))
+
+
 INTEGER_KINDS = ("int_add", "int_sub", "int_mul", "int_div", "int_max", "int_min", "bitwise_and", "bitwise_or",
                  "bitwise_xor", "bitwise_not", "bitshift")
+INT_REDUCTIONS = ("int_reduce_sum", "int_reduce_prod", "int_reduce_max", "int_reduce_min")
 
 
-@interval_rule(*INTEGER_KINDS)
+@interval_rule(*INTEGER_KINDS, *INT_REDUCTIONS)
 def integer_box(node, ps, rec):
     raise ia.DomainError(f"no interval rule for {node.kind}: integer arithmetic is evaluated on exact values "
                          f"only (bind or fold the integer inputs)")
 
 
-INTERVAL_REFUSALS = frozenset(INTEGER_KINDS) | {"mod"}
+INTERVAL_REFUSALS = frozenset(INTEGER_KINDS) | {"mod"}  # the elementwise refusals (INT_REDUCTIONS refuse too)
 
 
 @interval_rule("mod")

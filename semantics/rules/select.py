@@ -94,9 +94,7 @@ def pow_elem(node, xs, rec, dt):
         if np.any((x == 0) & (y < 0)):
             raise domain_error(node, "zero raised to a negative power")
         r = np.power(x, y)
-    if np.any(np.isnan(r) & ~np.isnan(x) & ~np.isnan(y)):
-        raise domain_error(node, "negative base raised to a non-integer power (NaN)")
-    return r
+    return r  # a negative base to a non-integer power is NaN, as in torch, onnxruntime and C's pow
 
 
 @interval_rule("pow_elem")

@@ -375,6 +375,12 @@ _INT_BINARY = {
 for _k, _doc in _INT_BINARY.items():
     register(OpSpec(_k, "ext", 2, 2, _same_shape(_k), attrs=INT_TYPE_ATTRS, dtype=int_only(_k),
                     doc=f"integer {_doc}, exact; the result must fit the `bits`/`signed` type"))
+_INT_REDUCE = {"int_reduce_sum": "sum", "int_reduce_prod": "product", "int_reduce_max": "maximum",
+               "int_reduce_min": "minimum"}
+for _k, _doc in _INT_REDUCE.items():  # issue #32: index and shape arithmetic inside exported models
+    register(OpSpec(_k, "ext", 1, 1, _reduce(_k), attrs=REDUCE_ATTRS + INT_TYPE_ATTRS, dtype=int_only(_k),
+                    doc=f"integer {_doc} over `axes` (ONNX Reduce* on int8..uint64), exact; the result must fit "
+                        "the `bits`/`signed` type"))
 register(OpSpec("bitwise_not", "ext", 1, 1, _identity, attrs=INT_TYPE_ATTRS, dtype=int_only("bitwise_not"),
                 doc="integer ~a in the `bits`/`signed` type (ONNX BitwiseNot)"))
 register(OpSpec("bitshift", "ext", 2, 2, _same_shape("bitshift"),

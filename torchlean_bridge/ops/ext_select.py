@@ -1,6 +1,7 @@
 """ext ops for the value-dependent outputs and mixed-type arithmetic of issue #15: ``topk_indices`` (TopK's
 Indices), ``max_pool_indices`` (MaxPool's Indices), ``max_unpool`` (MaxUnpool), ``pow_elem`` (Pow with a
-computed or non-uniform exponent) and ``int_pow`` (integer Pow, exact in int64)."""
+computed or non-uniform exponent), ``int_pow`` (integer Pow, exact in int64) and ``dynamic_slice`` (a static-size
+Slice at offsets computed at run time, issue #32)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,42 @@ register(OpSpec("max_unpool", "ext", 2, 2, _unpool, attrs=(Attr("scatter_shape",
 
 register(OpSpec("pow_elem", "ext", 2, 2, _same_shape("pow_elem"),
                 doc="x ** y elementwise (ONNX Pow with a computed exponent, torch.pow of two tensors); a negative base "
-                    "to a non-integer power and 0 to a negative power are refused"))
+                    "to a non-integer power is NaN (as torch, onnxruntime and C's pow); 0 to a negative power is "
+                    "refused"))
 register(OpSpec("int_pow", "ext", 2, 2, _same_shape("int_pow"), attrs=INT_TYPE_ATTRS, dtype=int_only("int_pow"),
                 doc="integer a ** b, exact; a negative exponent is refused, and the result must fit the "
                     "`bits`/`signed` type"))
+
+
+# -- dynamic_slice (issue #32): a window of static size at offsets computed at run time ----------------------
+
+
+def _dynamic_slice(attrs: A, p: P, d: Shape) -> Shape:
+    x, starts = p
+    axes, sizes = tuple(attrs["axes"]), tuple(attrs["sizes"])
+    if len(axes) != len(sizes) or not axes:
+        raise ShapeRuleError(f"dynamic_slice: {len(axes)} axes and {len(sizes)} sizes")
+    if len(set(axes)) != len(axes) or any(a >= len(x) for a in axes):
+        raise ShapeRuleError(f"dynamic_slice: axes {list(axes)} for rank {len(x)}")
+    if tuple(starts) != (len(axes),):
+        raise ShapeRuleError(f"dynamic_slice: starts of shape {fmt_shape(starts)}, expected [{len(axes)}]")
+    out = list(x)
+    for a, k in zip(axes, sizes):
+        if not 1 <= k <= x[a]:
+            raise ShapeRuleError(f"dynamic_slice: size {k} on axis {a} of extent {x[a]}")
+        out[a] = k
+    return tuple(out)
+
+
+def _dynamic_slice_dtype(attrs: A, parents: Sequence[str], declared: str) -> str:
+    if parents[1] != INT64:
+        raise ShapeRuleError(f"dynamic_slice: starts have element type {parents[1]}, expected int64")
+    return parents[0]
+
+
+register(OpSpec("dynamic_slice", "ext", 2, 2, _dynamic_slice, attrs=(Attr("axes", "nats"), Attr("sizes", "nats")),
+                dtype=_dynamic_slice_dtype,
+                doc="x[s:s+size] on each listed axis, s from the int64 operand `starts` at run time (ONNX Slice with "
+                    "computed starts and ends = starts + size; XLA's dynamic_slice). A start is read as ONNX reads "
+                    "it (a negative start counts from the end); a start whose window leaves the axis, where ONNX "
+                    "would return fewer than `size` cells, is refused"))

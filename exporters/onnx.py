@@ -773,3 +773,15 @@ def _int_conv(w: OnnxWriter, node: Node) -> None:
 
 ONNX_EXPORTERS.update({"round_float": _round_float, "int_wrap": _int_wrap, "int_matmul": _simple("MatMul"),
                        "int_conv": _int_conv})
+
+
+def _dynamic_slice(w, node):
+    """Slice with ends = starts + sizes: wherever the IR node is defined, ONNX reads the same cells."""
+    x, s = w.operands(node)
+    ends = w.emit("Add", [s, w.constant(np.asarray(node.attrs["sizes"], np.int64), node)], None, node)
+    w.emit("Slice", [x, s, ends, w.constant(np.asarray(node.attrs["axes"], np.int64), node)], w.out(node), node)
+
+
+ONNX_EXPORTERS.update({"int_reduce_sum": _reduce("ReduceSum"), "int_reduce_prod": _reduce("ReduceProd"),
+                       "int_reduce_max": _reduce("ReduceMax"), "int_reduce_min": _reduce("ReduceMin"),
+                       "dynamic_slice": _dynamic_slice})

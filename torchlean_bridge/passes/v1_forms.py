@@ -423,16 +423,21 @@ def _pad(e: Emit, n: Node, xs: Sequence[int]) -> int | str:
     return x
 
 
+def _pool_geometry(e: Emit, n: Node, xs: Sequence[int]) -> tuple[int, int, tuple[int, ...], int, tuple[int, ...]]:
+    """The input, spatial rank, input shape, number of leading axes and output spatial extents."""
+    r = n.attrs["spatial_rank"]
+    s = e.shape(xs[0])
+    lead = len(s) - r
+    return xs[0], r, s, lead, tuple(n.out_shape[lead:])
+
+
 @form("max_pool_nd", "blocks of the lowest finite float concatenated for asymmetric padding and ceil mode, then "
                      "a v1 max_pool without padding", "a window whose cells are all -inf gives -1.797e308")
 def _max_pool_nd(e: Emit, n: Node, xs: Sequence[int]) -> int | str:
     a = n.attrs
     if any(d != 1 for d in a["dilation"]):
         return "max pooling with dilation has no v1 form"
-    x, r = xs[0], a["spatial_rank"]
-    s = e.shape(x)
-    lead = len(s) - r
-    out = n.out_shape[lead:]
+    x, r, s, lead, out = _pool_geometry(e, n, xs)
     for i in range(r):
         need = (out[i] - 1) * a["stride"][i] + a["kernel"][i]  # the padded extent the windows cover
         after = need - s[lead + i] - a["padding"][i]
@@ -498,10 +503,7 @@ def _avg_pool_nd(e: Emit, n: Node, xs: Sequence[int]) -> int | str:
     a = n.attrs
     if any(d != 1 for d in a["dilation"]):
         return "average pooling with dilation has no v1 form"
-    x, r = xs[0], a["spatial_rank"]
-    s = e.shape(x)
-    lead = len(s) - r
-    out = n.out_shape[lead:]
+    x, r, s, lead, out = _pool_geometry(e, n, xs)
     divisor = np.ones(())
     for i in range(r):
         size, k, st, pb = s[lead + i], a["kernel"][i], a["stride"][i], a["padding"][i]

@@ -9,7 +9,9 @@ For each method (IBP, IBP with float64 products, CROWN, optionally alpha-CROWN) 
 auto_LiRPA's BoundedModule does) and of auto_LiRPA's ``compute_bounds`` in
 float32 (its usual precision) and float64, the time ratio ours/theirs(float32), and the largest
 ratio of our output width to each of theirs (ours is sound: it may be wider than the float64 peer
-only by outward rounding; a ratio below 1 is a tighter bound). Under each "IBP f64" line: the time of the
+only by outward rounding; a ratio below 1 is a tighter bound). Under each "IBP" line: per layer whose
+float32 spread would hold subnormals (ReLU-pinned units), their count and the spread product's time on
+them against the flushed operands ours hands BLAS (the host's subnormal penalty). Under each "IBP f64" line: the time of the
 float64 matrix products its linear layers cannot do without (a floor under any float64 rule), against the
 peer's whole float32 IBP, and ours against the peer's float64 IBP.
 
@@ -213,6 +215,39 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
         if floor:
             print(f"{'':<28} {'':<11} float64 products of its linear layers alone {times[3] * 1e3:.2f} ms = "
                   f"{times[3] / times[1]:.2f} x auto_LiRPA f32's whole IBP (ours/f64 {times[0] / times[2]:.2f})")
+        if method == "IBP":
+            for line in _subnormal_lines(bundle, propagator64(lower, upper), repeat):
+                print(f"{'':<28} {'':<11} {line}")
+
+
+def _subnormal_lines(bundle: Bundle, boxes: list, repeat: int) -> list[str]:
+    """Per linear layer after the first whose float32 spread would hold subnormals (ReLU-pinned units:
+    spread 2**-147): how many, and the spread product |W| v32 on those operands against the same product
+    on the flushed operands that the float32 rule hands BLAS. The ratio is this host's subnormal
+    penalty: about 40x on x86 cores that take microcode assists, near 1 on cores that do not."""
+    from semantics.rules.affine import AffineParams, box_halves
+    from semantics.rules.affine32 import _spread, float32_weights, flush_subnormals
+    lines = []
+    for node in bundle.graph.nodes:
+        if node.kind != "linear" or node.parents[0] in bundle.graph.inputs:
+            continue
+        weight = np.asarray(bundle.payload.get(node.id, "weight"), np.float64)
+        w32 = float32_weights(AffineParams.of(weight, np.zeros(weight.shape[0])), weight.shape[1])
+        c, r, _ = box_halves(*boxes[node.parents[0]])
+        v = _spread(c, r, w32) if w32 is not None else None
+        if v is None:
+            continue
+        raw = v.astype(np.float32)
+        subnormal = int(np.count_nonzero((raw > 0) & (raw < np.float32(2.0 ** -126))))
+        if not subnormal:
+            continue
+        flushed = flush_subnormals(raw.copy())
+        abs_t = np.ascontiguousarray(w32.abs_weight.T)
+        t_raw, t_flushed = median_times([lambda: raw @ abs_t, lambda: flushed @ abs_t], repeat)
+        lines.append(f"node {node.id}: spread {subnormal} of {raw.size} float32 subnormals; |W| v32 product "
+                     f"unflushed {t_raw * 1e3:.2f} ms, flushed (ours) {t_flushed * 1e3:.2f} ms "
+                     f"(host subnormal penalty {t_raw / t_flushed:.2f}x)")
+    return lines
 
 
 def _linear_product_floor(bundle: Bundle, batch: int) -> Callable[[], None] | None:

@@ -80,6 +80,13 @@ class Smooth:
     breaks: tuple[float, ...]
     curvature: tuple[int, ...]
     lipschitz: float = 0.0
+    # approximately the point d of the convex (True) or concave (False) piece where f'(d) = s, in closed
+    # form (the end of the piece, or +-inf, where f' never reaches s); None: found by bisection. Only
+    # ``_stationary``'s candidate: the bound at d is rigorous wherever d is
+    stationary: Callable[[np.ndarray, bool], np.ndarray] | None = None
+    # f'' in plain floating point (no enclosure): Newton steps for ``_stationary``'s candidate point where
+    # there is no closed form (bisection where a step leaves the bracket); None: bisection alone
+    d2f: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 def _sigmoid_df(x: np.ndarray) -> Box:
@@ -112,15 +119,59 @@ def _gelu_df(x: np.ndarray) -> Box:
     return ia.add(big_phi, ia.mul(px, phi))
 
 
+def _sech2_inverse(s: np.ndarray, scale: float) -> np.ndarray:
+    """t >= 0 with sech(t)**2 = s / scale (0 where s >= scale, inf where s <= 0)."""
+    q = np.clip(s / scale, 2.0 ** -1000, 1.0)
+    t = np.arccosh(1.0 / np.sqrt(q))
+    return np.where(s <= 0, np.inf, t)
+
+
+def _tanh_stationary(s: np.ndarray, convex: bool) -> np.ndarray:
+    """tanh' = sech**2: the convex piece is x <= 0, the concave one x >= 0."""
+    t = _sech2_inverse(s, 1.0)
+    return -t if convex else t
+
+
+def _sigmoid_stationary(s: np.ndarray, convex: bool) -> np.ndarray:
+    """sigmoid'(x) = sech(x / 2)**2 / 4."""
+    t = 2.0 * _sech2_inverse(s, 0.25)
+    return -t if convex else t
+
+
+def _exp_stationary(s: np.ndarray, convex: bool) -> np.ndarray:
+    return np.log(np.maximum(s, 0.0))  # -inf where s <= 0
+
+
+def _softplus_stationary(s: np.ndarray, convex: bool) -> np.ndarray:
+    """softplus' = sigmoid: its inverse, the logit (-inf / inf outside (0, 1))."""
+    q = np.clip(s, 0.0, 1.0)
+    return np.log(q) - np.log1p(-q)
+
+
+def _tanh_d2f(x: np.ndarray) -> np.ndarray:
+    return -2.0 * np.tanh(x) / np.cosh(x) ** 2
+
+
+def _sigmoid_d2f(x: np.ndarray) -> np.ndarray:
+    t = np.tanh(0.5 * x)  # sigmoid = (1 + t) / 2, sigmoid' = (1 - t^2) / 4, sigmoid'' = -t (1 - t^2) / 4
+    return -0.25 * t * (1.0 - t * t)
+
+
+def _gelu_d2f(x: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * x * x) * _INV_SQRT_2PI[0] * (2.0 - x * x)
+
+
 _SQRT2_LO, _SQRT2_HI = float(down(down(np.float64(np.sqrt(2.0))))), float(up(up(np.float64(np.sqrt(2.0)))))
 
 SMOOTH: dict[str, Smooth] = {
-    "sigmoid": Smooth(sigmoid_at, _sigmoid_df, (0.0,), (1, -1)),
-    "tanh": Smooth(tanh_at, _tanh_df, (0.0,), (1, -1)),
-    "exp": Smooth(exp_at, exp_at, (), (1,)),
-    "softplus": Smooth(softplus_at, sigmoid_at, (), (1,)),
+    "sigmoid": Smooth(sigmoid_at, _sigmoid_df, (0.0,), (1, -1), stationary=_sigmoid_stationary, d2f=_sigmoid_d2f),
+    "tanh": Smooth(tanh_at, _tanh_df, (0.0,), (1, -1), stationary=_tanh_stationary, d2f=_tanh_d2f),
+    "exp": Smooth(exp_at, exp_at, (), (1,), stationary=_exp_stationary, d2f=np.exp),
+    "softplus": Smooth(softplus_at, sigmoid_at, (), (1,), stationary=_softplus_stationary,
+                       d2f=lambda x: 0.25 / np.cosh(0.5 * x) ** 2),
     # gelu'' = phi(x) (2 - x^2): concave, convex on [-sqrt 2, sqrt 2], concave; |gelu'| < 1.2 near +-sqrt 2
-    "gelu": Smooth(_gelu_f, _gelu_df, (-_SQRT2_HI, -_SQRT2_LO, _SQRT2_LO, _SQRT2_HI), (-1, 0, 1, 0, -1), 1.2),
+    "gelu": Smooth(_gelu_f, _gelu_df, (-_SQRT2_HI, -_SQRT2_LO, _SQRT2_LO, _SQRT2_HI), (-1, 0, 1, 0, -1), 1.2,
+                   d2f=_gelu_d2f),
 }
 SMOOTH_KINDS = frozenset(SMOOTH) | {"pow", "elu"}
 
@@ -164,7 +215,18 @@ def _g(fn: Smooth, z: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
 
 
 def _stationary(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, increasing: bool) -> np.ndarray:
-    """A point d of [a, b] near where f'(d) = s, f' monotone on [a, b] (bisection, vectorized)."""
+    """A point d of [a, b] near where f'(d) = s, f' monotone on [a, b]: the closed form clipped to the
+    piece where ``fn`` has one (what bisection converges to: f' - s keeps one sign on [a, b] exactly when
+    the solution lies outside it), else bisection, vectorized."""
+    if fn.stationary is not None:
+        with np.errstate(all="ignore"):
+            d = fn.stationary(s, increasing)
+        return np.clip(np.where(np.isnan(d), a, d), a, b)
+    if fn.d2f is not None:
+        def h(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            d_lo, d_hi = fn.df(d)
+            return d_lo * 0.5 + d_hi * 0.5 - s, fn.d2f(d)
+        return _newton_bisect(h, a, b, increasing)
     lo, hi = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):
         mid = lo * 0.5 + hi * 0.5
@@ -220,10 +282,31 @@ def _tangent_bound(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, side
     return np.where(at_a, _g(fn, a, s, side), np.where(at_b, _g(fn, b, s, side), inner))
 
 
+_NEWTON_STEPS = 12
+
+
+def _newton_bisect(h: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], a: np.ndarray, b: np.ndarray,
+                   increasing: bool) -> np.ndarray:
+    """A root of h on [a, b] (h monotone there, ``increasing`` or not; h returns its value and
+    derivative), vectorized: Newton steps kept inside the shrinking bracket, bisection where a step
+    would leave it; an end of [a, b] when h keeps one sign. Only a candidate point (the bounds built at
+    it are rigorous wherever it lands), so a fixed number of steps."""
+    lo, hi = a.copy(), b.copy()
+    d = lo * 0.5 + hi * 0.5
+    with np.errstate(all="ignore"):
+        for _ in range(_NEWTON_STEPS):
+            value, slope = h(d)
+            below = (value < 0) == increasing
+            lo, hi = np.where(below, d, lo), np.where(below, hi, d)
+            step = d - value / slope
+            d = np.where(np.isfinite(step) & (step >= lo) & (step <= hi), step, lo * 0.5 + hi * 0.5)
+    return np.clip(d, a, b)
+
+
 def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f0: np.ndarray) -> np.ndarray:
     """The slope f'(d) of a tangent at d in [a, b] that passes through (z0, f0), by bisection on
-    f(d) + f'(d)(z0 - d) - f0 (increasing in d where the tangent sweeps across the point). Only a
-    candidate slope: its intercept is computed rigorously afterwards."""
+    f(d) + f'(d)(z0 - d) - f0 (a sign change: the function need not be monotone, so no Newton steps).
+    Only a candidate slope: its intercept is computed rigorously afterwards."""
     left, right = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):
         d = left * 0.5 + right * 0.5

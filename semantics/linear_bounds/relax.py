@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import interval_arith as ia
+from ..float_special import erf
 from ..interval_arith import erf_at, exp_at, tanh_at
 from ..interval_round import Box, down, lib_bounds, up
 from ..rules.activations import INV_SQRT2, _elu_with, gelu_box, sigmoid_at, softplus_at
@@ -87,6 +88,22 @@ class Smooth:
     # f'' in plain floating point (no enclosure): Newton steps for ``_stationary``'s candidate point where
     # there is no closed form (bisection where a step leaves the bracket); None: bisection alone
     d2f: Callable[[np.ndarray], np.ndarray] | None = None
+    # f and f' in plain floating point, for the candidate points (``_stationary``, ``_tangent_through``):
+    # a few times cheaper than the enclosures; None: the enclosures' midpoints
+    f_point: Callable[[np.ndarray], np.ndarray] | None = None
+    df_point: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def f_mid(self, x: np.ndarray) -> np.ndarray:
+        if self.f_point is not None:
+            return self.f_point(x)
+        lo, hi = self.f(x)
+        return lo * 0.5 + hi * 0.5
+
+    def df_mid(self, x: np.ndarray) -> np.ndarray:
+        if self.df_point is not None:
+            return self.df_point(x)
+        lo, hi = self.df(x)
+        return lo * 0.5 + hi * 0.5
 
 
 def _sigmoid_df(x: np.ndarray) -> Box:
@@ -161,17 +178,32 @@ def _gelu_d2f(x: np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * x * x) * _INV_SQRT_2PI[0] * (2.0 - x * x)
 
 
+def _sigmoid_point(x: np.ndarray) -> np.ndarray:
+    return 0.5 + 0.5 * np.tanh(0.5 * x)
+
+
+def _gelu_point(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + erf(x * INV_SQRT2[0]))
+
+
+def _gelu_df_point(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + erf(x * INV_SQRT2[0])) + x * np.exp(-0.5 * x * x) * _INV_SQRT_2PI[0]
+
+
 _SQRT2_LO, _SQRT2_HI = float(down(down(np.float64(np.sqrt(2.0))))), float(up(up(np.float64(np.sqrt(2.0)))))
 
 SMOOTH: dict[str, Smooth] = {
-    "sigmoid": Smooth(sigmoid_at, _sigmoid_df, (0.0,), (1, -1), stationary=_sigmoid_stationary, d2f=_sigmoid_d2f),
-    "tanh": Smooth(tanh_at, _tanh_df, (0.0,), (1, -1), stationary=_tanh_stationary, d2f=_tanh_d2f),
-    "exp": Smooth(exp_at, exp_at, (), (1,), stationary=_exp_stationary, d2f=np.exp),
+    "sigmoid": Smooth(sigmoid_at, _sigmoid_df, (0.0,), (1, -1), stationary=_sigmoid_stationary, d2f=_sigmoid_d2f,
+                      f_point=_sigmoid_point, df_point=lambda x: 0.25 / np.cosh(0.5 * x) ** 2),
+    "tanh": Smooth(tanh_at, _tanh_df, (0.0,), (1, -1), stationary=_tanh_stationary, d2f=_tanh_d2f,
+                   f_point=np.tanh, df_point=lambda x: 1.0 / np.cosh(x) ** 2),
+    "exp": Smooth(exp_at, exp_at, (), (1,), stationary=_exp_stationary, d2f=np.exp, f_point=np.exp, df_point=np.exp),
     "softplus": Smooth(softplus_at, sigmoid_at, (), (1,), stationary=_softplus_stationary,
-                       d2f=lambda x: 0.25 / np.cosh(0.5 * x) ** 2),
+                       d2f=lambda x: 0.25 / np.cosh(0.5 * x) ** 2, f_point=lambda x: np.logaddexp(0.0, x),
+                       df_point=_sigmoid_point),
     # gelu'' = phi(x) (2 - x^2): concave, convex on [-sqrt 2, sqrt 2], concave; |gelu'| < 1.2 near +-sqrt 2
     "gelu": Smooth(_gelu_f, _gelu_df, (-_SQRT2_HI, -_SQRT2_LO, _SQRT2_LO, _SQRT2_HI), (-1, 0, 1, 0, -1), 1.2,
-                   d2f=_gelu_d2f),
+                   d2f=_gelu_d2f, f_point=_gelu_point, df_point=_gelu_df_point),
 }
 SMOOTH_KINDS = frozenset(SMOOTH) | {"pow", "elu"}
 
@@ -207,11 +239,7 @@ def smooth_for(kind: str, attrs: Mapping[str, Any]) -> Smooth | None:
 
 def _g(fn: Smooth, z: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
     """A lower (side -1) or upper (+1) bound of f(z) - s z at the float points z."""
-    f_lo, f_hi = fn.f(z)
-    with np.errstate(all="ignore"):
-        if side < 0:
-            return down(f_lo - up(s * z))
-        return up(f_hi - down(s * z))
+    return _g_at(fn.f(z), z, s, side)
 
 
 def _stationary(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, increasing: bool) -> np.ndarray:
@@ -224,24 +252,36 @@ def _stationary(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, increas
         return np.clip(np.where(np.isnan(d), a, d), a, b)
     if fn.d2f is not None:
         def h(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            d_lo, d_hi = fn.df(d)
-            return d_lo * 0.5 + d_hi * 0.5 - s, fn.d2f(d)
+            return fn.df_mid(d) - s, fn.d2f(d)
         return _newton_bisect(h, a, b, increasing)
     lo, hi = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):
         mid = lo * 0.5 + hi * 0.5
-        d_lo, d_hi = fn.df(mid)
-        below = (d_lo * 0.5 + d_hi * 0.5 < s) == increasing
+        below = (fn.df_mid(mid) < s) == increasing
         lo = np.where(below, mid, lo)
         hi = np.where(below, hi, mid)
     return np.clip(lo * 0.5 + hi * 0.5, a, b)
 
 
-def _extremum(fn: Smooth, lo: np.ndarray, hi: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
-    """Rigorous min (side -1) or max (+1) of f(z) - s z over [lo, hi], piece by piece."""
+@dataclass(frozen=True)
+class _Piece:
+    """One convexity piece of f met by the boxes, [a, b] = [lo, hi] clipped to it (``there``: where it
+    meets them; elsewhere a = b = lo), with the enclosures of f and (curved pieces) f' at its ends:
+    they do not depend on the slope, so every candidate line reuses them."""
+
+    a: np.ndarray
+    b: np.ndarray
+    there: np.ndarray
+    curvature: int
+    fa: Box
+    fb: Box
+    dfa: Box | None
+    dfb: Box | None
+
+
+def _pieces(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> list[_Piece]:
     edges = (-np.inf,) + fn.breaks + (np.inf,)
-    best = np.full(lo.shape, np.inf if side < 0 else -np.inf)
-    pick = np.minimum if side < 0 else np.maximum
+    out = []
     with np.errstate(all="ignore"):
         for p, curv in enumerate(fn.curvature):
             a, b = np.maximum(lo, edges[p]), np.minimum(hi, edges[p + 1])
@@ -249,23 +289,42 @@ def _extremum(fn: Smooth, lo: np.ndarray, hi: np.ndarray, s: np.ndarray, side: i
             if not np.any(there):
                 continue
             a, b = np.where(there, a, lo), np.where(there, b, lo)
-            ends = pick(_g(fn, a, s, side), _g(fn, b, s, side))
+            out.append(_Piece(a, b, there, curv, fn.f(a), fn.f(b), fn.df(a) if curv else None,
+                              fn.df(b) if curv else None))
+    return out
+
+
+def _g_at(fz: Box, z: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
+    """``_g`` from the enclosure ``fz`` of f(z)."""
+    with np.errstate(all="ignore"):
+        if side < 0:
+            return down(fz[0] - up(s * z))
+        return up(fz[1] - down(s * z))
+
+
+def _extremum(fn: Smooth, pieces: list[_Piece], lo: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
+    """Rigorous min (side -1) or max (+1) of f(z) - s z over [lo, hi], piece by piece (``_pieces``)."""
+    best = np.full(lo.shape, np.inf if side < 0 else -np.inf)
+    pick = np.minimum if side < 0 else np.maximum
+    with np.errstate(all="ignore"):
+        for piece in pieces:
+            a, b, curv = piece.a, piece.b, piece.curvature
+            ends = pick(_g_at(piece.fa, a, s, side), _g_at(piece.fb, b, s, side))
             if curv == 0:  # unknown curvature on a sliver: ends -+ Lipschitz * width
                 slack = up(up(fn.lipschitz + np.abs(s)) * up(b - a))
                 value = down(ends - slack) if side < 0 else up(ends + slack)
             elif curv == side:  # the extremum of g sits at an end (concave g for a min, convex for a max)
                 value = ends
             else:
-                value = _tangent_bound(fn, a, b, s, side, curv > 0)
-            best = np.where(there, pick(best, value), best)
+                value = _tangent_bound(fn, piece, s, side)
+            best = np.where(piece.there, pick(best, value), best)
     return best
 
 
-def _tangent_bound(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, side: int, increasing: bool
-                   ) -> np.ndarray:
+def _tangent_bound(fn: Smooth, piece: _Piece, s: np.ndarray, side: int) -> np.ndarray:
     """Min of a convex g (side -1) or max of a concave g (+1) over [a, b]: g(d) -+ |g'(d)| max(d - a, b - d)."""
-    da_lo, da_hi = fn.df(a)
-    db_lo, db_hi = fn.df(b)
+    a, b, increasing = piece.a, piece.b, piece.curvature > 0
+    (da_lo, da_hi), (db_lo, db_hi) = piece.dfa, piece.dfb
     if increasing:  # f' increasing: g monotone on the piece when s is outside [f'(a), f'(b)]
         at_a, at_b = da_lo >= s, db_hi <= s
     else:
@@ -279,7 +338,7 @@ def _tangent_bound(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, side
     else:
         inner = up(_g(fn, d, s, side) + up(up(slope) * reach))
     # monotone g: the extremum is at the end g moves away from
-    return np.where(at_a, _g(fn, a, s, side), np.where(at_b, _g(fn, b, s, side), inner))
+    return np.where(at_a, _g_at(piece.fa, a, s, side), np.where(at_b, _g_at(piece.fb, b, s, side), inner))
 
 
 _NEWTON_STEPS = 12
@@ -304,18 +363,19 @@ def _newton_bisect(h: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], a: 
 
 
 def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f0: np.ndarray) -> np.ndarray:
-    """The slope f'(d) of a tangent at d in [a, b] that passes through (z0, f0), by bisection on
-    f(d) + f'(d)(z0 - d) - f0 (a sign change: the function need not be monotone, so no Newton steps).
-    Only a candidate slope: its intercept is computed rigorously afterwards."""
+    """The slope f'(d) of a tangent at d in [a, b] that passes through (z0, f0): a sign change of
+    h(d) = f(d) + f'(d)(z0 - d) - f0, h'(d) = f''(d)(z0 - d) (Newton steps inside the bracket where f''
+    is known, else bisection). Only a candidate slope: its intercept is computed rigorously afterwards."""
+    if fn.d2f is not None:
+        def h(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return fn.f_mid(d) + fn.df_mid(d) * (z0 - d) - f0, fn.d2f(d) * (z0 - d)
+        return fn.df_mid(_newton_bisect(h, a, b, True))
     left, right = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):
         d = left * 0.5 + right * 0.5
-        f_lo, f_hi = fn.f(d)
-        df_lo, df_hi = fn.df(d)
-        h = (f_lo + f_hi) * 0.5 + (df_lo + df_hi) * 0.5 * (z0 - d) - f0
+        h = fn.f_mid(d) + fn.df_mid(d) * (z0 - d) - f0
         left, right = np.where(h < 0, d, left), np.where(h < 0, right, d)
-    df_lo, df_hi = fn.df(left * 0.5 + right * 0.5)
-    return (df_lo + df_hi) * 0.5
+    return fn.df_mid(left * 0.5 + right * 0.5)
 
 
 def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
@@ -335,11 +395,12 @@ def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
         slopes.append(_tangent_through(fn, mid, hi, lo, f_l))  # upper line of an S-shape: from (l, f(l))
         slopes.append(_tangent_through(fn, lo, mid, hi, f_u))  # lower line: through (u, f(u))
         out = []
+        pieces = _pieces(fn, lo, hi)
         for side in (-1, 1):
             best_s = best_c = best_v = None
             for s in slopes:
                 s = np.where(np.isfinite(s), s, 0.0)
-                c = _extremum(fn, lo, hi, s, side)
+                c = _extremum(fn, pieces, lo, s, side)
                 v = s * mid + c
                 better = None if best_v is None else (v > best_v if side < 0 else v < best_v)
                 if better is None:

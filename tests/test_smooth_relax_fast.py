@@ -62,3 +62,18 @@ def test_lines_as_tight_as_with_bisection(kind):
         area.append((a_u - a_l) * (lo + hi) / 2 * (hi - lo) + (b_u - b_l) * (hi - lo))
     scale = np.maximum(1.0, np.abs(np.mean(fn.f(hi), axis=0)))
     assert np.max((area[0] - area[1]) / scale) <= 1e-13
+
+
+def test_chunked_relaxation_equals_one_pass(monkeypatch):
+    """Entries are relaxed in chunks of ``_SMOOTH_CHUNK`` (all candidate slopes stacked per chunk): every
+    entry's lines are elementwise, so chunking changes no bit, and the input's shape is kept."""
+    rng = np.random.default_rng(2)
+    lo = rng.standard_normal((3, 7, 11)) * 2
+    hi = lo + rng.random(lo.shape) * 3
+    hi[0, 0, :3] = lo[0, 0, :3]  # point boxes
+    fn = smooth_for("tanh", {})
+    whole = smooth_lines(fn, lo, hi)
+    monkeypatch.setattr(relax, "_SMOOTH_CHUNK", 10)
+    chunked = smooth_lines(fn, lo, hi)
+    for a, b in zip(whole, chunked):
+        assert a.shape == lo.shape and np.array_equal(a, b)

@@ -378,8 +378,27 @@ def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f
     return fn.df_mid(left * 0.5 + right * 0.5)
 
 
+# entries relaxed at once: the candidate slopes are stacked ``[slopes, entries]`` and every temporary has
+# that shape, so a chunk's working set stays around a few MiB whatever the layer's size
+_SMOOTH_CHUNK = 1 << 15
+
+
 def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
-    """The best of a few candidate lines on each side, with rigorous intercepts (finite lo <= hi)."""
+    """The best of a few candidate lines on each side, with rigorous intercepts (finite lo <= hi):
+    all candidates of a chunk of entries in one stacked pass (a handful of numpy calls per step
+    whatever the number of candidates, so a batch of 1 is not dominated by call overhead)."""
+    shape = np.shape(lo)
+    flat_lo, flat_hi = np.ravel(lo), np.ravel(hi)
+    if flat_lo.size <= _SMOOTH_CHUNK:
+        parts = [_smooth_lines_flat(fn, flat_lo, flat_hi)]
+    else:
+        parts = [_smooth_lines_flat(fn, flat_lo[k:k + _SMOOTH_CHUNK], flat_hi[k:k + _SMOOTH_CHUNK])
+                 for k in range(0, flat_lo.size, _SMOOTH_CHUNK)]
+    a_l, b_l, a_u, b_u = (np.concatenate([part[q] for part in parts]).reshape(shape) for q in range(4))
+    return a_l, b_l, a_u, b_u
+
+
+def _smooth_lines_flat(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
     with np.errstate(all="ignore"):
         width = hi - lo
         f_lo_l, f_hi_l = fn.f(lo)
@@ -387,28 +406,24 @@ def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
         mid = lo * 0.5 + hi * 0.5
         chord = np.where(width > 0, ((f_lo_u + f_hi_u) - (f_lo_l + f_hi_l)) * 0.5 / np.where(width > 0, width, 1.0),
                          0.0)
-        slopes = [chord]
-        for t in (lo, hi, mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75):
-            d_lo, d_hi = fn.df(t)
-            slopes.append(d_lo * 0.5 + d_hi * 0.5)
+        d_lo, d_hi = fn.df(np.stack((lo, hi, mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75)))
         f_l, f_u = (f_lo_l + f_hi_l) * 0.5, (f_lo_u + f_hi_u) * 0.5
-        slopes.append(_tangent_through(fn, mid, hi, lo, f_l))  # upper line of an S-shape: from (l, f(l))
-        slopes.append(_tangent_through(fn, lo, mid, hi, f_u))  # lower line: through (u, f(u))
-        out = []
+        # the upper line of an S-shape from (l, f(l)), the lower line through (u, f(u))
+        through = _tangent_through(fn, np.stack((mid, lo)), np.stack((hi, mid)), np.stack((lo, hi)),
+                                   np.stack((f_l, f_u)))
+        slopes = np.concatenate((chord[None], d_lo * 0.5 + d_hi * 0.5, through))
+        slopes = np.where(np.isfinite(slopes), slopes, 0.0)
         pieces = _pieces(fn, lo, hi)
+        out = []
         for side in (-1, 1):
-            best_s = best_c = best_v = None
-            for s in slopes:
-                s = np.where(np.isfinite(s), s, 0.0)
-                c = _extremum(fn, pieces, lo, s, side)
-                v = s * mid + c
-                better = None if best_v is None else (v > best_v if side < 0 else v < best_v)
-                if better is None:
-                    best_s, best_c, best_v = s, c, v
-                else:
-                    best_s, best_c, best_v = (np.where(better, s, best_s), np.where(better, c, best_c),
-                                              np.where(better, v, best_v))
-            out += [best_s, best_c]
+            c = _extremum(fn, pieces, lo, slopes, side)
+            v = slopes * mid + c
+            # the candidate closest to f at the midpoint (the first of equals; a NaN never wins)
+            if side < 0:
+                best = np.argmax(np.where(np.isnan(v), -np.inf, v), axis=0)[None]
+            else:
+                best = np.argmin(np.where(np.isnan(v), np.inf, v), axis=0)[None]
+            out += [np.take_along_axis(slopes, best, 0)[0], np.take_along_axis(c, best, 0)[0]]
         point = width == 0  # a point box: the constant enclosure of f there
         out[0], out[2] = np.where(point, 0.0, out[0]), np.where(point, 0.0, out[2])
         out[1] = np.where(point, f_lo_l, out[1])

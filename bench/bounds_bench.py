@@ -1,8 +1,10 @@
 """IBP and CROWN speed and tightness against auto_LiRPA (a benchmark peer only).
 
 Models: a 784-1024-1024-10 ReLU MLP, a CNN (1x28x28: conv 8 k4 s2, relu, conv 16 k4 s2, relu,
-linear 100, relu, linear 10) and a residual CNN (conv 8 k4 s2, relu, [conv 8 k3, relu, conv 8 k3]
-+ skip, relu, linear 10), each at batch 1 and 64, l-inf ball of radius --eps around random inputs.
+linear 100, relu, linear 10), a residual CNN (conv 8 k4 s2, relu, [conv 8 k3, relu, conv 8 k3]
++ skip, relu, linear 10), and smooth activations: a 100-256-256-10 MLP with relu then tanh, a CNN
+(3x32x32: conv 8 k4 s2, relu, conv 16 k4 s2, sigmoid, linear 10) and a 100-256-256-10 GELU MLP; each
+at batch 1 and 64, l-inf ball of radius --eps around random inputs.
 For each method (IBP, IBP with float64 products, CROWN, optionally alpha-CROWN) and case: median wall time of ours
 (outward rounded: "IBP" is the default, float32 BLAS products with rigorous error bounds where they cost at most
 2**-9 of a width; "IBP f64" and CROWN run every product in float64; the model read once, as
@@ -49,7 +51,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--eps", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for both sides")
-    parser.add_argument("--only", default="mlp,cnn,res", help="comma-separated cases: mlp, cnn, res")
+    parser.add_argument("--only", default="mlp,cnn,res,tanh,sigmoid,gelu",
+                        help="comma-separated cases: mlp, cnn, res, tanh, sigmoid, gelu")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
     parser.add_argument("--methods", default="ibp,ibp64,crown",
                         help="comma-separated methods: ibp, ibp64 (float64 products), crown, alpha-crown")
@@ -96,6 +99,19 @@ def mlp() -> nn.Module:
 def cnn() -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 8, 4, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 4, stride=2, padding=1),
                          nn.ReLU(), nn.Flatten(), nn.Linear(16 * 7 * 7, 100), nn.ReLU(), nn.Linear(100, 10))
+
+
+def tanh_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(100, 256), nn.ReLU(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 10))
+
+
+def sigmoid_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 4, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 4, stride=2, padding=1),
+                         nn.Sigmoid(), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
+
+
+def gelu_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(100, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
 
 
 class Residual(nn.Module):
@@ -157,7 +173,7 @@ def median_times(fns: list[Callable[[], Any]], repeat: int) -> list[float]:
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
-    return [statistics.median(ts) for ts in times]
+    return [float("nan") if fn is _failed else statistics.median(ts) for fn, ts in zip(fns, times)]
 
 
 def _peer_bounds(model: nn.Module, x: torch.Tensor, eps: float, method: str
@@ -195,20 +211,25 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
         if method.lower().replace(" f64", "64") not in methods:
             continue
         fns = [fn]
+        case_peer = peer
         if peer is not None:
             peer_method = method.split()[0]  # ours with float64 products against the same peer IBP
-            fns += [_peer_bounds(model, x, eps, peer_method), _peer_bounds(copy.deepcopy(model).double(), x.double(),
-                                                                            eps, peer_method)]
-        floor = _linear_product_floor(bundle, x.shape[0]) if method == "IBP f64" and peer is not None else None
+            peer32 = _working(lambda: _peer_bounds(model, x, eps, peer_method), "float32")
+            if peer32 is _failed:
+                case_peer = None
+            else:
+                fns += [peer32, _working(lambda: _peer_bounds(copy.deepcopy(model).double(), x.double(), eps,
+                                                              peer_method), "float64")]
+        floor = _linear_product_floor(bundle, x.shape[0]) if method == "IBP f64" and case_peer is not None else None
         times = median_times(fns + ([floor] if floor else []), repeat)
         lo, hi = fn()
         width = hi - lo
         line = f"{name:<28} {method:<11} ours {times[0] * 1e3:9.2f} ms"
-        if peer is None:
+        if case_peer is None:
             print(f"{line}   output width mean {width.mean():.9g}")
             continue
         w32 = [(b - a).double().numpy() for a, b in [fns[1]()]][0]
-        w64 = [(b - a).numpy() for a, b in [fns[2]()]][0]
+        w64 = [(b - a).numpy() for a, b in [fns[2]()]][0] if fns[2] is not _failed else np.full(width.shape, np.nan)
         print(f"{line}   auto_LiRPA f32 {times[1] * 1e3:9.2f} ms  f64 {times[2] * 1e3:9.2f} ms   "
               f"time ratio ours/f32 {times[0] / times[1]:5.2f}   width ratio max: /f64 {_ratio(width, w64):.12f}  "
               f"/f32 {_ratio(width, w32):.8f}")
@@ -250,6 +271,24 @@ def _subnormal_lines(bundle: Bundle, boxes: list, repeat: int) -> list[str]:
     return lines
 
 
+def _failed() -> None:
+    """Stands for a peer configuration that raises (auto_LiRPA's float64 tanh/sigmoid relaxations mix
+    float32 tables into float64 tensors): its columns print nan."""
+    return None
+
+
+def _working(make: Callable[[], Callable[[], Any]], precision: str) -> Callable[[], Any]:
+    """The peer's bound function from ``make``, or ``_failed`` when building or running it raises (auto_LiRPA
+    has no Erf, so no GELU, and its float64 tanh/sigmoid relaxations mix float32 tables into float64)."""
+    try:
+        fn = make()
+        fn()
+    except (RuntimeError, NotImplementedError) as e:
+        print(f"  (auto_LiRPA {precision} skipped: {str(e).splitlines()[0][:100]})")
+        return _failed
+    return fn
+
+
 def _linear_product_floor(bundle: Bundle, batch: int) -> Callable[[], None] | None:
     """The float64 matrix products interval linear layers cannot do without, as one function (None
     without linear layers): the center product of each, and the radius product of each but the
@@ -271,6 +310,8 @@ def _linear_product_floor(bundle: Bundle, batch: int) -> Callable[[], None] | No
 
 def _ratio(ours: np.ndarray, theirs: np.ndarray) -> float:
     """Largest ours/theirs over the outputs (1 where both are 0)."""
+    if np.isnan(theirs).all():
+        return float("nan")
     with np.errstate(all="ignore"):
         r = np.where(theirs > 0, ours / np.where(theirs > 0, theirs, 1.0), np.where(ours > 0, np.inf, 1.0))
     return float(np.max(r))
@@ -293,7 +334,10 @@ def main(args: argparse.Namespace) -> None:
     print(f"l-inf radius {args.eps}, median of {args.repeat} interleaved runs, {args.threads} thread(s) each")
     print(_gemm_line())
     models = {"mlp": ("MLP 784-1024-1024-10", mlp(), (784,)), "cnn": ("CNN 1x28x28", cnn(), (1, 28, 28)),
-              "res": ("residual CNN 1x28x28", Residual(), (1, 28, 28))}
+              "res": ("residual CNN 1x28x28", Residual(), (1, 28, 28)),
+              "tanh": ("MLP relu-tanh 100-256-256-10", tanh_mlp(), (100,)),
+              "sigmoid": ("CNN relu-sigmoid 3x32x32", sigmoid_cnn(), (3, 32, 32)),
+              "gelu": ("MLP gelu 100-256-256-10", gelu_mlp(), (100,))}
     for key in args.only.split(","):
         name, net, shape = models[key]
         for batch in (int(b) for b in args.batches.split(",")):

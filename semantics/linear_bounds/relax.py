@@ -13,9 +13,13 @@ the intercepts are then computed rigorously for the chosen slope:
   enclosure of f and of f', and their convexity pieces. For a slope s the intercept of the lower line
   is a lower bound of min over [l, u] of g(z) = f(z) - s z, taken piece by piece: on a concave piece
   g is concave and its minimum is at an end; on a convex piece g is convex and lies above its tangent
-  at any point d (we find d ~ argmin by bisection on f'), so min g >= g(d) - |g'(d)| max(d - a, b - d)
-  with g'(d) enclosed. Upper lines are symmetric. A few candidate slopes (chord, tangents at the ends,
-  the midpoint and the quartiles) are tried and the one closest to f at the midpoint is kept.
+  at any point d (d ~ argmin: where f'(d) = s, in closed form for sigmoid, tanh, exp and softplus,
+  else by Newton steps inside a bisection bracket), so min g >= g(d) - |g'(d)| max(d - a, b - d)
+  with g'(d) enclosed: wherever d lands the bound holds, its accuracy only buys tightness. Upper lines
+  are symmetric. A few candidate slopes (chord, tangents at the ends, the midpoint and the quartiles,
+  and the tangents through an end) are tried, all stacked in one pass over the entries, and the one
+  closest to f at the midpoint is kept. Candidate points use plain floating-point f, f' and f''; the
+  enclosures of f and f' at each convexity piece's ends are computed once for every candidate.
 
 This is where auto_LiRPA's CROWN is unsound for x**2 on [2, 5] (upper line below 25 at z = 5): here
 the upper intercept is the max of f(z) - s z over the two ends, so the line is above f at both ends,

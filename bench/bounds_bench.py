@@ -13,9 +13,9 @@ float32 (its usual precision) and float64, the time ratio ours/theirs(float32), 
 ratio of our output width to each of theirs (ours is sound: it may be wider than the float64 peer
 only by outward rounding; a ratio below 1 is a tighter bound). Under each "IBP" line: per layer whose
 float32 spread would hold subnormals (ReLU-pinned units), their count and the spread product's time on
-them against the flushed operands ours hands BLAS (the host's subnormal penalty). Under each "IBP f64" line: the time of the
-float64 matrix products its linear layers cannot do without (a floor under any float64 rule), against the
-peer's whole float32 IBP, and ours against the peer's float64 IBP.
+them against the flushed operands ours hands BLAS (the host's subnormal penalty). Under each "IBP f64"
+line: the time of the float64 matrix products its linear layers cannot do without (a floor under any
+float64 rule), against the peer's whole float32 IBP, and ours against the peer's float64 IBP.
 
 auto_LiRPA is optional: fetch its GitHub source and ``pip install --no-deps -e`` it (plus appdirs,
 graphviz), or it is picked up from /work/peers/auto_LiRPA if that checkout exists. Its defaults are

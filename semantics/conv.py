@@ -243,7 +243,8 @@ def _max_first(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padd
         spans = [_inside(f - pb, n, s, o) for f, pb, n, s, o in zip(offs, padding, spatial, stride, out_spatial)]
         if all(hi > lo for lo, hi, _ in spans):
             target = acc[(Ellipsis,) + tuple(slice(lo, hi) for lo, hi, _ in spans)]
-            cells = x[(Ellipsis,) + tuple(slice(q, q + (hi - lo - 1) * s + 1, s) for (lo, hi, q), s in zip(spans, stride))]
+            cells = x[(Ellipsis,) + tuple(slice(q, q + (hi - lo - 1) * s + 1, s)
+                                          for (lo, hi, q), s in zip(spans, stride))]
             np.maximum(target, cells, out=target)
     suspect = np.isnan(acc)
     zeros = acc == 0

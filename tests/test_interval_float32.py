@@ -444,8 +444,8 @@ def test_conv_with_subnormal_operands_encloses_the_exact_image(uniform, float32_
 
 def test_pinned_relus_feed_no_subnormal_to_the_next_products(gemm_operands):
     """The stall's origin: a ReLU-pinned unit (lo = hi = 0) has spread 2**-147, a float32 subnormal. A net
-    whose ReLUs pin many units (conv and linear layers after them): no GEMM operand is subnormal, and the boxes still hold
-    the float64 and float32 values at samples and corners, within 1e-3 of the float64 rule's widths."""
+    whose ReLUs pin many units (conv and linear layers after them): no GEMM operand is subnormal, and the boxes
+    still hold the float64 and float32 values at samples and corners, within 1e-3 of the float64 rule's widths."""
     torch.manual_seed(14)
     net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
                         nn.Flatten(), nn.Linear(8 * 36, 96), nn.ReLU(), nn.Linear(96, 64)).eval()

@@ -1,17 +1,21 @@
 """IBP and CROWN speed and tightness against auto_LiRPA (a benchmark peer only).
 
 Models: a 784-1024-1024-10 ReLU MLP, a CNN (1x28x28: conv 8 k4 s2, relu, conv 16 k4 s2, relu,
-linear 100, relu, linear 10) and a residual CNN (conv 8 k4 s2, relu, [conv 8 k3, relu, conv 8 k3]
-+ skip, relu, linear 10), each at batch 1 and 64, l-inf ball of radius --eps around random inputs.
+linear 100, relu, linear 10), a residual CNN (conv 8 k4 s2, relu, [conv 8 k3, relu, conv 8 k3]
++ skip, relu, linear 10), and smooth activations: a 100-256-256-10 MLP with relu then tanh, a CNN
+(3x32x32: conv 8 k4 s2, relu, conv 16 k4 s2, sigmoid, linear 10) and a 100-256-256-10 GELU MLP; each
+at batch 1 and 64, l-inf ball of radius --eps around random inputs.
 For each method (IBP, IBP with float64 products, CROWN, optionally alpha-CROWN) and case: median wall time of ours
 (outward rounded: "IBP" is the default, float32 BLAS products with rigorous error bounds where they cost at most
 2**-9 of a width; "IBP f64" and CROWN run every product in float64; the model read once, as
 auto_LiRPA's BoundedModule does) and of auto_LiRPA's ``compute_bounds`` in
 float32 (its usual precision) and float64, the time ratio ours/theirs(float32), and the largest
 ratio of our output width to each of theirs (ours is sound: it may be wider than the float64 peer
-only by outward rounding; a ratio below 1 is a tighter bound). Under each "IBP f64" line: the time of the
-float64 matrix products its linear layers cannot do without (a floor under any float64 rule), against the
-peer's whole float32 IBP, and ours against the peer's float64 IBP.
+only by outward rounding; a ratio below 1 is a tighter bound). Under each "IBP" line: per layer whose
+float32 spread would hold subnormals (ReLU-pinned units), their count and the spread product's time on
+them against the flushed operands ours hands BLAS (the host's subnormal penalty). Under each "IBP f64"
+line: the time of the float64 matrix products its linear layers cannot do without (a floor under any
+float64 rule), against the peer's whole float32 IBP, and ours against the peer's float64 IBP.
 
 auto_LiRPA is optional: fetch its GitHub source and ``pip install --no-deps -e`` it (plus appdirs,
 graphviz), or it is picked up from /work/peers/auto_LiRPA if that checkout exists. Its defaults are
@@ -47,7 +51,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--eps", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for both sides")
-    parser.add_argument("--only", default="mlp,cnn,res", help="comma-separated cases: mlp, cnn, res")
+    parser.add_argument("--only", default="mlp,cnn,res,tanh,sigmoid,gelu",
+                        help="comma-separated cases: mlp, cnn, res, tanh, sigmoid, gelu")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
     parser.add_argument("--methods", default="ibp,ibp64,crown",
                         help="comma-separated methods: ibp, ibp64 (float64 products), crown, alpha-crown")
@@ -94,6 +99,19 @@ def mlp() -> nn.Module:
 def cnn() -> nn.Module:
     return nn.Sequential(nn.Conv2d(1, 8, 4, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 4, stride=2, padding=1),
                          nn.ReLU(), nn.Flatten(), nn.Linear(16 * 7 * 7, 100), nn.ReLU(), nn.Linear(100, 10))
+
+
+def tanh_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(100, 256), nn.ReLU(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 10))
+
+
+def sigmoid_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 4, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 4, stride=2, padding=1),
+                         nn.Sigmoid(), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
+
+
+def gelu_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(100, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
 
 
 class Residual(nn.Module):
@@ -155,7 +173,7 @@ def median_times(fns: list[Callable[[], Any]], repeat: int) -> list[float]:
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
-    return [statistics.median(ts) for ts in times]
+    return [float("nan") if fn is _failed else statistics.median(ts) for fn, ts in zip(fns, times)]
 
 
 def _peer_bounds(model: nn.Module, x: torch.Tensor, eps: float, method: str
@@ -193,26 +211,82 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
         if method.lower().replace(" f64", "64") not in methods:
             continue
         fns = [fn]
+        case_peer = peer
         if peer is not None:
             peer_method = method.split()[0]  # ours with float64 products against the same peer IBP
-            fns += [_peer_bounds(model, x, eps, peer_method), _peer_bounds(copy.deepcopy(model).double(), x.double(),
-                                                                            eps, peer_method)]
-        floor = _linear_product_floor(bundle, x.shape[0]) if method == "IBP f64" and peer is not None else None
+            peer32 = _working(lambda: _peer_bounds(model, x, eps, peer_method), "float32")
+            if peer32 is _failed:
+                case_peer = None
+            else:
+                fns += [peer32, _working(lambda: _peer_bounds(copy.deepcopy(model).double(), x.double(), eps,
+                                                              peer_method), "float64")]
+        floor = _linear_product_floor(bundle, x.shape[0]) if method == "IBP f64" and case_peer is not None else None
         times = median_times(fns + ([floor] if floor else []), repeat)
         lo, hi = fn()
         width = hi - lo
         line = f"{name:<28} {method:<11} ours {times[0] * 1e3:9.2f} ms"
-        if peer is None:
+        if case_peer is None:
             print(f"{line}   output width mean {width.mean():.9g}")
             continue
         w32 = [(b - a).double().numpy() for a, b in [fns[1]()]][0]
-        w64 = [(b - a).numpy() for a, b in [fns[2]()]][0]
+        w64 = [(b - a).numpy() for a, b in [fns[2]()]][0] if fns[2] is not _failed else np.full(width.shape, np.nan)
         print(f"{line}   auto_LiRPA f32 {times[1] * 1e3:9.2f} ms  f64 {times[2] * 1e3:9.2f} ms   "
               f"time ratio ours/f32 {times[0] / times[1]:5.2f}   width ratio max: /f64 {_ratio(width, w64):.12f}  "
               f"/f32 {_ratio(width, w32):.8f}")
         if floor:
             print(f"{'':<28} {'':<11} float64 products of its linear layers alone {times[3] * 1e3:.2f} ms = "
                   f"{times[3] / times[1]:.2f} x auto_LiRPA f32's whole IBP (ours/f64 {times[0] / times[2]:.2f})")
+        if method == "IBP":
+            for line in _subnormal_lines(bundle, propagator64(lower, upper), repeat):
+                print(f"{'':<28} {'':<11} {line}")
+
+
+def _subnormal_lines(bundle: Bundle, boxes: list, repeat: int) -> list[str]:
+    """Per linear layer after the first whose float32 spread would hold subnormals (ReLU-pinned units:
+    spread 2**-147): how many, and the spread product |W| v32 on those operands against the same product
+    on the flushed operands that the float32 rule hands BLAS. The ratio is this host's subnormal
+    penalty: about 40x on x86 cores that take microcode assists, near 1 on cores that do not."""
+    from semantics.rules.affine import AffineParams, box_halves
+    from semantics.rules.affine32 import _spread, float32_weights, flush_subnormals
+    lines = []
+    for node in bundle.graph.nodes:
+        if node.kind != "linear" or node.parents[0] in bundle.graph.inputs:
+            continue
+        weight = np.asarray(bundle.payload.get(node.id, "weight"), np.float64)
+        w32 = float32_weights(AffineParams.of(weight, np.zeros(weight.shape[0])), weight.shape[1])
+        c, r, _ = box_halves(*boxes[node.parents[0]])
+        v = _spread(c, r, w32) if w32 is not None else None
+        if v is None:
+            continue
+        raw = v.astype(np.float32)
+        subnormal = int(np.count_nonzero((raw > 0) & (raw < np.float32(2.0 ** -126))))
+        if not subnormal:
+            continue
+        flushed = flush_subnormals(raw.copy())
+        abs_t = np.ascontiguousarray(w32.abs_weight.T)
+        t_raw, t_flushed = median_times([lambda: raw @ abs_t, lambda: flushed @ abs_t], repeat)
+        lines.append(f"node {node.id}: spread {subnormal} of {raw.size} float32 subnormals; |W| v32 product "
+                     f"unflushed {t_raw * 1e3:.2f} ms, flushed (ours) {t_flushed * 1e3:.2f} ms "
+                     f"(host subnormal penalty {t_raw / t_flushed:.2f}x)")
+    return lines
+
+
+def _failed() -> None:
+    """Stands for a peer configuration that raises (auto_LiRPA's float64 tanh/sigmoid relaxations mix
+    float32 tables into float64 tensors): its columns print nan."""
+    return None
+
+
+def _working(make: Callable[[], Callable[[], Any]], precision: str) -> Callable[[], Any]:
+    """The peer's bound function from ``make``, or ``_failed`` when building or running it raises (auto_LiRPA
+    has no Erf, so no GELU, and its float64 tanh/sigmoid relaxations mix float32 tables into float64)."""
+    try:
+        fn = make()
+        fn()
+    except (RuntimeError, NotImplementedError) as e:
+        print(f"  (auto_LiRPA {precision} skipped: {str(e).splitlines()[0][:100]})")
+        return _failed
+    return fn
 
 
 def _linear_product_floor(bundle: Bundle, batch: int) -> Callable[[], None] | None:
@@ -236,6 +310,8 @@ def _linear_product_floor(bundle: Bundle, batch: int) -> Callable[[], None] | No
 
 def _ratio(ours: np.ndarray, theirs: np.ndarray) -> float:
     """Largest ours/theirs over the outputs (1 where both are 0)."""
+    if np.isnan(theirs).all():
+        return float("nan")
     with np.errstate(all="ignore"):
         r = np.where(theirs > 0, ours / np.where(theirs > 0, theirs, 1.0), np.where(ours > 0, np.inf, 1.0))
     return float(np.max(r))
@@ -258,7 +334,10 @@ def main(args: argparse.Namespace) -> None:
     print(f"l-inf radius {args.eps}, median of {args.repeat} interleaved runs, {args.threads} thread(s) each")
     print(_gemm_line())
     models = {"mlp": ("MLP 784-1024-1024-10", mlp(), (784,)), "cnn": ("CNN 1x28x28", cnn(), (1, 28, 28)),
-              "res": ("residual CNN 1x28x28", Residual(), (1, 28, 28))}
+              "res": ("residual CNN 1x28x28", Residual(), (1, 28, 28)),
+              "tanh": ("MLP relu-tanh 100-256-256-10", tanh_mlp(), (100,)),
+              "sigmoid": ("CNN relu-sigmoid 3x32x32", sigmoid_cnn(), (3, 32, 32)),
+              "gelu": ("MLP gelu 100-256-256-10", gelu_mlp(), (100,))}
     for key in args.only.split(","):
         name, net, shape = models[key]
         for batch in (int(b) for b in args.batches.split(",")):

@@ -6,7 +6,12 @@ with ``torchlean_bridge.import_onnx``, checks that all runners agree, and prints
 wall time of several runs in one process: our float32 and float64 evaluation, onnxruntime, and the
 ReferenceEvaluator, with the ratios ours/onnxruntime and ReferenceEvaluator/ours.
 
-    python bench/eval_bench.py [--runs 7] [--models cnn,mlp,transformer] [--threads N]
+    python bench/eval_bench.py [--runs 7] [--models cnn,mlp,transformer] [--threads N] [--no-slow-peers]
+
+More models: ``squeezenet`` and ``resnet50`` (torchvision, random weights) and ``convmixer``
+(ConvMixer-256/8: depthwise 9x9 convolutions); ``--no-slow-peers`` skips the ReferenceEvaluator and
+the exact mode on them. The ``torch`` column is the model's own forward (same threads), ``f32/torch``
+our float32 time against it.
 
 ``--threads`` (default 1) fixes the BLAS thread count (OpenBLAS/OpenMP, set before numpy loads) and
 onnxruntime's intra-op threads to the same number, so both sides get the same cores; ``--threads 0``
@@ -119,7 +124,56 @@ def _randomize_batch_norm(model) -> None:
             m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
 
 
-MODELS: dict[str, Callable] = {"cnn": resnet_cnn, "mlp": mlp, "transformer": transformer}
+def _torchvision():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from torchvision_cpu import import_torchvision
+    tv = import_torchvision()
+    if tv is None:
+        raise SystemExit("torchvision is not installed: the squeezenet and resnet50 models need it")
+    return tv
+
+
+def squeezenet():
+    """torchvision's SqueezeNet 1.0 (random weights): three 3x3 stride-2 ceil-mode max pools."""
+    import torch
+    torch.manual_seed(0)
+    return _torchvision().models.squeezenet1_0(weights=None), torch.randn(1, 3, 224, 224)
+
+
+def resnet50():
+    import torch
+    torch.manual_seed(0)
+    model = _torchvision().models.resnet50(weights=None)
+    _randomize_batch_norm(model)
+    return model, torch.randn(1, 3, 224, 224)
+
+
+def convmixer():
+    """ConvMixer-256/8 (patch 7, kernel 9) at 224x224: depthwise 9x9 convolutions, GELU, batch norm."""
+    import torch
+    from torch import nn
+
+    class Residual(nn.Module):
+        def __init__(self, fn: nn.Module) -> None:
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, x):
+            return self.fn(x) + x
+
+    d, k = 256, 9
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, d, 7, stride=7), nn.GELU(), nn.BatchNorm2d(d),
+                          *[nn.Sequential(Residual(nn.Sequential(nn.Conv2d(d, d, k, groups=d, padding=k // 2),
+                                                                 nn.GELU(), nn.BatchNorm2d(d))),
+                                          nn.Conv2d(d, d, 1), nn.GELU(), nn.BatchNorm2d(d)) for _ in range(8)],
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(d, 1000))
+    _randomize_batch_norm(model)
+    return model, torch.randn(1, 3, 224, 224)
+
+
+MODELS: dict[str, Callable] = {"cnn": resnet_cnn, "mlp": mlp, "transformer": transformer, "squeezenet": squeezenet,
+                               "resnet50": resnet50, "convmixer": convmixer}
 
 
 def export_onnx(model, example) -> bytes:
@@ -182,10 +236,11 @@ def run_gemms(pairs: list[tuple]) -> None:
         np.matmul(left, right)
 
 
-def bench_model(name: str, runs: int, threads: int | None) -> dict[str, float]:
+def bench_model(name: str, runs: int, threads: int | None, slow_peers: bool = True) -> dict[str, float]:
     import numpy as np
     import onnx
     import onnxruntime as ort
+    import torch
     from onnx.reference import ReferenceEvaluator
 
     import torchlean_bridge as tlb
@@ -212,25 +267,46 @@ def bench_model(name: str, runs: int, threads: int | None) -> dict[str, float]:
     err32 = float(np.max(np.abs(ours32 - ort_out))) / scale
     err64 = float(np.max(np.abs(ours64 - ort_out))) / scale
 
-    exact = tlb.evaluate(g, p64, x, dtype="float64", exact=True)[0]
-    ulps = float(np.max(np.abs(exact - ours64)) / np.spacing(np.max(np.abs(exact))))
+    ulps = float("nan")
+    if slow_peers:
+        exact = tlb.evaluate(g, p64, x, dtype="float64", exact=True)[0]
+        ulps = float(np.max(np.abs(exact - ours64)) / np.spacing(np.max(np.abs(exact))))
     gemms32, gemms64 = gemm_operands(g, p64, x, "float32"), gemm_operands(g, p64, x, "float64")
-    t = median_times({"ours32": lambda: tlb.evaluate(g, p32, x, dtype="float32", check=False),
-                      "ours64": lambda: tlb.evaluate(g, p64, x, dtype="float64", check=False),
-                      "exact": lambda: tlb.evaluate(g, p64, x, dtype="float64", check=False, exact=True),
-                      "floor32": lambda: run_gemms(gemms32),
-                      "floor64": lambda: run_gemms(gemms64),
-                      "ort": lambda: session.run(None, {"x": x}),
-                      "ref": lambda: reference.run(None, {"x": x})},
-                     {"ours32": runs, "ours64": runs, "exact": max(1, runs // 2), "floor32": runs, "floor64": runs,
-                      "ort": runs, "ref": max(1, runs // 3)})
+    if threads:
+        torch.set_num_threads(threads)
+    xt = torch.from_numpy(x)
+    runners = {"ours32": lambda: tlb.evaluate(g, p32, x, dtype="float32", check=False),
+               "ours64": lambda: tlb.evaluate(g, p64, x, dtype="float64", check=False),
+               "exact": lambda: tlb.evaluate(g, p64, x, dtype="float64", check=False, exact=True),
+               "floor32": lambda: run_gemms(gemms32),
+               "floor64": lambda: run_gemms(gemms64),
+               "ort": lambda: session.run(None, {"x": x}),
+               "torch": lambda: _torch_forward(model, xt),
+               "ref": lambda: reference.run(None, {"x": x})}
+    counts = {"ours32": runs, "ours64": runs, "exact": max(1, runs // 2), "floor32": runs, "floor64": runs,
+              "ort": runs, "torch": runs, "ref": max(1, runs // 3)}
+    if not slow_peers:
+        for slow in ("exact", "ref"):
+            del runners[slow], counts[slow]
+    t = median_times(runners, counts)
+    t.setdefault("exact", float("nan"))
+    t.setdefault("ref", float("nan"))
     return {**t, "err32": err32, "err64": err64, "nodes": len(g), "ulps": ulps}
+
+
+def _torch_forward(model, x):
+    import torch
+    with torch.no_grad():
+        return model(x)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="timed runs per runner (median reported)")
-    parser.add_argument("--models", default="cnn,mlp,transformer")
+    parser.add_argument("--models", default="cnn,mlp,transformer",
+                        help="comma-separated: cnn, mlp, transformer, squeezenet, resnet50 (torchvision), convmixer")
+    parser.add_argument("--no-slow-peers", action="store_true",
+                        help="skip the ReferenceEvaluator and the exact mode (minutes on resnet50)")
     parser.add_argument("--threads", type=int, default=1,
                         help="BLAS and onnxruntime intra-op threads (default 1; 0 = each library's own default)")
     args = parser.parse_args(argv)
@@ -241,17 +317,18 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[var] = str(args.threads)
     header = (f"{'model':<12}{'nodes':>6}{'ours f32':>11}{'ours f64':>11}{'ort':>10}{'ref eval':>11}"
               f"{'floor f32':>11}{'floor f64':>11}{'f32/ort':>9}{'f64/ort':>9}{'ref/f32':>9}{'ref/f64':>9}"
-              f"{'ref/floor':>10}{'err f32':>10}{'err f64':>10}{'exact':>11}{'exact/f64':>10}{'ulps':>7}")
+              f"{'ref/floor':>10}{'err f32':>10}{'err f64':>10}{'exact':>11}{'exact/f64':>10}{'ulps':>7}"
+              f"{'torch':>10}{'f32/torch':>10}")
     print(header)
     for name in args.models.split(","):
-        r = bench_model(name, args.runs, args.threads)
+        r = bench_model(name, args.runs, args.threads, not args.no_slow_peers)
         ms = {k: r[k] * 1e3 for k in ("ours32", "ours64", "ort", "ref", "floor32", "floor64", "exact")}
         print(f"{name:<12}{r['nodes']:>6}{ms['ours32']:>9.1f}ms{ms['ours64']:>9.1f}ms{ms['ort']:>8.1f}ms"
               f"{ms['ref']:>9.1f}ms{ms['floor32']:>9.1f}ms{ms['floor64']:>9.1f}ms"
               f"{r['ours32'] / r['ort']:>9.2f}{r['ours64'] / r['ort']:>9.2f}"
               f"{r['ref'] / r['ours32']:>9.1f}{r['ref'] / r['ours64']:>9.1f}{r['ref'] / r['floor32']:>10.1f}"
               f"{r['err32']:>10.1e}{r['err64']:>10.1e}{ms['exact']:>9.1f}ms{r['exact'] / r['ours64']:>10.1f}"
-              f"{r['ulps']:>7.0f}", flush=True)
+              f"{r['ulps']:>7.0f}{r['torch'] * 1e3:>8.1f}ms{r['ours32'] / r['torch']:>10.2f}", flush=True)
     print(f"times: median wall clock (threads: {args.threads or 'library default'}); "
           "floor: the model's GEMMs alone on numpy's BLAS (no numpy evaluator can be faster); "
           "err: max |ours - onnxruntime| / max |onnxruntime|")

@@ -9,7 +9,9 @@ contracted with a matrix product batched over groups, so the work is BLAS, not P
 Pooling acts on the trailing ``spatial_rank`` axes. Windows are visited by kernel offset (a loop
 over the ``prod(kernel)`` offsets, each a whole-array strided slice of the cells inside the input),
 which also gives the spec's row-major accumulation order for average pooling (a padded cell adds
-an exact 0, so skipping it changes nothing); large windows use a single view reduction.
+an exact 0, so skipping it changes nothing); large windows use a single view reduction. TorchLean's
+order-dependent max (``max_first``) folds with ``np.maximum`` and repairs only the windows whose
+result could differ (NaN or zero), by its sequential rule.
 """
 
 from __future__ import annotations
@@ -186,6 +188,8 @@ def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence
     if any(o == 0 for o in out_spatial):
         return np.zeros(out_shape, x.dtype)
     lead = (Ellipsis,)
+    if mode == "max_first" and all(d == 1 for d in dilation) and x.dtype.kind == "f":
+        return _max_first(x, kernel, stride, padding, out_spatial)
     if math.prod(kernel) <= _OFFSET_LOOP_LIMIT or sequential or mode == "max_first":
         # fold in, kernel offset by kernel offset (row-major), the cells inside the input; no padding is built
         acc = np.full(out_shape, -np.inf if mode == "max" else 0.0, x.dtype)
@@ -218,3 +222,62 @@ def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence
         return acc
     acc /= np.asarray(divisor, acc.dtype)
     return acc
+
+
+def _max_first(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+               out_spatial: Sequence[int]) -> np.ndarray:
+    """``pool_nd``'s ``max_first`` (TorchLean's ``maxPoolValue``, dilation 1): a ``np.maximum`` fold of
+    strided slices from -inf, one pass per kernel offset (a ``cell > best`` select per offset costs five
+    times more), then exact repairs where a plain maximum can differ from the sequential rule.
+
+    Wherever the fold's result is neither NaN nor a zero it is max_first's: with no NaN in a window
+    (``np.maximum`` propagates NaN) both are the window's largest value, and equal non-zero floats have
+    the same bits; a window with no cell in the input gives -inf in both. A NaN result (max_first: the
+    first in-range cell when it is NaN, later NaNs ignored) is recomputed by the sequential rule on
+    those windows alone, gathered. A zero result means a NaN-free window of cells <= 0: max_first
+    keeps its first zero, so only an input holding a -0.0 needs those windows recomputed as well."""
+    r = len(kernel)
+    spatial = x.shape[x.ndim - r:]
+    acc = np.full(x.shape[:x.ndim - r] + tuple(out_spatial), -np.inf, x.dtype)
+    for offs in itertools.product(*(range(kk) for kk in kernel)):
+        spans = [_inside(f - pb, n, s, o) for f, pb, n, s, o in zip(offs, padding, spatial, stride, out_spatial)]
+        if all(hi > lo for lo, hi, _ in spans):
+            target = acc[(Ellipsis,) + tuple(slice(lo, hi) for lo, hi, _ in spans)]
+            cells = x[(Ellipsis,) + tuple(slice(q, q + (hi - lo - 1) * s + 1, s)
+                                          for (lo, hi, q), s in zip(spans, stride))]
+            np.maximum(target, cells, out=target)
+    suspect = np.isnan(acc)
+    zeros = acc == 0
+    if zeros.any() and _has_negative_zero(x):
+        suspect |= zeros
+    if suspect.any():
+        acc[suspect] = _sequential_first_max(x, np.nonzero(suspect), kernel, stride, padding)
+    return acc
+
+
+def _has_negative_zero(x: np.ndarray) -> bool:
+    if x.flags.c_contiguous and x.dtype.itemsize in (4, 8):
+        bits = x.view(np.uint32 if x.dtype.itemsize == 4 else np.uint64)
+        return bool(np.any(bits == bits.dtype.type(1 << (8 * x.dtype.itemsize - 1))))
+    return bool(np.any((x == 0) & np.signbit(x)))
+
+
+def _sequential_first_max(x: np.ndarray, where: tuple[np.ndarray, ...], kernel: Sequence[int],
+                          stride: Sequence[int], padding: Sequence[int]) -> np.ndarray:
+    """max_first of the windows at output positions ``where`` (a ``np.nonzero`` tuple), vectorized over
+    those windows: the first in-range cell, replaced by each later in-range cell (row-major) greater
+    than it; -inf for a window with no cell in the input."""
+    r = len(kernel)
+    spatial = x.shape[x.ndim - r:]
+    lead_idx, out_idx = where[:x.ndim - r], where[x.ndim - r:]
+    base = [o * s - pb for o, s, pb in zip(out_idx, stride, padding)]
+    best = np.full(len(where[0]), -np.inf, x.dtype)
+    seen = np.zeros(len(where[0]), bool)
+    with np.errstate(invalid="ignore"):
+        for offs in itertools.product(*(range(kk) for kk in kernel)):
+            coords = [b + f for b, f in zip(base, offs)]
+            inside = np.logical_and.reduce([(c >= 0) & (c < n) for c, n in zip(coords, spatial)])
+            cells = x[lead_idx + tuple(np.clip(c, 0, n - 1) for c, n in zip(coords, spatial))]
+            np.copyto(best, cells, where=inside & (~seen | (cells > best)))
+            seen |= inside
+    return best

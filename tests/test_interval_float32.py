@@ -328,3 +328,134 @@ def test_an_infinite_weight_keeps_the_float64_rule_so_other_outputs_stay_finite(
     want = linear_box((c - r, c + r), p)
     assert all(np.array_equal(a, b) for a, b in zip(got, want))
     assert np.isfinite(got[0][:, :3]).all() and np.isinf(got[0][:, 3]).all()
+
+
+# ---- no subnormal reaches a float32 GEMM (a 40x stall on x86 BLAS), and the flush is paid for --------------
+
+_TINY32 = np.float32(2.0 ** -126)
+
+
+def _subnormals(a: np.ndarray) -> int:
+    return int(np.count_nonzero((a != 0) & (np.abs(a) < _TINY32))) if a.dtype == np.float32 else 0
+
+
+@pytest.fixture
+def gemm_operands(monkeypatch):
+    """Every operand the float32 rules hand to a matrix product (np.matmul and the conv GEMM's staged input),
+    as (operand, subnormal count) pairs."""
+    import types
+
+    import semantics.rules.affine32 as affine32
+    seen: list[int] = []
+
+    def matmul(a, b, *args, **kw):
+        seen.extend((_subnormals(np.asarray(a)), _subnormals(np.asarray(b))))
+        return np.matmul(a, b, *args, **kw)
+
+    def conv_products(staged, plan, weight, groups, name):
+        seen.extend((_subnormals(staged), _subnormals(np.asarray(weight))))
+        return real_conv(staged, plan, weight, groups, name)
+
+    real_conv = affine32.conv_products
+    proxy = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    proxy.matmul = matmul
+    monkeypatch.setattr(affine32, "np", proxy)
+    monkeypatch.setattr(affine32, "conv_products", conv_products)
+    return seen
+
+
+def test_flush_subnormals_zeroes_exactly_the_subnormals():
+    from semantics.rules.affine32 import flush_subnormals
+    x = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-39, -1.1754942e-38, 2.0 ** -126, -(2.0 ** -126), 1.0, -3e38,
+                  np.inf, -np.inf], np.float32)
+    want = np.where(np.abs(x) < _TINY32, np.float32(0), x)
+    strided = np.zeros((2, 12), np.float32)
+    strided[0] = x
+    got = flush_subnormals(strided[:, ::1][0])
+    assert np.array_equal(got, want) and _subnormals(strided) == 0 and np.array_equal(strided[1], np.zeros(12))
+
+
+def _subnormal_box(rng: np.random.Generator, rows: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A box whose float32 center and spread are mostly subnormal: pinned units (lo = hi = 0, spread
+    2**-147), centers and radii just under float32's smallest normal, some normal entries."""
+    kind = rng.integers(0, 4, (rows, n))
+    c = np.where(kind == 0, 0.0, np.where(kind == 1, rng.uniform(0.5, 0.999, (rows, n)) * 2.0 ** -126,
+                                          np.where(kind == 2, rng.uniform(-1e-40, 1e-40, (rows, n)),
+                                                   rng.standard_normal((rows, n)))))
+    r = np.where(kind == 0, 0.0, np.where(kind == 3, np.abs(rng.standard_normal((rows, n))) * 0.01,
+                                          rng.uniform(0.5, 0.999, (rows, n)) * 2.0 ** -126))
+    return c - r, c + r
+
+
+@pytest.mark.parametrize("weight_scale", [1.0, 1e30])
+def test_linear_with_subnormal_operands_encloses_the_exact_image(weight_scale, float32_everywhere, gemm_operands):
+    """Centers and spreads full of float32 subnormals (1e30 weights make the flush's n max|W| 2**-126
+    visible: about 1e-7 per output, above the products' own rounding), checked against the exact image in
+    rational arithmetic; the products saw no subnormal operand."""
+    rng = np.random.default_rng(11)
+    w, b = _f32(rng, (6, 48), weight_scale), _f32(rng, (6,))
+    lo, hi = _subnormal_box(rng, 3, 48)
+    got_lo, got_hi = linear_box32((lo, hi), AffineParams.of(w, b))
+    assert gemm_operands and not any(gemm_operands)  # the float32 path ran, on flushed operands
+    c32 = ((lo + hi) / 2).astype(np.float32)
+    assert _subnormals(c32) > 30  # without the flush, the GEMM would have read these
+    for k in range(3):
+        want_lo, want_hi = _exact_linear(w, b, lo[k], hi[k])
+        assert all(Fraction(g) <= e for g, e in zip(got_lo[k], want_lo))
+        assert all(Fraction(g) >= e for g, e in zip(got_hi[k], want_hi))
+
+
+def test_uniform_radius_linear_with_subnormal_centers_encloses_the_exact_image(float32_everywhere, gemm_operands):
+    """An l-inf ball of radius 1e-39 around float32-subnormal centers (float64 normals), 1e30 weights."""
+    rng = np.random.default_rng(12)
+    w, b = _f32(rng, (5, 300), 1e30), _f32(rng, (5,))
+    c = rng.uniform(-1.1e-38, 1.1e-38, (2, 300))
+    lo, hi = c - 1e-39, c + 1e-39
+    got_lo, got_hi = linear_box32((lo, hi), AffineParams.of(w, b))
+    assert gemm_operands and not any(gemm_operands)
+    for k in range(2):
+        want_lo, want_hi = _exact_linear(w, b, lo[k], hi[k])
+        assert all(Fraction(g) <= e for g, e in zip(got_lo[k], want_lo))
+        assert all(Fraction(g) >= e for g, e in zip(got_hi[k], want_hi))
+
+
+@pytest.mark.parametrize("uniform", [False, True])
+def test_conv_with_subnormal_operands_encloses_the_exact_image(uniform, float32_everywhere, gemm_operands):
+    rng = np.random.default_rng(13)
+    cin, cout, k = 2, 3, 3
+    w, b = _f32(rng, (cout, cin, k, k), 1e20), _f32(rng, (cout,))
+    if uniform:
+        c = rng.uniform(-1.1e-38, 1.1e-38, (1, cin, 5, 5))
+        lo, hi = c - 1e-39, c + 1e-39
+    else:
+        lo, hi = (a.reshape(1, cin, 5, 5) for a in _subnormal_box(rng, 1, cin * 25))
+    attrs = dict(kernel=[k, k], stride=[1, 1], dilation=[1, 1], padding=[1, 1], padding_after=[1, 1], groups=1,
+                 channel_axis=1, in_channels=cin, out_channels=cout, spatial_rank=2)
+    got_lo, got_hi = conv_box32((lo, hi), AffineParams.of(w, b), attrs, (1, cout, 5, 5))
+    assert gemm_operands and not any(gemm_operands)
+    plo, phi = (np.pad(a[0], ((0, 0), (1, 1), (1, 1))) for a in (lo, hi))
+    for o in range(cout):
+        for y in range(5):
+            for x in range(5):
+                want_lo, want_hi = _exact_linear(w[o].reshape(1, -1), b[o:o + 1], plo[:, y:y + k, x:x + k].reshape(-1),
+                                                 phi[:, y:y + k, x:x + k].reshape(-1))
+                assert Fraction(got_lo[0, o, y, x]) <= want_lo[0] and Fraction(got_hi[0, o, y, x]) >= want_hi[0]
+
+
+def test_pinned_relus_feed_no_subnormal_to_the_next_products(gemm_operands):
+    """The stall's origin: a ReLU-pinned unit (lo = hi = 0) has spread 2**-147, a float32 subnormal. A net
+    whose ReLUs pin many units (conv and linear layers after them): no GEMM operand is subnormal, and the boxes
+    still hold the float64 and float32 values at samples and corners, within 1e-3 of the float64 rule's widths."""
+    torch.manual_seed(14)
+    net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(8 * 36, 96), nn.ReLU(), nn.Linear(96, 64)).eval()
+    x = torch.rand(6, 1, 6, 6)
+    bundle = tlb.import_fx(net, (x,))
+    c = x.double().numpy()
+    boxes = tlb.interval_bounds(bundle.graph, bundle.payload, c - 0.01, c + 0.01)
+    for relu in (n.id for n in bundle.graph.nodes if n.kind == "relu"):
+        assert np.count_nonzero((boxes[relu][0] == 0) & (boxes[relu][1] == 0)) >= 10  # pinned units
+    assert gemm_operands and not any(gemm_operands)
+    gemm_operands.clear()
+    assert_sound_and_close(net, x, 0.01, 20, 15)
+    assert not any(gemm_operands)

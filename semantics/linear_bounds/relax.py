@@ -13,9 +13,13 @@ the intercepts are then computed rigorously for the chosen slope:
   enclosure of f and of f', and their convexity pieces. For a slope s the intercept of the lower line
   is a lower bound of min over [l, u] of g(z) = f(z) - s z, taken piece by piece: on a concave piece
   g is concave and its minimum is at an end; on a convex piece g is convex and lies above its tangent
-  at any point d (we find d ~ argmin by bisection on f'), so min g >= g(d) - |g'(d)| max(d - a, b - d)
-  with g'(d) enclosed. Upper lines are symmetric. A few candidate slopes (chord, tangents at the ends,
-  the midpoint and the quartiles) are tried and the one closest to f at the midpoint is kept.
+  at any point d (d ~ argmin: where f'(d) = s, in closed form for sigmoid, tanh, exp and softplus,
+  else by Newton steps inside a bisection bracket), so min g >= g(d) - |g'(d)| max(d - a, b - d)
+  with g'(d) enclosed: wherever d lands the bound holds, its accuracy only buys tightness. Upper lines
+  are symmetric. A few candidate slopes (chord, tangents at the ends, the midpoint and the quartiles,
+  and the tangents through an end) are tried, all stacked in one pass over the entries, and the one
+  closest to f at the midpoint is kept. Candidate points use plain floating-point f, f' and f''; the
+  enclosures of f and f' at each convexity piece's ends are computed once for every candidate.
 
 This is where auto_LiRPA's CROWN is unsound for x**2 on [2, 5] (upper line below 25 at z = 5): here
 the upper intercept is the max of f(z) - s z over the two ends, so the line is above f at both ends,
@@ -30,6 +34,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import interval_arith as ia
+from ..float_special import erf
 from ..interval_arith import erf_at, exp_at, tanh_at
 from ..interval_round import Box, down, lib_bounds, up
 from ..rules.activations import INV_SQRT2, _elu_with, gelu_box, sigmoid_at, softplus_at
@@ -80,6 +85,29 @@ class Smooth:
     breaks: tuple[float, ...]
     curvature: tuple[int, ...]
     lipschitz: float = 0.0
+    # approximately the point d of the convex (True) or concave (False) piece where f'(d) = s, in closed
+    # form (the end of the piece, or +-inf, where f' never reaches s); None: found by bisection. Only
+    # ``_stationary``'s candidate: the bound at d is rigorous wherever d is
+    stationary: Callable[[np.ndarray, bool], np.ndarray] | None = None
+    # f'' in plain floating point (no enclosure): Newton steps for ``_stationary``'s candidate point where
+    # there is no closed form (bisection where a step leaves the bracket); None: bisection alone
+    d2f: Callable[[np.ndarray], np.ndarray] | None = None
+    # f and f' in plain floating point, for the candidate points (``_stationary``, ``_tangent_through``):
+    # a few times cheaper than the enclosures; None: the enclosures' midpoints
+    f_point: Callable[[np.ndarray], np.ndarray] | None = None
+    df_point: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def f_mid(self, x: np.ndarray) -> np.ndarray:
+        if self.f_point is not None:
+            return self.f_point(x)
+        lo, hi = self.f(x)
+        return lo * 0.5 + hi * 0.5
+
+    def df_mid(self, x: np.ndarray) -> np.ndarray:
+        if self.df_point is not None:
+            return self.df_point(x)
+        lo, hi = self.df(x)
+        return lo * 0.5 + hi * 0.5
 
 
 def _sigmoid_df(x: np.ndarray) -> Box:
@@ -112,15 +140,74 @@ def _gelu_df(x: np.ndarray) -> Box:
     return ia.add(big_phi, ia.mul(px, phi))
 
 
+def _sech2_inverse(s: np.ndarray, scale: float) -> np.ndarray:
+    """t >= 0 with sech(t)**2 = s / scale (0 where s >= scale, inf where s <= 0)."""
+    q = np.clip(s / scale, 2.0 ** -1000, 1.0)
+    t = np.arccosh(1.0 / np.sqrt(q))
+    return np.where(s <= 0, np.inf, t)
+
+
+def _tanh_stationary(s: np.ndarray, convex: bool) -> np.ndarray:
+    """tanh' = sech**2: the convex piece is x <= 0, the concave one x >= 0."""
+    t = _sech2_inverse(s, 1.0)
+    return -t if convex else t
+
+
+def _sigmoid_stationary(s: np.ndarray, convex: bool) -> np.ndarray:
+    """sigmoid'(x) = sech(x / 2)**2 / 4."""
+    t = 2.0 * _sech2_inverse(s, 0.25)
+    return -t if convex else t
+
+
+def _exp_stationary(s: np.ndarray, convex: bool) -> np.ndarray:
+    return np.log(np.maximum(s, 0.0))  # -inf where s <= 0
+
+
+def _softplus_stationary(s: np.ndarray, convex: bool) -> np.ndarray:
+    """softplus' = sigmoid: its inverse, the logit (-inf / inf outside (0, 1))."""
+    q = np.clip(s, 0.0, 1.0)
+    return np.log(q) - np.log1p(-q)
+
+
+def _tanh_d2f(x: np.ndarray) -> np.ndarray:
+    return -2.0 * np.tanh(x) / np.cosh(x) ** 2
+
+
+def _sigmoid_d2f(x: np.ndarray) -> np.ndarray:
+    t = np.tanh(0.5 * x)  # sigmoid = (1 + t) / 2, sigmoid' = (1 - t^2) / 4, sigmoid'' = -t (1 - t^2) / 4
+    return -0.25 * t * (1.0 - t * t)
+
+
+def _gelu_d2f(x: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * x * x) * _INV_SQRT_2PI[0] * (2.0 - x * x)
+
+
+def _sigmoid_point(x: np.ndarray) -> np.ndarray:
+    return 0.5 + 0.5 * np.tanh(0.5 * x)
+
+
+def _gelu_point(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + erf(x * INV_SQRT2[0]))
+
+
+def _gelu_df_point(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + erf(x * INV_SQRT2[0])) + x * np.exp(-0.5 * x * x) * _INV_SQRT_2PI[0]
+
+
 _SQRT2_LO, _SQRT2_HI = float(down(down(np.float64(np.sqrt(2.0))))), float(up(up(np.float64(np.sqrt(2.0)))))
 
 SMOOTH: dict[str, Smooth] = {
-    "sigmoid": Smooth(sigmoid_at, _sigmoid_df, (0.0,), (1, -1)),
-    "tanh": Smooth(tanh_at, _tanh_df, (0.0,), (1, -1)),
-    "exp": Smooth(exp_at, exp_at, (), (1,)),
-    "softplus": Smooth(softplus_at, sigmoid_at, (), (1,)),
+    "sigmoid": Smooth(sigmoid_at, _sigmoid_df, (0.0,), (1, -1), stationary=_sigmoid_stationary, d2f=_sigmoid_d2f,
+                      f_point=_sigmoid_point, df_point=lambda x: 0.25 / np.cosh(0.5 * x) ** 2),
+    "tanh": Smooth(tanh_at, _tanh_df, (0.0,), (1, -1), stationary=_tanh_stationary, d2f=_tanh_d2f,
+                   f_point=np.tanh, df_point=lambda x: 1.0 / np.cosh(x) ** 2),
+    "exp": Smooth(exp_at, exp_at, (), (1,), stationary=_exp_stationary, d2f=np.exp, f_point=np.exp, df_point=np.exp),
+    "softplus": Smooth(softplus_at, sigmoid_at, (), (1,), stationary=_softplus_stationary,
+                       d2f=lambda x: 0.25 / np.cosh(0.5 * x) ** 2, f_point=lambda x: np.logaddexp(0.0, x),
+                       df_point=_sigmoid_point),
     # gelu'' = phi(x) (2 - x^2): concave, convex on [-sqrt 2, sqrt 2], concave; |gelu'| < 1.2 near +-sqrt 2
-    "gelu": Smooth(_gelu_f, _gelu_df, (-_SQRT2_HI, -_SQRT2_LO, _SQRT2_LO, _SQRT2_HI), (-1, 0, 1, 0, -1), 1.2),
+    "gelu": Smooth(_gelu_f, _gelu_df, (-_SQRT2_HI, -_SQRT2_LO, _SQRT2_LO, _SQRT2_HI), (-1, 0, 1, 0, -1), 1.2,
+                   d2f=_gelu_d2f, f_point=_gelu_point, df_point=_gelu_df_point),
 }
 SMOOTH_KINDS = frozenset(SMOOTH) | {"pow", "elu"}
 
@@ -156,30 +243,49 @@ def smooth_for(kind: str, attrs: Mapping[str, Any]) -> Smooth | None:
 
 def _g(fn: Smooth, z: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
     """A lower (side -1) or upper (+1) bound of f(z) - s z at the float points z."""
-    f_lo, f_hi = fn.f(z)
-    with np.errstate(all="ignore"):
-        if side < 0:
-            return down(f_lo - up(s * z))
-        return up(f_hi - down(s * z))
+    return _g_at(fn.f(z), z, s, side)
 
 
 def _stationary(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, increasing: bool) -> np.ndarray:
-    """A point d of [a, b] near where f'(d) = s, f' monotone on [a, b] (bisection, vectorized)."""
+    """A point d of [a, b] near where f'(d) = s, f' monotone on [a, b]: the closed form clipped to the
+    piece where ``fn`` has one (what bisection converges to: f' - s keeps one sign on [a, b] exactly when
+    the solution lies outside it), else bisection, vectorized."""
+    if fn.stationary is not None:
+        with np.errstate(all="ignore"):
+            d = fn.stationary(s, increasing)
+        return np.clip(np.where(np.isnan(d), a, d), a, b)
+    if fn.d2f is not None:
+        def h(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return fn.df_mid(d) - s, fn.d2f(d)
+        return _newton_bisect(h, a, b, increasing)
     lo, hi = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):
         mid = lo * 0.5 + hi * 0.5
-        d_lo, d_hi = fn.df(mid)
-        below = (d_lo * 0.5 + d_hi * 0.5 < s) == increasing
+        below = (fn.df_mid(mid) < s) == increasing
         lo = np.where(below, mid, lo)
         hi = np.where(below, hi, mid)
     return np.clip(lo * 0.5 + hi * 0.5, a, b)
 
 
-def _extremum(fn: Smooth, lo: np.ndarray, hi: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
-    """Rigorous min (side -1) or max (+1) of f(z) - s z over [lo, hi], piece by piece."""
+@dataclass(frozen=True)
+class _Piece:
+    """One convexity piece of f met by the boxes, [a, b] = [lo, hi] clipped to it (``there``: where it
+    meets them; elsewhere a = b = lo), with the enclosures of f and (curved pieces) f' at its ends:
+    they do not depend on the slope, so every candidate line reuses them."""
+
+    a: np.ndarray
+    b: np.ndarray
+    there: np.ndarray
+    curvature: int
+    fa: Box
+    fb: Box
+    dfa: Box | None
+    dfb: Box | None
+
+
+def _pieces(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> list[_Piece]:
     edges = (-np.inf,) + fn.breaks + (np.inf,)
-    best = np.full(lo.shape, np.inf if side < 0 else -np.inf)
-    pick = np.minimum if side < 0 else np.maximum
+    out = []
     with np.errstate(all="ignore"):
         for p, curv in enumerate(fn.curvature):
             a, b = np.maximum(lo, edges[p]), np.minimum(hi, edges[p + 1])
@@ -187,23 +293,42 @@ def _extremum(fn: Smooth, lo: np.ndarray, hi: np.ndarray, s: np.ndarray, side: i
             if not np.any(there):
                 continue
             a, b = np.where(there, a, lo), np.where(there, b, lo)
-            ends = pick(_g(fn, a, s, side), _g(fn, b, s, side))
+            out.append(_Piece(a, b, there, curv, fn.f(a), fn.f(b), fn.df(a) if curv else None,
+                              fn.df(b) if curv else None))
+    return out
+
+
+def _g_at(fz: Box, z: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
+    """``_g`` from the enclosure ``fz`` of f(z)."""
+    with np.errstate(all="ignore"):
+        if side < 0:
+            return down(fz[0] - up(s * z))
+        return up(fz[1] - down(s * z))
+
+
+def _extremum(fn: Smooth, pieces: list[_Piece], lo: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
+    """Rigorous min (side -1) or max (+1) of f(z) - s z over [lo, hi], piece by piece (``_pieces``)."""
+    best = np.full(lo.shape, np.inf if side < 0 else -np.inf)
+    pick = np.minimum if side < 0 else np.maximum
+    with np.errstate(all="ignore"):
+        for piece in pieces:
+            a, b, curv = piece.a, piece.b, piece.curvature
+            ends = pick(_g_at(piece.fa, a, s, side), _g_at(piece.fb, b, s, side))
             if curv == 0:  # unknown curvature on a sliver: ends -+ Lipschitz * width
                 slack = up(up(fn.lipschitz + np.abs(s)) * up(b - a))
                 value = down(ends - slack) if side < 0 else up(ends + slack)
             elif curv == side:  # the extremum of g sits at an end (concave g for a min, convex for a max)
                 value = ends
             else:
-                value = _tangent_bound(fn, a, b, s, side, curv > 0)
-            best = np.where(there, pick(best, value), best)
+                value = _tangent_bound(fn, piece, s, side)
+            best = np.where(piece.there, pick(best, value), best)
     return best
 
 
-def _tangent_bound(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, side: int, increasing: bool
-                   ) -> np.ndarray:
+def _tangent_bound(fn: Smooth, piece: _Piece, s: np.ndarray, side: int) -> np.ndarray:
     """Min of a convex g (side -1) or max of a concave g (+1) over [a, b]: g(d) -+ |g'(d)| max(d - a, b - d)."""
-    da_lo, da_hi = fn.df(a)
-    db_lo, db_hi = fn.df(b)
+    a, b, increasing = piece.a, piece.b, piece.curvature > 0
+    (da_lo, da_hi), (db_lo, db_hi) = piece.dfa, piece.dfb
     if increasing:  # f' increasing: g monotone on the piece when s is outside [f'(a), f'(b)]
         at_a, at_b = da_lo >= s, db_hi <= s
     else:
@@ -217,26 +342,67 @@ def _tangent_bound(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, side
     else:
         inner = up(_g(fn, d, s, side) + up(up(slope) * reach))
     # monotone g: the extremum is at the end g moves away from
-    return np.where(at_a, _g(fn, a, s, side), np.where(at_b, _g(fn, b, s, side), inner))
+    return np.where(at_a, _g_at(piece.fa, a, s, side), np.where(at_b, _g_at(piece.fb, b, s, side), inner))
+
+
+_NEWTON_STEPS = 12
+
+
+def _newton_bisect(h: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], a: np.ndarray, b: np.ndarray,
+                   increasing: bool) -> np.ndarray:
+    """A root of h on [a, b] (h monotone there, ``increasing`` or not; h returns its value and
+    derivative), vectorized: Newton steps kept inside the shrinking bracket, bisection where a step
+    would leave it; an end of [a, b] when h keeps one sign. Only a candidate point (the bounds built at
+    it are rigorous wherever it lands), so a fixed number of steps."""
+    lo, hi = a.copy(), b.copy()
+    d = lo * 0.5 + hi * 0.5
+    with np.errstate(all="ignore"):
+        for _ in range(_NEWTON_STEPS):
+            value, slope = h(d)
+            below = (value < 0) == increasing
+            lo, hi = np.where(below, d, lo), np.where(below, hi, d)
+            step = d - value / slope
+            d = np.where(np.isfinite(step) & (step >= lo) & (step <= hi), step, lo * 0.5 + hi * 0.5)
+    return np.clip(d, a, b)
 
 
 def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f0: np.ndarray) -> np.ndarray:
-    """The slope f'(d) of a tangent at d in [a, b] that passes through (z0, f0), by bisection on
-    f(d) + f'(d)(z0 - d) - f0 (increasing in d where the tangent sweeps across the point). Only a
-    candidate slope: its intercept is computed rigorously afterwards."""
+    """The slope f'(d) of a tangent at d in [a, b] that passes through (z0, f0): a sign change of
+    h(d) = f(d) + f'(d)(z0 - d) - f0, h'(d) = f''(d)(z0 - d) (Newton steps inside the bracket where f''
+    is known, else bisection). Only a candidate slope: its intercept is computed rigorously afterwards."""
+    if fn.d2f is not None:
+        def h(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return fn.f_mid(d) + fn.df_mid(d) * (z0 - d) - f0, fn.d2f(d) * (z0 - d)
+        return fn.df_mid(_newton_bisect(h, a, b, True))
     left, right = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):
         d = left * 0.5 + right * 0.5
-        f_lo, f_hi = fn.f(d)
-        df_lo, df_hi = fn.df(d)
-        h = (f_lo + f_hi) * 0.5 + (df_lo + df_hi) * 0.5 * (z0 - d) - f0
+        h = fn.f_mid(d) + fn.df_mid(d) * (z0 - d) - f0
         left, right = np.where(h < 0, d, left), np.where(h < 0, right, d)
-    df_lo, df_hi = fn.df(left * 0.5 + right * 0.5)
-    return (df_lo + df_hi) * 0.5
+    return fn.df_mid(left * 0.5 + right * 0.5)
+
+
+# entries relaxed at once: the candidate slopes are stacked ``[slopes, entries]`` and every temporary has
+# that shape, so a chunk's working set stays around a few MiB whatever the layer's size
+_SMOOTH_CHUNK = 1 << 15
 
 
 def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
-    """The best of a few candidate lines on each side, with rigorous intercepts (finite lo <= hi)."""
+    """The best of a few candidate lines on each side, with rigorous intercepts (finite lo <= hi):
+    all candidates of a chunk of entries in one stacked pass (a handful of numpy calls per step
+    whatever the number of candidates, so a batch of 1 is not dominated by call overhead)."""
+    shape = np.shape(lo)
+    flat_lo, flat_hi = np.ravel(lo), np.ravel(hi)
+    if flat_lo.size <= _SMOOTH_CHUNK:
+        parts = [_smooth_lines_flat(fn, flat_lo, flat_hi)]
+    else:
+        parts = [_smooth_lines_flat(fn, flat_lo[k:k + _SMOOTH_CHUNK], flat_hi[k:k + _SMOOTH_CHUNK])
+                 for k in range(0, flat_lo.size, _SMOOTH_CHUNK)]
+    a_l, b_l, a_u, b_u = (np.concatenate([part[q] for part in parts]).reshape(shape) for q in range(4))
+    return a_l, b_l, a_u, b_u
+
+
+def _smooth_lines_flat(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
     with np.errstate(all="ignore"):
         width = hi - lo
         f_lo_l, f_hi_l = fn.f(lo)
@@ -244,27 +410,24 @@ def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
         mid = lo * 0.5 + hi * 0.5
         chord = np.where(width > 0, ((f_lo_u + f_hi_u) - (f_lo_l + f_hi_l)) * 0.5 / np.where(width > 0, width, 1.0),
                          0.0)
-        slopes = [chord]
-        for t in (lo, hi, mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75):
-            d_lo, d_hi = fn.df(t)
-            slopes.append(d_lo * 0.5 + d_hi * 0.5)
+        d_lo, d_hi = fn.df(np.stack((lo, hi, mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75)))
         f_l, f_u = (f_lo_l + f_hi_l) * 0.5, (f_lo_u + f_hi_u) * 0.5
-        slopes.append(_tangent_through(fn, mid, hi, lo, f_l))  # upper line of an S-shape: from (l, f(l))
-        slopes.append(_tangent_through(fn, lo, mid, hi, f_u))  # lower line: through (u, f(u))
+        # the upper line of an S-shape from (l, f(l)), the lower line through (u, f(u))
+        through = _tangent_through(fn, np.stack((mid, lo)), np.stack((hi, mid)), np.stack((lo, hi)),
+                                   np.stack((f_l, f_u)))
+        slopes = np.concatenate((chord[None], d_lo * 0.5 + d_hi * 0.5, through))
+        slopes = np.where(np.isfinite(slopes), slopes, 0.0)
+        pieces = _pieces(fn, lo, hi)
         out = []
         for side in (-1, 1):
-            best_s = best_c = best_v = None
-            for s in slopes:
-                s = np.where(np.isfinite(s), s, 0.0)
-                c = _extremum(fn, lo, hi, s, side)
-                v = s * mid + c
-                better = None if best_v is None else (v > best_v if side < 0 else v < best_v)
-                if better is None:
-                    best_s, best_c, best_v = s, c, v
-                else:
-                    best_s, best_c, best_v = (np.where(better, s, best_s), np.where(better, c, best_c),
-                                              np.where(better, v, best_v))
-            out += [best_s, best_c]
+            c = _extremum(fn, pieces, lo, slopes, side)
+            v = slopes * mid + c
+            # the candidate closest to f at the midpoint (the first of equals; a NaN never wins)
+            if side < 0:
+                best = np.argmax(np.where(np.isnan(v), -np.inf, v), axis=0)[None]
+            else:
+                best = np.argmin(np.where(np.isnan(v), np.inf, v), axis=0)[None]
+            out += [np.take_along_axis(slopes, best, 0)[0], np.take_along_axis(c, best, 0)[0]]
         point = width == 0  # a point box: the constant enclosure of f there
         out[0], out[2] = np.where(point, 0.0, out[0]), np.where(point, 0.0, out[2])
         out[1] = np.where(point, f_lo_l, out[1])

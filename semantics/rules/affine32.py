@@ -9,17 +9,38 @@ A radius that varies (every layer after the first):
 
 - c = fl((lo + hi) / 2), r = fl((hi - lo) / 2) in float64 (each within 3u64 of exact, covered below);
   c32 = fl32(c) is within 2**-24 |c| + 2**-150 of c;
-- mid32 = fl32(W c32) is within gamma32(n) |W| |c32| + A of W c32, with A = n 2**-126 (2 + max|W|)
-  covering float32 underflow (flush-to-zero included);
+- mid32 = fl32(W c32') is within gamma32(n) |W| |c32| + A of W c32, with A = n 2**-126 (2 + 2 max|W|)
+  (see "No subnormal reaches a GEMM" below);
 - so the exact image of the box lies in mid32 +- (|W| v + A) for v = r (1 + 3u64) + g' |c| + tiny with
   g' = gamma32(n) (1 + 2**-24) + 2**-24 + 1.01 u64, v rounded up to float32 (v32);
-- t32 = fl32(|W| v32) bounds |W| v32 within a factor 1 + gamma32(n), plus A;
+- t32 = fl32(|W| v32') bounds |W| v32 within a factor 1 + gamma32(n), plus A;
 - in float64, s = fl(mid32 + b) and the ends fl(s -+ T) with T = K t32 + kappa: K and the per-channel
   kappa cover the two float64 roundings, using |s| <= (|W| v) (1 + g) / g + |b| (every |c32| term
   is at most |W| v / g), so no further pass over the output is needed.
 - conv runs this on 2c and 2r against W / 2 and |W| / 2 (exact scalings, the same roundings), and
   rounds v to nearest instead of up: 2v <= K1 fl32(2v') + 2**-149 for the v' computed without v's
   last two steps (K1 the factor those steps apply), so T uses K K1 and A + n max|W| 2**-144.
+
+No subnormal reaches a GEMM. x86 BLAS kernels slow down about 40x on subnormal float32 operands, and
+IBP makes them: a unit pinned by a ReLU has c = r = 0, so its spread is the tiny term alone (2**-147,
+a float32 subnormal; a third of a layer's inputs on a trained MLP). So every float32 operand is
+flushed: x' = 0 where |x| < 2**-126, else x' = x (c32' from c32, v32' from v32, and the staged conv
+inputs the same way), and a weight with a float32 subnormal entry keeps the float64 rule. Proof of
+the allowance A = n 2**-126 (2 + 2 max|W|) for one output of n terms:
+- the flush moves each operand entry by less than 2**-126, so |W x - W x'| < n max|W| 2**-126, and
+  |W| x' <= |W| x for x >= 0 (the spread), |W| |x'| <= |W| |x|;
+- the GEMM itself, in any order, with gradual underflow or with flush-to-zero of its results and
+  denormals-are-zero on its inputs: each product and each partial sum is rounded with relative error
+  at most 2**-24 (gamma32(n) bounds their accumulation) plus an absolute error below 2**-126 (a result
+  flushed, or an input sum below 2**-126 read as 0): at most 2n 2**-126 per output; no operand entry is
+  subnormal (x' by construction, W by the check), so denormals-are-zero changes nothing else;
+- so |fl32(W x') - W x| <= gamma32(n) |W| |x| + n 2**-126 (2 + max|W|), and |W| v32 <=
+  (1 + gamma32(n)) fl32(|W| v32') + n 2**-126 (2 + max|W|) (all within A, which also covers the
+  halved weights of the conv path, max|W / 2| <= max|W|). The earlier A, n 2**-126 (2 + max|W|),
+  needed the max|W| term only for a BLAS that reads subnormal inputs as zero; now it is charged for
+  the flush, and the GEMM's own term stays.
+Flushing costs two passes over the float32 operands (a small fraction of the product on any layer of
+``MIN_OUT_FLOAT32`` outputs) and at most 2 n max|W| 2**-126 of width per output.
 
 A radius uniform per sample (an l-inf ball at the first layer): one float32 product for the center,
 rows of more than ``_PIECE_TERMS`` terms cut into pieces summed in float64 (so gamma32 is a piece's),
@@ -50,8 +71,8 @@ from .affine import (_NEAR_UNIFORM, AffineParams, Halves, _abs_max, _affine_ends
                      in_bounds_abs_sums, linear_box)
 from .table import INTERVAL_RULES, read_params
 
-__all__ = ["FLOAT32_OVERRIDES", "MIN_OUT_FLOAT32", "Float32Weights", "float32_weights", "linear_box32", "conv_box32",
-           "gamma32"]
+__all__ = ["FLOAT32_OVERRIDES", "MIN_OUT_FLOAT32", "Float32Weights", "float32_weights", "flush_subnormals",
+           "linear_box32", "conv_box32", "gamma32"]
 
 U32 = 2.0 ** -24
 F32 = np.dtype(np.float32)
@@ -61,6 +82,7 @@ _MAX_TERMS = 1 << 20
 # entry, the float64 rule is faster
 MIN_OUT_FLOAT32 = 64
 _F32_MIN_NORMAL = 2.0 ** -126
+_F32_TINIEST_NORMAL = np.float32(_F32_MIN_NORMAL)
 # fl32(v (1 + 2**-22) + 2**-147) >= v for every non-negative float64 v below the float32 range's top
 _TO_F32_UP, _TO_F32_TINY = (1.0 + 2.0 ** -22) * (1.0 + 4 * U), 2.0 ** -147
 
@@ -100,9 +122,11 @@ def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
         w_max = float(np.max(np.abs(p.weight))) if p.weight.size else 0.0
         # an infinite weight would make the underflow allowance A infinite for every output: float64 keeps
         # the outputs that do not read it finite
-        if n_terms < _MAX_TERMS and math.isfinite(w_max) and bool(np.array_equal(w32.astype(np.float64), p.weight)):
+        # (a float32-subnormal weight would reach the GEMM: the float64 rule keeps such a node)
+        if (n_terms < _MAX_TERMS and math.isfinite(w_max) and bool(np.array_equal(w32.astype(np.float64), p.weight))
+                and not _has_subnormal(w32)):
             g = gamma32(n_terms)
-            underflow = n_terms * _F32_MIN_NORMAL * (2.0 + w_max)
+            underflow = n_terms * _F32_MIN_NORMAL * (2.0 + 2.0 * w_max)  # the GEMM's underflow and the flush
             scale = (1.0 + g) * (1.0 + 16 * U) + 16 * U * (1.0 + g) ** 2 / g
             floor = (2.0 * underflow + MIN_NORMAL) * (1.0 + 1.0 / g) * 4.0
             row_max = float(np.max(p.abs_row_sum, initial=0.0))
@@ -114,6 +138,19 @@ def float32_weights(p: AffineParams, n_terms: int) -> Float32Weights | None:
                                  floor, underflow, row_max, scale_nearest, floor_nearest)
         p.cache[key] = got
     return p.cache[key]
+
+
+def _has_subnormal(x32: np.ndarray) -> bool:
+    return bool(np.any((x32 != 0) & (np.abs(x32) < _F32_TINIEST_NORMAL)))
+
+
+def flush_subnormals(x32: np.ndarray) -> np.ndarray:
+    """``x32`` (float32, any strides) with every subnormal entry set to zero, in place: a GEMM never
+    reads a subnormal (the allowance is in ``float32_weights``' A; see the module docstring)."""
+    tiny = np.less(np.abs(x32, out=scratch("affine32.flush", x32.shape, F32)), _F32_TINIEST_NORMAL,
+                   out=scratch("affine32.flush_mask", x32.shape, np.bool_))
+    np.copyto(x32, 0, where=tiny)
+    return x32
 
 
 def _spread(c: np.ndarray, r: np.ndarray, w: Float32Weights) -> np.ndarray | None:
@@ -215,6 +252,7 @@ def _uniform_linear32(halves: Halves, p: AffineParams, w: Float32Weights, r_max:
     c32 = scratch("affine32.c", (rows, pieces * terms), F32)
     c32[:, n:] = 0.0
     np.copyto(c32[:, :n], c.reshape(rows, n), casting="same_kind")
+    flush_subnormals(c32[:, :n])
     parts = np.matmul(c32.reshape(rows, pieces, terms).transpose(1, 0, 2), _weight_pieces(p, w, pieces, terms),
                       out=scratch("affine32.parts", (pieces, rows, p.weight.shape[0]), F32))
     mid = np.sum(parts, axis=0, dtype=np.float64, out=scratch("affine.mid", (rows, p.weight.shape[0])))
@@ -242,7 +280,8 @@ def _uniform_conv32(halves: Halves, p: AffineParams, w: Float32Weights, attrs: M
     plan = conv_plan(x_shape, attrs)
     sums = in_bounds_abs_sums(p, attrs, x_shape[1:])
     bias = p.bias.reshape((-1,) + ones)
-    mid = conv_products(stage(c, plan, F32, "affine32.staged"), plan, w.weight, attrs["groups"], "affine32.mid")
+    mid = conv_products(flush_subnormals(stage(c, plan, F32, "affine32.staged")), plan, w.weight, attrs["groups"],
+                        "affine32.mid")
     mid = _widened(mid, "affine.mid", (n,) + sums.shape)
     mid += bias
     floor = MIN_NORMAL + 2.0 * w.underflow + 2.0 ** -149 * float(np.max(sums, initial=0.0))
@@ -292,6 +331,8 @@ def linear_box32(a: Box, p: AffineParams) -> Box:
                     v32 = scratch("affine32.v32", lo.shape, F32)
                     np.copyto(c32, c, casting="same_kind")
                     np.copyto(v32, v, casting="same_kind")
+                    flush_subnormals(c32)
+                    flush_subnormals(v32)
                     mid32 = np.matmul(c32, w.weight.T, out=scratch("affine32.mid", shape, F32))
                     t32 = np.matmul(v32, w.abs_weight.T, out=scratch("affine32.t", shape, F32))
                     got = _ends32(mid32, t32, p.bias, w, shape)
@@ -330,9 +371,10 @@ def conv_box32(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Seq
                 plan = conv_plan(x_shape, attrs)
                 groups = attrs["groups"]
                 half_w, half_abs = halved
-                t32 = conv_products(stage(spread[0], plan, F32, "affine32.staged"), plan, half_abs, groups,
-                                    "affine32.t")
-                mid32 = conv_products(stage(c2, plan, F32, "affine32.staged"), plan, half_w, groups, "affine32.mid")
+                t32 = conv_products(flush_subnormals(stage(spread[0], plan, F32, "affine32.staged")), plan, half_abs,
+                                    groups, "affine32.t")
+                mid32 = conv_products(flush_subnormals(stage(c2, plan, F32, "affine32.staged")), plan, half_w, groups,
+                                      "affine32.mid")
                 bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
                 got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]), check=not spread[1], nearest=True)
                 if got is not None:

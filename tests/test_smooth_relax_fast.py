@@ -1,0 +1,79 @@
+"""The smooth relaxations' fast candidate points (closed-form stationary points for sigmoid, tanh, exp and
+softplus; Newton steps for GELU) land where the bisection did, so the lines are as tight, and they stay
+sound (the intercepts are rigorous wherever the point lands; ``test_linear_bounds`` checks them against
+mpmath on a dense grid)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from semantics.linear_bounds import relax
+from semantics.linear_bounds.relax import smooth_for, smooth_lines
+
+KINDS = ("sigmoid", "tanh", "exp", "softplus", "gelu")
+
+
+def _slow(fn: relax.Smooth) -> relax.Smooth:
+    # bisection alone on the enclosures' midpoints, as before
+    return dataclasses.replace(fn, stationary=None, d2f=None, f_point=None, df_point=None)
+
+
+def _pieces(fn: relax.Smooth):
+    edges = (-30.0,) + fn.breaks + (30.0,)
+    return [(edges[p], edges[p + 1], c > 0) for p, c in enumerate(fn.curvature) if c != 0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stationary_points_solve_f_prime_equals_s(kind):
+    """Slopes inside f'(piece): |f'(d) - s| at rounding level (bisection's 44 steps leave about 1e-13);
+    slopes outside (closed forms): d is the piece's end that bisection converges to."""
+    fn = smooth_for(kind, {})
+    assert fn.stationary is not None or fn.d2f is not None
+    rng = np.random.default_rng(0)
+    for a0, b0, convex in _pieces(fn):
+        a, b = np.full(500, max(a0, -12.0)), np.full(500, min(b0, 12.0))
+        fa, fb = (np.mean(fn.df(e), axis=0) for e in (a, b))
+        s = fa + (fb - fa) * rng.random(500)
+        d = relax._stationary(fn, a, b, s, convex)
+        assert np.all((a <= d) & (d <= b))
+        assert np.max(np.abs(np.mean(fn.df(d), axis=0) - s) / np.maximum(np.abs(s), 1.0)) <= 1e-12
+        if fn.stationary is None:
+            continue  # Newton's bracket: a slope outside f'(piece) makes g monotone, bounded at an end instead
+        outside = np.concatenate([np.minimum(fa, fb)[:50] - rng.random(50), np.maximum(fa, fb)[:50] + rng.random(50)])
+        want = relax._stationary(_slow(fn), a[:100], b[:100], outside, convex)
+        got = relax._stationary(fn, a[:100], b[:100], outside, convex)
+        assert np.allclose(got, want, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_lines_as_tight_as_with_bisection(kind):
+    """The area between the upper and lower lines over [l, u]: the same as with bisection's points up to
+    rounding (1e-13 of the function's magnitude on the box, or absolute below 1)."""
+    rng = np.random.default_rng(1)
+    lo = rng.standard_normal(600) * 3
+    hi = lo + rng.random(600) * np.where(rng.random(600) < 0.5, 0.1, 6.0)
+    fn = smooth_for(kind, {})
+    area = []
+    for f in (fn, _slow(fn)):
+        a_l, b_l, a_u, b_u = smooth_lines(f, lo, hi)
+        area.append((a_u - a_l) * (lo + hi) / 2 * (hi - lo) + (b_u - b_l) * (hi - lo))
+    scale = np.maximum(1.0, np.abs(np.mean(fn.f(hi), axis=0)))
+    assert np.max((area[0] - area[1]) / scale) <= 1e-13
+
+
+def test_chunked_relaxation_equals_one_pass(monkeypatch):
+    """Entries are relaxed in chunks of ``_SMOOTH_CHUNK`` (all candidate slopes stacked per chunk): every
+    entry's lines are elementwise, so chunking changes no bit, and the input's shape is kept."""
+    rng = np.random.default_rng(2)
+    lo = rng.standard_normal((3, 7, 11)) * 2
+    hi = lo + rng.random(lo.shape) * 3
+    hi[0, 0, :3] = lo[0, 0, :3]  # point boxes
+    fn = smooth_for("tanh", {})
+    whole = smooth_lines(fn, lo, hi)
+    monkeypatch.setattr(relax, "_SMOOTH_CHUNK", 10)
+    chunked = smooth_lines(fn, lo, hi)
+    for a, b in zip(whole, chunked):
+        assert a.shape == lo.shape and np.array_equal(a, b)

@@ -133,10 +133,13 @@ def test_a_token_model_through_the_command_line(tmp_path, capsys):
     (["--input-at", "99"], "the graph has nodes 0..")
     , (["--input-at", "nothing"], "give a node id or `embeddings`"),
     (["--constant-input", "x=a.npy"], "ID must be a graph input's node id"),
+    (["--sample", "x.npy", "--sample", "x.npy"], "give one array per graph input of the bundle (1), got 2"),
 ])
 def test_bad_export_flags_are_named(tmp_path, capsys, flags, message):
     module = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.GELU())
     tlb.save(tlb.import_export(module.eval(), (torch.randn(1, 3),)), tmp_path / "b")
+    np.save(tmp_path / "x.npy", np.zeros((1, 3)))
+    flags = [str(tmp_path / f) if f.endswith(".npy") and f.startswith("x") else f for f in flags]
     assert main(["export", str(tmp_path / "b"), "--to", "torchlean", "-o", str(tmp_path / "m.json")] + flags) == 2
     assert message in capsys.readouterr().err
 

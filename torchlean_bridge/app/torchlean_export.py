@@ -146,9 +146,9 @@ def export_for_torchlean(bundle: Bundle, file: str | Path | None, inline_payload
     from exporters.torchlean_json import export_torchlean, to_v1
     original = bundle
     prepared, ids, cut, folded = prepare_for_torchlean(bundle, input_at, constants)
+    seeds, described = _samples(original, prepared, ids, samples, cut)  # checked before any rewrite work
     v1, note = to_v1(prepared, approximate)
     inverse = {new: old for old, new in ids.items()}
-    seeds, described = _samples(original, prepared, ids, samples, cut)
     rewrites = [dict(r, id=inverse.get(r["id"], r["id"]), prepared_id=r["id"]) for r in note.facts["rewrites"]]
     by_kind, outputs = _measure(prepared, v1, rewrites, seeds, approximate or {})
     report = TorchleanExport({}, cut, folded, rewrites, by_kind, outputs, described, sorted(constants or {}))
@@ -168,6 +168,9 @@ def _samples(original: Bundle, prepared: Bundle, ids: Mapping[int, int], given, 
     if given:
         out = []
         for sample in given:
+            if len(sample) != len(original.graph.inputs):
+                raise BridgeError(f"--sample: give one array per graph input of the bundle "
+                                  f"({len(original.graph.inputs)}), got {len(sample)}")
             if cut is not None:
                 out.append(evaluate(original.graph, original.payload, list(sample), all_nodes=True)[cut["node"]])
             else:

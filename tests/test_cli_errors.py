@@ -11,7 +11,7 @@ import pytest
 import torchlean_bridge as tlb
 from torchlean_bridge.app.cli import COMMANDS
 from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle
-from tests.test_cli_output import ROOT, cli
+from tests.test_cli_output import cli
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ import numpy as np
 from torchlean_bridge.ops import BOOL, FLOAT, INT64
 
 from . import ops_nn, ops_tensor
-from .context import Const, NodeUnsupported, OnnxContext, Value, data_dependent
+from .context import Const, OnnxContext, Value, data_dependent
 from .fold import check_fold_size, fold_node
 
 __all__ = ["HANDLERS", "OPSETS", "EMITS"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -199,11 +200,26 @@ def test_unlowerable_arguments_name_the_module_and_reason():
     assert "convolution padding_mode='circular' (only 'zeros' is supported)" in e.value.items[0]["reason"]
 
 
-def test_training_mode_is_refused_with_the_fix():
-    module = nn.Sequential(nn.Linear(2, 2), nn.Dropout())
+@pytest.mark.parametrize("layer, named", [(nn.Dropout(), "1 (Dropout)"), (nn.BatchNorm1d(2), "1 (BatchNorm1d)"),
+                                          (nn.InstanceNorm1d(2, track_running_stats=True), "1 (InstanceNorm1d)")])
+def test_training_mode_is_refused_naming_the_layers_that_depend_on_it(layer, named):
+    module = nn.Sequential(nn.Linear(2, 2), layer)
     for importer in (tlb.import_fx, tlb.import_export):
-        with pytest.raises(tlb.BridgeError, match=r"training mode .*call model\.eval\(\)"):
-            importer(module, (torch.randn(1, 2),))
+        with pytest.raises(tlb.BridgeError, match=rf"training mode, where {re.escape(named)} compute something "
+                                                  rf"else; call model\.eval\(\)"):
+            importer(module, (torch.randn(3, 2, 4) if "Instance" in named else torch.randn(3, 2),))
+
+
+def test_training_mode_without_a_mode_dependent_layer_imports_with_a_note():
+    module = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Dropout(p=0.0), nn.Linear(3, 1))
+    x = torch.randn(4, 2)
+    for importer in (tlb.import_fx, tlb.import_export):
+        b = importer(module, (x,))
+        assert module.training and any("training mode; no layer of it depends on the mode" in n
+                                       for n in b.report["notes"])
+        np.testing.assert_allclose(tlb.evaluate(b.graph, b.payload, [x.double().numpy()])[0],
+                                   module.double()(x.double()).detach().numpy(), rtol=1e-12)
+        module.float()
 
 
 class Counter(nn.Module):

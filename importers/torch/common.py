@@ -26,7 +26,7 @@ from torchlean_bridge.ops import BOOL, FLOAT, INT64
 __all__ = ["Known", "Sym", "DataDependent", "Lowering", "NotLowerable", "FOLD_BLOCKLIST", "element_type",
            "normalize_axis",
            "flat_values", "map_values", "source_line", "module_path", "target_name", "op_base_name",
-           "is_shape_query", "data_operands", "is_inplace_overload", "check_static", "check_training",
+           "is_shape_query", "data_operands", "is_inplace_overload", "check_static", "check_training", "TRAINING_NOTE",
            "preserved_state",
            "bind_aliases", "prod"]
 
@@ -243,10 +243,36 @@ def prod(xs: Iterable[int]) -> int:
     return math.prod(int(x) for x in xs)
 
 
-def check_training(module: torch.nn.Module, framework: str) -> None:
-    if module.training:
-        raise BridgeError(f"{framework} import: {type(module).__name__} is in training mode (dropout and batch "
-                          "norm compute something else there); call model.eval() before importing")
+def mode_dependent_layers(module: torch.nn.Module) -> list[str]:
+    """Submodules that compute something else in training mode: active dropout, batch norm, instance norm
+    with running statistics, recurrent or attention layers with dropout."""
+    nn = torch.nn
+    found = []
+    for name, sub in module.named_modules():
+        dropout = isinstance(sub, nn.modules.dropout._DropoutNd) and sub.p > 0
+        norm = isinstance(sub, nn.modules.batchnorm._BatchNorm) or (
+            isinstance(sub, nn.modules.instancenorm._InstanceNorm) and sub.track_running_stats)
+        inner = isinstance(sub, (nn.RNNBase, nn.MultiheadAttention)) and getattr(sub, "dropout", 0) > 0
+        if dropout or norm or inner:
+            found.append(f"{name or '(root)'} ({type(sub).__name__})")
+    return found
+
+
+TRAINING_NOTE = ("the module was in training mode; no layer of it depends on the mode (no dropout, batch norm, "
+                 "...), so it was imported as it is")
+
+
+def check_training(module: torch.nn.Module, framework: str) -> bool:
+    """Refuse a module in training mode whose layers depend on the mode, naming them; True when the module
+    was in training mode but nothing depends on it (the importer says so in a note)."""
+    if not module.training:
+        return False
+    layers = mode_dependent_layers(module)
+    if layers:
+        shown = ", ".join(layers[:5]) + (f" and {len(layers) - 5} more" if len(layers) > 5 else "")
+        raise BridgeError(f"{framework} import: {type(module).__name__} is in training mode, where {shown} "
+                          f"compute something else; call model.eval() before importing")
+    return True
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from torch.export import ExportedProgram
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError
 
-from .common import bind_aliases, check_training, preserved_state
+from .common import TRAINING_NOTE, bind_aliases, check_training, preserved_state
 from .program import TorchLowerer, bind_and_run, graph_inputs
 
 __all__ = ["import_export", "export_program"]
@@ -62,4 +62,6 @@ def import_export(module_or_exported_program: torch.nn.Module | ExportedProgram,
                                  "model": type(module).__name__ if module is not None else "ExportedProgram"})
     if module is not None:
         bundle = bind_aliases(bundle, module.state_dict())
+        if module.training:  # export_program let it through: nothing in it depends on the mode
+            bundle.report["notes"] = list(bundle.report.get("notes", ())) + [TRAINING_NOTE]
     return bundle

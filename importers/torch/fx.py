@@ -18,7 +18,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from torchlean_bridge.bundle import Bundle
 from torchlean_bridge.errors import BridgeError, UnsupportedError
 
-from .common import (NotLowerable, Sym, bind_aliases, check_static, check_training, element_type, flat_values,
+from .common import (TRAINING_NOTE, NotLowerable, Sym, bind_aliases, check_static, check_training, element_type, flat_values,
                      preserved_state)
 from .program import TorchLowerer
 from .targets import module_lowering
@@ -122,6 +122,8 @@ def _import_fx(module: torch.nn.Module, example_inputs: Sequence[Any] | Any, max
     cx.unused_keys = set(keys)
     bundle = cx.finish(outputs, {"framework": "fx", "model": type(module).__name__})
     bundle = bind_aliases(bundle, module.state_dict())
+    if module.training:  # check_training let it through: nothing in it depends on the mode
+        bundle.report["notes"] = list(bundle.report.get("notes", ())) + [TRAINING_NOTE]
     return bundle
 
 

@@ -105,7 +105,9 @@ class _Model:
                 return None
             try:
                 import onnxruntime as ort
-                self._session = ort.InferenceSession(self.onnx_model, providers=["CPUExecutionProvider"])
+                options = ort.SessionOptions()
+                options.log_severity_level = 3  # onnxruntime's own warnings go to stderr past Python's filters
+                self._session = ort.InferenceSession(self.onnx_model, options, providers=["CPUExecutionProvider"])
             except Exception as e:  # noqa: BLE001 - any runtime failure means: cannot re-check
                 self.onnx_error = f"onnxruntime cannot run the model: {e}"
                 self.onnx_model = None

@@ -394,6 +394,10 @@ def _load_torchlean_json(path: Path, strip_prefix: str | None) -> Checkpoint:
                                         f"data's {list(arr.shape)}; not loaded", keys=(key,), severity="warning"))
                 continue
         arrays[key] = arr
+    if params is doc and (not arrays or (findings and all(a.ndim == 0 for a in arrays.values()))):  # a config.json
+        why = f" ({findings[0].message})" if findings else ""
+        raise CheckpointError(f"{path} is not a checkpoint: a JSON checkpoint holds tensors as nested lists of "
+                              f"numbers, this one holds no array{why}")
     return _eager(arrays, str(path), "torchlean-json", findings, strip_prefix)
 
 
@@ -421,10 +425,16 @@ def _sniff(path: Path) -> str:
 
 
 def load_checkpoint(path: str | Path, strip_prefix: str | None = "module.", format: str | None = None) -> Checkpoint:
-    """Open a checkpoint file; ``strip_prefix`` (default ``module.``, from DataParallel) is removed."""
+    """Open a checkpoint file, a shard index, or a checkpoint folder (its index, its DCP metadata, or the one
+    file inside); ``strip_prefix`` (default ``module.``, from DataParallel) is removed."""
+    from .checkpoint_shards import is_shard_index, load_folder, load_shard_index
     path = Path(path)
+    if path.is_dir() and format is None:
+        return load_folder(path, strip_prefix, load_checkpoint)
     if not path.is_file():
-        raise CheckpointError(f"no such checkpoint file: {path}")
+        raise CheckpointError(f"no such checkpoint file or folder: {path}")
+    if format is None and is_shard_index(path):
+        return load_shard_index(path, strip_prefix, load_checkpoint)
     fmt = format or _sniff(path)
     if fmt not in _LOADERS:
         raise CheckpointError(f"unknown checkpoint format `{fmt}`; expected one of {', '.join(_LOADERS)}")

@@ -82,7 +82,7 @@ def _reference(spec: str, strip_prefix: str | None) -> object:
     """``file.py:factory`` -> the module it returns; any other existing file -> a checkpoint."""
     from .common import load_factory
     path = Path(spec)
-    if path.suffix != ".py" and path.is_file():
+    if path.suffix != ".py" and (path.is_file() or path.is_dir()):
         from importers.checkpoints import load_checkpoint
         return load_checkpoint(path, strip_prefix=strip_prefix)
     if ".py:" not in spec:

@@ -17,6 +17,7 @@ the next task to an idle worker.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from importlib import import_module
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ...errors import BridgeError
 
 __all__ = ["Task", "Outcome", "Transport", "Dispatcher", "Engine", "make_engine", "default_workers",
-           "STATUSES", "DEFAULT_GRACE", "warm_up"]
+           "STATUSES", "DEFAULT_GRACE", "warm_up", "modules_to_warm"]
 
 STATUSES = ("done", "error", "timeout")
 MAX_FAILED_STARTS = 3  # workers in a row that die before they are ready: the engine itself is broken
@@ -90,7 +91,7 @@ class Dispatcher:
     def run(self, tasks: Sequence[Task], on_outcome: Callable[[Outcome], None]) -> None:
         if not tasks:
             return
-        warm = sorted({t.fn.__module__ for t in tasks})
+        warm = modules_to_warm(tasks)
         pending = list(reversed(tasks))
         try:
             while len(self.slots) < min(self.workers, len(tasks)):
@@ -161,13 +162,19 @@ class Engine(Protocol):
     def run(self, tasks: Sequence[Task], on_outcome: Callable[[Outcome], None]) -> None: ...
 
 
+def modules_to_warm(tasks: Sequence[Task]) -> list[str]:
+    """The task functions' modules and what each lists in its ``PRELOAD`` (heavy imports its tasks
+    need), imported by a worker before it reports ready so that start-up is not counted in a task."""
+    out: list[str] = []
+    for name in dict.fromkeys(t.fn.__module__ for t in tasks):
+        out += [m for m in getattr(sys.modules.get(name), "PRELOAD", ()) if m not in out]
+        out.append(name)
+    return out
+
+
 def warm_up(modules: Sequence[str]) -> None:
-    """Import the task functions' modules and run their ``warm_up()`` (heavy imports a task needs), so
-    that a worker's start-up is not counted in its first task's time."""
     for name in modules:
-        hook = getattr(import_module(name), "warm_up", None)
-        if callable(hook):
-            hook()
+        import_module(name)
 
 
 def default_workers() -> int:

@@ -1,7 +1,7 @@
 """The default engine: a pool of worker processes on this machine.
 
-Each worker is a spawned process (no fork of a parent holding threads) with one pipe to the
-campaign. ``concurrent.futures.ProcessPoolExecutor`` is not used because one dead worker breaks its
+Each worker is a process with one pipe to the campaign, forked from multiprocessing's fork server
+(never from the campaign process, which may hold threads). ``concurrent.futures.ProcessPoolExecutor`` is not used because one dead worker breaks its
 whole pool and a hung task cannot be stopped alone; here a worker that dies or overruns is ended and
 replaced and the campaign goes on. Workers ignore Ctrl-C: the campaign process handles it, stops
 them and leaves the results file as it was after the last finished task.
@@ -76,12 +76,18 @@ def _death(proc: Any) -> str:
 
 
 class _Processes:
-    """The local transport: spawned processes and pipes."""
+    """The local transport: processes forked from a fork server (a single-threaded process that has
+    imported the task modules once, so a replacement worker starts in milliseconds), and pipes."""
 
     def __init__(self) -> None:
-        self.ctx = multiprocessing.get_context("spawn")
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        self.ctx = multiprocessing.get_context(method)
+        self.preloaded = False
 
     def start(self, warm: Sequence[str]) -> _Worker:
+        if not self.preloaded and self.ctx.get_start_method() == "forkserver":
+            self.ctx.set_forkserver_preload(["torchlean_bridge.app.campaign.local", *warm])
+            self.preloaded = True
         return _Worker(self.ctx, warm)
 
     def send(self, worker: _Worker, task: Task) -> None:

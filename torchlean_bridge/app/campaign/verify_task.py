@@ -12,8 +12,10 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-__all__ = ["verify_instance", "vnncomp_word", "counterexample_text", "warm_up", "MODEL_CACHE"]
+__all__ = ["verify_instance", "vnncomp_word", "counterexample_text", "PRELOAD", "MODEL_CACHE"]
 
+# imported by each worker (and the local engine's fork server) before its first instance
+PRELOAD = ("onnx", "onnxruntime", "importers.onnx", "semantics.linear_bounds", "torchlean_bridge.app.verify")
 MODEL_CACHE = 4  # loaded networks a worker keeps (VNN-COMP rows come grouped by network)
 _models: "OrderedDict[str, Any]" = OrderedDict()
 
@@ -30,16 +32,6 @@ def _model(path: str) -> tuple[Any, float]:
     while len(_models) > MODEL_CACHE:
         _models.popitem(last=False)
     return model, time.perf_counter() - start
-
-
-def warm_up() -> None:
-    """What the first instance would otherwise import (onnx, onnxruntime, the importer, CROWN)."""
-    import onnxruntime  # noqa: F401
-
-    from importers.onnx import import_onnx  # noqa: F401
-    from semantics.linear_bounds import Crown  # noqa: F401
-
-    from ..verify import verify  # noqa: F401
 
 
 def vnncomp_word(result: str, reason: str) -> str:

@@ -19,8 +19,12 @@ DESCRIPTION = (HELP + ". With --reference, the bound graph is compared with the 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", metavar="BUNDLE", help="bundle folder or torchlean.ir.v1 JSON file")
-    p.add_argument("--checkpoint", required=True, metavar="FILE",
-                   help=".safetensors, .pt/.pth (weights-only), .onnx (its initializers) or TorchLean .json")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", metavar="FILE",
+                       help=".safetensors, .pt/.pth (weights-only), .onnx (its initializers) or TorchLean .json")
+    which.add_argument("--checkpoints", metavar="GLOB|LIST",
+                       help="campaign: audit every checkpoint a glob matches (quote it) or a list file names (one "
+                            "path a line), one row each; see docs/campaigns.md")
     p.add_argument("--reference", metavar="FILE.py:FACTORY",
                    help="zero-argument factory returning the nn.Module with the trusted weights")
     p.add_argument("--golden", action="append", default=[], metavar="FILE.npy",
@@ -36,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-prefix", action="store_true", help="do not strip a leading `module.` from keys")
     p.add_argument("--json", nargs="?", const="-", metavar="REPORT.json",
                    help="print the report as JSON (or write it to REPORT.json)")
+    from ..campaign.options import add_engine_arguments
+    add_engine_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
     bounded_int(args.seed, "audit: --seed")
     if not math.isfinite(args.tolerance) or args.tolerance < 0:
         raise BridgeError(f"audit: --tolerance must be a finite number >= 0, got {args.tolerance}")
+    if args.checkpoints is not None:
+        from ..campaign.audit_campaign import run_from_args
+        return run_from_args(args)
     bundle = read_bundle(args.bundle)
     ckpt = load_checkpoint(args.checkpoint, strip_prefix=None if args.keep_prefix else "module.")
     if args.reference and args.golden:

@@ -98,7 +98,7 @@ def run_audit_campaign(bundle: str, checkpoints: list[str], engine: Engine, opti
     start = time.monotonic()
     report = CampaignReport(f"audit campaign of {len(checkpoints)} checkpoint(s) against {bundle}", COLUMNS,
                             "status", STATUSES)
-    report.engine, report.workers = engine.name, getattr(engine, "workers", 0) or 0
+    report.engine = engine.name
     rows: dict[str, dict[str, Any]] = {}
     tasks = [Task(str(i), audit_checkpoint, (bundle, c), (options,)) for i, c in enumerate(checkpoints)]
 
@@ -114,6 +114,7 @@ def run_audit_campaign(bundle: str, checkpoints: list[str], engine: Engine, opti
             advance(row["status"] == "ok")
 
         engine.run(tasks, on_outcome)
+        report.workers = getattr(engine, "workers", 0)
     for t in tasks:  # the checkpoints' order, whatever order they finished in
         row = rows[t.key]
         report.rows.append(row)

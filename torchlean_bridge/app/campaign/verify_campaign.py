@@ -55,7 +55,7 @@ def run_verify_campaign(instances: str | Path, results: str | Path, engine: Engi
     rows = read_instances(instances)
     benchmark = Path(instances).resolve().parent.name
     report = CampaignReport(f"verify campaign {instances}", COLUMNS, "result", WORDS)
-    report.engine, report.workers = engine.name, getattr(engine, "workers", 0) or 0
+    report.engine = engine.name
     resume = results.exists() if resume is None else resume
     with open_results(results, len(COLUMNS), resume) as out:
         done = Counter((r[1], r[2]) for r in out.rows)
@@ -94,7 +94,7 @@ def run_verify_campaign(instances: str | Path, results: str | Path, engine: Engi
                     advance(False)
                 else:
                     tasks.append(Task(str(inst.line), verify_instance, (inst.onnx_path, inst.vnnlib_path),
-                                      (method, seed, inst.timeout), timeout=inst.timeout))
+                                      (method, seed, inst.timeout, inst.vnnlib_path), timeout=inst.timeout))
 
             def on_outcome(o: Outcome) -> None:
                 inst = by_key[o.key]
@@ -107,6 +107,7 @@ def run_verify_campaign(instances: str | Path, results: str | Path, engine: Engi
                 advance(report.rows[-1]["result"] in ("sat", "unsat"))
 
             engine.run(tasks, on_outcome)
+        report.workers = getattr(engine, "workers", 0)
     report.wall_s = time.monotonic() - start
     return report
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 __all__ = ["verify_instance", "vnncomp_word", "counterexample_text", "PRELOAD", "MODEL_CACHE"]
@@ -49,13 +50,25 @@ def counterexample_text(cex: dict[str, Any]) -> str:
     return "sat\n(" + "\n ".join(pairs) + ")\n"
 
 
-def verify_instance(model_path: str, vnnlib_path: str, method: str, seed: int, timeout: float) -> dict[str, Any]:
+def _property(path: str, label: str) -> Any:
+    """``load_vnnlib`` as the single-instance command runs it, naming the file as the instances file
+    does (``path`` may be a worker's decompressed or shipped copy)."""
+    from ...errors import BridgeError
+    from ..vnnlib import parse_vnnlib
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BridgeError(f"VNN-LIB {label}: cannot read: {e}") from None
+    return parse_vnnlib(text, label)
+
+
+def verify_instance(model_path: str, vnnlib_path: str, method: str, seed: int, timeout: float,
+                    vnnlib_label: str) -> dict[str, Any]:
     """The instance's answer: ``{"result", "time_s", "prepare_s", "reason", "counterexample"}`` (``prepare_s``:
     loading the network, when this worker had not yet; ``counterexample``: text or None)."""
     from ..verify import verify
-    from ..vnnlib import load_vnnlib
     model, prepare_s = _model(model_path)
-    prop = load_vnnlib(vnnlib_path)
+    prop = _property(vnnlib_path, vnnlib_label)
     r = verify(model, prop, method=method, timeout=timeout, seed=seed)
     return {"result": vnncomp_word(r.result, r.reason), "time_s": r.time_s, "prepare_s": prepare_s, "reason": r.reason,
             "counterexample": counterexample_text(r.counterexample) if r.counterexample is not None else None}

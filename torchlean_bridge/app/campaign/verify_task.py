@@ -13,7 +13,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["verify_instance", "vnncomp_word", "counterexample_text", "PRELOAD", "MODEL_CACHE"]
+__all__ = ["verify_instance", "read_property", "vnncomp_word", "counterexample_text", "PRELOAD", "MODEL_CACHE"]
 
 # imported by each worker (and the local engine's fork server) before its first instance
 PRELOAD = ("onnx", "onnxruntime", "importers.onnx", "semantics.linear_bounds", "torchlean_bridge.app.verify")
@@ -50,7 +50,7 @@ def counterexample_text(cex: dict[str, Any]) -> str:
     return "sat\n(" + "\n ".join(pairs) + ")\n"
 
 
-def _property(path: str, label: str) -> Any:
+def read_property(path: str, label: str) -> Any:
     """``load_vnnlib`` as the single-instance command runs it, naming the file as the instances file
     does (``path`` may be a worker's decompressed or shipped copy)."""
     from ...errors import BridgeError
@@ -68,7 +68,7 @@ def verify_instance(model_path: str, vnnlib_path: str, method: str, seed: int, t
     loading the network, when this worker had not yet; ``counterexample``: text or None)."""
     from ..verify import verify
     model, prepare_s = _model(model_path)
-    prop = _property(vnnlib_path, vnnlib_label)
+    prop = read_property(vnnlib_path, vnnlib_label)
     r = verify(model, prop, method=method, timeout=timeout, seed=seed)
     return {"result": vnncomp_word(r.result, r.reason), "time_s": r.time_s, "prepare_s": prepare_s, "reason": r.reason,
             "counterexample": counterexample_text(r.counterexample) if r.counterexample is not None else None}

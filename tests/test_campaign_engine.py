@@ -15,7 +15,8 @@ import time
 import pytest
 
 import torchlean_bridge as tlb
-from torchlean_bridge.app.campaign.engine import Dispatcher, Outcome, Task, make_engine
+from torchlean_bridge.app.campaign.engine import Dispatcher, Outcome, Task
+from torchlean_bridge.app.campaign.engines import make_engine
 from torchlean_bridge.app.campaign.files import local_file
 from torchlean_bridge.app.campaign.local import _Processes
 from torchlean_bridge.app.campaign.results import open_results

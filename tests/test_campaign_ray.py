@@ -16,7 +16,8 @@ ray = pytest.importorskip("ray")
 from test_campaign_engine import kill_self, nap, raise_bridge_error, square  # noqa: E402
 from test_campaign_verify import GOOD, benchmark, read_counterexample, rows_of  # noqa: E402
 
-from torchlean_bridge.app.campaign.engine import Dispatcher, Outcome, Task, make_engine  # noqa: E402
+from torchlean_bridge.app.campaign.engine import Dispatcher, Outcome, Task
+from torchlean_bridge.app.campaign.engines import make_engine  # noqa: E402
 from torchlean_bridge.app.campaign.ray_engine import _Actors  # noqa: E402
 from torchlean_bridge.app.campaign.verify_campaign import run_verify_campaign  # noqa: E402
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torchlean_bridge.app.campaign.engine import make_engine
+from torchlean_bridge.app.campaign.engines import make_engine
 from torchlean_bridge.app.campaign.verify_campaign import COLUMNS, run_verify_campaign
 from torchlean_bridge.app.campaign.verify_task import vnncomp_word
 from torchlean_bridge.app.cli import main

@@ -16,7 +16,6 @@ the next task to an idle worker.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from importlib import import_module
@@ -25,8 +24,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ...errors import BridgeError
 
-__all__ = ["Task", "Outcome", "Transport", "Dispatcher", "Engine", "make_engine", "default_workers",
-           "STATUSES", "DEFAULT_GRACE", "warm_up", "modules_to_warm"]
+__all__ = ["Task", "Outcome", "Transport", "Dispatcher", "Engine", "STATUSES", "DEFAULT_GRACE", "warm_up",
+           "modules_to_warm"]
 
 STATUSES = ("done", "error", "timeout")
 MAX_FAILED_STARTS = 3  # workers in a row that die before they are ready: the engine itself is broken
@@ -175,31 +174,3 @@ def modules_to_warm(tasks: Sequence[Task]) -> list[str]:
 def warm_up(modules: Sequence[str]) -> None:
     for name in modules:
         import_module(name)
-
-
-def default_workers() -> int:
-    """The cores this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-MAX_WORKERS = 1024
-
-
-def make_engine(name: str, workers: int | None = None, address: str | None = None,
-                grace: float = DEFAULT_GRACE) -> Engine:
-    """``local`` (a process pool on this machine, the default) or ``ray`` (a local Ray instance, or the
-    cluster at ``address``)."""
-    if workers is not None and not 1 <= workers <= MAX_WORKERS:
-        raise BridgeError(f"--workers must be between 1 and {MAX_WORKERS}, got {workers}")
-    if name == "local":
-        if address:
-            raise BridgeError("--ray-address needs --engine ray")
-        from .local import LocalEngine
-        return LocalEngine(workers or default_workers(), grace=grace)
-    if name == "ray":
-        from .ray_engine import RayEngine
-        return RayEngine(workers, address=address, grace=grace)
-    raise BridgeError(f"--engine must be local or ray, got {name!r}")

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ...fileio import atomic_write_text
-from .engine import Engine, make_engine
+from .engine import Engine
+from .engines import make_engine
 from .report import CampaignReport
 
 __all__ = ["add_engine_arguments", "engine_from_args", "emit"]

@@ -35,12 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.instances is not None or args.model is None or args.property is None:
-        from ..campaign.verify_campaign import run_from_args
-        return run_from_args(args)
     from ..verify import verify_files
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise BridgeError(f"verify: --timeout must be a positive number of seconds, got {args.timeout}")
+    if args.instances is not None or args.model is None or args.property is None:
+        from ..campaign.verify_campaign import run_from_args
+        return run_from_args(args)
     result = verify_files(args.model, args.property, method=args.method, timeout=args.timeout, seed=args.seed)
     if args.json:
         print(json.dumps(result.to_json(), allow_nan=False))

@@ -124,7 +124,8 @@ def main() -> None:
         runs[(name, workers)] = (wall, own, answers)
         agree = all(answers[v] == a for v, a in loop_answers.items())
         counts = {w: list(answers.values()).count(w) for w in sorted(set(answers.values()))}
-        print(f"{name:5s} {workers} worker(s): {wall:6.1f} s  {counts}  answers equal the loop's: {agree}")
+        print(f"{name:5s} {workers} worker(s): {wall:6.1f} s wall, {own:6.1f} s in the instances  {counts}  "
+              f"answers equal the loop's: {agree}  (load {os.getloadavg()[0]:.2f})")
         if not agree:
             raise SystemExit("a campaign's answers differ from the single-instance command's")
     if not args.skip_ray:

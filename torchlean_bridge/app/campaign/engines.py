@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from ...errors import BridgeError
-from .engine import DEFAULT_GRACE, Engine
+from .engine import DEFAULT_GRACE, Engine, default_workers
 
 __all__ = ["make_engine", "default_workers", "MAX_WORKERS"]
-
-
-def default_workers() -> int:
-    """The cores this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 MAX_WORKERS = 1024

@@ -3,20 +3,22 @@
 Each worker is a process with one pipe to the campaign, forked from multiprocessing's fork server
 (never from the campaign process, which may hold threads). ``concurrent.futures.ProcessPoolExecutor`` is not used because one dead worker breaks its
 whole pool and a hung task cannot be stopped alone; here a worker that dies or overruns is ended and
-replaced and the campaign goes on. Workers ignore Ctrl-C: the campaign process handles it, stops
+replaced and the campaign goes on. A worker computes on one thread (its BLAS/OpenMP threads
+are capped, ``thread_limits``): the pool's parallelism is its workers, one a core. Workers ignore Ctrl-C: the campaign process handles it, stops
 them and leaves the results file as it was after the last finished task.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
 from ...errors import BridgeError
-from .engine import DEFAULT_GRACE, Dispatcher, Outcome, Task, warm_up
+from .engine import DEFAULT_GRACE, Dispatcher, Outcome, Task, thread_limits, warm_up
 from .files import local_file
 
 __all__ = ["LocalEngine", "run_task"]
@@ -88,7 +90,13 @@ class _Processes:
         if not self.preloaded and self.ctx.get_start_method() == "forkserver":
             self.ctx.set_forkserver_preload(["torchlean_bridge.app.campaign.local", *warm])
             self.preloaded = True
-        return _Worker(self.ctx, warm)
+        saved = dict(os.environ)
+        os.environ.update(thread_limits(1))  # inherited by the fork server when it starts here
+        try:
+            return _Worker(self.ctx, warm)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
     def send(self, worker: _Worker, task: Task) -> None:
         worker.conn.send(task)

@@ -17,7 +17,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from ...errors import BridgeError
-from .engine import DEFAULT_GRACE, Dispatcher, Outcome, Task, warm_up
+from .engine import DEFAULT_GRACE, Dispatcher, Outcome, Task, thread_limits, warm_up
 from .files import local_file, materialize
 from .local import run_task
 
@@ -78,7 +78,9 @@ class _Actors:
         self.ray, self.cls, self.shipped = _ray(), _worker_class(), shipped
 
     def start(self, warm: Sequence[str]) -> _Handle:
-        actor = self.cls.remote(list(warm))
+        limits = thread_limits(1)  # the actor holds one CPU
+        actor = self.cls.options(runtime_env={"env_vars": limits}).remote(list(warm)) if limits else \
+            self.cls.remote(list(warm))
         return _Handle(actor, actor.ready.remote())
 
     def send(self, worker: _Handle, task: Task) -> None:

@@ -18,11 +18,11 @@ from typing import Any
 
 from ...errors import BridgeError
 from ...fileio import read_capped
+from ...report import Finding
 from .engine import Engine, Outcome, Task
 from .options import emit, engine_from_args
 from .progress import campaign_progress
 from .report import CampaignReport
-from ...report import Finding
 
 __all__ = ["audit_checkpoint", "checkpoint_list", "run_audit_campaign", "run_from_args", "COLUMNS", "STATUSES"]
 

@@ -45,7 +45,6 @@ def _prepare(onnx: str, vnnlib: str) -> int:
 def _run(onnx: str, vnnlib: str, result_file: str, timeout: float, start: float) -> int:
     from .verify_task import verify_instance
     try:
-        from ..verify import load_model  # noqa: F401 - imports counted against the limit, as they should be
         model_path, vnnlib_path = local_file(onnx), local_file(vnnlib)
         left = timeout - (time.monotonic() - start) - _WRITE_OUT
         if left <= 0:

@@ -16,7 +16,7 @@ the speed-up the machine's other load allows), and the per-task overhead: (wall 
 for the subprocess loop. Every campaign's answers must equal the loop's on the instances both ran.
 On a shared machine, compare with the load average printed at the start and the end.
 
-    python bench/campaign_bench.py [--instances 40] [--loop 10] [--skip-ray] [--dir DIR]
+    python bench/campaign_bench.py [--instances 40] [--loop 10] [--radius 0.19] [--skip-ray] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ def robustness(centre: np.ndarray, radius: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def make_benchmark(folder: Path, n: int) -> Path:
+def make_benchmark(folder: Path, n: int, radius: float = RADIUS) -> Path:
     (folder / "onnx").mkdir(parents=True, exist_ok=True)
     (folder / "vnnlib").mkdir(exist_ok=True)
     shutil.copy(ROOT / "fixtures" / "verify" / "acas_like.onnx", folder / "onnx")
     rng = np.random.default_rng(0)
     rows = []
     for k in range(n):
-        (folder / "vnnlib" / f"prop_{k:02d}.vnnlib").write_text(robustness(X0 + rng.normal(0, 0.03, 5), RADIUS))
+        (folder / "vnnlib" / f"prop_{k:02d}.vnnlib").write_text(robustness(X0 + rng.normal(0, 0.03, 5), radius))
         rows.append(f"onnx/acas_like.onnx,vnnlib/prop_{k:02d}.vnnlib,{TIMEOUT}")
     (folder / "instances.csv").write_text("\n".join(rows) + "\n")
     return folder / "instances.csv"
@@ -102,11 +102,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--instances", type=int, default=40)
     ap.add_argument("--loop", type=int, default=10, help="instances the subprocess loop runs (default 10)")
+    ap.add_argument("--radius", type=float, default=RADIUS,
+                    help=f"the properties' radius (default {RADIUS}; larger: more input splits, longer instances)")
     ap.add_argument("--skip-ray", action="store_true")
     ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one)")
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="campaign-bench-"))
-    instances = make_benchmark(work / "bench", args.instances)
+    instances = make_benchmark(work / "bench", args.instances, args.radius)
     print(f"{args.instances} instances in {work}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
 
     loop_wall, loop_own, loop_answers = subprocess_loop(work / "bench", args.loop)

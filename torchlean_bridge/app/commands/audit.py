@@ -22,8 +22,13 @@ DESCRIPTION = (HELP + ". With --reference, the bound graph is compared with the 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", metavar="BUNDLE", help="bundle folder or torchlean.ir.v1 JSON file")
-    p.add_argument("--checkpoint", required=True, metavar="FILE",
-                   help=".safetensors, .pt/.pth (weights-only), .onnx (its initializers) or TorchLean .json")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", metavar="FILE|FOLDER",
+                       help=".safetensors, .pt/.pth (weights-only), .onnx (its initializers), TorchLean .json, a "
+                            "shard index or a checkpoint folder")
+    which.add_argument("--checkpoints", metavar="GLOB|LIST",
+                       help="campaign: audit every checkpoint a glob matches (quote it) or a list file names (one "
+                            "path a line), one row each; see docs/campaigns.md")
     p.add_argument("--reference", metavar="FILE.py:FACTORY|CHECKPOINT",
                    help="the trusted weights: a zero-argument factory returning the nn.Module holding them, or a "
                         "checkpoint file (.safetensors, .pt/.pth weights-only, .onnx, TorchLean .json)")
@@ -45,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-strict", action="store_true", help="missing and unexpected keys are warnings, not errors")
     p.add_argument("--keep-prefix", action="store_true", help="do not strip a leading `module.` from keys")
     add_json_argument(p, "the audit report")
+    from ..campaign.options import add_engine_arguments
+    add_engine_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     bounded_int(args.max_hypotheses, "audit: --max-hypotheses", 0, 10_000_000)
     if not math.isfinite(args.time_limit) or args.time_limit < 0:
         raise BridgeError(f"audit: --time-limit must be a finite number of seconds >= 0, got {args.time_limit}")
+    if args.checkpoints is not None:
+        from ..campaign.audit_campaign import run_from_args
+        return run_from_args(args)
     bundle = read_bundle(args.bundle)
     ckpt = load_checkpoint(args.checkpoint, strip_prefix=None if args.keep_prefix else "module.")
     if args.reference and args.golden:

@@ -15,20 +15,32 @@ DESCRIPTION = (HELP + ". unsat: sound linear (CROWN) or interval bounds refute t
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL.onnx|BUNDLE", help="an ONNX model or a bundle folder")
-    p.add_argument("property", metavar="PROP.vnnlib", help="the property in VNN-LIB (VNN-COMP subset)")
+    p.add_argument("model", metavar="MODEL.onnx|BUNDLE", nargs="?", help="an ONNX model or a bundle folder")
+    p.add_argument("property", metavar="PROP.vnnlib", nargs="?", help="the property in VNN-LIB (VNN-COMP subset)")
     p.add_argument("--method", choices=("crown", "alpha-crown", "ibp"), default="crown",
                    help="bounding method (default crown; alpha-crown optimizes the ReLU lower slopes)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds for bounding, splitting and the counterexample search (default 60)")
     p.add_argument("--seed", type=int, default=0, help="seed of the counterexample search")
     add_json_argument(p, "one object (result, time_s, method, bounds, counterexample, ...)")
+    from ..campaign.options import add_engine_arguments
+    p.add_argument("--instances", metavar="instances.csv",
+                   help="campaign: VNN-COMP instance rows (onnx,vnnlib,timeout; paths relative to the file; .gz "
+                        "accepted) instead of MODEL PROP; see docs/campaigns.md")
+    p.add_argument("--results", metavar="results.csv",
+                   help="campaign: VNN-COMP result rows, appended as each instance finishes")
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
+                   help="campaign: skip the instances already in --results (the default when it exists)")
+    add_engine_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..verify import verify_files
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise BridgeError(f"verify: --timeout must be a positive number of seconds, got {args.timeout}")
+    if args.instances is not None or args.model is None or args.property is None:
+        from ..campaign.verify_campaign import run_from_args
+        return run_from_args(args)
     from .common import phases
     with phases(f"verify ({args.method})", args.quiet) as step:
         step(f"bounding and searching, at most {args.timeout:g} s")

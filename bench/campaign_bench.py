@@ -1,0 +1,156 @@
+"""Campaigns: 40 small verification instances on 1 and 2 workers, local pool and Ray (issue "Campaigns").
+
+Makes a VNN-COMP style benchmark in a temporary folder: the ``acas_like`` fixture network and 40
+local-robustness properties (radius 0.19 around seeded centres; CROWN with a few input splits proves
+most of them, about 0.3-0.8 s of CPU each). Then, in one run so that the ratios share the machine's
+load:
+
+- the peer: a bare loop of ``python -m torchlean_bridge verify NET PROP --json`` subprocesses over
+  the first ``--loop`` instances (one interpreter per instance, as a shell loop would do);
+- ``verify --instances`` campaigns on the local pool with 1 and 2 workers, and on a local Ray
+  cluster (``ray.init(num_cpus=2)``, started once, not timed) with 1 and 2 workers.
+
+Printed: wall time per run, the speed-up of 2 workers over 1 (target: at least 1.7x on 2 cores; the
+bench also prints how much slower each instance ran beside another, 1.00 on an idle machine, and so
+the speed-up the machine's other load allows), and the per-task overhead: (wall - the instances' own time) / instances, for the 1-worker campaigns and
+for the subprocess loop. Every campaign's answers must equal the loop's on the instances both ran.
+On a shared machine, compare with the load average printed at the start and the end.
+
+    python bench/campaign_bench.py [--instances 40] [--loop 10] [--radius 0.19] [--skip-ray] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from torchlean_bridge.app.campaign.engines import make_engine  # noqa: E402
+from torchlean_bridge.app.campaign.verify_campaign import COLUMNS, run_verify_campaign  # noqa: E402
+
+X0 = np.array([0.1, -0.2, 0.3, 0.05, -0.1])
+RADIUS = 0.19
+TIMEOUT = 60
+
+
+def robustness(centre: np.ndarray, radius: float) -> str:
+    lines = [f"(declare-const X_{i} Real)" for i in range(5)] + [f"(declare-const Y_{j} Real)" for j in range(5)]
+    for i, c in enumerate(centre):
+        lines += [f"(assert (>= X_{i} {float(c - radius)!r}))", f"(assert (<= X_{i} {float(c + radius)!r}))"]
+    lines.append("(assert (or (and (<= Y_0 Y_3)) (and (<= Y_1 Y_3)) (and (<= Y_2 Y_3)) (and (<= Y_4 Y_3))))")
+    return "\n".join(lines) + "\n"
+
+
+def make_benchmark(folder: Path, n: int, radius: float = RADIUS) -> Path:
+    (folder / "onnx").mkdir(parents=True, exist_ok=True)
+    (folder / "vnnlib").mkdir(exist_ok=True)
+    shutil.copy(ROOT / "fixtures" / "verify" / "acas_like.onnx", folder / "onnx")
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in range(n):
+        (folder / "vnnlib" / f"prop_{k:02d}.vnnlib").write_text(robustness(X0 + rng.normal(0, 0.03, 5), radius))
+        rows.append(f"onnx/acas_like.onnx,vnnlib/prop_{k:02d}.vnnlib,{TIMEOUT}")
+    (folder / "instances.csv").write_text("\n".join(rows) + "\n")
+    return folder / "instances.csv"
+
+
+def rows_of(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return [dict(zip(COLUMNS, r)) for r in csv.reader(f)]
+
+
+def subprocess_loop(folder: Path, k: int) -> tuple[float, float, dict[str, str]]:
+    """Wall time, the instances' own verify time, and the answers of a bare loop over k instances."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    answers, own = {}, 0.0
+    start = time.monotonic()
+    for row in (folder / "instances.csv").read_text().splitlines()[:k]:
+        onnx, vnnlib, timeout = row.split(",")
+        out = subprocess.run([sys.executable, "-m", "torchlean_bridge", "verify", str(folder / onnx),
+                              str(folder / vnnlib), "--timeout", timeout, "--json"], capture_output=True, text=True,
+                             env=env, check=True)
+        doc = json.loads(out.stdout)
+        answers[vnnlib] = doc["result"]
+        own += doc["time_s"]
+    return time.monotonic() - start, own, answers
+
+
+def campaign(instances: Path, results: Path, engine) -> tuple[float, float, dict[str, str]]:
+    if results.exists():
+        results.unlink()
+    start = time.monotonic()
+    run_verify_campaign(instances, results, engine, quiet=True)
+    wall = time.monotonic() - start
+    rows = rows_of(results)
+    own = sum(float(r["prepare_time"]) + float(r["run_time"]) for r in rows)
+    return wall, own, {r["vnnlib"]: r["result"] for r in rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--instances", type=int, default=40)
+    ap.add_argument("--loop", type=int, default=10, help="instances the subprocess loop runs (default 10)")
+    ap.add_argument("--radius", type=float, default=RADIUS,
+                    help=f"the properties' radius (default {RADIUS}; larger: more input splits, longer instances)")
+    ap.add_argument("--skip-ray", action="store_true")
+    ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one)")
+    args = ap.parse_args()
+    work = args.dir or Path(tempfile.mkdtemp(prefix="campaign-bench-"))
+    instances = make_benchmark(work / "bench", args.instances, args.radius)
+    print(f"{args.instances} instances in {work}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+
+    loop_wall, loop_own, loop_answers = subprocess_loop(work / "bench", args.loop)
+    loop_overhead = (loop_wall - loop_own) / args.loop
+    print(f"subprocess loop, {args.loop} instances: {loop_wall:.1f} s, per-task overhead {loop_overhead:.2f} s")
+
+    runs: dict[str, tuple[float, float, dict[str, str]]] = {}
+    engines = [("local", 1), ("local", 2)]
+    if not args.skip_ray:
+        import ray
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        engines += [("ray", 1), ("ray", 2)]
+    for name, workers in engines:
+        wall, own, answers = campaign(instances, work / f"results-{name}-{workers}.csv", make_engine(name, workers))
+        runs[(name, workers)] = (wall, own, answers)
+        agree = all(answers[v] == a for v, a in loop_answers.items())
+        counts = {w: list(answers.values()).count(w) for w in sorted(set(answers.values()))}
+        print(f"{name:5s} {workers} worker(s): {wall:6.1f} s wall, {own:6.1f} s in the instances  {counts}  "
+              f"answers equal the loop's: {agree}  (load {os.getloadavg()[0]:.2f})")
+        if not agree:
+            raise SystemExit("a campaign's answers differ from the single-instance command's")
+    if not args.skip_ray:
+        ray.shutdown()
+
+    print()
+    for name in ("local", "ray"):
+        if (name, 1) not in runs:
+            continue
+        one, two = runs[(name, 1)], runs[(name, 2)]
+        overhead = (one[0] - one[1]) / args.instances
+        print(f"{name:5s}: speed-up 2 workers / 1 worker = {one[0] / two[0]:.2f}x (target >= 1.7x); per-task "
+              f"overhead {overhead:.3f} s = {overhead / loop_overhead:.3f}x the subprocess loop's {loop_overhead:.2f} s")
+        # on an idle machine an instance takes as long beside another as alone; other processes on the
+        # cores make it slower, and no engine can then reach 2x: the last figure is the speed-up allowed
+        slowdown = (two[1] / one[1]) if one[1] else float("nan")
+        print(f"       an instance took {slowdown:.2f}x as long with 2 workers as with 1 (1.00 on an idle machine); "
+              f"the speed-up that contention allows: {2 / slowdown:.2f}x")
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+    if args.dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Files as a worker sees them: ``.gz`` decompressed once per worker, shipped bytes written once.
+
+VNN-COMP benchmarks ship ``model.onnx.gz`` and ``prop.vnnlib.gz``; the single-instance readers take
+plain files, so a worker decompresses each into its own temporary folder (same base name without
+``.gz``, so messages still name the file) and keeps it for the tasks that follow. A Ray worker on
+another machine receives a file's bytes from the object store and writes them the same way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gzip
+import hashlib
+import os
+import shutil
+import tempfile
+import zlib
+from pathlib import Path
+
+from ...errors import BridgeError
+from ...fileio import regular_file_size
+
+__all__ = ["local_file", "materialize", "read_plain", "MAX_FILE_BYTES"]
+
+MAX_FILE_BYTES = 8 << 30  # a decompressed model or property larger than this is refused
+_CHUNK = 1 << 20
+_local: dict[str, str] = {}
+_folder: list[Path] = []
+
+
+def _workdir() -> Path:
+    if not _folder:
+        _folder.append(Path(tempfile.mkdtemp(prefix="tlb-campaign-")))
+        atexit.register(shutil.rmtree, _folder[0], True)
+    return _folder[0]
+
+
+def _digest_name(key: str, name: str) -> Path:
+    sub = _workdir() / hashlib.sha256(key.encode()).hexdigest()[:16]
+    sub.mkdir(exist_ok=True)
+    return sub / name
+
+
+def local_file(path: str) -> str:
+    """``path`` itself, or for ``X.gz`` the decompressed ``X`` in this process's folder (made once)."""
+    if not path.endswith(".gz"):
+        return path
+    if path in _local:
+        return _local[path]
+    regular_file_size(path, "file")
+    out = _digest_name(os.path.realpath(path), Path(path).name[:-3])
+    try:
+        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+            total = 0
+            while chunk := src.read(_CHUNK):
+                total += len(chunk)
+                if total > MAX_FILE_BYTES:
+                    raise BridgeError(f"cannot read {path}: more than {MAX_FILE_BYTES} bytes once decompressed")
+                dst.write(chunk)
+    except (OSError, EOFError, zlib.error) as e:
+        out.unlink(missing_ok=True)
+        raise BridgeError(f"cannot decompress {path}: {e}") from None
+    _local[path] = str(out)
+    return str(out)
+
+
+def read_plain(path: str) -> bytes:
+    """The bytes of ``path`` (decompressed if ``.gz``), for shipping to workers elsewhere."""
+    from ...fileio import read_capped
+    return Path(local_file(path)).read_bytes() if path.endswith(".gz") else read_capped(path, "file",
+                                                                                           MAX_FILE_BYTES)
+
+
+def materialize(name: str, digest: str, data: bytes) -> str:
+    """Write shipped bytes to this process's folder once (keyed by their digest); the local path."""
+    key = f"sha256:{digest}"
+    if key in _local:
+        return _local[key]
+    out = _digest_name(key, Path(name).name.removesuffix(".gz"))
+    out.write_bytes(data)
+    _local[key] = str(out)
+    return str(out)

@@ -16,6 +16,9 @@ from torchlean_bridge.app.cli import main  # noqa: E402
 from torchlean_bridge.app.commands.common import load_factory  # noqa: E402
 from torchlean_bridge.app.html_report import embed, layers  # noqa: E402
 from torchlean_bridge.bundle import Bundle  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+ARTIFACTS = ROOT / "tests" / "artifacts"  # gitignored; CI keeps the screenshot
 
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
@@ -133,6 +136,10 @@ def _browser():
     return exe, sync_playwright
 
 
+def _scale(page) -> float:
+    return float(re.search(r"scale\(([^)]+)\)", page.locator("#viewport").get_attribute("transform"))[1])
+
+
 def test_report_renders_and_clicking_the_divergent_node_shows_its_details(cnn, tmp_path):
     exe, sync_playwright = _browser()
     tmp, ref, bundle, bad_node = cnn
@@ -157,19 +164,24 @@ def test_report_renders_and_clicking_the_divergent_node_shows_its_details(cnn, t
             first = page.locator("svg#canvas g.node.first-divergence")
             assert first.count() == 1 and first.get_attribute("data-id") == str(bad_node)
             assert "diverged" in first.get_attribute("class").split()
-            assert first.locator("rect").get_attribute("fill") == "#e4572e"
+            assert first.locator("rect.box").get_attribute("fill") == "#e4572e"
             first.click()
             assert page.locator("#details-title").inner_text() == f"node {bad_node}: conv"
             details = page.locator("#details-table").inner_text()
             assert "error (max abs)" in details and "budget" in details and "conv2.weight" in details
             shown = float(re.search(r"error \(max abs\)\s+(\S+)", details).group(1))
             assert shown == pytest.approx(row["max_abs"], rel=1e-3)
-            page.mouse.move(700, 400)
-            page.mouse.wheel(0, -300)  # zoom in: the viewport gets a scale > 1
-            scale = float(re.search(r"scale\(([^)]+)\)", page.locator("#viewport").get_attribute("transform"))[1])
-            assert scale > 1
-            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "html_report.png"), full_page=True)
+            before = _scale(page)
+            box = first.bounding_box()
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.mouse.wheel(0, -300)  # zoom in around the node: it stays under the cursor
+            assert _scale(page) > before
+            after = first.bounding_box()
+            assert after["width"] > box["width"]
+            assert abs(after["x"] + after["width"] / 2 - (box["x"] + box["width"] / 2)) < 2
         finally:
             browser.close()
     assert all(u.startswith("file://") for u in requests), requests  # no network
-    assert (tmp_path / "report.png").stat().st_size > 0
+    assert (ARTIFACTS / "html_report.png").stat().st_size > 0

@@ -103,6 +103,22 @@ def test_diff_report_data_marks_the_first_divergence(cnn, tmp_path, capsys):
     assert conv2["source"].get("location", "").startswith(str(tmp / "ref.py"))  # provenance file:line
 
 
+def test_exchanged_biases_mark_both_nodes_as_suspected(cnn, tmp_path):
+    tmp, ref, bundle, _ = cnn
+    (b1,), (b2,) = bundle.roles.uses("conv1.bias"), bundle.roles.uses("conv2.bias")
+    p = bundle.payload.copy()
+    p.set(b1.node, b1.role, bundle.payload.get(b2.node, b2.role))
+    p.set(b2.node, b2.role, bundle.payload.get(b1.node, b1.role))
+    tlb.save(Bundle(bundle.graph, p, bundle.roles, bundle.report), tmp_path / "swapped")
+    out = tmp_path / "r.html"
+    assert main(["diff", str(tmp_path / "swapped"), "--reference", ref, "--random", "1", "--quiet",
+                 "--report", str(out)]) == 1
+    ov = _data(out.read_text())["overlay"]
+    assert ov["first_divergence"]["node"] == b1.node
+    assert {int(k) for k in ov["suspected"]} == {b1.node, b2.node}
+    assert set(ov["suspected"][str(b1.node)]) >= {"conv1.bias"}
+
+
 def test_report_and_html_targets_are_checked_before_any_work(cnn, tmp_path, capsys):
     tmp, ref, _, _ = cnn
     assert main(["diff", str(tmp / "good"), "--reference", ref, "--report", str(tmp_path / "r.png")]) == 2
@@ -165,6 +181,9 @@ def test_report_renders_and_clicking_the_divergent_node_shows_its_details(cnn, t
             assert first.count() == 1 and first.get_attribute("data-id") == str(bad_node)
             assert "diverged" in first.get_attribute("class").split()
             assert first.locator("rect.box").get_attribute("fill") == "#e4572e"
+            suspected = _data(out.read_text())["overlay"]["suspected"]
+            assert suspected == {str(bad_node): ["conv2.weight"]}
+            assert [e.get_attribute("data-id") for e in page.locator("g.node.suspected").all()] == [str(bad_node)]
             first.click()
             assert page.locator("#details-title").inner_text() == f"node {bad_node}: conv"
             details = page.locator("#details-table").inner_text()

@@ -61,11 +61,14 @@ def graph_data(bundle: Bundle) -> dict[str, Any]:
         raise BridgeError(f"html report: the graph has {len(g.nodes)} nodes; at most {MAX_HTML_NODES} can be drawn")
     place = _layout(g)
     outputs = set(g.outputs)
+    keys: dict[tuple[int, str], str] = {}
+    for b in bundle.roles.bindings():  # one pass (RoleMap.key_of scans every binding per call)
+        keys.setdefault((b.node, b.role), b.key)
     nodes = []
     for n, (col, row) in zip(g.nodes, place):
         params = []
         for role, value in sorted(bundle.payload.record(n.id).items()):
-            params.append({"role": role, "key": bundle.roles.key_of(n.id, role), **_preview(value)})
+            params.append({"role": role, "key": keys.get((n.id, role)), **_preview(value)})
         src = n.source.to_json() if n.source is not None else {}
         nodes.append({"id": n.id, "op": n.kind, "label": n.describe(), "parents": list(n.parents),
                       "shape": list(n.out_shape), "dtype": n.dtype, "layer": col, "row": row,
@@ -79,15 +82,14 @@ def diff_overlay(report: Any, bundle: Bundle) -> dict[str, Any]:
     rows = {}
     for r in report.nodes:
         rows[r.node] = {**r.to_json(), "ratio": r.worst_ratio}
-    suspected: dict[int, list[str]] = {}
+    suspected: dict[int, set[str]] = {}
     for f in report.findings:
         if f.kind != "parameter-mismatch":
             continue
-        for key in f.keys:
-            for b in bundle.roles.uses(key) if key in bundle.roles else ():
-                suspected.setdefault(b.node, []).append(key)
-            if f.node is not None and not any(key in ks for ks in suspected.values()):
-                suspected.setdefault(f.node, []).append(key)
+        for key in f.keys:  # the nodes bound to the key; the finding's own node when none is
+            owners = [b.node for b in bundle.roles.uses(key)] or ([f.node] if f.node is not None else [])
+            for nid in owners:
+                suspected.setdefault(nid, set()).add(key)
     first = report.first_divergence
     return {"kind": "diff", "title": report.title, "summary": report.summary(), "rows": rows,
             "first_divergence": first.to_json() if first is not None else None,

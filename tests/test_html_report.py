@@ -200,6 +200,20 @@ def test_report_renders_and_clicking_the_divergent_node_shows_its_details(cnn, t
             after = first.bounding_box()
             assert after["width"] > box["width"]
             assert abs(after["x"] + after["width"] / 2 - (box["x"] + box["width"] / 2)) < 2
+
+            # bounds --report: colored by box width, the input's box shown on click
+            np.save(tmp_path / "c.npy", np.zeros((1, 2, 6, 6)))
+            assert main(["bounds", str(tmp / "good"), "--center", str(tmp_path / "c.npy"), "--radius", "0.1",
+                         "--samples", "0", "--report", str(tmp_path / "b.html"), "--quiet"]) == 0
+            page.goto((tmp_path / "b.html").as_uri())
+            page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+            assert not errors, errors
+            nodes = page.locator("svg#canvas g.node.width")
+            assert nodes.count() == len(bundle.graph)
+            assert len({nodes.nth(i).locator("rect.box").get_attribute("fill") for i in range(nodes.count())}) > 2
+            page.locator(f"svg#canvas g.node[data-id='{bundle.graph.inputs[0]}']").click()
+            width = re.search(r"box width \(max\)\s+(\S+)", page.locator("#details-table").inner_text())[1]
+            assert float(width) == pytest.approx(0.2, rel=1e-3)
         finally:
             browser.close()
     assert all(u.startswith("file://") for u in requests), requests  # no network

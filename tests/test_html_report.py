@@ -175,6 +175,7 @@ def test_report_renders_and_clicking_the_divergent_node_shows_its_details(cnn, t
             page.wait_for_selector("body[data-ready='1']", timeout=10_000)
             assert not errors, errors
             assert page.locator("svg#canvas g.node").count() == len(bundle.graph)
+            assert "parameter-mismatch: " in page.locator("#summary").inner_text()  # findings listed
             edges = sum(len(n.parents) for n in bundle.graph.nodes)
             assert page.locator("svg#canvas path.edge").count() == edges
             first = page.locator("svg#canvas g.node.first-divergence")

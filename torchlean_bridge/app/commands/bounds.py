@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_view_arguments(p)
     p.add_argument("--plot", metavar="FILE.png", help="draw every node's box width (log scale) to FILE (.png, .svg, "
                                                      ".pdf; needs matplotlib: the `plot` extra)")
+    p.add_argument("--report", metavar="FILE.html",
+                   help="one self-contained HTML page: the graph drawn, every node colored by its box width "
+                        "(log scale), box previews on click")
     add_json_argument(p, "every node's box (lo, hi, range and widths) and the containment check")
 
 
@@ -71,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from ..plots import check_target
         check_target(args.plot)
+    if args.report:
+        from ..html_report import check_target as check_html
+        check_html(args.report, "bounds: --report")
     bundle = read_bundle(args.path)
     g = bundle.graph
     centers = [read_array(f) for f in args.center]
@@ -107,12 +113,18 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from ..plots import plot_widths
         plot_widths(g, boxes, args.plot, f"box width per node ({args.method}, l-inf radius {args.radius:g})")
+    if args.report:
+        from ..html_report import bounds_overlay, write_page
+        write_page(args.report, bundle, bounds_overlay(
+            boxes, f"bounds {args.path}: box width per node ({args.method}, l-inf radius {args.radius:g})"))
     if human_output(args):
         print(_text(g, boxes, args))
         if report is not None:
             print(report)
         if args.plot:
             print(f"wrote {args.plot}")
+        if args.report:
+            print(f"wrote {args.report}")
     if failure is not None:
         if human_output(args):
             print(f"counterexample: {failure}", file=sys.stderr)

@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="print only the verdict; no progress display")
     p.add_argument("--plot", metavar="FILE.png", help="draw error / budget per node (log scale, first divergence "
                                                      "marked) to FILE (.png, .svg, .pdf; needs matplotlib)")
+    p.add_argument("--report", metavar="FILE.html",
+                   help="one self-contained HTML page: the graph drawn, every node colored by error / budget, the "
+                        "first divergence and suspected keys marked, details on click (no network, no server)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from ..plots import check_target
         check_target(args.plot)
+    if args.report:
+        from ..html_report import check_target as check_html
+        check_html(args.report, "diff: --report")
     bundle = read_bundle(args.bundle)
     if args.against == "torch" and not args.reference:
         raise BridgeError("--against torch needs --reference FILE.py:FACTORY")
@@ -73,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
         plot_diff(report, args.plot)
         if human_output(args) and not args.quiet:
             print(f"wrote {args.plot}")
+    if args.report:
+        from ..html_report import diff_overlay, write_page
+        write_page(args.report, bundle, diff_overlay(report, bundle))
+        if human_output(args) and not args.quiet:
+            print(f"wrote {args.report}")
     if human_output(args):
         if args.quiet:  # the verdict, and where a reduced reproduction was written
             lines = report.summary().splitlines()

@@ -1,4 +1,5 @@
-"""``torchlean-bridge show``: the text listing, DOT, or a rendered SVG/PNG through Graphviz."""
+"""``torchlean-bridge show``: the text listing, DOT, a rendered SVG/PNG through Graphviz, or an
+interactive self-contained HTML page."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ...pretty import listing, to_dot
 from ..output import emit_json
 from .common import read_bundle
 
-HELP = "print the node listing, or GraphViz DOT / SVG / PNG"
+HELP = "print the node listing, or GraphViz DOT / SVG / PNG, or an interactive HTML page"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fmt.add_argument("--dot", action="store_true", help="print GraphViz DOT instead of the listing")
     fmt.add_argument("--svg", metavar="FILE", help="render to SVG with Graphviz `dot`")
     fmt.add_argument("--png", metavar="FILE", help="render to PNG with Graphviz `dot`")
+    fmt.add_argument("--html", metavar="FILE.html",
+                     help="one self-contained HTML page: the graph drawn (pan, zoom), node details on click")
     fmt.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
                      help="the torchlean.ir.v1 graph document (nodes, no tensors) on stdout, or written to FILE")
 
@@ -37,8 +40,16 @@ def render(dot_text: str, fmt: str, out: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    g = read_bundle(args.path).graph
-    if args.json:
+    if args.html:
+        from ..html_report import check_target
+        check_target(args.html, "show: --html")
+    bundle = read_bundle(args.path)
+    g = bundle.graph
+    if args.html:
+        from ..html_report import write_page
+        write_page(args.html, bundle, title=f"torchlean-bridge show {args.path}")
+        print(f"wrote {args.html}")
+    elif args.json:
         from ...wire import dump_graph
         emit_json(dump_graph(g), args.json)
         if args.json != "-":

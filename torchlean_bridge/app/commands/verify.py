@@ -17,12 +17,15 @@ DESCRIPTION = (HELP + ". unsat: sound linear (CROWN) or interval bounds refute t
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx|BUNDLE", help="an ONNX model or a bundle folder")
     p.add_argument("property", metavar="PROP.vnnlib", help="the property in VNN-LIB (VNN-COMP subset)")
-    p.add_argument("--method", choices=("crown", "alpha-crown", "ibp"), default="crown",
-                   help="bounding method (default crown; alpha-crown optimizes the ReLU lower slopes)")
+    p.add_argument("--method", choices=("auto", "bab-relu", "bab-input", "crown", "alpha-crown", "ibp"), default="auto",
+                   help="auto (the default): bab-input for inputs of at most 16 entries or no unstable ReLU, "
+                        "else bab-relu; bab-relu: branch and bound over unstable ReLUs (batched CROWN); bab-input, "
+                        "crown, alpha-crown, ibp: input splitting with that bound (bab-input uses CROWN)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds for bounding, splitting and the counterexample search (default 60)")
     p.add_argument("--seed", type=int, default=0, help="seed of the counterexample search")
-    p.add_argument("--json", action="store_true", help="print one JSON object (result, time_s, counterexample, ...)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (result, time_s, counterexample, domains_visited, "
+                        "best_lower_bound, ...)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,154 @@
+"""CROWN bounds of subdomains defined by ReLU splits, many subdomains in one pass.
+
+A subdomain of branch and bound is the input box together with split constraints: some ReLUs fixed
+active (their input ``z >= 0``) or inactive (``z <= 0``). On the subdomain the fixed ReLU's input box is
+the intersection of its box with the half-line of the split (``lo := max(lo, 0)`` or ``hi := min(hi, 0)``),
+applied to the IBP box before any intermediate bound is computed and again to every refined box, so a
+fixed ReLU is relaxed by its exact line (identity or 0) and every later intermediate bound and the final
+bound use every split above them. This is the split-aware CROWN of beta-CROWN without the Lagrangian
+multipliers (beta): the split constraints act through the boxes and relaxations only, which is sound
+(the box still encloses z on the subdomain) but does not reach the beta-optimal bound.
+
+When a split contradicts a sound box (active with ``hi < 0``, inactive with ``lo > 0``) no input of the
+box satisfies the constraints: the subdomain is empty and ``DomainBounds.empty`` says so; its bounds are
+meaningless and a caller treats it as refuted.
+
+Subdomain i is sample i of the batch axis (``Crown.batched``; see ``batch_axis.with_batch`` for a graph
+exported with batch 1). The bound of each row of the spec is CROWN's (``method="alpha-crown"`` then
+optimizes the free ReLUs' lower slopes, fixed ones being exact), intersected with the output box.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from torchlean_bridge.errors import BridgeError
+
+from ..interval_round import Box
+from ..records import PREPARED
+from .crown import Crown, _alpha, _Pass, _Run, _spec_box, _spec_matrix
+
+__all__ = ["DomainBounds", "bound_domains", "relu_nodes", "chain_layers"]
+
+# per ReLU node id: int8 [N, units] with +1 (input >= 0), -1 (input <= 0) or 0 (free)
+Splits = dict[int, np.ndarray]
+
+
+@dataclass
+class DomainBounds:
+    """Per subdomain: lower and upper bounds ``[N, K]`` of the spec rows, whether a split made it
+    empty, and each ReLU's input box ``[N, units]`` on it (the splits applied), for branching."""
+
+    lower: np.ndarray
+    upper: np.ndarray
+    empty: np.ndarray
+    pre: dict[int, Box]
+    method: str
+
+
+def relu_nodes(crown: Crown) -> list[int]:
+    """The ReLU nodes whose input depends on the graph input, in graph order (the split candidates)."""
+    g = crown.graph
+    return [n.id for n in g.nodes if n.kind == "relu" and not crown.const[n.id] and not crown.const[n.parents[0]]]
+
+
+def chain_layers(crown: Crown) -> list[tuple[str, int, Any, Any]] | None:
+    """The output's ancestors as ``[(kind, id, weight, bias)]`` from the output down, when the graph is a
+    chain of ``linear`` and ``relu`` nodes over ``[N, features]`` values (weights in float64, bias None
+    for relu); None otherwise. For branching heuristics (plain arithmetic, no soundness claim)."""
+    g = crown.graph
+    if len(g.outputs) != 1:
+        return None
+    out, v = [], g.outputs[0]
+    while g.nodes[v].kind != "input":
+        node = g.nodes[v]
+        if len(node.out_shape) != 2 or crown.const[v] or len(node.parents) < 1:
+            return None
+        if node.kind == "linear":
+            p = crown.ibp.records[v][PREPARED]
+            out.append(("linear", v, p.weight, p.bias))
+        elif node.kind == "relu":
+            out.append(("relu", v, None, None))
+        else:
+            return None
+        v = node.parents[0]
+    return out
+
+
+class _SplitRun(_Run):
+    """A CROWN run whose ReLU input boxes are intersected with the subdomains' splits."""
+
+    def __init__(self, crown: Crown, boxes: list[Box], splits: Splits, deadline: float | None) -> None:
+        super().__init__(crown, boxes, deadline)
+        g = crown.graph
+        self.split_at: dict[int, np.ndarray] = {}
+        for v, s in splits.items():
+            node = g.nodes[v]
+            if node.kind != "relu" or crown.const[v]:
+                raise BridgeError(f"bound_domains: node {v} ({node.kind}) is not a split candidate ReLU")
+            units = math.prod(crown.ishape(v)[1:])
+            s = np.asarray(s)
+            if s.shape != (crown.n, units):
+                raise BridgeError(f"bound_domains: the splits of node {v} must be [{crown.n}, {units}], "
+                                  f"got {list(s.shape)}")
+            self.split_at[node.parents[0]] = s
+        self.empty = np.zeros(crown.n, dtype=bool)
+        for p in self.split_at:
+            self._clip(p)
+
+    def _clip(self, p: int) -> None:
+        """Intersect p's box with the split half-lines; a contradiction marks the subdomain empty."""
+        s = self.split_at[p]
+        n = self.crown.n
+        shape = self.boxes[p][0].shape
+        lo, hi = (x.reshape(n, -1) for x in self.boxes[p])
+        lo2 = np.where(s > 0, np.maximum(lo, 0.0), lo)
+        hi2 = np.where(s < 0, np.minimum(hi, 0.0), hi)
+        bad = lo2 > hi2
+        if bad.any():
+            self.empty |= bad.any(axis=1)
+            hi2 = np.where(bad, lo2, hi2)  # keep a well-formed box; the subdomain's bound is not used
+        self.set_box(p, (lo2.reshape(shape), hi2.reshape(shape)))
+
+    def refine(self, v: int, need: np.ndarray | None) -> Box:
+        s = self.split_at.get(v)
+        if s is None:
+            return super().refine(v, need)
+        self._clip(v)
+        free = (s == 0).reshape(self.crown.ishape(v))
+        need = free if need is None else need.reshape(free.shape) & free
+        super().refine(v, need)
+        self._clip(v)  # the refined box was intersected with the clipped one; clip again for the record
+        return self.boxes[v]
+
+
+def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Splits, spec: np.ndarray,
+                  method: str = "crown", deadline: float | None = None) -> DomainBounds:
+    """Sound bounds of ``spec @ y`` on each subdomain (sample i of the batch: box ``lower[i], upper[i]``
+    with the splits' row i). ``DeadlineExceeded`` once the deadline has passed."""
+    if method not in ("crown", "alpha-crown"):
+        raise BridgeError(f"bound_domains: unknown method {method!r} (use crown or alpha-crown)")
+    g = crown.graph
+    if len(g.outputs) != 1:
+        raise BridgeError("bound_domains: the graph must have one output")
+    if not crown.float_nodes:
+        raise BridgeError("bound_domains: CROWN needs float values on every input-dependent node")
+    o = g.outputs[0]
+    c = _spec_matrix(spec, math.prod(crown.ishape(o)[1:]))
+    run = _SplitRun(crown, crown.ibp(lower, upper), splits, deadline)
+    run.prepare(False)
+    low, neg_up = _Pass(run, o, 0, crown.n, spec=c).run()
+    up_ = -neg_up
+    label = "crown"
+    if method == "alpha-crown":
+        got = _alpha(run, o, c)
+        if got is not None:
+            low, up_ = np.maximum(low, got[0]), np.minimum(up_, got[1])
+            label = "alpha-crown"
+    s_lo, s_hi = _spec_box(crown, run.boxes[o], c)
+    pre = {v: tuple(x.reshape(crown.n, -1) for x in run.boxes[g.nodes[v].parents[0]]) for v in relu_nodes(crown)}
+    return DomainBounds(np.maximum(low, s_lo), np.minimum(up_, s_hi), run.empty.copy(), pre, label)

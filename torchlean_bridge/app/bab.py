@@ -1,0 +1,226 @@
+"""Branch and bound over ReLU activations (``verify --method bab-relu``).
+
+One group of property rows ``C y <= d`` (a conjunction) is refuted on a subdomain when some row's sound
+lower bound exceeds its right-hand side by the margin verify uses everywhere (``verify._margin``).
+A subdomain is the property's input box plus split constraints on unstable ReLUs (input ``>= 0`` or
+``<= 0``); ``semantics.linear_bounds.splits.bound_domains`` bounds many of them in one batched CROWN
+pass. The search, in the style of alpha-beta-CROWN's BaB (without its beta multipliers):
+
+* a priority queue of open subdomains by their best row gap (``max_k lower_k - d_k - margin_k``),
+  the worst first; up to ``batch`` of them are split per round, each on one ReLU, and their ``2 batch``
+  children bounded in one pass;
+* the branching ReLU of a subdomain maximizes a BaBSR-style score (Bunel et al., "Branch and bound for
+  piecewise linear neural network verification", JMLR 2020): the gain in the best row's CROWN bound
+  from removing the unit's relaxation (the upper line's intercept where the row's coefficient is
+  negative, the lower line's slack where it is positive), from one plain-float backward pass through
+  the chain of linear and ReLU layers; on other graphs the relaxation's intercept ``-u l / (u - l)``;
+* a child's bound is the maximum of its own and its parent's (both are sound on the child), and a
+  child a split makes empty (``DomainBounds.empty``) is refuted;
+* the caller's attack runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
+  fast;
+* ``unknown`` when the deadline passes, when the open subdomains exceed the memory cap, or when a
+  subdomain with no unstable ReLU left stays open (CROWN is then exact up to rounding and the attack
+  did not find the counterexample).
+
+``unsat`` therefore rests on CROWN's sound bounds on subdomains whose union is the whole box: every
+split produces both halves ``z >= 0`` and ``z <= 0``, and a subdomain is dropped only when refuted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import BridgeError
+
+__all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "BATCH"]
+
+MAX_QUEUE_BYTES = 256 << 20  # the open subdomains' splits and bounds; beyond it the answer is unknown
+BATCH = 32  # subdomains split per round (64 children per CROWN pass)
+
+
+@dataclass
+class BabOutcome:
+    result: str  # "unsat", "sat" or "unknown"
+    counterexample: dict[str, Any] | None
+    domains: int  # subdomains bounded
+    best_lower: float  # the smallest gap over the open subdomains (>0 once refuted; -inf when unknown)
+    reason: str = ""
+
+
+class ReluBab:
+    """Branch and bound for one group of rows on one input box (see the module docstring)."""
+
+    def __init__(self, model: Any, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, d: np.ndarray,
+                 margin: np.ndarray, deadline: float, method: str = "crown",
+                 attack: Callable[[], dict[str, Any] | None] | None = None, attack_every: int = 8,
+                 batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None) -> None:
+        from semantics.linear_bounds.splits import chain_layers, relu_nodes
+        if batch < 1:
+            raise BridgeError(f"bab: the batch must be at least 1, got {batch}")
+        self.model, self.lo, self.hi = model, lo, hi
+        self.c, self.d, self.margin = c, d, margin
+        self.deadline, self.method = deadline, method
+        self.attack, self.attack_every = attack, attack_every
+        self.batch = batch
+        self.max_queue_bytes = max_queue_bytes
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        base = model.crown
+        self.relus = relu_nodes(base)
+        self.units = [math.prod(base.ishape(v)[1:]) for v in self.relus]
+        self.offsets = np.concatenate([[0], np.cumsum(self.units)]).astype(np.int64)
+        self.layers = chain_layers(base)
+        self._crowns: dict[int, Any] = {1: base}
+        self.domains = 0
+        self.proved = math.inf  # the smallest gap of a refuted (non-empty) subdomain
+        self.start = time.perf_counter()
+
+    # -- bounding --------------------------------------------------------------------------------
+
+    def _crown(self, n: int):
+        """A Crown over the graph with batch n (cached), or None when the graph does not rebatch."""
+        from semantics.linear_bounds import Crown
+        from semantics.linear_bounds.batch_axis import with_batch
+        if n not in self._crowns:
+            g = with_batch(self.model.bundle.graph, n)
+            self._crowns[n] = None if g is None else Crown(g, self.model.bundle.payload)
+        return self._crowns[n]
+
+    def _bound(self, splits: np.ndarray):
+        """Gaps ``[M, K]``, emptiness ``[M]`` and ReLU input boxes of M subdomains (rows of splits)."""
+        m = splits.shape[0]
+        size = 1 << max(0, (m - 1).bit_length())  # powers of two: a few cached graphs serve every round
+        crown = self._crown(size) if size > 1 else self._crowns[1]
+        if crown is None or not crown.batched or crown.n != size:
+            parts = [self._bound_with(self._crowns[1], splits[i:i + 1], 1) for i in range(m)]
+            return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                    [np.concatenate([p[2][j] for p in parts]) for j in range(2)])
+        return self._bound_with(crown, splits, size)
+
+    def _bound_with(self, crown, splits: np.ndarray, size: int):
+        from semantics.linear_bounds.splits import bound_domains
+        m = splits.shape[0]
+        padded = np.concatenate([splits, np.repeat(splits[-1:], size - m, axis=0)]) if size > m else splits
+        lo = np.broadcast_to(self.lo.reshape((1,) + self.lo.shape[1:]), (size,) + self.lo.shape[1:])
+        hi = np.broadcast_to(self.hi.reshape((1,) + self.hi.shape[1:]), (size,) + self.hi.shape[1:])
+        per = {v: padded[:, self.offsets[i]:self.offsets[i + 1]] for i, v in enumerate(self.relus)}
+        r = bound_domains(crown, np.ascontiguousarray(lo), np.ascontiguousarray(hi), per, self.c,
+                          method=self.method, deadline=self.deadline)
+        self.domains += m
+        gap = r.lower[:m] - self.d[None] - self.margin[None]
+        pre_lo = np.concatenate([r.pre[v][0][:m] for v in self.relus], axis=1)
+        pre_hi = np.concatenate([r.pre[v][1][:m] for v in self.relus], axis=1)
+        return gap, r.empty[:m], (pre_lo, pre_hi)
+
+    # -- branching -------------------------------------------------------------------------------
+
+    def _scores(self, gap: np.ndarray, pre: tuple[np.ndarray, np.ndarray], splits: np.ndarray) -> np.ndarray:
+        """BaBSR-style scores ``[M, units]``; -inf on units that cannot be split (stable or fixed)."""
+        lo, hi = pre
+        unstable = (lo < 0) & (hi > 0) & (splits == 0)
+        with np.errstate(all="ignore"):
+            width = np.where(unstable, hi - lo, 1.0)
+            intercept = np.where(unstable, -hi * lo / width, 0.0)
+            score = intercept.copy()
+            if self.layers is not None:
+                score = self._chain_scores(gap, lo, hi, splits, unstable, intercept)
+        score = np.where(unstable & np.isfinite(score), score, -np.inf)
+        # units whose score is not finite but are unstable keep a tiny positive score (never lost)
+        return np.where(unstable & ~np.isfinite(score), 0.0, score)
+
+    def _chain_scores(self, gap, lo, hi, splits, unstable, intercept) -> np.ndarray:
+        """The gain of the best row's plain-float CROWN bound from splitting each unit."""
+        k = np.argmax(gap, axis=1)
+        a = self.c[k]  # [M, outputs]
+        score = np.zeros_like(lo)
+        index = {v: i for i, v in enumerate(self.relus)}
+        for kind, v, w, _ in self.layers:
+            if kind == "linear":
+                a = a @ w
+                continue
+            i = index[v]
+            sl = slice(self.offsets[i], self.offsets[i + 1])
+            l, u, s, un = lo[:, sl], hi[:, sl], splits[:, sl], unstable[:, sl]
+            active = (s > 0) | (l >= 0)
+            chord = np.where(un, u / np.where(un, u - l, 1.0), 0.0)
+            lower_slope = np.where(u > -l, 1.0, 0.0)
+            score[:, sl] = np.where(a < 0, -a * intercept[:, sl], a * np.minimum(u, -l) * 0.25)
+            slope = np.where(active, 1.0, np.where(un, np.where(a >= 0, lower_slope, chord), 0.0))
+            a = a * slope
+        return score
+
+    # -- the search ------------------------------------------------------------------------------
+
+    def run(self, root_gap: np.ndarray) -> BabOutcome:
+        """Search from the whole box, whose CROWN gaps ``[K]`` are ``root_gap`` (the caller bounded it)."""
+        from semantics.linear_bounds.crown import DeadlineExceeded
+        total = int(self.offsets[-1])
+        per_domain = total + 8 * self.c.shape[0] + 64
+        cap = max(1, self.max_queue_bytes // per_domain)
+        root = np.zeros((1, total), dtype=np.int8)
+        try:
+            gap, empty, pre = self._bound(root)
+        except DeadlineExceeded:
+            return BabOutcome("unknown", None, self.domains, -math.inf, "timeout")
+        gap = np.maximum(gap, root_gap[None])
+        if empty[0] or gap[0].max() > 0:
+            return BabOutcome("unsat", None, self.domains, float(gap[0].max()) if not empty[0] else math.inf)
+        queue: list[tuple[float, int, np.ndarray, np.ndarray, tuple]] = []
+        order = 0
+        heapq.heappush(queue, (float(gap[0].max()), order, root[0], gap[0], (pre[0][0], pre[1][0])))
+        rounds = 0
+        while queue:
+            best = min(queue[0][0], self.proved)
+            if time.perf_counter() > self.deadline:
+                return BabOutcome("unknown", None, self.domains, best, "timeout")
+            if len(queue) > cap:
+                return BabOutcome("unknown", None, self.domains, best,
+                                  f"memory cap: {len(queue)} open subdomains exceed {self.max_queue_bytes} bytes")
+            rounds += 1
+            if self.attack is not None and rounds % self.attack_every == 0:
+                try:
+                    found = self.attack()
+                except DeadlineExceeded:
+                    return BabOutcome("unknown", None, self.domains, best, "timeout")
+                if found is not None:
+                    return BabOutcome("sat", found, self.domains, best)
+            picked = [heapq.heappop(queue) for _ in range(min(self.batch, len(queue)))]
+            splits = np.stack([p[2] for p in picked])
+            gaps = np.stack([p[3] for p in picked])
+            pre = (np.stack([p[4][0] for p in picked]), np.stack([p[4][1] for p in picked]))
+            score = self._scores(gaps, pre, splits)
+            unit = np.argmax(score, axis=1)
+            stuck = ~np.isfinite(score[np.arange(len(picked)), unit])
+            if stuck.any():  # every ReLU fixed or stable and still open: CROWN cannot do better here
+                return BabOutcome("unknown", None, self.domains, min(best, float(gaps[stuck].max(axis=1).min())),
+                                  "a subdomain without unstable ReLUs stays open")
+            children = np.concatenate([splits, splits])
+            rows = np.arange(len(picked))
+            children[rows, unit] = 1
+            children[len(picked) + rows, unit] = -1
+            try:
+                gap, empty, cpre = self._bound(children)
+            except DeadlineExceeded:
+                return BabOutcome("unknown", None, self.domains, best, "timeout")
+            gap = np.maximum(gap, np.concatenate([gaps, gaps]))
+            for j in range(children.shape[0]):
+                if empty[j]:
+                    continue
+                if gap[j].max() > 0:
+                    self.proved = min(self.proved, float(gap[j].max()))
+                    continue
+                order += 1
+                heapq.heappush(queue, (float(gap[j].max()), order, children[j], gap[j], (cpre[0][j], cpre[1][j])))
+            if self.progress:
+                low = queue[0][0] if queue else 0.0
+                print(f"\rbab: {self.domains} domains, {len(queue)} open, worst gap {low:.4g}, "
+                      f"{time.perf_counter() - self.start:.1f} s", end="", file=sys.stderr, flush=True)
+        if self.progress:
+            print(file=sys.stderr)
+        return BabOutcome("unsat", None, self.domains, self.proved)

@@ -18,12 +18,15 @@ pass. The search, in the style of alpha-beta-CROWN's BaB (without its beta multi
   child a split makes empty (``DomainBounds.empty``) is refuted;
 * the caller's attack runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
   fast;
-* ``unknown`` when the deadline passes, when the open subdomains exceed the memory cap, or when a
-  subdomain with no unstable ReLU left stays open (CROWN is then exact up to rounding and the attack
-  did not find the counterexample).
+* a subdomain with no unstable ReLU left that stays open has its input box halved along its widest
+  side instead: without beta multipliers the splits act only through the relaxations, and the final
+  concretization over the whole box ignores them, so ReLU splits alone cannot close such a subdomain;
+* ``unknown`` when the deadline passes, when the open subdomains exceed the memory cap, or when a box
+  cannot be halved in floating point.
 
 ``unsat`` therefore rests on CROWN's sound bounds on subdomains whose union is the whole box: every
-split produces both halves ``z >= 0`` and ``z <= 0``, and a subdomain is dropped only when refuted.
+split produces both halves ``z >= 0`` and ``z <= 0`` (an input split both halves of the box), and a
+subdomain is dropped only when refuted.
 """
 
 from __future__ import annotations
@@ -92,25 +95,26 @@ class ReluBab:
             self._crowns[n] = None if g is None else Crown(g, self.model.bundle.payload)
         return self._crowns[n]
 
-    def _bound(self, splits: np.ndarray):
-        """Gaps ``[M, K]``, emptiness ``[M]`` and ReLU input boxes of M subdomains (rows of splits)."""
+    def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+        """Gaps ``[M, K]``, emptiness ``[M]`` and ReLU input boxes of M subdomains (rows of splits, with
+        their input boxes ``[M, inputs]``)."""
         m = splits.shape[0]
         size = 1 << max(0, (m - 1).bit_length())  # powers of two: a few cached graphs serve every round
         crown = self._crown(size) if size > 1 else self._crowns[1]
         if crown is None or not crown.batched or crown.n != size:
-            parts = [self._bound_with(self._crowns[1], splits[i:i + 1], 1) for i in range(m)]
+            parts = [self._bound_with(self._crowns[1], splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1) for i in range(m)]
             return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                     [np.concatenate([p[2][j] for p in parts]) for j in range(2)])
-        return self._bound_with(crown, splits, size)
+        return self._bound_with(crown, splits, lo, hi, size)
 
-    def _bound_with(self, crown, splits: np.ndarray, size: int):
+    def _bound_with(self, crown, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int):
         from semantics.linear_bounds.splits import bound_domains
         m = splits.shape[0]
-        padded = np.concatenate([splits, np.repeat(splits[-1:], size - m, axis=0)]) if size > m else splits
-        lo = np.broadcast_to(self.lo.reshape((1,) + self.lo.shape[1:]), (size,) + self.lo.shape[1:])
-        hi = np.broadcast_to(self.hi.reshape((1,) + self.hi.shape[1:]), (size,) + self.hi.shape[1:])
-        per = {v: padded[:, self.offsets[i]:self.offsets[i + 1]] for i, v in enumerate(self.relus)}
-        r = bound_domains(crown, np.ascontiguousarray(lo), np.ascontiguousarray(hi), per, self.c,
+        pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - m, axis=0)]) if size > m else x  # noqa: E731
+        splits, lo, hi = pad(splits), pad(lo), pad(hi)
+        shape = (size,) + tuple(self.lo.shape[1:]) if crown.batched else tuple(self.lo.shape)
+        per = {v: splits[:, self.offsets[i]:self.offsets[i + 1]] for i, v in enumerate(self.relus)}
+        r = bound_domains(crown, lo.reshape(shape), hi.reshape(shape), per, self.c,
                           method=self.method, deadline=self.deadline)
         self.domains += m
         gap = r.lower[:m] - self.d[None] - self.margin[None]
@@ -162,10 +166,12 @@ class ReluBab:
         from semantics.linear_bounds.crown import DeadlineExceeded
         total = int(self.offsets[-1])
         per_domain = total + 8 * self.c.shape[0] + 64
-        cap = max(1, self.max_queue_bytes // per_domain)
         root = np.zeros((1, total), dtype=np.int8)
+        box_lo, box_hi = self.lo.reshape(1, -1).astype(np.float64), self.hi.reshape(1, -1).astype(np.float64)
+        per_domain += 16 * box_lo.shape[1]
+        cap = max(1, self.max_queue_bytes // per_domain)
         try:
-            gap, empty, pre = self._bound(root)
+            gap, empty, pre = self._bound(root, box_lo, box_hi)
         except DeadlineExceeded:
             return BabOutcome("unknown", None, self.domains, -math.inf, "timeout")
         gap = np.maximum(gap, root_gap[None])
@@ -173,7 +179,8 @@ class ReluBab:
             return BabOutcome("unsat", None, self.domains, float(gap[0].max()) if not empty[0] else math.inf)
         queue: list[tuple[float, int, np.ndarray, np.ndarray, tuple]] = []
         order = 0
-        heapq.heappush(queue, (float(gap[0].max()), order, root[0], gap[0], (pre[0][0], pre[1][0])))
+        heapq.heappush(queue, (float(gap[0].max()), order, root[0], gap[0], (pre[0][0], pre[1][0]),
+                               box_lo[0], box_hi[0]))
         rounds = 0
         while queue:
             best = min(queue[0][0], self.proved)
@@ -194,18 +201,26 @@ class ReluBab:
             splits = np.stack([p[2] for p in picked])
             gaps = np.stack([p[3] for p in picked])
             pre = (np.stack([p[4][0] for p in picked]), np.stack([p[4][1] for p in picked]))
+            los, his = np.stack([p[5] for p in picked]), np.stack([p[6] for p in picked])
             score = self._scores(gaps, pre, splits)
             unit = np.argmax(score, axis=1)
-            stuck = ~np.isfinite(score[np.arange(len(picked)), unit])
-            if stuck.any():  # every ReLU fixed or stable and still open: CROWN cannot do better here
-                return BabOutcome("unknown", None, self.domains, min(best, float(gaps[stuck].max(axis=1).min())),
-                                  "a subdomain without unstable ReLUs stays open")
-            children = np.concatenate([splits, splits])
             rows = np.arange(len(picked))
-            children[rows, unit] = 1
-            children[len(picked) + rows, unit] = -1
+            on_input = ~np.isfinite(score[rows, unit])
+            # no unstable ReLU left: the splits act only through the relaxations, so halve the input box instead
+            dim = np.argmax(his - los, axis=1)
+            mid = los[rows, dim] * 0.5 + his[rows, dim] * 0.5
+            if np.any(on_input & ~((los[rows, dim] < mid) & (mid < his[rows, dim]))):
+                return BabOutcome("unknown", None, self.domains, best, "a subdomain cannot be split further")
+            children = np.concatenate([splits, splits])
+            child_lo, child_hi = np.concatenate([los, los]), np.concatenate([his, his])
+            relu_rows = rows[~on_input]
+            children[relu_rows, unit[relu_rows]] = 1
+            children[len(picked) + relu_rows, unit[relu_rows]] = -1
+            in_rows = rows[on_input]
+            child_hi[in_rows, dim[in_rows]] = mid[in_rows]
+            child_lo[len(picked) + in_rows, dim[in_rows]] = mid[in_rows]
             try:
-                gap, empty, cpre = self._bound(children)
+                gap, empty, cpre = self._bound(children, child_lo, child_hi)
             except DeadlineExceeded:
                 return BabOutcome("unknown", None, self.domains, best, "timeout")
             gap = np.maximum(gap, np.concatenate([gaps, gaps]))
@@ -216,7 +231,8 @@ class ReluBab:
                     self.proved = min(self.proved, float(gap[j].max()))
                     continue
                 order += 1
-                heapq.heappush(queue, (float(gap[j].max()), order, children[j], gap[j], (cpre[0][j], cpre[1][j])))
+                heapq.heappush(queue, (float(gap[j].max()), order, children[j], gap[j], (cpre[0][j], cpre[1][j]),
+                                       child_lo[j], child_hi[j]))
             if self.progress:
                 low = queue[0][0] if queue else 0.0
                 print(f"\rbab: {self.domains} domains, {len(queue)} open, worst gap {low:.4g}, "

@@ -484,9 +484,10 @@ def verify(model: _Model, prop: Property, method: str = "crown", timeout: float 
     answer, reason = "unsat", ""
 
     def result(answer: str, found: dict[str, Any] | None = None, reason: str = "") -> VerifyResult:
+        best: float | None = None  # sat: a counterexample, no bound to report
         if answer == "unknown":
             best = min([search.best_lower, search.proved] + search.pending)
-        else:
+        elif answer == "unsat":
             best = search.proved
         return VerifyResult(answer, time.perf_counter() - start, method, found, report, reason=reason,
                             boxes_explored=search.boxes, domains_visited=search.boxes + search.domains,

@@ -66,6 +66,7 @@ def test_rebatching_refuses_a_graph_without_a_unit_batch_axis():
     assert g is not None and all(n.out_shape[0] == 5 for n in g.nodes)
 
 
+@pytest.mark.slow
 def test_bab_relu_json_reports_domains_and_the_best_lower_bound():
     cmd = [sys.executable, "-m", "torchlean_bridge", "verify", str(FIX / "acas_like.onnx"),
            str(FIX / "acas_robust.vnnlib"), "--json", "--timeout", "20"]

@@ -5,9 +5,10 @@ active (their input ``z >= 0``) or inactive (``z <= 0``). On the subdomain the f
 the intersection of its box with the half-line of the split (``lo := max(lo, 0)`` or ``hi := min(hi, 0)``),
 applied to the IBP box before any intermediate bound is computed and again to every refined box, so a
 fixed ReLU is relaxed by its exact line (identity or 0) and every later intermediate bound and the final
-bound use every split above them. This is the split-aware CROWN of beta-CROWN without the Lagrangian
-multipliers (beta): the split constraints act through the boxes and relaxations only, which is sound
-(the box still encloses z on the subdomain) but does not reach the beta-optimal bound.
+bound use every split above them. With ``method="crown"`` the split constraints act through the
+boxes and relaxations only, which is sound (the box still encloses z on the subdomain) but ignores them
+when the final coefficients are concretized over the whole input box; ``method="beta-crown"`` adds
+them as Lagrangian terms (``beta``).
 
 When a split contradicts a sound box (active with ``hi < 0``, inactive with ``lo > 0``) no input of the
 box satisfies the constraints: the subdomain is empty and ``DomainBounds.empty`` says so; its bounds are
@@ -15,7 +16,9 @@ meaningless and a caller treats it as refuted.
 
 Subdomain i is sample i of the batch axis (``Crown.batched``; see ``batch_axis.with_batch`` for a graph
 exported with batch 1). The bound of each row of the spec is CROWN's (``method="alpha-crown"`` then
-optimizes the free ReLUs' lower slopes, fixed ones being exact), intersected with the output box.
+optimizes the free ReLUs' lower slopes, fixed ones being exact; ``method="beta-crown"`` optimizes the
+slopes and the split constraints' multipliers for the lower bounds, see ``beta``), intersected with the
+output box.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from ..interval_round import Box
 from ..records import PREPARED
 from .crown import Crown, _alpha, _Pass, _Run, _spec_box, _spec_matrix
 
-__all__ = ["DomainBounds", "bound_domains", "relu_nodes", "chain_layers"]
+__all__ = ["DomainBounds", "bound_domains", "relu_nodes", "chain_layers", "DOMAIN_METHODS"]
+
+DOMAIN_METHODS = ("crown", "alpha-crown", "beta-crown")
 
 # per ReLU node id: int8 [N, units] with +1 (input >= 0), -1 (input <= 0) or 0 (free)
 Splits = dict[int, np.ndarray]
@@ -130,8 +135,8 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
                   method: str = "crown", deadline: float | None = None) -> DomainBounds:
     """Sound bounds of ``spec @ y`` on each subdomain (sample i of the batch: box ``lower[i], upper[i]``
     with the splits' row i). ``DeadlineExceeded`` once the deadline has passed."""
-    if method not in ("crown", "alpha-crown"):
-        raise BridgeError(f"bound_domains: unknown method {method!r} (use crown or alpha-crown)")
+    if method not in DOMAIN_METHODS:
+        raise BridgeError(f"bound_domains: unknown method {method!r} (use {', '.join(DOMAIN_METHODS)})")
     g = crown.graph
     if len(g.outputs) != 1:
         raise BridgeError("bound_domains: the graph must have one output")
@@ -149,6 +154,12 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
         if got is not None:
             low, up_ = np.maximum(low, got[0]), np.minimum(up_, got[1])
             label = "alpha-crown"
+    elif method == "beta-crown":
+        from .beta import beta_bounds
+        got = beta_bounds(run, o, c, run.split_at)
+        if got is not None:
+            low = np.maximum(low, got)
+            label = "beta-crown"
     s_lo, s_hi = _spec_box(crown, run.boxes[o], c)
     pre = {v: tuple(x.reshape(crown.n, -1) for x in run.boxes[g.nodes[v].parents[0]]) for v in relu_nodes(crown)}
     return DomainBounds(np.maximum(low, s_lo), np.minimum(up_, s_hi), run.empty.copy(), pre, label)

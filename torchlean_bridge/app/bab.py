@@ -61,7 +61,7 @@ class ReluBab:
     """Branch and bound for one group of rows on one input box (see the module docstring)."""
 
     def __init__(self, model: Any, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, d: np.ndarray,
-                 margin: np.ndarray, deadline: float, method: str = "crown",
+                 margin: np.ndarray, deadline: float, method: str = "beta-crown",
                  attack: Callable[[], dict[str, Any] | None] | None = None, attack_every: int = 8,
                  batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None) -> None:
         from semantics.linear_bounds.splits import chain_layers, relu_nodes

@@ -392,7 +392,7 @@ class _Search:
             cg, dg, _ = g
             if not cg.shape[0]:  # an empty conjunction holds everywhere: the attack decides it
                 return "unknown", None
-            search = ReluBab(self.model, lo, hi, cg, dg, margin, self.deadline, method="crown",
+            search = ReluBab(self.model, lo, hi, cg, dg, margin, self.deadline, method="beta-crown",
                              attack=lambda: self.attack(lo, hi, every, None, budget=2), progress=self.progress)
             out = search.run(gap)
             self.domains += out.domains

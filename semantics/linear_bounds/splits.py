@@ -87,8 +87,10 @@ def chain_layers(crown: Crown) -> list[tuple[str, int, Any, Any]] | None:
 class _SplitRun(_Run):
     """A CROWN run whose ReLU input boxes are intersected with the subdomains' splits."""
 
-    def __init__(self, crown: Crown, boxes: list[Box], splits: Splits, deadline: float | None) -> None:
+    def __init__(self, crown: Crown, boxes: list[Box], splits: Splits, deadline: float | None,
+                 known: dict[int, Box] | None = None) -> None:
         super().__init__(crown, boxes, deadline)
+        self.known = known or {}
         g = crown.graph
         self.split_at: dict[int, np.ndarray] = {}
         for v, s in splits.items():
@@ -121,6 +123,16 @@ class _SplitRun(_Run):
 
     def refine(self, v: int, need: np.ndarray | None) -> Box:
         s = self.split_at.get(v)
+        got = self.known.get(v)
+        if got is not None:  # sound boxes the caller already has (a parent subdomain's): no backward pass
+            shape = self.boxes[v][0].shape
+            lo, hi = (x.reshape(self.crown.n, -1) for x in self.boxes[v])
+            k_lo, k_hi = (np.asarray(x, dtype=np.float64).reshape(lo.shape) for x in got)
+            self.set_box(v, (np.maximum(lo, k_lo).reshape(shape), np.minimum(hi, k_hi).reshape(shape)))
+            self.refined[v] = True
+            if s is not None:
+                self._clip(v)
+            return self.boxes[v]
         if s is None:
             return super().refine(v, need)
         self._clip(v)
@@ -132,9 +144,13 @@ class _SplitRun(_Run):
 
 
 def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Splits, spec: np.ndarray,
-                  method: str = "crown", deadline: float | None = None) -> DomainBounds:
+                  method: str = "crown", deadline: float | None = None,
+                  known: dict[int, Box] | None = None) -> DomainBounds:
     """Sound bounds of ``spec @ y`` on each subdomain (sample i of the batch: box ``lower[i], upper[i]``
-    with the splits' row i). ``DeadlineExceeded`` once the deadline has passed."""
+    with the splits' row i). ``known``: per ReLU node, boxes ``[N, units]`` of its input that hold on
+    each subdomain (a parent subdomain's ``pre``); they replace the intermediate CROWN passes for that
+    input (the caller vouches for them: a superset of each subdomain keeps them sound).
+    ``DeadlineExceeded`` once the deadline has passed."""
     if method not in DOMAIN_METHODS:
         raise BridgeError(f"bound_domains: unknown method {method!r} (use {', '.join(DOMAIN_METHODS)})")
     g = crown.graph
@@ -144,7 +160,8 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
         raise BridgeError("bound_domains: CROWN needs float values on every input-dependent node")
     o = g.outputs[0]
     c = _spec_matrix(spec, math.prod(crown.ishape(o)[1:]))
-    run = _SplitRun(crown, crown.ibp(lower, upper), splits, deadline)
+    given = {g.nodes[v].parents[0]: box for v, box in (known or {}).items()}
+    run = _SplitRun(crown, crown.ibp(lower, upper), splits, deadline, given)
     run.prepare(False)
     low, neg_up = _Pass(run, o, 0, crown.n, spec=c).run()
     up_ = -neg_up

@@ -15,7 +15,9 @@ pass. The search, in the style of alpha-beta-CROWN's BaB (without its beta multi
   negative, the lower line's slack where it is positive), from one plain-float backward pass through
   the chain of linear and ReLU layers; on other graphs the relaxation's intercept ``-u l / (u - l)``;
 * a child's bound is the maximum of its own and its parent's (both are sound on the child), and a
-  child a split makes empty (``DomainBounds.empty``) is refuted;
+  child a split makes empty (``DomainBounds.empty``) is refuted; children start from their parent's
+  ReLU input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded with beta
+  (``method="beta-crown"``) where the graph is a linear/ReLU chain;
 * the caller's attack runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
   fast;
 * a subdomain with no unstable ReLU left that stays open has its input box halved along its widest
@@ -63,7 +65,8 @@ class ReluBab:
     def __init__(self, model: Any, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, d: np.ndarray,
                  margin: np.ndarray, deadline: float, method: str = "beta-crown",
                  attack: Callable[[], dict[str, Any] | None] | None = None, attack_every: int = 8,
-                 batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None) -> None:
+                 batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None,
+                 reuse: bool = True) -> None:
         from semantics.linear_bounds.splits import chain_layers, relu_nodes
         if batch < 1:
             raise BridgeError(f"bab: the batch must be at least 1, got {batch}")
@@ -72,6 +75,7 @@ class ReluBab:
         self.deadline, self.method = deadline, method
         self.attack, self.attack_every = attack, attack_every
         self.batch = batch
+        self.reuse = reuse  # children start from their parent's ReLU input boxes instead of new CROWN passes
         self.max_queue_bytes = max_queue_bytes
         self.progress = sys.stderr.isatty() if progress is None else progress
         base = model.crown
@@ -95,27 +99,34 @@ class ReluBab:
             self._crowns[n] = None if g is None else Crown(g, self.model.bundle.payload)
         return self._crowns[n]
 
-    def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, known=None):
         """Gaps ``[M, K]``, emptiness ``[M]`` and ReLU input boxes of M subdomains (rows of splits, with
         their input boxes ``[M, inputs]``)."""
         m = splits.shape[0]
         size = 1 << max(0, (m - 1).bit_length())  # powers of two: a few cached graphs serve every round
         crown = self._crown(size) if size > 1 else self._crowns[1]
         if crown is None or not crown.batched or crown.n != size:
-            parts = [self._bound_with(self._crowns[1], splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1) for i in range(m)]
+            parts = [self._bound_with(self._crowns[1], splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
+                                      None if known is None else (known[0][i:i + 1], known[1][i:i + 1]))
+                     for i in range(m)]
             return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                     [np.concatenate([p[2][j] for p in parts]) for j in range(2)])
-        return self._bound_with(crown, splits, lo, hi, size)
+        return self._bound_with(crown, splits, lo, hi, size, known)
 
-    def _bound_with(self, crown, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int):
+    def _bound_with(self, crown, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int, known=None):
         from semantics.linear_bounds.splits import bound_domains
         m = splits.shape[0]
         pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - m, axis=0)]) if size > m else x  # noqa: E731
         splits, lo, hi = pad(splits), pad(lo), pad(hi)
         shape = (size,) + tuple(self.lo.shape[1:]) if crown.batched else tuple(self.lo.shape)
         per = {v: splits[:, self.offsets[i]:self.offsets[i + 1]] for i, v in enumerate(self.relus)}
+        given = None
+        if known is not None and self.reuse:
+            k_lo, k_hi = pad(known[0]), pad(known[1])
+            given = {v: (k_lo[:, self.offsets[i]:self.offsets[i + 1]], k_hi[:, self.offsets[i]:self.offsets[i + 1]])
+                     for i, v in enumerate(self.relus)}
         r = bound_domains(crown, lo.reshape(shape), hi.reshape(shape), per, self.c,
-                          method=self.method, deadline=self.deadline)
+                          method=self.method, deadline=self.deadline, known=given)
         self.domains += m
         gap = r.lower[:m] - self.d[None] - self.margin[None]
         pre_lo = np.concatenate([r.pre[v][0][:m] for v in self.relus], axis=1)
@@ -220,7 +231,8 @@ class ReluBab:
             child_hi[in_rows, dim[in_rows]] = mid[in_rows]
             child_lo[len(picked) + in_rows, dim[in_rows]] = mid[in_rows]
             try:
-                gap, empty, cpre = self._bound(children, child_lo, child_hi)
+                gap, empty, cpre = self._bound(children, child_lo, child_hi, (np.concatenate([pre[0], pre[0]]),
+                                                                              np.concatenate([pre[1], pre[1]])))
             except DeadlineExceeded:
                 return BabOutcome("unknown", None, self.domains, best, "timeout")
             gap = np.maximum(gap, np.concatenate([gaps, gaps]))

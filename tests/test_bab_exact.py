@@ -131,6 +131,8 @@ def test_split_bounds_enclose_the_exact_range_of_every_subdomain(seed):
             r = bound_domains(crown, *boxes, splits, c, method="beta-crown", known=parent.pre)
         else:
             r = bound_domains(crown, *boxes, splits, c, method=method)
+        if method == "beta-crown":  # the attack candidates: one point of the box per subdomain and row
+            assert r.points.shape == (n, 3, 2) and np.all((r.points >= lo) & (r.points <= hi))
         for i in range(n):
             inside = [y for x, (z1, z2, y) in points if _fits(splits[relus[0]][i], splits[relus[1]][i], z1, z2)]
             if r.empty[i]:

@@ -61,6 +61,7 @@ def _plain(run: "_Run", layers, rows, alphas, betas, sigma, c, r):
             a = a * slopes + betas[v] * sigma[v]
     bound = const + np.einsum("nki,ni->nk", a, c) - np.einsum("nki,ni->nk", np.abs(a), r)
     grad = c[:, None, :] - np.sign(a) * r[:, None, :]
+    at_out["input"] = a
     g_alpha, g_beta = {}, {}
     for item in reversed(saved):
         if item[0] == "linear":
@@ -76,10 +77,11 @@ def _plain(run: "_Run", layers, rows, alphas, betas, sigma, c, r):
 
 
 def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarray],
-                iterations: int = ITERATIONS) -> np.ndarray | None:
-    """Sound lower bounds ``[N, K]`` of the rows ``c`` of t with optimized alpha and beta, or None when
-    t's graph is not a chain of linear and ReLU layers (``alpha.chain``). ``split_at`` maps a ReLU's
-    input node to its splits ``[N, units]``."""
+                iterations: int = ITERATIONS) -> tuple[np.ndarray, np.ndarray] | None:
+    """Sound lower bounds ``[N, K]`` of the rows ``c`` of t with optimized alpha and beta, and the input
+    points ``[N, K, inputs]`` (flat) minimizing each row's plain linear bound over the box (where a
+    counterexample is most likely: attack candidates); None when t's graph is not a chain of linear
+    and ReLU layers (``alpha.chain``). ``split_at`` maps a ReLU's input node to its splits ``[N, units]``."""
     from .alpha import chain
     from .crown import _Pass
     layers = chain(run, t)
@@ -130,6 +132,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
                     new[new < _SNAP] = 0.0
                     values[v] = np.where(mask[v], new, values[v])
         _, _, _, at_out = _plain(run, layers, rows, alphas, betas, sigma, cx, rx)
+    points = np.where(at_out["input"] > 0, lo[:, None, :], hi[:, None, :])
     lower = np.empty((n, k))
     for j in range(k):
         run.on_time()
@@ -153,4 +156,4 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
             alt.lines[v] = (new_l.reshape(shape), b_l, new_u.reshape(shape), b_u)
         low, _ = _Pass(alt, t, 0, n, spec=c[j:j + 1]).run()
         lower[:, j] = low[:, 0]
-    return lower
+    return lower, points

@@ -53,6 +53,7 @@ class DomainBounds:
     empty: np.ndarray
     pre: dict[int, Box]
     method: str
+    points: np.ndarray | None = None  # [N, K, inputs]: each row's plain-bound minimizer (beta-crown only)
 
 
 def relu_nodes(crown: Crown) -> list[int]:
@@ -163,6 +164,7 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
     given = {g.nodes[v].parents[0]: box for v, box in (known or {}).items()}
     run = _SplitRun(crown, crown.ibp(lower, upper), splits, deadline, given)
     run.prepare(False)
+    points = None
     low, neg_up = _Pass(run, o, 0, crown.n, spec=c).run()
     up_ = -neg_up
     label = "crown"
@@ -175,8 +177,8 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
         from .beta import beta_bounds
         got = beta_bounds(run, o, c, run.split_at)
         if got is not None:
-            low = np.maximum(low, got)
+            low, points = np.maximum(low, got[0]), got[1]
             label = "beta-crown"
     s_lo, s_hi = _spec_box(crown, run.boxes[o], c)
     pre = {v: tuple(x.reshape(crown.n, -1) for x in run.boxes[g.nodes[v].parents[0]]) for v in relu_nodes(crown)}
-    return DomainBounds(np.maximum(low, s_lo), np.minimum(up_, s_hi), run.empty.copy(), pre, label)
+    return DomainBounds(np.maximum(low, s_lo), np.minimum(up_, s_hi), run.empty.copy(), pre, label, points)

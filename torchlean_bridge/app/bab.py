@@ -19,7 +19,8 @@ pass. The search, in the style of alpha-beta-CROWN's BaB (without its beta multi
   ReLU input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded with beta
   (``method="beta-crown"``) where the graph is a linear/ReLU chain;
 * the caller's attack runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
-  fast;
+  fast, and every round the point minimizing the worst row's linear bound on the ``TRY_POINTS`` most
+  promising open children (beta-CROWN's plain pass gives it) is re-checked as a counterexample;
 * a subdomain with no unstable ReLU left that stays open has its input box halved along its widest
   side instead: without beta multipliers the splits act only through the relaxations, and the final
   concretization over the whole box ignores them, so ReLU splits alone cannot close such a subdomain;
@@ -48,6 +49,7 @@ __all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "BATCH"]
 
 MAX_QUEUE_BYTES = 256 << 20  # the open subdomains' splits and bounds; beyond it the answer is unknown
 BATCH = 32  # subdomains split per round (64 children per CROWN pass)
+TRY_POINTS = 4  # open children per round whose linear-bound minimizer is checked as a counterexample
 
 
 @dataclass
@@ -66,7 +68,7 @@ class ReluBab:
                  margin: np.ndarray, deadline: float, method: str = "beta-crown",
                  attack: Callable[[], dict[str, Any] | None] | None = None, attack_every: int = 8,
                  batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None,
-                 reuse: bool = True) -> None:
+                 reuse: bool = True, check: Callable[[np.ndarray], dict[str, Any] | None] | None = None) -> None:
         from semantics.linear_bounds.splits import chain_layers, relu_nodes
         if batch < 1:
             raise BridgeError(f"bab: the batch must be at least 1, got {batch}")
@@ -75,6 +77,7 @@ class ReluBab:
         self.deadline, self.method = deadline, method
         self.attack, self.attack_every = attack, attack_every
         self.batch = batch
+        self.check = check  # re-checks a candidate point: the counterexample, or None
         self.reuse = reuse  # children start from their parent's ReLU input boxes instead of new CROWN passes
         self.max_queue_bytes = max_queue_bytes
         self.progress = sys.stderr.isatty() if progress is None else progress
@@ -109,8 +112,9 @@ class ReluBab:
             parts = [self._bound_with(self._crowns[1], splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
                                       None if known is None else (known[0][i:i + 1], known[1][i:i + 1]))
                      for i in range(m)]
+            points = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
             return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                    [np.concatenate([p[2][j] for p in parts]) for j in range(2)])
+                    [np.concatenate([p[2][j] for p in parts]) for j in range(2)], points)
         return self._bound_with(crown, splits, lo, hi, size, known)
 
     def _bound_with(self, crown, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int, known=None):
@@ -131,7 +135,7 @@ class ReluBab:
         gap = r.lower[:m] - self.d[None] - self.margin[None]
         pre_lo = np.concatenate([r.pre[v][0][:m] for v in self.relus], axis=1)
         pre_hi = np.concatenate([r.pre[v][1][:m] for v in self.relus], axis=1)
-        return gap, r.empty[:m], (pre_lo, pre_hi)
+        return gap, r.empty[:m], (pre_lo, pre_hi), None if r.points is None else r.points[:m]
 
     # -- branching -------------------------------------------------------------------------------
 
@@ -170,6 +174,20 @@ class ReluBab:
             a = a * slope
         return score
 
+    def _try_points(self, gap: np.ndarray, empty: np.ndarray, points: np.ndarray) -> dict[str, Any] | None:
+        """The attack on promising subdomains: the point minimizing the worst row's linear bound, for
+        the ``TRY_POINTS`` open children with the lowest gaps."""
+        best = np.where(empty, np.inf, gap.max(axis=1))
+        order = np.argsort(best)[:TRY_POINTS]
+        for j in order:
+            if not best[j] <= 0:
+                break
+            k = int(np.argmin(gap[j]))
+            found = self.check(points[j, k].reshape(self.lo.shape))
+            if found is not None:
+                return found
+        return None
+
     # -- the search ------------------------------------------------------------------------------
 
     def run(self, root_gap: np.ndarray) -> BabOutcome:
@@ -182,7 +200,7 @@ class ReluBab:
         per_domain += 16 * box_lo.shape[1]
         cap = max(1, self.max_queue_bytes // per_domain)
         try:
-            gap, empty, pre = self._bound(root, box_lo, box_hi)
+            gap, empty, pre, _ = self._bound(root, box_lo, box_hi)
         except DeadlineExceeded:
             return BabOutcome("unknown", None, self.domains, -math.inf, "timeout")
         gap = np.maximum(gap, root_gap[None])
@@ -231,11 +249,18 @@ class ReluBab:
             child_hi[in_rows, dim[in_rows]] = mid[in_rows]
             child_lo[len(picked) + in_rows, dim[in_rows]] = mid[in_rows]
             try:
-                gap, empty, cpre = self._bound(children, child_lo, child_hi, (np.concatenate([pre[0], pre[0]]),
+                gap, empty, cpre, points = self._bound(children, child_lo, child_hi, (np.concatenate([pre[0], pre[0]]),
                                                                               np.concatenate([pre[1], pre[1]])))
             except DeadlineExceeded:
                 return BabOutcome("unknown", None, self.domains, best, "timeout")
             gap = np.maximum(gap, np.concatenate([gaps, gaps]))
+            if self.check is not None and points is not None:
+                try:
+                    found = self._try_points(gap, empty, points)
+                except DeadlineExceeded:
+                    return BabOutcome("unknown", None, self.domains, best, "timeout")
+                if found is not None:
+                    return BabOutcome("sat", found, self.domains, best)
             for j in range(children.shape[0]):
                 if empty[j]:
                     continue

@@ -393,7 +393,8 @@ class _Search:
             if not cg.shape[0]:  # an empty conjunction holds everywhere: the attack decides it
                 return "unknown", None
             search = ReluBab(self.model, lo, hi, cg, dg, margin, self.deadline, method="beta-crown",
-                             attack=lambda: self.attack(lo, hi, every, None, budget=2), progress=self.progress)
+                             attack=lambda: self.attack(lo, hi, every, None, budget=2), progress=self.progress,
+                             check=lambda x: self.check(x, lo, hi, every))
             out = search.run(gap)
             self.domains += out.domains
             if out.result == "sat":

@@ -194,7 +194,8 @@ class ReluBab:
         """Search from the whole box, whose CROWN gaps ``[K]`` are ``root_gap`` (the caller bounded it)."""
         from semantics.linear_bounds.crown import DeadlineExceeded
         total = int(self.offsets[-1])
-        per_domain = total + 8 * self.c.shape[0] + 64
+        # per open subdomain: int8 splits, float64 ReLU input boxes (lo, hi), gaps, input box, the entry
+        per_domain = 17 * total + 8 * self.c.shape[0] + 64
         root = np.zeros((1, total), dtype=np.int8)
         box_lo, box_hi = self.lo.reshape(1, -1).astype(np.float64), self.hi.reshape(1, -1).astype(np.float64)
         per_domain += 16 * box_lo.shape[1]

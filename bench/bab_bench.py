@@ -4,7 +4,7 @@
 
 Instances: the VNN-COMP-like fixtures under fixtures/verify (fixtures/make_verification_fixtures.py),
 and local-robustness properties of MLPs built here with seeded random weights: an MNIST-shaped one
-(784-64-64-10) and a 50-64-64-5 one, two seeds each. Each MLP's radii are 1.1x, 1.25x and 1.5x the largest radius that one
+(784-64-64-10) and a 50-64-64-5 one, two seeds each, and of the fixture CNN. Each network's radii are 1.1x, 1.25x and 1.5x the largest radius that one
 CROWN pass proves (found by bisection), so every one of them is beyond CROWN alone by construction and
 the question is what branch and bound closes. Per instance the script runs ``verify`` with
 ``crown`` (one CROWN pass, then input splitting) and ``bab-relu`` in the same process, one after the
@@ -49,6 +49,7 @@ def _robust(model, x0: np.ndarray, eps: float):
     from torchlean_bridge.app.vnnlib import Case, Property
     y = model.evaluate(x0, "float64")
     label, k = int(np.argmax(y)), y.size
+    x0 = x0.reshape(1, -1)
     groups = []
     for j in range(k):
         if j != label:
@@ -82,6 +83,11 @@ def instances():
     for net, prop in (("acas_like", "acas_robust"), ("acas_like", "acas_sat"), ("acas_like", "acas_min"),
                       ("cnn_small", "cnn_robust")):
         yield f"fixture {prop}", load_model(fix / f"{net}.onnx"), tlb.load_vnnlib(fix / f"{prop}.vnnlib")
+    cnn = load_model(fix / "cnn_small.onnx")  # convolutional: split-aware CROWN without beta (not a chain)
+    x0 = np.random.default_rng(1).random((1, 1, 8, 8))
+    base = _crown_radius(cnn, x0)
+    for factor in FACTORS:
+        yield f"cnn_small, eps {factor}x CROWN's", cnn, _robust(cnn, x0, base * factor)
     for name, d, hidden, k in (("mnist-like 784-64-64-10", 784, [64, 64], 10), ("mlp 50-64-64-5", 50, [64, 64], 5)):
         for seed in (0, 1):
             model = _mlp(d, hidden, k, seed=seed)

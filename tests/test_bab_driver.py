@@ -90,3 +90,18 @@ def test_unknown_method_is_refused_by_name():
     model = load_model(FIX / "acas_like.onnx")
     with pytest.raises(tlb.BridgeError, match="bab-relu"):
         verify(model, tlb.load_vnnlib(FIX / "acas_sat.vnnlib"), method="beta")
+
+
+def test_progress_line_on_request(capsys):
+    from torchlean_bridge.app.bab import ReluBab
+    model = _model(_mlp(40, seed=1))
+    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
+    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
+    b = model.bundle
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])
+    out = ReluBab(model, lo, hi, np.array([[1.0, -1.0]]), d, np.zeros(1), time.perf_counter() + 3, batch=2,
+                  progress=True).run(np.array([-np.inf]))
+    err = capsys.readouterr().err
+    assert out.domains > 1
+    assert err.startswith("\rbab: ") and " domains, " in err and "worst gap" in err

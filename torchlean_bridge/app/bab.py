@@ -78,7 +78,6 @@ class ReluBab:
         self.attack, self.attack_every = attack, attack_every
         self.batch = batch
         self.check = check  # re-checks a candidate point: the counterexample, or None
-        self.reuse = reuse  # children start from their parent's ReLU input boxes instead of new CROWN passes
         self.max_queue_bytes = max_queue_bytes
         self.progress = sys.stderr.isatty() if progress is None else progress
         base = model.crown
@@ -86,6 +85,8 @@ class ReluBab:
         self.units = [math.prod(base.ishape(v)[1:]) for v in self.relus]
         self.offsets = np.concatenate([[0], np.cumsum(self.units)]).astype(np.int64)
         self.layers = chain_layers(base)
+        # without beta (graphs other than chains) splits act only through the intermediate bounds: recompute them
+        self.reuse = reuse and self.layers is not None
         self._crowns: dict[int, Any] = {1: base}
         self.domains = 0
         self.proved = math.inf  # the smallest gap of a refuted (non-empty) subdomain

@@ -46,6 +46,22 @@ def _net(seed: int) -> tuple[nn.Module, list[tuple[np.ndarray, np.ndarray]]]:
     return nn.Sequential(*layers[:-1]).eval(), params
 
 
+def _conv_net(seed: int) -> tuple[nn.Module, list[tuple[np.ndarray, np.ndarray]]]:
+    """The same function shape as convolutions on a 1x1x2 image: conv (1, 2) to H1 channels, ReLU,
+    1x1 conv to H2 channels, ReLU, flatten, linear; its dense layers for the enumeration."""
+    _, params = _net(seed)
+    (w1, b1), (w2, b2), (w3, b3) = params
+    c1, c2, lin = nn.Conv2d(1, H1, (1, 2)), nn.Conv2d(H1, H2, 1), nn.Linear(H2, 2)
+    with torch.no_grad():
+        c1.weight.copy_(torch.tensor(w1.reshape(H1, 1, 1, 2)))
+        c1.bias.copy_(torch.tensor(b1))
+        c2.weight.copy_(torch.tensor(w2.reshape(H2, H1, 1, 1)))
+        c2.bias.copy_(torch.tensor(b2))
+        lin.weight.copy_(torch.tensor(w3))
+        lin.bias.copy_(torch.tensor(b3))
+    return nn.Sequential(c1, nn.ReLU(), c2, nn.ReLU(), nn.Flatten(), lin).eval(), params
+
+
 def _frac(m: np.ndarray):
     return [[Fraction(float(v)) for v in row] for row in np.atleast_2d(m)]
 
@@ -103,13 +119,13 @@ def _fits(split1, split2, z1, z2) -> bool:
                for s, z in zip(list(split1) + list(split2), list(z1) + list(z2)))
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_split_bounds_enclose_the_exact_range_of_every_subdomain(seed):
+@pytest.mark.parametrize("seed, kind", [(s, "mlp") for s in range(8)] + [(s, "conv") for s in range(3)])
+def test_split_bounds_enclose_the_exact_range_of_every_subdomain(seed, kind):
     from semantics.linear_bounds import Crown
     from semantics.linear_bounds.batch_axis import with_batch
     from semantics.linear_bounds.splits import bound_domains, relu_nodes
-    net, params = _net(seed)
-    b = _bundle(net)
+    net, params = _net(seed) if kind == "mlp" else _conv_net(seed)
+    b = _bundle(net) if kind == "mlp" else tlb.import_fx(net, (torch.zeros(1, 1, 1, 2),))
     rng = np.random.default_rng(100 + seed)
     lo = rng.uniform(-1, 0, 2).astype(np.float32).astype(np.float64)
     hi = lo + rng.uniform(0.5, 2, 2).astype(np.float32)
@@ -124,7 +140,8 @@ def test_split_bounds_enclose_the_exact_range_of_every_subdomain(seed):
     splits = {v: rng.choice([-1, 0, 0, 1], size=(n, u)).astype(np.int8) for v, u in zip(relus, (H1, H2))}
     c = rng.integers(-3, 4, (3, 2)).astype(np.float64)
     tight = {"crown": 0.0, "alpha-crown": 0.0, "beta-crown": 0.0, "reused": 0.0}  # summed gaps to the exact minima
-    boxes = np.repeat(lo[None], n, 0), np.repeat(hi[None], n, 0)
+    shape = (n,) + tuple(b.graph.nodes[b.graph.inputs[0]].out_shape[1:])
+    boxes = np.repeat(lo[None], n, 0).reshape(shape), np.repeat(hi[None], n, 0).reshape(shape)
     parent = bound_domains(crown, *boxes, {v: np.zeros_like(x) for v, x in splits.items()}, c)
     for method in ("crown", "alpha-crown", "beta-crown", "reused"):
         if method == "reused":  # the parent's (unsplit) ReLU input boxes instead of new intermediate passes

@@ -25,8 +25,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..records import PREPARED
-
 if TYPE_CHECKING:
     from .crown import _Run
 
@@ -45,12 +43,11 @@ def _plain(run: "_Run", layers, rows, alphas, betas, sigma, c, r):
     a = rows
     const = np.zeros(rows.shape[:2])
     saved, at_out = [], {}
-    for kind, v in layers:
-        if kind == "linear":
-            p = run.crown.ibp.records[v][PREPARED]
-            const = const + a @ p.bias
-            saved.append(("linear", p.weight, p.bias))
-            a = a @ p.weight
+    for kind, v, weight, bias in layers:
+        if kind == "affine":
+            const = const + a @ bias
+            saved.append(("affine", weight, bias))
+            a = a @ weight
         else:
             _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
             at_out[v] = a
@@ -64,7 +61,7 @@ def _plain(run: "_Run", layers, rows, alphas, betas, sigma, c, r):
     at_out["input"] = a
     g_alpha, g_beta = {}, {}
     for item in reversed(saved):
-        if item[0] == "linear":
+        if item[0] == "affine":
             _, w, bias = item
             grad = grad @ w.T + bias
         else:
@@ -80,15 +77,15 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
                 iterations: int = ITERATIONS) -> tuple[np.ndarray, np.ndarray] | None:
     """Sound lower bounds ``[N, K]`` of the rows ``c`` of t with optimized alpha and beta, and the input
     points ``[N, K, inputs]`` (flat) minimizing each row's plain linear bound over the box (where a
-    counterexample is most likely: attack candidates); None when t's graph is not a chain of linear
-    and ReLU layers (``alpha.chain``). ``split_at`` maps a ReLU's input node to its splits ``[N, units]``."""
-    from .alpha import chain
+    counterexample is most likely: attack candidates); None when t's graph is not a chain of affine
+    and ReLU layers (``splits.chain_layers``). ``split_at`` maps a ReLU's input node to its splits ``[N, units]``."""
     from .crown import _Pass
-    layers = chain(run, t)
-    if layers is None:
+    from .splits import chain_layers
+    got = chain_layers(run.crown, t)
+    if got is None or not any(kind == "relu" for kind, *_ in got[0]):
         return None
+    layers, inp = got
     g = run.graph
-    inp = g.nodes[layers[-1][1]].parents[0]
     lo, hi = run.boxes[inp]
     n = lo.shape[0]
     lo, hi = lo.reshape(n, -1), hi.reshape(n, -1)
@@ -98,7 +95,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
     k = c.shape[0]
     rows = np.broadcast_to(c[None], (n, k, c.shape[1]))
     alphas, free, betas, sigma, fixed = {}, {}, {}, {}, {}
-    for kind, v in layers:
+    for kind, v, _, _ in layers:
         if kind != "relu":
             continue
         a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])

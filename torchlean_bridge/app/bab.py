@@ -84,7 +84,8 @@ class ReluBab:
         self.relus = relu_nodes(base)
         self.units = [math.prod(base.ishape(v)[1:]) for v in self.relus]
         self.offsets = np.concatenate([[0], np.cumsum(self.units)]).astype(np.int64)
-        self.layers = chain_layers(base)
+        chain = chain_layers(base)
+        self.layers = None if chain is None else chain[0]
         # without beta (graphs other than chains) splits act only through the intermediate bounds: recompute them
         self.reuse = reuse and self.layers is not None
         self._crowns: dict[int, Any] = {1: base}
@@ -161,7 +162,7 @@ class ReluBab:
         score = np.zeros_like(lo)
         index = {v: i for i, v in enumerate(self.relus)}
         for kind, v, w, _ in self.layers:
-            if kind == "linear":
+            if kind == "affine":
                 a = a @ w
                 continue
             i = index[v]

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 import torchlean_bridge as tlb
 from torchlean_bridge.app.verify import _Model, choose_method, load_model, verify
-from torchlean_bridge.app.vnnlib import Case, Property
+from torchlean_bridge.app.vnnlib import Case
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "fixtures" / "verify"

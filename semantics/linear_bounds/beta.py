@@ -78,9 +78,9 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
     """Sound lower bounds ``[N, K]`` of the rows ``c`` of t with optimized alpha and beta, and the input
     points ``[N, K, inputs]`` (flat) minimizing each row's plain linear bound over the box (where a
     counterexample is most likely: attack candidates); None when t's graph is not a chain of affine
-    and ReLU layers (``splits.chain_layers``). ``split_at`` maps a ReLU's input node to its splits ``[N, units]``."""
+    and ReLU layers (``chain.chain_layers``). ``split_at`` maps a ReLU's input node to its splits ``[N, units]``."""
     from .crown import _Pass
-    from .splits import chain_layers
+    from .chain import chain_layers
     got = chain_layers(run.crown, t)
     if got is None or not any(kind == "relu" for kind, *_ in got[0]):
         return None

@@ -69,7 +69,8 @@ class ReluBab:
                  attack: Callable[[], dict[str, Any] | None] | None = None, attack_every: int = 8,
                  batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None,
                  reuse: bool = True, check: Callable[[np.ndarray], dict[str, Any] | None] | None = None) -> None:
-        from semantics.linear_bounds.splits import chain_layers, relu_nodes
+        from semantics.linear_bounds.chain import chain_layers
+        from semantics.linear_bounds.splits import relu_nodes
         if batch < 1:
             raise BridgeError(f"bab: the batch must be at least 1, got {batch}")
         self.model, self.lo, self.hi = model, lo, hi
@@ -101,7 +102,10 @@ class ReluBab:
         from semantics.linear_bounds.batch_axis import with_batch
         if n not in self._crowns:
             g = with_batch(self.model.bundle.graph, n)
-            self._crowns[n] = None if g is None else Crown(g, self.model.bundle.payload)
+            try:
+                self._crowns[n] = None if g is None else Crown(g, self.model.bundle.payload)
+            except BridgeError:  # e.g. a batch the working-memory limit refuses: one subdomain per pass
+                self._crowns[n] = None
         return self._crowns[n]
 
     def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, known=None):
@@ -110,14 +114,19 @@ class ReluBab:
         m = splits.shape[0]
         size = 1 << max(0, (m - 1).bit_length())  # powers of two: a few cached graphs serve every round
         crown = self._crown(size) if size > 1 else self._crowns[1]
-        if crown is None or not crown.batched or crown.n != size:
-            parts = [self._bound_with(self._crowns[1], splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
-                                      None if known is None else (known[0][i:i + 1], known[1][i:i + 1]))
-                     for i in range(m)]
-            points = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
-            return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                    [np.concatenate([p[2][j] for p in parts]) for j in range(2)], points)
-        return self._bound_with(crown, splits, lo, hi, size, known)
+        if crown is not None and crown.batched and crown.n == size:
+            try:
+                return self._bound_with(crown, splits, lo, hi, size, known)
+            except BridgeError:  # a relaxation the memory limit refuses at this batch: one at a time
+                if size == 1:
+                    raise
+                self._crowns[size] = None
+        parts = [self._bound_with(self._crowns[1], splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
+                                  None if known is None else (known[0][i:i + 1], known[1][i:i + 1]))
+                 for i in range(m)]
+        points = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                [np.concatenate([p[2][j] for p in parts]) for j in range(2)], points)
 
     def _bound_with(self, crown, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int, known=None):
         from semantics.linear_bounds.splits import bound_domains

@@ -455,7 +455,7 @@ def choose_method(model: _Model, case: Case) -> str:
     if dims <= INPUT_SPLIT_DIMS:
         return "bab-input"
     relus = relu_nodes(model.crown)
-    if not relus:
+    if not relus or not model.crown.float_nodes:  # nothing to split, or no CROWN pass (int/bool values)
         return "bab-input"
     boxes = model.crown.ibp(case.lower, case.upper)
     g = model.bundle.graph
@@ -495,7 +495,8 @@ def verify(model: _Model, prop: Property, method: str = "crown", timeout: float 
                             best_lower_bound=best)
 
     for i, case in enumerate(prop.cases):
-        decide = search.relu_case if method == "bab-relu" else search.case
+        # bab-relu needs CROWN (float values on every input-dependent node); otherwise the input search
+        decide = search.relu_case if method == "bab-relu" and model.crown.float_nodes else search.case
         outcome, found = decide(i, case, report)
         if outcome == "sat":
             return result("sat", found)

@@ -105,3 +105,21 @@ def test_progress_line_on_request(capsys):
     err = capsys.readouterr().err
     assert out.domains > 1
     assert err.startswith("\rbab: ") and " domains, " in err and "worst gap" in err
+
+
+def test_graphs_that_do_not_rebatch_are_bounded_one_subdomain_per_pass(monkeypatch):
+    import semantics.linear_bounds.batch_axis as batch_axis
+    model = _model(_mlp(40, seed=1))
+    lo, hi = np.full(40, -0.5), np.full(40, 0.5)
+    b = model.bundle
+    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    root = float(model.crown(lo[None], hi[None], spec=np.array([[1.0, -1.0]])).spec_lower[0, 0])
+    t = root + 0.3 * (float((ys[:, 0] - ys[:, 1]).min()) - root)  # beyond one CROWN pass, below the samples
+    from torchlean_bridge.app.vnnlib import Property
+    prop = Property(40, 2, [Case(lo, hi, [(np.array([[1.0, -1.0]]), np.array([t]), np.zeros(1, dtype=bool))])])
+    batched = verify(model, prop, method="bab-relu", timeout=20)
+    monkeypatch.setattr(batch_axis, "with_batch", lambda g, n: None)
+    single = verify(_model(b), prop, method="bab-relu", timeout=20)
+    assert batched.result == single.result == "unsat"
+    assert batched.domains_visited > 1 and single.domains_visited == batched.domains_visited

@@ -345,6 +345,23 @@ class _Search:
         self.pending = []
         return "unsat", None
 
+    def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
+        """Multi-restart PGD on each group (chains of affine layers and ReLUs only): the best few
+        points re-checked as counterexamples."""
+        from semantics.linear_bounds.chain import chain_layers
+        from .bab import pgd_candidates
+        chain = chain_layers(self.model.crown)
+        if chain is None or not self.time_left():
+            return None
+        for c, d, _ in groups:
+            if not c.shape[0]:
+                continue
+            for x in pgd_candidates(chain[0], lo.reshape(-1), hi.reshape(-1), c, d, self.rng)[:4]:
+                found = self.check(x.reshape(lo.shape), lo, hi, groups)
+                if found is not None:
+                    return found
+        return None
+
     def _open_lower(self, value: float) -> None:
         """The search stopped with domains open: the global lower bound is the smallest open one."""
         self.best_lower = min(self.best_lower, value, self.proved)
@@ -385,6 +402,8 @@ class _Search:
         except DeadlineExceeded:
             self._open_lower(min(float(np.max(x[3], initial=-np.inf)) for x in open_groups))
             return "unknown", None
+        if found is None:
+            found = self._pgd(lo, hi, [x[0] for x in open_groups])
         if found is not None:
             return "sat", found
         every = [x[0] for x in open_groups]
@@ -393,7 +412,8 @@ class _Search:
             if not cg.shape[0]:  # an empty conjunction holds everywhere: the attack decides it
                 return "unknown", None
             search = ReluBab(self.model, lo, hi, cg, dg, margin, self.deadline, method="beta-crown",
-                             attack=lambda: self.attack(lo, hi, every, None, budget=2), progress=self.progress,
+                             attack=lambda: self._pgd(lo, hi, every) or self.attack(lo, hi, every, None, budget=2),
+                             progress=self.progress,
                              check=lambda x: self.check(x, lo, hi, every))
             out = search.run(gap)
             self.domains += out.domains

@@ -18,7 +18,7 @@ pass. The search, in the style of alpha-beta-CROWN's BaB (without its beta multi
   child a split makes empty (``DomainBounds.empty``) is refuted; children start from their parent's
   ReLU input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded with beta
   (``method="beta-crown"``) where the graph is a linear/ReLU chain;
-* the caller's attack runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
+* the caller's attack (verify's, and PGD, ``pgd``) runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
   fast, and every round the point minimizing the worst row's linear bound on the ``TRY_POINTS`` most
   promising open children (beta-CROWN's plain pass gives it) is re-checked as a counterexample;
 * a subdomain with no unstable ReLU left that stays open has its input box halved along its widest
@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import BridgeError
+from ...errors import BridgeError
 
 __all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "BATCH"]
 

@@ -10,7 +10,7 @@ from ...errors import BridgeError
 
 HELP = "prove a VNN-LIB property (unsat), find a re-checked counterexample (sat), or say unknown"
 DESCRIPTION = (HELP + ". unsat: sound linear (CROWN) or interval bounds refute the property on the whole input "
-               "box (with input splitting); sat: a counterexample that reproduces in float64 and float32 evaluation "
+               "box (with input splitting, or branch and bound over unstable ReLUs: --method bab-relu); sat: a counterexample that reproduces in float64 and float32 evaluation "
                "and in onnxruntime. Exit status 0 for every answer, 2 for bad input.")
 
 

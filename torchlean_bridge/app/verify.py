@@ -13,11 +13,21 @@ every group is refuted (``unsat``), a counterexample reproduces (``sat``) or the
 A candidate is reported only when it lies in the box as a binary32 point and satisfies one group's
 rows in float64 and float32 evaluation of the IR and in onnxruntime on the ONNX model (strict rows
 strictly). So ``unsat`` rests on the sound bounds and ``sat`` on three independent evaluations.
+
+Methods: ``crown``, ``alpha-crown`` and ``ibp`` run the input-splitting search above with that bound;
+``bab-input`` is the same search with CROWN; ``bab-relu`` bounds the whole box with CROWN, attacks, then
+runs branch and bound over the unstable ReLUs for every group left open (``bab.ReluBab``). ``auto``
+picks ``bab-input`` when the input has at most ``INPUT_SPLIT_DIMS`` entries or IBP leaves no ReLU
+unstable on the box (splitting a few input widths is cheap and complete there; ReLU splitting has
+nothing to split), else ``bab-relu`` (high-dimensional inputs: a split of one input width barely
+moves the bounds, a split of one unstable ReLU removes its relaxation).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +40,11 @@ from ..errors import BridgeError
 from ..report import jsonable
 from .vnnlib import Case, Property, load_vnnlib
 
-__all__ = ["verify", "verify_files", "VerifyResult", "load_model"]
+__all__ = ["verify", "verify_files", "VerifyResult", "load_model", "choose_method", "METHODS", "INPUT_SPLIT_DIMS"]
 
 _MARGIN = 2.0 ** -17
+METHODS = ("auto", "bab-relu", "bab-input", "crown", "alpha-crown", "ibp")
+INPUT_SPLIT_DIMS = 16  # auto: input splitting up to this many input entries
 _RESULTS = ("unsat", "sat", "unknown")
 
 
@@ -45,10 +57,15 @@ class VerifyResult:
     bounds: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
     boxes_explored: int = 0
+    domains_visited: int = 0  # boxes (input splitting) or ReLU subdomains (bab-relu) bounded
+    best_lower_bound: float | None = None  # the smallest row gap over the open domains (> 0: refuted)
 
     def to_json(self) -> dict[str, Any]:
+        best = self.best_lower_bound
         doc: dict[str, Any] = {"result": self.result, "time_s": round(self.time_s, 6), "method": self.method,
-                               "boxes_explored": self.boxes_explored, "bounds": self.bounds}
+                               "boxes_explored": self.boxes_explored, "domains_visited": self.domains_visited,
+                               "best_lower_bound": best if best is None or math.isfinite(best) else None,
+                               "bounds": self.bounds}
         if self.counterexample is not None:
             doc["counterexample"] = self.counterexample
         if self.reason:
@@ -65,7 +82,8 @@ class VerifyResult:
             lines.append(f"  y (float64) = {_fmt(self.counterexample['y'])}")
         if self.reason:
             lines.append(f"  {self.reason}")
-        lines.append(f"  method {self.method}, {self.boxes_explored} box(es), {self.time_s:.3f} s")
+        lines.append(f"  method {self.method}, {self.boxes_explored} box(es), {self.domains_visited} domain(s), "
+                     f"{self.time_s:.3f} s")
         return "\n".join(lines)
 
 
@@ -165,6 +183,12 @@ class _Search:
         self.model, self.prop, self.method, self.deadline = model, prop, method, deadline
         self.rng = np.random.default_rng(seed)
         self.boxes = 0
+        self.domains = 0  # ReLU subdomains bounded (bab-relu)
+        self.proved = math.inf  # the smallest gap of a refuted (box, group)
+        self.best_lower = math.inf
+        self.pending: list[float] = []
+        self.reason = ""
+        self.progress = sys.stderr.isatty()
         self.rejected = 0  # candidates that passed float64 but failed a re-check
         self.open_bounds: tuple[np.ndarray, np.ndarray] = (np.array(-np.inf), np.array(np.inf))
 
@@ -255,13 +279,17 @@ class _Search:
         lo0, hi0 = case.lower, case.upper
         # a strict input bound: candidates must lie above (below) it; the bounds cover the closed box
         self.open_bounds = (np.where(case.lower_open, lo0, -np.inf), np.where(case.upper_open, hi0, np.inf))
-        queue: list[tuple[float, int, np.ndarray, np.ndarray, list]] = [(0.0, 0, lo0, hi0, list(case.groups))]
+        queue: list[tuple[float, int, np.ndarray, np.ndarray, list, float]] = [
+            (0.0, 0, lo0, hi0, list(case.groups), -math.inf)]
         order = 1
         first = True
         while queue:
             if not self.time_left():
+                self._open_lower(min(q[5] for q in queue))
                 return "unknown", None
-            _, _, lo, hi, groups = heapq.heappop(queue)
+            _, _, lo, hi, groups, parent_lower = heapq.heappop(queue)
+            # the box's lower bound until it is bounded: its parent's (sound on the sub-box)
+            self.pending = [q[5] for q in queue] + [parent_lower]
             c = np.concatenate([g[0] for g in groups]) if groups else np.zeros((0, self.prop.n_outputs))
             try:
                 r, spec_lo, coeffs = self.bound(lo, hi, c)
@@ -285,6 +313,7 @@ class _Search:
                 start += cg.shape[0]
                 gap = spec_lo[0, rows] - dg - _margin(cg, dg, y_mag)
                 if cg.shape[0] and np.any(gap > 0):
+                    self.proved = min(self.proved, float(np.max(gap)))
                     continue  # some row of the group cannot hold anywhere in the box
                 open_groups.append(g)
                 open_rows.append(rows)
@@ -312,8 +341,92 @@ class _Search:
                     b[dim] = mid
                 else:
                     a[dim] = mid
-                heapq.heappush(queue, (-max(worst), order, a.reshape(lo.shape), b.reshape(hi.shape), open_groups))
+                heapq.heappush(queue, (-max(worst), order, a.reshape(lo.shape), b.reshape(hi.shape), open_groups,
+                                       max(parent_lower, min(worst))))
                 order += 1
+        self.pending = []
+        return "unsat", None
+
+    def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
+        """Multi-restart PGD on each group (chains of affine layers and ReLUs only): the best few
+        points re-checked as counterexamples."""
+        from semantics.linear_bounds.chain import chain_layers
+        from .bab import pgd_candidates
+        chain = chain_layers(self.model.crown)
+        if chain is None or not self.time_left():
+            return None
+        for c, d, _ in groups:
+            if not c.shape[0]:
+                continue
+            for x in pgd_candidates(chain[0], lo.reshape(-1), hi.reshape(-1), c, d, self.rng)[:4]:
+                found = self.check(x.reshape(lo.shape), lo, hi, groups)
+                if found is not None:
+                    return found
+        return None
+
+    def _open_lower(self, value: float) -> None:
+        """The search stopped with domains open: the global lower bound is the smallest open one."""
+        self.best_lower = min(self.best_lower, value, self.proved)
+
+    def relu_case(self, index: int, case: Case, report: list) -> tuple[str, dict[str, Any] | None]:
+        """bab-relu: CROWN on the whole box, the attack, then ReLU branch and bound per open group."""
+        from semantics.linear_bounds.crown import DeadlineExceeded
+        from .bab import ReluBab
+        lo, hi = case.lower, case.upper
+        self.open_bounds = (np.where(case.lower_open, lo, -np.inf), np.where(case.upper_open, hi, np.inf))
+        groups = list(case.groups)
+        c = np.concatenate([g[0] for g in groups]) if groups else np.zeros((0, self.prop.n_outputs))
+        try:
+            r, spec_lo, coeffs = self.bound(lo, hi, c)
+        except DeadlineExceeded:
+            return "unknown", None
+        y_lo, y_hi = r.lower[0].reshape(-1), r.upper[0].reshape(-1)
+        report.append({"case": index, "lower": y_lo.tolist(), "upper": y_hi.tolist(),
+                       "fallback": sorted(set(r.fallback.values()))})
+        y_mag = float(np.max(np.maximum(np.abs(y_lo), np.abs(y_hi)), initial=0.0))
+        open_groups, start = [], 0
+        for g in groups:
+            cg, dg, _ = g
+            rows = slice(start, start + cg.shape[0])
+            start += cg.shape[0]
+            margin = _margin(cg, dg, y_mag)
+            gap = spec_lo[0, rows] - dg - margin
+            if cg.shape[0] and np.any(gap > 0):
+                self.proved = min(self.proved, float(np.max(gap)))
+                continue
+            open_groups.append((g, rows, margin, gap))
+        if not open_groups:
+            return "unsat", None
+        sub = coeffs[0][:, np.concatenate([np.arange(x[1].start, x[1].stop) for x in open_groups])] \
+            if coeffs is not None else None
+        try:
+            found = self.attack(lo, hi, [x[0] for x in open_groups], sub, budget=8)
+        except DeadlineExceeded:
+            self._open_lower(min(float(np.max(x[3], initial=-np.inf)) for x in open_groups))
+            return "unknown", None
+        if found is None:
+            found = self._pgd(lo, hi, [x[0] for x in open_groups])
+        if found is not None:
+            return "sat", found
+        every = [x[0] for x in open_groups]
+        for n_done, (g, _, margin, gap) in enumerate(open_groups):
+            cg, dg, _ = g
+            if not cg.shape[0]:  # an empty conjunction holds everywhere: the attack decides it
+                return "unknown", None
+            search = ReluBab(self.model, lo, hi, cg, dg, margin, self.deadline, method="beta-crown",
+                             attack=lambda: self._pgd(lo, hi, every) or self.attack(lo, hi, every, None, budget=2),
+                             progress=self.progress,
+                             check=lambda x: self.check(x, lo, hi, every))
+            out = search.run(gap)
+            self.domains += out.domains
+            if out.result == "sat":
+                return "sat", out.counterexample
+            if out.result == "unknown":
+                rest = [float(np.max(x[3], initial=-np.inf)) for x in open_groups[n_done + 1:]]
+                self._open_lower(min([out.best_lower] + rest))
+                self.reason = out.reason
+                return "unknown", None
+            self.proved = min(self.proved, out.best_lower)
         return "unsat", None
 
 
@@ -356,11 +469,28 @@ def _violation(y: np.ndarray, group) -> float:
     return float(np.max(c @ y - d, initial=-np.inf)) if c.shape[0] else -np.inf
 
 
+def choose_method(model: _Model, case: Case) -> str:
+    """``auto``: bab-input for at most INPUT_SPLIT_DIMS input entries or no unstable ReLU under IBP, else
+    bab-relu (see the module docstring)."""
+    from semantics.linear_bounds.splits import relu_nodes
+    dims = int(np.prod(model.input_shape))
+    if dims <= INPUT_SPLIT_DIMS:
+        return "bab-input"
+    relus = relu_nodes(model.crown)
+    if not relus or not model.crown.float_nodes:  # nothing to split, or no CROWN pass (int/bool values)
+        return "bab-input"
+    boxes = model.crown.ibp(case.lower, case.upper)
+    g = model.bundle.graph
+    unstable = sum(int(np.sum((boxes[g.nodes[v].parents[0]][0] < 0) & (boxes[g.nodes[v].parents[0]][1] > 0)))
+                   for v in relus)
+    return "bab-relu" if unstable else "bab-input"
+
+
 def verify(model: _Model, prop: Property, method: str = "crown", timeout: float | None = 60.0,
            seed: int = 0) -> VerifyResult:
     """Decide the property on the model (see the module docstring)."""
-    if method not in ("crown", "ibp", "alpha-crown"):
-        raise BridgeError(f"verify: unknown method {method!r} (use crown, alpha-crown or ibp)")
+    if method not in METHODS:
+        raise BridgeError(f"verify: unknown method {method!r} (use one of {', '.join(METHODS)})")
     if timeout is not None and not (timeout > 0):
         raise BridgeError(f"verify: timeout must be a positive number of seconds, got {timeout}")
     start = time.perf_counter()
@@ -368,23 +498,37 @@ def verify(model: _Model, prop: Property, method: str = "crown", timeout: float 
         raise BridgeError(f"verify: the property declares {prop.n_outputs} outputs Y_j, the network has "
                           f"{model.n_outputs}")
     prop = prop.shaped(model.input_shape)
+    if method == "auto":
+        method = choose_method(model, prop.cases[0]) if prop.cases else "bab-input"
+    bound_method = "crown" if method in ("bab-input", "bab-relu") else method
     deadline = start + (timeout if timeout is not None else float("inf"))
-    search = _Search(model, prop, method, deadline, seed)
+    search = _Search(model, prop, bound_method, deadline, seed)
     report: list[dict[str, Any]] = []
     answer, reason = "unsat", ""
+
+    def result(answer: str, found: dict[str, Any] | None = None, reason: str = "") -> VerifyResult:
+        best: float | None = None  # sat: a counterexample, no bound to report
+        if answer == "unknown":
+            best = min([search.best_lower, search.proved] + search.pending)
+        elif answer == "unsat":
+            best = search.proved
+        return VerifyResult(answer, time.perf_counter() - start, method, found, report, reason=reason,
+                            boxes_explored=search.boxes, domains_visited=search.boxes + search.domains,
+                            best_lower_bound=best)
+
     for i, case in enumerate(prop.cases):
-        result, found = search.case(i, case, report)
-        if result == "sat":
-            return VerifyResult("sat", time.perf_counter() - start, method, found, report,
-                                boxes_explored=search.boxes)
-        if result == "unknown":
+        # bab-relu needs CROWN (float values on every input-dependent node); otherwise the input search
+        decide = search.relu_case if method == "bab-relu" and model.crown.float_nodes else search.case
+        outcome, found = decide(i, case, report)
+        if outcome == "sat":
+            return result("sat", found)
+        if outcome == "unknown":
             answer = "unknown"
-            reason = "timeout" if not search.time_left() else "the bounds could not decide every box"
+            reason = "timeout" if not search.time_left() else (search.reason or "the bounds could not decide every box")
             break
     if answer == "unknown" and search.rejected and model.onnx_error:
         reason += f"; {search.rejected} float64 counterexample(s) could not be re-checked: {model.onnx_error}"
-    return VerifyResult(answer, time.perf_counter() - start, method, None, report, reason=reason,
-                        boxes_explored=search.boxes)
+    return result(answer, None, reason)
 
 
 def verify_files(model_path: str | Path, vnnlib_path: str | Path, method: str = "crown",

@@ -10,19 +10,22 @@ from ..output import add_json_argument, emit_json, human_output
 
 HELP = "prove a VNN-LIB property (unsat), find a re-checked counterexample (sat), or say unknown"
 DESCRIPTION = (HELP + ". unsat: sound linear (CROWN) or interval bounds refute the property on the whole input "
-               "box (with input splitting); sat: a counterexample that reproduces in float64 and float32 evaluation "
+               "box (with input splitting, or branch and bound over unstable ReLUs: --method bab-relu); sat: a counterexample that reproduces in float64 and float32 evaluation "
                "and in onnxruntime. Exit status 0 for every answer, 2 for bad input.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx|BUNDLE", nargs="?", help="an ONNX model or a bundle folder")
     p.add_argument("property", metavar="PROP.vnnlib", nargs="?", help="the property in VNN-LIB (VNN-COMP subset)")
-    p.add_argument("--method", choices=("crown", "alpha-crown", "ibp"), default="crown",
-                   help="bounding method (default crown; alpha-crown optimizes the ReLU lower slopes)")
+    p.add_argument("--method", choices=("auto", "bab-relu", "bab-input", "crown", "alpha-crown", "ibp"), default="auto",
+                   help="auto (the default): bab-input for inputs of at most 16 entries or no unstable ReLU, "
+                        "else bab-relu; bab-relu: branch and bound over unstable ReLUs (batched CROWN); bab-input, "
+                        "crown, alpha-crown, ibp: input splitting with that bound (bab-input uses CROWN)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds for bounding, splitting and the counterexample search (default 60)")
     p.add_argument("--seed", type=int, default=0, help="seed of the counterexample search")
-    add_json_argument(p, "one object (result, time_s, method, bounds, counterexample, ...)")
+    add_json_argument(p, "one object (result, time_s, method, bounds, counterexample, domains_visited, "
+                         "best_lower_bound, ...)")
     from ..campaign.options import add_engine_arguments
     p.add_argument("--instances", metavar="instances.csv",
                    help="campaign: VNN-COMP instance rows (onnx,vnnlib,timeout; paths relative to the file; .gz "

@@ -1,0 +1,156 @@
+"""beta-CROWN: the split constraints of a subdomain as Lagrangian terms, optimized with alpha.
+
+On a subdomain a ReLU fixed active has ``z >= 0`` and one fixed inactive ``z <= 0``, so for any
+``beta >= 0`` the minimum of ``f`` over the subdomain is at least the minimum of
+``f + sum_j beta_j sigma_j z_j`` (``sigma = -1`` active, ``+1`` inactive; each added term is <= 0 there).
+In the backward pass the term adds ``beta_j sigma_j`` to the coefficient of ``z_j`` (Wang et al.,
+"Beta-CROWN", NeurIPS 2021). Here beta and the free ReLUs' lower slopes (alpha) are optimized per
+subdomain and row by projected Adam steps in plain float64 (the bound's gradient through the chain of
+linear and ReLU layers, as in ``alpha``); only the heuristic runs in plain arithmetic.
+
+The final bound is a sound backward pass of the outward-rounded CROWN (``crown._Pass``) in which the
+beta term is carried by the fixed unit's lines, for the coefficient ``a`` the plain pass found at the
+ReLU's output: ``a relu(z) + beta sigma z = (a + beta sigma) z`` on the active side, ``beta sigma z`` on the
+inactive side. So an active unit takes the slope ``1 - beta / a`` on the side its coefficient selects
+(a lower line ``s z`` with ``s <= 1`` or an upper line with ``s >= 1``: both hold for ``relu`` on
+``z >= 0``), an inactive one ``beta / a`` (a lower line with ``s >= 0`` or an upper line with ``s <= 0``,
+valid on ``z <= 0``). Every such line holds on the subdomain whatever the sound pass's own coefficient,
+so the bound is sound for any beta; it is intersected with CROWN's, never looser.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .crown import _Run
+
+__all__ = ["ITERATIONS", "LR_ALPHA", "LR_BETA", "beta_bounds"]
+
+ITERATIONS = 20
+LR_ALPHA = 0.5
+LR_BETA = 0.05
+_TINY = 1e-12  # a plain coefficient this small gets no beta term (its slope would be huge)
+_SNAP = 2.0 ** -60
+
+
+def _plain(run: "_Run", layers, rows, alphas, betas, sigma, c, r):
+    """Plain-float lower bounds ``[N, K]`` of ``rows``, the gradients for alpha and beta, and the
+    coefficient at each ReLU's output."""
+    a = rows
+    const = np.zeros(rows.shape[:2])
+    saved, at_out = [], {}
+    for kind, v, weight, bias in layers:
+        if kind == "affine":
+            const = const + a @ bias
+            saved.append(("affine", weight, bias))
+            a = a @ weight
+        else:
+            _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
+            at_out[v] = a
+            pos = a >= 0
+            slopes = np.where(pos, alphas[v], a_u[:, None])
+            const = const + np.einsum("nku,nu->nk", np.where(pos, 0.0, a), b_u)
+            saved.append(("relu", v, pos, a))
+            a = a * slopes + betas[v] * sigma[v]
+    bound = const + np.einsum("nki,ni->nk", a, c) - np.einsum("nki,ni->nk", np.abs(a), r)
+    grad = c[:, None, :] - np.sign(a) * r[:, None, :]
+    at_out["input"] = a
+    g_alpha, g_beta = {}, {}
+    for item in reversed(saved):
+        if item[0] == "affine":
+            _, w, bias = item
+            grad = grad @ w.T + bias
+        else:
+            _, v, pos, a_in = item
+            _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
+            g_beta[v] = grad * sigma[v]
+            g_alpha[v] = np.where(pos, grad * a_in, 0.0)
+            grad = np.where(pos, grad * alphas[v], grad * a_u[:, None] + b_u[:, None])
+    return bound, g_alpha, g_beta, at_out
+
+
+def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarray],
+                iterations: int = ITERATIONS) -> tuple[np.ndarray, np.ndarray] | None:
+    """Sound lower bounds ``[N, K]`` of the rows ``c`` of t with optimized alpha and beta, and the input
+    points ``[N, K, inputs]`` (flat) minimizing each row's plain linear bound over the box (where a
+    counterexample is most likely: attack candidates); None when t's graph is not a chain of affine
+    and ReLU layers (``chain.chain_layers``). ``split_at`` maps a ReLU's input node to its splits ``[N, units]``."""
+    from .crown import _Pass
+    from .chain import chain_layers
+    got = chain_layers(run.crown, t)
+    if got is None or not any(kind == "relu" for kind, *_ in got[0]):
+        return None
+    layers, inp = got
+    g = run.graph
+    lo, hi = run.boxes[inp]
+    n = lo.shape[0]
+    lo, hi = lo.reshape(n, -1), hi.reshape(n, -1)
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+        return None
+    cx, rx = (lo + hi) * 0.5, (hi - lo) * 0.5
+    k = c.shape[0]
+    rows = np.broadcast_to(c[None], (n, k, c.shape[1]))
+    alphas, free, betas, sigma, fixed = {}, {}, {}, {}, {}
+    for kind, v, _, _ in layers:
+        if kind != "relu":
+            continue
+        a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
+        units = a_l.shape[1]
+        free[v] = np.broadcast_to(((a_l != a_u))[:, None, :], (n, k, units))
+        alphas[v] = np.broadcast_to(a_l[:, None, :], (n, k, units)).copy()
+        s = split_at.get(g.nodes[v].parents[0])
+        s = np.zeros((n, units), dtype=np.int8) if s is None else s.reshape(n, units)
+        sigma[v] = np.broadcast_to(np.where(s > 0, -1.0, np.where(s < 0, 1.0, 0.0))[:, None, :], (n, k, units))
+        fixed[v] = sigma[v] != 0
+        betas[v] = np.zeros((n, k, units))
+    state = {("a", v): (np.zeros_like(x), np.zeros_like(x)) for v, x in alphas.items()}
+    state.update({("b", v): (np.zeros_like(x), np.zeros_like(x)) for v, x in betas.items()})
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    at_out = {}
+    with np.errstate(all="ignore"):
+        for step in range(1, iterations + 1):
+            run.on_time()
+            _, g_alpha, g_beta, at_out = _plain(run, layers, rows, alphas, betas, sigma, cx, rx)
+            for key, grads, values, mask, lr, lim in (("a", g_alpha, alphas, free, LR_ALPHA, (0.0, 1.0)),
+                                                      ("b", g_beta, betas, fixed, LR_BETA, (0.0, np.inf))):
+                for v, gr in grads.items():
+                    gr = np.where(mask[v] & np.isfinite(gr), gr, 0.0)
+                    m, s2 = state[(key, v)]
+                    m = b1 * m + (1 - b1) * gr
+                    s2 = b2 * s2 + (1 - b2) * gr * gr
+                    s2[s2 < _SNAP ** 2] = 0.0
+                    state[(key, v)] = (m, s2)
+                    new = np.clip(values[v] + lr * (m / (1 - b1 ** step)) / (np.sqrt(s2 / (1 - b2 ** step)) + eps),
+                                  *lim)
+                    new[new < _SNAP] = 0.0
+                    values[v] = np.where(mask[v], new, values[v])
+        _, _, _, at_out = _plain(run, layers, rows, alphas, betas, sigma, cx, rx)
+    points = np.where(at_out["input"] > 0, lo[:, None, :], hi[:, None, :])
+    lower = np.empty((n, k))
+    for j in range(k):
+        run.on_time()
+        alt = copy.copy(run)
+        alt.lines = dict(run.lines)
+        for v in alphas:
+            a_l, b_l, a_u, b_u = run.lines[v]
+            shape = a_l.shape
+            a = at_out[v][:, j]
+            beta, sig = betas[v][:, j], sigma[v][:, j]
+            use = (sig != 0) & (beta > 0) & (np.abs(a) > _TINY)
+            with np.errstate(all="ignore"):
+                slope = np.where(use, (np.where(sig < 0, a, 0.0) + beta * sig) / np.where(use, a, 1.0), 0.0)
+            new_l = a_l.reshape(n, -1).copy()
+            new_u = a_u.reshape(n, -1).copy()
+            free_j = free[v][:, j]
+            new_l = np.where(free_j, np.clip(alphas[v][:, j], 0.0, 1.0), new_l)
+            # the beta line on the side the plain coefficient selects (both sides hold on the subdomain)
+            new_l = np.where(use & (a > 0), slope, new_l)
+            new_u = np.where(use & (a < 0), slope, new_u)
+            alt.lines[v] = (new_l.reshape(shape), b_l, new_u.reshape(shape), b_u)
+        low, _ = _Pass(alt, t, 0, n, spec=c[j:j + 1]).run()
+        lower[:, j] = low[:, 0]
+    return lower, points

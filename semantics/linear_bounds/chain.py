@@ -1,0 +1,60 @@
+"""A graph as a chain of affine layers and ReLUs, with dense matrices, for plain-float optimizations.
+
+beta-CROWN's multipliers and the branching scores of branch and bound are computed by plain backward
+passes through the network (no soundness claim: the bounds they lead to are computed by the sound
+CROWN passes). Those passes need each affine layer as one ``[out, in]`` matrix over flattened values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..records import PREPARED
+from .crown import Crown
+
+__all__ = ["MAX_DENSE", "chain_layers"]
+
+MAX_DENSE = 1 << 22  # entries of a convolution's dense matrix in a chain (32 MiB of float64)
+
+
+def chain_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, int, Any, Any]], int] | None:
+    """t's ancestors (the output by default) as ``([(kind, id, weight, bias)], input id)`` from t down, when
+    they are a chain of affine layers (``linear`` on ``[N, features]``, ``conv`` with its channel axis 1,
+    as dense ``[out, in]`` matrices over the flattened values; reshapes are skipped: they keep the flat
+    order) and ReLUs (``("relu", id, None, None)``); None otherwise or when a dense matrix would exceed
+    MAX_DENSE entries. For plain-float heuristics and optimizations (no soundness claim)."""
+    g = crown.graph
+    if not crown.batched:
+        return None
+    if t is None:
+        if len(g.outputs) != 1:
+            return None
+        t = g.outputs[0]
+    out, v = [], t
+    while g.nodes[v].kind != "input":
+        node = g.nodes[v]
+        if crown.const[v] or not node.parents or any(not crown.const[q] for q in node.parents[1:]):
+            return None
+        if node.kind == "linear" and len(node.out_shape) == 2:
+            p = crown.ibp.records[v][PREPARED]
+            out.append(("affine", v, p.weight, p.bias))
+        elif node.kind == "conv" and node.attrs["channel_axis"] == 1:
+            tail_in = crown.ishape(node.parents[0])[1:]
+            n_in, n_out = math.prod(tail_in), math.prod(crown.ishape(v)[1:])
+            if n_in * n_out > MAX_DENSE:
+                return None
+            from ..rules.affine import batched_conv
+            p = crown.ibp.records[v][PREPARED]
+            eye = np.eye(n_in).reshape((n_in,) + tuple(tail_in))
+            dense = batched_conv(eye, p.weight, node.attrs).reshape(n_in, n_out).T
+            spatial = n_out // p.bias.size
+            out.append(("affine", v, np.ascontiguousarray(dense), np.repeat(p.bias, spatial)))
+        elif node.kind == "relu":
+            out.append(("relu", v, None, None))
+        elif node.kind not in ("reshape", "flatten"):
+            return None
+        v = node.parents[0]
+    return out, v

@@ -1,0 +1,140 @@
+"""The branch-and-bound driver: method choice, memory cap, anytime JSON fields, rebatching."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torchlean_bridge as tlb
+from torchlean_bridge.app.verify import _Model, choose_method, load_model, verify
+from torchlean_bridge.app.vnnlib import Case
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = ROOT / "fixtures" / "verify"
+
+
+def _mlp(d: int, seed: int = 0) -> tlb.Bundle:
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(d, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2)).eval()
+    return tlb.import_fx(net, (torch.zeros(1, d),))
+
+
+def test_auto_splits_inputs_when_few_and_relus_when_many():
+    small, large = _model(_mlp(4)), _model(_mlp(40))
+    box = lambda d, r: Case(np.full((1, d), -r), np.full((1, d), r), [])  # noqa: E731
+    assert choose_method(small, box(4, 1.0)) == "bab-input"
+    assert choose_method(large, box(40, 1.0)) == "bab-relu"
+    assert choose_method(large, box(40, 0.0)) == "bab-input"  # a point: nothing unstable
+
+
+def _model(b: tlb.Bundle) -> _Model:
+    from exporters.onnx import export_onnx
+    return _Model(b, export_onnx(b).SerializeToString())
+
+
+def test_memory_cap_gives_unknown_with_the_reason():
+    from torchlean_bridge.app.bab import ReluBab
+    model = _model(_mlp(40, seed=1))
+    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
+    b = model.bundle
+    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs[:300]])
+    c = np.array([[1.0, -1.0]])
+    d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])  # close to the minimum: needs many subdomains
+    search = ReluBab(model, lo, hi, c, d, np.zeros(1), time.perf_counter() + 30, max_queue_bytes=1, batch=2,
+                     progress=False)
+    out = search.run(np.array([-np.inf]))
+    assert out.result == "unknown" and out.reason.startswith("memory cap"), out
+    assert out.domains >= 3
+
+
+def test_rebatching_refuses_a_graph_without_a_unit_batch_axis():
+    from semantics.linear_bounds.batch_axis import with_batch
+    torch.manual_seed(0)
+    b = tlb.import_fx(nn.Sequential(nn.Linear(3, 4), nn.ReLU()).eval(), (torch.zeros(2, 3),))
+    assert with_batch(b.graph, 4) is None
+    one = _mlp(3).graph
+    g = with_batch(one, 5)
+    assert g is not None and all(n.out_shape[0] == 5 for n in g.nodes)
+
+
+@pytest.mark.slow
+def test_bab_relu_json_reports_domains_and_the_best_lower_bound():
+    cmd = [sys.executable, "-m", "torchlean_bridge", "verify", str(FIX / "acas_like.onnx"),
+           str(FIX / "acas_robust.vnnlib"), "--json", "--timeout", "20"]
+    for method, want in (("bab-relu", "bab-relu"), ("auto", "bab-input")):
+        out = subprocess.run(cmd + ["--method", method], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert doc["result"] == "unsat" and doc["method"] == want
+        assert doc["domains_visited"] >= 1 and doc["best_lower_bound"] > 0 and doc["time_s"] > 0
+        assert out.stderr == ""  # no progress line when not on a terminal
+
+
+def test_bab_relu_finds_the_fixture_counterexamples():
+    model = load_model(FIX / "acas_like.onnx")
+    for name in ("acas_sat", "acas_min"):
+        r = verify(model, tlb.load_vnnlib(FIX / f"{name}.vnnlib"), method="bab-relu", timeout=20)
+        assert r.result == "sat" and r.best_lower_bound is None
+
+
+def test_unknown_method_is_refused_by_name():
+    model = load_model(FIX / "acas_like.onnx")
+    with pytest.raises(tlb.BridgeError, match="bab-relu"):
+        verify(model, tlb.load_vnnlib(FIX / "acas_sat.vnnlib"), method="beta")
+
+
+def test_progress_line_on_request(capsys):
+    from torchlean_bridge.app.bab import ReluBab
+    model = _model(_mlp(40, seed=1))
+    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
+    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
+    b = model.bundle
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])
+    out = ReluBab(model, lo, hi, np.array([[1.0, -1.0]]), d, np.zeros(1), time.perf_counter() + 3, batch=2,
+                  progress=True).run(np.array([-np.inf]))
+    err = capsys.readouterr().err
+    assert out.domains > 1
+    assert err.startswith("\rbab: ") and " domains, " in err and "worst gap" in err
+
+
+def test_graphs_that_do_not_rebatch_are_bounded_one_subdomain_per_pass(monkeypatch):
+    import semantics.linear_bounds.batch_axis as batch_axis
+    model = _model(_mlp(40, seed=1))
+    lo, hi = np.full(40, -0.5), np.full(40, 0.5)
+    b = model.bundle
+    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    root = float(model.crown(lo[None], hi[None], spec=np.array([[1.0, -1.0]])).spec_lower[0, 0])
+    t = root + 0.3 * (float((ys[:, 0] - ys[:, 1]).min()) - root)  # beyond one CROWN pass, below the samples
+    from torchlean_bridge.app.vnnlib import Property
+    prop = Property(40, 2, [Case(lo, hi, [(np.array([[1.0, -1.0]]), np.array([t]), np.zeros(1, dtype=bool))])])
+    batched = verify(model, prop, method="bab-relu", timeout=20)
+    monkeypatch.setattr(batch_axis, "with_batch", lambda g, n: None)
+    single = verify(_model(b), prop, method="bab-relu", timeout=20)
+    assert batched.result == single.result == "unsat"
+    assert batched.domains_visited > 1 and single.domains_visited == batched.domains_visited
+
+
+def test_pgd_descends_to_points_of_the_box_that_violate_more():
+    from semantics.linear_bounds.chain import chain_layers
+    from torchlean_bridge.app.bab import pgd_candidates
+    model = _model(_mlp(40, seed=2))
+    layers, _ = chain_layers(model.crown)
+    lo, hi = np.full(40, -0.5), np.full(40, 0.5)
+    c, d = np.array([[1.0, -1.0]]), np.zeros(1)
+    pts = pgd_candidates(layers, lo, hi, c, d, np.random.default_rng(0))
+    assert np.all((pts >= lo) & (pts <= hi))
+    b = model.bundle
+    value = lambda x: float(c[0] @ np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1))  # noqa: E731
+    random = np.random.default_rng(1).uniform(lo, hi, (200, 40))
+    assert value(pts[0]) <= min(value(x) for x in random)  # the evaluator agrees: PGD beats random search

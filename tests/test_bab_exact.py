@@ -1,0 +1,221 @@
+"""ReLU branch and bound against exact answers: small random ReLU nets on 2-D boxes, in rationals.
+
+The true minimum of ``c . y`` over a subdomain (the box with some ReLUs fixed active or inactive) is found
+by enumeration in exact rational arithmetic (``fractions.Fraction``; the weights are float32 numbers,
+so they convert exactly). The network is piecewise linear on pieces bounded by the lines where a
+pre-activation is 0: the first layer's lines, and for each activation pattern of the first layer the
+second layer's lines (affine under that pattern). A linear function's minimum over a polygonal piece is
+at one of its vertices, which are intersections of two such lines or box edges, so the minimum over the
+subdomain is the minimum of the exact network value over the intersection points inside the box that
+satisfy the splits. Against that: every bound ``bound_domains`` gives encloses the exact range of
+every subdomain, a subdomain reported empty has no point, and ``verify --method bab-relu`` is never
+wrong on threshold properties on either side of the exact minimum.
+"""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torchlean_bridge as tlb
+from torchlean_bridge.app.verify import _Model, verify
+from torchlean_bridge.app.vnnlib import Case, Property
+
+H1, H2 = 4, 4
+
+
+def _net(seed: int) -> tuple[nn.Module, list[tuple[np.ndarray, np.ndarray]]]:
+    """A 2-H1-H2-2 ReLU net with weights on a 1/16 grid (exact in float32 and in rationals)."""
+    rng = np.random.default_rng(seed)
+    dims = [2, H1, H2, 2]
+    layers, params = [], []
+    for a, b in zip(dims[:-1], dims[1:]):
+        w = rng.integers(-16, 17, (b, a)) / 16.0
+        bias = rng.integers(-8, 9, b) / 16.0
+        lin = nn.Linear(a, b)
+        with torch.no_grad():
+            lin.weight.copy_(torch.tensor(w))
+            lin.bias.copy_(torch.tensor(bias))
+        layers += [lin, nn.ReLU()]
+        params.append((w, bias))
+    return nn.Sequential(*layers[:-1]).eval(), params
+
+
+def _conv_net(seed: int) -> tuple[nn.Module, list[tuple[np.ndarray, np.ndarray]]]:
+    """The same function shape as convolutions on a 1x1x2 image: conv (1, 2) to H1 channels, ReLU,
+    1x1 conv to H2 channels, ReLU, flatten, linear; its dense layers for the enumeration."""
+    _, params = _net(seed)
+    (w1, b1), (w2, b2), (w3, b3) = params
+    c1, c2, lin = nn.Conv2d(1, H1, (1, 2)), nn.Conv2d(H1, H2, 1), nn.Linear(H2, 2)
+    with torch.no_grad():
+        c1.weight.copy_(torch.tensor(w1.reshape(H1, 1, 1, 2)))
+        c1.bias.copy_(torch.tensor(b1))
+        c2.weight.copy_(torch.tensor(w2.reshape(H2, H1, 1, 1)))
+        c2.bias.copy_(torch.tensor(b2))
+        lin.weight.copy_(torch.tensor(w3))
+        lin.bias.copy_(torch.tensor(b3))
+    return nn.Sequential(c1, nn.ReLU(), c2, nn.ReLU(), nn.Flatten(), lin).eval(), params
+
+
+def _frac(m: np.ndarray):
+    return [[Fraction(float(v)) for v in row] for row in np.atleast_2d(m)]
+
+
+class Exact:
+    """Exact evaluation and enumeration for the 2-H1-H2-k net."""
+
+    def __init__(self, params, lo, hi) -> None:
+        self.w = [(_frac(w), [Fraction(float(v)) for v in b]) for w, b in params]
+        self.lo, self.hi = [Fraction(float(v)) for v in lo], [Fraction(float(v)) for v in hi]
+
+    @staticmethod
+    def _affine(w, b, x):
+        return [sum((wi * xi for wi, xi in zip(row, x)), Fraction(0)) + bi for row, bi in zip(w, b)]
+
+    def pre(self, x):
+        """Both hidden layers' pre-activations and the output at x."""
+        z1 = self._affine(*self.w[0], x)
+        z2 = self._affine(*self.w[1], [max(v, Fraction(0)) for v in z1])
+        y = self._affine(*self.w[2], [max(v, Fraction(0)) for v in z2])
+        return z1, z2, y
+
+    def candidates(self):
+        """Every intersection of two piece-boundary lines (or box edges) inside the box."""
+        lines = [((Fraction(1), Fraction(0)), -self.lo[0]), ((Fraction(1), Fraction(0)), -self.hi[0]),
+                 ((Fraction(0), Fraction(1)), -self.lo[1]), ((Fraction(0), Fraction(1)), -self.hi[1])]
+        (w1, b1), (w2, b2) = self.w[0], self.w[1]
+        first = [((row[0], row[1]), bi) for row, bi in zip(w1, b1)]
+        points = set()
+        for pattern in itertools.product((0, 1), repeat=len(first)):
+            # under the pattern z2 = W2 diag(p) (W1 x + b1) + b2: affine in x
+            second = []
+            for row, bj in zip(w2, b2):
+                a0 = sum((row[i] * w1[i][0] for i in range(len(first)) if pattern[i]), Fraction(0))
+                a1 = sum((row[i] * w1[i][1] for i in range(len(first)) if pattern[i]), Fraction(0))
+                c = sum((row[i] * b1[i] for i in range(len(first)) if pattern[i]), Fraction(0)) + bj
+                second.append(((a0, a1), c))
+            for (p, cp), (q, cq) in itertools.combinations(lines + first + second, 2):
+                det = p[0] * q[1] - p[1] * q[0]
+                if det == 0:
+                    continue
+                x0 = (-cp * q[1] + cq * p[1]) / det
+                x1 = (-p[0] * cq + q[0] * cp) / det
+                if self.lo[0] <= x0 <= self.hi[0] and self.lo[1] <= x1 <= self.hi[1]:
+                    points.add((x0, x1))
+        return [(x, self.pre(list(x))) for x in points]
+
+
+def _bundle(net):
+    return tlb.import_fx(net, (torch.zeros(1, 2),))
+
+
+def _fits(split1, split2, z1, z2) -> bool:
+    return all((s == 0) or (s > 0 and z >= 0) or (s < 0 and z <= 0)
+               for s, z in zip(list(split1) + list(split2), list(z1) + list(z2)))
+
+
+@pytest.mark.parametrize("seed, kind", [(s, "mlp") for s in range(8)] + [(s, "conv") for s in range(3)])
+def test_split_bounds_enclose_the_exact_range_of_every_subdomain(seed, kind):
+    from semantics.linear_bounds import Crown
+    from semantics.linear_bounds.batch_axis import with_batch
+    from semantics.linear_bounds.splits import bound_domains, relu_nodes
+    net, params = _net(seed) if kind == "mlp" else _conv_net(seed)
+    b = _bundle(net) if kind == "mlp" else tlb.import_fx(net, (torch.zeros(1, 1, 1, 2),))
+    rng = np.random.default_rng(100 + seed)
+    lo = rng.uniform(-1, 0, 2).astype(np.float32).astype(np.float64)
+    hi = lo + rng.uniform(0.5, 2, 2).astype(np.float32)
+    exact = Exact(params, lo, hi)
+    points = exact.candidates()
+    n = 24
+    g = with_batch(b.graph, n)
+    assert g is not None
+    crown = Crown(g, b.payload)
+    relus = relu_nodes(crown)
+    assert len(relus) == 2
+    splits = {v: rng.choice([-1, 0, 0, 1], size=(n, u)).astype(np.int8) for v, u in zip(relus, (H1, H2))}
+    c = rng.integers(-3, 4, (3, 2)).astype(np.float64)
+    tight = {"crown": 0.0, "alpha-crown": 0.0, "beta-crown": 0.0, "reused": 0.0}  # summed gaps to the exact minima
+    shape = (n,) + tuple(b.graph.nodes[b.graph.inputs[0]].out_shape[1:])
+    boxes = np.repeat(lo[None], n, 0).reshape(shape), np.repeat(hi[None], n, 0).reshape(shape)
+    parent = bound_domains(crown, *boxes, {v: np.zeros_like(x) for v, x in splits.items()}, c)
+    for method in ("crown", "alpha-crown", "beta-crown", "reused"):
+        if method == "reused":  # the parent's (unsplit) ReLU input boxes instead of new intermediate passes
+            r = bound_domains(crown, *boxes, splits, c, method="beta-crown", known=parent.pre)
+        else:
+            r = bound_domains(crown, *boxes, splits, c, method=method)
+        if method == "beta-crown":  # the attack candidates: one point of the box per subdomain and row
+            assert r.points.shape == (n, 3, 2) and np.all((r.points >= lo) & (r.points <= hi))
+        for i in range(n):
+            inside = [y for x, (z1, z2, y) in points if _fits(splits[relus[0]][i], splits[relus[1]][i], z1, z2)]
+            if r.empty[i]:
+                assert not inside, (i, "a subdomain with points was reported empty")
+                continue
+            for k in range(c.shape[0]):
+                values = [Fraction(float(c[k, 0])) * y[0] + Fraction(float(c[k, 1])) * y[1] for y in inside]
+                if values:
+                    assert Fraction(float(r.lower[i, k])) <= min(values), (method, i, k)
+                    assert Fraction(float(r.upper[i, k])) >= max(values), (method, i, k)
+                    tight[method] += float(min(values)) - float(r.lower[i, k])
+    assert r.method == "beta-crown"
+    assert tight["beta-crown"] <= tight["crown"] + 1e-9  # the multipliers only ever tighten
+
+
+def test_batched_domains_agree_with_one_at_a_time():
+    from semantics.linear_bounds import Crown
+    from semantics.linear_bounds.batch_axis import with_batch
+    from semantics.linear_bounds.splits import bound_domains, relu_nodes
+    net, _ = _net(3)
+    b = _bundle(net)
+    n = 8
+    rng = np.random.default_rng(5)
+    one, many = Crown(b.graph, b.payload), Crown(with_batch(b.graph, n), b.payload)
+    relus = relu_nodes(many)
+    splits = {v: rng.choice([-1, 0, 1], size=(n, u)).astype(np.int8) for v, u in zip(relus, (H1, H2))}
+    lo, hi = np.full((n, 2), -0.5), np.full((n, 2), 0.75)
+    c = np.array([[1.0, -1.0], [0.5, 2.0]])
+    batch = bound_domains(many, lo, hi, splits, c)
+    for i in range(n):
+        single = bound_domains(one, lo[:1], hi[:1], {v: s[i:i + 1] for v, s in splits.items()}, c)
+        assert single.empty[0] == batch.empty[i]
+        if not single.empty[0]:
+            np.testing.assert_allclose(single.lower[0], batch.lower[i], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(single.upper[0], batch.upper[i], rtol=1e-12, atol=1e-12)
+
+
+def _model(b) -> _Model:
+    from exporters.onnx import export_onnx
+    return _Model(b, export_onnx(b).SerializeToString())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10))
+def test_bab_relu_is_never_wrong_and_decides(seed):
+    """Thresholds just below and above the exact minimum of y0 - y1: unsat below, sat above."""
+    net, params = _net(seed)
+    b = _bundle(net)
+    model = _model(b)
+    rng = np.random.default_rng(200 + seed)
+    lo = rng.uniform(-1, 0, 2).astype(np.float32).astype(np.float64)
+    hi = lo + rng.uniform(0.5, 2, 2).astype(np.float32)
+    exact = Exact(params, lo, hi)
+    values = [y[0] - y[1] for _, (_, _, y) in exact.candidates()]
+    true_min = min(values)
+    c = np.array([[1.0, -1.0]])
+    decided = 0
+    for delta in (-0.05, -0.005, 0.005, 0.05):
+        t = float(true_min) + delta * (1 + abs(float(true_min)))
+        prop = Property(2, 2, [Case(lo.copy(), hi.copy(), [(c, np.array([t]), np.zeros(1, bool))])])
+        r = verify(model, prop, method="bab-relu", timeout=10, seed=seed)
+        if r.result == "unsat":
+            assert true_min > Fraction(t), (t, r)
+        if r.result == "sat":
+            x = [Fraction(v) for v in r.counterexample["x"]]
+            assert Fraction(t) >= true_min
+            assert exact.pre(x)[2][0] - exact.pre(x)[2][1] <= Fraction(t) + Fraction(1, 10 ** 6)
+        decided += r.result != "unknown"
+    assert decided >= 3  # the search closes thresholds 0.5% of the scale away from the exact minimum

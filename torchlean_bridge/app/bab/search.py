@@ -1,0 +1,291 @@
+"""Branch and bound over ReLU activations (``verify --method bab-relu``).
+
+One group of property rows ``C y <= d`` (a conjunction) is refuted on a subdomain when some row's sound
+lower bound exceeds its right-hand side by the margin verify uses everywhere (``verify._margin``).
+A subdomain is the property's input box plus split constraints on unstable ReLUs (input ``>= 0`` or
+``<= 0``); ``semantics.linear_bounds.splits.bound_domains`` bounds many of them in one batched CROWN
+pass. The search, in the style of alpha-beta-CROWN's BaB (without its beta multipliers):
+
+* a priority queue of open subdomains by their best row gap (``max_k lower_k - d_k - margin_k``),
+  the worst first; up to ``batch`` of them are split per round, each on one ReLU, and their ``2 batch``
+  children bounded in one pass;
+* the branching ReLU of a subdomain maximizes a BaBSR-style score (Bunel et al., "Branch and bound for
+  piecewise linear neural network verification", JMLR 2020): the gain in the best row's CROWN bound
+  from removing the unit's relaxation (the upper line's intercept where the row's coefficient is
+  negative, the lower line's slack where it is positive), from one plain-float backward pass through
+  the chain of linear and ReLU layers; on other graphs the relaxation's intercept ``-u l / (u - l)``;
+* a child's bound is the maximum of its own and its parent's (both are sound on the child), and a
+  child a split makes empty (``DomainBounds.empty``) is refuted; children start from their parent's
+  ReLU input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded with beta
+  (``method="beta-crown"``) where the graph is a linear/ReLU chain;
+* the caller's attack (verify's, and PGD, ``pgd``) runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
+  fast, and every round the point minimizing the worst row's linear bound on the ``TRY_POINTS`` most
+  promising open children (beta-CROWN's plain pass gives it) is re-checked as a counterexample;
+* a subdomain with no unstable ReLU left that stays open has its input box halved along its widest
+  side instead: without beta multipliers the splits act only through the relaxations, and the final
+  concretization over the whole box ignores them, so ReLU splits alone cannot close such a subdomain;
+* ``unknown`` when the deadline passes, when the open subdomains exceed the memory cap, or when a box
+  cannot be halved in floating point.
+
+``unsat`` therefore rests on CROWN's sound bounds on subdomains whose union is the whole box: every
+split produces both halves ``z >= 0`` and ``z <= 0`` (an input split both halves of the box), and a
+subdomain is dropped only when refuted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ...errors import BridgeError
+
+__all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "BATCH"]
+
+MAX_QUEUE_BYTES = 256 << 20  # the open subdomains' splits and bounds; beyond it the answer is unknown
+BATCH = 32  # subdomains split per round (64 children per CROWN pass)
+TRY_POINTS = 4  # open children per round whose linear-bound minimizer is checked as a counterexample
+
+
+@dataclass
+class BabOutcome:
+    result: str  # "unsat", "sat" or "unknown"
+    counterexample: dict[str, Any] | None
+    domains: int  # subdomains bounded
+    best_lower: float  # the smallest gap over the open subdomains (>0 once refuted; -inf when unknown)
+    reason: str = ""
+
+
+class ReluBab:
+    """Branch and bound for one group of rows on one input box (see the module docstring)."""
+
+    def __init__(self, model: Any, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, d: np.ndarray,
+                 margin: np.ndarray, deadline: float, method: str = "beta-crown",
+                 attack: Callable[[], dict[str, Any] | None] | None = None, attack_every: int = 8,
+                 batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None,
+                 reuse: bool = True, check: Callable[[np.ndarray], dict[str, Any] | None] | None = None) -> None:
+        from semantics.linear_bounds.chain import chain_layers
+        from semantics.linear_bounds.splits import relu_nodes
+        if batch < 1:
+            raise BridgeError(f"bab: the batch must be at least 1, got {batch}")
+        self.model, self.lo, self.hi = model, lo, hi
+        self.c, self.d, self.margin = c, d, margin
+        self.deadline, self.method = deadline, method
+        self.attack, self.attack_every = attack, attack_every
+        self.batch = batch
+        self.check = check  # re-checks a candidate point: the counterexample, or None
+        self.max_queue_bytes = max_queue_bytes
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        base = model.crown
+        self.relus = relu_nodes(base)
+        self.units = [math.prod(base.ishape(v)[1:]) for v in self.relus]
+        self.offsets = np.concatenate([[0], np.cumsum(self.units)]).astype(np.int64)
+        chain = chain_layers(base)
+        self.layers = None if chain is None else chain[0]
+        # without beta (graphs other than chains) splits act only through the intermediate bounds: recompute them
+        self.reuse = reuse and self.layers is not None
+        self._crowns: dict[int, Any] = {1: base}
+        self.domains = 0
+        self.proved = math.inf  # the smallest gap of a refuted (non-empty) subdomain
+        self.start = time.perf_counter()
+
+    # -- bounding --------------------------------------------------------------------------------
+
+    def _crown(self, n: int):
+        """A Crown over the graph with batch n (cached), or None when the graph does not rebatch."""
+        from semantics.linear_bounds import Crown
+        from semantics.linear_bounds.batch_axis import with_batch
+        if n not in self._crowns:
+            g = with_batch(self.model.bundle.graph, n)
+            try:
+                self._crowns[n] = None if g is None else Crown(g, self.model.bundle.payload)
+            except BridgeError:  # e.g. a batch the working-memory limit refuses: one subdomain per pass
+                self._crowns[n] = None
+        return self._crowns[n]
+
+    def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, known=None):
+        """Gaps ``[M, K]``, emptiness ``[M]`` and ReLU input boxes of M subdomains (rows of splits, with
+        their input boxes ``[M, inputs]``)."""
+        m = splits.shape[0]
+        size = 1 << max(0, (m - 1).bit_length())  # powers of two: a few cached graphs serve every round
+        crown = self._crown(size) if size > 1 else self._crowns[1]
+        if crown is not None and crown.batched and crown.n == size:
+            try:
+                return self._bound_with(crown, splits, lo, hi, size, known)
+            except BridgeError:  # a relaxation the memory limit refuses at this batch: one at a time
+                if size == 1:
+                    raise
+                self._crowns[size] = None
+        parts = [self._bound_with(self._crowns[1], splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
+                                  None if known is None else (known[0][i:i + 1], known[1][i:i + 1]))
+                 for i in range(m)]
+        points = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                [np.concatenate([p[2][j] for p in parts]) for j in range(2)], points)
+
+    def _bound_with(self, crown, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int, known=None):
+        from semantics.linear_bounds.splits import bound_domains
+        m = splits.shape[0]
+        pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - m, axis=0)]) if size > m else x  # noqa: E731
+        splits, lo, hi = pad(splits), pad(lo), pad(hi)
+        shape = (size,) + tuple(self.lo.shape[1:]) if crown.batched else tuple(self.lo.shape)
+        per = {v: splits[:, self.offsets[i]:self.offsets[i + 1]] for i, v in enumerate(self.relus)}
+        given = None
+        if known is not None and self.reuse:
+            k_lo, k_hi = pad(known[0]), pad(known[1])
+            given = {v: (k_lo[:, self.offsets[i]:self.offsets[i + 1]], k_hi[:, self.offsets[i]:self.offsets[i + 1]])
+                     for i, v in enumerate(self.relus)}
+        r = bound_domains(crown, lo.reshape(shape), hi.reshape(shape), per, self.c,
+                          method=self.method, deadline=self.deadline, known=given)
+        self.domains += m
+        gap = r.lower[:m] - self.d[None] - self.margin[None]
+        pre_lo = np.concatenate([r.pre[v][0][:m] for v in self.relus], axis=1)
+        pre_hi = np.concatenate([r.pre[v][1][:m] for v in self.relus], axis=1)
+        return gap, r.empty[:m], (pre_lo, pre_hi), None if r.points is None else r.points[:m]
+
+    # -- branching -------------------------------------------------------------------------------
+
+    def _scores(self, gap: np.ndarray, pre: tuple[np.ndarray, np.ndarray], splits: np.ndarray) -> np.ndarray:
+        """BaBSR-style scores ``[M, units]``; -inf on units that cannot be split (stable or fixed)."""
+        lo, hi = pre
+        unstable = (lo < 0) & (hi > 0) & (splits == 0)
+        with np.errstate(all="ignore"):
+            width = np.where(unstable, hi - lo, 1.0)
+            intercept = np.where(unstable, -hi * lo / width, 0.0)
+            score = intercept.copy()
+            if self.layers is not None:
+                score = self._chain_scores(gap, lo, hi, splits, unstable, intercept)
+        score = np.where(unstable & np.isfinite(score), score, -np.inf)
+        # units whose score is not finite but are unstable keep a tiny positive score (never lost)
+        return np.where(unstable & ~np.isfinite(score), 0.0, score)
+
+    def _chain_scores(self, gap, lo, hi, splits, unstable, intercept) -> np.ndarray:
+        """The gain of the best row's plain-float CROWN bound from splitting each unit."""
+        k = np.argmax(gap, axis=1)
+        a = self.c[k]  # [M, outputs]
+        score = np.zeros_like(lo)
+        index = {v: i for i, v in enumerate(self.relus)}
+        for kind, v, w, _ in self.layers:
+            if kind == "affine":
+                a = a @ w
+                continue
+            i = index[v]
+            sl = slice(self.offsets[i], self.offsets[i + 1])
+            l, u, s, un = lo[:, sl], hi[:, sl], splits[:, sl], unstable[:, sl]
+            active = (s > 0) | (l >= 0)
+            chord = np.where(un, u / np.where(un, u - l, 1.0), 0.0)
+            lower_slope = np.where(u > -l, 1.0, 0.0)
+            score[:, sl] = np.where(a < 0, -a * intercept[:, sl], a * np.minimum(u, -l) * 0.25)
+            slope = np.where(active, 1.0, np.where(un, np.where(a >= 0, lower_slope, chord), 0.0))
+            a = a * slope
+        return score
+
+    def _try_points(self, gap: np.ndarray, empty: np.ndarray, points: np.ndarray) -> dict[str, Any] | None:
+        """The attack on promising subdomains: the point minimizing the worst row's linear bound, for
+        the ``TRY_POINTS`` open children with the lowest gaps."""
+        best = np.where(empty, np.inf, gap.max(axis=1))
+        order = np.argsort(best)[:TRY_POINTS]
+        for j in order:
+            if not best[j] <= 0:
+                break
+            k = int(np.argmin(gap[j]))
+            found = self.check(points[j, k].reshape(self.lo.shape))
+            if found is not None:
+                return found
+        return None
+
+    # -- the search ------------------------------------------------------------------------------
+
+    def run(self, root_gap: np.ndarray) -> BabOutcome:
+        """Search from the whole box, whose CROWN gaps ``[K]`` are ``root_gap`` (the caller bounded it)."""
+        from semantics.linear_bounds.crown import DeadlineExceeded
+        total = int(self.offsets[-1])
+        # per open subdomain: int8 splits, float64 ReLU input boxes (lo, hi), gaps, input box, the entry
+        per_domain = 17 * total + 8 * self.c.shape[0] + 64
+        root = np.zeros((1, total), dtype=np.int8)
+        box_lo, box_hi = self.lo.reshape(1, -1).astype(np.float64), self.hi.reshape(1, -1).astype(np.float64)
+        per_domain += 16 * box_lo.shape[1]
+        cap = max(1, self.max_queue_bytes // per_domain)
+        try:
+            gap, empty, pre, _ = self._bound(root, box_lo, box_hi)
+        except DeadlineExceeded:
+            return BabOutcome("unknown", None, self.domains, -math.inf, "timeout")
+        gap = np.maximum(gap, root_gap[None])
+        if empty[0] or gap[0].max() > 0:
+            return BabOutcome("unsat", None, self.domains, float(gap[0].max()) if not empty[0] else math.inf)
+        queue: list[tuple[float, int, np.ndarray, np.ndarray, tuple]] = []
+        order = 0
+        heapq.heappush(queue, (float(gap[0].max()), order, root[0], gap[0], (pre[0][0], pre[1][0]),
+                               box_lo[0], box_hi[0]))
+        rounds = 0
+        while queue:
+            best = min(queue[0][0], self.proved)
+            if time.perf_counter() > self.deadline:
+                return BabOutcome("unknown", None, self.domains, best, "timeout")
+            if len(queue) > cap:
+                return BabOutcome("unknown", None, self.domains, best,
+                                  f"memory cap: {len(queue)} open subdomains exceed {self.max_queue_bytes} bytes")
+            rounds += 1
+            if self.attack is not None and rounds % self.attack_every == 0:
+                try:
+                    found = self.attack()
+                except DeadlineExceeded:
+                    return BabOutcome("unknown", None, self.domains, best, "timeout")
+                if found is not None:
+                    return BabOutcome("sat", found, self.domains, best)
+            picked = [heapq.heappop(queue) for _ in range(min(self.batch, len(queue)))]
+            splits = np.stack([p[2] for p in picked])
+            gaps = np.stack([p[3] for p in picked])
+            pre = (np.stack([p[4][0] for p in picked]), np.stack([p[4][1] for p in picked]))
+            los, his = np.stack([p[5] for p in picked]), np.stack([p[6] for p in picked])
+            score = self._scores(gaps, pre, splits)
+            unit = np.argmax(score, axis=1)
+            rows = np.arange(len(picked))
+            on_input = ~np.isfinite(score[rows, unit])
+            # no unstable ReLU left: the splits act only through the relaxations, so halve the input box instead
+            dim = np.argmax(his - los, axis=1)
+            mid = los[rows, dim] * 0.5 + his[rows, dim] * 0.5
+            if np.any(on_input & ~((los[rows, dim] < mid) & (mid < his[rows, dim]))):
+                return BabOutcome("unknown", None, self.domains, best, "a subdomain cannot be split further")
+            children = np.concatenate([splits, splits])
+            child_lo, child_hi = np.concatenate([los, los]), np.concatenate([his, his])
+            relu_rows = rows[~on_input]
+            children[relu_rows, unit[relu_rows]] = 1
+            children[len(picked) + relu_rows, unit[relu_rows]] = -1
+            in_rows = rows[on_input]
+            child_hi[in_rows, dim[in_rows]] = mid[in_rows]
+            child_lo[len(picked) + in_rows, dim[in_rows]] = mid[in_rows]
+            try:
+                gap, empty, cpre, points = self._bound(children, child_lo, child_hi, (np.concatenate([pre[0], pre[0]]),
+                                                                              np.concatenate([pre[1], pre[1]])))
+            except DeadlineExceeded:
+                return BabOutcome("unknown", None, self.domains, best, "timeout")
+            gap = np.maximum(gap, np.concatenate([gaps, gaps]))
+            if self.check is not None and points is not None:
+                try:
+                    found = self._try_points(gap, empty, points)
+                except DeadlineExceeded:
+                    return BabOutcome("unknown", None, self.domains, best, "timeout")
+                if found is not None:
+                    return BabOutcome("sat", found, self.domains, best)
+            for j in range(children.shape[0]):
+                if empty[j]:
+                    continue
+                if gap[j].max() > 0:
+                    self.proved = min(self.proved, float(gap[j].max()))
+                    continue
+                order += 1
+                heapq.heappush(queue, (float(gap[j].max()), order, children[j], gap[j], (cpre[0][j], cpre[1][j]),
+                                       child_lo[j], child_hi[j]))
+            if self.progress:
+                low = queue[0][0] if queue else 0.0
+                print(f"\rbab: {self.domains} domains, {len(queue)} open, worst gap {low:.4g}, "
+                      f"{time.perf_counter() - self.start:.1f} s", end="", file=sys.stderr, flush=True)
+        if self.progress:
+            print(file=sys.stderr)
+        return BabOutcome("unsat", None, self.domains, self.proved)

@@ -128,7 +128,7 @@ def test_diff_json_on_stdout_and_in_a_file(seed, tmp_path):
 def test_verify_json(seed):
     doc = doc_of("verify", str(FIX / "acas_like.onnx"), str(FIX / "acas_robust.vnnlib"), "--json", "-",
                  "--timeout", "20")
-    assert doc["result"] in ("unsat", "sat", "unknown") and doc["method"] == "crown" and "bounds" in doc
+    assert doc["result"] in ("unsat", "sat", "unknown") and doc["method"] == "bab-input" and "bounds" in doc
 
 
 def test_docs_list_every_commands_json_schema():

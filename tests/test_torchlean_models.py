@@ -156,3 +156,15 @@ def test_a_second_input_frozen_to_a_constant_exports(tmp_path):
     theirs = tlb.evaluate(g, payload, [x.double().numpy()], exact=True)
     for a, c in zip(theirs, ours, strict=True):
         np.testing.assert_allclose(a, c, rtol=1e-12, atol=4 * max(report.outputs) + 1e-12)
+
+
+def test_samples_outside_the_models_domain_leave_the_deviation_unmeasured_not_the_export(tmp_path):
+    class LogNet(torch.nn.Module):
+        def forward(self, x):
+            return torch.log(torch.nn.functional.relu6(x) + 0.0)
+
+    b = tlb.import_export(LogNet().eval(), (torch.rand(2, 3) + 0.5,))
+    report = export_for_torchlean(b, tmp_path / "m.json")  # standard-normal samples: log of 0 fails
+    assert "not measured: the samples cannot be evaluated" in "\n".join(report.lines())
+    good = export_for_torchlean(b, tmp_path / "m2.json", samples=[[np.full((2, 3), 0.7)]])
+    assert good.by_kind["clamp"]["max_deviation"] == 0.0

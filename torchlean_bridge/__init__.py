@@ -35,7 +35,7 @@ _LAZY = {
     "recover_keys": "importers.onnx_keys",
     "load": "exporters.folder",
     "save": "exporters.folder",
-    "export_torchlean": "exporters.torchlean_json",
+    "export_torchlean": "torchlean_bridge.app.torchlean_export",  # the writer (exporters/) after fold and cut
     "export_for_torchlean": "torchlean_bridge.app.torchlean_export",  # cut, fold, rewrite, measure, write
     "export_onnx": "exporters.onnx",
     "abi": "torchlean_bridge.app.abi",

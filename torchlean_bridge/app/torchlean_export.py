@@ -30,7 +30,7 @@ from torchlean_bridge.payload import Payload
 
 from .constant_fold import fold_constants
 
-__all__ = ["export_for_torchlean", "resolve_node", "TorchleanExport", "prepare_for_torchlean"]
+__all__ = ["export_for_torchlean", "export_torchlean", "resolve_node", "TorchleanExport", "prepare_for_torchlean"]
 
 GRID = 4097  # points on an approximated node's input interval
 
@@ -65,7 +65,8 @@ class TorchleanExport:
         if self.folded:
             out.append(f"folded {len(self.folded)} constant subgraph(s) into constants (nodes {_ids(self.folded)})")
         for kind, k in self.by_kind.items():
-            measured = "" if k["max_deviation"] is None else f"; largest deviation {k['max_deviation']:.3g}"
+            measured = (f"; {k['note']}" if k.get("note") else "" if k["max_deviation"] is None
+                        else f"; largest deviation {k['max_deviation']:.3g}")
             if k["max_deviation"] == np.inf:
                 measured += " (where the op gives an infinity the form gives a finite value: see the class)"
             if k.get("interval_deviation") is not None:
@@ -157,6 +158,14 @@ def export_for_torchlean(bundle: Bundle, file: str | Path | None, inline_payload
     return report
 
 
+def export_torchlean(bundle: Bundle, file: str | Path | None, inline_payload: bool = True,
+                     **options: Any) -> dict[str, Any]:
+    """``tlb.export_torchlean``: the document ``export_for_torchlean`` writes (constant subgraphs folded,
+    every node in a v1 form, the rewrites and their measured deviations in its ``torchlean_bridge`` field);
+    ``options`` are export_for_torchlean's (input_at, constants, approximate, samples)."""
+    return export_for_torchlean(bundle, file, inline_payload, **options).document
+
+
 def _samples(original: Bundle, prepared: Bundle, ids: Mapping[int, int], given, cut: dict[str, Any] | None
              ) -> tuple[list[np.ndarray], str]:
     """One input array per sample for the prepared graph (which has one input once it exports)."""
@@ -188,7 +197,17 @@ def _measure(prepared: Bundle, v1: Bundle, rewrites: list[dict[str, Any]], seeds
              approximate: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], list[float]]:
     from semantics.evaluate import evaluate
     g = prepared.graph
-    tables = [evaluate(g, prepared.payload, [x], all_nodes=True) for x in seeds]
+    try:
+        tables = [evaluate(g, prepared.payload, [x], all_nodes=True) for x in seeds]
+    except BridgeError as e:  # the samples are outside the model's domain (a log of a negative, ...)
+        tables, seeds = [], []
+        for r in rewrites:
+            r["max_deviation"] = None
+        unmeasured = f"not measured: the samples cannot be evaluated ({str(e).splitlines()[0][:200]})"
+        return {r["kind"]: {"count": sum(x["kind"] == r["kind"] for x in rewrites),
+                            "nodes": [x["id"] for x in rewrites if x["kind"] == r["kind"]], "formula": r["formula"],
+                            "deviation": r["deviation"], "max_deviation": None, "note": unmeasured}
+                for r in rewrites}, []
     by_kind: dict[str, dict[str, Any]] = {}
     for r in rewrites:
         node = g.nodes[r["prepared_id"]]
@@ -239,7 +258,10 @@ def _local_deviation(prepared: Bundle, node: Node, parent_values: list[np.ndarra
     mini = Bundle(Graph(nodes, inputs, [k]), Payload(payload))
     ours = evaluate(mini.graph, mini.payload, feed)[0]
     rewritten, _ = rewrite_to_v1(mini, approximate)
-    theirs = evaluate(rewritten.graph, rewritten.payload, feed)[0]
+    try:
+        theirs = evaluate(rewritten.graph, rewritten.payload, feed)[0]
+    except BridgeError:  # the form fails where the op gives a value (v1 log at 0, ...): the class says so
+        return float("inf")
     with np.errstate(invalid="ignore"):
         diff = np.abs(np.asarray(ours, dtype=np.float64) - np.asarray(theirs, dtype=np.float64))
     same = (ours == theirs) | (np.isnan(ours) & np.isnan(theirs))

@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-import torch.nn as nn
 from safetensors.torch import save_file
 
 import torchlean_bridge as tlb
@@ -16,25 +15,10 @@ from exporters.folder import save
 from torchlean_bridge.app.campaign.audit_campaign import checkpoint_list
 from torchlean_bridge.app.cli import main
 from torchlean_bridge.seed import bias_pair_bundle
+from tests.test_audit import SEED_FACTORY, seed_module
 
-FACTORY = '''
-import torch, torch.nn as nn
-
-def make():
-    same = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
-    with torch.no_grad():
-        same[0].weight.copy_(torch.eye(3))
-        same[2].weight.copy_(torch.eye(3))
-        same[0].bias.copy_(torch.tensor([-1.0, 0.0, 0.0]))
-        same[2].bias.copy_(torch.tensor([1.0, 0.0, 0.0]))
-    return same
-'''
-
-
-def reference() -> nn.Module:
-    namespace: dict = {}
-    exec(FACTORY, namespace)
-    return namespace["make"]()
+FACTORY = SEED_FACTORY  # the demo's trusted module (tests/test_audit.py)
+reference = seed_module
 
 
 @pytest.fixture

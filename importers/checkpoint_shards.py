@@ -20,6 +20,9 @@ import numpy as np
 
 from torchlean_bridge.errors import CheckpointError
 from torchlean_bridge.fileio import read_capped, real_inside
+from torchlean_bridge.report import Finding
+
+from .checkpoint_base import Checkpoint, _strip
 
 __all__ = ["is_shard_index", "load_shard_index", "load_folder", "load_distributed"]
 
@@ -33,7 +36,6 @@ def is_shard_index(path: Path) -> bool:
 
 def load_shard_index(path: Path, strip_prefix: str | None, load_file: Callable[..., Any]) -> Any:
     """A Hugging Face shard index (``weight_map``: key -> shard file beside the index)."""
-    from .checkpoints import Checkpoint
     try:
         doc = json.loads(read_capped(path, "shard index"))
     except (ValueError, RecursionError) as e:
@@ -58,7 +60,6 @@ def load_shard_index(path: Path, strip_prefix: str | None, load_file: Callable[.
             raise CheckpointError(f"shard index {path}: {len(missing)} key(s) the index puts in {name} are not "
                                   f"there (first: {missing[0]})")
     keys = list(weight_map)
-    from .checkpoints import _strip
     renamed, notes = _strip(keys, strip_prefix, str(path))
     where = {new: (shards[weight_map[old]], old) for new, old in renamed.items()}
     return Checkpoint({k: c.shape(o) for k, (c, o) in where.items()}, {k: c.dtype(o) for k, (c, o) in where.items()},
@@ -113,7 +114,6 @@ def load_distributed(path: Path, strip_prefix: str | None) -> Any:
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from .checkpoints import Checkpoint, Finding, _strip
     try:
         with (path / ".metadata").open("rb") as f:
             metadata = _MetadataUnpickler(f).load()

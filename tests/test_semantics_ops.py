@@ -1112,6 +1112,45 @@ def _int_conv(d: Draw) -> Example:
         t[0].double(), t[1].double(), stride=s, padding=1).round().long())  # exact: the sums are below 2^53
 
 
+_INT_REDUCERS = {"int_reduce_sum": lambda t, a, k: torch.sum(t, dim=a, keepdim=k),
+                 "int_reduce_prod": lambda t, a, k: torch.prod(t.movedim(a, tuple(range(-len(a), 0))).flatten(
+                     -len(a)), dim=-1, keepdim=False).reshape([1 if i in a else n for i, n in enumerate(t.shape)]
+                                                               if k else [n for i, n in enumerate(t.shape) if i not in a]),
+                 "int_reduce_max": lambda t, a, k: torch.amax(t, dim=a, keepdim=k),
+                 "int_reduce_min": lambda t, a, k: torch.amin(t, dim=a, keepdim=k)}
+
+
+def _int_reduce_case(kind: str):
+    @case(kind, examples=15)
+    def gen(d: Draw) -> Example:
+        shape = d.shape(1, 3, 1, 4)
+        axes = d.subset(range(len(shape))) or (0,)
+        keep = d.bool()
+        x = d.rng.integers(-9, 10, shape) if kind == "int_reduce_prod" else d.rng.integers(-1000, 1000, shape)
+        return Example({"axes": axes, "keepdim": keep, "bits": 64, "signed": True}, [x],
+                       lambda t, p: _INT_REDUCERS[kind](t[0], axes, keep))
+    return gen
+
+
+for _kind in _INT_REDUCERS:
+    _int_reduce_case(_kind)
+
+
+@case("dynamic_slice", examples=15)
+def _dynamic_slice(d: Draw) -> Example:
+    shape = d.shape(1, 3, 2, 5)
+    axes = tuple(a for a in range(len(shape)) if d.bool()) or (0,)
+    sizes = tuple(d.int(1, shape[a]) for a in axes)
+    starts = np.array([d.int(0, shape[a] - k) for a, k in zip(axes, sizes)], dtype=np.int64)
+
+    def reference(t, p):
+        out = t[0]
+        for a, k, s0 in zip(axes, sizes, starts):
+            out = torch.narrow(out, a, int(s0), k)
+        return out
+    return Example({"axes": axes, "sizes": sizes}, [d.normal(shape), starts], reference)
+
+
 NOT_IN_TORCH = {"input", "const", "custom", "rand_uniform", "bernoulli_mask"}
 # torchvision.ops.roi_align needs torchvision's compiled kernels, which do not load with this CPU torch:
 # roi_align is checked against onnxruntime and the ONNX reference in tests/test_spatial_ops.py

@@ -157,7 +157,8 @@ def phases(description: str, quiet: bool = False) -> Iterator[Any]:
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True,
                   console=Console(stderr=True)) as bar:
         task = bar.add_task(description, total=None)
-        yield lambda text: bar.update(task, description=f"{description}: {text}")
+        # refresh=True draws each phase at once, however short (else a phase between two redraws never shows)
+        yield lambda text: bar.update(task, description=f"{description}: {text}", refresh=True)
 
 
 def iterate(items: Iterable[Any], total: int | None, description: str, quiet: bool = False) -> Iterator[Any]:

@@ -260,3 +260,13 @@ def test_an_approximation_is_used_only_where_no_exact_form_applies():
     erf = b.add("gelu", [exact], {"approximate": "none"})
     _, doc = exported_values(b.finish([erf], canonical=False), _x((3, 4)), approximate={"gelu": "sigmoid"})
     assert [r["approximation"] for r in doc["torchlean_bridge"]["rewrites"]] == [None, "sigmoid"]
+
+
+def test_a_rewritten_node_no_output_reads_is_dropped_not_a_crash():
+    b = GraphBuilder("test")
+    x = b.input((3,))
+    b.add("neg", [x])  # dead: nothing reads it
+    bundle = b.finish([b.add("relu", [x])], canonical=False, keep_dead=True)
+    doc = export_torchlean(bundle, None)
+    assert [n["kind"] for n in doc["nodes"]] == ["input", "relu"]
+    assert doc["torchlean_bridge"]["rewrites"][0]["now"] is None

@@ -98,8 +98,9 @@ def rewrite_to_v1(bundle: Bundle, approximate: Mapping[str, str] | None = None) 
         if node.id in live:
             final.keep(node)
     out = final.result() if (rewrites or len(live) < len(rewritten.graph)) else bundle
-    for r in rewrites:
-        r["now"] = final.new_id[r.pop("_new")] if out is not bundle else r.pop("_new")
+    for r in rewrites:  # None: no output reads the rewritten node (a dead node of a hand-written graph)
+        new = r.pop("_new")
+        r["now"] = new if out is bundle else final.new_id.get(new)
     details = tuple(f"node {r['id']} {r['kind']} -> {r['formula']}" for r in rewrites)
     return out, Note("v1_rewrite", len(rewrites), details, {"blocking": blocking, "rewrites": rewrites})
 

@@ -270,3 +270,12 @@ def test_a_rewritten_node_no_output_reads_is_dropped_not_a_crash():
     doc = export_torchlean(bundle, None)
     assert [n["kind"] for n in doc["nodes"]] == ["input", "relu"]
     assert doc["torchlean_bridge"]["rewrites"][0]["now"] is None
+
+
+def test_a_form_whose_constant_matrix_would_be_too_large_is_refused_by_name():
+    from torchlean_bridge.passes import v1_forms
+    b = one_op("slice", {"axes": [1], "starts": [1], "ends": [4000], "steps": [1]}, (2, 5000))
+    (item,) = torchlean_blocking_nodes(b)
+    assert item["kind"] == "slice" and "4999 x 5000" not in item["reason"]  # sized before it is built
+    assert item["reason"] == (f"selecting 3999 of 5000 entries on axis 1 would need a 5000 x 3999 constant matrix "
+                              f"({5000 * 3999} entries, above the limit of {v1_forms.MATRIX_LIMIT})")

@@ -26,12 +26,27 @@ from ..ops.resize_taps import interpolation_matrix
 if TYPE_CHECKING:
     from .base import GraphEdit
 
-__all__ = ["V1Form", "V1_FORMS", "APPROXIMATIONS", "Emit", "LOWEST"]
+__all__ = ["V1Form", "V1_FORMS", "APPROXIMATIONS", "Emit", "LOWEST", "NoForm", "MATRIX_LIMIT"]
 
 LOWEST = float(np.finfo(np.float64).min)  # JSON has no -inf: padding that must never win a max uses this
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _SELU_ALPHA = 1.6732632423543772848170429916717  # torch.nn.SELU's constants (as semantics/rules/activations.py)
 _SELU_SCALE = 1.0507009873554804934193349852946
+
+
+MATRIX_LIMIT = 1 << 24  # entries of one constant matrix a form may build (128 MiB in float64)
+
+
+class NoForm(Exception):
+    """Raised inside a lowering when these shapes have no affordable form; the message says why."""
+
+
+def sized_matrix(rows: int, cols: int, what: str) -> np.ndarray:
+    """A zero ``[rows, cols]`` float64 matrix, sized before it is made."""
+    if rows * cols > MATRIX_LIMIT:
+        raise NoForm(f"{what} would need a {rows} x {cols} constant matrix ({rows * cols} entries, above the "
+                     f"limit of {MATRIX_LIMIT})")
+    return np.zeros((rows, cols))
 
 
 class Emit:
@@ -96,7 +111,7 @@ class Emit:
         """``take(x, index, axis)`` for a 1-D constant ``index``: a matmul by a 0/1 selection matrix."""
         moved, back = self.move_axis_last(x, axis)
         n = self.shape(x)[axis]
-        selection = np.zeros((n, len(index)))
+        selection = sized_matrix(n, len(index), f"selecting {len(index)} of {n} entries on axis {axis}")
         selection[index, np.arange(len(index))] = 1.0
         return back(self.op("matmul", moved, self.const(selection)))
 
@@ -482,6 +497,7 @@ def _cumsum(e: Emit, n: Node, xs: Sequence[int]) -> int:
     a = n.attrs
     x, axis = xs[0], a["axis"]
     size = e.shape(x)[axis]
+    sized_matrix(size, size, f"cumsum over an axis of {size} entries")
     j, i = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")  # [source j, target i]
     take = (j >= i) if a["reverse"] else (j <= i)
     if a["exclusive"]:
@@ -563,8 +579,9 @@ def _resize_linear(e: Emit, n: Node, xs: Sequence[int]) -> int:
     for axis in range(rank - 1, rank - len(sizes) - 1, -1):
         m = sizes[axis - (rank - len(sizes))]
         size = e.shape(x)[axis]
-        if m == size and mode != "asymmetric" and np.array_equal(interpolation_matrix(size, m, mode), np.eye(size)):
+        if m == size:  # every coordinate mode maps o to o when the extent stays: an identity
             continue
+        sized_matrix(size, m, f"resizing an axis of {size} entries to {m}")
         moved, back = e.move_axis_last(x, axis)
         x = back(e.op("matmul", moved, e.const(interpolation_matrix(size, m, mode))))
     return x

@@ -22,7 +22,7 @@ from ..graph import Node
 from ..v1compat import blocking_reason
 from .base import GraphEdit, Note
 from .dead_code import live_nodes
-from .v1_forms import APPROXIMATIONS, V1_FORMS, Emit
+from .v1_forms import APPROXIMATIONS, V1_FORMS, Emit, NoForm
 
 __all__ = ["rewrite_to_v1"]
 
@@ -67,7 +67,10 @@ def rewrite_to_v1(bundle: Bundle, approximate: Mapping[str, str] | None = None) 
         start = len(edit.nodes)
         emit = Emit(edit, node, const_value, lambda role, n=node.id: bundle.payload.get(n, role))
         form = V1_FORMS.get(node.kind)
-        result = form.lower(emit, node, edit.parents(node)) if form is not None else None
+        try:
+            result = form.lower(emit, node, edit.parents(node)) if form is not None else None
+        except NoForm as e:  # a form too large for these shapes (a selection over a 50k vocabulary, ...)
+            result = str(e)
         if isinstance(result, int):
             if emit.owns_payload:  # its parameters were rewritten (a flipped kernel): the old record stays behind
                 edit.new_id[node.id] = result

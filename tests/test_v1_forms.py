@@ -279,3 +279,10 @@ def test_a_form_whose_constant_matrix_would_be_too_large_is_refused_by_name():
     assert item["kind"] == "slice" and "4999 x 5000" not in item["reason"]  # sized before it is built
     assert item["reason"] == (f"selecting 3999 of 5000 entries on axis 1 would need a 5000 x 3999 constant matrix "
                               f"({5000 * 3999} entries, above the limit of {v1_forms.MATRIX_LIMIT})")
+
+
+@pytest.mark.parametrize("kind, attrs", [("pad", {"pads_before": [1], "pads_after": [0], "value": float("nan")}),
+                                         ("clamp", {"min": float("nan"), "max": None})])
+def test_a_form_that_would_need_a_nan_constant_is_refused(kind, attrs):
+    (item,) = torchlean_blocking_nodes(one_op(kind, attrs, (3,)))
+    assert item["kind"] == kind and "which torchlean.ir.v1's JSON cannot spell" in item["reason"]

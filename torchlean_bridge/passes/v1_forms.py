@@ -68,6 +68,9 @@ class Emit:
 
     def const(self, values: np.ndarray) -> int:
         values = np.array(values, dtype=np.float64, order="C")  # (ascontiguousarray makes a scalar 1-D)
+        if not np.isfinite(values).all():
+            raise NoForm(f"{self.node.kind} would need a constant holding {values[~np.isfinite(values)].flat[0]}, "
+                         f"which torchlean.ir.v1's JSON cannot spell")
         nid = self.op("const", shape=values.shape)
         self.edit.payload[nid] = {"values": values}
         return nid
@@ -430,7 +433,7 @@ def _gather(e: Emit, n: Node, xs: Sequence[int]) -> int | str:
 @form("pad", "constant blocks concatenated on each padded axis", "none: the blocks hold the pad value exactly")
 def _pad(e: Emit, n: Node, xs: Sequence[int]) -> int | str:
     value = float(n.attrs["value"])
-    if not math.isfinite(value):
+    if math.isinf(value):  # a NaN value is refused by Emit.const
         value = LOWEST if value < 0 else -LOWEST
     x = xs[0]
     for axis, (b, a) in enumerate(zip(n.attrs["pads_before"], n.attrs["pads_after"])):

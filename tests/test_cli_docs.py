@@ -13,8 +13,7 @@ import pytest
 
 import torchlean_bridge as tlb
 from torchlean_bridge.app.cli import main
-from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle
-from tests.test_cli_output import ROOT, wide_mlp
+from tests.test_cli_output import ROOT, seed_files, wide_mlp
 
 RUN = {"check", "show", "eval", "bounds", "abi", "export"}
 
@@ -44,8 +43,7 @@ def test_the_page_documents_these_commands():
 
 @pytest.mark.parametrize("argv, expected", RUNS, ids=[" ".join(a) for a, _ in RUNS])
 def test_documented_output(argv, expected, tmp_path, monkeypatch, capsys):
-    tlb.save(seed_mlp_bundle(), tmp_path / "seed")
-    np.save(tmp_path / "x0.npy", SEED_X0)
+    seed_files(tmp_path)
     tlb.save(wide_mlp(), tmp_path / "wide")
     np.save(tmp_path / "xw.npy", np.linspace(-1, 1, 512))
     monkeypatch.chdir(tmp_path)

@@ -10,16 +10,13 @@ import pytest
 
 import torchlean_bridge as tlb
 from torchlean_bridge.app.cli import COMMANDS
-from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle
-from tests.test_cli_output import cli
+from tests.test_cli_output import cli, seed_files
 
 
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("errors")
-    tlb.save(seed_mlp_bundle(), folder / "seed")
-    np.save(folder / "x0.npy", SEED_X0)
-    tlb.export_onnx(seed_mlp_bundle(), folder / "m.onnx")
+    seed_files(folder, onnx="m.onnx")
     (folder / "notes.txt").write_text("hello\n")
     doc = json.loads((folder / "seed" / "graph.json").read_text())
     doc["nodes"][2]["parents"] = [9]

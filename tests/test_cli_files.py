@@ -9,22 +9,19 @@ import os
 import stat
 import threading
 
-import numpy as np
 import onnx
 import pytest
 
 import torchlean_bridge as tlb
 from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.fileio import atomic_write_text, output_target
-from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle
-from tests.test_cli_output import cli
+from torchlean_bridge.seed import seed_mlp_bundle
+from tests.test_cli_output import cli, seed_files
 
 
 @pytest.fixture()
 def seed(tmp_path):
-    tlb.save(seed_mlp_bundle(), tmp_path / "seed")
-    np.save(tmp_path / "x0.npy", SEED_X0)
-    return tmp_path
+    return seed_files(tmp_path)
 
 
 def test_export_through_a_symlink_keeps_the_link(seed):

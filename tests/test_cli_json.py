@@ -13,8 +13,8 @@ import pytest
 
 import torchlean_bridge as tlb
 from torchlean_bridge.app.cli import COMMANDS, _parser
-from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle
-from tests.test_cli_output import ROOT, cli
+from torchlean_bridge.seed import seed_mlp_bundle
+from tests.test_cli_output import ROOT, cli, seed_files
 
 FIX = ROOT / "fixtures" / "verify"
 
@@ -22,10 +22,7 @@ FIX = ROOT / "fixtures" / "verify"
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("json")
-    tlb.save(seed_mlp_bundle(), folder / "seed")
-    np.save(folder / "x0.npy", SEED_X0)
-    tlb.export_onnx(seed_mlp_bundle(), folder / "seed.onnx")
-    return folder
+    return seed_files(folder, onnx="seed.onnx")
 
 
 def documented(command: str) -> tuple[set[str], set[str]]:

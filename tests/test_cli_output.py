@@ -26,6 +26,15 @@ def cli(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           cwd=cwd or ROOT, env=env, timeout=300)
 
 
+def seed_files(folder: Path, onnx: str | None = None) -> Path:
+    """The seed MLP as a bundle ``seed``, its input ``x0.npy`` and, if named, its ONNX export."""
+    tlb.save(seed_mlp_bundle(), folder / "seed")
+    np.save(folder / "x0.npy", SEED_X0)
+    if onnx:
+        tlb.export_onnx(seed_mlp_bundle(), folder / onnx)
+    return folder
+
+
 def wide_mlp(width: int = 512, out: tuple[int, int] = (4, 10)) -> Bundle:
     """Linear(width, width) -> ReLU -> Linear(width, 40) -> reshape [4, 10]."""
     rng = np.random.default_rng(0)
@@ -43,9 +52,7 @@ def wide(tmp_path_factory):
     folder = tmp_path_factory.mktemp("wide")
     tlb.save(wide_mlp(), folder / "b")
     np.save(folder / "x.npy", np.linspace(-1, 1, 512))
-    tlb.save(seed_mlp_bundle(), folder / "seed")
-    np.save(folder / "x0.npy", SEED_X0)
-    return folder
+    return seed_files(folder)
 
 
 def test_numbers_never_hide_a_sign_or_a_magnitude():

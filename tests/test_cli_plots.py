@@ -11,8 +11,8 @@ import pytest
 
 import torchlean_bridge as tlb
 from torchlean_bridge.app.cli import main
-from torchlean_bridge.seed import SEED_X0, seed_mlp_bundle
-from tests.test_cli_output import cli
+from torchlean_bridge.seed import seed_mlp_bundle
+from tests.test_cli_output import cli, seed_files
 
 pytest.importorskip("matplotlib")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -20,9 +20,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture()
 def seed(tmp_path):
-    tlb.save(seed_mlp_bundle(), tmp_path / "seed")
-    np.save(tmp_path / "x0.npy", SEED_X0)
-    return tmp_path
+    return seed_files(tmp_path)
 
 
 def test_bounds_plot_is_an_image_written_through_a_link(seed):

@@ -211,10 +211,7 @@ def _measure(prepared: Bundle, v1: Bundle, rewrites: list[dict[str, Any]], seeds
     by_kind: dict[str, dict[str, Any]] = {}
     for r in rewrites:
         node = g.nodes[r["prepared_id"]]
-        worst = None
-        for table in tables:
-            d = _local_deviation(prepared, node, [table[p] for p in node.parents], approximate)
-            worst = d if worst is None else max(worst, d)
+        worst = _local_deviation(prepared, node, [[t[p] for p in node.parents] for t in tables], approximate)
         r["max_deviation"] = worst
         k = by_kind.setdefault(r["kind"], {"count": 0, "nodes": [], "formula": r["formula"],
                                            "deviation": r["deviation"], "max_deviation": None})
@@ -236,36 +233,46 @@ def _measure(prepared: Bundle, v1: Bundle, rewrites: list[dict[str, Any]], seeds
     return by_kind, worst_outputs
 
 
-def _local_deviation(prepared: Bundle, node: Node, parent_values: list[np.ndarray],
-                     approximate: Mapping[str, str]) -> float:
-    """max |op(parents) - v1 form(parents)| with both fed the same parent values."""
+def _local_deviation(prepared: Bundle, node: Node, parent_values: list[list[np.ndarray]],
+                     approximate: Mapping[str, str]) -> float | None:
+    """max |op(parents) - v1 form(parents)| over the samples, both fed the same parent values.
+
+    The node and its form are built once as a small graph of their own and evaluated per sample.
+    """
     from semantics.evaluate import evaluate
     from torchlean_bridge.passes.v1_rewrite import rewrite_to_v1
-    nodes, inputs, feed, payload = [], [], [], {}
+    if not parent_values:
+        return None
+    nodes, inputs, fed = [], [], []
+    record = {}
     for i, p in enumerate(node.parents):
         parent = prepared.graph.nodes[p]
         if parent.kind == "const":
             nodes.append(Node(i, (), "const", parent.out_shape, dict(parent.attrs), dtype=parent.dtype))
-            payload[i] = prepared.payload.record(p)
+            record[i] = prepared.payload.record(p)
         else:
             nodes.append(Node(i, (), "input", parent.out_shape, dtype=parent.dtype))
             inputs.append(i)
-            feed.append(parent_values[i])
+            fed.append(i)
     k = len(nodes)
     nodes.append(node.with_(id=k, parents=tuple(range(k))))
     if node.id in prepared.payload:
-        payload[k] = prepared.payload.record(node.id)
-    mini = Bundle(Graph(nodes, inputs, [k]), Payload(payload))
-    ours = evaluate(mini.graph, mini.payload, feed)[0]
+        record[k] = prepared.payload.record(node.id)
+    mini = Bundle(Graph(nodes, inputs, [k]), Payload(record))
     rewritten, _ = rewrite_to_v1(mini, approximate)
-    try:
-        theirs = evaluate(rewritten.graph, rewritten.payload, feed)[0]
-    except BridgeError:  # the form fails where the op gives a value (v1 log at 0, ...): the class says so
-        return float("inf")
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(np.asarray(ours, dtype=np.float64) - np.asarray(theirs, dtype=np.float64))
-    same = (ours == theirs) | (np.isnan(ours) & np.isnan(theirs))
-    return float(np.max(np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf)), initial=0.0))
+    worst = 0.0
+    for values in parent_values:
+        feed = [values[i] for i in fed]
+        ours = evaluate(mini.graph, mini.payload, feed)[0]
+        try:
+            theirs = evaluate(rewritten.graph, rewritten.payload, feed)[0]
+        except BridgeError:  # the form fails where the op gives a value (v1 log at 0, ...): the class says so
+            return float("inf")
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(np.asarray(ours, dtype=np.float64) - np.asarray(theirs, dtype=np.float64))
+        same = (ours == theirs) | (np.isnan(ours) & np.isnan(theirs))
+        worst = max(worst, float(np.max(np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf)), initial=0.0)))
+    return worst
 
 
 def _unary_deviation(node: Node, grid: np.ndarray, approximate: Mapping[str, str]) -> float:

@@ -39,17 +39,37 @@ def _needed(g: Graph, stop: int | None) -> set[int]:
 
 
 def embeddings_node(g: Graph) -> int:
-    """The first float node through which every path from the integer inputs to the outputs runs."""
+    """The first float node through which every path from the integer inputs to the outputs runs.
+
+    One sweep in topological order: after node ``i`` the tainted values still needed later (read by a
+    later needed node, or an output) are the only edges a path can cross; node ``i`` separates the
+    integer inputs from the outputs exactly when it is the only one of them.
+    """
     integer_inputs = {i for i in g.inputs if g.nodes[i].dtype != FLOAT}
     if not integer_inputs:
         raise BridgeError("--input-at embeddings: the graph has no integer input (token ids) to cut away")
-    tainted: set[int] = set(integer_inputs)
+    needed = _needed(g, None)
+    outputs = set(g.outputs)
+    last_read = {nid: len(g.nodes) if nid in outputs else -1 for nid in needed}
     for node in g.nodes:
-        if node.id in tainted:
+        if node.id in needed:
+            for p in node.parents:
+                last_read[p] = max(last_read[p], node.id)
+    dying: dict[int, list[int]] = {}
+    live = integer_inputs & needed  # an input is a source wherever it sits in the order
+    for i in live:
+        dying.setdefault(last_read[i], []).append(i)
+    tainted = set(integer_inputs)
+    for node in g.nodes:
+        for p in dying.pop(node.id, ()):
+            live.discard(p)
+        if node.id in tainted or not any(p in tainted for p in node.parents):
             continue
-        if any(p in tainted for p in node.parents):
-            tainted.add(node.id)
-            if node.dtype == FLOAT and not (_needed(g, node.id) & integer_inputs):
+        tainted.add(node.id)
+        if node.id in needed:
+            live.add(node.id)
+            dying.setdefault(last_read[node.id], []).append(node.id)
+            if live == {node.id} and node.dtype == FLOAT:
                 return node.id
     raise BridgeError("--input-at embeddings: no single float node separates the integer inputs from the outputs "
                       "(name one with --input-at NODE)")

@@ -194,3 +194,20 @@ def test_a_real_ray_cluster_gives_the_same_report(case):
         ray.shutdown()
     assert (report.engine, report.workers, report.batches) == ("ray", 2, 10)
     same_report(report, one)
+
+
+@pytest.mark.slow
+def test_reduce_after_a_campaign_writes_what_the_one_process_diff_writes(case, tmp_path):
+    from torchlean_bridge.app.cli import main
+    tmp, bad, clamp, one = case
+    alone = tlb.diff(bad, against="torch", module=seeded_reference(), dataset=tmp / "d.npz",
+                     reduce=tmp_path / "one")
+    assert main(["diff", str(tmp / "bad"), "--reference", f"{tmp / 'm.py'}:make", "--inputs", str(tmp / "d.npz"),
+                 "--workers", "2", "--reduce", str(tmp_path / "campaign"), "--json", str(tmp_path / "r.json"),
+                 "--quiet"]) == 1
+    doc = json.loads((tmp_path / "r.json").read_text())
+    doc.pop("campaign")
+    want = json.loads(json.dumps(alone.to_json()).replace(str(tmp_path / "one"), str(tmp_path / "campaign")))
+    assert doc == want and [f["kind"] for f in doc["findings"]][-1] == "reduced"
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == sorted(p.name for p in
+                                                                         (tmp_path / "campaign").iterdir())

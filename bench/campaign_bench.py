@@ -18,7 +18,7 @@ On a shared machine, compare with the load average printed at the start and the 
 
 Then the diff over a dataset (``diff --inputs``): a small CNN (two 3x3 convolutions, ReLU, a linear
 layer; random weights, seeded) against torch on ``--diff-inputs`` input sets (default 1,000), in one
-process (the peer: ``tlb.diff(dataset=...)``), then as a campaign on the local pool with 1 and 2
+process (the peer: ``tlb.diff(dataset=...)`` on one thread, as a worker runs), then as a campaign on the local pool with 1 and 2
 workers (and on Ray unless ``--skip-ray``). Printed: wall times, the 2-worker speed-up over 1 worker
 and over the one-process diff; every campaign's report must equal the one-process report.
 
@@ -112,7 +112,7 @@ from torch import nn
 class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
-        self.c1, self.c2, self.fc = nn.Conv2d(1, 8, 3), nn.Conv2d(8, 8, 3), nn.Linear(8 * 8 * 8, 10)
+        self.c1, self.c2, self.fc = nn.Conv2d(1, 16, 3), nn.Conv2d(16, 16, 3), nn.Linear(16 * 24 * 24, 10)
 
     def forward(self, x):
         return self.fc(torch.flatten(torch.relu(self.c2(torch.relu(self.c1(x)))), 1))
@@ -122,6 +122,23 @@ def make():
     torch.manual_seed(0)
     return SmallCNN().eval()
 """
+CNN_INPUT = (1, 1, 28, 28)
+
+
+def one_process_diff(work: Path, spec: str) -> tuple[float, dict]:
+    """Seconds of the one-process diff over the dataset, and its report's JSON, in a fresh interpreter
+    whose torch, OpenMP and BLAS run one thread, as each campaign worker does (the peer). With their
+    default threads the one-process diff was 4.9x slower on 2 busy cores (16.1 s against 3.3 s)."""
+    code = ("import json, sys, time; import torchlean_bridge as tlb\n"
+            "from torchlean_bridge.app.commands.common import load_factory\n"
+            f"m = load_factory({spec!r}); b = tlb.load({str(work / 'cnn')!r})\n"
+            f"t = time.monotonic(); r = tlb.diff(b, against='torch', module=m, dataset={str(work / 'inputs.npz')!r})\n"
+            "took = time.monotonic() - t\n"
+            f"open({str(work / 'one.json')!r}, 'w').write(json.dumps(r.to_json()))\n"
+            "print(took)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return float(out.stdout.split()[-1]), json.loads((work / "one.json").read_text())
 
 
 def diff_campaigns(work: Path, n: int, engines: list[tuple[str, int]]) -> None:
@@ -133,24 +150,22 @@ def diff_campaigns(work: Path, n: int, engines: list[tuple[str, int]]) -> None:
     from torchlean_bridge.app.commands.common import load_factory
     (work / "cnn.py").write_text(CNN_FACTORY)
     spec = f"{work / 'cnn.py'}:make"
-    module = load_factory(spec)
-    bundle = tlb.import_fx(module, (torch.zeros(1, 1, 12, 12),))
+    bundle = tlb.import_fx(load_factory(spec), (torch.zeros(*CNN_INPUT),))
     tlb.save(bundle, work / "cnn")
-    np.savez(work / "inputs.npz", x=np.random.default_rng(0).normal(size=(n, 1, 1, 12, 12)))
-    start = time.monotonic()
-    one = tlb.diff(bundle, against="torch", module=module, dataset=work / "inputs.npz")
-    peer = time.monotonic() - start
-    print(f"diff over {n} inputs on a CNN ({len(bundle.graph.nodes)} nodes): one process {peer:.1f} s, "
-          f"verdict: {one.summary().splitlines()[0].partition(': ')[2]}  (load {os.getloadavg()[0]:.2f})")
+    np.savez(work / "inputs.npz", x=np.random.default_rng(0).normal(size=(n, *CNN_INPUT)))
+    peer, one = one_process_diff(work, spec)
+    verdict = one["title"]
+    print(f"diff over {n} inputs on a CNN ({len(bundle.graph.nodes)} nodes, input {list(CNN_INPUT)}): one process "
+          f"(one thread) {peer:.1f} s; {verdict}, ok: {one['ok']}  (load {os.getloadavg()[0]:.2f})")
     walls: dict[tuple[str, int], float] = {}
     for name, workers in engines:
         start = time.monotonic()
         report = run_diff_campaign(str(work / "cnn"), str(work / "inputs.npz"), bundle, n, make_engine(name, workers),
                                    {"against": "torch", "reference": spec, "onnx": None}, quiet=True)
         walls[(name, workers)] = time.monotonic() - start
-        doc = report.to_json()
+        doc = json.loads(json.dumps(report.to_json()))
         doc.pop("campaign")
-        same = doc == one.to_json()
+        same = doc == one
         print(f"{name:5s} {workers} worker(s): {walls[(name, workers)]:6.1f} s wall, {report.batches} batches, "
               f"report equals the one-process diff's: {same}  (load {os.getloadavg()[0]:.2f})")
         if not same:
@@ -158,7 +173,8 @@ def diff_campaigns(work: Path, n: int, engines: list[tuple[str, int]]) -> None:
     for name in ("local", "ray"):
         if (name, 1) in walls and (name, 2) in walls:
             print(f"{name:5s}: diff campaign speed-up 2 workers / 1 worker = {walls[(name, 1)] / walls[(name, 2)]:.2f}x, "
-                  f"2 workers / one process = {peer / walls[(name, 2)]:.2f}x")
+                  f"2 workers / one process = {peer / walls[(name, 2)]:.2f}x; 1 worker's start-up and merge "
+                  f"{walls[(name, 1)] - peer:.1f} s")
 
 
 def main() -> None:

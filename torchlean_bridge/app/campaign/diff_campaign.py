@@ -234,7 +234,10 @@ def run_diff_campaign(bundle_path: str, dataset_path: str, bundle: Any, total: i
                 failed.append({"batch": k, "start": a, "stop": b, "status": o.status, "message": o.message})
                 advance(False)
 
-        engine.run(tasks, on_outcome)
+        try:
+            engine.run(tasks, on_outcome)
+        finally:
+            _cache.clear()  # an in-process engine's loads last one campaign (the files may change after it)
     if len(digests) > 1:
         raise BridgeError(f"--reference {options['reference']}: the factory made different weights in different "
                           "workers (seed it, e.g. torch.manual_seed(0)); the batches are not comparable")

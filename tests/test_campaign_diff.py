@@ -211,3 +211,15 @@ def test_reduce_after_a_campaign_writes_what_the_one_process_diff_writes(case, t
     assert doc == want and [f["kind"] for f in doc["findings"]][-1] == "reduced"
     assert sorted(p.name for p in (tmp_path / "one").iterdir()) == sorted(p.name for p in
                                                                          (tmp_path / "campaign").iterdir())
+
+
+def test_against_onnxruntime_with_an_onnx_file_the_pool_gives_the_same_report(case, tmp_path):
+    tmp, bad, clamp, _ = case
+    good = with_node(bad, clamp, max=1.5)  # the correct clamp: its ONNX export is the oracle
+    tlb.export_onnx(good, tmp_path / "good.onnx")
+    one = tlb.diff(bad, against="onnxruntime", onnx_model=str(tmp_path / "good.onnx"), dataset=tmp / "d.npz")
+    assert one.first_divergence is not None and one.first_divergence.node == clamp
+    report = run_diff_campaign(str(tmp / "bad"), str(tmp / "d.npz"), bad, 250, make_engine("local", 2),
+                               {"against": "onnxruntime", "reference": None, "onnx": str(tmp_path / "good.onnx")},
+                               40, quiet=True)
+    same_report(report, one)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import hashlib
+import os
 import math
 import time
 from dataclasses import dataclass, field
@@ -60,9 +60,11 @@ def _weights_digest(module: Any) -> str:
     return h.hexdigest()
 
 
-def diff_batch(bundle_path: str, dataset_path: str, start: int, stop: int, options: dict[str, Any]
+def diff_batch(dataset_path: str, bundle_path: str, start: int, stop: int, options: dict[str, Any]
                ) -> tuple[Any, str]:
-    """The one-process diff of input sets ``start..stop-1``, and the digest of the reference weights."""
+    """The one-process diff of input sets ``start..stop-1``, and the digest of the reference weights.
+    The dataset file is the task's file (shipped to each worker once); the bundle, a folder or a
+    document with its payload beside it, goes by path."""
     from ..commands.common import read_bundle
     from ..diff import diff
     from ..diff_dataset import load_dataset
@@ -214,11 +216,9 @@ def run_diff_campaign(bundle_path: str, dataset_path: str, bundle: Any, total: i
     start_time = time.monotonic()
     size = batch_size or default_batch_size(total, getattr(engine, "workers", 0) or 1)
     bounds = batch_bounds(total, size)
-    tasks = [Task(str(k), diff_batch, (bundle_path, dataset_path) + ((options["onnx"],) if options.get("onnx")
-                                                                     else ()), (a, b, options))
-             for k, (a, b) in enumerate(bounds)]
-    if options.get("onnx"):  # the ONNX file travels with the task's files (shipped once per worker)
-        tasks = [dataclasses.replace(t, fn=_diff_batch_onnx) for t in tasks]
+    onnx = options.get("onnx")  # a file the tasks read, like the dataset: shipped once per worker
+    fn, files = (_diff_batch_onnx, (dataset_path, onnx)) if onnx else (diff_batch, (dataset_path,))
+    tasks = [Task(str(k), fn, files, (bundle_path, a, b, options)) for k, (a, b) in enumerate(bounds)]
     done: dict[int, Any] = {}
     digests: set[str] = set()
     failed: list[dict[str, Any]] = []
@@ -248,10 +248,10 @@ def run_diff_campaign(bundle_path: str, dataset_path: str, bundle: Any, total: i
     return report
 
 
-def _diff_batch_onnx(bundle_path: str, dataset_path: str, onnx_path: str, start: int, stop: int,
+def _diff_batch_onnx(dataset_path: str, onnx_path: str, bundle_path: str, start: int, stop: int,
                      options: dict[str, Any]) -> tuple[Any, str]:
     """``diff_batch`` with the ONNX file at its worker-local path."""
-    return diff_batch(bundle_path, dataset_path, start, stop, {**options, "onnx": onnx_path})
+    return diff_batch(dataset_path, bundle_path, start, stop, {**options, "onnx": onnx_path})
 
 
 

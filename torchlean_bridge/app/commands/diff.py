@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="N seeded input sets: normal, uniform, zeros, edge values, ... (default 4)")
     src.add_argument("--inputs", metavar="FILE.npz|DIR",
                      help="a dataset: an .npz (one array per graph input, [N, *shape] stacks) or a folder of "
-                          ".npy files; every set is run, and each node says on how many it exceeded its budget")
+                          ".npy files; every set is run, and each node says on how many it exceeded its budget; the "
+                          "sets run in batches on the campaign engine (--workers, --engine), the report is the same")
     p.add_argument("--batch-size", type=int, metavar="N",
                    help="with --inputs: input sets per campaign task (default: about four tasks per worker, "
                         "at most 64 sets each); the report does not depend on it")

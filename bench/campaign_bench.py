@@ -158,11 +158,13 @@ def diff_campaigns(work: Path, n: int, engines: list[tuple[str, int]]) -> None:
     print(f"diff over {n} inputs on a CNN ({len(bundle.graph.nodes)} nodes, input {list(CNN_INPUT)}): one process "
           f"(one thread) {peer:.1f} s; {verdict}, ok: {one['ok']}  (load {os.getloadavg()[0]:.2f})")
     walls: dict[tuple[str, int], float] = {}
+    busy: dict[tuple[str, int], float] = {}
     for name, workers in engines:
         start = time.monotonic()
         report = run_diff_campaign(str(work / "cnn"), str(work / "inputs.npz"), bundle, n, make_engine(name, workers),
                                    {"against": "torch", "reference": spec, "onnx": None}, quiet=True)
         walls[(name, workers)] = time.monotonic() - start
+        busy[(name, workers)] = report.busy_s
         doc = json.loads(json.dumps(report.to_json()))
         doc.pop("campaign")
         same = doc == one
@@ -175,6 +177,9 @@ def diff_campaigns(work: Path, n: int, engines: list[tuple[str, int]]) -> None:
             print(f"{name:5s}: diff campaign speed-up 2 workers / 1 worker = {walls[(name, 1)] / walls[(name, 2)]:.2f}x, "
                   f"2 workers / one process = {peer / walls[(name, 2)]:.2f}x; 1 worker's start-up and merge "
                   f"{walls[(name, 1)] - peer:.1f} s")
+            slowdown = busy[(name, 2)] / busy[(name, 1)]  # 1.00 when two batches run side by side as fast as one
+            print(f"       a batch took {slowdown:.2f}x as long with 2 workers as with 1 (1.00 on an idle machine); "
+                  f"the speed-up that contention allows: {2 / slowdown:.2f}x")
 
 
 def main() -> None:

@@ -105,6 +105,7 @@ class DatasetDiffReport(DiffReport):
     workers: int = 0
     batches: int = 0
     wall_s: float = 0.0
+    busy_s: float = 0.0  # seconds the workers spent in the batches (wall_s x workers when nothing waits)
 
     @property
     def compared_sets(self) -> int:
@@ -127,7 +128,7 @@ class DatasetDiffReport(DiffReport):
         return {**super()._extra_json(),
                 "campaign": {"engine": self.engine, "workers": self.workers, "batches": self.batches,
                              "total": self.total, "compared": self.compared_sets, "failed": self.failed,
-                             "wall_s": round(self.wall_s, 6)}}
+                             "wall_s": round(self.wall_s, 6), "busy_s": round(self.busy_s, 6)}}
 
 
 def _fold(into: Any, part: Any) -> None:
@@ -222,8 +223,10 @@ def run_diff_campaign(bundle_path: str, dataset_path: str, bundle: Any, total: i
     done: dict[int, Any] = {}
     digests: set[str] = set()
     failed: list[dict[str, Any]] = []
+    busy = [0.0]
     with campaign_progress(len(tasks), "diff", quiet, solved_label="without divergence") as advance:
         def on_outcome(o: Outcome) -> None:
+            busy[0] += o.elapsed
             k = int(o.key)
             a, b = bounds[k]
             if o.status == "done":
@@ -244,7 +247,7 @@ def run_diff_campaign(bundle_path: str, dataset_path: str, bundle: Any, total: i
     failed.sort(key=lambda b: b["batch"])
     report = merge_batches(bundle, [done[k] for k in sorted(done)], failed, total)
     report.engine, report.workers, report.batches = engine.name, getattr(engine, "workers", 0), len(tasks)
-    report.wall_s = time.monotonic() - start_time
+    report.wall_s, report.busy_s = time.monotonic() - start_time, busy[0]
     return report
 
 

@@ -223,3 +223,48 @@ def test_against_onnxruntime_with_an_onnx_file_the_pool_gives_the_same_report(ca
                                {"against": "onnxruntime", "reference": None, "onnx": str(tmp_path / "good.onnx")},
                                40, quiet=True)
     same_report(report, one)
+
+
+MIXED = """import torch
+from torch import nn
+
+
+class Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.shift = nn.Parameter(torch.linspace(-1, 1, 8))
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(nn.functional.gelu(x * self.scale + self.shift))
+
+
+def make():
+    torch.manual_seed(0)
+    return Mixed().eval()
+"""
+
+
+def test_rows_through_the_finer_oracle_and_rows_not_compared_merge_exactly(tmp_path):
+    """Broadcasts compared by the finer oracle, a GELU stripped of its provenance (not compared, with
+    its reason): the batches' report is still the one-process report."""
+    from torchlean_bridge.app.commands.common import load_factory
+    from torchlean_bridge.graph import Graph
+    (tmp_path / "mixed.py").write_text(MIXED)
+    spec = f"{tmp_path / 'mixed.py'}:make"
+    m = load_factory(spec)
+    b = tlb.import_fx(m, (torch.zeros(3, 8),))
+    gelu = next(n.id for n in b.graph.nodes if n.kind == "gelu")
+    nodes = [n.with_(source=None) if n.id == gelu else n for n in b.graph.nodes]
+    stripped = tlb.Bundle(Graph(nodes, b.graph.inputs, b.graph.outputs), b.payload, b.roles, b.report)
+    tlb.save(stripped, tmp_path / "b")
+    stripped = tlb.load(tmp_path / "b")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(3).normal(size=(30, 3, 8)))
+    one = tlb.diff(stripped, against="torch", module=m, dataset=tmp_path / "d.npz")
+    c = one.coverage
+    assert c["finer"] > 0 and c["compared"] == c["nodes"] - 1, str(one)
+    for size in (4, 7):
+        report = run_diff_campaign(str(tmp_path / "b"), str(tmp_path / "d.npz"), stripped, 30, InlineEngine(),
+                                   {"against": "torch", "reference": spec, "onnx": None}, size, quiet=True)
+        same_report(report, one)

@@ -87,7 +87,9 @@ def same_report(campaign, one) -> None:
 @pytest.mark.slow
 def test_batches_in_this_process_give_the_one_process_report(case):
     tmp, bad, clamp, one = case
+    slipping = [k for k in RARE if k < 250]
     assert one.first_divergence.node == clamp and next(r for r in one.nodes if r.node == clamp).exceeded == 3
+    assert next(r for r in one.nodes if r.node == clamp).worst_on in {f"d.npz[{k}]" for k in slipping}
     for size in (7, 64, 250):  # a batch edge between the slipping sets 230 and 231; one batch for all
         report = run_diff_campaign(str(tmp / "bad"), str(tmp / "d.npz"), bad, 250, InlineEngine(), options(tmp),
                                    size, quiet=True)
@@ -268,3 +270,27 @@ def test_rows_through_the_finer_oracle_and_rows_not_compared_merge_exactly(tmp_p
         report = run_diff_campaign(str(tmp_path / "b"), str(tmp_path / "d.npz"), stripped, 30, InlineEngine(),
                                    {"against": "torch", "reference": spec, "onnx": None}, size, quiet=True)
         same_report(report, one)
+
+
+class FreshWorkerEngine:
+    """Every task on a worker of its own: this process with the campaign's per-worker loads forgotten."""
+
+    name, workers = "fresh", 2
+
+    def run(self, tasks, on_outcome):
+        from torchlean_bridge.app.campaign import diff_campaign
+        from torchlean_bridge.app.campaign.local import run_task
+        for task in tasks:
+            diff_campaign._cache.clear()
+            on_outcome(run_task(task))
+
+
+def test_a_factory_that_makes_other_weights_in_each_worker_is_refused(case, tmp_path):
+    tmp, bad, *_ = case
+    (tmp_path / "unseeded.py").write_text("from tests.test_diff_dataset import ClampCNN\n"
+                                          "def make():\n    return ClampCNN().eval()\n")
+    opts = {"against": "torch", "reference": f"{tmp_path / 'unseeded.py'}:make", "onnx": None}
+    with pytest.raises(tlb.BridgeError, match="made different weights in different workers"):
+        run_diff_campaign(str(tmp / "bad"), str(tmp / "d.npz"), bad, 250, FreshWorkerEngine(), opts, 125, quiet=True)
+    seeded = {**opts, "reference": f"{tmp / 'm.py'}:make"}  # the same through fresh workers: accepted
+    run_diff_campaign(str(tmp / "bad"), str(tmp / "d.npz"), bad, 250, FreshWorkerEngine(), seeded, 125, quiet=True)

@@ -16,7 +16,14 @@ the speed-up the machine's other load allows), and the per-task overhead: (wall 
 for the subprocess loop. Every campaign's answers must equal the loop's on the instances both ran.
 On a shared machine, compare with the load average printed at the start and the end.
 
+Then the diff over a dataset (``diff --inputs``): a small CNN (two 3x3 convolutions, ReLU, a linear
+layer; random weights, seeded) against torch on ``--diff-inputs`` input sets (default 1,000), in one
+process (the peer: ``tlb.diff(dataset=...)`` on one thread, as a worker runs), then as a campaign on the local pool with 1 and 2
+workers (and on Ray unless ``--skip-ray``). Printed: wall times, the 2-worker speed-up over 1 worker
+and over the one-process diff; every campaign's report must equal the one-process report.
+
     python bench/campaign_bench.py [--instances 40] [--loop 10] [--radius 0.19] [--skip-ray] [--dir DIR]
+                                   [--diff-inputs 1000] [--only verify|diff]
 """
 
 from __future__ import annotations
@@ -98,6 +105,83 @@ def campaign(instances: Path, results: Path, engine) -> tuple[float, float, dict
     return wall, own, {r["vnnlib"]: r["result"] for r in rows}
 
 
+CNN_FACTORY = """import torch
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2, self.fc = nn.Conv2d(1, 16, 3), nn.Conv2d(16, 16, 3), nn.Linear(16 * 24 * 24, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.relu(self.c2(torch.relu(self.c1(x)))), 1))
+
+
+def make():
+    torch.manual_seed(0)
+    return SmallCNN().eval()
+"""
+CNN_INPUT = (1, 1, 28, 28)
+
+
+def one_process_diff(work: Path, spec: str) -> tuple[float, dict]:
+    """Seconds of the one-process diff over the dataset, and its report's JSON, in a fresh interpreter
+    whose torch, OpenMP and BLAS run one thread, as each campaign worker does (the peer). With their
+    default threads the one-process diff was 4.9x slower on 2 busy cores (16.1 s against 3.3 s)."""
+    code = ("import json, sys, time; import torchlean_bridge as tlb\n"
+            "from torchlean_bridge.app.commands.common import load_factory\n"
+            f"m = load_factory({spec!r}); b = tlb.load({str(work / 'cnn')!r})\n"
+            f"t = time.monotonic(); r = tlb.diff(b, against='torch', module=m, dataset={str(work / 'inputs.npz')!r})\n"
+            "took = time.monotonic() - t\n"
+            f"open({str(work / 'one.json')!r}, 'w').write(json.dumps(r.to_json()))\n"
+            "print(took)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return float(out.stdout.split()[-1]), json.loads((work / "one.json").read_text())
+
+
+def diff_campaigns(work: Path, n: int, engines: list[tuple[str, int]]) -> None:
+    """The one-process diff over ``n`` input sets, then the same dataset as campaigns on ``engines``."""
+    import torch
+
+    import torchlean_bridge as tlb
+    from torchlean_bridge.app.campaign.diff_campaign import run_diff_campaign
+    from torchlean_bridge.app.commands.common import load_factory
+    (work / "cnn.py").write_text(CNN_FACTORY)
+    spec = f"{work / 'cnn.py'}:make"
+    bundle = tlb.import_fx(load_factory(spec), (torch.zeros(*CNN_INPUT),))
+    tlb.save(bundle, work / "cnn")
+    np.savez(work / "inputs.npz", x=np.random.default_rng(0).normal(size=(n, *CNN_INPUT)))
+    peer, one = one_process_diff(work, spec)
+    verdict = one["title"]
+    print(f"diff over {n} inputs on a CNN ({len(bundle.graph.nodes)} nodes, input {list(CNN_INPUT)}): one process "
+          f"(one thread) {peer:.1f} s; {verdict}, ok: {one['ok']}  (load {os.getloadavg()[0]:.2f})")
+    walls: dict[tuple[str, int], float] = {}
+    busy: dict[tuple[str, int], float] = {}
+    for name, workers in engines:
+        start = time.monotonic()
+        report = run_diff_campaign(str(work / "cnn"), str(work / "inputs.npz"), bundle, n, make_engine(name, workers),
+                                   {"against": "torch", "reference": spec, "onnx": None}, quiet=True)
+        walls[(name, workers)] = time.monotonic() - start
+        busy[(name, workers)] = report.busy_s
+        doc = json.loads(json.dumps(report.to_json()))
+        doc.pop("campaign")
+        same = doc == one
+        print(f"{name:5s} {workers} worker(s): {walls[(name, workers)]:6.1f} s wall, {report.batches} batches, "
+              f"report equals the one-process diff's: {same}  (load {os.getloadavg()[0]:.2f})")
+        if not same:
+            raise SystemExit("a diff campaign's report differs from the one-process diff's")
+    for name in ("local", "ray"):
+        if (name, 1) in walls and (name, 2) in walls:
+            print(f"{name:5s}: diff campaign speed-up 2 workers / 1 worker = {walls[(name, 1)] / walls[(name, 2)]:.2f}x, "
+                  f"2 workers / one process = {peer / walls[(name, 2)]:.2f}x; 1 worker's start-up and merge "
+                  f"{walls[(name, 1)] - peer:.1f} s")
+            slowdown = busy[(name, 2)] / busy[(name, 1)]  # 1.00 when two batches run side by side as fast as one
+            print(f"       a batch took {slowdown:.2f}x as long with 2 workers as with 1 (1.00 on an idle machine); "
+                  f"the speed-up that contention allows: {2 / slowdown:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--instances", type=int, default=40)
@@ -106,8 +190,30 @@ def main() -> None:
                     help=f"the properties' radius (default {RADIUS}; larger: more input splits, longer instances)")
     ap.add_argument("--skip-ray", action="store_true")
     ap.add_argument("--dir", type=Path, help="work folder (default: a temporary one)")
+    ap.add_argument("--diff-inputs", type=int, default=1000, help="input sets of the diff campaign (default 1000)")
+    ap.add_argument("--only", choices=("verify", "diff"), help="run one of the two benches")
     args = ap.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="campaign-bench-"))
+    if args.only != "diff":
+        verify_campaigns(work, args)
+    if args.only != "verify":
+        engines = [("local", 1), ("local", 2)]
+        if not args.skip_ray:
+            import ray
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+            engines += [("ray", 1), ("ray", 2)]
+        print()
+        diff_campaigns(work, args.diff_inputs, engines)
+        if not args.skip_ray:
+            ray.shutdown()
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+    if args.dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def verify_campaigns(work: Path, args: argparse.Namespace) -> None:
+    """The 40 verification instances: the subprocess loop, then the campaigns."""
     instances = make_benchmark(work / "bench", args.instances, args.radius)
     print(f"{args.instances} instances in {work}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
 
@@ -147,9 +253,6 @@ def main() -> None:
         slowdown = (two[1] / one[1]) if one[1] else float("nan")
         print(f"       an instance took {slowdown:.2f}x as long with 2 workers as with 1 (1.00 on an idle machine); "
               f"the speed-up that contention allows: {2 / slowdown:.2f}x")
-    print(f"load average at the end {os.getloadavg()[0]:.2f}")
-    if args.dir is None:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def test_json_to_dev_stdout_goes_to_stdout_in_order(seed):
     # a link of our own to the descriptor link: were it replaced, only this link would be lost
     (seed / "out").symlink_to("/proc/self/fd/1")
     for target in (str(seed / "out"), "/dev/stdout"):
-        r = cli("check", str(seed / "seed"), "--json", target)
+        r = cli("check", str(seed / "seed"), f"--json={target}")  # not a .json name: only with =
         assert r.returncode == 0, r.stderr
         first, second = r.stdout.splitlines()
         assert json.loads(first)["ok"] is True and second.startswith("accepted: nodes=6")
@@ -80,7 +80,7 @@ def test_json_to_dev_stdout_goes_to_stdout_in_order(seed):
         import subprocess
         import sys
         from tests.test_cli_output import ROOT
-        subprocess.run([sys.executable, "-m", "torchlean_bridge", "check", str(seed / "seed"), "--json", "/dev/stdout"],
+        subprocess.run([sys.executable, "-m", "torchlean_bridge", "check", str(seed / "seed"), "--json=/dev/stdout"],
                        stdout=log, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True, timeout=120)
     lines = (seed / "log.txt").read_text().splitlines()
     assert json.loads(lines[0])["nodes"] == 6 and lines[1].startswith("accepted")

@@ -58,13 +58,58 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _TrialFailed(Exception):
+    pass
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: ``--json``'s optional value is settled first (``output.json_argv``). A word
+    ending in .json after ``--json`` is its file unless, read as a positional argument instead, it
+    fills more of the command's positionals and leaves no word over (``check --json graph.json``
+    checks graph.json; ``diff BUNDLE --json r.json`` writes r.json)."""
+
+    _trial = False
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        from .output import JSON_FLAG, json_argv
+        if args is None or JSON_FLAG not in self._option_string_actions:
+            return super().parse_known_args(args, namespace)
+        args, options = list(args), list(self._option_string_actions)
+        taking, plain = json_argv(args, options), json_argv(args, options, take_files=False)
+        if taking != plain:
+            took, kept = self._try(taking), self._try(plain)
+            if took is not None and not (kept is not None and not kept[1]
+                                         and self._filled_positionals(kept[0]) > self._filled_positionals(took[0])):
+                return super().parse_known_args(taking, namespace)
+        return super().parse_known_args(plain, namespace)
+
+    def _try(self, args: list[str]) -> tuple[argparse.Namespace, list[str]] | None:
+        """The parse of ``args`` without printing or exiting (None: it fails)."""
+        self._trial = True
+        try:
+            return super().parse_known_args(list(args), None)
+        except _TrialFailed:
+            return None
+        finally:
+            self._trial = False
+
+    def _filled_positionals(self, ns: argparse.Namespace) -> int:
+        return sum(getattr(ns, a.dest, None) not in (None, []) for a in self._actions if not a.option_strings
+                   and not isinstance(a, argparse._SubParsersAction))
+
+    def error(self, message: str):  # type: ignore[override]
+        if self._trial:
+            raise _TrialFailed(message)
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchlean-bridge",
         description="Import PyTorch/ONNX models into TorchLean's graph IR; validate, evaluate, bound, "
                     "export and differential-test them.")
     parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     parser.set_defaults(_commands={})
     for name, module in COMMANDS.items():
         try:

@@ -28,10 +28,13 @@ MAX_BYTES = 8 << 30  # what one dataset file may decompress to (npz members are 
 
 
 class Dataset(Sequence):
-    """``N`` labelled input sets, sliced lazily from per-input stacks."""
+    """``N`` labelled input sets, sliced lazily from per-input stacks. A batch (``batch``) is a view
+    of sets ``start..stop-1`` that keeps their labels (``name[k]`` with ``k`` counted in the whole
+    dataset), so reports of batches merge into the report of the whole."""
 
-    def __init__(self, name: str, stacks: list[np.ndarray], stacked: list[bool], count: int) -> None:
-        self.name, self.stacks, self.stacked, self.count = name, stacks, stacked, count
+    def __init__(self, name: str, stacks: list[np.ndarray], stacked: list[bool], count: int,
+                 offset: int = 0) -> None:
+        self.name, self.stacks, self.stacked, self.count, self.offset = name, stacks, stacked, count, offset
 
     def __len__(self) -> int:
         return self.count
@@ -39,7 +42,25 @@ class Dataset(Sequence):
     def __getitem__(self, k: int) -> tuple[str, list[np.ndarray]]:  # type: ignore[override]
         if not 0 <= k < self.count:
             raise IndexError(k)
-        return f"{self.name}[{k}]", [np.array(s[k] if st else s) for s, st in zip(self.stacks, self.stacked)]
+        return self.label(k), [np.array(s[k] if st else s) for s, st in zip(self.stacks, self.stacked)]
+
+    def label(self, k: int) -> str:
+        return f"{self.name}[{self.offset + k}]"
+
+    def index(self, label: str) -> int:
+        """The position in this view of the set labelled ``label`` (a BridgeError if it is not one)."""
+        head, _, tail = label.rpartition("[")
+        k = int(tail[:-1]) - self.offset if head == self.name and tail.endswith("]") and tail[:-1].isdigit() else -1
+        if not 0 <= k < self.count:
+            raise BridgeError(f"{label!r} is not an input set of {self.name}")
+        return k
+
+    def batch(self, start: int, stop: int) -> "Dataset":
+        """Sets ``start..stop-1`` of this view (memory-mapped stacks stay mapped)."""
+        if not 0 <= start < stop <= self.count:
+            raise BridgeError(f"{self.name}: batch {start}..{stop} is outside its {self.count} input sets")
+        stacks = [s[start:stop] if st else s for s, st in zip(self.stacks, self.stacked)]
+        return Dataset(self.name, stacks, self.stacked, stop - start, self.offset + start)
 
     def __iter__(self) -> Iterator[tuple[str, list[np.ndarray]]]:
         return (self[k] for k in range(self.count))

@@ -26,7 +26,7 @@ from ..report import jsonable
 __all__ = ["add_json_argument", "add_view_arguments", "format_number", "format_tensor", "format_shape",
            "Stats", "stats", "box_stats", "value_text", "values_table", "box_text", "box_summary",
            "boxes_table", "shown_nodes", "Table", "terminal_width", "format_short", "abi_table", "plan_table", "diff_table", "diff_text", "json_text", "emit_json", "json_owns_stdout", "human_output",
-           "SUMMARY_ELEMENTS"]
+           "SUMMARY_ELEMENTS", "json_argv", "JSON_HELP"]
 
 SUMMARY_ELEMENTS = 16  # a tensor of at most this many elements is printed whole on one line
 _DIGITS = 6
@@ -34,11 +34,53 @@ _DIGITS = 6
 
 # -- arguments ------------------------------------------------------------------------------------
 
-def add_json_argument(p: argparse.ArgumentParser, what: str = "the result") -> None:
-    """``--json [FILE|-]``: ``--json`` alone or ``--json -`` prints JSON on stdout (instead of the text),
-    ``--json FILE`` writes it to FILE (atomically, through a symlink) and still prints the text."""
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
-                   help=f"{what} as JSON: on stdout with no value or `-` (replacing the text), else written to FILE")
+JSON_HELP = ("`--json` alone or `--json -`: on stdout, replacing the text; `--json FILE.json` (a name ending in "
+             ".json): written to that file, the text still printed; any other name only as `--json=FILE`. A "
+             "name after --json that the command needs as its positional argument is that argument")
+
+
+def add_json_argument(p: Any, what: str = "the result") -> None:
+    """``--json [FILE.json|-]`` (on a parser or an argument group). The value is optional, so which
+    word after ``--json`` is its value is decided before argparse sees it (``json_argv``): a bare
+    ``--json`` must never read the command's positional (``eval --json BUNDLE``) as its output file."""
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE.json|-", help=f"{what} as JSON. {JSON_HELP}")
+
+
+JSON_FLAG = "--json"
+
+
+def _json_spelling(token: str, options: Iterable[str]) -> bool:
+    """Whether ``token`` is ``--json`` or an abbreviation argparse would expand to it alone."""
+    if token == JSON_FLAG:
+        return True
+    return (len(token) > 2 and JSON_FLAG.startswith(token)
+            and not any(o != JSON_FLAG and o.startswith(token) for o in options))
+
+
+def json_argv(argv: Sequence[str], options: Iterable[str], take_files: bool = True) -> list[str]:
+    """``argv`` with every ``--json`` spelled with its value, ``--json=VALUE``: ``-`` when alone; the
+    next word when it is ``-`` or (``take_files``) ends in ``.json``; ``--json=VALUE`` as given.
+    Words after ``--`` are left alone."""
+    options = list(options)
+    out: list[str] = []
+    k = 0
+    while k < len(argv):
+        token = argv[k]
+        if token == "--":
+            out.extend(argv[k:])
+            break
+        if _json_spelling(token, options):
+            nxt = argv[k + 1] if k + 1 < len(argv) else None
+            if nxt == "-" or (take_files and nxt is not None and nxt.lower().endswith(".json")
+                              and not nxt.startswith("-")):
+                out.append(f"{JSON_FLAG}={nxt}")
+                k += 2
+                continue
+            out.append(f"{JSON_FLAG}=-")
+        else:
+            out.append(token)
+        k += 1
+    return out
 
 
 def add_view_arguments(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from ...errors import BridgeError
 from .engine import DEFAULT_GRACE, Dispatcher, Outcome, Task, thread_limits, warm_up
 from .files import local_file
 
-__all__ = ["LocalEngine", "run_task"]
+__all__ = ["LocalEngine", "InlineEngine", "run_task"]
 
 
 def run_task(task: Task, resolve: Callable[[str], str] = local_file) -> Outcome:
@@ -146,3 +146,15 @@ class LocalEngine:
 
     def run(self, tasks: Sequence[Task], on_outcome: Callable[[Outcome], None]) -> None:
         Dispatcher(_Processes(), self.workers, grace=self.grace).run(tasks, on_outcome)
+
+
+class InlineEngine:
+    """The tasks one after another in this process: the reference a campaign's answers are compared
+    with (tests, benches); a task that crashes or hangs takes the campaign with it."""
+
+    name = "inline"
+    workers = 1
+
+    def run(self, tasks: Sequence[Task], on_outcome: Callable[[Outcome], None]) -> None:
+        for task in tasks:
+            on_outcome(run_task(task))

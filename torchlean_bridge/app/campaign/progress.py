@@ -11,9 +11,10 @@ __all__ = ["campaign_progress"]
 
 
 @contextmanager
-def campaign_progress(total: int, description: str, quiet: bool = False
+def campaign_progress(total: int, description: str, quiet: bool = False, solved_label: str = "solved"
                       ) -> Iterator[Callable[[bool], None]]:
-    """Yields ``advance(solved)``, called once per finished task of the ``total`` this run does."""
+    """Yields ``advance(solved)``, called once per finished task of the ``total`` this run does;
+    ``solved_label`` names what the second count counts (a diff campaign's batches without divergence)."""
     if quiet or total == 0 or not sys.stderr.isatty():
         yield lambda solved: None
         return
@@ -22,7 +23,7 @@ def campaign_progress(total: int, description: str, quiet: bool = False
     start = time.monotonic()
     counts = {"done": 0, "solved": 0}
     with Progress(TextColumn("{task.description}"), BarColumn(),
-                  TextColumn("{task.completed:.0f}/{task.total:.0f} done, {task.fields[solved]} solved, "
+                  TextColumn("{task.completed:.0f}/{task.total:.0f} done, {task.fields[solved]} " + solved_label + ", "
                              "{task.fields[rate]}"), TextColumn("ETA"), TimeRemainingColumn(),
                   transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task(description, total=total, solved=0, rate="")

@@ -25,6 +25,7 @@ from ...check import check
 from ...fileio import atomic_write_bytes, atomic_write_text
 from ...pretty import listing
 from ...seed import BIAS_PAIR, SEED_WEIGHTS, SEED_X0
+from ..output import add_json_argument
 from .common import format_vector, iterate
 from .demo_init_plan import init_and_plan_story
 
@@ -35,8 +36,7 @@ RADIUS = 0.05
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default="tlb-demo", help="folder for the demo's artefacts (default: tlb-demo)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
-                   help="the outcome (ok, failure, artefacts) as JSON: on stdout with no value or `-`, else to FILE")
+    add_json_argument(p, "the outcome (ok, failure, artefacts)")
 
 
 def section(title: str) -> None:

@@ -7,7 +7,6 @@ import argparse
 from ...errors import BridgeError
 from ..output import add_json_argument, diff_text, emit_json, human_output
 from .common import MAX_SAMPLES, bounded_int, load_factory, progress, read_array, read_bundle
-
 HELP = "differential test against PyTorch or onnxruntime; exit 1 on divergence"
 DESCRIPTION = ("Evaluate the bundle with our float64 reference semantics and compare every node with PyTorch, "
                "onnxruntime or onnx's ReferenceEvaluator: nodes with a counterpart (FX / torch.export node names, "
@@ -33,7 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="N seeded input sets: normal, uniform, zeros, edge values, ... (default 4)")
     src.add_argument("--inputs", metavar="FILE.npz|DIR",
                      help="a dataset: an .npz (one array per graph input, [N, *shape] stacks) or a folder of "
-                          ".npy files; every set is run, and each node says on how many it exceeded its budget")
+                          ".npy files; every set is run, and each node says on how many it exceeded its budget; the "
+                          "sets run in batches on the campaign engine (--workers, --engine), the report is the same")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="with --inputs: input sets per campaign task (default: about four tasks per worker, "
+                        "at most 64 sets each); the report does not depend on it")
+    from ..campaign.options import add_engine_arguments
+    add_engine_arguments(p)  # --workers, --engine, --ray-address: where --inputs' batches run
     p.add_argument("--reduce", metavar="FOLDER",
                    help="on a node divergence, write the smallest subgraph that still diverges (bundle, ONNX "
                         "file, captured .npy inputs, expected value, reproduction line) to FOLDER, atomically")
@@ -63,16 +68,18 @@ def run(args: argparse.Namespace) -> int:
         raise BridgeError("--against torch needs --reference FILE.py:FACTORY")
     if args.against != "torch" and args.reference:
         raise BridgeError(f"--reference applies to --against torch; for {args.against} give --onnx FILE or nothing")
-    module = load_factory(args.reference, "--reference") if args.reference else None
-    inputs = [read_array(f) for f in args.input] if args.input else None
-    dataset = None
     if args.inputs:
-        from ..diff_dataset import load_dataset
-        dataset = load_dataset(bundle.graph, args.inputs)
-    count = len(dataset) if dataset is not None else 1 if inputs is not None else max(args.random, 1)
-    with progress(count, "comparing inputs", args.quiet) as advance:
-        report = diff(bundle, against=args.against, module=module, onnx_model=args.onnx, inputs=inputs,
-                      random=args.random, seed=args.seed, advance=advance, dataset=dataset, reduce=args.reduce)
+        from ..campaign.diff_campaign import run_from_args
+        report = run_from_args(args, bundle)
+    else:
+        if args.workers is not None or args.engine != "local" or args.ray_address or args.batch_size is not None:
+            raise BridgeError("diff: --workers, --engine, --ray-address and --batch-size apply to --inputs")
+        module = load_factory(args.reference, "--reference") if args.reference else None
+        inputs = [read_array(f) for f in args.input] if args.input else None
+        count = 1 if inputs is not None else max(args.random, 1)
+        with progress(count, "comparing inputs", args.quiet) as advance:
+            report = diff(bundle, against=args.against, module=module, onnx_model=args.onnx, inputs=inputs,
+                          random=args.random, seed=args.seed, advance=advance, reduce=args.reduce)
     emit_json(report.to_json(), args.json)
     if args.plot:
         from ..plots import plot_diff

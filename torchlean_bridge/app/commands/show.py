@@ -10,7 +10,7 @@ import subprocess
 from ...errors import BridgeError
 from ...fileio import atomic_write_bytes
 from ...pretty import listing, to_dot
-from ..output import emit_json
+from ..output import add_json_argument, emit_json
 from .common import read_bundle
 
 HELP = "print the node listing, or GraphViz DOT / SVG / PNG, or an interactive HTML page"
@@ -24,8 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fmt.add_argument("--png", metavar="FILE", help="render to PNG with Graphviz `dot`")
     fmt.add_argument("--html", metavar="FILE.html",
                      help="one self-contained HTML page: the graph drawn (pan, zoom), node details on click")
-    fmt.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
-                     help="the torchlean.ir.v1 graph document (nodes, no tensors) on stdout, or written to FILE")
+    add_json_argument(fmt, "the torchlean.ir.v1 graph document (nodes, no tensors)")
 
 
 def render(dot_text: str, fmt: str, out: str) -> None:

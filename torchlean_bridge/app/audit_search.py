@@ -30,7 +30,7 @@ import numpy as np
 
 from .audit_weights import _index_of, _label, _layer_name, describe_order
 
-__all__ = ["Hypothesis", "hypotheses", "SearchResult", "search"]
+__all__ = ["Hypothesis", "hypotheses", "SearchResult", "search", "shift_signatures"]
 
 _FUSED_QKV = re.compile(r"(c_attn|qkv|in_proj|query_key_value)", re.IGNORECASE)
 _FUSED_GATE_UP = re.compile(r"(gate_up|w13|w1_w3)", re.IGNORECASE)
@@ -92,7 +92,8 @@ def _move_hypothesis(kind: str, message: str, moves: dict[str, str], data: dict)
     return Hypothesis(kind, message, tuple(sorted(moves)), undo, data)
 
 
-def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
+def _block_hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = frozenset()
+                      ) -> Iterator[Hypothesis]:
     for prefix, layers in _layer_index(sorted(tensors)).items():
         idx = sorted(layers)
         if len(idx) < 2:
@@ -109,24 +110,96 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]
         n = len(idx)
         if idx != list(range(idx[0], idx[0] + n)):
             continue
-        for d in range(1, n):  # checkpoint layer i holds the true layer i - d (mod n): restore from i + d
+        duplicated = any(_layer_is(layers, a, b, tensors) for a, b in itertools.combinations(idx, 2))
+        for d in range(1, n) if not duplicated else ():  # a permutation of distinct layers makes no duplicate
+            # checkpoint layer i holds the true layer i - d (mod n): restore from i + d
             source = {i: idx[(k + d) % n] for k, i in enumerate(idx)}
             moves = _moves(layers, tensors, source)
             if moves and _distinct(moves, tensors) >= 4:
                 yield _move_hypothesis("layer_shift", f"every layer of {label} rotated by {d:+d}: layer i holds the "
                                        f"reference's layer (i - {d}) mod {n} ({_distinct(moves, tensors)} tensors)",
                                        moves,
-                                       {"prefix": label, "shift": d})
-        for d in (1, -1):  # shifted without wrapping: the layer pushed out is lost, the vacated one kept
-            source = {i: i + d for i in idx if i + d in layers}
-            moves = _moves(layers, tensors, source)
-            if moves and _distinct(moves, tensors) >= 4:
-                lo, hi = (idx[1], idx[-1]) if d == 1 else (idx[0], idx[-2])
-                yield _move_hypothesis("layer_shift", f"every layer of {label} shifted by {d:+d}: "
-                                       f"{_layer_name(prefix, lo)}..{_layer_name(prefix, hi)} hold the reference's "
-                                       f"{_layer_name(prefix, lo - d)}..{_layer_name(prefix, hi - d)} "
-                                       f"({_distinct(moves, tensors)} tensors)",
-                                       moves, {"prefix": label, "shift": d})
+                                       {"prefix": label, "shift": d,
+                                        "refines": (label, 1) if d == 1 else (label, -1) if d == n - 1 else None})
+        yield from _absent_layer_shifts(prefix, layers, tensors, missing)
+
+
+def _layer_is(layers: dict[int, dict[str, str]], a: int, b: int, tensors: Mapping[str, np.ndarray]) -> bool:
+    """Layer ``a`` holds exactly layer ``b``'s tensors (same suffixes, equal by value)."""
+    return set(layers[a]) == set(layers[b]) and all(np.array_equal(tensors[layers[a][s]], tensors[layers[b][s]])
+                                                    for s in layers[a])
+
+
+def _vacated(layers: dict[int, dict[str, str]], i: int, neighbour: int, tensors: Mapping[str, np.ndarray],
+             missing: frozenset[str]) -> str:
+    """What the layer a shift vacated holds: "missing", a "duplicate" of its neighbour, or "own" values."""
+    if all(k in missing for k in layers[i].values()):
+        return "missing"
+    return "duplicate" if _layer_is(layers, i, neighbour, tensors) else "own"
+
+
+def _vacated_words(prefix: tuple[str, ...], i: int, neighbour: int, state: str) -> str:
+    name = _layer_name(prefix, i)
+    return {"missing": f"{name} is missing from the checkpoint",
+            "duplicate": f"{name} holds the same tensors as {_layer_name(prefix, neighbour)} (equal by value: a "
+                         f"duplicate)",
+            "own": f"{name} holds tensors of its own"}[state]
+
+
+def _absent_layer_shifts(prefix: tuple[str, ...], layers: dict[int, dict[str, str]],
+                         tensors: Mapping[str, np.ndarray], missing: frozenset[str]) -> Iterator[Hypothesis]:
+    """Every layer shifted by one without wrapping: the layer pushed out is not in the checkpoint, so no
+    rearrangement restores it. Restored layer i takes the checkpoint's layer i + d; the absent layer is
+    stood in by zeros (a zeroed residual block is skipped: pre-norm transformer blocks and residual
+    conv blocks pass their input through) or by the tensors it holds. The error left is the absent
+    layer's; the audit reports it, and names the shift only if it removes most of the error."""
+    idx = sorted(layers)
+    n = len(idx)
+    if n < 3 or idx != list(range(idx[0], idx[0] + n)):
+        return
+    label = _label(prefix)
+    for d in (1, -1):
+        source = {i: i + d for i in idx if i + d in layers}
+        moves = _moves(layers, tensors, source)
+        if not moves or _distinct(moves, tensors) < 4:
+            continue
+        absent = idx[-1] if d == 1 else idx[0]      # the reference layer no checkpoint layer holds
+        vacated = idx[0] if d == 1 else idx[-1]     # the checkpoint layer holding no reference layer
+        lo, hi = (idx[1], idx[-1]) if d == 1 else (idx[0], idx[-2])
+        count = len(moves)  # the tensors the shifted layers hold (a duplicate's included)
+        state = _vacated(layers, vacated, vacated + d, tensors, missing)
+        head = (f"every layer of {label} shifted by {d:+d}: {_layer_name(prefix, lo)}..{_layer_name(prefix, hi)} hold "
+                f"the reference's {_layer_name(prefix, lo - d)}..{_layer_name(prefix, hi - d)} ({count} tensors); "
+                f"the reference's {_layer_name(prefix, absent)} is absent from the checkpoint and "
+                f"{_vacated_words(prefix, vacated, vacated + d, state)}")
+        absent_keys = [k for k in layers[absent].values() if k not in moves]
+        for stand_in in ("zeros", "kept"):
+            if stand_in == "kept" and any(k in missing for k in absent_keys):
+                continue
+            text = (f"{head}; {_layer_name(prefix, absent)} stood in by zeros (the layer skipped)"
+                    if stand_in == "zeros" else
+                    f"{head}; {_layer_name(prefix, absent)} stood in by the tensors it holds")
+
+            def undo(t: Mapping[str, np.ndarray], moves=moves, zeroed=absent_keys if stand_in == "zeros" else []
+                     ) -> dict[str, np.ndarray]:
+                out = {dst: t[src] for dst, src in moves.items()}
+                out.update({k: np.zeros_like(t[k]) for k in zeroed})
+                return out
+            keys = tuple(sorted(set(moves) | set(absent_keys)))
+            yield Hypothesis("layer_shift", text, keys, undo,
+                             {"prefix": label, "shift": d, "absent": _layer_name(prefix, absent),
+                              "stand_in": stand_in, "vacated": _layer_name(prefix, vacated), "vacated_holds": state,
+                              "neighbour": _layer_name(prefix, vacated + d),
+                              "refines": None, "group": (label, d)})
+
+
+def shift_signatures(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = frozenset()) -> list[Hypothesis]:
+    """The absent-layer shifts (absent layer skipped) whose vacated layer is missing or duplicates
+    its neighbour: the hash signature a shift by one that dropped a layer leaves, whatever the outputs
+    can show."""
+    return [h for prefix, layers in _layer_index(sorted(tensors)).items()
+            for h in _absent_layer_shifts(prefix, layers, tensors, missing)
+            if h.data["stand_in"] == "zeros" and h.data["vacated_holds"] != "own"]
 
 
 def _layer_swap_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
@@ -241,9 +314,10 @@ def _transpose_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothe
         yield Hypothesis("transpose", f"transpose {k}", (k,), undo_of([k]))
 
 
-def hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
-    """Every structured hypothesis for these checkpoint tensors, cheapest families first."""
-    yield from _block_hypotheses(tensors)
+def hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = frozenset()) -> Iterator[Hypothesis]:
+    """Every structured hypothesis for these checkpoint tensors, cheapest families first (``missing``:
+    keys the checkpoint lacks, present in ``tensors`` as zero stand-ins)."""
+    yield from _block_hypotheses(tensors, missing)
     yield from _layer_swap_hypotheses(tensors)
     qkv = _fused_modules(tensors, _FUSED_QKV, 3)
     cheap, head_pairs = _qkv_orders(qkv, tensors)
@@ -271,9 +345,32 @@ class SearchResult:
                 "error": self.error, "tried": self.tried, "time_s": self.time_s, "bounded": self.bounded}
 
 
+def _applied(current: Mapping[str, np.ndarray], h: Hypothesis) -> dict[str, np.ndarray]:
+    trial = dict(current)
+    trial.update(h.undo(current))
+    return trial
+
+
+def _prefer_weaker(best, screened, confirmed, current, changed, error_of, limit):
+    """A rotation claims more than the shift it refines (the layer pushed out is also the one wrapped
+    round): short of agreement, it is taken only if it removes most of the error the shift with an
+    absent layer leaves; otherwise the weaker claim is the explanation."""
+    if best is None or best[0] <= limit or best[1].data.get("refines") is None:
+        return best
+    group = best[1].data["refines"]
+    done = {id(h): (e, h, t) for e, h, t in confirmed}
+    bases = []
+    for _, _, h in screened:
+        if h.data.get("group") == group:
+            bases.append(done.get(id(h)) or (error_of(_applied(current, h), sorted(changed | set(h.keys)), False),
+                                              h, _applied(current, h)))
+    base = min(bases, key=lambda c: c[0], default=None)
+    return best if base is None or best[0] < base[0] / 2 else base
+
+
 def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndarray], list[str], bool], float],
            error: float, limit: float, *, max_steps: int = 3, max_hypotheses: int = 2000,
-           time_limit: float = 60.0, confirm: int = 5) -> SearchResult:
+           time_limit: float = 60.0, confirm: int = 5, missing: frozenset[str] = frozenset()) -> SearchResult:
     """Greedy over structured hypotheses: screen each (``error_of(tensors, changed, screen=True)``,
     the first input set), confirm the ``confirm`` best on every set, take the best if it removes more
     than half of the error left; stop at agreement, when nothing does, or when the budget is spent."""
@@ -284,13 +381,12 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
     for _ in range(max_steps):
         screened: list[tuple[float, int, Hypothesis]] = []  # trials are rebuilt when confirmed: bounded memory
         best = None
-        for k, h in enumerate(hypotheses(current)):
+        for k, h in enumerate(hypotheses(current, missing)):
             if tried >= max_hypotheses or time.perf_counter() - start > time_limit:
                 bounded = True
                 break
             tried += 1
-            trial = dict(current)
-            trial.update(h.undo(current))
+            trial = _applied(current, h)
             keys = sorted(changed | set(h.keys))
             screen = error_of(trial, keys, True)
             if screen <= limit:  # agreement on the first set: confirm now, and stop if it holds everywhere
@@ -301,12 +397,10 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
             screened.append((screen, k, h))
         if best is None:
             screened.sort(key=lambda s: (s[0], s[1]))
-            for _, _, h in screened[:confirm]:
-                trial = dict(current)
-                trial.update(h.undo(current))
-                e = error_of(trial, sorted(changed | set(h.keys)), False)
-                if best is None or e < best[0]:
-                    best = (e, h, trial)
+            confirmed = [(error_of(trial, sorted(changed | set(h.keys)), False), h, trial)
+                         for h, trial in ((h, _applied(current, h)) for _, _, h in screened[:confirm])]
+            best = min(confirmed, key=lambda c: c[0], default=None)
+            best = _prefer_weaker(best, screened, confirmed, current, changed, error_of, limit)
         if best is None or not best[0] < error / 2:
             break
         steps.append((best[1], error, best[0]))

@@ -511,8 +511,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
             if best and best[1] < before / 2 else ""
         tried = f" and none of {structured.tried} structured hypotheses" if structured.tried else ""
         report.add(Finding("unresolved", f"no exchange within the ambiguity groups{tried} restores agreement{hint}; "
-                                         f"the difference lies elsewhere (wrong values, or a role map or import "
-                                         f"error)",
+                                         f"the difference lies elsewhere (different values, which golden outputs "
+                                         f"alone cannot place, or a role map or import error)",
                            data={"candidates": len(candidates), "hypotheses": structured.tried}))
     return report
 

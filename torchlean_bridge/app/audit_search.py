@@ -11,6 +11,9 @@ the audit tries these hypotheses, each a way to restore the checkpoint:
 - fused projections (keys named like ``c_attn``, ``qkv``, ``in_proj``, ``query_key_value``): the five
   other orders of the Q/K/V thirds, per-head interleavings, two heads exchanged in one third;
   fused gate/up keys: their halves exchanged; each for every layer at once and for one layer;
+- separate Q/K/V projections (``q_proj``, ``k_proj``, ``v_proj``; rows are heads): the per-head rotary
+  permute of Llama conversions and its inverse, for every layer at once and for one module; two heads
+  exchanged in one module (K/V heads of grouped-query attention included);
 - transposes of square weights, of every layer at once and of one key.
 
 Each is screened on the first input set and ranked by the error left; the best are confirmed on
@@ -28,7 +31,7 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from .audit_weights import _index_of, _label, _layer_name, describe_order
+from .audit_weights import _index_of, _label, _layer_name, describe_order, projection_part
 
 __all__ = ["Hypothesis", "hypotheses", "SearchResult", "search", "shift_signatures"]
 
@@ -86,6 +89,11 @@ def _distinct(moves: Mapping[str, str], tensors: Mapping[str, np.ndarray]) -> in
     return sum(1 for dst, src in moves.items() if not np.array_equal(tensors[dst], tensors[src]))
 
 
+def _touches(moves: Mapping[str, str], missing: frozenset[str]) -> bool:
+    """A move involves a key the checkpoint lacks (its zero stand-in is no tensor to move around)."""
+    return any(dst in missing or src in missing for dst, src in moves.items())
+
+
 def _move_hypothesis(kind: str, message: str, moves: dict[str, str], data: dict) -> Hypothesis:
     def undo(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {dst: t[src] for dst, src in moves.items()}
@@ -102,7 +110,7 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str]
         for a, b in itertools.combinations(idx, 2):
             moves = _moves(layers, tensors, {a: b, b: a})
             # a block exchange must move at least two different tensor kinds; one is a pair exchange
-            if moves and _distinct(moves, tensors) >= 4:
+            if moves and _distinct(moves, tensors) >= 4 and not _touches(moves, missing):
                 yield _move_hypothesis("block_swap", f"block {_layer_name(prefix, a)} <-> {_layer_name(prefix, b)} "
                                        f"exchanged "
                                        f"({_distinct(moves, tensors)} tensors)", moves,
@@ -115,7 +123,7 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str]
             # checkpoint layer i holds the true layer i - d (mod n): restore from i + d
             source = {i: idx[(k + d) % n] for k, i in enumerate(idx)}
             moves = _moves(layers, tensors, source)
-            if moves and _distinct(moves, tensors) >= 4:
+            if moves and _distinct(moves, tensors) >= 4 and not _touches(moves, missing):
                 yield _move_hypothesis("layer_shift", f"every layer of {label} rotated by {d:+d}: layer i holds the "
                                        f"reference's layer (i - {d}) mod {n} ({_distinct(moves, tensors)} tensors)",
                                        moves,
@@ -295,6 +303,71 @@ def _qkv_orders(modules: dict[str, list[tuple[str, int]]], tensors: Mapping[str,
     return cheap, heads_exchanges
 
 
+def _rotary_orders(rows: int) -> list[list[int]]:
+    """Per-head rotary permutes of ``rows`` rows (convert_llama_weights' and its inverse), for every
+    head width that is even and at least 4."""
+    out = []
+    for m in range(4, rows + 1, 2):
+        if rows % m or rows // m > MAX_HEADS:
+            continue
+        half = m // 2
+        forward = [j * 2 + i for i in range(2) for j in range(half)]     # stored (i, j) <- row 2j + i
+        inverse = [j * half + i for i in range(half) for j in range(2)]  # stored (i, j) <- row j*half + i
+        for local in (forward, inverse):
+            out.append([b * m + p for b in range(rows // m) for p in local])
+    return out
+
+
+def _projection_modules(tensors: Mapping[str, np.ndarray]) -> dict[str, list[str]]:
+    """module -> its tensors, for separate Q/K/V projections (rows, axis 0, are heads)."""
+    out: dict[str, list[str]] = {}
+    for key, t in sorted(tensors.items()):
+        if projection_part(key) and t.ndim in (1, 2) and t.shape[0] >= 2:
+            out.setdefault(key.rpartition(".")[0], []).append(key)
+    return {m: keys for m, keys in out.items() if len({tensors[k].shape[0] for k in keys}) == 1}
+
+
+def _projection_hypotheses(tensors: Mapping[str, np.ndarray], exchanges: bool) -> Iterator[Hypothesis]:
+    """Separate Q/K/V projections (Llama's q_proj, k_proj, v_proj): per-head rotary permutes, for every
+    layer's same projection at once and for one module (``exchanges`` False); two heads exchanged in
+    one module (``exchanges`` True)."""
+    modules = _projection_modules(tensors)
+
+    def reorder(members: list[str], perm: list[int], text: str) -> Hypothesis:
+        def undo(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return {k: _reorder(t[k], 0, perm) for k in members}
+        return Hypothesis("reordered", text, tuple(members), undo, {"slices": len(perm), "order": perm})
+    if not exchanges:
+        by_suffix: dict[str, list[str]] = {}
+        for prefix, layers in _layer_index(sorted(modules)).items():
+            for suffixes in layers.values():
+                for suffix, module in suffixes.items():
+                    by_suffix.setdefault(_layer_name(prefix, "*") + "." + suffix, []).append(module)
+        for pattern, group in sorted(by_suffix.items()):
+            if len(group) < 2:
+                continue
+            members = [k for m in group for k in modules[m]]
+            rows = tensors[members[0]].shape[0]
+            for perm in _rotary_orders(rows):
+                part = projection_part(members[0])
+                yield reorder(members, perm, f"every {pattern} ({len(members)} tensors): "
+                                             f"{describe_order(1, rows, perm, part=part)}")
+    for module, members in modules.items():
+        rows, part = tensors[members[0]].shape[0], projection_part(members[0])
+        where = ", ".join(members)
+        if not exchanges:
+            for perm in _rotary_orders(rows):
+                yield reorder(members, perm, f"{where}: {describe_order(1, rows, perm, part=part)}")
+            continue
+        for h in range(2, min(rows, MAX_HEADS) + 1):
+            if rows % h or rows // h < 2:
+                continue
+            for i, j in itertools.combinations(range(h), 2):
+                perm = list(range(h))
+                perm[i], perm[j] = j, i
+                yield reorder(members, perm, f"{where}: {describe_order(rows // h, h, perm, part=part)}")
+
+
 def _transpose_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
     squares = [k for k, t in sorted(tensors.items()) if t.ndim == 2 and t.shape[0] == t.shape[1] > 1
                and not np.array_equal(t, t.T)]
@@ -324,8 +397,10 @@ def hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = froz
     yield from _reorder_hypotheses(qkv, tensors, cheap)
     gate_up = _fused_modules(tensors, _FUSED_GATE_UP, 2)
     yield from _reorder_hypotheses(gate_up, tensors, [(2, [1, 0], "gate_up")])
+    yield from _projection_hypotheses(tensors, exchanges=False)
     yield from _transpose_hypotheses(tensors)
     yield from _reorder_hypotheses(qkv, tensors, head_pairs, every=False)
+    yield from _projection_hypotheses(tensors, exchanges=True)
 
 
 # -- the search -----------------------------------------------------------------------------------------

@@ -587,11 +587,16 @@ def _with_values(bundle: Bundle, values: Mapping[str, np.ndarray]) -> Bundle:
 
 def _structured_search(evaluator: _Evaluator, screen: _Evaluator, tensors: dict[str, np.ndarray],
                        ref: list[list[np.ndarray]], before: float, limit: float, **bounds: Any) -> SearchResult:
-    """Structured hypotheses, screened on the first input set and confirmed on all of them."""
+    """Structured hypotheses, screened on the first input set and confirmed on all of them (and, short
+    of agreement, on the others alone)."""
     def error_of(trial: dict[str, np.ndarray], changed: list[str], screening: bool) -> float:
         use, against = (screen, ref[:1]) if screening else (evaluator, ref)
         return _max_error(use.outputs(use.payload(trial, changed)), against)
-    return search(tensors, error_of, before, limit, **bounds)
+    rest = _Evaluator(evaluator.bundle, evaluator.slots, evaluator.cases[1:]) if len(evaluator.cases) > 1 else None
+
+    def held_out(trial: dict[str, np.ndarray], changed: list[str]) -> float:
+        return _max_error(rest.outputs(rest.payload(trial, changed)), ref[1:])
+    return search(tensors, error_of, before, limit, held_out=held_out if rest else None, **bounds)
 
 
 def _suspects(reference: Any, tensors: dict[str, np.ndarray], ckpt: Any) -> set[str]:

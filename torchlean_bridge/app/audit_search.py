@@ -38,6 +38,7 @@ __all__ = ["Hypothesis", "hypotheses", "SearchResult", "search", "shift_signatur
 _FUSED_QKV = re.compile(r"(c_attn|qkv|in_proj|query_key_value)", re.IGNORECASE)
 _FUSED_GATE_UP = re.compile(r"(gate_up|w13|w1_w3)", re.IGNORECASE)
 MAX_HEADS = 64
+MIN_HEAD_WIDTH = 4  # narrower heads are not searched: each width multiplies the hypotheses (and chance fits)
 
 
 @dataclass(frozen=True)
@@ -232,21 +233,31 @@ def _layer_swap_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypoth
 
 
 # -- fused projections ----------------------------------------------------------------------------------
+def _base(key: str) -> str:
+    """The parameter's owner: the key without its leaf (``.weight``), or without the ``_weight`` /
+    ``_bias`` of a leaf like ``in_proj_weight``."""
+    module, _, leaf = key.rpartition(".")
+    for end in ("_weight", "_bias"):
+        if leaf.endswith(end) and len(leaf) > len(end):
+            return f"{module}.{leaf[:-len(end)]}" if module else leaf[:-len(end)]
+    return module or key
+
+
 def _fused_modules(tensors: Mapping[str, np.ndarray], pattern: re.Pattern, parts: int
                    ) -> dict[str, list[tuple[str, int]]]:
     """module name -> [(key, axis)]: the keys matching ``pattern`` and the axis split into ``parts``
     (the bias's length decides a weight's axis; the last fitting axis otherwise)."""
     out: dict[str, list[tuple[str, int]]] = {}
     for key, t in sorted(tensors.items()):
-        module, _, leaf = key.rpartition(".")
-        if not pattern.search(module or key) or t.ndim == 0:
+        module = _base(key)  # `h.0.attn.c_attn` of `.weight`, `...self_attention.in_proj` of `.in_proj_weight`
+        if not pattern.search(module) or t.ndim == 0:
             continue
-        bias = tensors.get(f"{module}.bias")
+        bias = tensors.get(f"{module}.bias", tensors.get(f"{module}_bias"))
         size = bias.shape[0] if bias is not None and bias.ndim == 1 else None
         axes = [a for a in range(t.ndim) if t.shape[a] % parts == 0 and t.shape[a] >= parts
                 and (size is None or t.shape[a] == size)]
         if axes:
-            out.setdefault(module or key, []).append((key, axes[-1]))
+            out.setdefault(module, []).append((key, axes[-1]))
     return out
 
 
@@ -293,8 +304,8 @@ def _qkv_orders(modules: dict[str, list[tuple[str, int]]], tensors: Mapping[str,
                 continue
             n = 3 * h
             cheap.append((n, [j * h + i for i in range(h) for j in range(3)], "qkv"))  # [Q0 K0 V0 Q1 ...]
-            if d // h < 2:
-                continue  # heads of width 1 would make every slice order a hypothesis
+            if d // h < MIN_HEAD_WIDTH:
+                continue  # narrow heads would make nearly every slice order a hypothesis
             for third in range(3):
                 for i, j in itertools.combinations(range(h), 2):
                     perm = list(range(n))
@@ -360,7 +371,7 @@ def _projection_hypotheses(tensors: Mapping[str, np.ndarray], exchanges: bool) -
                 yield reorder(members, perm, f"{where}: {describe_order(1, rows, perm, part=part)}")
             continue
         for h in range(2, min(rows, MAX_HEADS) + 1):
-            if rows % h or rows // h < 2:
+            if rows % h or rows // h < MIN_HEAD_WIDTH:
                 continue
             for i, j in itertools.combinations(range(h), 2):
                 perm = list(range(h))
@@ -445,10 +456,12 @@ def _prefer_weaker(best, screened, confirmed, current, changed, error_of, limit)
 
 def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndarray], list[str], bool], float],
            error: float, limit: float, *, max_steps: int = 3, max_hypotheses: int = 2000,
-           time_limit: float = 60.0, confirm: int = 5, missing: frozenset[str] = frozenset()) -> SearchResult:
+           time_limit: float = 60.0, confirm: int = 5, missing: frozenset[str] = frozenset(),
+           held_out: Callable[[dict[str, np.ndarray], list[str]], float] | None = None) -> SearchResult:
     """Greedy over structured hypotheses: screen each (``error_of(tensors, changed, screen=True)``,
     the first input set), confirm the ``confirm`` best on every set, take the best if it removes more
-    than half of the error left; stop at agreement, when nothing does, or when the budget is spent."""
+    than half of the error left (short of agreement: on the ``held_out`` sets too, those not screened
+    on); stop at agreement, when nothing does, or when the budget is spent."""
     start = time.perf_counter()
     tried, bounded = 0, False
     steps: list[tuple[Hypothesis, float, float]] = []
@@ -478,6 +491,12 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
             best = _prefer_weaker(best, screened, confirmed, current, changed, error_of, limit)
         if best is None or not best[0] < error / 2:
             break
+        if best[0] > limit and held_out is not None:
+            # short of agreement the pick was screened on the first input set: it must also halve the
+            # error on the sets it was not chosen on, or it only fits noise (e.g. a perturbed tensor)
+            keys = sorted(changed | set(best[1].keys))
+            if not held_out(best[2], keys) < held_out(current, sorted(changed)) / 2:
+                break
         steps.append((best[1], error, best[0]))
         current, error = best[2], best[0]
         changed |= set(best[1].keys)

@@ -206,4 +206,8 @@ def test_a_shift_that_drops_the_last_layer_with_golden_outputs_only(setup, vacat
         f"{SHIFTED} and {VACATED[vacated]}; model.layers.3 stood in by zeros (the layer skipped): max error ")
     assert f.data["error_after"] < f.data["error_before"] / 2 and report.error_after > 1e-2
     assert "the error left is that of the absent model.layers.3" in f.message and not report.of_kind("unresolved")
+    assert f"[error] layer_shift: {f.message}" in str(report)
+    doc = json.loads(json.dumps(report.to_json()))
+    assert [x["message"] for x in doc["findings"] if x["kind"] == "layer_shift"] == [f.message]
+    assert doc["error_after"] == report.error_after
     assert not report.search["bounded"] and report.search["time_s"] < BOUND_S

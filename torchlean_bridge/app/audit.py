@@ -16,6 +16,11 @@ hashes, no evaluation); every difference found there is named as its transformat
 exchange, layer shift, Q/K/V reorder, transpose, rounding, scale, different values) with the output
 error before and after undoing it, and the exchange search is not needed; the first node whose
 value departs (``audit_localize``) names the layer even for a difference nothing explains.
+
+With golden outputs only, a shift that dropped the last layer is named (``layer_shift``, with the error
+the absent layer leaves) when restoring it removes most of the error; otherwise a vacated layer that
+duplicates its neighbour or is missing is reported as that hash fact (``duplicate_layer``,
+``missing_layer``), claiming no error removed, since the outputs cannot confirm the shift.
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ once) or a fused-projection layout bug (Q and K thirds exchanged inside one tens
 the audit tries these hypotheses, each a way to restore the checkpoint:
 
 - block exchanges: every tensor of layer ``a`` with the same-named tensor of layer ``b``;
-- layer shifts: every layer moved by one (or rotated by ``d``);
+- layer shifts: every layer rotated by ``d`` (not over duplicated layers: a rotation moves distinct
+  ones), or moved by one without wrapping, the layer pushed out absent and stood in by zeros (a
+  skipped residual block) or by what it holds; such a shift cannot restore agreement, so the audit
+  reports the error it leaves, and a rotation short of agreement is preferred to it only if it
+  halves that error;
 - one exchange repeated in every layer (gate/up, K/V of the same shape, two norms);
 - fused projections (keys named like ``c_attn``, ``qkv``, ``in_proj``, ``query_key_value``): the five
   other orders of the Q/K/V thirds, per-head interleavings, two heads exchanged in one third;

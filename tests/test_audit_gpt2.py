@@ -135,11 +135,12 @@ def every_layer_pair(ref):
     return sd
 
 
-INTERLEAVE = "interleaved along axis {}: per-head interleave, [Q0, K0, V0, Q1, ...] for the reference's [Q0..Q3, K.., " \
-             "V..] (12 slices, 4 wide)"
+INTERLEAVE = ("interleaved along axis {}: per-head interleave, [Q0, K0, V0, Q1, ...] for the reference's [Q0..Q3, "
+              "K.., V..] (12 slices, 4 wide)")
 MODULE_CASES = {
     "rotated": (lambda ref: shifted(ref, "rotate"), [
-        ("layer_shift", "every layer of h rotated by +1: layer i holds the reference's layer (i - 1) mod 4 (48 tensors)")]),
+        ("layer_shift", "every layer of h rotated by +1: layer i holds the reference's layer (i - 1) mod 4 "
+                        "(48 tensors)")]),
     "interleave": (interleaved, [("reordered", "h.1.attn.c_attn.weight: " + INTERLEAVE.format(1)),
                                  ("reordered", "h.1.attn.c_attn.bias: " + INTERLEAVE.format(0))]),
     "two_heads": (k_heads, [("reordered", "h.3.attn.c_attn.weight: K heads 1 <-> 2 exchanged along axis 1 (4 heads "

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import torchlean_bridge as tlb
-from tests.audit_llama import (D, HD, HEADS, HIDDEN, LAYERS, T, LlamaLike, exchange_layers, heads_exchanged, key,
+from tests.audit_llama import (D, HEADS, HIDDEN, LAYERS, T, LlamaLike, exchange_layers, heads_exchanged, key,
                                layer_keys, rotary_permute, rotate_layers)
 from torchlean_bridge.app.audit import audit
 

@@ -258,3 +258,24 @@ def test_a_duplicated_layer_is_no_rotation(imported):
     """A rotation moves distinct layers; with two layers equal by value none is proposed."""
     kinds = [h.message for h in hypotheses(dropped_last(imported[1], "original"))]
     assert not any("rotated" in m for m in kinds) and any(m.startswith(SHIFTED) for m in kinds)
+
+
+def test_a_missing_layer_with_no_value_in_the_bundle_gets_zero_stand_ins(imported):
+    """The bundle holds no tensors for h.0 and the checkpoint lacks them: the graph could not be
+    evaluated; zeros stand in (said), and the shift's mark is named."""
+    from dataclasses import replace
+
+    from torchlean_bridge.app.abi import abi
+    from torchlean_bridge.payload import Payload
+    bundle, ref, xs, golden = imported
+    gone = {(s.node, s.role) for s in abi(bundle) if s.key and s.key.startswith("h.0.")}
+    payload = Payload({n: {r: a for r, a in bundle.payload.record(n).items() if (n, r) not in gone}
+                       for n in bundle.payload.nodes()})
+    report = audit(replace(bundle, payload=payload), dropped_last(ref, "missing"), reference=golden,
+                   inputs=[[x] for x in xs])
+    (stand_in,) = report.of_kind("stand_in")
+    assert stand_in.severity == "warning" and set(stand_in.keys) == {k for k in ref if k.startswith("h.0.")}
+    assert not report.of_kind("not_evaluable") and report.swaps == []
+    (f,) = report.of_kind("missing_layer")
+    # zeros in h.0 skip it, as restoring the shift skips h.3: the same layers, the same error
+    assert abs(f.data["error_after"] - f.data["error_before"]) < 1e-9

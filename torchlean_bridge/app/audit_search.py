@@ -202,8 +202,7 @@ def _absent_layer_shifts(prefix: tuple[str, ...], layers: dict[int, dict[str, st
             yield Hypothesis("layer_shift", text, keys, undo,
                              {"prefix": label, "shift": d, "absent": _layer_name(prefix, absent),
                               "stand_in": stand_in, "vacated": _layer_name(prefix, vacated), "vacated_holds": state,
-                              "neighbour": _layer_name(prefix, vacated + d),
-                              "refines": None, "group": (label, d)})
+                              "neighbour": _layer_name(prefix, vacated + d), "group": (label, d)})
 
 
 def shift_signatures(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = frozenset()) -> list[Hypothesis]:
@@ -441,7 +440,12 @@ def _applied(current: Mapping[str, np.ndarray], h: Hypothesis) -> dict[str, np.n
     return trial
 
 
-def _prefer_weaker(best, screened, confirmed, current, changed, error_of, limit):
+Trial = tuple[float, Hypothesis, dict[str, np.ndarray]]  # (error on every input set, hypothesis, tensors)
+
+
+def _prefer_weaker(best: Trial | None, screened: list[tuple[float, int, Hypothesis]], confirmed: list[Trial],
+                   current: Mapping[str, np.ndarray], changed: set[str],
+                   error_of: Callable[[dict[str, np.ndarray], list[str], bool], float], limit: float) -> Trial | None:
     """A rotation claims more than the shift it refines (the layer pushed out is also the one wrapped
     round): short of agreement, it is taken only if it removes most of the error the shift with an
     absent layer leaves; otherwise the weaker claim is the explanation."""

@@ -19,7 +19,7 @@ from tests.audit_llama import (D, HEADS, HIDDEN, LAYERS, T, LlamaLike, exchange_
                                layer_keys, rotary_permute, rotate_layers)
 from torchlean_bridge.app.audit import audit
 
-pytestmark = pytest.mark.slow  # one torch.export import (~4 s); the audits then take ~60 s in all
+pytestmark = pytest.mark.slow  # one torch.export import (~4 s); the file takes 20 to 50 s here, load permitting
 BOUND_S = 30.0  # golden-only search here: at most 1300 hypotheses; 0.05 to 11 s per case measured
 
 K1, V1 = key(1, "self_attn.k_proj.weight"), key(1, "self_attn.v_proj.weight")

@@ -19,7 +19,7 @@ define_missing_ops()  # torchvision's compiled ops do not load with the CPU torc
 import torchlean_bridge as tlb  # noqa: E402
 from torchlean_bridge.app.audit import audit  # noqa: E402
 
-pytestmark = pytest.mark.slow  # torchvision's import and two torch.export imports (~10 s); the audits ~30 s
+pytestmark = pytest.mark.slow  # torchvision and two torch.export imports; the file takes ~15 s here
 BOUND_S = 10.0  # golden-only search on these models: at most 70 hypotheses, under 0.2 s per named case measured
 L = "encoder.layers.encoder_layer_"
 W, B = L + "1.self_attention.in_proj_weight", L + "1.self_attention.in_proj_bias"

@@ -483,7 +483,7 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                 rest = (f" (the error left is that of the absent {h.data['absent']}, which no rearrangement of the "
                         f"checkpoint restores; the shift removes {_share(err_in, err_out)} of the error{same})")
             report.add(Finding(h.kind, f"{h.message}: max error {_fmt(err_in)} -> {_fmt(err_out)}{rest}", keys=h.keys,
-                               data={k: v for k, v in h.data.items() if k not in ("group", "refines")}
+                               data={k: v for k, v in h.data.items() if k not in ("group", "refines", "claim")}
                                | {"error_before": err_in, "error_after": err_out}))
         return report
     if structured.steps:  # most of the error explained, not all: the best explanation with what it leaves
@@ -541,7 +541,7 @@ def _name_shift_signature(report: AuditReport, evaluator: _Evaluator, tensors: d
                  else f"{vacated} holds the same tensors as {neighbour} (equal by value)")
         kind = "missing_layer" if h.data["vacated_holds"] == "missing" else "duplicate_layer"
         report.add(Finding(kind, f"{holds}: the mark of every layer of {h.data['prefix']} shifted by {d:+d} with the "
-                                 f"reference's {absent} dropped ({h.message.split(': ', 1)[1].split(';')[0]}); the "
+                                 f"reference's {absent} dropped ({h.data['claim']}); the "
                                  f"outputs cannot confirm it, since restoring the shift with {absent} skipped "
                                  f"computes the same layers as skipping {vacated}: max error {_fmt(before)} as given, "
                                  f"{_fmt(after)} so restored (the rest is the absent layer's)",

@@ -174,15 +174,16 @@ def _absent_layer_shifts(prefix: tuple[str, ...], layers: dict[int, dict[str, st
     for d in (1, -1):
         source = {i: i + d for i in idx if i + d in layers}
         moves = _moves(layers, tensors, source)
-        if not moves or _distinct(moves, tensors) < 4:
-            continue
+        if not moves or _distinct(moves, tensors) < 4 or any(src in missing for src in moves.values()):
+            continue  # a missing key's zero stand-in is nothing to restore from
         absent = idx[-1] if d == 1 else idx[0]      # the reference layer no checkpoint layer holds
         vacated = idx[0] if d == 1 else idx[-1]     # the checkpoint layer holding no reference layer
         lo, hi = (idx[1], idx[-1]) if d == 1 else (idx[0], idx[-2])
         count = len(moves)  # the tensors the shifted layers hold (a duplicate's included)
         state = _vacated(layers, vacated, vacated + d, tensors, missing)
-        head = (f"every layer of {label} shifted by {d:+d}: {_layer_name(prefix, lo)}..{_layer_name(prefix, hi)} hold "
-                f"the reference's {_layer_name(prefix, lo - d)}..{_layer_name(prefix, hi - d)} ({count} tensors); "
+        claim = (f"{_layer_name(prefix, lo)}..{_layer_name(prefix, hi)} hold the reference's "
+                 f"{_layer_name(prefix, lo - d)}..{_layer_name(prefix, hi - d)} ({count} tensors)")
+        head = (f"every layer of {label} shifted by {d:+d}: {claim}; "
                 f"the reference's {_layer_name(prefix, absent)} is absent from the checkpoint and "
                 f"{_vacated_words(prefix, vacated, vacated + d, state)}")
         absent_keys = [k for k in layers[absent].values() if k not in moves]
@@ -202,7 +203,8 @@ def _absent_layer_shifts(prefix: tuple[str, ...], layers: dict[int, dict[str, st
             yield Hypothesis("layer_shift", text, keys, undo,
                              {"prefix": label, "shift": d, "absent": _layer_name(prefix, absent),
                               "stand_in": stand_in, "vacated": _layer_name(prefix, vacated), "vacated_holds": state,
-                              "neighbour": _layer_name(prefix, vacated + d), "group": (label, d)})
+                              "neighbour": _layer_name(prefix, vacated + d), "claim": claim,
+                              "group": (label, d)})
 
 
 def shift_signatures(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = frozenset()) -> list[Hypothesis]:
@@ -214,7 +216,8 @@ def shift_signatures(tensors: Mapping[str, np.ndarray], missing: frozenset[str] 
             if h.data["stand_in"] == "zeros" and h.data["vacated_holds"] != "own"]
 
 
-def _layer_swap_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
+def _layer_swap_hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = frozenset()
+                           ) -> Iterator[Hypothesis]:
     """The same exchange of two same-shaped tensors (gate/up, K/V, two norms) in every layer."""
     for prefix, layers in _layer_index(sorted(tensors)).items():
         if len(layers) < 2:
@@ -229,7 +232,7 @@ def _layer_swap_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypoth
                     moves = {}
                     break
                 moves.update({a: b, b: a})
-            if moves and _distinct(moves, tensors) >= 4:
+            if moves and _distinct(moves, tensors) >= 4 and not _touches(moves, missing):
                 yield _move_hypothesis("swap", f"{x} <-> {y} exchanged in every layer of {label} "
                                        f"({_distinct(moves, tensors) // 2} pairs)", moves,
                                        {"prefix": label, "suffixes": [x, y]})
@@ -405,7 +408,7 @@ def hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = froz
     """Every structured hypothesis for these checkpoint tensors, cheapest families first (``missing``:
     keys the checkpoint lacks, present in ``tensors`` as zero stand-ins)."""
     yield from _block_hypotheses(tensors, missing)
-    yield from _layer_swap_hypotheses(tensors)
+    yield from _layer_swap_hypotheses(tensors, missing)
     qkv = _fused_modules(tensors, _FUSED_QKV, 3)
     cheap, head_pairs = _qkv_orders(qkv, tensors)
     yield from _reorder_hypotheses(qkv, tensors, cheap)

@@ -322,10 +322,10 @@ def _qkv_orders(modules: dict[str, list[tuple[str, int]]], tensors: Mapping[str,
 
 def _rotary_orders(rows: int) -> list[list[int]]:
     """Per-head rotary permutes of ``rows`` rows (convert_llama_weights' and its inverse), for every
-    head width that is even and at least 4."""
+    head width that is even and at least 4 (two heads or more)."""
     out = []
     for m in range(4, rows + 1, 2):
-        if rows % m or rows // m > MAX_HEADS:
+        if rows % m or not 2 <= rows // m <= MAX_HEADS:  # two heads at least, as the weight audit names them
             continue
         half = m // 2
         forward = [j * 2 + i for i in range(2) for j in range(half)]     # stored (i, j) <- row 2j + i

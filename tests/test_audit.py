@@ -422,7 +422,8 @@ def test_unresolved_names_no_exchange_that_leaves_most_of_the_error():
     (unresolved,) = kinds(report, "unresolved")
     assert unresolved.message == (
         "no exchange within the ambiguity groups and none of 4 structured hypotheses restores agreement; the "
-        "difference lies elsewhere (wrong values, or a role map or import error)")
+        "difference lies elsewhere (different values, which golden outputs alone cannot place, or a role map or "
+        "import error)")
     assert report.swaps == [] and not report.ok
 
 
@@ -441,8 +442,8 @@ def test_unresolved_names_the_best_single_exchange_when_it_removes_most_of_the_e
     assert unresolved.message == (
         f"no exchange within the ambiguity groups and none of {tried} structured hypotheses restores agreement "
         f"(the best "
-        f"single exchange, {best}, leaves {errors[best]:.6f}); the difference lies elsewhere (wrong values, or a "
-        f"role map or import error)")
+        f"single exchange, {best}, leaves {errors[best]:.6f}); the difference lies elsewhere (different values, "
+        f"which golden outputs alone cannot place, or a role map or import error)")
 
 
 def test_an_ambiguity_group_with_a_missing_key_is_not_searched():

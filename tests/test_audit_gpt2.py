@@ -108,3 +108,61 @@ def test_the_first_departure_of_exchanged_blocks_is_in_the_first_of_them(importe
     model, bundle, ref = imported
     (where,) = audit(bundle, exchange_blocks(ref, 1, 2), reference=model).of_kind("first_departure")
     assert where.keys and all(k.startswith("h.1.") for k in where.keys)
+
+
+# -- the rest of the matrix with the module as reference (test_audit_search has them golden-only) -------
+HD = D // 4
+
+
+def interleaved(ref):
+    w, b = ref["h.1.attn.c_attn.weight"], ref["h.1.attn.c_attn.bias"]
+    return dict(ref, **{"h.1.attn.c_attn.weight": w.reshape(D, 3, 4, HD).transpose(0, 2, 1, 3).reshape(D, 3 * D),
+                        "h.1.attn.c_attn.bias": b.reshape(3, 4, HD).transpose(1, 0, 2).reshape(3 * D)})
+
+
+def k_heads(ref):
+    w = ref["h.3.attn.c_attn.weight"].copy()
+    k1, k2 = slice(D + HD, D + 2 * HD), slice(D + 2 * HD, D + 3 * HD)
+    w[:, k1], w[:, k2] = ref["h.3.attn.c_attn.weight"][:, k2], ref["h.3.attn.c_attn.weight"][:, k1]
+    return dict(ref, **{"h.3.attn.c_attn.weight": w})
+
+
+def every_layer_pair(ref):
+    sd = dict(ref)
+    for i in range(4):
+        a, b = f"h.{i}.ln_2.weight", f"h.{i}.attn.c_proj.bias"
+        sd[a], sd[b] = ref[b], ref[a]
+    return sd
+
+
+INTERLEAVE = ("interleaved along axis {}: per-head interleave, [Q0, K0, V0, Q1, ...] for the reference's [Q0..Q3, "
+              "K.., V..] (12 slices, 4 wide)")
+MODULE_CASES = {
+    "rotated": (lambda ref: shifted(ref, "rotate"), [
+        ("layer_shift", "every layer of h rotated by +1: layer i holds the reference's layer (i - 1) mod 4 "
+                        "(48 tensors)")]),
+    "interleave": (interleaved, [("reordered", "h.1.attn.c_attn.weight: " + INTERLEAVE.format(1)),
+                                 ("reordered", "h.1.attn.c_attn.bias: " + INTERLEAVE.format(0))]),
+    "two_heads": (k_heads, [("reordered", "h.3.attn.c_attn.weight: K heads 1 <-> 2 exchanged along axis 1 (4 heads "
+                                          "per third, 4 wide)")]),
+    "transposed": (lambda ref: dict(ref, **{"h.0.attn.c_proj.weight": ref["h.0.attn.c_proj.weight"].T.copy()}),
+                   [("transpose", "transpose h.0.attn.c_proj.weight")]),
+    "every_layer": (every_layer_pair, [("swap", "attn.c_proj.bias <-> ln_2.weight exchanged in every layer of h "
+                                                "(4 pairs)")]),
+    "dropped_last": (lambda ref: shifted(ref, "fresh"), [
+        ("layer_shift", "every layer of h shifted by +1: h.1..h.3 hold the reference's h.0..h.2 (36 tensors); the "
+                        "reference's h.3 is absent from the checkpoint (none of its tensors is under any key)")]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MODULE_CASES))
+def test_each_bug_is_named_against_the_module_in_text_and_json(imported, case):
+    model, bundle, ref = imported
+    corrupt, expected = MODULE_CASES[case]
+    report = audit(bundle, corrupt(ref), reference=model)
+    assert [(f.kind, f.message.split(": max error")[0]) for f in report.swaps] == expected
+    assert report.error_after < 1e-9 and not report.of_kind("unresolved")
+    text = str(report)
+    assert all(f"[error] {kind}: {message}: max error " in text for kind, message in expected)
+    doc = json.loads(json.dumps(report.to_json()))
+    assert doc["swaps"] == [list(f.keys) for f in report.swaps] and doc["error_after"] < 1e-9

@@ -192,3 +192,90 @@ def test_the_command_with_golden_outputs(imported, tmp_path, capsys):
     assert bounded[1].startswith("the time limit (0.0 s) stopped the single exchanges after 0 of ")
     assert main(args + ["--time-limit", "nan"]) == 2
     assert "--time-limit must be a finite number" in capsys.readouterr().err
+
+
+# -- every layer shifted by one without wrapping: the reference's last layer is absent -----------------
+def dropped_last(ref, vacated: str, scale: float = 1.0) -> dict:
+    """ckpt h.i holds the reference's h.(i-1); the reference's h.3 is nowhere; h.0 holds ``vacated``:
+    "fresh" values, "original" (its own tensors, hence equal to h.1's) or is "missing"."""
+    out = dict(ref)
+    for k in ref:
+        if k.startswith("h."):
+            i, rest = int(k.split(".")[1]), k.split(".", 2)[2]
+            if i > 0:
+                out[k] = ref[f"h.{i - 1}.{rest}"]
+            elif vacated == "missing":
+                del out[k]
+            elif vacated == "fresh":
+                out[k] = np.random.default_rng(7).standard_normal(ref[k].shape) * scale
+    return out
+
+
+SHIFTED = "every layer of h shifted by +1: h.1..h.3 hold the reference's h.0..h.2 (36 tensors)"
+
+
+def test_a_shift_that_drops_the_last_layer_is_named_with_the_error_it_leaves(imported):
+    """h.0 holds values of its own: restoring the shift (h.3 skipped) removes most of the output
+    error; the rest, the absent h.3's, is stated."""
+    report, _ = golden_audit(imported, dropped_last(imported[1], "fresh"))
+    (f,) = report.swaps
+    assert f.kind == "layer_shift" and f.message.startswith(
+        f"{SHIFTED}; the reference's h.3 is absent from the checkpoint and h.0 holds tensors of its own; h.3 stood "
+        f"in by zeros (the layer skipped): max error ")
+    assert "(the error left is that of the absent h.3, which no rearrangement of the checkpoint restores; the " \
+           "shift removes 61% of the error; the outputs alone cannot tell it from a wrong h.0: zeroing h.0 instead " \
+           "leaves " in f.message
+    assert f.data["absent"] == "h.3" and f.data["shift"] == 1
+    assert f.data["error_after"] < f.data["error_before"] / 2 and report.error_after == f.data["error_after"] > 1e-3
+    assert not report.of_kind("unresolved") and report.search["time_s"] < BOUND_S
+
+
+def test_a_shift_that_removes_little_of_the_error_is_not_named(imported):
+    """h.0 holds small values of its own: restoring the shift removes 13% of the error, not most of it."""
+    report, _ = golden_audit(imported, dropped_last(imported[1], "fresh", scale=0.3))
+    assert report.swaps == [] and not report.of_kind("partial") and not report.of_kind("duplicate_layer")
+    assert report.of_kind("unresolved")
+
+
+@pytest.mark.parametrize("vacated, kind, holds", [
+    ("original", "duplicate_layer", "h.0 holds the same tensors as h.1 (equal by value)"),
+    ("missing", "missing_layer", "h.0's keys are missing")])
+def test_a_shift_the_outputs_cannot_confirm_is_named_by_its_hash_mark_claiming_no_error_removed(imported, vacated,
+                                                                                                  kind, holds):
+    """h.0 duplicates h.1 or is missing: restoring the shift with h.3 skipped computes the same layers
+    as skipping h.0, so the outputs cannot confirm it; the finding says so and is no exchange."""
+    report, _ = golden_audit(imported, dropped_last(imported[1], vacated))
+    assert report.swaps == [] and not report.of_kind("unresolved") and not report.ok
+    (f,) = report.of_kind(kind)
+    assert f.message.startswith(f"{holds}: the mark of every layer of h shifted by +1 with the reference's h.3 "
+                                f"dropped (h.1..h.3 hold the reference's h.0..h.2 (36 tensors)); the outputs cannot "
+                                f"confirm it, since restoring the shift with h.3 skipped computes the same layers as "
+                                f"skipping h.0: max error ")
+    assert f.data["error_after"] <= f.data["error_before"] and f.message.endswith("(the rest is the absent layer's)")
+
+
+def test_a_duplicated_layer_is_no_rotation(imported):
+    """A rotation moves distinct layers; with two layers equal by value none is proposed."""
+    kinds = [h.message for h in hypotheses(dropped_last(imported[1], "original"))]
+    assert not any("rotated" in m for m in kinds) and any(m.startswith(SHIFTED) for m in kinds)
+
+
+def test_a_missing_layer_with_no_value_in_the_bundle_gets_zero_stand_ins(imported):
+    """The bundle holds no tensors for h.0 and the checkpoint lacks them: the graph could not be
+    evaluated; zeros stand in (said), and the shift's mark is named."""
+    from dataclasses import replace
+
+    from torchlean_bridge.app.abi import abi
+    from torchlean_bridge.payload import Payload
+    bundle, ref, xs, golden = imported
+    gone = {(s.node, s.role) for s in abi(bundle) if s.key and s.key.startswith("h.0.")}
+    payload = Payload({n: {r: a for r, a in bundle.payload.record(n).items() if (n, r) not in gone}
+                       for n in bundle.payload.nodes()})
+    report = audit(replace(bundle, payload=payload), dropped_last(ref, "missing"), reference=golden,
+                   inputs=[[x] for x in xs])
+    (stand_in,) = report.of_kind("stand_in")
+    assert stand_in.severity == "warning" and set(stand_in.keys) == {k for k in ref if k.startswith("h.0.")}
+    assert not report.of_kind("not_evaluable") and report.swaps == []
+    (f,) = report.of_kind("missing_layer")
+    # zeros in h.0 skip it, as restoring the shift skips h.3: the same layers, the same error
+    assert abs(f.data["error_after"] - f.data["error_before"]) < 1e-9

@@ -16,6 +16,11 @@ hashes, no evaluation); every difference found there is named as its transformat
 exchange, layer shift, Q/K/V reorder, transpose, rounding, scale, different values) with the output
 error before and after undoing it, and the exchange search is not needed; the first node whose
 value departs (``audit_localize``) names the layer even for a difference nothing explains.
+
+With golden outputs only, a shift that dropped the last layer is named (``layer_shift``, with the error
+the absent layer leaves) when restoring it removes most of the error; otherwise a vacated layer that
+duplicates its neighbour or is missing is reported as that hash fact (``duplicate_layer``,
+``missing_layer``), claiming no error removed, since the outputs cannot confirm the shift.
 """
 
 from __future__ import annotations
@@ -337,6 +342,14 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     if trusted is not None:
         report.weights = compare_weights(ckpt, trusted, title=f"weights of {ckpt.source}")
     problems = payload_errors(g, bound.payload)
+    stand_ins = _stand_ins(abi(bound), ckpt) if trusted is None else {}
+    if problems and stand_ins:  # a whole missing layer may be a shifted one: zeros let the search run
+        bound = _with_values(bound, stand_ins)
+        problems = payload_errors(g, bound.payload)
+        if not problems:
+            report.add(Finding("stand_in", f"{len(stand_ins)} missing key(s) have no value; zeros stand in for "
+                                           f"them so the search can evaluate the graph: {', '.join(stand_ins)}",
+                               keys=tuple(stand_ins), severity="warning"))
     if problems:
         report.add(Finding("not_evaluable", f"the bound graph cannot be evaluated: {problems[0]}"
                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")))
@@ -363,6 +376,7 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     limit = tolerance * _scale(ref)
     slots = abi(bound)
     tensors = {key: np.asarray(ckpt[key]) for key in slots.keys if key in ckpt}
+    tensors.update(stand_ins)  # not candidates for exchanges (below), only for the layer hypotheses
     evaluator = _Evaluator(bound, slots, cases)
     base_outputs = evaluator.outputs(bound.payload)
     before = _max_error(base_outputs, ref)
@@ -371,8 +385,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     covered = trusted is not None and all(k in trusted for k in tensors)
     by_weights = covered and not report.weights.ok
 
-    groups = [g_ for g_ in binding.ambiguity_groups if all(k in tensors for k in g_.keys)]
-    squares = [k for k in square_matrix_keys(slots, ckpt) if k in tensors and not np.array_equal(tensors[k],
+    groups = [g_ for g_ in binding.ambiguity_groups if all(k in ckpt for k in g_.keys)]
+    squares = [k for k in square_matrix_keys(slots, ckpt) if k in ckpt and not np.array_equal(tensors[k],
                                                                                                  tensors[k].T)]
     # trusted weights name every misplaced tensor by hash: no exchange search is needed
     candidates = [] if covered else _candidates(groups, squares)
@@ -441,8 +455,9 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                          f"the weights", data={"compared": report.weights.compared}))
         return report
     deadline[0] = time.perf_counter() + time_limit
-    structured = _structured_search(evaluator, screen, tensors, ref, before, limit,
-                                    max_steps=max_steps, max_hypotheses=max_hypotheses, time_limit=time_limit)
+    structured = _structured_search(evaluator, screen, tensors, ref, before, limit, max_steps=max_steps,
+                                    max_hypotheses=max_hypotheses, time_limit=time_limit,
+                                    missing=frozenset(stand_ins))
     report.search = {k: v for k, v in structured.to_dict().items() if k != "steps"}
     if structured.bounded:
         report.add(Finding("search_bounded", f"the structured search stopped at its bound: {structured.tried} "
@@ -454,6 +469,23 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
             report.add(Finding(h.kind, f"{h.message}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=h.keys,
                                data={**h.data, "error_before": err_in, "error_after": err_out}))
         return report
+    if structured.steps and structured.steps[0][0].data.get("absent"):
+        # a layer the checkpoint does not hold: its error cannot be undone, so the error left is its own
+        report.error_after = structured.error
+        for h, err_in, err_out in structured.steps:
+            rest = ""
+            if h.data.get("absent"):
+                vacated = h.data["vacated"]
+                alone = _max_error(evaluator.outputs(evaluator.payload(*_zeroed(tensors, vacated))), ref)
+                same = (f"; the outputs alone cannot tell it from a wrong {vacated}: zeroing {vacated} instead leaves "
+                        f"{_fmt(alone)}" if abs(alone - err_out) <= limit else
+                        f"; zeroing {vacated} instead leaves {_fmt(alone)}")
+                rest = (f" (the error left is that of the absent {h.data['absent']}, which no rearrangement of the "
+                        f"checkpoint restores; the shift removes {_share(err_in, err_out)} of the error{same})")
+            report.add(Finding(h.kind, f"{h.message}: max error {_fmt(err_in)} -> {_fmt(err_out)}{rest}", keys=h.keys,
+                               data={k: v for k, v in h.data.items() if k not in ("group", "refines", "claim")}
+                               | {"error_before": err_in, "error_after": err_out}))
+        return report
     if structured.steps:  # most of the error explained, not all: the best explanation with what it leaves
         h_first = structured.steps[0][0]
         text = "; then ".join(h.message for h, _, _ in structured.steps)
@@ -462,6 +494,9 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                            keys=tuple(k for h, _, _ in structured.steps for k in h.keys),
                            data={**h_first.data, "error_before": before, "error_after": structured.error,
                                  "steps": [h.message for h, _, _ in structured.steps]}))
+    if not structured.steps and _name_shift_signature(report, evaluator, tensors, ref, before, stand_ins):
+        report.error_after = before
+        return report
     first_errors = first_errors_of()
     suspects = _suspects(reference, tensors, ckpt)
     searched = [ex for ex in candidates if set(ex.keys) <= suspects]
@@ -481,19 +516,92 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
             if best and best[1] < before / 2 else ""
         tried = f" and none of {structured.tried} structured hypotheses" if structured.tried else ""
         report.add(Finding("unresolved", f"no exchange within the ambiguity groups{tried} restores agreement{hint}; "
-                                         f"the difference lies elsewhere (wrong values, or a role map or import "
-                                         f"error)",
+                                         f"the difference lies elsewhere (different values, which golden outputs "
+                                         f"alone cannot place, or a role map or import error)",
                            data={"candidates": len(candidates), "hypotheses": structured.tried}))
     return report
 
 
+def _name_shift_signature(report: AuditReport, evaluator: _Evaluator, tensors: dict[str, np.ndarray],
+                          ref: list[list[np.ndarray]], before: float, stand_ins: Mapping[str, np.ndarray]) -> bool:
+    """A layer that is missing or duplicates its neighbour (by value), at the end of a run of layers:
+    the mark a shift by one that dropped the last layer leaves. The outputs cannot confirm the shift
+    (restoring it and skipping the absent layer computes the same layers as skipping the vacated one),
+    so the finding states the hash fact and both measured errors, and claims no error removed."""
+    from .audit_search import shift_signatures
+    found = False
+    for h in shift_signatures(tensors, frozenset(stand_ins)):
+        trial = dict(tensors)
+        trial.update(h.undo(tensors))
+        after = _max_error(evaluator.outputs(evaluator.payload(trial, sorted(h.keys))), ref)
+        if not after <= before:
+            continue
+        d, vacated, neighbour, absent = h.data["shift"], h.data["vacated"], h.data["neighbour"], h.data["absent"]
+        holds = (f"{vacated}'s keys are missing" if h.data["vacated_holds"] == "missing"
+                 else f"{vacated} holds the same tensors as {neighbour} (equal by value)")
+        kind = "missing_layer" if h.data["vacated_holds"] == "missing" else "duplicate_layer"
+        report.add(Finding(kind, f"{holds}: the mark of every layer of {h.data['prefix']} shifted by {d:+d} with the "
+                                 f"reference's {absent} dropped ({h.data['claim']}); the "
+                                 f"outputs cannot confirm it, since restoring the shift with {absent} skipped "
+                                 f"computes the same layers as skipping {vacated}: max error {_fmt(before)} as given, "
+                                 f"{_fmt(after)} so restored (the rest is the absent layer's)",
+                           keys=h.keys, data={"prefix": h.data["prefix"], "shift": d, "vacated": vacated,
+                                              "absent": absent, "error_before": before, "error_after": after}))
+        found = True
+    return found
+
+
+def _zeroed(tensors: dict[str, np.ndarray], layer: str) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The tensors with every key of ``layer`` (a key prefix) zeroed, and those keys."""
+    keys = sorted(k for k in tensors if k.startswith(layer + "."))
+    return dict(tensors, **{k: np.zeros_like(tensors[k]) for k in keys}), keys
+
+
+def _share(before: float, after: float) -> str:
+    return f"{100 * (1 - after / before):.0f}%" if before > 0 and math.isfinite(before) else "an unknown share"
+
+
+def _stand_ins(slots: ABI, ckpt: Any) -> dict[str, np.ndarray]:
+    """Zeros for each bound key the checkpoint lacks whose same-named key in another layer it has
+    (in that key's layout): what a layer-shift hypothesis needs to fill a vacated layer."""
+    from .audit_search import _layer_index
+    out = {}
+    for prefix, layers in _layer_index(slots.keys).items():
+        for i, suffixes in layers.items():
+            for suffix, key in suffixes.items():
+                if key in ckpt:
+                    continue
+                sibling = next((s[suffix] for j, s in sorted(layers.items()) if j != i and suffix in s
+                                and s[suffix] in ckpt), None)
+                if sibling is not None:
+                    out[key] = np.zeros(tuple(ckpt.shape(sibling)), dtype=np.asarray(ckpt[sibling]).dtype)
+    return out
+
+
+def _with_values(bundle: Bundle, values: Mapping[str, np.ndarray]) -> Bundle:
+    """``bundle`` with ``values`` bound to the slots of their keys that have no value."""
+    from dataclasses import replace
+    slots = abi(bundle)
+    payload = Payload({n: dict(bundle.payload.record(n)) for n in bundle.payload.nodes()})
+    for key, value in values.items():
+        for slot in slots.for_key(key):
+            if payload.get(slot.node, slot.role) is None:
+                payload.set(slot.node, slot.role, apply_transform(slot.transform, value))
+    return replace(bundle, payload=payload)
+
+
 def _structured_search(evaluator: _Evaluator, screen: _Evaluator, tensors: dict[str, np.ndarray],
                        ref: list[list[np.ndarray]], before: float, limit: float, **bounds: Any) -> SearchResult:
-    """Structured hypotheses, screened on the first input set and confirmed on all of them."""
+    """Structured hypotheses, screened on the first input set and confirmed on all of them (and, short
+    of agreement, on the others alone)."""
     def error_of(trial: dict[str, np.ndarray], changed: list[str], screening: bool) -> float:
         use, against = (screen, ref[:1]) if screening else (evaluator, ref)
         return _max_error(use.outputs(use.payload(trial, changed)), against)
-    return search(tensors, error_of, before, limit, **bounds)
+    rest = _Evaluator(evaluator.bundle, evaluator.slots, evaluator.cases[1:]) if len(evaluator.cases) > 1 else None
+
+    def held_out(trial: dict[str, np.ndarray], changed: list[str]) -> float:
+        return _max_error(rest.outputs(rest.payload(trial, changed)), ref[1:])
+    return search(tensors, error_of, before, limit, held_out=held_out if rest else None, **bounds)
 
 
 def _suspects(reference: Any, tensors: dict[str, np.ndarray], ckpt: Any) -> set[str]:

@@ -220,7 +220,10 @@ def _block_findings(prefix: tuple[str, ...], index_map: dict[int, int], members:
         scope = f"every layer of {name}" if every else f"layers {first}..{last}"
         msg = (f"{scope} shifted by {shift:+d}: {first}..{last} hold the reference's "
                f"{_layer_name(prefix, dsts[0] - shift)}..{_layer_name(prefix, dsts[-1] - shift)} ({len(keys)} tensors)")
-        return [Finding("layer_shift", msg, keys=keys, data={"prefix": name, "shift": shift,
+        sources = set(index_map.values())
+        pushed_out = max(sources) + 1 if shift > 0 else min(sources) - 1  # the layer next in line, if any
+        unsourced = [_layer_name(prefix, pushed_out)] if pushed_out in all_layers and pushed_out not in sources else []
+        return [Finding("layer_shift", msg, keys=keys, data={"prefix": name, "shift": shift, "unsourced": unsourced,
                                                              "map": {str(d): s for d, s in index_map.items()}})]
     n_layers = len(all_layers)
     if n_layers and set(index_map) == set(all_layers) and len(index_map) > 2:
@@ -371,10 +374,51 @@ def _interleave(perm: list[int]) -> tuple[int, int] | None:
     return None
 
 
-def describe_order(width: int, n: int, perm: list[int], where: str = "") -> str:
-    """Words for a stored order of ``n`` slices ``width`` wide (``where``: e.g. "along axis 1")."""
+_PROJECTION = {"q_proj": "Q", "wq": "Q", "query": "Q", "k_proj": "K", "wk": "K", "key": "K",
+               "v_proj": "V", "wv": "V", "value": "V"}
+
+
+def projection_part(key: str) -> str | None:
+    """"Q", "K" or "V" for a separate attention projection's tensor (``...k_proj.weight``), else None."""
+    parts = key.split(".")
+    return _PROJECTION.get(parts[-2]) if len(parts) >= 2 else None
+
+
+def _per_head(perm: list[int]) -> tuple[int, int, int] | None:
+    """(heads, rows per head, a) when ``perm`` applies one interleave of two runs (a = 2 or rows / 2)
+    inside each of at least two equal consecutive blocks (heads): the rotary permute of Llama
+    conversions and its inverse."""
+    n = len(perm)
+    for m in range(4, n + 1):
+        if n % m:
+            continue
+        local = [p - perm[0] for p in perm[:m]]
+        if perm[0] != 0 or any(perm[b * m + i] != b * m + local[i] for b in range(n // m) for i in range(m)):
+            continue
+        inter = _interleave(local)
+        if inter and n // m >= 2 and 2 in inter:  # rotary pairs: two runs interleaved, in two heads or more
+            return n // m, m, inter[0]
+    return None
+
+
+def describe_order(width: int, n: int, perm: list[int], where: str = "", part: str | None = None) -> str:
+    """Words for a stored order of ``n`` slices ``width`` wide (``where``: e.g. "along axis 1";
+    ``part``: "Q", "K" or "V" for a separate projection, whose slices are heads, not Q/K/V thirds)."""
     where = f" {where}" if where else ""
     moved = [i for i in range(n) if perm[i] != i]
+    rotary = _per_head(perm)
+    if rotary:
+        heads, m, a = rotary
+        order = [0, 2, 4, "...", 1, 3, 5, "..."] if a == m // 2 else [0, m // 2, 1, m // 2 + 1, "..."]
+        what = ("the permute convert_llama_weights applies for rotary embeddings" if a == m // 2
+                else "the inverse of convert_llama_weights' rotary permute")
+        return (f"{part + ' ' if part else ''}per-head rotary permute{where}: within each of {heads} heads of "
+                f"{m * width}, the reference's rows stored in order [{', '.join(map(str, order))}] ({what})")
+    if part is not None:
+        if len(moved) == 2:
+            i, j = moved
+            return f"{part} head slices {i} <-> {j} of {n} exchanged{where} ({width} wide)"
+        return f"{part}: {n} head slices{where} reordered ({width} wide): stored order {perm}"
     if n == 3:
         names = "QKV"
         order = "".join(names[p] for p in perm)
@@ -427,7 +471,7 @@ def _explain(key: str, ours: np.ndarray, ref: np.ndarray) -> Finding:
     order = _slice_order(ours, ref)
     if order is not None:
         axis, n, perm = order
-        text = describe_order(ours.shape[axis] // n, n, perm, f"along axis {axis}")
+        text = describe_order(ours.shape[axis] // n, n, perm, f"along axis {axis}", projection_part(key))
         return Finding("reordered", f"{key}: {text}", keys=(key,),
                        data={"axis": axis, "slices": n, "order": perm})
     o, r = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
@@ -490,6 +534,22 @@ def _layers(keys: Iterable[str]) -> dict[tuple[str, ...], set[int]]:
     return out
 
 
+def _with_absent_layers(findings: list[Finding], reference: Mapping[str, Any], ref_hash: Mapping[str, bytes],
+                        held: set[bytes]) -> list[Finding]:
+    """A shift's finding names the reference layer it pushed out when none of that layer's tensors is
+    under any checkpoint key (a shift that dropped the last layer)."""
+    out = []
+    for f in findings:
+        absent = [layer for layer in (f.data or {}).get("unsourced", [])
+                  if all(ref_hash[k] not in held for k in reference if k.startswith(layer + "."))]
+        if absent:
+            f = Finding(f.kind, f"{f.message}; the reference's {', '.join(absent)} is absent from the checkpoint (none "
+                        f"of its tensors is under any key)", keys=f.keys,
+                        node=f.node, severity=f.severity, data={**f.data, "absent": absent})
+        out.append(f)
+    return out
+
+
 def compare_weights(ckpt: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
                     keys: Sequence[str] | None = None, title: str = "weights") -> WeightReport:
     """Compare ``ckpt`` with the trusted ``reference`` key by key and explain every difference.
@@ -521,7 +581,7 @@ def compare_weights(ckpt: Mapping[str, np.ndarray], reference: Mapping[str, np.n
         moves.append(_Move(k, sources[0]))
     layers = _layers(reference)
     blocks, rest = _group_moves(moves, layers)
-    report.extend(blocks)
+    report.extend(_with_absent_layers(blocks, reference, ref_hash, set(ours_hash.values())))
     report.extend(_pair_findings(rest, layers))
     different = []
     for k in unexplained:

@@ -17,7 +17,10 @@ DESCRIPTION = (HELP + ". With --reference, the bound graph is compared with the 
                "With trusted weights (--reference), every checkpoint tensor is first compared with the trusted "
                "one by exact hash, and each difference is named as a transformation: block exchange, layer "
                "shift, swap or cycle, transpose, Q/K/V or per-head reordering, float16/bfloat16 rounding, "
-               "scale, or different values.")
+               "scale, or different values. With --golden only, structured hypotheses (block exchanges, layer "
+               "shifts, including one that dropped the last layer, Q/K/V and per-head orders of fused and separate "
+               "projections, rotary permutes, head exchanges, transposes) are evaluated first, within "
+               "--max-hypotheses and --time-limit; see docs/cli.md, 'What the audit names'.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

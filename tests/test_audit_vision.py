@@ -199,8 +199,13 @@ def test_resnet_blocks_exchanged(resnet_setup, mode):
                                          if not k.endswith("num_batches_tracked"))
 
 
-def test_resnet_clean_passes(resnet_setup):
-    assert audited(resnet_setup, resnet_setup[2], "module").ok
+@pytest.mark.parametrize("mode", ["module", "golden"])
+def test_resnet_clean_passes_and_its_observability_check_keeps_the_time_limit(resnet_setup, mode):
+    assert audited(resnet_setup, resnet_setup[2], mode, time_limit=2.0).ok
+    if mode == "golden":  # many same-shape batch-norm tensors: the exchanges' observability check is bounded
+        report = audited(resnet_setup, resnet_setup[2], mode, time_limit=0.0)
+        (bounded,) = report.of_kind("search_bounded")
+        assert report.ok and bounded.data["tried"] == 0 and bounded.data["of"] > 0
 
 
 @pytest.mark.parametrize("mode", ["module", "golden"])

@@ -430,6 +430,7 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
         return first_errors
 
     if before <= limit:
+        deadline[0] = time.perf_counter() + time_limit  # the observability check is bounded too
         first_errors_of(observability_only=True)
         report.error_after = before
         report.add(Finding("agreement", f"outputs agree with {what}: max error {_fmt(before)} on {len(cases)} "

@@ -73,19 +73,18 @@ def _plain(run: "_Run", layers, rows, alphas, betas, sigma, c, r):
     return bound, g_alpha, g_beta, at_out
 
 
-def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarray],
+def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarray],
                 iterations: int = ITERATIONS) -> tuple[np.ndarray, np.ndarray] | None:
     """Sound lower bounds ``[N, K]`` of the rows ``c`` of t with optimized alpha and beta, and the input
     points ``[N, K, inputs]`` (flat) minimizing each row's plain linear bound over the box (where a
     counterexample is most likely: attack candidates); None when t's graph is not a chain of affine
-    and ReLU layers (``chain.chain_layers``). ``split_at`` maps a ReLU's input node to its splits ``[N, units]``."""
+    and ReLU layers (``chain.chain_layers``). ``split_of`` maps a split ReLU to its codes ``[N, units]`` (+1 active, -1 inactive)."""
     from .crown import _Pass
     from .chain import chain_layers
     got = chain_layers(run.crown, t)
     if got is None or not any(kind == "relu" for kind, *_ in got[0]):
         return None
     layers, inp = got
-    g = run.graph
     lo, hi = run.boxes[inp]
     n = lo.shape[0]
     lo, hi = lo.reshape(n, -1), hi.reshape(n, -1)
@@ -102,7 +101,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
         units = a_l.shape[1]
         free[v] = np.broadcast_to(((a_l != a_u))[:, None, :], (n, k, units))
         alphas[v] = np.broadcast_to(a_l[:, None, :], (n, k, units)).copy()
-        s = split_at.get(g.nodes[v].parents[0])
+        s = split_of.get(v)
         s = np.zeros((n, units), dtype=np.int8) if s is None else s.reshape(n, units)
         sigma[v] = np.broadcast_to(np.where(s > 0, -1.0, np.where(s < 0, 1.0, 0.0))[:, None, :], (n, k, units))
         fixed[v] = sigma[v] != 0

@@ -252,9 +252,9 @@ class ReluBab:
         gap, empty, _, _ = self._bound(sub, lo2, hi2, known, method="crown")
         self.fsb_domains += self.domains - counted  # candidates' children: not subdomains of the search tree
         self.domains = counted
-        parent = np.concatenate([gaps[rows], gaps[rows]])
-        gap = np.maximum(gap, parent)
+        # candidates compare by their own cheap bounds (the parent's, often from beta, would tie them all)
         value = np.where(empty, np.inf, gap.max(axis=1))
+        gap = np.maximum(gap, np.concatenate([gaps[rows], gaps[rows]]))
         worst = np.minimum(value[:rows.size], value[rows.size:])
         table = np.full((m, k), -np.inf)
         table[rows, slot] = worst

@@ -37,39 +37,71 @@ _TINY = 1e-12  # a plain coefficient this small gets no beta term (its slope wou
 _SNAP = 2.0 ** -60
 
 
-def _plain(run: "_Run", layers, rows, alphas, betas, sigma, c, r):
-    """Plain-float lower bounds ``[N, K]`` of ``rows``, the gradients for alpha and beta, and the
-    coefficient at each ReLU's output."""
-    a = rows
-    const = np.zeros(rows.shape[:2])
-    saved, at_out = [], {}
-    for kind, v, weight, bias in layers:
+def _plain(run: "_Run", layers, inp: int, rows, alphas, betas, sigma, c, r):
+    """Plain-float lower bounds ``[N, K]`` of ``rows`` through the DAG ``layers`` (``chain.dag_layers``),
+    the gradients for alpha and beta (reverse mode over the backward pass: each node's gradient from its
+    parents', in increasing id), and the coefficient at each ReLU's output and at the input."""
+    n, k = rows.shape[:2]
+    coeff = {layers[0][1]: rows}
+    const = np.zeros((n, k))
+    seen = []
+    for kind, v, parents, weight, bias in layers:
+        a = coeff.pop(v, None)
+        if a is None:
+            continue
         if kind == "affine":
             const = const + a @ bias
-            saved.append(("affine", weight, bias))
-            a = a @ weight
-        else:
-            _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
-            at_out[v] = a
+            outs = [(parents[0], a @ weight)]
+        elif kind in ("add", "sub"):
+            outs = [(parents[0], a), (parents[1], a if kind == "add" else -a)]
+        elif kind == "identity":
+            outs = [(parents[0], a)]
+        elif kind == "relu":
+            _, _, a_u, b_u = (x.reshape(n, -1) for x in run.lines[v])
             pos = a >= 0
-            slopes = np.where(pos, alphas[v], a_u[:, None])
             const = const + np.einsum("nku,nu->nk", np.where(pos, 0.0, a), b_u)
-            saved.append(("relu", v, pos, a))
-            a = a * slopes + betas[v] * sigma[v]
-    bound = const + np.einsum("nki,ni->nk", a, c) - np.einsum("nki,ni->nk", np.abs(a), r)
-    grad = c[:, None, :] - np.sign(a) * r[:, None, :]
-    at_out["input"] = a
+            outs = [(parents[0], a * np.where(pos, alphas[v], a_u[:, None]) + betas[v] * sigma[v])]
+        else:  # max_pool: max >= x_j*; max <= x_j* where j* decides the window, else <= the largest upper end
+            jstar, decided, umax, cells = run.pools[v]
+            lead = jstar.shape[1]
+            a4 = a.reshape(n, k, lead, -1)
+            to_cell = (a4 >= 0) | decided[:, None]
+            const = const + np.where(to_cell, 0.0, a4 * umax[:, None]).reshape(n, k, -1).sum(axis=-1)
+            moved = np.zeros((n, k, lead, int(cells)))
+            ni, ki, li = np.ix_(np.arange(n), np.arange(k), np.arange(lead))
+            np.add.at(moved, (ni[..., None], ki[..., None], li[..., None], jstar[:, None]), np.where(to_cell, a4, 0.0))
+            outs = [(parents[0], moved.reshape(n, k, -1))]
+            a = (a, to_cell)
+        seen.append((kind, v, parents, weight, bias, a))
+        for p, ap in outs:
+            coeff[p] = coeff[p] + ap if p in coeff else ap
+    a_in = coeff.get(inp, np.zeros((n, k, c.shape[1])))
+    bound = const + np.einsum("nki,ni->nk", a_in, c) - np.einsum("nki,ni->nk", np.abs(a_in), r)
+    grads = {inp: c[:, None, :] - np.sign(a_in) * r[:, None, :]}
+    at_out = {"input": a_in}
     g_alpha, g_beta = {}, {}
-    for item in reversed(saved):
-        if item[0] == "affine":
-            _, w, bias = item
-            grad = grad @ w.T + bias
+    for kind, v, parents, weight, bias, a in reversed(seen):
+        gp = [grads[p] for p in parents]
+        if kind == "affine":
+            grads[v] = gp[0] @ weight.T + bias
+        elif kind in ("add", "sub"):
+            grads[v] = gp[0] + gp[1] if kind == "add" else gp[0] - gp[1]
+        elif kind == "identity":
+            grads[v] = gp[0]
+        elif kind == "relu":
+            _, _, a_u, b_u = (x.reshape(n, -1) for x in run.lines[v])
+            pos = a >= 0
+            at_out[v] = a
+            g_beta[v] = gp[0] * sigma[v]
+            g_alpha[v] = np.where(pos, gp[0] * a, 0.0)
+            grads[v] = np.where(pos, gp[0] * alphas[v], gp[0] * a_u[:, None] + b_u[:, None])
         else:
-            _, v, pos, a_in = item
-            _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
-            g_beta[v] = grad * sigma[v]
-            g_alpha[v] = np.where(pos, grad * a_in, 0.0)
-            grad = np.where(pos, grad * alphas[v], grad * a_u[:, None] + b_u[:, None])
+            jstar, decided, umax, _ = run.pools[v]
+            a, to_cell = a
+            lead = jstar.shape[1]
+            g4 = gp[0].reshape(n, k, lead, -1)
+            picked = np.take_along_axis(g4, np.broadcast_to(jstar[:, None], (n, k) + jstar.shape[1:]), axis=-1)
+            grads[v] = np.where(to_cell, picked, umax[:, None]).reshape(n, k, -1)
     return bound, g_alpha, g_beta, at_out
 
 
@@ -80,9 +112,11 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
     counterexample is most likely: attack candidates); None when t's graph is not a chain of affine
     and ReLU layers (``chain.chain_layers``). ``split_of`` maps a split ReLU to its codes ``[N, units]`` (+1 active, -1 inactive)."""
     from .crown import _Pass
-    from .chain import chain_layers
-    got = chain_layers(run.crown, t)
-    if got is None or not any(kind == "relu" for kind, *_ in got[0]):
+    from .chain import dag_layers
+    got = dag_layers(run.crown, t)
+    if got is None or not any(kind == "relu" for kind, *_ in got[0]) or any(
+            kind == "relu" and v not in run.lines or kind == "max_pool" and v not in run.pools
+            for kind, v, *_ in got[0]):
         return None
     layers, inp = got
     lo, hi = run.boxes[inp]
@@ -94,7 +128,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
     k = c.shape[0]
     rows = np.broadcast_to(c[None], (n, k, c.shape[1]))
     alphas, free, betas, sigma, fixed = {}, {}, {}, {}, {}
-    for kind, v, _, _ in layers:
+    for kind, v, *_ in layers:
         if kind != "relu":
             continue
         a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
@@ -113,7 +147,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
     with np.errstate(all="ignore"):
         for step in range(1, iterations + 1):
             run.on_time()
-            _, g_alpha, g_beta, at_out = _plain(run, layers, rows, alphas, betas, sigma, cx, rx)
+            _, g_alpha, g_beta, at_out = _plain(run, layers, inp, rows, alphas, betas, sigma, cx, rx)
             for key, grads, values, mask, lr, lim in (("a", g_alpha, alphas, free, LR_ALPHA, (0.0, 1.0)),
                                                       ("b", g_beta, betas, fixed, LR_BETA, (0.0, np.inf))):
                 for v, gr in grads.items():
@@ -127,7 +161,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
                                   *lim)
                     new[new < _SNAP] = 0.0
                     values[v] = np.where(mask[v], new, values[v])
-        _, _, _, at_out = _plain(run, layers, rows, alphas, betas, sigma, cx, rx)
+        _, _, _, at_out = _plain(run, layers, inp, rows, alphas, betas, sigma, cx, rx)
     points = np.where(at_out["input"] > 0, lo[:, None, :], hi[:, None, :])
     lower = np.empty((n, k))
     for j in range(k):

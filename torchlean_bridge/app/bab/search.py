@@ -73,7 +73,7 @@ class ReluBab:
                  batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None,
                  reuse: bool = True, check: Callable[[np.ndarray], dict[str, Any] | None] | None = None,
                  branching: str | None = None) -> None:
-        from semantics.linear_bounds.chain import chain_layers
+        from semantics.linear_bounds.chain import chain_layers, dag_layers
         from semantics.linear_bounds.pieces import POOLS, pool_geometry
         from semantics.linear_bounds.splits import split_nodes, split_units
         if batch < 1:
@@ -100,8 +100,9 @@ class ReluBab:
         self.pools = {v: pool_geometry(base, g.nodes[v]) for v in self.nodes if g.nodes[v].kind in POOLS}
         chain = chain_layers(base)
         self.layers = None if chain is None else chain[0]
-        # without beta (graphs other than chains) splits act only through the intermediate bounds: recompute them
-        self.reuse = reuse and self.layers is not None
+        dag = dag_layers(base)
+        # without beta (graphs beyond beta's DAGs) splits act only through the intermediate bounds: recompute them
+        self.reuse = reuse and dag is not None and any(kind == "relu" for kind, *_ in dag[0])
         self._crowns: dict[int, Any] = {1: base}
         self.domains = 0
         self.fsb_domains = 0  # children FSB bounded to choose a branch (not counted in ``domains``)

@@ -243,8 +243,16 @@ def _pool_relu(seed):
                  ("linear", _grid(rng, (2, 4)), _grid(rng, 2, 4))])
 
 
-NETS = {"mix": _mix, "pool": _pool, "residual": _residual, "pool-relu": _pool_relu}
-BETA = {"residual", "pool-relu"}  # DAGs of affine layers, ReLUs, adds and max pools: beta applies
+def _leaky_residual(seed):
+    rng = np.random.default_rng(seed)
+    return Spec([("linear", _grid(rng, (4, 2)), _grid(rng, 4, 4)), ("leaky", 0.125), ("save",),
+                 ("linear", _grid(rng, (4, 4)), _grid(rng, 4, 4)), ("leaky", 0.5),
+                 ("linear", _grid(rng, (4, 4)), _grid(rng, 4, 4)), ("add_saved",), ("relu",),
+                 ("linear", _grid(rng, (2, 4)), _grid(rng, 2, 4))])
+
+
+NETS = {"mix": _mix, "pool": _pool, "residual": _residual, "pool-relu": _pool_relu, "leaky-residual": _leaky_residual}
+BETA = {"residual", "pool-relu", "leaky-residual"}  # DAGs of affine layers, (leaky) ReLUs, adds, max pools
 KINDS = {"leaky": "leaky_relu", "abs": "abs", "clamp": "clamp", "relu": "relu", "pool": "max_pool"}
 
 

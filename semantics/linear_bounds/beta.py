@@ -14,7 +14,10 @@ ReLU's output: ``a relu(z) + beta sigma z = (a + beta sigma) z`` on the active s
 inactive side. So an active unit takes the slope ``1 - beta / a`` on the side its coefficient selects
 (a lower line ``s z`` with ``s <= 1`` or an upper line with ``s >= 1``: both hold for ``relu`` on
 ``z >= 0``), an inactive one ``beta / a`` (a lower line with ``s >= 0`` or an upper line with ``s <= 0``,
-valid on ``z <= 0``). Every such line holds on the subdomain whatever the sound pass's own coefficient,
+valid on ``z <= 0``). A leaky ReLU with slope ``q`` below 0 is the same with ``q + beta / a`` on the
+inactive side (``s >= q`` below, ``s <= q`` above, on ``z <= 0``) and its free lower slopes in
+``[q, 1]``. The plain pass runs over the DAG of ``chain.dag_layers`` (residual adds and max pools
+included). Every such line holds on the subdomain whatever the sound pass's own coefficient,
 so the bound is sound for any beta; it is intersected with CROWN's, never looser.
 """
 
@@ -127,10 +130,11 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
     cx, rx = (lo + hi) * 0.5, (hi - lo) * 0.5
     k = c.shape[0]
     rows = np.broadcast_to(c[None], (n, k, c.shape[1]))
-    alphas, free, betas, sigma, fixed = {}, {}, {}, {}, {}
-    for kind, v, *_ in layers:
+    alphas, free, betas, sigma, fixed, floor = {}, {}, {}, {}, {}, {}
+    for kind, v, _, slope_below, _ in layers:
         if kind != "relu":
             continue
+        floor[v] = slope_below  # a lower line s z is valid on the whole line for s in [slope below 0, 1]
         a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
         units = a_l.shape[1]
         free[v] = np.broadcast_to(((a_l != a_u))[:, None, :], (n, k, units))
@@ -148,9 +152,10 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
         for step in range(1, iterations + 1):
             run.on_time()
             _, g_alpha, g_beta, at_out = _plain(run, layers, inp, rows, alphas, betas, sigma, cx, rx)
-            for key, grads, values, mask, lr, lim in (("a", g_alpha, alphas, free, LR_ALPHA, (0.0, 1.0)),
-                                                      ("b", g_beta, betas, fixed, LR_BETA, (0.0, np.inf))):
+            for key, grads, values, mask, lr in (("a", g_alpha, alphas, free, LR_ALPHA),
+                                                 ("b", g_beta, betas, fixed, LR_BETA)):
                 for v, gr in grads.items():
+                    lim = (floor[v], 1.0) if key == "a" else (0.0, np.inf)
                     gr = np.where(mask[v] & np.isfinite(gr), gr, 0.0)
                     m, s2 = state[(key, v)]
                     m = b1 * m + (1 - b1) * gr
@@ -159,7 +164,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
                     state[(key, v)] = (m, s2)
                     new = np.clip(values[v] + lr * (m / (1 - b1 ** step)) / (np.sqrt(s2 / (1 - b2 ** step)) + eps),
                                   *lim)
-                    new[new < _SNAP] = 0.0
+                    new[(new < _SNAP) & (lim[0] == 0.0)] = 0.0
                     values[v] = np.where(mask[v], new, values[v])
         _, _, _, at_out = _plain(run, layers, inp, rows, alphas, betas, sigma, cx, rx)
     points = np.where(at_out["input"] > 0, lo[:, None, :], hi[:, None, :])
@@ -175,11 +180,11 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
             beta, sig = betas[v][:, j], sigma[v][:, j]
             use = (sig != 0) & (beta > 0) & (np.abs(a) > _TINY)
             with np.errstate(all="ignore"):
-                slope = np.where(use, (np.where(sig < 0, a, 0.0) + beta * sig) / np.where(use, a, 1.0), 0.0)
+                slope = np.where(use, (np.where(sig < 0, a, floor[v] * a) + beta * sig) / np.where(use, a, 1.0), 0.0)
             new_l = a_l.reshape(n, -1).copy()
             new_u = a_u.reshape(n, -1).copy()
             free_j = free[v][:, j]
-            new_l = np.where(free_j, np.clip(alphas[v][:, j], 0.0, 1.0), new_l)
+            new_l = np.where(free_j, np.clip(alphas[v][:, j], floor[v], 1.0), new_l)
             # the beta line on the side the plain coefficient selects (both sides hold on the subdomain)
             new_l = np.where(use & (a > 0), slope, new_l)
             new_u = np.where(use & (a < 0), slope, new_u)

@@ -55,7 +55,8 @@ def dag_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, int,
     """t's ancestors (the output by default) as a DAG for plain-float passes: ``([(kind, id, parents,
     weight, bias)], input id)`` in decreasing id (a backward pass's order), kinds ``affine`` (linear,
     or conv as a dense matrix, as ``chain_layers``), ``identity`` (reshape, flatten), ``add`` / ``sub``
-    of two input-dependent values of one shape, ``relu`` and ``max_pool`` (its relaxation is the run's,
+    of two input-dependent values of one shape, ``relu`` (also a leaky ReLU with slope in [0, 1]: its
+    weight is that slope, 0 for a ReLU) and ``max_pool`` (its relaxation is the run's,
     ``_Run.pools``); None when another op, a second graph input or a dense matrix over MAX_DENSE
     entries is met. A chain (``chain_layers``) is the case of one parent each. No soundness claim."""
     g = crown.graph
@@ -82,8 +83,12 @@ def dag_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, int,
             continue
         if len(parents) != 1 or node.parents[0] != parents[0]:
             return None
-        if node.kind in ("relu", "max_pool", "max_pool_nd"):
-            out.append(("max_pool" if node.kind != "relu" else "relu", v, parents, None, None))
+        if node.kind == "relu":
+            out.append(("relu", v, parents, 0.0, None))
+        elif node.kind == "leaky_relu" and 0.0 <= float(node.attrs["negative_slope"]) <= 1.0:
+            out.append(("relu", v, parents, float(node.attrs["negative_slope"]), None))  # the slope below 0
+        elif node.kind in ("max_pool", "max_pool_nd"):
+            out.append(("max_pool", v, parents, None, None))
         elif node.kind in ("reshape", "flatten"):
             out.append(("identity", v, parents, None, None))
         else:

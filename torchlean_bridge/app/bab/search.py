@@ -1,35 +1,41 @@
-"""Branch and bound over ReLU activations (``verify --method bab-relu``).
+"""Branch and bound over piecewise-linear activations (``verify --method bab-relu``).
 
 One group of property rows ``C y <= d`` (a conjunction) is refuted on a subdomain when some row's sound
 lower bound exceeds its right-hand side by the margin verify uses everywhere (``verify._margin``).
-A subdomain is the property's input box plus split constraints on unstable ReLUs (input ``>= 0`` or
-``<= 0``); ``semantics.linear_bounds.splits.bound_domains`` bounds many of them in one batched CROWN
-pass. The search, in the style of alpha-beta-CROWN's BaB (without its beta multipliers):
+A subdomain is the property's input box plus split constraints on units of piecewise-linear ops
+(``semantics.linear_bounds.pieces``: ReLU, leaky ReLU and abs at 0, clamp at its one or two
+breakpoints, a max pool's window at which cell is its maximum); ``splits.bound_domains`` bounds many
+of them in one batched CROWN pass. The search, in the style of alpha-beta-CROWN's BaB:
 
 * a priority queue of open subdomains by their best row gap (``max_k lower_k - d_k - margin_k``),
-  the worst first; up to ``batch`` of them are split per round, each on one ReLU, and their ``2 batch``
+  the worst first; up to ``batch`` of them are split per round, each on one unit, and their ``2 batch``
   children bounded in one pass;
-* the branching ReLU of a subdomain maximizes a BaBSR-style score (Bunel et al., "Branch and bound for
+* scores rank the units: on ReLU chains a BaBSR-style score (Bunel et al., "Branch and bound for
   piecewise linear neural network verification", JMLR 2020): the gain in the best row's CROWN bound
-  from removing the unit's relaxation (the upper line's intercept where the row's coefficient is
-  negative, the lower line's slack where it is positive), from one plain-float backward pass through
-  the chain of linear and ReLU layers; on other graphs the relaxation's intercept ``-u l / (u - l)``;
-* a child's bound is the maximum of its own and its parent's (both are sound on the child), and a
-  child a split makes empty (``DomainBounds.empty``) is refuted; children start from their parent's
-  ReLU input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded with beta
-  (``method="beta-crown"``) where the graph is a linear/ReLU chain;
+  from removing the unit's relaxation, from one plain-float backward pass through the chain; elsewhere
+  the height of the unit's relaxation triangle at its breakpoint (``-u l / (u - l)`` for a ReLU; a
+  pool's gap between its upper end and its largest lower end);
+* branching (``BRANCHING``): ``fsb`` (filtered smart branching, the default) bounds both children of
+  each subdomain's ``FSB_CANDIDATES`` best-scored units in one batched CROWN pass reusing the parent's
+  intermediate boxes and splits the unit whose worse child has the largest gap; ``babsr`` splits the
+  best-scored unit;
+* a child's bound is the maximum of its own, FSB's and its parent's (all sound on the child), and a
+  child a split makes empty (``DomainBounds.empty``) is refuted; where beta applies (graphs of affine
+  layers, ReLUs, adds and max pools: ``chain.dag_layers``) children start from their parent's
+  split nodes' input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded
+  with ``method="beta-crown"``; elsewhere their intermediate bounds are recomputed with the splits;
 * the caller's attack (verify's, and PGD, ``pgd``) runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
   fast, and every round the point minimizing the worst row's linear bound on the ``TRY_POINTS`` most
   promising open children (beta-CROWN's plain pass gives it) is re-checked as a counterexample;
-* a subdomain with no unstable ReLU left that stays open has its input box halved along its widest
-  side instead: without beta multipliers the splits act only through the relaxations, and the final
-  concretization over the whole box ignores them, so ReLU splits alone cannot close such a subdomain;
+* a subdomain with no splittable unit left that stays open has its input box halved along its widest
+  side instead: the final concretization over the whole box ignores the constraints beta does not
+  carry, so splits alone cannot close such a subdomain;
 * ``unknown`` when the deadline passes, when the open subdomains exceed the memory cap, or when a box
   cannot be halved in floating point.
 
 ``unsat`` therefore rests on CROWN's sound bounds on subdomains whose union is the whole box: every
-split produces both halves ``z >= 0`` and ``z <= 0`` (an input split both halves of the box), and a
-subdomain is dropped only when refuted.
+split produces both closed halves (``z <= t`` and ``z >= t``; a pool cell the maximum or not; an input
+split both halves of the box), and a subdomain is dropped only when refuted.
 """
 
 from __future__ import annotations

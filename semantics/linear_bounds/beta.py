@@ -5,8 +5,9 @@ On a subdomain a ReLU fixed active has ``z >= 0`` and one fixed inactive ``z <= 
 ``f + sum_j beta_j sigma_j z_j`` (``sigma = -1`` active, ``+1`` inactive; each added term is <= 0 there).
 In the backward pass the term adds ``beta_j sigma_j`` to the coefficient of ``z_j`` (Wang et al.,
 "Beta-CROWN", NeurIPS 2021). Here beta and the free ReLUs' lower slopes (alpha) are optimized per
-subdomain and row by projected Adam steps in plain float64 (the bound's gradient through the chain of
-linear and ReLU layers, as in ``alpha``); only the heuristic runs in plain arithmetic.
+subdomain and row by projected Adam steps in plain float64 (the bound's gradient through the DAG of
+affine layers, adds, ReLUs and max pools, ``chain.dag_layers``); only the heuristic runs in plain
+arithmetic.
 
 The final bound is a sound backward pass of the outward-rounded CROWN (``crown._Pass``) in which the
 beta term is carried by the fixed unit's lines, for the coefficient ``a`` the plain pass found at the
@@ -112,8 +113,9 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
                 iterations: int = ITERATIONS) -> tuple[np.ndarray, np.ndarray] | None:
     """Sound lower bounds ``[N, K]`` of the rows ``c`` of t with optimized alpha and beta, and the input
     points ``[N, K, inputs]`` (flat) minimizing each row's plain linear bound over the box (where a
-    counterexample is most likely: attack candidates); None when t's graph is not a chain of affine
-    and ReLU layers (``chain.chain_layers``). ``split_of`` maps a split ReLU to its codes ``[N, units]`` (+1 active, -1 inactive)."""
+    counterexample is most likely: attack candidates); None when t's graph is not a DAG of affine
+    layers, adds, (leaky) ReLUs and max pools (``chain.dag_layers``) with a ReLU. ``split_of`` maps a
+    split node to its codes ``[N, units]`` (for a ReLU +1 active, -1 inactive)."""
     from .crown import _Pass
     from .chain import dag_layers
     got = dag_layers(run.crown, t)
@@ -180,7 +182,8 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
             beta, sig = betas[v][:, j], sigma[v][:, j]
             use = (sig != 0) & (beta > 0) & (np.abs(a) > _TINY)
             with np.errstate(all="ignore"):
-                slope = np.where(use, (np.where(sig < 0, a, floor[v] * a) + beta * sig) / np.where(use, a, 1.0), 0.0)
+                plain = np.where(sig < 0, a, floor[v] * a)  # a f(z) on the fixed side: a z or a q z
+                slope = np.where(use, (plain + beta * sig) / np.where(use, a, 1.0), 0.0)
             new_l = a_l.reshape(n, -1).copy()
             new_u = a_u.reshape(n, -1).copy()
             free_j = free[v][:, j]

@@ -51,7 +51,8 @@ def chain_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, in
     return out, v
 
 
-def dag_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, int, tuple[int, ...], Any, Any]], int] | None:
+def dag_layers(crown: Crown, t: int | None = None
+               ) -> tuple[list[tuple[str, int, tuple[int, ...], Any, Any]], int] | None:
     """t's ancestors (the output by default) as a DAG for plain-float passes: ``([(kind, id, parents,
     weight, bias)], input id)`` in decreasing id (a backward pass's order), kinds ``affine`` (linear,
     or conv as a dense matrix, as ``chain_layers``), ``identity`` (reshape, flatten), ``add`` / ``sub``

@@ -31,7 +31,7 @@ from ..interval_round import down, up
 from .relax import Lines, max_pool_relaxation
 
 __all__ = ["ELEMENTWISE", "POOLS", "breakpoints", "constraint_interval", "split_codes", "pwl_lines",
-           "clip_elementwise", "clip_pool", "pool_relaxation", "elementwise_scores", "pool_scores"]
+           "clip_elementwise", "clip_pool", "pool_relaxation", "elementwise_scores", "pool_scores", "pool_geometry"]
 
 ELEMENTWISE = frozenset({"relu", "leaky_relu", "abs", "clamp"})
 POOLS = frozenset({"max_pool", "max_pool_nd"})
@@ -155,7 +155,7 @@ def clip_elementwise(lo: np.ndarray, hi: np.ndarray, codes: np.ndarray, knots: t
     return lo2, np.where(bad, lo2, hi2), bad
 
 
-def _windows(codes: np.ndarray, idx: np.ndarray, valid: np.ndarray, lead: int):
+def _windows(codes: np.ndarray, idx: np.ndarray, lead: int):
     """Per (sample, leading index, window): the fixed offset (-1 none), excluded offset (-1 none)."""
     n = codes.shape[0]
     c = codes.reshape(n, lead, idx.shape[0]).astype(np.int64)
@@ -172,7 +172,7 @@ def clip_pool(lo: np.ndarray, hi: np.ndarray, codes: np.ndarray, idx: np.ndarray
     no point (its maximum's upper end below another cell's lower end; an excluded cell alone in its
     window) empties the sample."""
     n, lead, _ = lo.shape
-    fixed, excluded = _windows(codes, idx, valid, lead)
+    fixed, excluded = _windows(codes, idx, lead)
     win_l = np.where(valid, lo[..., idx], -np.inf)  # [n, lead, O, K]
     win_u = np.where(valid, hi[..., idx], -np.inf)
     k_axis = np.arange(idx.shape[1])
@@ -211,7 +211,7 @@ def pool_relaxation(lo: np.ndarray, hi: np.ndarray, codes: np.ndarray | None, id
     if codes is None:
         return max_pool_relaxation(lo, hi, idx, valid)
     n, lead, _ = lo.shape
-    fixed, excluded = _windows(codes, idx, valid, lead)
+    fixed, excluded = _windows(codes, idx, lead)
     k_axis = np.arange(idx.shape[1])
     eff = valid[None, None] & (k_axis != excluded[..., None])  # [n, lead, O, K]
     jstar, decided, umax = max_pool_relaxation(lo, hi, idx, eff)

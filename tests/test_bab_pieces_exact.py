@@ -363,3 +363,30 @@ def test_bab_on_piecewise_nets_is_never_wrong_and_fsb_agrees_with_babsr(net, see
     finally:
         search.BRANCHING = default
     assert decided["fsb"] >= 3 and decided["babsr"] >= 3, decided
+
+
+def test_bad_split_codes_are_refused_naming_the_node():
+    from semantics.linear_bounds import Crown
+    from semantics.linear_bounds.splits import bound_domains, split_nodes
+    from torchlean_bridge.errors import BridgeError
+    spec = _mix(0)
+    b = tlb.import_fx(spec.module(), (torch.zeros(1, 2),))
+    crown = Crown(b.graph, b.payload)
+    leaky, _, clamp = split_nodes(crown)
+    box = np.zeros((1, 2)), np.ones((1, 2))
+    c = np.eye(2)
+    with pytest.raises(BridgeError, match=f"node {leaky} \\(leaky_relu\\) takes split codes"):
+        bound_domains(crown, *box, {leaky: np.full((1, 5), 3, dtype=np.int8)}, c)
+    with pytest.raises(BridgeError, match="must be int8"):
+        bound_domains(crown, *box, {clamp: np.zeros((1, 4))}, c)
+    ok = bound_domains(crown, *box, {clamp: np.full((1, 4), 3, dtype=np.int8)}, c)  # between both breakpoints
+    assert ok.lower.shape == (1, 2)
+
+
+def test_auto_branches_on_leaky_relu_nets_with_many_inputs():
+    from torchlean_bridge.app.verify import choose_method
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(40, 16), nn.LeakyReLU(0.1), nn.Linear(16, 2))
+    model = _model(tlb.import_fx(net.eval(), (torch.zeros(1, 40),)))
+    assert choose_method(model, Case(np.full((1, 40), -1.0), np.full((1, 40), 1.0), [])) == "bab-relu"
+    assert choose_method(model, Case(np.zeros((1, 40)), np.zeros((1, 40)), [])) == "bab-input"  # a point

@@ -37,9 +37,10 @@ from torchlean_bridge.errors import BridgeError
 from ..interval_round import Box
 from .crown import Crown, _alpha, _Pass, _Run, _spec_box, _spec_matrix
 from .pieces import (ELEMENTWISE, POOLS, breakpoints, clip_elementwise, clip_pool, constraint_interval,
-                     pool_geometry, pool_relaxation)
+                     elementwise_scores, pool_geometry, pool_relaxation, pool_scores)
 
-__all__ = ["DomainBounds", "bound_domains", "relu_nodes", "split_nodes", "split_units", "DOMAIN_METHODS"]
+__all__ = ["DomainBounds", "bound_domains", "relu_nodes", "split_nodes", "split_units", "unstable_units",
+           "DOMAIN_METHODS"]
 
 DOMAIN_METHODS = ("crown", "alpha-crown", "beta-crown")
 
@@ -82,6 +83,25 @@ def split_nodes(crown: Crown) -> list[int]:
 def split_units(crown: Crown, v: int) -> int:
     """Units of a split node per sample: its output entries (one per window for a pool)."""
     return math.prod(crown.ishape(v)[1:])
+
+
+def unstable_units(crown: Crown, boxes: list[Box]) -> int:
+    """Units of the split nodes that a split would change on these node boxes (IBP's, say): an
+    elementwise unit with a breakpoint strictly inside its input box, a pool window whose maximum
+    the box leaves undecided."""
+    g = crown.graph
+    count = 0
+    for v in split_nodes(crown):
+        node = g.nodes[v]
+        lo, hi = (x.reshape(crown.n, -1) for x in boxes[node.parents[0]])
+        codes = np.zeros((crown.n, split_units(crown, v)), dtype=np.int8)
+        if node.kind in POOLS:
+            idx, valid, lead, cells = pool_geometry(crown, node)
+            score, _ = pool_scores(lo.reshape(crown.n, lead, cells), hi.reshape(crown.n, lead, cells), codes, idx, valid)
+        else:
+            score, _ = elementwise_scores(node, lo, hi, codes)
+        count += int(np.isfinite(score).sum())
+    return count
 
 
 class _SplitRun(_Run):

@@ -246,11 +246,18 @@ class ReluBab:
         """Filtered smart branching: per subdomain the ``FSB_CANDIDATES`` best units by score, each
         candidate's two children bounded by one batched CROWN pass reusing the parent's boxes, and the
         unit whose worse child has the largest gap. Returns the units ``[M]`` and those children's
-        gaps ``[2 M, K]`` (the parent's where a row has no candidate: no unit to split)."""
+        gaps ``[2 M, K]`` (the parent's where a row has no candidate: no unit to split), or the best-scored
+        units and None when the candidates' children cannot be bounded in one batched pass (a graph
+        that does not rebatch, or a batch the working-memory limit refuses): one pass per child would
+        cost more than the choice saves."""
         m, k = splits.shape[0], min(FSB_CANDIDATES, splits.shape[1])
         top = np.argsort(-score, axis=1, kind="stable")[:, :k]  # [M, k]
         live = np.isfinite(np.take_along_axis(score, top, axis=1))
         rows, slot = np.nonzero(live)
+        size = 1 << max(0, (2 * rows.size - 1).bit_length())
+        crown = self._crown(size) if size > 1 else self._crowns[1]
+        if crown is None or not crown.batched or crown.n != size:
+            return np.argmax(score, axis=1), None
         units = top[rows, slot]
         sub = self._children(splits[rows], np.arange(rows.size), units, choice[rows, units])
         lo2, hi2 = np.concatenate([los[rows], los[rows]]), np.concatenate([his[rows], his[rows]])

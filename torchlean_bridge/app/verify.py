@@ -348,17 +348,18 @@ class _Search:
         return "unsat", None
 
     def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
-        """Multi-restart PGD on each group (chains of affine layers and ReLUs only): the best few
-        points re-checked as counterexamples."""
-        from semantics.linear_bounds.chain import chain_layers
-        from .bab import pgd_candidates
-        chain = chain_layers(self.model.crown)
-        if chain is None or not self.time_left():
+        """Multi-restart PGD on each group (DAGs of affine layers, adds, (leaky) ReLUs and max pools
+        only: ``chain.dag_layers``): the best few points re-checked as counterexamples."""
+        from semantics.linear_bounds.chain import dag_layers
+        from .bab import Dag, pgd_candidates
+        got = dag_layers(self.model.crown)
+        if got is None or not self.time_left():
             return None
+        dag = Dag(self.model.crown, got)
         for c, d, _ in groups:
             if not c.shape[0]:
                 continue
-            for x in pgd_candidates(chain[0], lo.reshape(-1), hi.reshape(-1), c, d, self.rng)[:4]:
+            for x in pgd_candidates(dag, lo.reshape(-1), hi.reshape(-1), c, d, self.rng)[:4]:
                 found = self.check(x.reshape(lo.shape), lo, hi, groups)
                 if found is not None:
                     return found

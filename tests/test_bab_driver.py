@@ -125,16 +125,35 @@ def test_graphs_that_do_not_rebatch_are_bounded_one_subdomain_per_pass(monkeypat
     assert batched.domains_visited > 1 and single.domains_visited == batched.domains_visited
 
 
-def test_pgd_descends_to_points_of_the_box_that_violate_more():
-    from semantics.linear_bounds.chain import chain_layers
-    from torchlean_bridge.app.bab import pgd_candidates
-    model = _model(_mlp(40, seed=2))
-    layers, _ = chain_layers(model.crown)
+class _Residual(nn.Module):
+    """40 -> 16, a ReLU block added back, leaky ReLU, a max pool over pairs, 2 outputs: a DAG."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.out = nn.Linear(40, 16), nn.Linear(16, 16), nn.Linear(8, 2)
+
+    def forward(self, x):
+        z = torch.relu(self.a(x))
+        z = nn.functional.leaky_relu(z + self.b(z), 0.25)
+        z = nn.functional.max_pool2d(z.reshape(-1, 1, 1, 16), (1, 2)).flatten(1)
+        return self.out(z)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "dag"])
+def test_pgd_descends_to_points_of_the_box_that_violate_more(kind):
+    from semantics.linear_bounds.chain import dag_layers
+    from torchlean_bridge.app.bab import Dag, pgd_candidates
+    torch.manual_seed(2)
+    model = _model(_mlp(40, seed=2) if kind == "mlp" else tlb.import_fx(_Residual().eval(), (torch.zeros(1, 40),)))
+    dag = Dag(model.crown, dag_layers(model.crown))
     lo, hi = np.full(40, -0.5), np.full(40, 0.5)
     c, d = np.array([[1.0, -1.0]]), np.zeros(1)
-    pts = pgd_candidates(layers, lo, hi, c, d, np.random.default_rng(0))
+    pts = pgd_candidates(dag, lo, hi, c, d, np.random.default_rng(0))
     assert np.all((pts >= lo) & (pts <= hi))
     b = model.bundle
     value = lambda x: float(c[0] @ np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1))  # noqa: E731
     random = np.random.default_rng(1).uniform(lo, hi, (200, 40))
     assert value(pts[0]) <= min(value(x) for x in random)  # the evaluator agrees: PGD beats random search
+    y, _ = dag.forward(random[:5])  # the plain DAG pass is the network
+    want = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in random[:5]])
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)

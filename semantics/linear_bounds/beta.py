@@ -5,8 +5,9 @@ On a subdomain a ReLU fixed active has ``z >= 0`` and one fixed inactive ``z <= 
 ``f + sum_j beta_j sigma_j z_j`` (``sigma = -1`` active, ``+1`` inactive; each added term is <= 0 there).
 In the backward pass the term adds ``beta_j sigma_j`` to the coefficient of ``z_j`` (Wang et al.,
 "Beta-CROWN", NeurIPS 2021). Here beta and the free ReLUs' lower slopes (alpha) are optimized per
-subdomain and row by projected Adam steps in plain float64 (the bound's gradient through the chain of
-linear and ReLU layers, as in ``alpha``); only the heuristic runs in plain arithmetic.
+subdomain and row by projected Adam steps in plain float64 (the bound's gradient through the DAG of
+affine layers, adds, ReLUs and max pools, ``chain.dag_layers``); only the heuristic runs in plain
+arithmetic.
 
 The final bound is a sound backward pass of the outward-rounded CROWN (``crown._Pass``) in which the
 beta term is carried by the fixed unit's lines, for the coefficient ``a`` the plain pass found at the
@@ -14,7 +15,10 @@ ReLU's output: ``a relu(z) + beta sigma z = (a + beta sigma) z`` on the active s
 inactive side. So an active unit takes the slope ``1 - beta / a`` on the side its coefficient selects
 (a lower line ``s z`` with ``s <= 1`` or an upper line with ``s >= 1``: both hold for ``relu`` on
 ``z >= 0``), an inactive one ``beta / a`` (a lower line with ``s >= 0`` or an upper line with ``s <= 0``,
-valid on ``z <= 0``). Every such line holds on the subdomain whatever the sound pass's own coefficient,
+valid on ``z <= 0``). A leaky ReLU with slope ``q`` below 0 is the same with ``q + beta / a`` on the
+inactive side (``s >= q`` below, ``s <= q`` above, on ``z <= 0``) and its free lower slopes in
+``[q, 1]``. The plain pass runs over the DAG of ``chain.dag_layers`` (residual adds and max pools
+included). Every such line holds on the subdomain whatever the sound pass's own coefficient,
 so the bound is sound for any beta; it is intersected with CROWN's, never looser.
 """
 
@@ -37,55 +41,89 @@ _TINY = 1e-12  # a plain coefficient this small gets no beta term (its slope wou
 _SNAP = 2.0 ** -60
 
 
-def _plain(run: "_Run", layers, rows, alphas, betas, sigma, c, r):
-    """Plain-float lower bounds ``[N, K]`` of ``rows``, the gradients for alpha and beta, and the
-    coefficient at each ReLU's output."""
-    a = rows
-    const = np.zeros(rows.shape[:2])
-    saved, at_out = [], {}
-    for kind, v, weight, bias in layers:
+def _plain(run: "_Run", layers, inp: int, rows, alphas, betas, sigma, c, r):
+    """Plain-float lower bounds ``[N, K]`` of ``rows`` through the DAG ``layers`` (``chain.dag_layers``),
+    the gradients for alpha and beta (reverse mode over the backward pass: each node's gradient from its
+    parents', in increasing id), and the coefficient at each ReLU's output and at the input."""
+    n, k = rows.shape[:2]
+    coeff = {layers[0][1]: rows}
+    const = np.zeros((n, k))
+    seen = []
+    for kind, v, parents, weight, bias in layers:
+        a = coeff.pop(v, None)
+        if a is None:
+            continue
         if kind == "affine":
             const = const + a @ bias
-            saved.append(("affine", weight, bias))
-            a = a @ weight
-        else:
-            _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
-            at_out[v] = a
+            outs = [(parents[0], a @ weight)]
+        elif kind in ("add", "sub"):
+            outs = [(parents[0], a), (parents[1], a if kind == "add" else -a)]
+        elif kind == "identity":
+            outs = [(parents[0], a)]
+        elif kind == "relu":
+            _, _, a_u, b_u = (x.reshape(n, -1) for x in run.lines[v])
             pos = a >= 0
-            slopes = np.where(pos, alphas[v], a_u[:, None])
             const = const + np.einsum("nku,nu->nk", np.where(pos, 0.0, a), b_u)
-            saved.append(("relu", v, pos, a))
-            a = a * slopes + betas[v] * sigma[v]
-    bound = const + np.einsum("nki,ni->nk", a, c) - np.einsum("nki,ni->nk", np.abs(a), r)
-    grad = c[:, None, :] - np.sign(a) * r[:, None, :]
-    at_out["input"] = a
+            outs = [(parents[0], a * np.where(pos, alphas[v], a_u[:, None]) + betas[v] * sigma[v])]
+        else:  # max_pool: max >= x_j*; max <= x_j* where j* decides the window, else <= the largest upper end
+            jstar, decided, umax, cells = run.pools[v]
+            lead = jstar.shape[1]
+            a4 = a.reshape(n, k, lead, -1)
+            to_cell = (a4 >= 0) | decided[:, None]
+            const = const + np.where(to_cell, 0.0, a4 * umax[:, None]).reshape(n, k, -1).sum(axis=-1)
+            moved = np.zeros((n, k, lead, int(cells)))
+            ni, ki, li = np.ix_(np.arange(n), np.arange(k), np.arange(lead))
+            np.add.at(moved, (ni[..., None], ki[..., None], li[..., None], jstar[:, None]), np.where(to_cell, a4, 0.0))
+            outs = [(parents[0], moved.reshape(n, k, -1))]
+            a = (a, to_cell)
+        seen.append((kind, v, parents, weight, bias, a))
+        for p, ap in outs:
+            coeff[p] = coeff[p] + ap if p in coeff else ap
+    a_in = coeff.get(inp, np.zeros((n, k, c.shape[1])))
+    bound = const + np.einsum("nki,ni->nk", a_in, c) - np.einsum("nki,ni->nk", np.abs(a_in), r)
+    grads = {inp: c[:, None, :] - np.sign(a_in) * r[:, None, :]}
+    at_out = {"input": a_in}
     g_alpha, g_beta = {}, {}
-    for item in reversed(saved):
-        if item[0] == "affine":
-            _, w, bias = item
-            grad = grad @ w.T + bias
+    for kind, v, parents, weight, bias, a in reversed(seen):
+        gp = [grads[p] for p in parents]
+        if kind == "affine":
+            grads[v] = gp[0] @ weight.T + bias
+        elif kind in ("add", "sub"):
+            grads[v] = gp[0] + gp[1] if kind == "add" else gp[0] - gp[1]
+        elif kind == "identity":
+            grads[v] = gp[0]
+        elif kind == "relu":
+            _, _, a_u, b_u = (x.reshape(n, -1) for x in run.lines[v])
+            pos = a >= 0
+            at_out[v] = a
+            g_beta[v] = gp[0] * sigma[v]
+            g_alpha[v] = np.where(pos, gp[0] * a, 0.0)
+            grads[v] = np.where(pos, gp[0] * alphas[v], gp[0] * a_u[:, None] + b_u[:, None])
         else:
-            _, v, pos, a_in = item
-            _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
-            g_beta[v] = grad * sigma[v]
-            g_alpha[v] = np.where(pos, grad * a_in, 0.0)
-            grad = np.where(pos, grad * alphas[v], grad * a_u[:, None] + b_u[:, None])
+            jstar, decided, umax, _ = run.pools[v]
+            a, to_cell = a
+            lead = jstar.shape[1]
+            g4 = gp[0].reshape(n, k, lead, -1)
+            picked = np.take_along_axis(g4, np.broadcast_to(jstar[:, None], (n, k) + jstar.shape[1:]), axis=-1)
+            grads[v] = np.where(to_cell, picked, umax[:, None]).reshape(n, k, -1)
     return bound, g_alpha, g_beta, at_out
 
 
-def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarray],
+def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarray],
                 iterations: int = ITERATIONS) -> tuple[np.ndarray, np.ndarray] | None:
     """Sound lower bounds ``[N, K]`` of the rows ``c`` of t with optimized alpha and beta, and the input
     points ``[N, K, inputs]`` (flat) minimizing each row's plain linear bound over the box (where a
-    counterexample is most likely: attack candidates); None when t's graph is not a chain of affine
-    and ReLU layers (``chain.chain_layers``). ``split_at`` maps a ReLU's input node to its splits ``[N, units]``."""
+    counterexample is most likely: attack candidates); None when t's graph is not a DAG of affine
+    layers, adds, (leaky) ReLUs and max pools (``chain.dag_layers``) with a ReLU. ``split_of`` maps a
+    split node to its codes ``[N, units]`` (for a ReLU +1 active, -1 inactive)."""
     from .crown import _Pass
-    from .chain import chain_layers
-    got = chain_layers(run.crown, t)
-    if got is None or not any(kind == "relu" for kind, *_ in got[0]):
+    from .chain import dag_layers
+    got = dag_layers(run.crown, t)
+    if got is None or not any(kind == "relu" for kind, *_ in got[0]) or any(
+            kind == "relu" and v not in run.lines or kind == "max_pool" and v not in run.pools
+            for kind, v, *_ in got[0]):
         return None
     layers, inp = got
-    g = run.graph
     lo, hi = run.boxes[inp]
     n = lo.shape[0]
     lo, hi = lo.reshape(n, -1), hi.reshape(n, -1)
@@ -94,15 +132,16 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
     cx, rx = (lo + hi) * 0.5, (hi - lo) * 0.5
     k = c.shape[0]
     rows = np.broadcast_to(c[None], (n, k, c.shape[1]))
-    alphas, free, betas, sigma, fixed = {}, {}, {}, {}, {}
-    for kind, v, _, _ in layers:
+    alphas, free, betas, sigma, fixed, floor = {}, {}, {}, {}, {}, {}
+    for kind, v, _, slope_below, _ in layers:
         if kind != "relu":
             continue
+        floor[v] = slope_below  # a lower line s z is valid on the whole line for s in [slope below 0, 1]
         a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
         units = a_l.shape[1]
         free[v] = np.broadcast_to(((a_l != a_u))[:, None, :], (n, k, units))
         alphas[v] = np.broadcast_to(a_l[:, None, :], (n, k, units)).copy()
-        s = split_at.get(g.nodes[v].parents[0])
+        s = split_of.get(v)
         s = np.zeros((n, units), dtype=np.int8) if s is None else s.reshape(n, units)
         sigma[v] = np.broadcast_to(np.where(s > 0, -1.0, np.where(s < 0, 1.0, 0.0))[:, None, :], (n, k, units))
         fixed[v] = sigma[v] != 0
@@ -114,10 +153,11 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
     with np.errstate(all="ignore"):
         for step in range(1, iterations + 1):
             run.on_time()
-            _, g_alpha, g_beta, at_out = _plain(run, layers, rows, alphas, betas, sigma, cx, rx)
-            for key, grads, values, mask, lr, lim in (("a", g_alpha, alphas, free, LR_ALPHA, (0.0, 1.0)),
-                                                      ("b", g_beta, betas, fixed, LR_BETA, (0.0, np.inf))):
+            _, g_alpha, g_beta, at_out = _plain(run, layers, inp, rows, alphas, betas, sigma, cx, rx)
+            for key, grads, values, mask, lr in (("a", g_alpha, alphas, free, LR_ALPHA),
+                                                 ("b", g_beta, betas, fixed, LR_BETA)):
                 for v, gr in grads.items():
+                    lim = (floor[v], 1.0) if key == "a" else (0.0, np.inf)
                     gr = np.where(mask[v] & np.isfinite(gr), gr, 0.0)
                     m, s2 = state[(key, v)]
                     m = b1 * m + (1 - b1) * gr
@@ -126,9 +166,9 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
                     state[(key, v)] = (m, s2)
                     new = np.clip(values[v] + lr * (m / (1 - b1 ** step)) / (np.sqrt(s2 / (1 - b2 ** step)) + eps),
                                   *lim)
-                    new[new < _SNAP] = 0.0
+                    new[(new < _SNAP) & (lim[0] == 0.0)] = 0.0
                     values[v] = np.where(mask[v], new, values[v])
-        _, _, _, at_out = _plain(run, layers, rows, alphas, betas, sigma, cx, rx)
+        _, _, _, at_out = _plain(run, layers, inp, rows, alphas, betas, sigma, cx, rx)
     points = np.where(at_out["input"] > 0, lo[:, None, :], hi[:, None, :])
     lower = np.empty((n, k))
     for j in range(k):
@@ -142,11 +182,12 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_at: dict[int, np.ndarr
             beta, sig = betas[v][:, j], sigma[v][:, j]
             use = (sig != 0) & (beta > 0) & (np.abs(a) > _TINY)
             with np.errstate(all="ignore"):
-                slope = np.where(use, (np.where(sig < 0, a, 0.0) + beta * sig) / np.where(use, a, 1.0), 0.0)
+                plain = np.where(sig < 0, a, floor[v] * a)  # a f(z) on the fixed side: a z or a q z
+                slope = np.where(use, (plain + beta * sig) / np.where(use, a, 1.0), 0.0)
             new_l = a_l.reshape(n, -1).copy()
             new_u = a_u.reshape(n, -1).copy()
             free_j = free[v][:, j]
-            new_l = np.where(free_j, np.clip(alphas[v][:, j], 0.0, 1.0), new_l)
+            new_l = np.where(free_j, np.clip(alphas[v][:, j], floor[v], 1.0), new_l)
             # the beta line on the side the plain coefficient selects (both sides hold on the subdomain)
             new_l = np.where(use & (a > 0), slope, new_l)
             new_u = np.where(use & (a < 0), slope, new_u)

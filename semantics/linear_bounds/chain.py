@@ -15,7 +15,7 @@ import numpy as np
 from ..records import PREPARED
 from .crown import Crown
 
-__all__ = ["MAX_DENSE", "chain_layers"]
+__all__ = ["MAX_DENSE", "chain_layers", "dag_layers"]
 
 MAX_DENSE = 1 << 22  # entries of a convolution's dense matrix in a chain (32 MiB of float64)
 
@@ -38,23 +38,83 @@ def chain_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, in
         node = g.nodes[v]
         if crown.const[v] or not node.parents or any(not crown.const[q] for q in node.parents[1:]):
             return None
-        if node.kind == "linear" and len(node.out_shape) == 2:
-            p = crown.ibp.records[v][PREPARED]
-            out.append(("affine", v, p.weight, p.bias))
-        elif node.kind == "conv" and node.attrs["channel_axis"] == 1:
-            tail_in = crown.ishape(node.parents[0])[1:]
-            n_in, n_out = math.prod(tail_in), math.prod(crown.ishape(v)[1:])
-            if n_in * n_out > MAX_DENSE:
+        if node.kind in ("linear", "conv"):
+            got = _affine(crown, node, v)
+            if got is None:
                 return None
-            from ..rules.affine import batched_conv
-            p = crown.ibp.records[v][PREPARED]
-            eye = np.eye(n_in).reshape((n_in,) + tuple(tail_in))
-            dense = batched_conv(eye, p.weight, node.attrs).reshape(n_in, n_out).T
-            spatial = n_out // p.bias.size
-            out.append(("affine", v, np.ascontiguousarray(dense), np.repeat(p.bias, spatial)))
+            out.append(("affine", v) + got)
         elif node.kind == "relu":
             out.append(("relu", v, None, None))
         elif node.kind not in ("reshape", "flatten"):
             return None
         v = node.parents[0]
     return out, v
+
+
+def dag_layers(crown: Crown, t: int | None = None
+               ) -> tuple[list[tuple[str, int, tuple[int, ...], Any, Any]], int] | None:
+    """t's ancestors (the output by default) as a DAG for plain-float passes: ``([(kind, id, parents,
+    weight, bias)], input id)`` in decreasing id (a backward pass's order), kinds ``affine`` (linear,
+    or conv as a dense matrix, as ``chain_layers``), ``identity`` (reshape, flatten), ``add`` / ``sub``
+    of two input-dependent values of one shape, ``relu`` (also a leaky ReLU with slope in [0, 1]: its
+    weight is that slope, 0 for a ReLU) and ``max_pool`` (its relaxation is the run's,
+    ``_Run.pools``); None when another op, a second graph input or a dense matrix over MAX_DENSE
+    entries is met. A chain (``chain_layers``) is the case of one parent each. No soundness claim."""
+    g = crown.graph
+    if not crown.batched:
+        return None
+    if t is None:
+        if len(g.outputs) != 1:
+            return None
+        t = g.outputs[0]
+    out, inputs = [], set()
+    for v in crown.ancestors(t):
+        node = g.nodes[v]
+        if crown.const[v]:
+            continue
+        parents = tuple(p for p in node.parents if not crown.const[p])
+        if node.kind == "input":
+            inputs.add(v)
+            continue
+        if node.kind in ("add", "sub"):
+            if len(parents) != 2 or len(node.parents) != 2 or any(
+                    tuple(g.nodes[p].out_shape) != tuple(node.out_shape) for p in parents):
+                return None
+            out.append((node.kind, v, parents, None, None))
+            continue
+        if len(parents) != 1 or node.parents[0] != parents[0]:
+            return None
+        if node.kind == "relu":
+            out.append(("relu", v, parents, 0.0, None))
+        elif node.kind == "leaky_relu" and 0.0 <= float(node.attrs["negative_slope"]) <= 1.0:
+            out.append(("relu", v, parents, float(node.attrs["negative_slope"]), None))  # the slope below 0
+        elif node.kind in ("max_pool", "max_pool_nd"):
+            out.append(("max_pool", v, parents, None, None))
+        elif node.kind in ("reshape", "flatten"):
+            out.append(("identity", v, parents, None, None))
+        else:
+            got = _affine(crown, node, v)
+            if got is None:
+                return None
+            out.append(("affine", v, parents) + got)
+    if len(inputs) != 1:
+        return None
+    return out, inputs.pop()
+
+
+def _affine(crown: Crown, node, v: int):
+    """(dense weight ``[out, in]``, bias ``[out]``) of a linear layer or convolution, or None."""
+    if node.kind == "linear" and len(node.out_shape) == 2:
+        p = crown.ibp.records[v][PREPARED]
+        return p.weight, p.bias
+    if node.kind == "conv" and node.attrs["channel_axis"] == 1:
+        tail_in = crown.ishape(node.parents[0])[1:]
+        n_in, n_out = math.prod(tail_in), math.prod(crown.ishape(v)[1:])
+        if n_in * n_out > MAX_DENSE:
+            return None
+        from ..rules.affine import batched_conv
+        p = crown.ibp.records[v][PREPARED]
+        eye = np.eye(n_in).reshape((n_in,) + tuple(tail_in))
+        dense = batched_conv(eye, p.weight, node.attrs).reshape(n_in, n_out).T
+        return np.ascontiguousarray(dense), np.repeat(p.bias, n_out // p.bias.size)
+    return None

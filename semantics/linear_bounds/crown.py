@@ -47,6 +47,7 @@ from ..records import PREPARED
 from ..scratch import scratch
 from ..conv import pool_out_spatial
 from .relax import Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
+from .pieces import breakpoints, pwl_lines
 from .patches import PatchMismatch, PatchPass, patchable
 from .rules import _ERR_SAFETY, BACKWARD, err_factor
 
@@ -56,6 +57,7 @@ METHODS = ("crown", "ibp", "alpha-crown")
 _BUDGET = 1 << 22  # coefficient entries per backward chunk (32 MiB of float64)
 _RELU_LIKE = frozenset({"relu", "leaky_relu", "prelu"})
 _MAX_POOLS = frozenset({"max_pool", "max_pool_nd"})
+_PIECEWISE = frozenset({"abs", "clamp"})  # relaxed by pieces.pwl_lines
 _FEW_ROWS = 32  # below this many coefficient rows a pass multiplies whole weights instead of gathering columns
 _BLOCK = 1 << 17  # coefficient entries per row block of a product that is concretized at once (1 MiB, in cache)
 
@@ -335,7 +337,7 @@ class _Run:
             v = node.id
             if crown.const[v] or node.kind == "input":
                 continue
-            relaxed = node.kind in _RELU_LIKE or smooth_for(node.kind, node.attrs) is not None
+            relaxed = node.kind in _RELU_LIKE or node.kind in _PIECEWISE or smooth_for(node.kind, node.attrs) is not None
             if node.kind == "prelu" and not crown.const[node.parents[1]]:
                 relaxed = False
             if node.kind in _MAX_POOLS and not crown.const[node.parents[0]]:
@@ -347,7 +349,14 @@ class _Run:
                 p = node.parents[0]
                 if not (crown.const[p] or g.nodes[p].kind == "input" or self.refined[p] or self._first_affine(p)):
                     lo, hi = self.boxes[p]
-                    need = (lo < 0) & (hi > 0) if node.kind in _RELU_LIKE else lo < hi
+                    if node.kind in _RELU_LIKE:
+                        need = (lo < 0) & (hi > 0)
+                    elif node.kind in _PIECEWISE:
+                        need = np.zeros(lo.shape, dtype=bool)
+                        for t in breakpoints(node):
+                            need |= (lo < t) & (hi > t)
+                    else:
+                        need = lo < hi
                     self.refine(p, need)
                 self.lines[v] = self._relax(node)
             if all_nodes:
@@ -376,6 +385,8 @@ class _Run:
             lines = relu_lines(safe_lo, safe_hi, slope)
             exact = (s_lo == s_hi).reshape(lo.shape)
             finite &= exact
+        elif node.kind in _PIECEWISE:
+            lines = pwl_lines(node, safe_lo, safe_hi)
         else:
             lines = smooth_lines(smooth_for(node.kind, node.attrs), safe_lo, safe_hi)
         if np.all(finite):

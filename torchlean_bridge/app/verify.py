@@ -16,9 +16,9 @@ strictly). So ``unsat`` rests on the sound bounds and ``sat`` on three independe
 
 Methods: ``crown``, ``alpha-crown`` and ``ibp`` run the input-splitting search above with that bound;
 ``bab-input`` is the same search with CROWN; ``bab-relu`` bounds the whole box with CROWN, attacks, then
-runs branch and bound over the unstable ReLUs for every group left open (``bab.ReluBab``). ``auto``
-picks ``bab-input`` when the input has at most ``INPUT_SPLIT_DIMS`` entries or IBP leaves no ReLU
-unstable on the box (splitting a few input widths is cheap and complete there; ReLU splitting has
+runs branch and bound over the unstable units of piecewise-linear ops (ReLU, leaky ReLU, abs, clamp,
+max pool) for every group left open (``bab.ReluBab``). ``auto`` picks ``bab-input`` when the input has
+at most ``INPUT_SPLIT_DIMS`` entries or IBP leaves no such unit unstable on the box (splitting a few input widths is cheap and complete there; ReLU splitting has
 nothing to split), else ``bab-relu`` (high-dimensional inputs: a split of one input width barely
 moves the bounds, a split of one unstable ReLU removes its relaxation).
 """
@@ -348,17 +348,18 @@ class _Search:
         return "unsat", None
 
     def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
-        """Multi-restart PGD on each group (chains of affine layers and ReLUs only): the best few
-        points re-checked as counterexamples."""
-        from semantics.linear_bounds.chain import chain_layers
-        from .bab import pgd_candidates
-        chain = chain_layers(self.model.crown)
-        if chain is None or not self.time_left():
+        """Multi-restart PGD on each group (DAGs of affine layers, adds, (leaky) ReLUs and max pools
+        only: ``chain.dag_layers``): the best few points re-checked as counterexamples."""
+        from semantics.linear_bounds.chain import dag_layers
+        from .bab import Dag, pgd_candidates
+        got = dag_layers(self.model.crown)
+        if got is None or not self.time_left():
             return None
+        dag = Dag(self.model.crown, got)
         for c, d, _ in groups:
             if not c.shape[0]:
                 continue
-            for x in pgd_candidates(chain[0], lo.reshape(-1), hi.reshape(-1), c, d, self.rng)[:4]:
+            for x in pgd_candidates(dag, lo.reshape(-1), hi.reshape(-1), c, d, self.rng)[:4]:
                 found = self.check(x.reshape(lo.shape), lo, hi, groups)
                 if found is not None:
                     return found
@@ -470,19 +471,16 @@ def _violation(y: np.ndarray, group) -> float:
 
 
 def choose_method(model: _Model, case: Case) -> str:
-    """``auto``: bab-input for at most INPUT_SPLIT_DIMS input entries or no unstable ReLU under IBP, else
-    bab-relu (see the module docstring)."""
-    from semantics.linear_bounds.splits import relu_nodes
+    """``auto``: bab-input for at most INPUT_SPLIT_DIMS input entries or no unstable unit of a
+    piecewise-linear op (ReLU, leaky ReLU, abs, clamp, max pool) under IBP, else bab-relu (see the
+    module docstring)."""
+    from semantics.linear_bounds.splits import split_nodes, unstable_units
     dims = int(np.prod(model.input_shape))
     if dims <= INPUT_SPLIT_DIMS:
         return "bab-input"
-    relus = relu_nodes(model.crown)
-    if not relus or not model.crown.float_nodes:  # nothing to split, or no CROWN pass (int/bool values)
+    if not split_nodes(model.crown) or not model.crown.float_nodes:  # nothing to split, or no CROWN pass
         return "bab-input"
-    boxes = model.crown.ibp(case.lower, case.upper)
-    g = model.bundle.graph
-    unstable = sum(int(np.sum((boxes[g.nodes[v].parents[0]][0] < 0) & (boxes[g.nodes[v].parents[0]][1] > 0)))
-                   for v in relus)
+    unstable = unstable_units(model.crown, model.crown.ibp(case.lower, case.upper))
     return "bab-relu" if unstable else "bab-input"
 
 

@@ -1,35 +1,41 @@
-"""Branch and bound over ReLU activations (``verify --method bab-relu``).
+"""Branch and bound over piecewise-linear activations (``verify --method bab-relu``).
 
 One group of property rows ``C y <= d`` (a conjunction) is refuted on a subdomain when some row's sound
 lower bound exceeds its right-hand side by the margin verify uses everywhere (``verify._margin``).
-A subdomain is the property's input box plus split constraints on unstable ReLUs (input ``>= 0`` or
-``<= 0``); ``semantics.linear_bounds.splits.bound_domains`` bounds many of them in one batched CROWN
-pass. The search, in the style of alpha-beta-CROWN's BaB (without its beta multipliers):
+A subdomain is the property's input box plus split constraints on units of piecewise-linear ops
+(``semantics.linear_bounds.pieces``: ReLU, leaky ReLU and abs at 0, clamp at its one or two
+breakpoints, a max pool's window at which cell is its maximum); ``splits.bound_domains`` bounds many
+of them in one batched CROWN pass. The search, in the style of alpha-beta-CROWN's BaB:
 
 * a priority queue of open subdomains by their best row gap (``max_k lower_k - d_k - margin_k``),
-  the worst first; up to ``batch`` of them are split per round, each on one ReLU, and their ``2 batch``
+  the worst first; up to ``batch`` of them are split per round, each on one unit, and their ``2 batch``
   children bounded in one pass;
-* the branching ReLU of a subdomain maximizes a BaBSR-style score (Bunel et al., "Branch and bound for
+* scores rank the units: on ReLU chains a BaBSR-style score (Bunel et al., "Branch and bound for
   piecewise linear neural network verification", JMLR 2020): the gain in the best row's CROWN bound
-  from removing the unit's relaxation (the upper line's intercept where the row's coefficient is
-  negative, the lower line's slack where it is positive), from one plain-float backward pass through
-  the chain of linear and ReLU layers; on other graphs the relaxation's intercept ``-u l / (u - l)``;
-* a child's bound is the maximum of its own and its parent's (both are sound on the child), and a
-  child a split makes empty (``DomainBounds.empty``) is refuted; children start from their parent's
-  ReLU input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded with beta
-  (``method="beta-crown"``) where the graph is a linear/ReLU chain;
+  from removing the unit's relaxation, from one plain-float backward pass through the chain; elsewhere
+  the height of the unit's relaxation triangle at its breakpoint (``-u l / (u - l)`` for a ReLU; a
+  pool's gap between its upper end and its largest lower end);
+* branching (``BRANCHING``): ``fsb`` (filtered smart branching, the default) bounds both children of
+  each subdomain's ``FSB_CANDIDATES`` best-scored units in one batched CROWN pass reusing the parent's
+  intermediate boxes and splits the unit whose worse child has the largest gap; ``babsr`` splits the
+  best-scored unit;
+* a child's bound is the maximum of its own, FSB's and its parent's (all sound on the child), and a
+  child a split makes empty (``DomainBounds.empty``) is refuted; where beta applies (graphs of affine
+  layers, ReLUs, adds and max pools: ``chain.dag_layers``) children start from their parent's
+  split nodes' input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded
+  with ``method="beta-crown"``; elsewhere their intermediate bounds are recomputed with the splits;
 * the caller's attack (verify's, and PGD, ``pgd``) runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
   fast, and every round the point minimizing the worst row's linear bound on the ``TRY_POINTS`` most
   promising open children (beta-CROWN's plain pass gives it) is re-checked as a counterexample;
-* a subdomain with no unstable ReLU left that stays open has its input box halved along its widest
-  side instead: without beta multipliers the splits act only through the relaxations, and the final
-  concretization over the whole box ignores them, so ReLU splits alone cannot close such a subdomain;
+* a subdomain with no splittable unit left that stays open has its input box halved along its widest
+  side instead: the final concretization over the whole box ignores the constraints beta does not
+  carry, so splits alone cannot close such a subdomain;
 * ``unknown`` when the deadline passes, when the open subdomains exceed the memory cap, or when a box
   cannot be halved in floating point.
 
 ``unsat`` therefore rests on CROWN's sound bounds on subdomains whose union is the whole box: every
-split produces both halves ``z >= 0`` and ``z <= 0`` (an input split both halves of the box), and a
-subdomain is dropped only when refuted.
+split produces both closed halves (``z <= t`` and ``z >= t``; a pool cell the maximum or not; an input
+split both halves of the box), and a subdomain is dropped only when refuted.
 """
 
 from __future__ import annotations
@@ -45,11 +51,14 @@ import numpy as np
 
 from ...errors import BridgeError
 
-__all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "BATCH"]
+__all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "BATCH", "BRANCHING", "BRANCHINGS", "FSB_CANDIDATES"]
 
 MAX_QUEUE_BYTES = 256 << 20  # the open subdomains' splits and bounds; beyond it the answer is unknown
 BATCH = 32  # subdomains split per round (64 children per CROWN pass)
 TRY_POINTS = 4  # open children per round whose linear-bound minimizer is checked as a counterexample
+BRANCHINGS = ("fsb", "babsr")
+BRANCHING = "fsb"  # the default branching rule (bench/bab_bench.py compares both)
+FSB_CANDIDATES = 4  # units per subdomain whose children FSB bounds (2 x 4 x 32 = 256 in one pass)
 
 
 @dataclass
@@ -68,11 +77,17 @@ class ReluBab:
                  margin: np.ndarray, deadline: float, method: str = "beta-crown",
                  attack: Callable[[], dict[str, Any] | None] | None = None, attack_every: int = 8,
                  batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None,
-                 reuse: bool = True, check: Callable[[np.ndarray], dict[str, Any] | None] | None = None) -> None:
-        from semantics.linear_bounds.chain import chain_layers
-        from semantics.linear_bounds.splits import relu_nodes
+                 reuse: bool = True, check: Callable[[np.ndarray], dict[str, Any] | None] | None = None,
+                 branching: str | None = None) -> None:
+        from semantics.linear_bounds.chain import chain_layers, dag_layers
+        from semantics.linear_bounds.pieces import POOLS, pool_geometry
+        from semantics.linear_bounds.splits import split_nodes, split_units
         if batch < 1:
             raise BridgeError(f"bab: the batch must be at least 1, got {batch}")
+        branching = BRANCHING if branching is None else branching
+        if branching not in BRANCHINGS:
+            raise BridgeError(f"bab: unknown branching {branching!r} (use {', '.join(BRANCHINGS)})")
+        self.branching = branching
         self.model, self.lo, self.hi = model, lo, hi
         self.c, self.d, self.margin = c, d, margin
         self.deadline, self.method = deadline, method
@@ -82,15 +97,21 @@ class ReluBab:
         self.max_queue_bytes = max_queue_bytes
         self.progress = sys.stderr.isatty() if progress is None else progress
         base = model.crown
-        self.relus = relu_nodes(base)
-        self.units = [math.prod(base.ishape(v)[1:]) for v in self.relus]
+        self.nodes = split_nodes(base)
+        g = base.graph
+        self.units = [split_units(base, v) for v in self.nodes]
         self.offsets = np.concatenate([[0], np.cumsum(self.units)]).astype(np.int64)
+        in_units = [math.prod(base.ishape(g.nodes[v].parents[0])[1:]) for v in self.nodes]
+        self.in_offsets = np.concatenate([[0], np.cumsum(in_units)]).astype(np.int64)
+        self.pools = {v: pool_geometry(base, g.nodes[v]) for v in self.nodes if g.nodes[v].kind in POOLS}
         chain = chain_layers(base)
         self.layers = None if chain is None else chain[0]
-        # without beta (graphs other than chains) splits act only through the intermediate bounds: recompute them
-        self.reuse = reuse and self.layers is not None
+        dag = dag_layers(base)
+        # without beta (graphs beyond beta's DAGs) splits act only through the intermediate bounds: recompute them
+        self.reuse = reuse and dag is not None and any(kind == "relu" for kind, *_ in dag[0])
         self._crowns: dict[int, Any] = {1: base}
         self.domains = 0
+        self.fsb_domains = 0  # children FSB bounded to choose a branch (not counted in ``domains``)
         self.proved = math.inf  # the smallest gap of a refuted (non-empty) subdomain
         self.start = time.perf_counter()
 
@@ -108,7 +129,7 @@ class ReluBab:
                 self._crowns[n] = None
         return self._crowns[n]
 
-    def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, known=None):
+    def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, known=None, method: str | None = None):
         """Gaps ``[M, K]``, emptiness ``[M]`` and ReLU input boxes of M subdomains (rows of splits, with
         their input boxes ``[M, inputs]``)."""
         m = splits.shape[0]
@@ -116,60 +137,77 @@ class ReluBab:
         crown = self._crown(size) if size > 1 else self._crowns[1]
         if crown is not None and crown.batched and crown.n == size:
             try:
-                return self._bound_with(crown, splits, lo, hi, size, known)
+                return self._bound_with(crown, splits, lo, hi, size, known, method)
             except BridgeError:  # a relaxation the memory limit refuses at this batch: one at a time
                 if size == 1:
                     raise
                 self._crowns[size] = None
         parts = [self._bound_with(self._crowns[1], splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
-                                  None if known is None else (known[0][i:i + 1], known[1][i:i + 1]))
+                                  None if known is None else (known[0][i:i + 1], known[1][i:i + 1]), method)
                  for i in range(m)]
         points = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                 [np.concatenate([p[2][j] for p in parts]) for j in range(2)], points)
 
-    def _bound_with(self, crown, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int, known=None):
+    def _bound_with(self, crown, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int, known=None,
+                    method: str | None = None):
+        """``_bound`` on one graph of batch ``size``; ``method`` other than the search's (FSB's cheap
+        pass) always reuses ``known``."""
         from semantics.linear_bounds.splits import bound_domains
         m = splits.shape[0]
         pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - m, axis=0)]) if size > m else x  # noqa: E731
         splits, lo, hi = pad(splits), pad(lo), pad(hi)
         shape = (size,) + tuple(self.lo.shape[1:]) if crown.batched else tuple(self.lo.shape)
-        per = {v: splits[:, self.offsets[i]:self.offsets[i + 1]] for i, v in enumerate(self.relus)}
+        per = {v: splits[:, self.offsets[i]:self.offsets[i + 1]] for i, v in enumerate(self.nodes)}
         given = None
-        if known is not None and self.reuse:
+        if known is not None and (self.reuse or method is not None):
             k_lo, k_hi = pad(known[0]), pad(known[1])
-            given = {v: (k_lo[:, self.offsets[i]:self.offsets[i + 1]], k_hi[:, self.offsets[i]:self.offsets[i + 1]])
-                     for i, v in enumerate(self.relus)}
+            io = self.in_offsets
+            given = {v: (k_lo[:, io[i]:io[i + 1]], k_hi[:, io[i]:io[i + 1]]) for i, v in enumerate(self.nodes)}
         r = bound_domains(crown, lo.reshape(shape), hi.reshape(shape), per, self.c,
-                          method=self.method, deadline=self.deadline, known=given)
+                          method=method or self.method, deadline=self.deadline, known=given)
         self.domains += m
         gap = r.lower[:m] - self.d[None] - self.margin[None]
-        pre_lo = np.concatenate([r.pre[v][0][:m] for v in self.relus], axis=1)
-        pre_hi = np.concatenate([r.pre[v][1][:m] for v in self.relus], axis=1)
+        pre_lo = np.concatenate([r.pre[v][0][:m] for v in self.nodes], axis=1)
+        pre_hi = np.concatenate([r.pre[v][1][:m] for v in self.nodes], axis=1)
         return gap, r.empty[:m], (pre_lo, pre_hi), None if r.points is None else r.points[:m]
 
     # -- branching -------------------------------------------------------------------------------
 
-    def _scores(self, gap: np.ndarray, pre: tuple[np.ndarray, np.ndarray], splits: np.ndarray) -> np.ndarray:
-        """BaBSR-style scores ``[M, units]``; -inf on units that cannot be split (stable or fixed)."""
-        lo, hi = pre
-        unstable = (lo < 0) & (hi > 0) & (splits == 0)
-        with np.errstate(all="ignore"):
-            width = np.where(unstable, hi - lo, 1.0)
-            intercept = np.where(unstable, -hi * lo / width, 0.0)
-            score = intercept.copy()
-            if self.layers is not None:
-                score = self._chain_scores(gap, lo, hi, splits, unstable, intercept)
-        score = np.where(unstable & np.isfinite(score), score, -np.inf)
-        # units whose score is not finite but are unstable keep a tiny positive score (never lost)
-        return np.where(unstable & ~np.isfinite(score), 0.0, score)
+    def _scores(self, gap: np.ndarray, pre: tuple[np.ndarray, np.ndarray], splits: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Branching scores ``[M, units]`` (-inf on units that cannot be split: one piece left, or a pool
+        window decided or already split) and per unit the breakpoint (1-based) or window cell to split at.
+        Elementwise units score the height of their relaxation's triangle (``pieces.elementwise_scores``),
+        pools the gap of theirs; on ReLU chains the BaBSR gain replaces the ReLUs' scores."""
+        from semantics.linear_bounds.pieces import elementwise_scores, pool_scores
+        g = self.model.crown.graph
+        m = splits.shape[0]
+        score = np.full(splits.shape, -np.inf)
+        choice = np.zeros(splits.shape, dtype=np.int64)
+        for i, v in enumerate(self.nodes):
+            sl, sl_in = slice(self.offsets[i], self.offsets[i + 1]), slice(self.in_offsets[i], self.in_offsets[i + 1])
+            lo, hi = pre[0][:, sl_in], pre[1][:, sl_in]
+            if v in self.pools:
+                idx, valid, lead, cells = self.pools[v]
+                score[:, sl], choice[:, sl] = pool_scores(lo.reshape(m, lead, cells), hi.reshape(m, lead, cells),
+                                                          splits[:, sl], idx, valid)
+            else:
+                score[:, sl], choice[:, sl] = elementwise_scores(g.nodes[v], lo, hi, splits[:, sl])
+        if self.layers is not None:  # every split node is a ReLU of the chain
+            splittable = np.isfinite(score)
+            with np.errstate(all="ignore"):
+                chain = self._chain_scores(gap, pre[0], pre[1], splits, splittable, np.where(splittable, score, 0.0))
+            # a unit whose gain is not finite keeps a zero score (never lost)
+            score = np.where(splittable, np.where(np.isfinite(chain), chain, 0.0), -np.inf)
+        return score, choice
 
     def _chain_scores(self, gap, lo, hi, splits, unstable, intercept) -> np.ndarray:
         """The gain of the best row's plain-float CROWN bound from splitting each unit."""
         k = np.argmax(gap, axis=1)
         a = self.c[k]  # [M, outputs]
         score = np.zeros_like(lo)
-        index = {v: i for i, v in enumerate(self.relus)}
+        index = {v: i for i, v in enumerate(self.nodes)}
         for kind, v, w, _ in self.layers:
             if kind == "affine":
                 a = a @ w
@@ -184,6 +222,66 @@ class ReluBab:
             slope = np.where(active, 1.0, np.where(un, np.where(a >= 0, lower_slope, chord), 0.0))
             a = a * slope
         return score
+
+    def _children(self, splits: np.ndarray, rows: np.ndarray, units: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """``[2 M, units]`` codes: every subdomain twice, ``rows`` split on ``units`` at breakpoint (window
+        cell) ``at``, the first half on one side, the second on the other (``pieces``)."""
+        from semantics.linear_bounds.pieces import breakpoints, split_codes
+        g = self.model.crown.graph
+        m = splits.shape[0]
+        children = np.concatenate([splits, splits])
+        node_of = np.searchsorted(self.offsets, units, side="right") - 1
+        for i in np.unique(node_of):
+            sel = node_of == i
+            r, u, k = rows[sel], units[sel], at[sel]
+            v = self.nodes[i]
+            if v in self.pools:
+                first, second = (k + 1).astype(np.int8), (-(k + 1)).astype(np.int8)
+            else:
+                first, second = split_codes(splits[r, u], k, len(breakpoints(g.nodes[v])))
+            children[r, u], children[m + r, u] = first, second
+        return children
+
+    def _fsb(self, splits, gaps, pre, los, his, score, choice) -> tuple[np.ndarray, np.ndarray]:
+        """Filtered smart branching: per subdomain the ``FSB_CANDIDATES`` best units by score, each
+        candidate's two children bounded by one batched CROWN pass reusing the parent's boxes, and the
+        unit whose worse child has the largest gap. Returns the units ``[M]`` and those children's
+        gaps ``[2 M, K]`` (the parent's where a row has no candidate: no unit to split), or the best-scored
+        units and None when the candidates' children cannot be bounded in one batched pass (a graph
+        that does not rebatch, or a batch the working-memory limit refuses): one pass per child would
+        cost more than the choice saves."""
+        m, k = splits.shape[0], min(FSB_CANDIDATES, splits.shape[1])
+        top = np.argsort(-score, axis=1, kind="stable")[:, :k]  # [M, k]
+        live = np.isfinite(np.take_along_axis(score, top, axis=1))
+        rows, slot = np.nonzero(live)
+        size = 1 << max(0, (2 * rows.size - 1).bit_length())
+        crown = self._crown(size) if size > 1 else self._crowns[1]
+        if crown is None or not crown.batched or crown.n != size:
+            return np.argmax(score, axis=1), None
+        units = top[rows, slot]
+        sub = self._children(splits[rows], np.arange(rows.size), units, choice[rows, units])
+        lo2, hi2 = np.concatenate([los[rows], los[rows]]), np.concatenate([his[rows], his[rows]])
+        known = (np.concatenate([pre[0][rows], pre[0][rows]]), np.concatenate([pre[1][rows], pre[1][rows]]))
+        counted = self.domains
+        gap, empty, _, _ = self._bound(sub, lo2, hi2, known, method="crown")
+        self.fsb_domains += self.domains - counted  # candidates' children: not subdomains of the search tree
+        self.domains = counted
+        # candidates compare by their own cheap bounds (the parent's, often from beta, would tie them all)
+        value = np.where(empty, np.inf, gap.max(axis=1))
+        gap = np.maximum(gap, np.concatenate([gaps[rows], gaps[rows]]))
+        worst = np.minimum(value[:rows.size], value[rows.size:])
+        table = np.full((m, k), -np.inf)
+        table[rows, slot] = worst
+        pick = np.argmax(table, axis=1)  # the first (best-scored) of equals
+        unit = top[np.arange(m), pick]
+        out = np.concatenate([gaps, gaps])
+        where = np.full((m, k), -1)
+        where[rows, slot] = np.arange(rows.size)
+        j = where[np.arange(m), pick]
+        has = j >= 0
+        out[np.flatnonzero(has)] = np.where(empty[j[has], None], np.inf, gap[j[has]])
+        out[m + np.flatnonzero(has)] = np.where(empty[rows.size + j[has], None], np.inf, gap[rows.size + j[has]])
+        return unit, out
 
     def _try_points(self, gap: np.ndarray, empty: np.ndarray, points: np.ndarray) -> dict[str, Any] | None:
         """The attack on promising subdomains: the point minimizing the worst row's linear bound, for
@@ -205,8 +303,8 @@ class ReluBab:
         """Search from the whole box, whose CROWN gaps ``[K]`` are ``root_gap`` (the caller bounded it)."""
         from semantics.linear_bounds.crown import DeadlineExceeded
         total = int(self.offsets[-1])
-        # per open subdomain: int8 splits, float64 ReLU input boxes (lo, hi), gaps, input box, the entry
-        per_domain = 17 * total + 8 * self.c.shape[0] + 64
+        # per open subdomain: int8 splits, float64 split nodes' input boxes (lo, hi), gaps, input box, the entry
+        per_domain = total + 16 * int(self.in_offsets[-1]) + 8 * self.c.shape[0] + 64
         root = np.zeros((1, total), dtype=np.int8)
         box_lo, box_hi = self.lo.reshape(1, -1).astype(np.float64), self.hi.reshape(1, -1).astype(np.float64)
         per_domain += 16 * box_lo.shape[1]
@@ -243,20 +341,25 @@ class ReluBab:
             gaps = np.stack([p[3] for p in picked])
             pre = (np.stack([p[4][0] for p in picked]), np.stack([p[4][1] for p in picked]))
             los, his = np.stack([p[5] for p in picked]), np.stack([p[6] for p in picked])
-            score = self._scores(gaps, pre, splits)
-            unit = np.argmax(score, axis=1)
+            score, choice = self._scores(gaps, pre, splits)
             rows = np.arange(len(picked))
-            on_input = ~np.isfinite(score[rows, unit])
-            # no unstable ReLU left: the splits act only through the relaxations, so halve the input box instead
+            on_input = ~np.isfinite(np.max(score, axis=1, initial=-np.inf))
+            fsb_gap = None
+            try:
+                if self.branching == "fsb" and not on_input.all():
+                    unit, fsb_gap = self._fsb(splits, gaps, pre, los, his, score, choice)
+                else:
+                    unit = np.argmax(score, axis=1)
+            except DeadlineExceeded:
+                return BabOutcome("unknown", None, self.domains, best, "timeout")
+            # no splittable unit left: the splits act only through the relaxations, so halve the input box instead
             dim = np.argmax(his - los, axis=1)
             mid = los[rows, dim] * 0.5 + his[rows, dim] * 0.5
             if np.any(on_input & ~((los[rows, dim] < mid) & (mid < his[rows, dim]))):
                 return BabOutcome("unknown", None, self.domains, best, "a subdomain cannot be split further")
-            children = np.concatenate([splits, splits])
-            child_lo, child_hi = np.concatenate([los, los]), np.concatenate([his, his])
             relu_rows = rows[~on_input]
-            children[relu_rows, unit[relu_rows]] = 1
-            children[len(picked) + relu_rows, unit[relu_rows]] = -1
+            children = self._children(splits, relu_rows, unit[relu_rows], choice[relu_rows, unit[relu_rows]])
+            child_lo, child_hi = np.concatenate([los, los]), np.concatenate([his, his])
             in_rows = rows[on_input]
             child_hi[in_rows, dim[in_rows]] = mid[in_rows]
             child_lo[len(picked) + in_rows, dim[in_rows]] = mid[in_rows]
@@ -265,6 +368,8 @@ class ReluBab:
                                                                               np.concatenate([pre[1], pre[1]])))
             except DeadlineExceeded:
                 return BabOutcome("unknown", None, self.domains, best, "timeout")
+            if fsb_gap is not None:  # FSB's cheap bounds of the same children: sound too
+                gap = np.maximum(gap, fsb_gap)
             gap = np.maximum(gap, np.concatenate([gaps, gaps]))
             if self.check is not None and points is not None:
                 try:

@@ -1,0 +1,67 @@
+"""conv_nd's banded depthwise path against torch's convolution on random depthwise geometries (1 and 2
+spatial axes, channel multipliers, strides, dilation, asymmetric padding, batches), float64 and float32,
+and against the im2col path it replaces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import semantics.conv as conv
+from semantics.conv_depthwise import _TILE, depthwise_applies
+
+_CONV = {1: F.conv1d, 2: F.conv2d}
+
+
+def _case(rng: np.random.Generator) -> tuple:
+    rank = int(rng.integers(1, 3))
+    c, mult = int(rng.integers(2, 6)), int(rng.integers(1, 3))
+    draw = lambda lo, hi: tuple(int(v) for v in rng.integers(lo, hi, size=rank))  # noqa: E731
+    kernel = draw(1, 4)[:-1] + (int(rng.integers(5, 10)),)
+    stride, dilation, before, after = draw(1, 3), draw(1, 3), draw(0, 5), draw(0, 5)
+    spatial = draw(1, 12)[:-1] + (int(rng.integers(kernel[-1] * dilation[-1], 50)),)
+    return int(rng.integers(1, 3)), c, mult, spatial, kernel, stride, dilation, before, after
+
+
+def _conv_nd(x, w, b, stride, dilation, before, after, groups, out_spatial):
+    return conv.conv_nd(x, w, b, channel_axis=1, stride=stride, padding=before, padding_after=after,
+                        dilation=dilation, groups=groups, out_spatial=out_spatial)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_depthwise_path_matches_torch_and_im2col(dtype, monkeypatch):
+    rng = np.random.default_rng(5)
+    checked = 0
+    while checked < 120:
+        n, c, mult, spatial, kernel, stride, dilation, before, after = _case(rng)
+        padded = [s + b + a for s, b, a in zip(spatial, before, after)]
+        out_spatial = tuple((p - d * (k - 1) - 1) // st + 1 for p, k, st, d in zip(padded, kernel, stride, dilation))
+        if min(out_spatial) <= 0 or not depthwise_applies(c, c, kernel, out_spatial, np.dtype(dtype)):
+            continue
+        x = rng.standard_normal((n, c) + spatial).astype(dtype)
+        w = rng.standard_normal((c * mult, 1) + kernel).astype(dtype)
+        b = rng.standard_normal(c * mult).astype(dtype)
+        got = _conv_nd(x, w, b, stride, dilation, before, after, c, out_spatial)
+        pad = [v for bb, aa in zip(reversed(before), reversed(after)) for v in (bb, aa)]
+        want = _CONV[len(spatial)](F.pad(torch.from_numpy(x), pad), torch.from_numpy(w), torch.from_numpy(b),
+                                   stride=stride, dilation=dilation, groups=c).numpy()
+        tol = 1e-12 if dtype == np.float64 else 1e-5
+        assert got.shape == want.shape and got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)
+        with monkeypatch.context() as m:  # the im2col path on the same operands
+            m.setattr(conv, "depthwise_applies", lambda *args: False)
+            im2col = _conv_nd(x, w, b, stride, dilation, before, after, c, out_spatial)
+        np.testing.assert_allclose(got, im2col, rtol=tol, atol=tol * 10)
+        checked += 1
+
+
+def test_the_path_is_gated_to_wide_kernels_on_rows_of_one_tile():
+    f32 = np.dtype(np.float32)
+    assert depthwise_applies(256, 256, (9, 9), (32, 32), f32)
+    assert not depthwise_applies(256, 256, (3, 3), (32, 32), f32)         # im2col measured faster
+    assert not depthwise_applies(96, 96, (7, 7), (56, _TILE + 1), f32)    # two tiles: too many zeros
+    assert not depthwise_applies(256, 128, (9, 9), (32, 32), f32)         # two channels per group
+    assert not depthwise_applies(8, 8, (9, 9, 9), (4, 4, 4), f32)         # 3 spatial axes
+    assert not depthwise_applies(8, 8, (9, 9), (4, 4), np.dtype(np.int64))  # integer: narrow semantics

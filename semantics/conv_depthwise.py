@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-__all__ = ["depthwise_applies", "depthwise_conv"]
+__all__ = ["depthwise_applies", "depthwise_band", "depthwise_conv"]
 
 # outputs per tile along the last axis: wide enough that the band matrix feeds BLAS a useful product,
 # narrow enough that the zeros outside the band stay a small multiple of the kernel's width
@@ -38,6 +38,23 @@ def depthwise_applies(c_in: int, groups: int, kernel: Sequence[int], out_spatial
             and out_spatial[-1] <= _TILE and dtype.kind == "f")
 
 
+def _geometry(kw: int, sw: int, dw: int, ow: int) -> tuple[int, int, int]:
+    """(outputs per tile, tiles, input cells one tile reads) along the last axis."""
+    tile = min(ow, _TILE)
+    return tile, -(-ow // tile), (tile - 1) * sw + (kw - 1) * dw + 1
+
+
+def depthwise_band(weight: np.ndarray, stride: Sequence[int], dilation: Sequence[int], out_spatial: Sequence[int]
+                   ) -> np.ndarray:
+    """The band matrices ``depthwise_conv`` multiplies by, for ``weight`` ``[C * m, 1, *kernel]`` and
+    an output whose last axis is ``out_spatial[-1]`` long: built once per weight by a prepared graph's
+    parameters (building costs about as much as the products on a 9x9 layer)."""
+    c_out, kernel = weight.shape[0], weight.shape[2:]
+    kh, kw = (1,) + tuple(kernel) if len(kernel) == 1 else kernel
+    tile, _, span = _geometry(kw, stride[-1], dilation[-1], out_spatial[-1])
+    return _band(weight.reshape(c_out, 1, kh, kw), stride[-1], dilation[-1], tile, span)
+
+
 def _band(weight: np.ndarray, stride: int, dilation: int, tile: int, span: int) -> np.ndarray:
     """``[g, og, kernel rows, span, tile]``: entry ``[.., i, o*stride + j*dilation, o] = w[.., i, j]``."""
     g, og, rows, width = weight.shape
@@ -51,26 +68,26 @@ def _band(weight: np.ndarray, stride: int, dilation: int, tile: int, span: int) 
 
 
 def depthwise_conv(xp: np.ndarray, weight: np.ndarray, *, stride: Sequence[int], dilation: Sequence[int],
-                   out_spatial: Sequence[int]) -> np.ndarray:
-    """``xp`` the zero-padded input ``[n, C, *spatial]``, ``weight`` ``[C * m, 1, *kernel]``; the
-    products (no bias) ``[n, C * m, *out_spatial]``."""
+                   out_spatial: Sequence[int], band: np.ndarray | None = None) -> np.ndarray:
+    """``xp`` the zero-padded input ``[n, C, *spatial]``, ``weight`` ``[C * m, 1, *kernel]`` (``band``
+    its ``depthwise_band``, built here when not given); the products (no bias) ``[n, C * m, *out_spatial]``."""
+    if band is None:
+        band = depthwise_band(weight, stride, dilation, out_spatial)
     n, c = xp.shape[:2]
     if len(out_spatial) == 1:  # one row: the 2-d path with a height-1 kernel
         y = depthwise_conv(xp[:, :, None, :], weight[:, :, None, :], stride=(1,) + tuple(stride),
-                           dilation=(1,) + tuple(dilation), out_spatial=(1,) + tuple(out_spatial))
+                           dilation=(1,) + tuple(dilation), out_spatial=(1,) + tuple(out_spatial), band=band)
         return y[:, :, 0, :]
     (sh, sw), (dh, dw), (oh, ow) = stride, dilation, out_spatial
     kh, kw = weight.shape[2:]
     og = weight.shape[0] // c
-    tile = min(ow, _TILE)
-    tiles = -(-ow // tile)
-    span = (tile - 1) * sw + (kw - 1) * dw + 1
+    tile, tiles, span = _geometry(kw, sw, dw, ow)
     need = (tiles * tile - 1) * sw + (kw - 1) * dw + 1  # the last tile may read past the input: zeros
     if need > xp.shape[3]:
         wider = np.zeros(xp.shape[:3] + (need,), xp.dtype)
         wider[..., :xp.shape[3]] = xp
         xp = wider
-    band = _band(weight.reshape(c, og, kh, kw), sw, dw, tile, span)
+    band = band.reshape(c, og, kh, span, tile)
     acc = np.empty((n, c, og, tiles, oh, tile), xp.dtype)
     part = np.empty((n, c, og, oh, tile), xp.dtype)
     for i in range(kh):

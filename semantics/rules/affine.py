@@ -341,8 +341,8 @@ for _kind in ("linear", "conv", "conv_transpose"):
 
 class FloatConvParams(NamedTuple):
     """A conv's float parameters: weight and bias in the evaluation dtype, and the depthwise path's
-    band matrices when that path serves the node (built with the parameters, so once per prepared
-    graph and domain)."""
+    band matrices when that path serves the node's geometry (built with the parameters, so once per
+    prepared graph and domain; a non-finite input still takes im2col)."""
 
     weight: np.ndarray
     bias: np.ndarray

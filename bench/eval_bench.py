@@ -8,8 +8,8 @@ ReferenceEvaluator, with the ratios ours/onnxruntime and ReferenceEvaluator/ours
 
     python bench/eval_bench.py [--runs 7] [--models cnn,mlp,transformer] [--threads N] [--no-slow-peers]
 
-More models: ``squeezenet`` and ``resnet50`` (torchvision, random weights) and ``convmixer``
-(ConvMixer-256/8: depthwise 9x9 convolutions); ``--no-slow-peers`` skips the ReferenceEvaluator and
+More models: ``squeezenet``, ``resnet50`` and ``convnext`` (torchvision's ConvNeXt-T: depthwise 7x7;
+random weights) and ``convmixer`` (ConvMixer-256/8: depthwise 9x9 convolutions); ``--no-slow-peers`` skips the ReferenceEvaluator and
 the exact mode on them. The ``torch`` column is the model's own forward (same threads), ``f32/torch``
 our float32 time against it.
 
@@ -24,8 +24,9 @@ matmul and convolution GEMM (im2col shapes) on prebuilt operands of the same sha
 in float64. No evaluator built on numpy's BLAS, ours or the ReferenceEvaluator, can run the model
 faster than that; ``ref/floor`` is how far the ReferenceEvaluator is from it.
 
-Our runs call ``evaluate(..., check=False)`` with the payload already in the evaluation dtype: graph
-validation and weight conversion happen once up front, as onnxruntime does at session creation.
+Our float32 and float64 runs evaluate a prepared graph (``tlb.prepare(g, payload).evaluate``): graph
+validation and weight conversion (with the depthwise path's band matrices) happen once up front, as
+onnxruntime does at session creation.
 
 The ``exact`` column is the exact float64 mode (``evaluate(..., exact=True)``: TorchLean's sequential
 folds from +0.0 and C libm, bit-identical to TorchLean's ``Graph.denoteAll`` at Float), ``exact/f64``
@@ -172,8 +173,15 @@ def convmixer():
     return model, torch.randn(1, 3, 224, 224)
 
 
+def convnext():
+    """torchvision's ConvNeXt-T (random weights): depthwise 7x7 convolutions at 56, 28, 14 and 7 cells wide."""
+    import torch
+    torch.manual_seed(0)
+    return _torchvision().models.convnext_tiny(weights=None), torch.randn(1, 3, 224, 224)
+
+
 MODELS: dict[str, Callable] = {"cnn": resnet_cnn, "mlp": mlp, "transformer": transformer, "squeezenet": squeezenet,
-                               "resnet50": resnet50, "convmixer": convmixer}
+                               "resnet50": resnet50, "convmixer": convmixer, "convnext": convnext}
 
 
 def export_onnx(model, example) -> bytes:
@@ -275,8 +283,9 @@ def bench_model(name: str, runs: int, threads: int | None, slow_peers: bool = Tr
     if threads:
         torch.set_num_threads(threads)
     xt = torch.from_numpy(x)
-    runners = {"ours32": lambda: tlb.evaluate(g, p32, x, dtype="float32", check=False),
-               "ours64": lambda: tlb.evaluate(g, p64, x, dtype="float64", check=False),
+    prepared32, prepared64 = tlb.prepare(g, p32), tlb.prepare(g, p64)
+    runners = {"ours32": lambda: prepared32.evaluate(x, dtype="float32"),
+               "ours64": lambda: prepared64.evaluate(x, dtype="float64"),
                "exact": lambda: tlb.evaluate(g, p64, x, dtype="float64", check=False, exact=True),
                "floor32": lambda: run_gemms(gemms32),
                "floor64": lambda: run_gemms(gemms64),
@@ -304,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="timed runs per runner (median reported)")
     parser.add_argument("--models", default="cnn,mlp,transformer",
-                        help="comma-separated: cnn, mlp, transformer, squeezenet, resnet50 (torchvision), convmixer")
+                        help="comma-separated: cnn, mlp, transformer, squeezenet, resnet50, convnext (torchvision), convmixer")
     parser.add_argument("--no-slow-peers", action="store_true",
                         help="skip the ReferenceEvaluator and the exact mode (minutes on resnet50)")
     parser.add_argument("--threads", type=int, default=1,

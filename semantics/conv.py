@@ -25,6 +25,7 @@ from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from torchlean_bridge.ops.contracts import conv_transpose_full_dim
 
+from .conv_depthwise import depthwise_conv, depthwise_serves
 from .scratch import scratch
 
 __all__ = ["conv_nd", "conv_transpose_nd", "pool_nd", "pool_out_spatial", "avg_pool_divisor", "EMPTY_WINDOW"]
@@ -53,8 +54,9 @@ def _pad_spatial(x: np.ndarray, before: Sequence[int], after: Sequence[int], val
 
 def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis: int, stride: Sequence[int],
             padding: Sequence[int], padding_after: Sequence[int], dilation: Sequence[int], groups: int,
-            out_spatial: Sequence[int]) -> np.ndarray:
-    """``x`` is ``lead ++ [C] ++ spatial``; the result is ``lead ++ [out] ++ out_spatial``."""
+            out_spatial: Sequence[int], band: np.ndarray | None = None) -> np.ndarray:
+    """``x`` is ``lead ++ [C] ++ spatial``; the result is ``lead ++ [out] ++ out_spatial``. ``band``:
+    the weight's ``depthwise_band`` when the depthwise path serves this conv, prepared once."""
     lead = x.shape[:channel_axis]
     c_in, spatial = x.shape[channel_axis], x.shape[channel_axis + 1:]
     n = math.prod(lead)
@@ -63,7 +65,9 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
     k, length = math.prod(kernel), math.prod(out_spatial)
     xp = _pad_spatial(x.reshape((n, c_in) + spatial), padding, padding_after, 0.0)
     w = weight.reshape(g, og, cg * k)
-    if k == 1 and tuple(xp.shape[2:]) == tuple(out_spatial):  # pointwise: the input is its own column matrix
+    if depthwise_serves(xp, groups, kernel, out_spatial):
+        y = depthwise_conv(xp, weight, stride=stride, dilation=dilation, out_spatial=out_spatial, band=band)
+    elif k == 1 and tuple(xp.shape[2:]) == tuple(out_spatial):  # pointwise: the input is its own column matrix
         y = np.matmul(w, xp.reshape(n, g, cg, length))
     else:  # im2col, one cache-sized block of output rows at a time
         y = np.empty((n, g, og, length), dtype=x.dtype)

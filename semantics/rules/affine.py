@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..conv import conv_nd, conv_transpose_nd
 from ..interval_round import (MIN_NORMAL, U, Box, CleanBox, all_finite, center_radius, clean, dot_radius, down, gamma,
                               sum_bounds, up)
 from ..arena import result_array
+from ..conv_depthwise import depthwise_applies, depthwise_band
 from ..conv_gemm import conv_plan, conv_products, stage
 from ..scratch import scratch
 from ..records import in_dtype
@@ -338,6 +339,29 @@ for _kind in ("linear", "conv", "conv_transpose"):
     INTERVAL_RULES.params[_kind] = lambda node, record: AffineParams.of(*record)
 
 
+class FloatConvParams(NamedTuple):
+    """A conv's float parameters: weight and bias in the evaluation dtype, and the depthwise path's
+    band matrices when that path serves the node's geometry (built with the parameters, so once per
+    prepared graph and domain; a non-finite input still takes im2col)."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    band: np.ndarray | None
+
+
+def _float_conv_params(node, record, dt) -> FloatConvParams:
+    w, b = in_dtype(record, dt)
+    a, ca = node.attrs, node.attrs["channel_axis"]
+    out_spatial = tuple(node.out_shape[ca + 1:])
+    band = None
+    if depthwise_applies(a["in_channels"], a["groups"], a["kernel"], out_spatial, np.dtype(dt)):
+        band = depthwise_band(w, a["stride"], a["dilation"], out_spatial)
+    return FloatConvParams(w, b, band)
+
+
+FLOAT_RULES.params["conv"] = _float_conv_params
+
+
 @float_rule("matmul")
 def matmul(node, xs, rec, dt):
     return np.matmul(xs[0], xs[1])
@@ -363,12 +387,13 @@ def linear_rule(node, ps, rec):
 @float_rule("conv", "conv_transpose")
 def conv(node, xs, rec, dt):
     a = node.attrs
-    w, b = float_params(node, rec, xs[0].shape, dt)
+    params = float_params(node, rec, xs[0].shape, dt)
+    w, b = params[0], params[1]
     geometry = dict(channel_axis=a["channel_axis"], stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
                     groups=a["groups"], out_spatial=node.out_shape[a["channel_axis"] + 1:])
     if node.kind == "conv_transpose":
         return conv_transpose_nd(xs[0], w, b, **geometry)
-    return conv_nd(xs[0], w, b, padding_after=a["padding_after"], **geometry)
+    return conv_nd(xs[0], w, b, padding_after=a["padding_after"], band=params.band, **geometry)
 
 
 @interval_rule("conv", "conv_transpose")
@@ -416,7 +441,7 @@ def conv_exact(node, xs, rec, dt):
     the bias added last. The windows are gathered once (im2col) with the (channel, offset) steps
     leading, in that order, then folded like a matrix product."""
     a = node.attrs
-    w, b = float_params(node, rec, xs[0].shape, dt)
+    w, b, _ = float_params(node, rec, xs[0].shape, dt)
     x, ca, groups = xs[0], a["channel_axis"], a["groups"]
     lead, spatial = x.shape[:ca], x.shape[ca + 1:]
     out_spatial = tuple(node.out_shape[ca + 1:])

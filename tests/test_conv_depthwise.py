@@ -1,0 +1,108 @@
+"""conv_nd's banded depthwise path against torch's convolution on random depthwise geometries (1 and 2
+spatial axes, channel multipliers, strides, dilation, asymmetric padding, batches), float64 and float32,
+and against the im2col path it replaces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import semantics.conv as conv
+from semantics.conv_depthwise import MAX_ROW, depthwise_applies
+
+_CONV = {1: F.conv1d, 2: F.conv2d}
+
+
+def _case(rng: np.random.Generator) -> tuple:
+    rank = int(rng.integers(1, 3))
+    c, mult = int(rng.integers(2, 6)), int(rng.integers(1, 3))
+    draw = lambda lo, hi: tuple(int(v) for v in rng.integers(lo, hi, size=rank))  # noqa: E731
+    kernel = draw(1, 4)[:-1] + (int(rng.integers(5, 10)),)
+    stride, dilation, before, after = draw(1, 3), draw(1, 3), draw(0, 5), draw(0, 5)
+    spatial = draw(1, 12)[:-1] + (int(rng.integers(kernel[-1] * dilation[-1], 50)),)
+    return int(rng.integers(1, 3)), c, mult, spatial, kernel, stride, dilation, before, after
+
+
+def _conv_nd(x, w, b, stride, dilation, before, after, groups, out_spatial):
+    return conv.conv_nd(x, w, b, channel_axis=1, stride=stride, padding=before, padding_after=after,
+                        dilation=dilation, groups=groups, out_spatial=out_spatial)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_depthwise_path_matches_torch_and_im2col(dtype, monkeypatch):
+    rng = np.random.default_rng(5)
+    checked = 0
+    while checked < 40:
+        n, c, mult, spatial, kernel, stride, dilation, before, after = _case(rng)
+        padded = [s + b + a for s, b, a in zip(spatial, before, after)]
+        out_spatial = tuple((p - d * (k - 1) - 1) // st + 1 for p, k, st, d in zip(padded, kernel, stride, dilation))
+        if min(out_spatial) <= 0 or not depthwise_applies(c, c, kernel, out_spatial, np.dtype(dtype)):
+            continue
+        x = rng.standard_normal((n, c) + spatial).astype(dtype)
+        w = rng.standard_normal((c * mult, 1) + kernel).astype(dtype)
+        b = rng.standard_normal(c * mult).astype(dtype)
+        got = _conv_nd(x, w, b, stride, dilation, before, after, c, out_spatial)
+        pad = [v for bb, aa in zip(reversed(before), reversed(after)) for v in (bb, aa)]
+        want = _CONV[len(spatial)](F.pad(torch.from_numpy(x), pad), torch.from_numpy(w), torch.from_numpy(b),
+                                   stride=stride, dilation=dilation, groups=c).numpy()
+        tol = 1e-12 if dtype == np.float64 else 1e-5
+        assert got.shape == want.shape and got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)
+        with monkeypatch.context() as m:  # the im2col path on the same operands
+            m.setattr(conv, "depthwise_serves", lambda *args: False)
+            im2col = _conv_nd(x, w, b, stride, dilation, before, after, c, out_spatial)
+        np.testing.assert_allclose(got, im2col, rtol=tol, atol=tol * 10)
+        checked += 1
+
+
+def test_the_path_is_gated_to_wide_kernels_on_rows_of_one_tile():
+    f32 = np.dtype(np.float32)
+    assert depthwise_applies(256, 256, (9, 9), (32, 32), f32)
+    assert not depthwise_applies(256, 256, (3, 3), (32, 32), f32)         # im2col measured faster
+    assert not depthwise_applies(96, 96, (7, 7), (56, MAX_ROW + 1), f32)  # wide rows: too many zeros
+    assert not depthwise_applies(256, 128, (9, 9), (32, 32), f32)         # two channels per group
+    assert not depthwise_applies(8, 8, (9, 9, 9), (4, 4, 4), f32)         # 3 spatial axes
+    assert not depthwise_applies(8, 8, (9, 9), (4, 4), np.dtype(np.int64))  # integer: narrow semantics
+
+
+def test_a_prepared_graph_builds_the_band_once_and_evaluates_as_torch(monkeypatch):
+    """A depthwise 9x9 conv with multiplier 2 and bias, imported through torch.fx: the prepared graph's
+    parameters hold the band (built once, not per evaluation), and evaluation agrees with torch."""
+    import semantics.conv_depthwise as dw
+    import semantics.rules.affine as affine
+    import torchlean_bridge as tlb
+
+    torch.manual_seed(2)
+    net = torch.nn.Conv2d(4, 8, 9, padding=4, groups=4).eval()
+    x = torch.randn(2, 4, 12, 12)
+    bundle = tlb.import_fx(net, (x,))
+    built = []
+    real = dw.depthwise_band
+    for module in (dw, affine):  # the parameters' builder and depthwise_conv's own fallback
+        monkeypatch.setattr(module, "depthwise_band", lambda *args: built.append(1) or real(*args))
+    prepared = tlb.prepare(bundle.graph, bundle.payload)
+    first = prepared.evaluate(x.numpy(), dtype="float32")[0]
+    second = prepared.evaluate(x.numpy(), dtype="float32")[0]
+    assert len(built) == 1
+    with torch.no_grad():
+        want = net(x).numpy()
+    np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_an_infinite_or_nan_cell_reaches_only_the_windows_holding_it():
+    """The band's zeros would turn one infinite cell into NaN across its whole row (0 * inf): such an
+    input keeps im2col, and agrees with torch cell for cell (inf, NaN and finite values alike)."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 3, 10, 20)).astype(np.float32)
+    x[0, 0, 4, 2], x[0, 1, 7, 15] = np.inf, np.nan
+    w = rng.standard_normal((3, 1, 5, 7)).astype(np.float32)
+    b = np.zeros(3, np.float32)
+    assert depthwise_applies(3, 3, (5, 7), (10, 20), np.dtype(np.float32))
+    got = _conv_nd(x, w, b, (1, 1), (1, 1), (2, 3), (2, 3), 3, (10, 20))
+    want = F.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=(2, 3), groups=3).numpy()
+    assert np.isfinite(got).sum() == np.isfinite(want).sum() > 0
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

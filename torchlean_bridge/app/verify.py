@@ -45,6 +45,10 @@ __all__ = ["verify", "verify_files", "VerifyResult", "load_model", "choose_metho
 _MARGIN = 2.0 ** -17
 METHODS = ("auto", "bab-relu", "bab-input", "crown", "alpha-crown", "ibp")
 INPUT_SPLIT_DIMS = 16  # auto: input splitting up to this many input entries
+# input splitting: the projected-step descent (up to 24 CROWN passes) runs on the whole box and on one
+# sub-box in this many; on the others only the cheap points (centre, bound corners, random) are tried.
+# Every sub-box descending cost 75% of the time on ACAS Xu prop_1 (3x fewer boxes bounded in 30 s).
+DESCEND_EVERY = 16
 _RESULTS = ("unsat", "sat", "unknown")
 
 
@@ -223,8 +227,10 @@ class _Search:
         self.rejected += 1
         return None
 
-    def attack(self, lo: np.ndarray, hi: np.ndarray, groups, coeffs, budget: int) -> dict[str, Any] | None:
-        """Centre, corners of each row's linear lower bound, random points, then projected steps."""
+    def attack(self, lo: np.ndarray, hi: np.ndarray, groups, coeffs, budget: int,
+               descend: bool = True) -> dict[str, Any] | None:
+        """Centre, corners of each row's linear lower bound, random points, then (with ``descend``)
+        projected steps, which cost up to 24 CROWN passes."""
         pts = [lo * 0.5 + hi * 0.5]
         if coeffs is not None:
             for k in range(coeffs.shape[1]):
@@ -242,7 +248,7 @@ class _Search:
             score = min(_violation(self.model.evaluate(x, "float64"), g) for g in groups)
             if score < best:
                 best, best_x = score, x
-        return self._descend(best_x, lo, hi, groups) if best_x is not None else None
+        return self._descend(best_x, lo, hi, groups) if best_x is not None and descend else None
 
     def _descend(self, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
         """Projected sign steps along the coefficients of linear bounds on a small box around x."""
@@ -324,7 +330,8 @@ class _Search:
             if coeffs is not None:
                 sub = coeffs[0][:, np.r_[tuple(np.arange(s.start, s.stop) for s in open_rows)]]
             try:
-                found = self.attack(lo, hi, open_groups, sub, budget=8 if top else 2)
+                found = self.attack(lo, hi, open_groups, sub, budget=8 if top else 2,
+                                    descend=top or self.boxes % DESCEND_EVERY == 0)
             except DeadlineExceeded:
                 return "unknown", None
             if found is not None:

@@ -50,7 +50,7 @@ def _run(onnx: str, vnnlib: str, result_file: str, timeout: float, start: float)
         if left <= 0:
             text = "timeout\n"
         else:
-            answer = verify_instance(model_path, vnnlib_path, "crown", 0, left, vnnlib)
+            answer = verify_instance(model_path, vnnlib_path, "auto", 0, left, vnnlib)
             text = answer["counterexample"] or f"{answer['result']}\n"
     except BridgeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -9,7 +9,7 @@ the intercepts are then computed rigorously for the chosen slope:
   (below) f; its intercept is the outward-rounded max (min) over the two ends of f(z) - k z. The
   other side is the line s z through the origin with s between the two slopes, chosen as auto_LiRPA's
   default "adaptive" rule (slope 1 when the chord's slope exceeds 1/2).
-* Smooth functions (sigmoid, tanh, exp, softplus, gelu, integer powers) are described by a point
+* Smooth functions (sigmoid, tanh, exp, softplus, gelu, silu, integer powers) are described by a point
   enclosure of f and of f', and their convexity pieces. For a slope s the intercept of the lower line
   is a lower bound of min over [l, u] of g(z) = f(z) - s z, taken piece by piece: on a concave piece
   g is concave and its minimum is at an end; on a convex piece g is convex and lies above its tangent
@@ -37,7 +37,7 @@ from .. import interval_arith as ia
 from ..float_special import erf
 from ..interval_arith import erf_at, exp_at, tanh_at
 from ..interval_round import Box, down, lib_bounds, up
-from ..rules.activations import INV_SQRT2, _elu_with, gelu_box, sigmoid_at, softplus_at
+from ..rules.activations import INV_SQRT2, _elu_with, _silu_at, gelu_box, sigmoid_at, softplus_at
 from ..rules.elementwise import pow_box
 
 __all__ = ["Lines", "relu_lines", "Smooth", "smooth_for", "smooth_lines", "SMOOTH_KINDS"]
@@ -194,6 +194,32 @@ def _gelu_df_point(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + erf(x * INV_SQRT2[0])) + x * np.exp(-0.5 * x * x) * _INV_SQRT_2PI[0]
 
 
+def _silu_df(x: np.ndarray) -> Box:
+    """silu' = s(x) + x s(x) s(-x), s the sigmoid (no cancellation: s(-x) is enclosed directly)."""
+    s_pos = sigmoid_at(x)
+    return ia.add(s_pos, ia.mul(ia.point(x), ia.mul(s_pos, sigmoid_at(-x))))
+
+
+def _silu_d2f(x: np.ndarray) -> np.ndarray:
+    """silu'' = s (1 - s) (2 - x tanh(x / 2)), s the sigmoid."""
+    t = np.tanh(0.5 * x)
+    return 0.25 * (1.0 - t * t) * (2.0 - x * t)
+
+
+def _silu_point(x: np.ndarray) -> np.ndarray:
+    return x * (0.5 + 0.5 * np.tanh(0.5 * x))
+
+
+def _silu_df_point(x: np.ndarray) -> np.ndarray:
+    s = 0.5 + 0.5 * np.tanh(0.5 * x)
+    return s + x * s * (1.0 - s)
+
+
+# silu'' changes sign where x tanh(x / 2) = 2, x = +-2.39935728051546766783...; these floats bracket it (the
+# sign of x tanh(x / 2) - 2 at each is checked in high precision by test_smooth_relax_fast), and
+# x tanh(x / 2) increases for x > 0, so silu is convex on [-_SILU_LO, _SILU_LO], concave beyond +-_SILU_HI
+_SILU_LO, _SILU_HI = 2.3993572805154653, 2.3993572805154697
+
 _SQRT2_LO, _SQRT2_HI = float(down(down(np.float64(np.sqrt(2.0))))), float(up(up(np.float64(np.sqrt(2.0)))))
 
 SMOOTH: dict[str, Smooth] = {
@@ -208,6 +234,9 @@ SMOOTH: dict[str, Smooth] = {
     # gelu'' = phi(x) (2 - x^2): concave, convex on [-sqrt 2, sqrt 2], concave; |gelu'| < 1.2 near +-sqrt 2
     "gelu": Smooth(_gelu_f, _gelu_df, (-_SQRT2_HI, -_SQRT2_LO, _SQRT2_LO, _SQRT2_HI), (-1, 0, 1, 0, -1), 1.2,
                    d2f=_gelu_d2f, f_point=_gelu_point, df_point=_gelu_df_point),
+    # silu: concave, convex on [-2.3994, 2.3994], concave; |silu'| <= 1.0999 everywhere
+    "silu": Smooth(_silu_at, _silu_df, (-_SILU_HI, -_SILU_LO, _SILU_LO, _SILU_HI), (-1, 0, 1, 0, -1), 1.1,
+                   d2f=_silu_d2f, f_point=_silu_point, df_point=_silu_df_point),
 }
 SMOOTH_KINDS = frozenset(SMOOTH) | {"pow", "elu"}
 

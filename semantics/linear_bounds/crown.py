@@ -654,19 +654,25 @@ class _Pass:
         icpt = (b_l != 0) | (b_u != 0)
         inexact = ~(((a_l == 0) | (a_l == 1)) & ((a_u == 0) | (a_u == 1)))
         special = cols_any(differ | icpt | inexact)  # one gather of these columns serves all three
-        new = flat * a_l[:, None]
+        dense = special.size == width  # smooth layers: every column is special, so no gather or scatter
+        new = None if dense else flat * a_l[:, None]
         if special.size:
-            part = flat[:, :, special]
+            part = flat if dense else flat[:, :, special]
             pos = part >= 0
-            sl, su = a_l[:, None, special], a_u[:, None, special]
+            sl, su = (a_l[:, None], a_u[:, None]) if dense else (a_l[:, None, special], a_u[:, None, special])
             new_part = np.where(pos, part * sl, part * su)
-            new[:, :, special] = new_part
+            if dense:
+                new = new_part
+            else:
+                new[:, :, special] = new_part
             with np.errstate(all="ignore"):
-                prod = np.where(pos, part * b_l[:, None, special], part * b_u[:, None, special])
+                bl, bu = (b_l[:, None], b_u[:, None]) if dense else (b_l[:, None, special], b_u[:, None, special])
+                prod = np.where(pos, part * bl, part * bu)
                 val = prod.sum(axis=-1)
                 e = np.abs(prod).sum(axis=-1) * err_factor(width + 1)
             self._acc(np.where(np.isnan(val), -np.inf, val), e)
-            m = self.mag(p).reshape(self.mag(p).shape[0], -1)[:, special]
+            m = self.mag(p).reshape(self.mag(p).shape[0], -1)
+            m = m if dense else m[:, special]
             self.add_abs_err(new_part, m, 2.0 * U * _ERR_SAFETY)
         live = cols_any((a_l != 0) | (a_u != 0))
         if live.size < 0.75 * width and len(self.tail(p)) == 1:

@@ -48,13 +48,17 @@ def test_stationary_points_solve_f_prime_equals_s(kind):
         assert np.allclose(got, want, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_lines_as_tight_as_with_bisection(kind):
+@pytest.mark.parametrize("kind,size", [(k, 600) for k in KINDS] + [("silu", 2500)])
+def test_lines_as_tight_as_with_bisection(kind, size):
     """The area between the upper and lower lines over [l, u]: the same as with bisection's points up to
-    rounding (1e-13 of the function's magnitude on the box, or absolute below 1)."""
+    rounding (1e-13 of the function's magnitude on the box, or absolute below 1). The candidates are
+    stacked [slopes, entries], so Newton's steps meet both regimes: below ``_COMPACT_MIN`` points and from
+    it, where later steps run only on the entries still moving (2500 entries: the tangents through the
+    ends too)."""
+    assert 2 * 2500 >= relax._COMPACT_MIN > 2 * 600
     rng = np.random.default_rng(1)
-    lo = rng.standard_normal(600) * 3
-    hi = lo + rng.random(600) * np.where(rng.random(600) < 0.5, 0.1, 6.0)
+    lo = rng.standard_normal(size) * 3
+    hi = lo + rng.random(size) * np.where(rng.random(size) < 0.5, 0.1, 6.0)
     fn = smooth_for(kind, {})
     area = []
     for f in (fn, _slow(fn)):

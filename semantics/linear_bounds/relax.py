@@ -284,8 +284,10 @@ def _stationary(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, increas
             d = fn.stationary(s, increasing)
         return np.clip(np.where(np.isnan(d), a, d), a, b)
     if fn.d2f is not None:
-        def h(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return fn.df_mid(d) - s, fn.d2f(d)
+        s_flat = np.ravel(np.broadcast_to(s, np.shape(a)))
+
+        def h(d: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return fn.df_mid(d) - s_flat[at], fn.d2f(d)
         return _newton_bisect(h, a, b, increasing)
     lo, hi = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):
@@ -362,37 +364,56 @@ def _tangent_bound(fn: Smooth, piece: _Piece, s: np.ndarray, side: int) -> np.nd
         at_a, at_b = da_lo >= s, db_hi <= s
     else:
         at_a, at_b = da_hi <= s, db_lo >= s
-    d = _stationary(fn, a, b, s, increasing)
+    # monotone g: the extremum is at the end g moves away from
+    out = np.where(at_a, _g_at(piece.fa, a, s, side), _g_at(piece.fb, b, s, side))
+    # the other entries of boxes meeting the piece need the point d (entries elsewhere are ignored)
+    need = ~(at_a | at_b) & piece.there
+    if not np.any(need):
+        return out
+    a, b = np.broadcast_to(a, s.shape)[need], np.broadcast_to(b, s.shape)[need]
+    s_need = s[need]
+    d = _stationary(fn, a, b, s_need, increasing)
     d_lo, d_hi = fn.df(d)
-    slope = np.maximum(np.abs(up(d_hi - s)), np.abs(down(d_lo - s)))
+    slope = np.maximum(np.abs(up(d_hi - s_need)), np.abs(down(d_lo - s_need)))
     reach = up(np.maximum(up(d - a), up(b - d)))
     if side < 0:
-        inner = down(_g(fn, d, s, side) - up(up(slope) * reach))
+        out[need] = down(_g(fn, d, s_need, side) - up(up(slope) * reach))
     else:
-        inner = up(_g(fn, d, s, side) + up(up(slope) * reach))
-    # monotone g: the extremum is at the end g moves away from
-    return np.where(at_a, _g_at(piece.fa, a, s, side), np.where(at_b, _g_at(piece.fb, b, s, side), inner))
+        out[need] = up(_g(fn, d, s_need, side) + up(up(slope) * reach))
+    return out
 
 
 _NEWTON_STEPS = 12
+_SETTLED = 2.0 ** -50  # a step this small (relative) ends the iteration: a few ulps from the root
+_COMPACT_MIN = 4096  # entries from which Newton's later steps work only on the entries still moving
 
 
-def _newton_bisect(h: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], a: np.ndarray, b: np.ndarray,
-                   increasing: bool) -> np.ndarray:
-    """A root of h on [a, b] (h monotone there, ``increasing`` or not; h returns its value and
-    derivative), vectorized: Newton steps kept inside the shrinking bracket, bisection where a step
-    would leave it; an end of [a, b] when h keeps one sign. Only a candidate point (the bounds built at
-    it are rigorous wherever it lands), so a fixed number of steps."""
-    lo, hi = a.copy(), b.copy()
+def _newton_bisect(h: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]], a: np.ndarray,
+                   b: np.ndarray, increasing: bool) -> np.ndarray:
+    """A root of h on [a, b] (h monotone there, ``increasing`` or not), vectorized: Newton steps kept
+    inside the shrinking bracket, bisection where a step would leave it; an end of [a, b] when h keeps
+    one sign. ``h(d, at)`` returns h's value and derivative at the points d of the flat entries ``at``.
+    Only a candidate point (the bounds built at it are rigorous wherever it lands), so at most a fixed
+    number of steps, and an entry stops once its step is at rounding level (later steps work only on
+    the entries still moving)."""
+    lo, hi = np.ravel(a).copy(), np.ravel(b).copy()
     d = lo * 0.5 + hi * 0.5
+    active = np.arange(d.size)
     with np.errstate(all="ignore"):
         for _ in range(_NEWTON_STEPS):
-            value, slope = h(d)
+            at = d[active]
+            value, slope = h(at, active)
             below = (value < 0) == increasing
-            lo, hi = np.where(below, d, lo), np.where(below, hi, d)
-            step = d - value / slope
-            d = np.where(np.isfinite(step) & (step >= lo) & (step <= hi), step, lo * 0.5 + hi * 0.5)
-    return np.clip(d, a, b)
+            left, right = np.where(below, at, lo[active]), np.where(below, hi[active], at)
+            step = at - value / slope
+            moved = np.where(np.isfinite(step) & (step >= left) & (step <= right), step, left * 0.5 + right * 0.5)
+            lo[active], hi[active], d[active] = left, right, moved
+            moving = np.abs(moved - at) > _SETTLED * np.abs(at) + 2.0 ** -1000
+            if not np.any(moving):
+                break
+            if d.size >= _COMPACT_MIN:  # below this, the gathers cost more numpy calls than they save
+                active = active[moving]
+    return np.clip(d.reshape(np.shape(a)), a, b)
 
 
 def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f0: np.ndarray) -> np.ndarray:
@@ -400,8 +421,11 @@ def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f
     h(d) = f(d) + f'(d)(z0 - d) - f0, h'(d) = f''(d)(z0 - d) (Newton steps inside the bracket where f''
     is known, else bisection). Only a candidate slope: its intercept is computed rigorously afterwards."""
     if fn.d2f is not None:
-        def h(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return fn.f_mid(d) + fn.df_mid(d) * (z0 - d) - f0, fn.d2f(d) * (z0 - d)
+        z0_flat, f0_flat = (np.ravel(np.broadcast_to(x, np.shape(a))) for x in (z0, f0))
+
+        def h(d: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            gap = z0_flat[at] - d
+            return fn.f_mid(d) + fn.df_mid(d) * gap - f0_flat[at], fn.d2f(d) * gap
         return fn.df_mid(_newton_bisect(h, a, b, True))
     left, right = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):

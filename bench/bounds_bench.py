@@ -3,7 +3,8 @@
 Models: a 784-1024-1024-10 ReLU MLP, a CNN (1x28x28: conv 8 k4 s2, relu, conv 16 k4 s2, relu,
 linear 100, relu, linear 10), a residual CNN (conv 8 k4 s2, relu, [conv 8 k3, relu, conv 8 k3]
 + skip, relu, linear 10), and smooth activations: a 100-256-256-10 MLP with relu then tanh, a CNN
-(3x32x32: conv 8 k4 s2, relu, conv 16 k4 s2, sigmoid, linear 10) and a 100-256-256-10 GELU MLP; each
+(3x32x32: conv 8 k4 s2, relu, conv 16 k4 s2, sigmoid, linear 10), 100-256-256-10 GELU and SiLU MLPs, and
+a transformer-ish block on 8 tokens of width 32 (layernorm, softmax attention, relu feed-forward); each
 at batch 1 and 64, l-inf ball of radius --eps around random inputs.
 For each method (IBP, IBP with float64 products, CROWN, optionally alpha-CROWN) and case: median wall time of ours
 (outward rounded: "IBP" is the default, float32 BLAS products with rigorous error bounds where they cost at most
@@ -51,8 +52,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--eps", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for both sides")
-    parser.add_argument("--only", default="mlp,cnn,res,tanh,sigmoid,gelu",
-                        help="comma-separated cases: mlp, cnn, res, tanh, sigmoid, gelu")
+    parser.add_argument("--only", default="mlp,cnn,res,tanh,sigmoid,gelu,silu,attn",
+                        help="comma-separated cases: mlp, cnn, res, tanh, sigmoid, gelu, silu, attn")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
     parser.add_argument("--methods", default="ibp,ibp64,crown",
                         help="comma-separated methods: ibp, ibp64 (float64 products), crown, alpha-crown")
@@ -112,6 +113,30 @@ def sigmoid_cnn() -> nn.Module:
 
 def gelu_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(100, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+
+
+def silu_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(100, 256), nn.SiLU(), nn.Linear(256, 256), nn.SiLU(), nn.Linear(256, 10))
+
+
+class AttentionBlock(nn.Module):
+    """A transformer-ish block on 8 tokens of width 32: layernorm, one softmax attention head with a
+    residual, layernorm, a GELU feed-forward with a residual, then a linear head on the flattened tokens."""
+
+    def __init__(self, tokens: int = 8, width: int = 32) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
+        self.ff1, self.ff2 = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+        self.head = nn.Linear(tokens * width, 10)
+        self.scale = width ** -0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        att = torch.softmax(torch.matmul(self.q(h), self.k(h).transpose(1, 2)) * self.scale, dim=-1)
+        x = x + torch.matmul(att, self.v(h))
+        x = x + self.ff2(torch.relu(self.ff1(self.norm2(x))))
+        return self.head(torch.flatten(x, 1))
 
 
 class Residual(nn.Module):
@@ -337,7 +362,9 @@ def main(args: argparse.Namespace) -> None:
               "res": ("residual CNN 1x28x28", Residual(), (1, 28, 28)),
               "tanh": ("MLP relu-tanh 100-256-256-10", tanh_mlp(), (100,)),
               "sigmoid": ("CNN relu-sigmoid 3x32x32", sigmoid_cnn(), (3, 32, 32)),
-              "gelu": ("MLP gelu 100-256-256-10", gelu_mlp(), (100,))}
+              "gelu": ("MLP gelu 100-256-256-10", gelu_mlp(), (100,)),
+              "silu": ("MLP silu 100-256-256-10", silu_mlp(), (100,)),
+              "attn": ("attention block 8x32", AttentionBlock(), (8, 32))}
     for key in args.only.split(","):
         name, net, shape = models[key]
         for batch in (int(b) for b in args.batches.split(",")):

@@ -109,3 +109,23 @@ def test_first_affine_layer_keeps_its_ibp_box(conv, monkeypatch):
         scale = 1e-10 * (1 + np.abs(r_lo).max() + np.abs(r_hi).max())
         np.testing.assert_allclose(s_lo, r_lo, rtol=0, atol=scale)
         np.testing.assert_allclose(s_hi, r_hi, rtol=0, atol=scale)
+
+
+def test_dense_lines_step_is_exact_choice_and_bounds_its_rounding():
+    """Smooth layers take every column through ``_apply_lines_dense``: its coefficients are bit for bit the
+    per-entry choice of the lower line (coefficient >= 0) or the upper one, and the error it states covers
+    the exact rational intercept sum <a+, b_l> + <a-, b_u>."""
+    from semantics.linear_bounds.crown import _apply_lines_dense
+    rng = np.random.default_rng(7)
+    flat = rng.standard_normal((2, 6, 40)) * np.exp2(rng.integers(-30, 30, (2, 6, 40)))
+    flat[0, 0, :3], flat[0, 1, :2] = 0.0, -0.0
+    a_l, a_u, b_l, b_u = (rng.standard_normal((2, 40)) * 1e3 for _ in range(4))
+    new, val, err = _apply_lines_dense(flat, a_l, b_l, a_u, b_u)
+    pos = flat >= 0
+    assert np.array_equal(new, np.where(pos, flat * a_l[:, None], flat * a_u[:, None]))
+    for i in range(2):
+        for r in range(6):
+            exact = sum(Fraction(float(x)) * Fraction(float(bl if x >= 0 else bu))
+                        for x, bl, bu in zip(flat[i, r], b_l[i], b_u[i]))
+            assert abs(Fraction(float(val[i, r])) - exact) <= Fraction(float(err[i, r]))
+            assert err[i, r] > 0

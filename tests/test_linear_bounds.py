@@ -93,6 +93,8 @@ CASES = {
                  (1, 5), 0.3),
     "smooth mlp": (lambda: nn.Sequential(nn.Linear(3, 8), nn.Sigmoid(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8),
                                          nn.GELU(), nn.Linear(8, 6), nn.Softplus(), nn.Linear(6, 2)), (2, 3), 0.8),
+    "silu mlp": (lambda: nn.Sequential(nn.Linear(3, 8), nn.SiLU(), nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 2)),
+                 (2, 3), 1.5),
     "exp + elu": (lambda: nn.Sequential(nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, 4), nn.ELU(), nn.Linear(4, 3)),
                   (1, 3), 0.5),
     "cnn": (lambda: nn.Sequential(nn.Conv2d(1, 3, 3, stride=2), nn.ReLU(), nn.Conv2d(3, 4, 2), nn.ReLU(),
@@ -174,7 +176,7 @@ def test_square_is_sound_where_auto_lirpa_is_not(lo, hi, true_lo, true_hi):
 
 _MP = {"sigmoid": lambda z: 1 / (1 + mp.exp(-z)), "tanh": mp.tanh, "exp": mp.exp,
        "softplus": lambda z: mp.log1p(mp.exp(z)), "gelu": lambda z: z * (1 + mp.erf(z / mp.sqrt(2))) / 2,
-       "pow3": lambda z: z ** 3, "pow2": lambda z: z ** 2, "elu": lambda z: z if z > 0 else mp.expm1(z)}
+       "silu": lambda z: z / (1 + mp.exp(-z)), "pow3": lambda z: z ** 3, "pow2": lambda z: z ** 2, "elu": lambda z: z if z > 0 else mp.expm1(z)}
 
 
 @pytest.mark.parametrize("kind", sorted(_MP))

@@ -1,5 +1,5 @@
 """The smooth relaxations' fast candidate points (closed-form stationary points for sigmoid, tanh, exp and
-softplus; Newton steps for GELU) land where the bisection did, so the lines are as tight, and they stay
+softplus; Newton steps for GELU and SiLU) land where the bisection did, so the lines are as tight, and they stay
 sound (the intercepts are rigorous wherever the point lands; ``test_linear_bounds`` checks them against
 mpmath on a dense grid)."""
 
@@ -13,7 +13,7 @@ import pytest
 from semantics.linear_bounds import relax
 from semantics.linear_bounds.relax import smooth_for, smooth_lines
 
-KINDS = ("sigmoid", "tanh", "exp", "softplus", "gelu")
+KINDS = ("sigmoid", "tanh", "exp", "softplus", "gelu", "silu")
 
 
 def _slow(fn: relax.Smooth) -> relax.Smooth:
@@ -48,13 +48,17 @@ def test_stationary_points_solve_f_prime_equals_s(kind):
         assert np.allclose(got, want, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_lines_as_tight_as_with_bisection(kind):
+@pytest.mark.parametrize("kind,size", [(k, 600) for k in KINDS] + [("silu", 2500)])
+def test_lines_as_tight_as_with_bisection(kind, size):
     """The area between the upper and lower lines over [l, u]: the same as with bisection's points up to
-    rounding (1e-13 of the function's magnitude on the box, or absolute below 1)."""
+    rounding (1e-13 of the function's magnitude on the box, or absolute below 1). The candidates are
+    stacked [slopes, entries], so Newton's steps meet both regimes: below ``_COMPACT_MIN`` points and from
+    it, where later steps run only on the entries still moving (2500 entries: the tangents through the
+    ends too)."""
+    assert 2 * 2500 >= relax._COMPACT_MIN > 2 * 600
     rng = np.random.default_rng(1)
-    lo = rng.standard_normal(600) * 3
-    hi = lo + rng.random(600) * np.where(rng.random(600) < 0.5, 0.1, 6.0)
+    lo = rng.standard_normal(size) * 3
+    hi = lo + rng.random(size) * np.where(rng.random(size) < 0.5, 0.1, 6.0)
     fn = smooth_for(kind, {})
     area = []
     for f in (fn, _slow(fn)):
@@ -77,3 +81,25 @@ def test_chunked_relaxation_equals_one_pass(monkeypatch):
     chunked = smooth_lines(fn, lo, hi)
     for a, b in zip(whole, chunked):
         assert a.shape == lo.shape and np.array_equal(a, b)
+
+
+def test_silu_inflection_floats_bracket_the_root():
+    """silu'' = s (1 - s) (2 - x tanh(x / 2)): its sign changes where x tanh(x / 2) = 2, and x tanh(x / 2)
+    increases for x > 0, so the relaxation's convexity pieces are right exactly when the two break floats
+    straddle that root (checked at 50 digits) and silu'' has the stated sign inside each piece."""
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(50):
+        _check_silu_breaks(mp)
+
+
+def _check_silu_breaks(mp) -> None:
+    h = lambda x: mp.mpf(x) * mp.tanh(mp.mpf(x) / 2) - 2  # noqa: E731
+    assert h(relax._SILU_LO) < 0 < h(relax._SILU_HI)
+    fn = smooth_for("silu", {})
+    assert fn.breaks == (-relax._SILU_HI, -relax._SILU_LO, relax._SILU_LO, relax._SILU_HI)
+    d2 = lambda x: mp.diff(lambda t: t / (1 + mp.exp(-t)), mp.mpf(x), 2)  # noqa: E731
+    for x, sign in ((-6.0, -1), (-2.4, -1), (-2.39, 1), (0.0, 1), (2.39, 1), (2.4, -1), (9.0, -1)):
+        assert mp.sign(d2(x)) == sign, x
+    # the Lipschitz constant used on the slivers: silu' peaks at the inflection point, 1.09984 < 1.1
+    peak = mp.diff(lambda t: t / (1 + mp.exp(-t)), mp.findroot(h, 2.4))
+    assert peak < fn.lipschitz

@@ -9,7 +9,7 @@ the intercepts are then computed rigorously for the chosen slope:
   (below) f; its intercept is the outward-rounded max (min) over the two ends of f(z) - k z. The
   other side is the line s z through the origin with s between the two slopes, chosen as auto_LiRPA's
   default "adaptive" rule (slope 1 when the chord's slope exceeds 1/2).
-* Smooth functions (sigmoid, tanh, exp, softplus, gelu, integer powers) are described by a point
+* Smooth functions (sigmoid, tanh, exp, softplus, gelu, silu, integer powers) are described by a point
   enclosure of f and of f', and their convexity pieces. For a slope s the intercept of the lower line
   is a lower bound of min over [l, u] of g(z) = f(z) - s z, taken piece by piece: on a concave piece
   g is concave and its minimum is at an end; on a convex piece g is convex and lies above its tangent
@@ -37,7 +37,7 @@ from .. import interval_arith as ia
 from ..float_special import erf
 from ..interval_arith import erf_at, exp_at, tanh_at
 from ..interval_round import Box, down, lib_bounds, up
-from ..rules.activations import INV_SQRT2, _elu_with, gelu_box, sigmoid_at, softplus_at
+from ..rules.activations import INV_SQRT2, _elu_with, _silu_at, gelu_box, sigmoid_at, softplus_at
 from ..rules.elementwise import pow_box
 
 __all__ = ["Lines", "relu_lines", "Smooth", "smooth_for", "smooth_lines", "SMOOTH_KINDS"]
@@ -194,6 +194,32 @@ def _gelu_df_point(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + erf(x * INV_SQRT2[0])) + x * np.exp(-0.5 * x * x) * _INV_SQRT_2PI[0]
 
 
+def _silu_df(x: np.ndarray) -> Box:
+    """silu' = s(x) + x s(x) s(-x), s the sigmoid (no cancellation: s(-x) is enclosed directly)."""
+    s_pos = sigmoid_at(x)
+    return ia.add(s_pos, ia.mul(ia.point(x), ia.mul(s_pos, sigmoid_at(-x))))
+
+
+def _silu_d2f(x: np.ndarray) -> np.ndarray:
+    """silu'' = s (1 - s) (2 - x tanh(x / 2)), s the sigmoid."""
+    t = np.tanh(0.5 * x)
+    return 0.25 * (1.0 - t * t) * (2.0 - x * t)
+
+
+def _silu_point(x: np.ndarray) -> np.ndarray:
+    return x * (0.5 + 0.5 * np.tanh(0.5 * x))
+
+
+def _silu_df_point(x: np.ndarray) -> np.ndarray:
+    s = 0.5 + 0.5 * np.tanh(0.5 * x)
+    return s + x * s * (1.0 - s)
+
+
+# silu'' changes sign where x tanh(x / 2) = 2, x = +-2.39935728051546766783...; these floats bracket it (the
+# sign of x tanh(x / 2) - 2 at each is checked in high precision by test_smooth_relax_fast), and
+# x tanh(x / 2) increases for x > 0, so silu is convex on [-_SILU_LO, _SILU_LO], concave beyond +-_SILU_HI
+_SILU_LO, _SILU_HI = 2.3993572805154653, 2.3993572805154697
+
 _SQRT2_LO, _SQRT2_HI = float(down(down(np.float64(np.sqrt(2.0))))), float(up(up(np.float64(np.sqrt(2.0)))))
 
 SMOOTH: dict[str, Smooth] = {
@@ -208,6 +234,9 @@ SMOOTH: dict[str, Smooth] = {
     # gelu'' = phi(x) (2 - x^2): concave, convex on [-sqrt 2, sqrt 2], concave; |gelu'| < 1.2 near +-sqrt 2
     "gelu": Smooth(_gelu_f, _gelu_df, (-_SQRT2_HI, -_SQRT2_LO, _SQRT2_LO, _SQRT2_HI), (-1, 0, 1, 0, -1), 1.2,
                    d2f=_gelu_d2f, f_point=_gelu_point, df_point=_gelu_df_point),
+    # silu: concave, convex on [-2.3994, 2.3994], concave; |silu'| <= 1.0999 everywhere
+    "silu": Smooth(_silu_at, _silu_df, (-_SILU_HI, -_SILU_LO, _SILU_LO, _SILU_HI), (-1, 0, 1, 0, -1), 1.1,
+                   d2f=_silu_d2f, f_point=_silu_point, df_point=_silu_df_point),
 }
 SMOOTH_KINDS = frozenset(SMOOTH) | {"pow", "elu"}
 
@@ -255,8 +284,10 @@ def _stationary(fn: Smooth, a: np.ndarray, b: np.ndarray, s: np.ndarray, increas
             d = fn.stationary(s, increasing)
         return np.clip(np.where(np.isnan(d), a, d), a, b)
     if fn.d2f is not None:
-        def h(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return fn.df_mid(d) - s, fn.d2f(d)
+        s_flat = np.ravel(np.broadcast_to(s, np.shape(a)))
+
+        def h(d: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return fn.df_mid(d) - s_flat[at], fn.d2f(d)
         return _newton_bisect(h, a, b, increasing)
     lo, hi = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):
@@ -333,37 +364,56 @@ def _tangent_bound(fn: Smooth, piece: _Piece, s: np.ndarray, side: int) -> np.nd
         at_a, at_b = da_lo >= s, db_hi <= s
     else:
         at_a, at_b = da_hi <= s, db_lo >= s
-    d = _stationary(fn, a, b, s, increasing)
+    # monotone g: the extremum is at the end g moves away from
+    out = np.where(at_a, _g_at(piece.fa, a, s, side), _g_at(piece.fb, b, s, side))
+    # the other entries of boxes meeting the piece need the point d (entries elsewhere are ignored)
+    need = ~(at_a | at_b) & piece.there
+    if not np.any(need):
+        return out
+    a, b = np.broadcast_to(a, s.shape)[need], np.broadcast_to(b, s.shape)[need]
+    s_need = s[need]
+    d = _stationary(fn, a, b, s_need, increasing)
     d_lo, d_hi = fn.df(d)
-    slope = np.maximum(np.abs(up(d_hi - s)), np.abs(down(d_lo - s)))
+    slope = np.maximum(np.abs(up(d_hi - s_need)), np.abs(down(d_lo - s_need)))
     reach = up(np.maximum(up(d - a), up(b - d)))
     if side < 0:
-        inner = down(_g(fn, d, s, side) - up(up(slope) * reach))
+        out[need] = down(_g(fn, d, s_need, side) - up(up(slope) * reach))
     else:
-        inner = up(_g(fn, d, s, side) + up(up(slope) * reach))
-    # monotone g: the extremum is at the end g moves away from
-    return np.where(at_a, _g_at(piece.fa, a, s, side), np.where(at_b, _g_at(piece.fb, b, s, side), inner))
+        out[need] = up(_g(fn, d, s_need, side) + up(up(slope) * reach))
+    return out
 
 
 _NEWTON_STEPS = 12
+_SETTLED = 2.0 ** -50  # a step this small (relative) ends the iteration: a few ulps from the root
+_COMPACT_MIN = 4096  # entries from which Newton's later steps work only on the entries still moving
 
 
-def _newton_bisect(h: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], a: np.ndarray, b: np.ndarray,
-                   increasing: bool) -> np.ndarray:
-    """A root of h on [a, b] (h monotone there, ``increasing`` or not; h returns its value and
-    derivative), vectorized: Newton steps kept inside the shrinking bracket, bisection where a step
-    would leave it; an end of [a, b] when h keeps one sign. Only a candidate point (the bounds built at
-    it are rigorous wherever it lands), so a fixed number of steps."""
-    lo, hi = a.copy(), b.copy()
+def _newton_bisect(h: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]], a: np.ndarray,
+                   b: np.ndarray, increasing: bool) -> np.ndarray:
+    """A root of h on [a, b] (h monotone there, ``increasing`` or not), vectorized: Newton steps kept
+    inside the shrinking bracket, bisection where a step would leave it; an end of [a, b] when h keeps
+    one sign. ``h(d, at)`` returns h's value and derivative at the points d of the flat entries ``at``.
+    Only a candidate point (the bounds built at it are rigorous wherever it lands), so at most a fixed
+    number of steps, and an entry stops once its step is at rounding level (later steps work only on
+    the entries still moving)."""
+    lo, hi = np.ravel(a).copy(), np.ravel(b).copy()
     d = lo * 0.5 + hi * 0.5
+    active = np.arange(d.size)
     with np.errstate(all="ignore"):
         for _ in range(_NEWTON_STEPS):
-            value, slope = h(d)
+            at = d[active]
+            value, slope = h(at, active)
             below = (value < 0) == increasing
-            lo, hi = np.where(below, d, lo), np.where(below, hi, d)
-            step = d - value / slope
-            d = np.where(np.isfinite(step) & (step >= lo) & (step <= hi), step, lo * 0.5 + hi * 0.5)
-    return np.clip(d, a, b)
+            left, right = np.where(below, at, lo[active]), np.where(below, hi[active], at)
+            step = at - value / slope
+            moved = np.where(np.isfinite(step) & (step >= left) & (step <= right), step, left * 0.5 + right * 0.5)
+            lo[active], hi[active], d[active] = left, right, moved
+            moving = np.abs(moved - at) > _SETTLED * np.abs(at) + 2.0 ** -1000
+            if not np.any(moving):
+                break
+            if d.size >= _COMPACT_MIN:  # below this, the gathers cost more numpy calls than they save
+                active = active[moving]
+    return np.clip(d.reshape(np.shape(a)), a, b)
 
 
 def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f0: np.ndarray) -> np.ndarray:
@@ -371,8 +421,11 @@ def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f
     h(d) = f(d) + f'(d)(z0 - d) - f0, h'(d) = f''(d)(z0 - d) (Newton steps inside the bracket where f''
     is known, else bisection). Only a candidate slope: its intercept is computed rigorously afterwards."""
     if fn.d2f is not None:
-        def h(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return fn.f_mid(d) + fn.df_mid(d) * (z0 - d) - f0, fn.d2f(d) * (z0 - d)
+        z0_flat, f0_flat = (np.ravel(np.broadcast_to(x, np.shape(a))) for x in (z0, f0))
+
+        def h(d: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            gap = z0_flat[at] - d
+            return fn.f_mid(d) + fn.df_mid(d) * gap - f0_flat[at], fn.d2f(d) * gap
         return fn.df_mid(_newton_bisect(h, a, b, True))
     left, right = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):

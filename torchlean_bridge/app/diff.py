@@ -348,13 +348,6 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}" if 1e-3 <= abs(x) < 1e4 else f"{x:.2e}"
 
 
-def _fmt_exact(ulps: float | None) -> str:
-    """'=' where the default float64 value is bit-identical to the exact mode's, else the ulps apart."""
-    if ulps is None:
-        return "-"
-    return "=" if ulps == 0 else f"{_fmt(ulps)} ulp"
-
-
 @dataclass
 class DiffReport(Report):
     """Per-node and per-output errors against one oracle, and the first divergent node."""
@@ -409,30 +402,6 @@ class DiffReport(Report):
                 "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
                 "outputs": [r.to_json() for r in self.outputs], "nodes": [r.to_json() for r in self.nodes]}
 
-    def table(self, all_nodes: bool = True) -> str:
-        """Rows for the outputs and the nodes (all of them, or just the divergent ones)."""
-        head = (f"{'':>9}  {'op':<14} {'counterpart':<24} {'max abs':>9} {'max rel':>9} {'ulps':>9} "
-                f"{'budget':>9} {'vs exact':>9}  status")
-        lines = [head]
-
-        def line(label: str, r: NodeDiff) -> str:
-            cp = (r.counterpart or "-")[:24]
-            status = r.status + (f" on {r.diverged_on}" if r.diverged and r.diverged_on else "")
-            if r.problem:
-                status += f" ({r.problem})"
-            exact = _fmt_exact(r.exact_ulps)
-            if r.status == "no counterpart":
-                return f"{label:>9}  {r.op:<14} {cp:<24} {'':>9} {'':>9} {'':>9} {'':>9} {exact:>9}  {status}"
-            return (f"{label:>9}  {r.op:<14} {cp:<24} {_fmt(r.max_abs):>9} {_fmt(r.max_rel):>9} "
-                    f"{_fmt(r.max_ulp):>9} {_fmt(r.budget):>9} {exact:>9}  {status}")
-
-        for r in self.nodes:
-            if all_nodes or r.diverged:
-                lines.append(line(f"node {r.node}", r))
-        for r in self.outputs:
-            lines.append(line(f"output {r.output}", r))
-        return "\n".join(lines)
-
     def summary(self) -> str:
         verdict = self._verdict()
         if len(self.inputs) <= 6:
@@ -455,16 +424,9 @@ class DiffReport(Report):
         return (f"{self.title}: {verdict}\n  {self.coverage_line()}{missing}\n  {len(self.inputs)} input set(s): {listed}; "
                 f"budget per node = max({SAFETY:g} x our float32 gap, {FLOOR_ULPS} float32 ulps){vs_exact}")
 
-    def render(self, all_nodes: bool = True) -> str:
-        lines = [self.summary(), self.table(all_nodes)]
-        notable = [f for f in self.findings if f is not self.first_divergence]
-        if notable:
-            lines.append("findings:")
-            lines.extend(f"  [{f.severity}] {f.kind}: {f.message}" for f in notable)
-        return "\n".join(lines)
-
     def __str__(self) -> str:
-        return self.render(all_nodes=True)
+        from .output import diff_text  # the one rendering layer
+        return diff_text(self, all_nodes=True)
 
 
 # -- the engine -------------------------------------------------------------------------------
@@ -655,7 +617,8 @@ def _reduced_diverges(reduced: Bundle, inputs: list[np.ndarray], expected: np.nd
     ref = EvaluatorRunner(reduced, "float64").run(inputs)
     low = EvaluatorRunner(reduced, "float32").run(inputs)
     row = NodeDiff(out, g.nodes[out].kind, "expected")
-    _compare(row, "captured input", expected, ref[out], low[out], _scale(g, out, ref, set(g.inputs), {}),
+    shown = range(len(g.nodes))  # every reduced node had an oracle value: the scale reaches as in the diff
+    _compare(row, "captured input", expected, ref[out], low[out], _scale(g, out, ref, shown, {}),
              g.nodes[out].dtype != "float")
     row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
     return row.worst_ratio > 1.0, row.to_json()

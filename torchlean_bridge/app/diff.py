@@ -287,14 +287,16 @@ def _compare(row: NodeDiff, label: str, actual: np.ndarray | None, ref64: np.nda
     r = ref64.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(a - r)
-        err = np.where(np.isnan(a) & np.isnan(r), 0.0, np.where(np.isnan(err), np.inf, err))
+        err = np.where((np.isnan(a) & np.isnan(r)) | (a == r), 0.0, np.where(np.isnan(err), np.inf, err))
         max_abs = float(err.max())
         rel_den = np.maximum(np.abs(r), max(scale * EPS32, TINY))
         max_rel = float((err / rel_den).max())
     if integral:
         budget, gap = 0.0, 0.0
     else:
-        gap = float(np.nan_to_num(np.abs(ours32.astype(np.float64) - r), nan=np.inf).max())
+        o = ours32.astype(np.float64)
+        with np.errstate(invalid="ignore"):  # equal infinities (a -inf mask fill) are no gap
+            gap = float(np.where(o == r, 0.0, np.nan_to_num(np.abs(o - r), nan=np.inf)).max())
         budget = max(SAFETY * gap, FLOOR_ULPS * EPS32 * scale, TINY)
     row.max_abs = max(row.max_abs, max_abs)
     row.max_rel = max(row.max_rel, max_rel)
@@ -323,7 +325,8 @@ def _scale(g: Graph, nid: int, ref: dict[Hashable, np.ndarray], compared: Collec
     def mag(v: int) -> float | None:
         if v not in mags:
             a = ref[v]
-            mags[v] = float(np.max(np.abs(a.astype(np.float64)))) if a.size and a.dtype.kind == "f" else None
+            finite = np.abs(a[np.isfinite(a)].astype(np.float64)) if a.dtype.kind == "f" else a[:0]
+            mags[v] = float(np.max(finite)) if finite.size else None  # a -inf mask fill sets no scale
         return mags[v]
     found = [mag(nid)]
     stack, seen = [(p, 1) for p in g.nodes[nid].parents], set()
@@ -482,7 +485,8 @@ def _reference_tensors(bundle: Bundle, reference: Any) -> tuple[dict[tuple[int, 
         if b.key not in params:
             continue
         try:
-            expected[(b.node, b.role)] = (b.key, apply_transform(b.transform, params[b.key]).astype(np.float64))
+            tensor = apply_transform(b.transform, params[b.key])  # an index table stays integral
+            expected[(b.node, b.role)] = (b.key, tensor.astype(np.float64) if tensor.dtype.kind == "f" else tensor)
         except (BridgeError, ValueError) as e:
             findings.append(Finding("parameter-mismatch", f"{b.key}: cannot apply transform {b.transform!r}: {e}",
                                     node=b.node, keys=(b.key,)))
@@ -727,8 +731,13 @@ def oracle_values(g: Graph, oracle: Any, theirs: dict, matched: dict[int, str], 
         return values, {}, {}
     missing = [n.id for n in g.nodes if n.id not in values]
     tensors, payload, cache = finer
+    operand_keys = getattr(oracle, "operand_keys", None)
+
+    def operands(name: str) -> list[np.ndarray]:  # the oracle's own values of a framework node's arguments
+        return [np.asarray(theirs[k]) for k in operand_keys(name) if k in theirs] if operand_keys else []
+
     derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, tensors, payload,
-                              literals=getattr(oracle, "literals", None), cache=cache)
+                              literals=getattr(oracle, "literals", None), cache=cache, operands=operands)
     return values, derived, reasons
 
 

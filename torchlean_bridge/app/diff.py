@@ -325,8 +325,8 @@ def _scale(g: Graph, nid: int, ref: dict[Hashable, np.ndarray], compared: Collec
     def mag(v: int) -> float | None:
         if v not in mags:
             a = ref[v]
-            finite = np.abs(a[np.isfinite(a)].astype(np.float64)) if a.dtype.kind == "f" else a[:0]
-            mags[v] = float(np.max(finite)) if finite.size else None  # a -inf mask fill sets no scale
+            finite = np.abs(a[np.isfinite(a)].astype(np.float64)) if a.dtype.kind == "f" else None
+            mags[v] = float(np.max(finite)) if finite is not None and finite.size else None  # a -inf fill sets none
         return mags[v]
     found = [mag(nid)]
     stack, seen = [(p, 1) for p in g.nodes[nid].parents], set()

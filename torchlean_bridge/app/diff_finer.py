@@ -98,6 +98,28 @@ def _shaped(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np
     return xs[0].reshape(node.out_shape)
 
 
+def _cast(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np.ndarray:
+    """torch's ``.to`` / ONNX Cast: to bool is "not zero", float to int64 truncates toward zero."""
+    x, target = xs[0], node.attrs["dtype"]
+    if target == "bool":
+        return x != 0
+    if target == "int64":
+        return (np.trunc(x) if x.dtype.kind == "f" else x).astype(np.int64)
+    return x if x.dtype.kind == "f" else x.astype(np.float64)
+
+
+def _cumsum(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Running sums along ``axis`` (last to first with ``reverse``; ``exclusive`` shifts by one)."""
+    a, x = node.attrs, xs[0]
+    axis = a["axis"]
+    y = np.flip(x, axis) if a.get("reverse") else x
+    c = np.cumsum(y, axis=axis, dtype=y.dtype)
+    if a.get("exclusive"):
+        head = np.zeros_like(np.take(c, [0], axis=axis))
+        c = np.concatenate([head, np.take(c, np.arange(c.shape[axis] - 1), axis=axis)], axis=axis)
+    return np.flip(c, axis) if a.get("reverse") else c
+
+
 # one primitive per IR kind, each the op's definition in numpy (the oracle's primitives)
 PRIMITIVES: dict[str, Prim] = {
     "broadcast_to": lambda node, xs, _: np.broadcast_to(xs[0], node.out_shape),
@@ -126,6 +148,7 @@ PRIMITIVES: dict[str, Prim] = {
     "gt": _binary(np.greater), "ge": _binary(np.greater_equal),
     "logical_and": _binary(np.logical_and), "logical_or": _binary(np.logical_or),
     "logical_not": _unary(np.logical_not),
+    "cast": _cast, "round": _unary(np.rint), "cumsum": _cumsum,  # rint: half to even, as torch.round
 }
 
 

@@ -1,77 +1,60 @@
-"""Diff coverage on zoo models: compared nodes / IR nodes per route (fx, export, torch.onnx file, our own
-ONNX export), printed as a table with the total. Run: python bench/diff_coverage.py [case ...]"""
+"""Diff coverage: compared nodes / IR nodes per model and route (fx, export, torch.onnx file, our own
+ONNX export), one "compared N of M" line each, then the total and every node left uncompared with
+its reason. Covers the zoo's CASES and its real architectures (REAL: torchvision, timm,
+transformers with random weights; torchvision through tests/torchvision_cpu.py's shim).
+
+Run: python bench/diff_coverage.py [case ...]   (``real``: every REAL model, ``all``: CASES and REAL)"""
 
 from __future__ import annotations
 
-import io
 import sys
-import warnings
-
-import torch
+from collections import Counter
 
 import torchlean_bridge as tlb
-from tests.model_zoo import CASES
+from tests.diff_routes import routes
+from tests.model_zoo import CASES, REAL
+from tests.torchvision_cpu import define_missing_ops
 
 DEFAULT = ("encoder_layer_batch_first", "cnn2d", "residual", "mha_batch_first", "layout", "seed_mlp")
 
 
-def torch_onnx(module, inputs):
-    """torch.onnx.export's TorchScript exporter, else its dynamo one (None when both refuse)."""
-    import onnx
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            buf = io.BytesIO()
-            torch.onnx.export(module, inputs, buf, dynamo=False)
-            return onnx.load_from_string(buf.getvalue())
-        except Exception:  # the TorchScript exporter refuses some modules (attention fast paths)
-            pass
-        try:
-            return torch.onnx.export(module, inputs, dynamo=True, verbose=False).model_proto
-        except Exception as e:
-            print(f"torch.onnx.export failed: {type(e).__name__}: {str(e)[:80]}")
-            return None
-
-
-def routes(name: str):
-    """(route, bundle, diff kwargs) for one zoo case."""
-    module, inputs = CASES[name].make()
-    fx = tlb.import_fx(module, inputs)
-    yield "fx", fx, dict(against="torch", module=module)
-    ex = tlb.import_export(module, inputs)
-    yield "export", ex, dict(against="torch", module=module)
-    model = torch_onnx(module, inputs)
-    if model is not None:
-        yield "torch.onnx", tlb.import_onnx(model), dict(against="onnxruntime", onnx_model=model)
-    try:
-        own = tlb.export_onnx(fx)
-    except tlb.BridgeError as e:  # an op with no exact ONNX form
-        print(f"{name}: our ONNX export refuses it: {str(e).splitlines()[0]}")
-    else:
-        yield "own onnx", fx, dict(against="onnxruntime", onnx_model=own)
-
-
 def coverage(report) -> tuple[int, int]:
-    compared = sum(r.status != "no counterpart" for r in report.nodes)
-    return compared, len(report.nodes)
+    c = report.coverage
+    return c["compared"], c["nodes"]
 
 
-def main(names: list[str]) -> None:
-    total = [0, 0]
-    print(f"{'case':<28} {'route':<11} compared  verdict")
+def main(names: list[str]) -> int:
+    define_missing_ops()  # torchvision's compiled ops do not load with the CPU torch
+    zoo = {**CASES, **REAL}
+    if names == ["real"]:
+        names = list(REAL)
+    elif names == ["all"]:
+        names = list(zoo)
+    total, missing = [0, 0], Counter()
+    print(f"{'case':<28} {'route':<11} coverage")
     for name in names:
-        for route, bundle, kw in routes(name):
+        for route, made in routes(zoo[name]):
+            if isinstance(made, Exception):
+                print(f"{name:<28} {route:<11} route refused: {type(made).__name__}: {str(made).splitlines()[0][:90]}")
+                continue
+            bundle, kw = made
             try:
                 rep = tlb.diff(bundle, random=2, **kw)
             except Exception as e:  # a route that fails is reported, not hidden
-                print(f"{name:<28} {route:<11} error: {type(e).__name__}: {str(e)[:80]}")
+                print(f"{name:<28} {route:<11} diff error: {type(e).__name__}: {str(e)[:90]}")
                 continue
             c, m = coverage(rep)
             total[0] += c
             total[1] += m
-            print(f"{name:<28} {route:<11} {c:>3}/{m:<4}  {'ok' if rep.ok else 'DIVERGED'}")
+            for r in rep.nodes:
+                if r.status == "no counterpart":
+                    missing[(name, route, r.op, (r.problem or "").split(";")[-1].strip())] += 1
+            print(f"{name:<28} {route:<11} compared {c} of {m}  {'ok' if rep.ok else 'DIVERGED'}", flush=True)
     print(f"total: {total[0]} of {total[1]} IR nodes compared ({100 * total[0] / max(total[1], 1):.1f}%)")
+    for (name, route, op, reason), n in sorted(missing.items()):
+        print(f"  not compared: {name} {route}: {n} {op}: {reason}")
+    return 0 if total[0] == total[1] else 1
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(DEFAULT))
+    sys.exit(main(sys.argv[1:] or list(DEFAULT)))

@@ -11,6 +11,7 @@ onnx = pytest.importorskip("onnx")
 
 import torchlean_bridge as tlb  # noqa: E402
 from exporters.onnx import NODE_KINDS_KEY, NODE_VALUES_KEY, node_value_names  # noqa: E402
+from tests.diff_routes import ROUTES, route as route_of  # noqa: E402
 from tests.model_zoo import CASES  # noqa: E402
 from tests.test_diff import with_node, with_payload  # noqa: E402
 
@@ -167,33 +168,12 @@ def test_a_folded_constant_is_checked_against_the_literal_it_came_from():
 
 # -- every node, every route ----------------------------------------------------------------------
 
-def _torch_onnx(module, inputs):
-    import io
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            buf = io.BytesIO()
-            torch.onnx.export(module, inputs, buf, dynamo=False)
-            return onnx.load_from_string(buf.getvalue())
-        except Exception:  # the TorchScript exporter refuses attention fast paths: the dynamo one
-            return torch.onnx.export(module, inputs, dynamo=True, verbose=False).model_proto
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["encoder_layer_batch_first", "cnn2d", "residual"])
-@pytest.mark.parametrize("route", ["fx", "export", "torch.onnx", "own onnx"])
+@pytest.mark.parametrize("route", ROUTES)
 def test_every_node_is_compared_on_every_route(name, route):
     module, inputs = CASES[name].make()
-    if route == "torch.onnx":
-        model = _torch_onnx(module, inputs)
-        bundle, kw = tlb.import_onnx(model), dict(against="onnxruntime", onnx_model=model)
-    elif route == "own onnx":
-        bundle = tlb.import_fx(module, inputs)
-        kw = dict(against="onnxruntime", onnx_model=tlb.export_onnx(bundle))
-    else:
-        bundle = (tlb.import_fx if route == "fx" else tlb.import_export)(module, inputs)
-        kw = dict(against="torch", module=module)
+    bundle, kw = route_of(route, module, inputs)
     report = tlb.diff(bundle, random=2, **kw)
     assert report.ok, str(report)
     n = len(bundle.graph.nodes)

@@ -35,6 +35,7 @@ def test_a_perturbed_weight_deep_in_a_resnet_reduces_to_its_conv(resnet, tmp_pat
     assert info["reproduces_with_onnxruntime"] is True
     reduced = tlb.load(folder / "bundle")
     assert [n.kind for n in reduced.graph.nodes] == ["input", "conv"]
+    assert [t["diverges"] for t in info["tried"]][:1] == [True]  # the conv alone reproduces: nothing grown
     assert np.load(folder / "expected.npy").shape == tuple(bundle.graph.nodes[deep].out_shape)
     args = shlex.split(info["reproduce"])
     assert args[0] == "torchlean-bridge" and main([*args[1:], "--quiet"]) == 1  # it reproduces
@@ -94,3 +95,36 @@ def test_cli_reduce_writes_the_folder_and_prints_the_reproduction(resnet, tmp_pa
     out = capsys.readouterr().out
     assert "reduced to 2 node(s); reproduce: torchlean-bridge diff" in out
     assert json.loads((tmp_path / "r" / "reduced.json").read_text())["node"] == deep
+
+
+def test_an_accumulated_divergence_grows_the_reduced_case_upstream(tmp_path):
+    """Every weight of a linear/ReLU chain off by the same tiny factor: each linear stays within its
+    budget fed the oracle's parent values, a later one exceeds it on what the earlier ones handed on.
+    The node alone does not reproduce, so the reduction grows upstream until it does, prunes what is
+    not needed, and the printed command reproduces against onnxruntime."""
+    from torchlean_bridge.app.cli import main
+    torch.manual_seed(0)
+    layers = [layer for _ in range(4) for layer in (torch.nn.Linear(8, 8, bias=False), torch.nn.ReLU())]
+    module = torch.nn.Sequential(*layers).eval()
+    bundle = tlb.import_fx(module, (torch.zeros(2, 8),))
+    linears = [n.id for n in bundle.graph.nodes if n.kind == "linear"]
+    grown = None
+    for k, factor in enumerate((6e-6, 8e-6, 1e-5)):  # the window where no single linear exceeds alone
+        bad = with_payload(bundle, {(i, "weight"): bundle.payload.get(i, "weight") * (1 + factor) for i in linears})
+        report = tlb.diff(bad, against="torch", module=module, random=2, reduce=tmp_path / f"r{k}")
+        if report.reduced is not None and len(report.reduced["region"]) >= 2:
+            grown, folder = report, tmp_path / f"r{k}"
+            break
+    assert grown is not None, "no factor gave an accumulated divergence"
+    info = json.loads((folder / "reduced.json").read_text())
+    first = grown.first_divergence.node
+    assert info["node"] == first and info["region"][-1] == first and first != linears[0]
+    assert info["tried"][0] == {**info["tried"][0], "nodes": 2, "diverges": False}  # the node alone: within budget
+    assert info["comparison"]["max_abs"] > info["comparison"]["budget"] and info["nodes"] <= 6
+    reduced = tlb.load(folder / "bundle")
+    assert [n.kind for n in reduced.graph.nodes].count("linear") >= 2  # two perturbed linears are needed
+    assert len(reduced.graph.inputs) == 1 and reduced.graph.nodes[reduced.graph.outputs[0]].kind == "linear"
+    args = shlex.split(info["reproduce"])
+    assert args[0] == "torchlean-bridge" and main([*args[1:], "--quiet"]) == 1  # it reproduces
+    # every tried subgraph smaller than the result (the pruning's attempts) agreed
+    assert all(not t["diverges"] for t in info["tried"] if t["nodes"] < info["nodes"])

@@ -529,7 +529,7 @@ def test_diff_says_per_node_whether_default_is_bit_identical_to_exact():
             worst[n.id] = max(worst[n.id], ulp64_distance(d[n.id], e[n.id]))
     assert {nid: r.exact_ulps for nid, r in rows.items()} == worst
     assert any(v > 0 for v in worst.values())  # a 64-term BLAS dot product is not the sequential fold
-    text = report.render()
+    text = str(report)
     assert "vs exact" in text and "bit-identical" in report.summary()
     assert report.to_json()["nodes"][0]["exact_ulps"] == 0
 

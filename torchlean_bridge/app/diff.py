@@ -287,14 +287,16 @@ def _compare(row: NodeDiff, label: str, actual: np.ndarray | None, ref64: np.nda
     r = ref64.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(a - r)
-        err = np.where(np.isnan(a) & np.isnan(r), 0.0, np.where(np.isnan(err), np.inf, err))
+        err = np.where((np.isnan(a) & np.isnan(r)) | (a == r), 0.0, np.where(np.isnan(err), np.inf, err))
         max_abs = float(err.max())
         rel_den = np.maximum(np.abs(r), max(scale * EPS32, TINY))
         max_rel = float((err / rel_den).max())
     if integral:
         budget, gap = 0.0, 0.0
     else:
-        gap = float(np.nan_to_num(np.abs(ours32.astype(np.float64) - r), nan=np.inf).max())
+        o = ours32.astype(np.float64)
+        with np.errstate(invalid="ignore"):  # equal infinities (a -inf mask fill) are no gap
+            gap = float(np.where(o == r, 0.0, np.nan_to_num(np.abs(o - r), nan=np.inf)).max())
         budget = max(SAFETY * gap, FLOOR_ULPS * EPS32 * scale, TINY)
     row.max_abs = max(row.max_abs, max_abs)
     row.max_rel = max(row.max_rel, max_rel)
@@ -323,7 +325,8 @@ def _scale(g: Graph, nid: int, ref: dict[Hashable, np.ndarray], compared: Collec
     def mag(v: int) -> float | None:
         if v not in mags:
             a = ref[v]
-            mags[v] = float(np.max(np.abs(a.astype(np.float64)))) if a.size and a.dtype.kind == "f" else None
+            finite = np.abs(a[np.isfinite(a)].astype(np.float64)) if a.dtype.kind == "f" else None
+            mags[v] = float(np.max(finite)) if finite is not None and finite.size else None  # a -inf fill sets none
         return mags[v]
     found = [mag(nid)]
     stack, seen = [(p, 1) for p in g.nodes[nid].parents], set()
@@ -346,13 +349,6 @@ def _fmt(x: float) -> str:
     if math.isinf(x):
         return "inf"
     return f"{x:.3g}" if 1e-3 <= abs(x) < 1e4 else f"{x:.2e}"
-
-
-def _fmt_exact(ulps: float | None) -> str:
-    """'=' where the default float64 value is bit-identical to the exact mode's, else the ulps apart."""
-    if ulps is None:
-        return "-"
-    return "=" if ulps == 0 else f"{_fmt(ulps)} ulp"
 
 
 @dataclass
@@ -409,30 +405,6 @@ class DiffReport(Report):
                 "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
                 "outputs": [r.to_json() for r in self.outputs], "nodes": [r.to_json() for r in self.nodes]}
 
-    def table(self, all_nodes: bool = True) -> str:
-        """Rows for the outputs and the nodes (all of them, or just the divergent ones)."""
-        head = (f"{'':>9}  {'op':<14} {'counterpart':<24} {'max abs':>9} {'max rel':>9} {'ulps':>9} "
-                f"{'budget':>9} {'vs exact':>9}  status")
-        lines = [head]
-
-        def line(label: str, r: NodeDiff) -> str:
-            cp = (r.counterpart or "-")[:24]
-            status = r.status + (f" on {r.diverged_on}" if r.diverged and r.diverged_on else "")
-            if r.problem:
-                status += f" ({r.problem})"
-            exact = _fmt_exact(r.exact_ulps)
-            if r.status == "no counterpart":
-                return f"{label:>9}  {r.op:<14} {cp:<24} {'':>9} {'':>9} {'':>9} {'':>9} {exact:>9}  {status}"
-            return (f"{label:>9}  {r.op:<14} {cp:<24} {_fmt(r.max_abs):>9} {_fmt(r.max_rel):>9} "
-                    f"{_fmt(r.max_ulp):>9} {_fmt(r.budget):>9} {exact:>9}  {status}")
-
-        for r in self.nodes:
-            if all_nodes or r.diverged:
-                lines.append(line(f"node {r.node}", r))
-        for r in self.outputs:
-            lines.append(line(f"output {r.output}", r))
-        return "\n".join(lines)
-
     def summary(self) -> str:
         verdict = self._verdict()
         if len(self.inputs) <= 6:
@@ -455,16 +427,9 @@ class DiffReport(Report):
         return (f"{self.title}: {verdict}\n  {self.coverage_line()}{missing}\n  {len(self.inputs)} input set(s): {listed}; "
                 f"budget per node = max({SAFETY:g} x our float32 gap, {FLOOR_ULPS} float32 ulps){vs_exact}")
 
-    def render(self, all_nodes: bool = True) -> str:
-        lines = [self.summary(), self.table(all_nodes)]
-        notable = [f for f in self.findings if f is not self.first_divergence]
-        if notable:
-            lines.append("findings:")
-            lines.extend(f"  [{f.severity}] {f.kind}: {f.message}" for f in notable)
-        return "\n".join(lines)
-
     def __str__(self) -> str:
-        return self.render(all_nodes=True)
+        from .output import diff_text  # the one rendering layer
+        return diff_text(self, all_nodes=True)
 
 
 # -- the engine -------------------------------------------------------------------------------
@@ -520,7 +485,8 @@ def _reference_tensors(bundle: Bundle, reference: Any) -> tuple[dict[tuple[int, 
         if b.key not in params:
             continue
         try:
-            expected[(b.node, b.role)] = (b.key, apply_transform(b.transform, params[b.key]).astype(np.float64))
+            tensor = apply_transform(b.transform, params[b.key])  # an index table stays integral
+            expected[(b.node, b.role)] = (b.key, tensor.astype(np.float64) if tensor.dtype.kind == "f" else tensor)
         except (BridgeError, ValueError) as e:
             findings.append(Finding("parameter-mismatch", f"{b.key}: cannot apply transform {b.transform!r}: {e}",
                                     node=b.node, keys=(b.key,)))
@@ -655,7 +621,8 @@ def _reduced_diverges(reduced: Bundle, inputs: list[np.ndarray], expected: np.nd
     ref = EvaluatorRunner(reduced, "float64").run(inputs)
     low = EvaluatorRunner(reduced, "float32").run(inputs)
     row = NodeDiff(out, g.nodes[out].kind, "expected")
-    _compare(row, "captured input", expected, ref[out], low[out], _scale(g, out, ref, set(g.inputs), {}),
+    shown = range(len(g.nodes))  # every reduced node had an oracle value: the scale reaches as in the diff
+    _compare(row, "captured input", expected, ref[out], low[out], _scale(g, out, ref, shown, {}),
              g.nodes[out].dtype != "float")
     row.status = "diverged" if row.worst_ratio > 1.0 else "ok"
     return row.worst_ratio > 1.0, row.to_json()
@@ -764,8 +731,13 @@ def oracle_values(g: Graph, oracle: Any, theirs: dict, matched: dict[int, str], 
         return values, {}, {}
     missing = [n.id for n in g.nodes if n.id not in values]
     tensors, payload, cache = finer
+    operand_keys = getattr(oracle, "operand_keys", None)
+
+    def operands(name: str) -> list[np.ndarray]:  # the oracle's own values of a framework node's arguments
+        return [np.asarray(theirs[k]) for k in operand_keys(name) if k in theirs] if operand_keys else []
+
     derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, tensors, payload,
-                              literals=getattr(oracle, "literals", None), cache=cache)
+                              literals=getattr(oracle, "literals", None), cache=cache, operands=operands)
     return values, derived, reasons
 
 

@@ -98,6 +98,28 @@ def _shaped(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np
     return xs[0].reshape(node.out_shape)
 
 
+def _cast(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np.ndarray:
+    """torch's ``.to`` / ONNX Cast: to bool is "not zero", float to int64 truncates toward zero."""
+    x, target = xs[0], node.attrs["dtype"]
+    if target == "bool":
+        return x != 0
+    if target == "int64":
+        return (np.trunc(x) if x.dtype.kind == "f" else x).astype(np.int64)
+    return x if x.dtype.kind == "f" else x.astype(np.float64)
+
+
+def _cumsum(node: Node, xs: list[np.ndarray], _: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Running sums along ``axis`` (last to first with ``reverse``; ``exclusive`` shifts by one)."""
+    a, x = node.attrs, xs[0]
+    axis = a["axis"]
+    y = np.flip(x, axis) if a.get("reverse") else x
+    c = np.cumsum(y, axis=axis, dtype=y.dtype)
+    if a.get("exclusive"):
+        head = np.zeros_like(np.take(c, [0], axis=axis))
+        c = np.concatenate([head, np.take(c, np.arange(c.shape[axis] - 1), axis=axis)], axis=axis)
+    return np.flip(c, axis) if a.get("reverse") else c
+
+
 # one primitive per IR kind, each the op's definition in numpy (the oracle's primitives)
 PRIMITIVES: dict[str, Prim] = {
     "broadcast_to": lambda node, xs, _: np.broadcast_to(xs[0], node.out_shape),
@@ -126,6 +148,7 @@ PRIMITIVES: dict[str, Prim] = {
     "gt": _binary(np.greater), "ge": _binary(np.greater_equal),
     "logical_and": _binary(np.logical_and), "logical_or": _binary(np.logical_or),
     "logical_not": _unary(np.logical_not),
+    "cast": _cast, "round": _unary(np.rint), "cumsum": _cumsum,  # rint: half to even, as torch.round
 }
 
 
@@ -134,11 +157,13 @@ def _precise(x: np.ndarray, precision: type) -> np.ndarray:
 
 
 def _from_literal(g: Graph, nid: int, ours: np.ndarray, literals: Callable[[str], list[np.ndarray]],
-                  ) -> tuple[np.ndarray, str] | None:
+                  operands: Callable[[str], list[np.ndarray]] | None = None) -> tuple[np.ndarray, str] | None:
     """The framework literal a folded constant came from, read off the nodes it feeds (through
-    broadcasts and the unnamed rest of one lowering): one equal to ours up to float32 rounding. None
-    when no literal equals it: a node has many literals (dropout, flags, axes), so an unequal one is
-    no evidence of a wrong fold; the constant then stays uncompared (its consumers still are)."""
+    broadcasts and the unnamed rest of one lowering): one equal to ours up to float32 rounding; else
+    the oracle's own value of one of those nodes' arguments (a constant the framework computed, e.g.
+    an attention mask or an expanded index buffer, that the importer folded). None when nothing
+    equals it: a node has many literals (dropout, flags, axes), so an unequal one is no evidence of a
+    wrong fold; the constant then stays uncompared (its consumers still are)."""
     consumers = g.consumers()
     own = g.nodes[nid].source
     frontier, names = list(consumers[nid]), [own.name] if own is not None and own.name else []
@@ -153,13 +178,18 @@ def _from_literal(g: Graph, nid: int, ours: np.ndarray, literals: Callable[[str]
                 names.append(c.source.name)
         else:
             frontier.extend(consumers[c.id])
-    for name in names:
-        sized = [lit for lit in literals(name) if lit is not None and lit.dtype.kind in "biuf"
-                 and (lit.size == ours.size or lit.size == 1 == ours.size)]
-        same = [lit for lit in sized if np.allclose(lit.astype(np.float64).reshape(ours.shape), ours.astype(np.float64),
-                                                     rtol=2 * float(np.finfo(np.float32).eps), atol=0)]
-        if same:
-            return same[0].reshape(ours.shape), f"constant folded from a literal argument of {name}"
+    sources = [(literals, "a literal argument")]
+    if operands is not None:
+        sources.append((operands, "the oracle's value of an argument"))
+    for find, what in sources:
+        for name in names:
+            sized = [lit for lit in find(name) if lit is not None and lit.dtype.kind in "biuf"
+                     and lit.size == ours.size]
+            same = [lit for lit in sized if np.allclose(lit.astype(np.float64).reshape(ours.shape),
+                                                         ours.astype(np.float64),
+                                                         rtol=2 * float(np.finfo(np.float32).eps), atol=0, equal_nan=True)]
+            if same:
+                return same[0].reshape(ours.shape), f"constant folded from {what} of {name}"
     return None
 
 
@@ -167,6 +197,7 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
            inputs: Sequence[np.ndarray], reference: Mapping[tuple[int, str], np.ndarray],
            payload: Any, literals: Callable[[str], list[np.ndarray]] | None = None,
            cache: dict[int, tuple[np.ndarray, str] | None] | None = None,
+           operands: Callable[[str], list[np.ndarray]] | None = None,
            ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
     """Oracle values for ``candidates`` (ascending ids, so parents come first) from ``known``
     (the oracle's values by node id, extended as nodes are derived), and why each was derivable or not.
@@ -174,7 +205,8 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
     ``reference`` holds the reference's tensors by (node, role), transform applied; a folded constant
     with no reference tensor lends our own value to its consumers (said in their reason) but is not
     compared itself, unless ``literals`` (framework node name -> the numbers it was called with) gives
-    the literal it was folded from. ``cache`` keeps those literal look-ups across input sets (they do
+    the literal it was folded from, or ``operands`` (framework node name -> the oracle's values of its
+    arguments on this input) the value it was folded from. ``cache`` keeps those look-ups across input sets (they do
     not depend on the input).
     """
     cache = {} if cache is None else cache
@@ -196,7 +228,8 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
                 continue
             own = payload.get(nid, "values")
             if nid not in cache:
-                cache[nid] = _from_literal(g, nid, np.asarray(own), literals) if own is not None and literals else None
+                cache[nid] = (_from_literal(g, nid, np.asarray(own), literals, operands)
+                              if own is not None and literals else None)
             found = cache[nid]
             if found is not None:
                 values[nid] = known[nid] = found[0]

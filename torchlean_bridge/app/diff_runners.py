@@ -92,6 +92,8 @@ def _recording_interpreter(graph_module: Any, record: dict[str, np.ndarray]) -> 
             result = super().run_node(n)
             if n.op != "output":
                 value = _to_numpy(result)
+                if value is None and type(result) in (int, float, bool):
+                    value = np.asarray(result)  # a number the framework computed (a shape, a scale)
                 if value is not None:
                     record[n.name] = value
             return result
@@ -134,11 +136,27 @@ def _numeric_literals(graph_module: Any, name: str, constant: Any = None) -> lis
                 found.append(_to_numpy(value))
 
     walk([*node.args, *node.kwargs.values()])
-    if "scaled_dot_product_attention" in str(node.target) and "scale" not in node.kwargs and node.args:
-        query = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-        if query is not None and len(query.shape) and int(query.shape[-1]) > 0:
-            found.append(np.asarray(1.0 / np.sqrt(float(query.shape[-1]))))
+    if "scaled_dot_product_attention" in str(node.target) and node.args:
+        if "scale" not in node.kwargs:
+            query = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+            if query is not None and len(query.shape) and int(query.shape[-1]) > 0:
+                found.append(np.asarray(1.0 / np.sqrt(float(query.shape[-1]))))
+        mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+        mask_val = mask.meta.get("val") if isinstance(mask, torch.fx.Node) else None
+        if node.kwargs.get("is_causal") or (mask_val is not None and mask_val.dtype == torch.bool):
+            found.append(np.asarray(-np.inf))  # documented: a masked-out score is -inf before the softmax
     return found
+
+
+def _operand_names(graph_module: Any, name: str) -> list[str]:
+    """The names of the FX nodes FX node ``name`` takes as arguments (their recorded values are the
+    oracle's own values of what a lowering folded from them)."""
+    import torch.fx
+    import torch.utils._pytree as pytree
+    node = next((n for n in graph_module.graph.nodes if n.name == name), None)
+    if node is None:
+        return []
+    return [a.name for a in pytree.tree_leaves([node.args, node.kwargs]) if isinstance(a, torch.fx.Node)]
 
 
 class TorchFXRunner(Runner):
@@ -170,6 +188,10 @@ class TorchFXRunner(Runner):
     def literals(self, name: str) -> list[np.ndarray]:
         """Numbers the FX node ``name`` was called with (what a folded constant came from)."""
         return _numeric_literals(self.module, name) if self.traced else []
+
+    def operand_keys(self, name: str) -> list[str]:
+        """The keys of the values FX node ``name`` was called with."""
+        return _operand_names(self.module, name) if self.traced else []
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         import torch
@@ -216,6 +238,10 @@ class TorchExportRunner(Runner):
         """Numbers the graph node ``name`` was called with (what a folded constant came from)."""
         return _numeric_literals(self.program.graph_module, name, self._constant)
 
+    def operand_keys(self, name: str) -> list[str]:
+        """The keys of the values graph node ``name`` was called with."""
+        return _operand_names(self.program.graph_module, name)
+
     def _constant(self, node: Any) -> Any:
         """The tensor a placeholder feeds when it is a lifted constant (not a parameter or an input)."""
         from torch.export.graph_signature import InputKind
@@ -223,9 +249,11 @@ class TorchExportRunner(Runner):
             return None
         spec = next((s for s in self.program.graph_signature.input_specs if getattr(s.arg, "name", None) == node.name),
                     None)
-        if spec is None or spec.kind != InputKind.CONSTANT_TENSOR:
+        if spec is None or spec.kind not in (InputKind.CONSTANT_TENSOR, InputKind.BUFFER):
             return None
-        return self.program.constants.get(spec.target)
+        if spec.kind == InputKind.BUFFER and spec.target in self.program.state_dict:
+            return None  # a persistent buffer is a checkpoint tensor, compared through the role map
+        return self.program.constants.get(spec.target)  # a lifted constant or a non-persistent buffer
 
     def _lifted(self, user_inputs: list[Any]) -> list[Any]:
         from torch.export.graph_signature import InputKind
@@ -297,6 +325,11 @@ class _OnnxRunner(Runner):
             elif i in made and made[i].attribute and made[i].attribute[0].name == "value":
                 found.append(numpy_helper.to_array(made[i].attribute[0].t))
         return found
+
+    def operand_keys(self, name: str) -> list[str]:
+        """The tensor names ONNX node ``name`` takes as inputs."""
+        node = next((n for n in self.source.graph.node if n.name == name), None)
+        return [i for i in node.input if i] if node is not None else []
 
     def constants(self) -> dict[str, np.ndarray]:
         """The wanted initializers' values (they are no node's output, so no run exposes them)."""

@@ -223,7 +223,7 @@ def swapped_biases(out: Path) -> bool:
     print(audit_report)
     print("\ndiff of the bound bundle against the trusted module, node by node:")
     report = diff(bound, against="torch", module=trusted, random=4)
-    print(report.render(all_nodes=True))
+    print(report)  # every node, as output.diff_text renders it
     atomic_write_text(out / "bias_pair_diff.json", json.dumps(report.to_json(), indent=1) + "\n")
     print(f"(diff report as JSON: {out / 'bias_pair_diff.json'})")
     named = any(set(f.keys) == {"0.bias", "2.bias"} for f in audit_report.swaps)

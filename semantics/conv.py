@@ -65,7 +65,7 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
     k, length = math.prod(kernel), math.prod(out_spatial)
     xp = _pad_spatial(x.reshape((n, c_in) + spatial), padding, padding_after, 0.0)
     w = weight.reshape(g, og, cg * k)
-    if depthwise_serves(xp, groups, kernel, out_spatial):
+    if depthwise_serves(xp, weight, groups, stride, dilation, out_spatial):
         y = depthwise_conv(xp, weight, stride=stride, dilation=dilation, out_spatial=out_spatial, band=band)
     elif k == 1 and tuple(xp.shape[2:]) == tuple(out_spatial):  # pointwise: the input is its own column matrix
         y = np.matmul(w, xp.reshape(n, g, cg, length))

@@ -4,13 +4,16 @@ and against the im2col path it replaces."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import semantics.conv as conv
-from semantics.conv_depthwise import MAX_ROW, depthwise_applies
+from semantics.conv import conv_nd
+from semantics.conv_depthwise import MAX_BAND, MAX_ROW, band_shape, depthwise_applies
 
 _CONV = {1: F.conv1d, 2: F.conv2d}
 
@@ -65,6 +68,23 @@ def test_the_path_is_gated_to_wide_kernels_on_rows_of_one_tile():
     assert not depthwise_applies(256, 128, (9, 9), (32, 32), f32)         # two channels per group
     assert not depthwise_applies(8, 8, (9, 9, 9), (4, 4, 4), f32)         # 3 spatial axes
     assert not depthwise_applies(8, 8, (9, 9), (4, 4), np.dtype(np.int64))  # integer: narrow semantics
+
+
+def test_a_band_is_sized_before_it_is_built_and_a_huge_one_keeps_im2col():
+    """A large dilation spreads the band over a span of zeros: past MAX_BAND entries im2col serves
+    (and agrees with torch), so no attribute makes the band allocation large."""
+    f32 = np.dtype(np.float32)
+    kernel, out_spatial, c = (5, 5), (2, 2), 64
+    assert depthwise_applies(c, c, kernel, out_spatial, f32, stride=(1, 1), dilation=(1, 1))
+    dilation = (1, MAX_BAND // (c * 5 * 2 * 4) + 1)
+    assert math.prod(band_shape(c, kernel, (1, 1), dilation, out_spatial)) > MAX_BAND
+    assert not depthwise_applies(c, c, kernel, out_spatial, f32, stride=(1, 1), dilation=dilation)
+    x = torch.randn(1, c, 6, 4 * dilation[1] + 2, dtype=torch.float64)
+    w = torch.randn(c, 1, *kernel, dtype=torch.float64)
+    want = torch.nn.functional.conv2d(x, w, dilation=dilation, groups=c).numpy()
+    got = conv_nd(x.numpy(), w.numpy(), np.zeros(c), channel_axis=1, stride=(1, 1), padding=(0, 0),
+                  padding_after=(0, 0), dilation=dilation, groups=c, out_spatial=want.shape[2:])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_a_prepared_graph_builds_the_band_once_and_evaluates_as_torch(monkeypatch):

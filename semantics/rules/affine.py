@@ -354,7 +354,8 @@ def _float_conv_params(node, record, dt) -> FloatConvParams:
     a, ca = node.attrs, node.attrs["channel_axis"]
     out_spatial = tuple(node.out_shape[ca + 1:])
     band = None
-    if depthwise_applies(a["in_channels"], a["groups"], a["kernel"], out_spatial, np.dtype(dt)):
+    if depthwise_applies(a["in_channels"], a["groups"], a["kernel"], out_spatial, np.dtype(dt), out_channels=w.shape[0],
+                         stride=a["stride"], dilation=a["dilation"]):
         band = depthwise_band(w, a["stride"], a["dilation"], out_spatial)
     return FloatConvParams(w, b, band)
 

@@ -67,17 +67,34 @@ def constraint_interval(codes: np.ndarray, knots: tuple[float, ...]) -> tuple[np
     return c_lo, c_hi
 
 
+def _tables(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_INTERVALS[m]`` as arrays indexed by ``code + 2`` (i and j; -1 where no code) and ``_CODES[m]``
+    as an ``[m + 2, m + 2]`` array (a sentinel where no interval), so that codes map in one gather."""
+    ends = np.full((2, 6), -1, dtype=np.int64)
+    codes = np.full((m + 2, m + 2), np.iinfo(np.int8).min, dtype=np.int8)
+    for code, (i, j) in _INTERVALS[m].items():
+        ends[:, code + 2] = i, j
+        codes[i, j] = code
+    return ends[0], ends[1], codes
+
+
+_TABLES = {m: _tables(m) for m in _INTERVALS}
+
+
 def split_codes(codes: np.ndarray, k: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     """The two children's codes of units with codes ``codes`` split at breakpoint ``k`` (1-based) of m:
     ``z <= t_k`` and ``z >= t_k`` within the parent's constraint."""
-    left, right = np.zeros_like(codes), np.zeros_like(codes)
-    for idx in range(codes.size):
-        i, j = _INTERVALS[m][int(codes.flat[idx])]
-        kk = int(k.flat[idx])
-        if not i < kk < j:
-            raise ValueError(f"split_codes: breakpoint {kk} is outside the constraint ({i}, {j})")
-        left.flat[idx], right.flat[idx] = _CODES[m][(i, kk)], _CODES[m][(kk, j)]
-    return left, right
+    start, end, code_of = _TABLES[m]
+    c = np.asarray(codes).astype(np.int64) + 2
+    kk = np.asarray(k).astype(np.int64)
+    i, j = start[c], end[c]
+    outside = ~((i < kk) & (kk < j))
+    if outside.any():
+        at = int(np.flatnonzero(outside)[0])
+        raise ValueError(f"split_codes: breakpoint {int(kk.flat[at])} is outside the constraint "
+                         f"({int(i.flat[at])}, {int(j.flat[at])})")
+    left, right = code_of[i, kk], code_of[kk, j]
+    return left.astype(codes.dtype), right.astype(codes.dtype)
 
 
 def _pieces(node: Any, knots: tuple[float, ...]) -> list[tuple[float, float]]:

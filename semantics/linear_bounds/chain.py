@@ -20,6 +20,16 @@ __all__ = ["MAX_DENSE", "chain_layers", "dag_layers"]
 MAX_DENSE = 1 << 22  # entries of a convolution's dense matrix in a chain (32 MiB of float64)
 
 
+def _target(crown: Crown, t: int | None) -> int | None:
+    """The node a plain-float pass starts from: ``t``, or the single output; None on an unbatched run
+    (the passes work along the batch axis) or when there are several outputs and none was named."""
+    if not crown.batched:
+        return None
+    if t is None:
+        return crown.graph.outputs[0] if len(crown.graph.outputs) == 1 else None
+    return t
+
+
 def chain_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, int, Any, Any]], int] | None:
     """t's ancestors (the output by default) as ``([(kind, id, weight, bias)], input id)`` from t down, when
     they are a chain of affine layers (``linear`` on ``[N, features]``, ``conv`` with its channel axis 1,
@@ -27,12 +37,9 @@ def chain_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, in
     order) and ReLUs (``("relu", id, None, None)``); None otherwise or when a dense matrix would exceed
     MAX_DENSE entries. For plain-float heuristics and optimizations (no soundness claim)."""
     g = crown.graph
-    if not crown.batched:
-        return None
+    t = _target(crown, t)
     if t is None:
-        if len(g.outputs) != 1:
-            return None
-        t = g.outputs[0]
+        return None
     out, v = [], t
     while g.nodes[v].kind != "input":
         node = g.nodes[v]
@@ -61,12 +68,9 @@ def dag_layers(crown: Crown, t: int | None = None
     ``_Run.pools``); None when another op, a second graph input or a dense matrix over MAX_DENSE
     entries is met. A chain (``chain_layers``) is the case of one parent each. No soundness claim."""
     g = crown.graph
-    if not crown.batched:
-        return None
+    t = _target(crown, t)
     if t is None:
-        if len(g.outputs) != 1:
-            return None
-        t = g.outputs[0]
+        return None
     out, inputs = [], set()
     for v in crown.ancestors(t):
         node = g.nodes[v]

@@ -18,6 +18,7 @@ define_missing_ops()  # torchvision's compiled ops do not load with the CPU torc
 
 import torchlean_bridge as tlb  # noqa: E402
 from torchlean_bridge.app.audit import audit  # noqa: E402
+from tests.test_audit_models import exchange  # noqa: E402
 
 pytestmark = pytest.mark.slow  # torchvision and two torch.export imports; the file takes ~15 s here
 BOUND_S = 10.0  # golden-only search on these models: at most 70 hypotheses, under 0.2 s per named case measured
@@ -64,15 +65,6 @@ def vit_setup():
 @pytest.fixture(scope="module")
 def resnet_setup():
     return built(resnet)
-
-
-def exchange(sd: dict, a: str, b: str) -> dict:
-    out = dict(sd)
-    for k in sd:
-        if k.startswith(a + "."):
-            other = b + k[len(a):]
-            out[k], out[other] = sd[other], sd[k]
-    return out
 
 
 def rotated(sd: dict) -> dict:

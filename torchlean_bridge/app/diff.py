@@ -736,8 +736,11 @@ def oracle_values(g: Graph, oracle: Any, theirs: dict, matched: dict[int, str], 
     def operands(name: str) -> list[np.ndarray]:  # the oracle's own values of a framework node's arguments
         return [np.asarray(theirs[k]) for k in operand_keys(name) if k in theirs] if operand_keys else []
 
+    index_tables = getattr(oracle, "index_tables", None)
+    tables = (lambda name: index_tables(name, theirs)) if index_tables else None
     derived, reasons = derive(g, dict(values), missing, oracle.input_precision, arrays, tensors, payload,
-                              literals=getattr(oracle, "literals", None), cache=cache, operands=operands)
+                              literals=getattr(oracle, "literals", None), cache=cache, operands=operands,
+                              tables=tables)
     return values, derived, reasons
 
 

@@ -157,13 +157,17 @@ def _precise(x: np.ndarray, precision: type) -> np.ndarray:
 
 
 def _from_literal(g: Graph, nid: int, ours: np.ndarray, literals: Callable[[str], list[np.ndarray]],
-                  operands: Callable[[str], list[np.ndarray]] | None = None) -> tuple[np.ndarray, str] | None:
+                  operands: Callable[[str], list[np.ndarray]] | None = None,
+                  tables: Callable[[str], list[np.ndarray]] | None = None) -> tuple[np.ndarray, str] | None:
     """The framework literal a folded constant came from, read off the nodes it feeds (through
     broadcasts and the unnamed rest of one lowering): one equal to ours up to float32 rounding; else
     the oracle's own value of one of those nodes' arguments (a constant the framework computed, e.g.
-    an attention mask or an expanded index buffer, that the importer folded). None when nothing
-    equals it: a node has many literals (dropout, flags, axes), so an unequal one is no evidence of a
-    wrong fold; the constant then stays uncompared (its consumers still are)."""
+    an attention mask or an expanded index buffer, that the importer folded); else the index table
+    ``tables`` derives from such a node's literal by the op's definition (GatherND's flat positions):
+    that one is returned whenever its size fits, equal or not, since it is that constant's own
+    counterpart (a wrong table then diverges). None when nothing fits: a node has many literals
+    (dropout, flags, axes), so an unequal one is no evidence of a wrong fold; the constant then stays
+    uncompared (its consumers still are)."""
     consumers = g.consumers()
     own = g.nodes[nid].source
     frontier, names = list(consumers[nid]), [own.name] if own is not None and own.name else []
@@ -190,6 +194,10 @@ def _from_literal(g: Graph, nid: int, ours: np.ndarray, literals: Callable[[str]
                                                          rtol=2 * float(np.finfo(np.float32).eps), atol=0, equal_nan=True)]
             if same:
                 return same[0].reshape(ours.shape), f"constant folded from {what} of {name}"
+    for name in names if tables is not None else ():
+        for table in tables(name):
+            if table.size == ours.size:
+                return table.reshape(ours.shape), f"index table of {name}, from its indices by the op's definition"
     return None
 
 
@@ -198,6 +206,7 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
            payload: Any, literals: Callable[[str], list[np.ndarray]] | None = None,
            cache: dict[int, tuple[np.ndarray, str] | None] | None = None,
            operands: Callable[[str], list[np.ndarray]] | None = None,
+           tables: Callable[[str], list[np.ndarray]] | None = None,
            ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
     """Oracle values for ``candidates`` (ascending ids, so parents come first) from ``known``
     (the oracle's values by node id, extended as nodes are derived), and why each was derivable or not.
@@ -206,7 +215,8 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
     with no reference tensor lends our own value to its consumers (said in their reason) but is not
     compared itself, unless ``literals`` (framework node name -> the numbers it was called with) gives
     the literal it was folded from, or ``operands`` (framework node name -> the oracle's values of its
-    arguments on this input) the value it was folded from. ``cache`` keeps those look-ups across input sets (they do
+    arguments on this input) the value it was folded from, or ``tables`` (framework node name -> the
+    index tables its definition reads, see ``_from_literal``) its counterpart. ``cache`` keeps those look-ups across input sets (they do
     not depend on the input).
     """
     cache = {} if cache is None else cache
@@ -228,7 +238,7 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
                 continue
             own = payload.get(nid, "values")
             if nid not in cache:
-                cache[nid] = (_from_literal(g, nid, np.asarray(own), literals, operands)
+                cache[nid] = (_from_literal(g, nid, np.asarray(own), literals, operands, tables)
                               if own is not None and literals else None)
             found = cache[nid]
             if found is not None:

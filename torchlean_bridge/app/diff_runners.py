@@ -14,6 +14,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..errors import BridgeError
+from .diff_bodies import lifted_arguments, lifted_constant
 
 __all__ = ["Runner", "EvaluatorRunner", "TorchFXRunner", "TorchExportRunner", "OnnxRuntimeRunner",
            "OnnxReferenceRunner", "expose_all_values", "reference_parameters"]
@@ -83,13 +84,16 @@ def _torch_inputs(inputs: Sequence[np.ndarray], float_dtype: Any) -> list[Any]:
     return out
 
 
-def _recording_interpreter(graph_module: Any, record: dict[str, np.ndarray]) -> Any:
-    """An FX Interpreter that stores every tensor a node produces under the node's name."""
+def _recording_interpreter(graph_module: Any, record: dict[str, np.ndarray], bodies: Any = None) -> Any:
+    """An FX Interpreter that stores every tensor a node produces under the node's name (and, for a
+    call whose body the importer inlined, ``bodies`` records the body's values too)."""
     import torch.fx
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             result = super().run_node(n)
+            if bodies is not None and n.name in bodies.calls:
+                bodies.record(n.name, n.target, *self.fetch_args_kwargs_from_env(n), record)
             if n.op != "output":
                 value = _to_numpy(result)
                 if value is None and type(result) in (int, float, bool):
@@ -110,9 +114,12 @@ def _output_names(graph_module: Any) -> list[str]:
     return [leaf.name if isinstance(leaf, torch.fx.Node) else f"<constant {leaf!r}>" for leaf in leaves]
 
 
-def _numeric_literals(graph_module: Any, name: str, constant: Any = None) -> list[np.ndarray]:
+def _numeric_literals(graph_module: Any, name: str, constant: Any = None,
+                      shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[np.ndarray]:
     """The numbers an FX node was called with (scalars, number lists, constant tensors), as arrays;
-    for ``scaled_dot_product_attention`` without ``scale``, its documented default 1/sqrt(E) too."""
+    for ``scaled_dot_product_attention`` without ``scale``, its documented default 1/sqrt(E) too, E
+    from the query's recorded shape (``meta["val"]``) or, where tracing recorded none (plain
+    ``symbolic_trace``), from the shape of the value the run recorded for it (``shapes``)."""
     import torch
     import torch.fx
     node = next((n for n in graph_module.graph.nodes if n.name == name), None)
@@ -138,9 +145,12 @@ def _numeric_literals(graph_module: Any, name: str, constant: Any = None) -> lis
     walk([*node.args, *node.kwargs.values()])
     if "scaled_dot_product_attention" in str(node.target) and node.args:
         if "scale" not in node.kwargs:
-            query = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-            if query is not None and len(query.shape) and int(query.shape[-1]) > 0:
-                found.append(np.asarray(1.0 / np.sqrt(float(query.shape[-1]))))
+            query = node.args[0] if isinstance(node.args[0], torch.fx.Node) else None
+            recorded = getattr(query.meta.get("val"), "shape", None) if query is not None else None
+            if recorded is None and query is not None and shapes is not None:
+                recorded = shapes.get(query.name)
+            if recorded is not None and len(recorded) and int(recorded[-1]) > 0:
+                found.append(np.asarray(1.0 / np.sqrt(float(recorded[-1]))))
         mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
         mask_val = mask.meta.get("val") if isinstance(mask, torch.fx.Node) else None
         if node.kwargs.get("is_causal") or (mask_val is not None and mask_val.dtype == torch.bool):
@@ -184,14 +194,32 @@ class TorchFXRunner(Runner):
                 self.name = "torch (eager, outputs only)"
         self.module.eval()
         self.output_keys = _output_names(self.module) if self.traced else []
+        self.shapes: dict[str, tuple[int, ...]] = {}  # each recorded value's shape (static), from the runs
+        from .diff_bodies import FunctionBodies
+        self.bodies = FunctionBodies(self.module) if self.traced else None
 
     def literals(self, name: str) -> list[np.ndarray]:
-        """Numbers the FX node ``name`` was called with (what a folded constant came from)."""
-        return _numeric_literals(self.module, name) if self.traced else []
+        """Numbers the FX node ``name`` (or node of an inlined body, ``<call>.<node>``) was called with
+        (what a folded constant came from)."""
+        if not self.traced:
+            return []
+        inner = self.bodies.split(name)
+        if inner is not None:
+            program, node = inner
+            return _numeric_literals(program.graph_module, node, lambda n: lifted_constant(program, n),
+                                     {k.partition(".")[2]: v for k, v in self.shapes.items()
+                                      if k.startswith(name.partition(".")[0] + ".")})
+        return _numeric_literals(self.module, name, shapes=self.shapes)
 
     def operand_keys(self, name: str) -> list[str]:
-        """The keys of the values FX node ``name`` was called with."""
-        return _operand_names(self.module, name) if self.traced else []
+        """The keys of the values FX node ``name`` (or ``<call>.<node>``) was called with."""
+        if not self.traced:
+            return []
+        inner = self.bodies.split(name)
+        if inner is not None:
+            call = name.partition(".")[0]
+            return [f"{call}.{k}" for k in _operand_names(inner[0].graph_module, inner[1])]
+        return _operand_names(self.module, name)
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         import torch
@@ -200,7 +228,8 @@ class TorchFXRunner(Runner):
         args = _torch_inputs(inputs, self.float_dtype)
         with torch.no_grad():
             if self.traced:
-                _recording_interpreter(self.module, record).run(*args)
+                _recording_interpreter(self.module, record, self.bodies).run(*args)
+                self.shapes.update((k, v.shape) for k, v in record.items())
                 return record
             leaves = [_to_numpy(v) for v in pytree.tree_leaves(self.module(*args))]
         self.output_keys = [f"output:{k}" for k in range(len(leaves))]
@@ -244,33 +273,12 @@ class TorchExportRunner(Runner):
 
     def _constant(self, node: Any) -> Any:
         """The tensor a placeholder feeds when it is a lifted constant (not a parameter or an input)."""
-        from torch.export.graph_signature import InputKind
-        if node.op != "placeholder":
-            return None
-        spec = next((s for s in self.program.graph_signature.input_specs if getattr(s.arg, "name", None) == node.name),
-                    None)
-        if spec is None or spec.kind not in (InputKind.CONSTANT_TENSOR, InputKind.BUFFER):
-            return None
-        if spec.kind == InputKind.BUFFER and spec.target in self.program.state_dict:
-            return None  # a persistent buffer is a checkpoint tensor, compared through the role map
-        return self.program.constants.get(spec.target)  # a lifted constant or a non-persistent buffer
-
-    def _lifted(self, user_inputs: list[Any]) -> list[Any]:
-        from torch.export.graph_signature import InputKind
-        program, args, user = self.program, [], iter(user_inputs)
-        for spec in program.graph_signature.input_specs:
-            if spec.kind == InputKind.USER_INPUT:
-                args.append(next(user))
-            elif spec.target in program.state_dict:
-                args.append(program.state_dict[spec.target])
-            else:
-                args.append(program.constants[spec.target])
-        return args
+        return lifted_constant(self.program, node)
 
     def run(self, inputs: Sequence[np.ndarray]) -> Values:
         import torch
         record: dict[str, np.ndarray] = {}
-        args = self._lifted(_torch_inputs(inputs, self.float_dtype))
+        args = lifted_arguments(self.program, _torch_inputs(inputs, self.float_dtype))
         with torch.no_grad():
             _recording_interpreter(self.program.graph_module, record).run(*args)
         return record
@@ -309,22 +317,53 @@ class _OnnxRunner(Runner):
         self.model = expose_all_values(model)
         self._initializers = {t.name: t for t in model.graph.initializer}
         self._constants: dict[str, np.ndarray] = {}
+        self._made: dict[str, Any] | None = None  # Constant nodes by output name, built on first use
         self.wanted: set[str] = set()  # keys the diff compares: initializers among them are returned too
 
     def literals(self, name: str) -> list[np.ndarray]:
         """The constant operands (initializers, ``Constant`` outputs) of the ONNX node ``name``."""
-        from onnx import numpy_helper
         node = next((n for n in self.source.graph.node if n.name == name), None)
         if node is None:
             return []
-        made = {n.output[0]: n for n in self.source.graph.node if n.op_type == "Constant" and n.output}
-        found = []
-        for i in node.input:
-            if i in self._initializers:
-                found.append(numpy_helper.to_array(self._initializers[i]))
-            elif i in made and made[i].attribute and made[i].attribute[0].name == "value":
-                found.append(numpy_helper.to_array(made[i].attribute[0].t))
-        return found
+        return [v for v in map(self._literal, node.input) if v is not None]
+
+    def _literal(self, tensor: str) -> np.ndarray | None:
+        """The value of an initializer or a ``Constant`` node's output; None for a computed tensor."""
+        from onnx import numpy_helper
+        if tensor in self._initializers:
+            return numpy_helper.to_array(self._initializers[tensor])
+        if self._made is None:
+            self._made = {n.output[0]: n for n in self.source.graph.node if n.op_type == "Constant" and n.output}
+        made = self._made.get(tensor)
+        if made is not None and made.attribute and made.attribute[0].name == "value":
+            return numpy_helper.to_array(made.attribute[0].t)
+        return None
+
+    def index_tables(self, name: str, values: Mapping[Hashable, np.ndarray]) -> list[np.ndarray]:
+        """For a ``GatherND`` node with constant indices, the flat (row-major) positions in its data's
+        leading ``batch_dims + r`` axes that it reads, from the indices by the ONNX definition (each
+        batch indexes its own block); ``values``: the oracle's values (the data's shape). An importer
+        folds this table into a gather over the flattened data, so it is that constant's counterpart."""
+        node = next((n for n in self.source.graph.node if n.name == name), None)
+        if node is None or node.op_type != "GatherND" or len(node.input) < 2:
+            return []
+        ind, data = self._literal(node.input[1]), values.get(node.input[0])
+        if data is None or ind is None or ind.dtype.kind not in "iu":
+            return []
+        ind = ind.astype(np.int64)
+        b = next((int(a.i) for a in node.attribute if a.name == "batch_dims"), 0)
+        r = ind.shape[-1] if ind.ndim else 0
+        shape = np.shape(data)
+        if not r or ind.ndim <= b or b + r > len(shape) or ind.shape[:b] != shape[:b]:
+            return []
+        nb = int(np.prod(shape[:b], dtype=np.int64))
+        positions = np.arange(nb * int(np.prod(shape[b:b + r], dtype=np.int64))).reshape((nb,) + shape[b:b + r])
+        rows = ind.reshape(nb, -1, r)
+        try:  # numpy's indexing: negative indices count from the end, as GatherND's
+            read = positions[(np.arange(nb)[:, None], *np.moveaxis(rows, -1, 0))]
+        except IndexError:
+            return []  # an index out of range: the import refuses such a model
+        return [read.reshape(ind.shape[:-1])]
 
     def operand_keys(self, name: str) -> list[str]:
         """The tensor names ONNX node ``name`` takes as inputs."""

@@ -28,7 +28,8 @@ from .common import Known, Lowering, NotLowerable, Sym, check_static, element_ty
 from .lowerer import Lowerer
 from .targets import OTHER_EMITTED_KINDS, aten_lowering, function_lowering, method_lowering, module_lowering
 
-__all__ = ["EMITTED_KINDS", "TorchLowerer", "ModuleCall", "bind_program", "bind_and_run", "graph_inputs", "IGNORED_KWARGS"]
+__all__ = ["EMITTED_KINDS", "TorchLowerer", "ModuleCall", "FunctionCall", "TENSOR_SLOT", "is_model_function",
+           "bind_program", "bind_and_run", "graph_inputs", "IGNORED_KWARGS"]
 
 # every IR kind a lowering can emit (docs/make_ops_md.py): a kind added to an elementwise table is in
 EMITTED_KINDS: frozenset[str] = OTHER_EMITTED_KINDS | frozenset(ops_elementwise.UNARY_LOWERINGS) \
@@ -76,7 +77,7 @@ class _TensorSlot:
 TENSOR_SLOT = _TensorSlot()  # where a tensor argument goes among a wrapped call's constant arguments
 
 
-class _FunctionCall(torch.nn.Module):
+class FunctionCall(torch.nn.Module):
     """``fn`` as a module whose inputs are the call's tensor arguments (the rest are constants)."""
 
     def __init__(self, fn: Any, spec: Any, constants: Sequence[Any]) -> None:
@@ -207,7 +208,7 @@ class TorchLowerer(Lowerer):
         ep = self.function_programs.get(key)
         if ep is None:
             try:
-                ep = torch.export.export(_FunctionCall(fn, spec, constants), tuple(examples), strict=False)
+                ep = torch.export.export(FunctionCall(fn, spec, constants), tuple(examples), strict=False)
             except Exception as e:  # noqa: BLE001 - export raises many exception types
                 raise NotLowerable(f"torch.export of this function's body failed: {type(e).__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else ''}"[:300]) from None

@@ -10,7 +10,7 @@ under those names each run; the literal and operand look-ups the finer oracle ma
 
 from __future__ import annotations
 
-from typing import Any, Hashable, MutableMapping
+from typing import Any, Callable, Hashable, MutableMapping
 
 import numpy as np
 
@@ -55,7 +55,8 @@ def lifted_arguments(program: Any, user_inputs: list[Any]) -> list[Any]:
 class FunctionBodies:
     """The exported body of each call the FX importer inlines, by the call's FX node name."""
 
-    def __init__(self, graph_module: Any) -> None:
+    def __init__(self, graph_module: Any, recorder: Callable[[Any, dict[str, np.ndarray]], Any]) -> None:
+        self.recorder = recorder  # (graph module, record) -> an interpreter storing each node's value
         self.calls = {n.name for n in graph_module.graph.nodes if n.op == "call_function" and _inlined(n.target)}
         self.programs: dict[str, Any] = {}
 
@@ -65,19 +66,18 @@ class FunctionBodies:
         exported as the importer exports it: tensor arguments are the program's inputs, the rest constants."""
         import torch
         import torch.utils._pytree as pytree
-        from importers.torch.program import TENSOR_SLOT, _FunctionCall
+        from importers.torch.program import TENSOR_SLOT, FunctionCall
 
-        from .diff_runners import _recording_interpreter
         leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         tensors = [v.detach() for v in leaves if isinstance(v, torch.Tensor)]
         program = self.programs.get(name)
-        if program is None:
+        if program is None:  # the importer exported this body too: a refusal here is a bug, raised
             constants = [TENSOR_SLOT if isinstance(v, torch.Tensor) else v for v in leaves]
             with torch.enable_grad():  # as the importer exports it (outside the runner's no_grad)
-                program = torch.export.export(_FunctionCall(fn, spec, constants), tuple(tensors), strict=False)
+                program = torch.export.export(FunctionCall(fn, spec, constants), tuple(tensors), strict=False)
             self.programs[name] = program
         inner: dict[str, np.ndarray] = {}
-        _recording_interpreter(program.graph_module, inner).run(*lifted_arguments(program, tensors))
+        self.recorder(program.graph_module, inner).run(*lifted_arguments(program, tensors))
         record.update((f"{name}.{k}", v) for k, v in inner.items())
 
     def split(self, key: str) -> tuple[Any, str] | None:

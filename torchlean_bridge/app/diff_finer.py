@@ -216,8 +216,8 @@ def derive(g: Graph, known: dict[int, np.ndarray], candidates: Sequence[int], pr
     compared itself, unless ``literals`` (framework node name -> the numbers it was called with) gives
     the literal it was folded from, or ``operands`` (framework node name -> the oracle's values of its
     arguments on this input) the value it was folded from, or ``tables`` (framework node name -> the
-    index tables its definition reads, see ``_from_literal``) its counterpart. ``cache`` keeps those look-ups across input sets (they do
-    not depend on the input).
+    index tables its definition reads, see ``_from_literal``) its counterpart. ``cache`` keeps those
+    look-ups across input sets (they do not depend on the input).
     """
     cache = {} if cache is None else cache
     values: dict[int, np.ndarray] = {}

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..errors import BridgeError
-from .diff_bodies import lifted_arguments, lifted_constant
+from .diff_bodies import FunctionBodies, lifted_arguments, lifted_constant
 
 __all__ = ["Runner", "EvaluatorRunner", "TorchFXRunner", "TorchExportRunner", "OnnxRuntimeRunner",
            "OnnxReferenceRunner", "expose_all_values", "reference_parameters"]
@@ -195,8 +195,7 @@ class TorchFXRunner(Runner):
         self.module.eval()
         self.output_keys = _output_names(self.module) if self.traced else []
         self.shapes: dict[str, tuple[int, ...]] = {}  # each recorded value's shape (static), from the runs
-        from .diff_bodies import FunctionBodies
-        self.bodies = FunctionBodies(self.module) if self.traced else None
+        self.bodies = FunctionBodies(self.module, _recording_interpreter) if self.traced else None
 
     def literals(self, name: str) -> list[np.ndarray]:
         """Numbers the FX node ``name`` (or node of an inlined body, ``<call>.<node>``) was called with

@@ -289,8 +289,18 @@ def _graph_outputs(bundle: Bundle, trusted: Any, cases: list[Case]) -> list[list
             for case in cases]
 
 
+def _effect(before: float, after: float, limit: float, cases: int) -> str:
+    """What undoing a weight difference does to the output error. A difference the model cancels (a
+    K bias: softmax is invariant to adding one constant to every score of a query) changes no output,
+    and "max error 0.000000 -> 0.000000" would read as nonsense, so it is said in words."""
+    if abs(after - before) > limit:
+        return f"max error {_fmt(before)} -> {_fmt(after)}"
+    still = "" if before <= limit else f"; the max error stays {_fmt(before)}"
+    return f"the difference does not change the outputs on the {cases} input(s) used{still}"
+
+
 def _undo_steps(report: AuditReport, weights: WeightReport, evaluator: "_Evaluator", tensors: dict[str, np.ndarray],
-                trusted: Any, ref: list[list[np.ndarray]], before: float) -> float:
+                trusted: Any, ref: list[list[np.ndarray]], before: float, limit: float) -> float:
     """Each weight finding with the output error before and after restoring its keys' trusted
     tensors, one after another (the steps chain); returns the error once all are undone."""
     current, changed, error = dict(tensors), set(), before
@@ -303,7 +313,7 @@ def _undo_steps(report: AuditReport, weights: WeightReport, evaluator: "_Evaluat
             current[k] = np.asarray(trusted[k])
         changed |= set(bound_keys)
         after = _max_error(evaluator.outputs(evaluator.payload(current, sorted(changed))), ref) if bound_keys else error
-        report.add(Finding(f.kind, f"{f.message}: max error {_fmt(error)} -> {_fmt(after)}", keys=f.keys,
+        report.add(Finding(f.kind, f"{f.message}: {_effect(error, after, limit, len(evaluator.cases))}", keys=f.keys,
                            data={**(f.data or {}), "error_before": error, "error_after": after}))
         error = after
     return error
@@ -436,14 +446,14 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
         report.add(Finding("agreement", f"outputs agree with {what}: max error {_fmt(before)} on {len(cases)} "
                                         f"input(s)", severity="info", data={"max_error": before}))
         if by_weights:
-            report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
+            report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before, limit)
         return report
 
     report.add(Finding("mismatch", f"outputs disagree with {what}: max error {_fmt(before)} on {len(cases)} "
                                    f"input(s){_worst_case(labelled, base_outputs, ref)}",
                        data={"max_error": before, "limit": limit}))
     if by_weights:
-        report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
+        report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before, limit)
         from .audit_localize import first_departure
         where = first_departure(bundle, ckpt, trusted, cases[0], tolerance) if cases else None
         if where is not None:

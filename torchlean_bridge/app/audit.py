@@ -28,14 +28,14 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint, square_matrix_keys
+from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint
 from .audit_search import SearchResult, search
-from .audit_weights import WeightReport, compare_weights
+from .audit_weights import WeightReport, compare_weights, is_square, transpose_words, transposed
 from ..bundle import Bundle
 from ..check import check
 from ..errors import BridgeError
@@ -58,18 +58,20 @@ class Exchange:
 
     first: str
     second: str | None = None
+    ndim: int = field(default=2, compare=False)  # of a transpose: a square conv weight's first two axes
 
     @property
     def keys(self) -> tuple[str, ...]:
         return (self.first,) if self.second is None else (self.first, self.second)
 
     def describe(self) -> str:
-        return f"transpose {self.first}" if self.second is None else f"swap {self.first} <-> {self.second}"
+        return f"swap {self.first} <-> {self.second}" if self.second is not None else \
+            transpose_words(self.first, self.ndim)
 
     def apply(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = dict(tensors)
         if self.second is None:
-            out[self.first] = tensors[self.first].T
+            out[self.first] = transposed(tensors[self.first])
         else:
             out[self.first], out[self.second] = tensors[self.second], tensors[self.first]
         return out
@@ -248,9 +250,9 @@ def _worst_case(labelled: list[tuple[str, Case]], ours: list[list[np.ndarray]] |
     return text
 
 
-def _candidates(groups: list[AmbiguityGroup], squares: list[str]) -> list[Exchange]:
+def _candidates(groups: list[AmbiguityGroup], squares: list[tuple[str, int]]) -> list[Exchange]:
     out = [Exchange(a, b) for g in groups for i, a in enumerate(g.keys) for b in g.keys[i + 1:]]
-    return out + [Exchange(k) for k in squares]
+    return out + [Exchange(k, ndim=ndim) for k, ndim in squares]
 
 
 def _fmt(x: float) -> str:
@@ -396,8 +398,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     by_weights = covered and not report.weights.ok
 
     groups = [g_ for g_ in binding.ambiguity_groups if all(k in ckpt for k in g_.keys)]
-    squares = [k for k in square_matrix_keys(slots, ckpt) if k in ckpt and not np.array_equal(tensors[k],
-                                                                                                 tensors[k].T)]
+    squares = [(k, tensors[k].ndim) for k in slots.keys if k in ckpt and is_square(tensors[k].shape)
+               and not np.array_equal(tensors[k], transposed(tensors[k]))]
     # trusted weights name every misplaced tensor by hash: no exchange search is needed
     candidates = [] if covered else _candidates(groups, squares)
     if len(candidates) > max_candidates:

@@ -18,7 +18,8 @@ the audit tries these hypotheses, each a way to restore the checkpoint:
 - separate Q/K/V projections (``q_proj``, ``k_proj``, ``v_proj``; rows are heads): the per-head rotary
   permute of Llama conversions and its inverse, for every layer at once and for one module; two heads
   exchanged in one module (K/V heads of grouped-query attention included);
-- transposes of square weights, of every layer at once and of one key.
+- transposes of square weights (matrices, and conv weights (C, C, k...) in their first two axes), of
+  every layer at once and of one key.
 
 Each is screened on the first input set and ranked by the error left; the best are confirmed on
 every set. The search is bounded by a count and a time (both reported). Messages are those of the
@@ -35,7 +36,8 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from .audit_weights import _index_of, _label, _layer_name, describe_order, projection_part
+from .audit_weights import (_index_of, _label, _layer_name, describe_order, is_square, projection_part,
+                            transpose_words, transposed)
 
 __all__ = ["Hypothesis", "hypotheses", "SearchResult", "search", "shift_signatures"]
 
@@ -386,8 +388,8 @@ def _projection_hypotheses(tensors: Mapping[str, np.ndarray], exchanges: bool) -
 
 
 def _transpose_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
-    squares = [k for k, t in sorted(tensors.items()) if t.ndim == 2 and t.shape[0] == t.shape[1] > 1
-               and not np.array_equal(t, t.T)]
+    """Square matrices and square conv weights (C, C, k...) transposed in their first two axes."""
+    squares = [k for k, t in sorted(tensors.items()) if is_square(t.shape) and not np.array_equal(t, transposed(t))]
     by_suffix: dict[str, list[str]] = {}
     for prefix, layers in _layer_index(squares).items():
         for i, suffixes in layers.items():
@@ -395,13 +397,14 @@ def _transpose_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothe
                 by_suffix.setdefault(_layer_name(prefix, "*") + "." + suffix, []).append(key)
 
     def undo_of(keys: list[str]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-        return lambda t: {k: np.ascontiguousarray(t[k].T) for k in keys}
+        return lambda t: {k: transposed(t[k]) for k in keys}
     for pattern, keys in sorted(by_suffix.items()):
         if len(keys) > 1:
-            yield Hypothesis("transpose", f"transpose every {pattern} ({len(keys)} tensors)", tuple(keys),
+            axes = "" if tensors[keys[0]].ndim == 2 else " in their first two axes (out and in channels)"
+            yield Hypothesis("transpose", f"transpose every {pattern}{axes} ({len(keys)} tensors)", tuple(keys),
                              undo_of(keys))
     for k in squares:
-        yield Hypothesis("transpose", f"transpose {k}", (k,), undo_of([k]))
+        yield Hypothesis("transpose", transpose_words(k, tensors[k].ndim), (k,), undo_of([k]))
 
 
 def hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = frozenset()) -> Iterator[Hypothesis]:

@@ -29,7 +29,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -250,9 +250,24 @@ def _worst_case(labelled: list[tuple[str, Case]], ours: list[list[np.ndarray]] |
     return text
 
 
+CONFIRM = 10  # single exchanges screened on the first input set and confirmed on every set, short of agreement
+
+
 def _candidates(groups: list[AmbiguityGroup], squares: list[tuple[str, int]]) -> list[Exchange]:
+    """Every exchange within a group and every transpose, nearest keys first: a converter mixes up the
+    tensors of one module (a batch norm's mean and variance) far more often than those of two
+    layers, and the search stops at the first exchange that restores agreement."""
     out = [Exchange(a, b) for g in groups for i, a in enumerate(g.keys) for b in g.keys[i + 1:]]
-    return out + [Exchange(k, ndim=ndim) for k, ndim in squares]
+    out += [Exchange(k, ndim=ndim) for k, ndim in squares]
+    return sorted(out, key=_distance)  # stable: the groups' order among equally near pairs
+
+
+def _distance(ex: Exchange) -> int:
+    """How many dotted components of the two keys' modules differ (0: one module, or a transpose)."""
+    a = ex.first.split(".")[:-1]
+    b = a if ex.second is None else ex.second.split(".")[:-1]
+    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return max(len(a), len(b)) - common
 
 
 def _fmt(x: float) -> str:
@@ -421,17 +436,23 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
         For observability alone an exchange that changes the first input set's outputs is not
         evaluated further."""
         first_errors: dict[Exchange, float] = {}
+        screened: dict[Exchange, float] = {}  # the first input set's error, when there are more sets
         for ex in candidates:
             if time.perf_counter() > deadline[0]:
+                tried = len(first_errors) + len(screened)
                 report.add(Finding("search_bounded", f"the time limit ({time_limit} s) stopped the single exchanges "
-                                                     f"after {len(first_errors)} of {len(candidates)}",
-                                   severity="warning", data={"tried": len(first_errors), "of": len(candidates)}))
+                                                     f"after {tried} of {len(candidates)}",
+                                   severity="warning", data={"tried": tried, "of": len(candidates)}))
                 break
             if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
                 continue
-            if observability_only and base_outputs is not None and len(cases) > 1:
+            if base_outputs is not None and len(cases) > 1:
                 first = screen.outputs(screen.payload(ex.apply(tensors), ex.keys))
-                if _max_error(first, base_outputs[:1]) > limit:
+                if observability_only and _max_error(first, base_outputs[:1]) > limit:
+                    continue
+                if not observability_only and _max_error(first, ref[:1]) > limit \
+                        and _max_error(first, base_outputs[:1]) > limit:
+                    screened[ex] = _max_error(first, ref[:1])  # neither agreement nor unobservable: ranked later
                     continue
             outs = evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys))
             first_errors[ex] = _max_error(outs, ref)
@@ -439,6 +460,12 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                 report.add(Finding("indistinguishable", f"{ex.describe()} changes no output on the {len(cases)} "
                                                         f"input(s) used: these inputs cannot tell them apart",
                                    keys=ex.keys, severity="warning"))
+            if not observability_only and first_errors[ex] <= limit:
+                return {ex: first_errors[ex]}  # agreement: the nearest exchange restoring it is the explanation
+        for ex in sorted(screened, key=screened.__getitem__)[:CONFIRM]:  # the best screened, on every set
+            if time.perf_counter() > deadline[0]:
+                break
+            first_errors[ex] = _max_error(evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys)), ref)
         return first_errors
 
     if before <= limit:
@@ -477,8 +504,10 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                              f"hypotheses tried in {structured.time_s:.1f} s", severity="warning",
                            data=report.search))
     if structured.steps and structured.error <= limit:
-        report.error_after = structured.error
-        for h, err_in, err_out in structured.steps:
+        steps = _minimal(structured.steps, lambda t, h: {**t, **h.undo(t)}, lambda h: h.keys, evaluator, tensors,
+                         ref, before, limit)
+        report.error_after = steps[-1][2]
+        for h, err_in, err_out in steps:
             report.add(Finding(h.kind, f"{h.message}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=h.keys,
                                data={**h.data, "error_before": err_in, "error_after": err_out}))
         return report
@@ -499,10 +528,11 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                data={k: v for k, v in h.data.items() if k not in ("group", "refines", "claim")}
                                | {"error_before": err_in, "error_after": err_out}))
         return report
+    partial = None
     if structured.steps:  # most of the error explained, not all: the best explanation with what it leaves
         h_first = structured.steps[0][0]
         text = "; then ".join(h.message for h, _, _ in structured.steps)
-        report.add(Finding("partial", f"{text}: max error {_fmt(before)} -> {_fmt(structured.error)} (most of the "
+        partial = (Finding("partial", f"{text}: max error {_fmt(before)} -> {_fmt(structured.error)} (most of the "
                                       f"error, not all: the rest is not explained by it)",
                            keys=tuple(k for h, _, _ in structured.steps for k in h.keys),
                            data={**h_first.data, "error_before": before, "error_after": structured.error,
@@ -518,11 +548,15 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                     ref, before, limit, max_steps, deadline[0])
     report.error_after = error
     if error <= limit:
+        # agreement without the structured steps: a partial explanation is no part of it (not printed)
+        steps = _minimal(steps, lambda t, ex: ex.apply(t), lambda ex: ex.keys, evaluator, tensors, ref, before, limit)
         for ex, err_in, err_out in steps:
             report.add(Finding("swap" if ex.second else "transpose",
                                f"{ex.describe()}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=ex.keys,
                                data={"error_before": err_in, "error_after": err_out}))
     else:
+        if partial is not None:
+            report.add(partial)
         # a suggestion that does not remove most of the error would mislead: it is not named
         best = min(first_errors.items(), key=lambda kv: kv[1], default=None)
         hint = f" (the best single exchange, {best[0].describe()}, leaves {_fmt(best[1])})" \
@@ -533,6 +567,37 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                          f"alone cannot place, or a role map or import error)",
                            data={"candidates": len(candidates), "hypotheses": structured.tried}))
     return report
+
+
+Step = tuple[Any, float, float]  # (hypothesis or exchange, error before, error after)
+
+
+def _minimal(steps: list[Step], apply: Callable[[dict[str, np.ndarray], Any], dict[str, np.ndarray]],
+             keys_of: Callable[[Any], Sequence[str]], evaluator: _Evaluator, tensors: dict[str, np.ndarray],
+             ref: list[list[np.ndarray]], before: float, limit: float) -> list[Step]:
+    """A minimal explanation: each step whose undoing keeps agreement without it is dropped (a greedy
+    search can take a step that only helped on the way, e.g. an exchange in every layer that lowered
+    the error before the one real exchange was found), and the errors of the steps kept re-measured."""
+    kept = list(steps)
+    for step in list(steps):
+        if len(kept) > 1 and _chain(evaluator, tensors, ref, before, [s for s in kept if s is not step], apply,
+                                    keys_of)[-1][2] <= limit:
+            kept = [s for s in kept if s is not step]
+    return kept if len(kept) == len(steps) else _chain(evaluator, tensors, ref, before, kept, apply, keys_of)
+
+
+def _chain(evaluator: _Evaluator, tensors: dict[str, np.ndarray], ref: list[list[np.ndarray]], before: float,
+           steps: list[Step], apply: Callable[[dict[str, np.ndarray], Any], dict[str, np.ndarray]],
+           keys_of: Callable[[Any], Sequence[str]]) -> list[Step]:
+    """The steps applied one after another from the checkpoint as given, with their measured errors."""
+    out, current, changed, error = [], dict(tensors), set(), before
+    for step in steps:
+        current = apply(current, step[0])
+        changed |= set(keys_of(step[0]))
+        after = _max_error(evaluator.outputs(evaluator.payload(current, sorted(changed))), ref)
+        out.append((step[0], error, after))
+        error = after
+    return out
 
 
 def _name_shift_signature(report: AuditReport, evaluator: _Evaluator, tensors: dict[str, np.ndarray],

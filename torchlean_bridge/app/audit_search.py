@@ -11,6 +11,9 @@ the audit tries these hypotheses, each a way to restore the checkpoint:
   skipped residual block) or by what it holds; such a shift cannot restore agreement, so the audit
   reports the error it leaves, and a rotation short of agreement is preferred to it only if it
   halves that error;
+- runs of layers rotated: a contiguous run of 3 or more layers (fewer than all) rotated by one either
+  way (``blocks cycled: layer1.1 <- layer1.2 <- layer1.3 <- layer1.1``), shortest runs first, at most
+  ``MAX_RUN_ROTATIONS`` per stack of layers;
 - one exchange repeated in every layer (gate/up, K/V of the same shape, two norms);
 - fused projections (keys named like ``c_attn``, ``qkv``, ``in_proj``, ``query_key_value``): the five
   other orders of the Q/K/V thirds, per-head interleavings, two heads exchanged in one third;
@@ -36,7 +39,7 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from .audit_weights import (_index_of, _label, _layer_name, describe_order, is_square, projection_part,
+from .audit_weights import (_cycles, _index_of, _label, _layer_name, describe_order, is_square, projection_part,
                             transpose_words, transposed)
 
 __all__ = ["Hypothesis", "hypotheses", "SearchResult", "search", "shift_signatures"]
@@ -44,6 +47,7 @@ __all__ = ["Hypothesis", "hypotheses", "SearchResult", "search", "shift_signatur
 _FUSED_QKV = re.compile(r"(c_attn|qkv|in_proj|query_key_value)", re.IGNORECASE)
 _FUSED_GATE_UP = re.compile(r"(gate_up|w13|w1_w3)", re.IGNORECASE)
 MAX_HEADS = 64
+MAX_RUN_ROTATIONS = 64  # rotated runs of layers tried per run of layers (a 12-layer stack has 108)
 MIN_HEAD_WIDTH = 4  # narrower heads are not searched: each width multiplies the hypotheses (and chance fits)
 
 
@@ -137,6 +141,34 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str]
                                        {"prefix": label, "shift": d,
                                         "refines": (label, 1) if d == 1 else (label, -1) if d == n - 1 else None})
         yield from _absent_layer_shifts(prefix, layers, tensors, missing)
+        if not duplicated:
+            yield from _run_rotations(prefix, layers, tensors, missing)
+
+
+def _run_rotations(prefix: tuple[str, ...], layers: dict[int, dict[str, str]], tensors: Mapping[str, np.ndarray],
+                   missing: frozenset[str]) -> Iterator[Hypothesis]:
+    """A contiguous run of 3 or more layers (not all: that is a rotation of every layer) rotated by one
+    either way, e.g. layer1.1 <- layer1.2 <- layer1.3 <- layer1.1 (a loop over a subset of one stage's
+    blocks off by one). Shortest runs first, at most ``MAX_RUN_ROTATIONS`` per run of layers: their
+    number grows with the square of the layer count."""
+    idx = sorted(layers)
+    label, made = _label(prefix), 0
+    for length in range(3, len(idx)):
+        for start in range(len(idx) - length + 1):
+            run = idx[start:start + length]
+            for step in (1, -1):
+                if made >= MAX_RUN_ROTATIONS:
+                    return
+                held = {run[k]: run[(k + step) % length] for k in range(length)}  # checkpoint layer -> reference's
+                moves = _moves(layers, tensors, {src: dst for dst, src in held.items()})
+                if not moves or _distinct(moves, tensors) < 4 or _touches(moves, missing):
+                    continue
+                (cycle,), _ = _cycles(held)
+                path = " <- ".join(_layer_name(prefix, i) for i in cycle + [cycle[0]])
+                made += 1
+                yield _move_hypothesis("block_cycle", f"blocks cycled: {path} ({_distinct(moves, tensors)} tensors; "
+                                       f"each holds the next one's tensors)", moves,
+                                       {"prefix": label, "map": {str(d): s for d, s in sorted(held.items())}})
 
 
 def _layer_is(layers: dict[int, dict[str, str]], a: int, b: int, tensors: Mapping[str, np.ndarray]) -> bool:

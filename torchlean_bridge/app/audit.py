@@ -29,12 +29,12 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint
-from .audit_search import SearchResult, search
+from .audit_search import Hypothesis, SearchResult, search
 from .audit_weights import WeightReport, compare_weights, is_square, transpose_words, transposed
 from ..bundle import Bundle
 from ..check import check
@@ -188,6 +188,7 @@ class _Evaluator:
         self.bundle = bundle
         self.slots = slots
         self.cases = cases
+        self._cache: list[list[Any]] | bool | None = None  # node values of the bundle's payload (False: none)
 
     def payload(self, tensors: dict[str, np.ndarray], changed: Sequence[str]) -> Payload:
         base = self.bundle.payload  # shared arrays, new records: nothing here writes into an array
@@ -197,13 +198,41 @@ class _Evaluator:
                 payload.set(slot.node, slot.role, apply_transform(slot.transform, tensors[key]))
         return payload
 
-    def outputs(self, payload: Payload) -> list[list[np.ndarray]] | None:
+    def outputs(self, payload: Payload, start: int = 0) -> list[list[np.ndarray]] | None:
+        """The outputs on every case; nodes before ``start`` read no changed record, so they keep the
+        bundle's own values (computed once, when they fit in ``CACHE_BYTES``)."""
+        g = self.bundle.graph
+        tables = self._tables() if start > 0 else None
         try:
-            return [[np.asarray(v, np.float64) for v in self._evaluate(self.bundle.graph, payload, case, "float64",
-                                                                       check=False)]
-                    for case in self.cases]
+            if tables is None:
+                return [[np.asarray(v, np.float64) for v in self._evaluate(g, payload, case, "float64", check=False)]
+                        for case in self.cases]
+            return [[np.asarray(v, np.float64) for v in self._evaluate(g, payload, case, "float64", check=False,
+                                                                       resume=(start, table))]
+                    for case, table in zip(self.cases, tables)]
         except BridgeError:
             return None  # e.g. an exchange that makes a log argument negative: not a candidate
+
+    def trial(self, tensors: dict[str, np.ndarray], changed: Sequence[str]) -> list[list[np.ndarray]] | None:
+        """The outputs with ``changed`` keys bound to ``tensors``: evaluation starts at the first node
+        reading one of them (a hypothesis about the last layers re-runs only those)."""
+        nodes = [slot.node for key in changed for slot in self.slots.for_key(key)]
+        return self.outputs(self.payload(tensors, changed), min(nodes, default=0))
+
+    def _tables(self) -> list[list[Any]] | None:
+        """Every node's value on every case for the bundle's own payload, or None when they would
+        take more than ``CACHE_BYTES`` (or the bundle does not evaluate)."""
+        if self._cache is None:
+            self._cache = False
+            try:
+                tables = [self._evaluate(self.bundle.graph, self.bundle.payload, case, "float64", check=False,
+                                         all_nodes=True) for case in self.cases]
+            except BridgeError:
+                return None
+            size = sum(getattr(v, "nbytes", 0) for t in tables for v in t)
+            if size <= CACHE_BYTES:
+                self._cache = tables
+        return self._cache or None
 
 
 def _max_error(ours: list[list[np.ndarray]] | None, ref: list[list[np.ndarray]]) -> float:
@@ -250,6 +279,7 @@ def _worst_case(labelled: list[tuple[str, Case]], ours: list[list[np.ndarray]] |
     return text
 
 
+CACHE_BYTES = 256 << 20  # node values kept per evaluator so a trial re-runs only the nodes after its change
 CONFIRM = 10  # single exchanges screened on the first input set and confirmed on every set, short of agreement
 
 
@@ -329,7 +359,7 @@ def _undo_steps(report: AuditReport, weights: WeightReport, evaluator: "_Evaluat
         for k in bound_keys:
             current[k] = np.asarray(trusted[k])
         changed |= set(bound_keys)
-        after = _max_error(evaluator.outputs(evaluator.payload(current, sorted(changed))), ref) if bound_keys else error
+        after = _max_error(evaluator.trial(current, sorted(changed)), ref) if bound_keys else error
         report.add(Finding(f.kind, f"{f.message}: {_effect(error, after, limit, len(evaluator.cases))}", keys=f.keys,
                            data={**(f.data or {}), "error_before": error, "error_after": after}))
         error = after
@@ -431,13 +461,16 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
 
     deadline = [math.inf]  # set when the search starts: the single exchanges share the time limit
 
-    def first_errors_of(observability_only: bool = False) -> dict[Exchange, float]:
+    def first_errors_of(observability_only: bool = False, near: frozenset[str] = frozenset()
+                        ) -> dict[Exchange, float]:
         """One evaluation per exchange from the checkpoint as given: observability and the first step.
         For observability alone an exchange that changes the first input set's outputs is not
-        evaluated further."""
+        evaluated further. Otherwise exchanges are screened on the first input set, exchanges within
+        the modules ``near`` first (those a partial explanation moved: the error lies there), and the
+        first that restores agreement on every set ends the search."""
         first_errors: dict[Exchange, float] = {}
         screened: dict[Exchange, float] = {}  # the first input set's error, when there are more sets
-        for ex in candidates:
+        for ex in sorted(candidates, key=lambda ex: not {k.rpartition(".")[0] for k in ex.keys} <= near):
             if time.perf_counter() > deadline[0]:
                 tried = len(first_errors) + len(screened)
                 report.add(Finding("search_bounded", f"the time limit ({time_limit} s) stopped the single exchanges "
@@ -447,14 +480,14 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
             if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
                 continue
             if base_outputs is not None and len(cases) > 1:
-                first = screen.outputs(screen.payload(ex.apply(tensors), ex.keys))
+                first = screen.trial(ex.apply(tensors), ex.keys)
                 if observability_only and _max_error(first, base_outputs[:1]) > limit:
                     continue
                 if not observability_only and _max_error(first, ref[:1]) > limit \
                         and _max_error(first, base_outputs[:1]) > limit:
                     screened[ex] = _max_error(first, ref[:1])  # neither agreement nor unobservable: ranked later
                     continue
-            outs = evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys))
+            outs = evaluator.trial(ex.apply(tensors), ex.keys)
             first_errors[ex] = _max_error(outs, ref)
             if base_outputs is not None and _max_error(outs, base_outputs) <= limit:
                 report.add(Finding("indistinguishable", f"{ex.describe()} changes no output on the {len(cases)} "
@@ -465,7 +498,7 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
         for ex in sorted(screened, key=screened.__getitem__)[:CONFIRM]:  # the best screened, on every set
             if time.perf_counter() > deadline[0]:
                 break
-            first_errors[ex] = _max_error(evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys)), ref)
+            first_errors[ex] = _max_error(evaluator.trial(ex.apply(tensors), ex.keys), ref)
         return first_errors
 
     if before <= limit:
@@ -497,7 +530,7 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     deadline[0] = time.perf_counter() + time_limit
     structured = _structured_search(evaluator, screen, tensors, ref, before, limit, max_steps=max_steps,
                                     max_hypotheses=max_hypotheses, time_limit=time_limit,
-                                    missing=frozenset(stand_ins))
+                                    missing=frozenset(stand_ins), refine=_refinements(candidates))
     report.search = {k: v for k, v in structured.to_dict().items() if k != "steps"}
     if structured.bounded:
         report.add(Finding("search_bounded", f"the structured search stopped at its bound: {structured.tried} "
@@ -518,7 +551,7 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
             rest = ""
             if h.data.get("absent"):
                 vacated = h.data["vacated"]
-                alone = _max_error(evaluator.outputs(evaluator.payload(*_zeroed(tensors, vacated))), ref)
+                alone = _max_error(evaluator.trial(*_zeroed(tensors, vacated)), ref)
                 same = (f"; the outputs alone cannot tell it from a wrong {vacated}: zeroing {vacated} instead leaves "
                         f"{_fmt(alone)}" if abs(alone - err_out) <= limit else
                         f"; zeroing {vacated} instead leaves {_fmt(alone)}")
@@ -540,7 +573,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     if not structured.steps and _name_shift_signature(report, evaluator, tensors, ref, before, stand_ins):
         report.error_after = before
         return report
-    first_errors = first_errors_of()
+    first_errors = first_errors_of(near=frozenset(k.rpartition(".")[0] for h, _, _ in structured.steps
+                                                  for k in h.keys))
     suspects = _suspects(reference, tensors, ckpt)
     searched = [ex for ex in candidates if set(ex.keys) <= suspects]
     steps, error = _search(evaluator, tensors, searched, {ex: first_errors[ex] for ex in searched
@@ -569,6 +603,18 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     return report
 
 
+def _refinements(candidates: list[Exchange]) -> Callable[[Hypothesis], Iterator[Hypothesis]]:
+    """The single exchanges within the modules a structured hypothesis touches, nearest first, as
+    hypotheses: what the structured search checks before taking a step short of agreement."""
+    def refine(h: Hypothesis) -> Iterator[Hypothesis]:
+        modules = {k.rpartition(".")[0] for k in h.keys}
+        for ex in candidates:
+            if {k.rpartition(".")[0] for k in ex.keys} <= modules:
+                yield Hypothesis("swap" if ex.second else "transpose", ex.describe(), ex.keys,
+                                 lambda t, ex=ex: {k: v for k, v in ex.apply(t).items() if k in ex.keys})
+    return refine
+
+
 Step = tuple[Any, float, float]  # (hypothesis or exchange, error before, error after)
 
 
@@ -594,7 +640,7 @@ def _chain(evaluator: _Evaluator, tensors: dict[str, np.ndarray], ref: list[list
     for step in steps:
         current = apply(current, step[0])
         changed |= set(keys_of(step[0]))
-        after = _max_error(evaluator.outputs(evaluator.payload(current, sorted(changed))), ref)
+        after = _max_error(evaluator.trial(current, sorted(changed)), ref)
         out.append((step[0], error, after))
         error = after
     return out
@@ -611,7 +657,7 @@ def _name_shift_signature(report: AuditReport, evaluator: _Evaluator, tensors: d
     for h in shift_signatures(tensors, frozenset(stand_ins)):
         trial = dict(tensors)
         trial.update(h.undo(tensors))
-        after = _max_error(evaluator.outputs(evaluator.payload(trial, sorted(h.keys))), ref)
+        after = _max_error(evaluator.trial(trial, sorted(h.keys)), ref)
         if not after <= before:
             continue
         d, vacated, neighbour, absent = h.data["shift"], h.data["vacated"], h.data["neighbour"], h.data["absent"]
@@ -674,11 +720,11 @@ def _structured_search(evaluator: _Evaluator, screen: _Evaluator, tensors: dict[
     of agreement, on the others alone)."""
     def error_of(trial: dict[str, np.ndarray], changed: list[str], screening: bool) -> float:
         use, against = (screen, ref[:1]) if screening else (evaluator, ref)
-        return _max_error(use.outputs(use.payload(trial, changed)), against)
+        return _max_error(use.trial(trial, changed), against)
     rest = _Evaluator(evaluator.bundle, evaluator.slots, evaluator.cases[1:]) if len(evaluator.cases) > 1 else None
 
     def held_out(trial: dict[str, np.ndarray], changed: list[str]) -> float:
-        return _max_error(rest.outputs(rest.payload(trial, changed)), ref[1:])
+        return _max_error(rest.trial(trial, changed), ref[1:])
     return search(tensors, error_of, before, limit, held_out=held_out if rest else None, **bounds)
 
 
@@ -725,5 +771,5 @@ def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: l
             if ex == best:
                 continue
             trial = ex.apply(current)
-            errors[ex] = _max_error(evaluator.outputs(evaluator.payload(trial, sorted(changed | set(ex.keys)))), ref)
+            errors[ex] = _max_error(evaluator.trial(trial, sorted(changed | set(ex.keys))), ref)
     return steps, error

@@ -35,7 +35,7 @@ import itertools
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -503,11 +503,15 @@ def _prefer_weaker(best: Trial | None, screened: list[tuple[float, int, Hypothes
 def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndarray], list[str], bool], float],
            error: float, limit: float, *, max_steps: int = 3, max_hypotheses: int = 2000,
            time_limit: float = 60.0, confirm: int = 5, missing: frozenset[str] = frozenset(),
-           held_out: Callable[[dict[str, np.ndarray], list[str]], float] | None = None) -> SearchResult:
+           held_out: Callable[[dict[str, np.ndarray], list[str]], float] | None = None,
+           refine: Callable[[Hypothesis], Iterable[Hypothesis]] | None = None) -> SearchResult:
     """Greedy over structured hypotheses: screen each (``error_of(tensors, changed, screen=True)``,
     the first input set), confirm the ``confirm`` best on every set, take the best if it removes more
     than half of the error left (short of agreement: on the ``held_out`` sets too, those not screened
-    on); stop at agreement, when nothing does, or when the budget is spent."""
+    on); stop at agreement, when nothing does, or when the budget is spent. A best step short of
+    agreement is first checked against ``refine(step)``, smaller hypotheses within the modules it
+    touches (single exchanges): one restoring agreement is the explanation instead (an exchange in
+    every layer can remove most of the error one exchange in one layer causes)."""
     start = time.perf_counter()
     tried, bounded = 0, False
     steps: list[tuple[Hypothesis, float, float]] = []
@@ -537,6 +541,17 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
             best = _prefer_weaker(best, screened, confirmed, current, changed, error_of, limit)
         if best is None or not best[0] < error / 2:
             break
+        if best[0] > limit and refine is not None:
+            for h in refine(best[1]):
+                if tried >= max_hypotheses or time.perf_counter() - start > time_limit:
+                    bounded = True
+                    break
+                tried += 1
+                trial = _applied(current, h)
+                keys = sorted(changed | set(h.keys))
+                if error_of(trial, keys, True) <= limit and (e := error_of(trial, keys, False)) <= limit:
+                    best = (e, h, trial)
+                    break
         if best[0] > limit and held_out is not None:
             # short of agreement the pick was screened on the first input set: it must also halve the
             # error on the sets it was not chosen on, or it only fits noise (e.g. a perturbed tensor)

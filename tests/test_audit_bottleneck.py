@@ -17,6 +17,7 @@ define_missing_ops()  # torchvision's compiled ops do not load with the CPU torc
 import torchlean_bridge as tlb  # noqa: E402
 from torchlean_bridge.app.audit import audit  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torchvision and one torch.export import (~2-4 s); each case then 1-3.5 s
 TIME_LIMIT = 3.0  # the search's bound in these tests (the audit's default is 60 s)
 
 
@@ -89,3 +90,14 @@ def test_a_square_3x3_conv_weight_transposed_in_its_channels_is_named(setup):
     assert ref[key].shape == (16, 16, 3, 3)
     golden_named(setup, dict(ref, **{key: np.swapaxes(ref[key], 0, 1).copy()}), "transpose",
                  f"transpose {key} in its first two axes (out and in channels)")
+
+
+def test_a_perturbed_batch_norm_is_unresolved_with_no_invented_explanation(setup):
+    """Values changed, nothing moved: no exchange, no partial explanation; the time limit bounds it."""
+    model, bundle, ref, xs, golden = setup
+    key = "layer1.2.bn2.running_mean"
+    sd = dict(ref, **{key: ref[key] + np.random.default_rng(4).standard_normal(16) * 0.5})
+    report = audit(bundle, sd, reference=golden, inputs=[[x] for x in xs], time_limit=TIME_LIMIT)
+    assert report.swaps == [] and not report.of_kind("partial") and not report.ok
+    (unresolved,) = report.of_kind("unresolved")
+    assert "(the best single exchange" not in unresolved.message

@@ -603,15 +603,16 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     return report
 
 
-def _refinements(candidates: list[Exchange]) -> Callable[[Hypothesis], Iterator[Hypothesis]]:
-    """The single exchanges within the modules a structured hypothesis touches, nearest first, as
-    hypotheses: what the structured search checks before taking a step short of agreement."""
-    def refine(h: Hypothesis) -> Iterator[Hypothesis]:
-        modules = {k.rpartition(".")[0] for k in h.keys}
-        for ex in candidates:
-            if {k.rpartition(".")[0] for k in ex.keys} <= modules:
-                yield Hypothesis("swap" if ex.second else "transpose", ex.describe(), ex.keys,
-                                 lambda t, ex=ex: {k: v for k, v in ex.apply(t).items() if k in ex.keys})
+def _refinements(candidates: list[Exchange]) -> Callable[[list[str]], Iterator[Hypothesis]]:
+    """The single exchanges within the given modules (those a structured hypothesis touches, in the
+    order given), nearest first, as hypotheses: what the structured search checks before taking a
+    step short of agreement."""
+    def refine(modules: list[str]) -> Iterator[Hypothesis]:
+        rank = {m: i for i, m in enumerate(modules)}
+        within = [ex for ex in candidates if all(k.rpartition(".")[0] in rank for k in ex.keys)]
+        for ex in sorted(within, key=lambda ex: max(rank[k.rpartition(".")[0]] for k in ex.keys)):
+            yield Hypothesis("swap" if ex.second else "transpose", ex.describe(), ex.keys,
+                             lambda t, ex=ex: {k: v for k, v in ex.apply(t).items() if k in ex.keys})
     return refine
 
 

@@ -500,18 +500,38 @@ def _prefer_weaker(best: Trial | None, screened: list[tuple[float, int, Hypothes
     return best if base is None or best[0] < base[0] / 2 else base
 
 
+def _module(key: str) -> str:
+    return key.rpartition(".")[0]
+
+
+def _modules_by_share(h: Hypothesis, current: Mapping[str, np.ndarray], changed: set[str],
+                      error_of: Callable[[dict[str, np.ndarray], list[str], bool], float]) -> list[str]:
+    """The modules ``h`` touches, those whose part of it alone lowers the first input set's error most
+    first (one screening each): where a step that spans many layers finds the error."""
+    undone = h.undo(current)
+    modules = sorted({_module(k) for k in undone})
+    if len(modules) < 2:
+        return modules
+    share = {}
+    for m in modules:
+        part = {k: v for k, v in undone.items() if _module(k) == m}
+        share[m] = error_of({**current, **part}, sorted(changed | set(part)), True)
+    return sorted(modules, key=lambda m: (share[m], m))
+
+
 def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndarray], list[str], bool], float],
            error: float, limit: float, *, max_steps: int = 3, max_hypotheses: int = 2000,
            time_limit: float = 60.0, confirm: int = 5, missing: frozenset[str] = frozenset(),
            held_out: Callable[[dict[str, np.ndarray], list[str]], float] | None = None,
-           refine: Callable[[Hypothesis], Iterable[Hypothesis]] | None = None) -> SearchResult:
+           refine: Callable[[list[str]], Iterable[Hypothesis]] | None = None) -> SearchResult:
     """Greedy over structured hypotheses: screen each (``error_of(tensors, changed, screen=True)``,
     the first input set), confirm the ``confirm`` best on every set, take the best if it removes more
     than half of the error left (short of agreement: on the ``held_out`` sets too, those not screened
     on); stop at agreement, when nothing does, or when the budget is spent. A best step short of
-    agreement is first checked against ``refine(step)``, smaller hypotheses within the modules it
-    touches (single exchanges): one restoring agreement is the explanation instead (an exchange in
-    every layer can remove most of the error one exchange in one layer causes)."""
+    agreement is first checked against ``refine(modules)``, smaller hypotheses within the modules it
+    touches (single exchanges), the modules whose part of the step lowers the error most first: one
+    restoring agreement is the explanation instead (an exchange in every layer can remove most of
+    the error one exchange in one layer causes)."""
     start = time.perf_counter()
     tried, bounded = 0, False
     steps: list[tuple[Hypothesis, float, float]] = []
@@ -542,7 +562,9 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
         if best is None or not best[0] < error / 2:
             break
         if best[0] > limit and refine is not None:
-            for h in refine(best[1]):
+            modules = _modules_by_share(best[1], current, changed, error_of)
+            tried += len(modules) if len(modules) > 1 else 0  # one screening per module (counted in the bound)
+            for h in refine(modules):
                 if tried >= max_hypotheses or time.perf_counter() - start > time_limit:
                     bounded = True
                     break

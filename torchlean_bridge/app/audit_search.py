@@ -25,7 +25,10 @@ the audit tries these hypotheses, each a way to restore the checkpoint:
   every layer at once and of one key.
 
 Each is screened on the first input set and ranked by the error left; the best are confirmed on
-every set. The search is bounded by a count and a time (both reported). Messages are those of the
+every set. A best step short of agreement is first checked against the single exchanges within the
+modules it touches (the module whose part of the step lowers the error most first): an exchange in
+every layer of a stage can remove most of the error one exchange in one layer causes, and the one
+exchange is the explanation. The search is bounded by a count and a time (both reported). Messages are those of the
 weight audit (``audit_weights``), so both audits name a bug the same way.
 """
 

@@ -584,7 +584,8 @@ def test_the_search_stops_evaluating_once_outputs_agree(monkeypatch):
     from torchlean_bridge.app import audit as audit_module
     calls = []
     original = audit_module._Evaluator.outputs
-    monkeypatch.setattr(audit_module._Evaluator, "outputs", lambda self, p, *a: calls.append(1) or original(self, p, *a))
+    monkeypatch.setattr(audit_module._Evaluator, "outputs",
+                        lambda self, p, *a: calls.append(1) or original(self, p, *a))
     sd = swapped({k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, "0.bias", "2.bias")
     report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3))
     assert [f.keys for f in report.swaps] == [("0.bias", "2.bias")]
@@ -709,7 +710,8 @@ def test_the_zero_tolerance_search_stops_at_exact_agreement(monkeypatch):
     from torchlean_bridge.app import audit as audit_module
     calls = []
     original = audit_module._Evaluator.outputs
-    monkeypatch.setattr(audit_module._Evaluator, "outputs", lambda self, p, *a: calls.append(1) or original(self, p, *a))
+    monkeypatch.setattr(audit_module._Evaluator, "outputs",
+                        lambda self, p, *a: calls.append(1) or original(self, p, *a))
     sd = swapped({k: torch.tensor(v) for k, v in BIAS_PAIR.items()}, "0.bias", "2.bias")
     report = audit(bias_pair_bundle(), sd, reference=[np.array([1.0, 0.0, 0.0])], inputs=np.zeros(3), tolerance=0.0)
     assert report.error_after == 0.0 and len(calls) == 2
@@ -721,7 +723,8 @@ def test_an_exchange_that_does_not_lower_the_error_ends_the_search(monkeypatch):
     from torchlean_bridge.app import audit as audit_module
     calls = []
     original = audit_module._Evaluator.outputs
-    monkeypatch.setattr(audit_module._Evaluator, "outputs", lambda self, p, *a: calls.append(1) or original(self, p, *a))
+    monkeypatch.setattr(audit_module._Evaluator, "outputs",
+                        lambda self, p, *a: calls.append(1) or original(self, p, *a))
     sd = dict(BIAS_PAIR, **{"0.bias": np.array([1.0, 2.0, 3.0]), "2.bias": np.array([4.0, 5.0, 6.0])})
     x = np.full(3, 10.0)
     report = audit(bias_pair_bundle(), sd, reference=[x + sd["0.bias"] + sd["2.bias"] + 1.0], inputs=[x])

@@ -470,7 +470,9 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
         first that restores agreement on every set ends the search."""
         first_errors: dict[Exchange, float] = {}
         screened: dict[Exchange, float] = {}  # the first input set's error, when there are more sets
-        for ex in sorted(candidates, key=lambda ex: not {k.rpartition(".")[0] for k in ex.keys} <= near):
+        def order(ex: Exchange) -> tuple[int, bool]:
+            return _distance(ex), not {k.rpartition(".")[0] for k in ex.keys} <= near
+        for ex in sorted(candidates, key=order):
             if time.perf_counter() > deadline[0]:
                 tried = len(first_errors) + len(screened)
                 report.add(Finding("search_bounded", f"the time limit ({time_limit} s) stopped the single exchanges "
@@ -603,14 +605,18 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     return report
 
 
-def _refinements(candidates: list[Exchange]) -> Callable[[list[str]], Iterator[Hypothesis]]:
+def _refinements(candidates: list[Exchange]) -> Callable[[list[str], bool], Iterator[Hypothesis]]:
     """The single exchanges within the given modules (those a structured hypothesis touches, in the
-    order given), nearest first, as hypotheses: what the structured search checks before taking a
-    step short of agreement."""
-    def refine(modules: list[str]) -> Iterator[Hypothesis]:
+    order given), with (``rest``) every other one, nearest keys first (one module's two tensors before
+    two modules'; the given modules first among equally near), as hypotheses: what the structured
+    search checks before taking a step short of agreement."""
+    def refine(modules: list[str], rest: bool) -> Iterator[Hypothesis]:
         rank = {m: i for i, m in enumerate(modules)}
-        within = [ex for ex in candidates if all(k.rpartition(".")[0] in rank for k in ex.keys)]
-        for ex in sorted(within, key=lambda ex: max(rank[k.rpartition(".")[0]] for k in ex.keys)):
+
+        def order(ex: Exchange) -> tuple[int, int]:  # nearest keys first; among them, the modules in order
+            return _distance(ex), max(rank.get(k.rpartition(".")[0], len(rank)) for k in ex.keys)
+        tried = [ex for ex in candidates if rest or all(k.rpartition(".")[0] in rank for k in ex.keys)]
+        for ex in sorted(tried, key=order):
             yield Hypothesis("swap" if ex.second else "transpose", ex.describe(), ex.keys,
                              lambda t, ex=ex: {k: v for k, v in ex.apply(t).items() if k in ex.keys})
     return refine

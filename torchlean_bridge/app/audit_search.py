@@ -26,10 +26,11 @@ the audit tries these hypotheses, each a way to restore the checkpoint:
 
 Each is screened on the first input set and ranked by the error left; the best are confirmed on
 every set. A best step short of agreement is first checked against the single exchanges within the
-modules it touches (the module whose part of the step lowers the error most first): an exchange in
-every layer of a stage can remove most of the error one exchange in one layer causes, and the one
-exchange is the explanation. The search is bounded by a count and a time (both reported). Messages are those of the
-weight audit (``audit_weights``), so both audits name a bug the same way.
+modules it touches (the module whose part of the step lowers the error most first), and on the first
+step against every other single exchange after them, nearest keys first: an exchange in every layer of
+a stage can remove most of the error one exchange causes, and the one exchange is the explanation.
+The search is bounded by a count and a time (both reported). Messages are those of the weight audit
+(``audit_weights``), so both audits name a bug the same way.
 """
 
 from __future__ import annotations
@@ -526,15 +527,16 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
            error: float, limit: float, *, max_steps: int = 3, max_hypotheses: int = 2000,
            time_limit: float = 60.0, confirm: int = 5, missing: frozenset[str] = frozenset(),
            held_out: Callable[[dict[str, np.ndarray], list[str]], float] | None = None,
-           refine: Callable[[list[str]], Iterable[Hypothesis]] | None = None) -> SearchResult:
+           refine: Callable[[list[str], bool], Iterable[Hypothesis]] | None = None) -> SearchResult:
     """Greedy over structured hypotheses: screen each (``error_of(tensors, changed, screen=True)``,
     the first input set), confirm the ``confirm`` best on every set, take the best if it removes more
     than half of the error left (short of agreement: on the ``held_out`` sets too, those not screened
     on); stop at agreement, when nothing does, or when the budget is spent. A best step short of
-    agreement is first checked against ``refine(modules)``, smaller hypotheses within the modules it
-    touches (single exchanges), the modules whose part of the step lowers the error most first: one
-    restoring agreement is the explanation instead (an exchange in every layer can remove most of
-    the error one exchange in one layer causes)."""
+    agreement (one the held-out sets confirm) is first checked against ``refine(modules, first)``,
+    smaller hypotheses (single exchanges) within the modules it touches, the modules whose part of the
+    step lowers the error most first, and on the first step (``first``) every other one after them:
+    one restoring agreement is the explanation instead (an exchange in every layer can remove most of
+    the error one exchange in one layer, or in another stage, causes)."""
     start = time.perf_counter()
     tried, bounded = 0, False
     steps: list[tuple[Hypothesis, float, float]] = []
@@ -564,10 +566,16 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
             best = _prefer_weaker(best, screened, confirmed, current, changed, error_of, limit)
         if best is None or not best[0] < error / 2:
             break
+        if best[0] > limit and held_out is not None:
+            # short of agreement the pick was screened on the first input set: it must also halve the
+            # error on the sets it was not chosen on, or it only fits noise (e.g. a perturbed tensor)
+            keys = sorted(changed | set(best[1].keys))
+            if not held_out(best[2], keys) < held_out(current, sorted(changed)) / 2:
+                break
         if best[0] > limit and refine is not None:
             modules = _modules_by_share(best[1], current, changed, error_of)
             tried += len(modules) if len(modules) > 1 else 0  # one screening per module (counted in the bound)
-            for h in refine(modules):
+            for h in refine(modules, not steps):
                 if tried >= max_hypotheses or time.perf_counter() - start > time_limit:
                     bounded = True
                     break
@@ -577,12 +585,6 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
                 if error_of(trial, keys, True) <= limit and (e := error_of(trial, keys, False)) <= limit:
                     best = (e, h, trial)
                     break
-        if best[0] > limit and held_out is not None:
-            # short of agreement the pick was screened on the first input set: it must also halve the
-            # error on the sets it was not chosen on, or it only fits noise (e.g. a perturbed tensor)
-            keys = sorted(changed | set(best[1].keys))
-            if not held_out(best[2], keys) < held_out(current, sorted(changed)) / 2:
-                break
         steps.append((best[1], error, best[0]))
         current, error = best[2], best[0]
         changed |= set(best[1].keys)

@@ -45,25 +45,28 @@ def errors(report) -> list[tuple[str, str]]:
     return [(f.kind, f.message.split(": max error")[0]) for f in report.findings if f.severity == "error"]
 
 
-def golden_named(setup, sd, kind: str, message: str) -> None:
+def golden_named(setup, sd, kind: str, message: str, time_limit: float = TIME_LIMIT) -> None:
     """With golden outputs only: the mismatch, then exactly this finding, restoring agreement within
     the time limit; the trusted module names the same bug in the same words."""
     model, bundle, _, xs, golden = setup
-    report = audit(bundle, sd, reference=golden, inputs=[[x] for x in xs], time_limit=TIME_LIMIT)
+    report = audit(bundle, sd, reference=golden, inputs=[[x] for x in xs], time_limit=time_limit)
     assert errors(report)[1:] == [(kind, message)], str(report)
     assert errors(report)[0][0] == "mismatch" and report.error_before > 1e-3 and report.error_after < 1e-9
-    assert not report.search["bounded"] and report.search["time_s"] < TIME_LIMIT, report.search
+    assert not report.search["bounded"] and report.search["time_s"] < time_limit, report.search
     assert not report.of_kind("partial") and not report.of_kind("search_bounded")
     trusted = audit(bundle, sd, reference=model)
     assert errors(trusted)[1:] == [(kind, message)]
 
 
-def test_a_batch_norm_mean_and_variance_exchange_is_named_alone(setup):
-    """The exchange of running_var with bn2.weight in every layer of layer1 removes most of the error
-    (109 -> 0.44): it must not be printed before the one exchange that restores agreement."""
+@pytest.mark.parametrize("module, time_limit", [("layer1.2.bn2", TIME_LIMIT), ("bn1", 5.0)])
+def test_a_batch_norm_mean_and_variance_exchange_is_named_alone(setup, module, time_limit):
+    """An exchange in every layer of layer1 removes most of the error (layer1.2.bn2: running_var <->
+    bn2.weight, 109 -> 0.44; the stem's bn1: bn1.weight <-> bn2.bias): it must not be printed before
+    the one exchange that restores agreement, inside layer1 or in another stage (the stem's case
+    tries about 110 hypotheses, 2.5 s measured: a 5 s bound)."""
     ref = setup[2]
-    a, b = "layer1.2.bn2.running_mean", "layer1.2.bn2.running_var"
-    golden_named(setup, dict(ref, **{a: ref[b], b: ref[a]}), "swap", f"swap {a} <-> {b}")
+    a, b = f"{module}.running_mean", f"{module}.running_var"
+    golden_named(setup, dict(ref, **{a: ref[b], b: ref[a]}), "swap", f"swap {a} <-> {b}", time_limit)
 
 
 def rotated(ref: dict, cycle: list[int]) -> dict:

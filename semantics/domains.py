@@ -211,7 +211,8 @@ def node_value(domain: Domain, node: Node, parents: Sequence[Any], record: Recor
 
 
 def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[int], Record],
-        all_nodes: bool = False, local_checks: bool = False) -> list[Any]:
+        all_nodes: bool = False, local_checks: bool = False,
+        resume: tuple[int, Sequence[Any]] | None = None) -> list[Any]:
     """The value of every node (``all_nodes``) or of the outputs, in ``domain``.
 
     ``seeds`` maps each input node id to its value (the caller's array, or a box) as read at entry;
@@ -219,7 +220,9 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
     ``schedule``, computed once per graph). ``local_checks`` (a graph whose shapes were not checked up
     front) also runs each node's shape rule on its parents' shapes once the rule has run (its own checks
     and messages come first, as in TorchLean's ``denoteAll``), so a malformed node is refused, never
-    silently broadcast.
+    silently broadcast. ``resume`` = (start, values): every node before ``start`` takes its value from
+    ``values`` (an ``all_nodes`` table of an earlier run whose records agree before ``start``) instead
+    of being evaluated again: an audit re-evaluating one changed layer starts there.
     """
     if flushes_subnormals():
         raise domain.environment_error(FLUSH_MESSAGE)
@@ -227,8 +230,12 @@ def run(g: Graph, domain: Domain, seeds: Mapping[int, Any], record: Callable[[in
     plan = schedule(g)
     last, in_range, value_of = plan.last_reader, plan.parents_in_range, values.__getitem__
     with np.errstate(all="ignore"):  # partial ops check their domains; overflow to inf is a value
+        start, known = resume if resume is not None else (0, ())
         for node in g.nodes:
             nid = node.id
+            if nid < start:
+                values[nid] = known[nid]
+                continue
             if node.kind == "input":
                 if nid not in seeds:
                     raise domain.fail(node, "input node is not listed among the graph inputs")

@@ -116,7 +116,8 @@ def eval_node(node: Node, parent_values: Sequence[np.ndarray], record: Any, dtyp
 
 
 def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", all_nodes: bool = False,
-             check: bool = True, exact: bool = False) -> list[np.ndarray]:
+             check: bool = True, exact: bool = False, resume: tuple[int, Sequence[Any]] | None = None
+             ) -> list[np.ndarray]:
     """Outputs in ``g.outputs`` order, or with ``all_nodes`` one value per node id.
 
     ``inputs``: arrays or torch tensors in ``g.inputs`` order, or one array (a list of plain
@@ -126,6 +127,7 @@ def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float
     ``exact`` (float64 only) reproduces TorchLean's accumulation orders (sequential folds from +0.0)
     and C libm, so the v1 kinds' values are bit-identical to TorchLean's ``Graph.denoteAll`` at Float;
     the default float64 mode uses BLAS, pairwise sums and numpy's functions (a few ulps apart).
+    ``resume``: see ``semantics.domains.run`` (nodes before its start keep an earlier run's values).
     """
     domain = float_domain(dtype, exact)
     if check:
@@ -134,7 +136,8 @@ def evaluate(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float
         check_well_formed(g)
     payload = payload if payload is not None else Payload()
     seeds = dict(zip(g.inputs, input_list(inputs, len(g.inputs))))
-    return run(g, domain, seeds, stream_records(g, payload.record), all_nodes=all_nodes, local_checks=not check)
+    return run(g, domain, seeds, stream_records(g, payload.record), all_nodes=all_nodes, local_checks=not check,
+               resume=resume)
 
 
 def denote_all(g: Graph, payload: Payload | None, inputs: Any, dtype: str = "float64", exact: bool = False

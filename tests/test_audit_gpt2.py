@@ -166,3 +166,18 @@ def test_each_bug_is_named_against_the_module_in_text_and_json(imported, case):
     assert all(f"[error] {kind}: {message}: max error " in text for kind, message in expected)
     doc = json.loads(json.dumps(report.to_json()))
     assert doc["swaps"] == [list(f.keys) for f in report.swaps] and doc["error_after"] < 1e-9
+
+
+def test_a_k_bias_difference_is_said_not_to_change_the_outputs(imported):
+    """Softmax cancels a K bias (it adds q.b_k to every score of a query): the difference is named,
+    and said in words to change no output, not as "max error 0.000000 -> 0.000000"."""
+    model, bundle, ref = imported
+    key = "h.1.attn.c_attn.bias"
+    bias = ref[key].copy()
+    bias[D:2 * D] += np.random.default_rng(2).standard_normal(D)
+    report = audit(bundle, dict(ref, **{key: bias}), reference=model)
+    (f,) = report.of_kind("different_values")
+    assert f.keys == (key,) and f.message.startswith(f"{key}: different values (16 of 48 differ, max |diff| ")
+    assert f.message.endswith(f": the difference does not change the outputs on the {report.inputs_used} input(s) used")
+    assert "max error" not in f.message and f.data["error_before"] == f.data["error_after"] < 1e-9
+    assert report.of_kind("agreement") and not report.ok

@@ -116,3 +116,33 @@ def test_hf_gpt2_through_torch_export_with_the_module_and_with_golden_outputs_on
     assert golden_only.search["tried"] <= 10 and golden_only.search["time_s"] < 5.0
     (where,) = with_module.of_kind("first_departure")
     assert all(k.startswith("h.1.") for k in where.keys)
+
+
+def test_hf_gpt2_k_bias_difference_is_said_to_change_no_output():
+    """Hugging Face GPT-2 with a different K bias in one fused c_attn: the weight audit names the
+    different values, and the audit says in words that they change no output (softmax cancels a K
+    bias), never "max error 0.000000 -> 0.000000"."""
+    from transformers import GPT2Config, GPT2Model
+
+    import torchlean_bridge as tlb
+    from torchlean_bridge.app.audit import audit
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=64, use_cache=False,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2Model(config).eval()
+    bundle = tlb.import_export(model, (torch.randint(0, 64, (1, 8)),))
+    ref = numpy_state(model)
+    key = "h.1.attn.c_attn.bias"
+    bias = ref[key].copy()
+    bias[32:64] = np.random.default_rng(1).standard_normal(32).astype(np.float32)  # the K third
+    report = audit(bundle, dict(ref, **{key: bias}), reference=model)
+    (f,) = report.of_kind("different_values")
+    assert f.keys == (key,) and f.message.startswith(f"{key}: different values (32 of 96 differ, ")
+    assert f.message.endswith(f": the difference does not change the outputs on the {report.inputs_used} "
+                              f"input(s) used") and "max error" not in f.message
+    assert report.of_kind("agreement") and not report.ok
+    # a Q bias does change them: the figures are given
+    bias = ref[key].copy()
+    bias[:32] = np.random.default_rng(1).standard_normal(32).astype(np.float32)
+    (f,) = audit(bundle, dict(ref, **{key: bias}), reference=model).of_kind("different_values")
+    assert ": max error " in f.message and f.message.endswith(" -> 0.000000")

@@ -28,14 +28,14 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint, square_matrix_keys
-from .audit_search import SearchResult, search
-from .audit_weights import WeightReport, compare_weights
+from .abi import ABI, AmbiguityGroup, abi, bind_checkpoint
+from .audit_search import Hypothesis, SearchResult, search
+from .audit_weights import WeightReport, compare_weights, is_square, transpose_words, transposed
 from ..bundle import Bundle
 from ..check import check
 from ..errors import BridgeError
@@ -58,18 +58,20 @@ class Exchange:
 
     first: str
     second: str | None = None
+    ndim: int = field(default=2, compare=False)  # of a transpose: a square conv weight's first two axes
 
     @property
     def keys(self) -> tuple[str, ...]:
         return (self.first,) if self.second is None else (self.first, self.second)
 
     def describe(self) -> str:
-        return f"transpose {self.first}" if self.second is None else f"swap {self.first} <-> {self.second}"
+        return f"swap {self.first} <-> {self.second}" if self.second is not None else \
+            transpose_words(self.first, self.ndim)
 
     def apply(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = dict(tensors)
         if self.second is None:
-            out[self.first] = tensors[self.first].T
+            out[self.first] = transposed(tensors[self.first])
         else:
             out[self.first], out[self.second] = tensors[self.second], tensors[self.first]
         return out
@@ -186,6 +188,7 @@ class _Evaluator:
         self.bundle = bundle
         self.slots = slots
         self.cases = cases
+        self._cache: list[list[Any]] | bool | None = None  # node values of the bundle's payload (False: none)
 
     def payload(self, tensors: dict[str, np.ndarray], changed: Sequence[str]) -> Payload:
         base = self.bundle.payload  # shared arrays, new records: nothing here writes into an array
@@ -195,13 +198,41 @@ class _Evaluator:
                 payload.set(slot.node, slot.role, apply_transform(slot.transform, tensors[key]))
         return payload
 
-    def outputs(self, payload: Payload) -> list[list[np.ndarray]] | None:
+    def outputs(self, payload: Payload, start: int = 0) -> list[list[np.ndarray]] | None:
+        """The outputs on every case; nodes before ``start`` read no changed record, so they keep the
+        bundle's own values (computed once, when they fit in ``CACHE_BYTES``)."""
+        g = self.bundle.graph
+        tables = self._tables() if start > 0 else None
         try:
-            return [[np.asarray(v, np.float64) for v in self._evaluate(self.bundle.graph, payload, case, "float64",
-                                                                       check=False)]
-                    for case in self.cases]
+            if tables is None:
+                return [[np.asarray(v, np.float64) for v in self._evaluate(g, payload, case, "float64", check=False)]
+                        for case in self.cases]
+            return [[np.asarray(v, np.float64) for v in self._evaluate(g, payload, case, "float64", check=False,
+                                                                       resume=(start, table))]
+                    for case, table in zip(self.cases, tables)]
         except BridgeError:
             return None  # e.g. an exchange that makes a log argument negative: not a candidate
+
+    def trial(self, tensors: dict[str, np.ndarray], changed: Sequence[str]) -> list[list[np.ndarray]] | None:
+        """The outputs with ``changed`` keys bound to ``tensors``: evaluation starts at the first node
+        reading one of them (a hypothesis about the last layers re-runs only those)."""
+        nodes = [slot.node for key in changed for slot in self.slots.for_key(key)]
+        return self.outputs(self.payload(tensors, changed), min(nodes, default=0))
+
+    def _tables(self) -> list[list[Any]] | None:
+        """Every node's value on every case for the bundle's own payload, or None when they would
+        take more than ``CACHE_BYTES`` (or the bundle does not evaluate)."""
+        if self._cache is None:
+            self._cache = False
+            try:
+                tables = [self._evaluate(self.bundle.graph, self.bundle.payload, case, "float64", check=False,
+                                         all_nodes=True) for case in self.cases]
+            except BridgeError:
+                return None
+            size = sum(getattr(v, "nbytes", 0) for t in tables for v in t)
+            if size <= CACHE_BYTES:
+                self._cache = tables
+        return self._cache or None
 
 
 def _max_error(ours: list[list[np.ndarray]] | None, ref: list[list[np.ndarray]]) -> float:
@@ -248,9 +279,25 @@ def _worst_case(labelled: list[tuple[str, Case]], ours: list[list[np.ndarray]] |
     return text
 
 
-def _candidates(groups: list[AmbiguityGroup], squares: list[str]) -> list[Exchange]:
+CACHE_BYTES = 256 << 20  # node values kept per evaluator so a trial re-runs only the nodes after its change
+CONFIRM = 10  # single exchanges screened on the first input set and confirmed on every set, short of agreement
+
+
+def _candidates(groups: list[AmbiguityGroup], squares: list[tuple[str, int]]) -> list[Exchange]:
+    """Every exchange within a group and every transpose, nearest keys first: a converter mixes up the
+    tensors of one module (a batch norm's mean and variance) far more often than those of two
+    layers, and the search stops at the first exchange that restores agreement."""
     out = [Exchange(a, b) for g in groups for i, a in enumerate(g.keys) for b in g.keys[i + 1:]]
-    return out + [Exchange(k) for k in squares]
+    out += [Exchange(k, ndim=ndim) for k, ndim in squares]
+    return sorted(out, key=_distance)  # stable: the groups' order among equally near pairs
+
+
+def _distance(ex: Exchange) -> int:
+    """How many dotted components of the two keys' modules differ (0: one module, or a transpose)."""
+    a = ex.first.split(".")[:-1]
+    b = a if ex.second is None else ex.second.split(".")[:-1]
+    common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return max(len(a), len(b)) - common
 
 
 def _fmt(x: float) -> str:
@@ -289,8 +336,18 @@ def _graph_outputs(bundle: Bundle, trusted: Any, cases: list[Case]) -> list[list
             for case in cases]
 
 
+def _effect(before: float, after: float, limit: float, cases: int) -> str:
+    """What undoing a weight difference does to the output error. A difference the model cancels (a
+    K bias: softmax is invariant to adding one constant to every score of a query) changes no output,
+    and "max error 0.000000 -> 0.000000" would read as nonsense, so it is said in words."""
+    if abs(after - before) > limit:
+        return f"max error {_fmt(before)} -> {_fmt(after)}"
+    still = "" if before <= limit else f"; the max error stays {_fmt(before)}"
+    return f"the difference does not change the outputs on the {cases} input(s) used{still}"
+
+
 def _undo_steps(report: AuditReport, weights: WeightReport, evaluator: "_Evaluator", tensors: dict[str, np.ndarray],
-                trusted: Any, ref: list[list[np.ndarray]], before: float) -> float:
+                trusted: Any, ref: list[list[np.ndarray]], before: float, limit: float) -> float:
     """Each weight finding with the output error before and after restoring its keys' trusted
     tensors, one after another (the steps chain); returns the error once all are undone."""
     current, changed, error = dict(tensors), set(), before
@@ -302,8 +359,8 @@ def _undo_steps(report: AuditReport, weights: WeightReport, evaluator: "_Evaluat
         for k in bound_keys:
             current[k] = np.asarray(trusted[k])
         changed |= set(bound_keys)
-        after = _max_error(evaluator.outputs(evaluator.payload(current, sorted(changed))), ref) if bound_keys else error
-        report.add(Finding(f.kind, f"{f.message}: max error {_fmt(error)} -> {_fmt(after)}", keys=f.keys,
+        after = _max_error(evaluator.trial(current, sorted(changed)), ref) if bound_keys else error
+        report.add(Finding(f.kind, f"{f.message}: {_effect(error, after, limit, len(evaluator.cases))}", keys=f.keys,
                            data={**(f.data or {}), "error_before": error, "error_after": after}))
         error = after
     return error
@@ -386,8 +443,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     by_weights = covered and not report.weights.ok
 
     groups = [g_ for g_ in binding.ambiguity_groups if all(k in ckpt for k in g_.keys)]
-    squares = [k for k in square_matrix_keys(slots, ckpt) if k in ckpt and not np.array_equal(tensors[k],
-                                                                                                 tensors[k].T)]
+    squares = [(k, tensors[k].ndim) for k in slots.keys if k in ckpt and is_square(tensors[k].shape)
+               and not np.array_equal(tensors[k], transposed(tensors[k]))]
     # trusted weights name every misplaced tensor by hash: no exchange search is needed
     candidates = [] if covered else _candidates(groups, squares)
     if len(candidates) > max_candidates:
@@ -404,29 +461,46 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
 
     deadline = [math.inf]  # set when the search starts: the single exchanges share the time limit
 
-    def first_errors_of(observability_only: bool = False) -> dict[Exchange, float]:
+    def first_errors_of(observability_only: bool = False, near: frozenset[str] = frozenset()
+                        ) -> dict[Exchange, float]:
         """One evaluation per exchange from the checkpoint as given: observability and the first step.
         For observability alone an exchange that changes the first input set's outputs is not
-        evaluated further."""
+        evaluated further. Otherwise exchanges are screened on the first input set, exchanges within
+        the modules ``near`` first (those a partial explanation moved: the error lies there), and the
+        first that restores agreement on every set ends the search."""
         first_errors: dict[Exchange, float] = {}
-        for ex in candidates:
+        screened: dict[Exchange, float] = {}  # the first input set's error, when there are more sets
+        def order(ex: Exchange) -> tuple[int, bool]:
+            return _distance(ex), not {k.rpartition(".")[0] for k in ex.keys} <= near
+        for ex in sorted(candidates, key=order):
             if time.perf_counter() > deadline[0]:
+                tried = len(first_errors) + len(screened)
                 report.add(Finding("search_bounded", f"the time limit ({time_limit} s) stopped the single exchanges "
-                                                     f"after {len(first_errors)} of {len(candidates)}",
-                                   severity="warning", data={"tried": len(first_errors), "of": len(candidates)}))
+                                                     f"after {tried} of {len(candidates)}",
+                                   severity="warning", data={"tried": tried, "of": len(candidates)}))
                 break
             if ex.second is not None and np.array_equal(tensors[ex.first], tensors[ex.second]):
                 continue
-            if observability_only and base_outputs is not None and len(cases) > 1:
-                first = screen.outputs(screen.payload(ex.apply(tensors), ex.keys))
-                if _max_error(first, base_outputs[:1]) > limit:
+            if base_outputs is not None and len(cases) > 1:
+                first = screen.trial(ex.apply(tensors), ex.keys)
+                if observability_only and _max_error(first, base_outputs[:1]) > limit:
                     continue
-            outs = evaluator.outputs(evaluator.payload(ex.apply(tensors), ex.keys))
+                if not observability_only and _max_error(first, ref[:1]) > limit \
+                        and _max_error(first, base_outputs[:1]) > limit:
+                    screened[ex] = _max_error(first, ref[:1])  # neither agreement nor unobservable: ranked later
+                    continue
+            outs = evaluator.trial(ex.apply(tensors), ex.keys)
             first_errors[ex] = _max_error(outs, ref)
             if base_outputs is not None and _max_error(outs, base_outputs) <= limit:
                 report.add(Finding("indistinguishable", f"{ex.describe()} changes no output on the {len(cases)} "
                                                         f"input(s) used: these inputs cannot tell them apart",
                                    keys=ex.keys, severity="warning"))
+            if not observability_only and first_errors[ex] <= limit:
+                return {ex: first_errors[ex]}  # agreement: the nearest exchange restoring it is the explanation
+        for ex in sorted(screened, key=screened.__getitem__)[:CONFIRM]:  # the best screened, on every set
+            if time.perf_counter() > deadline[0]:
+                break
+            first_errors[ex] = _max_error(evaluator.trial(ex.apply(tensors), ex.keys), ref)
         return first_errors
 
     if before <= limit:
@@ -436,14 +510,14 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
         report.add(Finding("agreement", f"outputs agree with {what}: max error {_fmt(before)} on {len(cases)} "
                                         f"input(s)", severity="info", data={"max_error": before}))
         if by_weights:
-            report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
+            report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before, limit)
         return report
 
     report.add(Finding("mismatch", f"outputs disagree with {what}: max error {_fmt(before)} on {len(cases)} "
                                    f"input(s){_worst_case(labelled, base_outputs, ref)}",
                        data={"max_error": before, "limit": limit}))
     if by_weights:
-        report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before)
+        report.error_after = _undo_steps(report, report.weights, evaluator, tensors, trusted, ref, before, limit)
         from .audit_localize import first_departure
         where = first_departure(bundle, ckpt, trusted, cases[0], tolerance) if cases else None
         if where is not None:
@@ -458,15 +532,17 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     deadline[0] = time.perf_counter() + time_limit
     structured = _structured_search(evaluator, screen, tensors, ref, before, limit, max_steps=max_steps,
                                     max_hypotheses=max_hypotheses, time_limit=time_limit,
-                                    missing=frozenset(stand_ins))
+                                    missing=frozenset(stand_ins), refine=_refinements(candidates))
     report.search = {k: v for k, v in structured.to_dict().items() if k != "steps"}
     if structured.bounded:
         report.add(Finding("search_bounded", f"the structured search stopped at its bound: {structured.tried} "
                                              f"hypotheses tried in {structured.time_s:.1f} s", severity="warning",
                            data=report.search))
     if structured.steps and structured.error <= limit:
-        report.error_after = structured.error
-        for h, err_in, err_out in structured.steps:
+        steps = _minimal(structured.steps, lambda t, h: {**t, **h.undo(t)}, lambda h: h.keys, evaluator, tensors,
+                         ref, before, limit)
+        report.error_after = steps[-1][2]
+        for h, err_in, err_out in steps:
             report.add(Finding(h.kind, f"{h.message}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=h.keys,
                                data={**h.data, "error_before": err_in, "error_after": err_out}))
         return report
@@ -477,7 +553,7 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
             rest = ""
             if h.data.get("absent"):
                 vacated = h.data["vacated"]
-                alone = _max_error(evaluator.outputs(evaluator.payload(*_zeroed(tensors, vacated))), ref)
+                alone = _max_error(evaluator.trial(*_zeroed(tensors, vacated)), ref)
                 same = (f"; the outputs alone cannot tell it from a wrong {vacated}: zeroing {vacated} instead leaves "
                         f"{_fmt(alone)}" if abs(alone - err_out) <= limit else
                         f"; zeroing {vacated} instead leaves {_fmt(alone)}")
@@ -487,10 +563,11 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                data={k: v for k, v in h.data.items() if k not in ("group", "refines", "claim")}
                                | {"error_before": err_in, "error_after": err_out}))
         return report
+    partial = None
     if structured.steps:  # most of the error explained, not all: the best explanation with what it leaves
         h_first = structured.steps[0][0]
         text = "; then ".join(h.message for h, _, _ in structured.steps)
-        report.add(Finding("partial", f"{text}: max error {_fmt(before)} -> {_fmt(structured.error)} (most of the "
+        partial = (Finding("partial", f"{text}: max error {_fmt(before)} -> {_fmt(structured.error)} (most of the "
                                       f"error, not all: the rest is not explained by it)",
                            keys=tuple(k for h, _, _ in structured.steps for k in h.keys),
                            data={**h_first.data, "error_before": before, "error_after": structured.error,
@@ -498,7 +575,8 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
     if not structured.steps and _name_shift_signature(report, evaluator, tensors, ref, before, stand_ins):
         report.error_after = before
         return report
-    first_errors = first_errors_of()
+    first_errors = first_errors_of(near=frozenset(k.rpartition(".")[0] for h, _, _ in structured.steps
+                                                  for k in h.keys))
     suspects = _suspects(reference, tensors, ckpt)
     searched = [ex for ex in candidates if set(ex.keys) <= suspects]
     steps, error = _search(evaluator, tensors, searched, {ex: first_errors[ex] for ex in searched
@@ -506,11 +584,15 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                     ref, before, limit, max_steps, deadline[0])
     report.error_after = error
     if error <= limit:
+        # agreement without the structured steps: a partial explanation is no part of it (not printed)
+        steps = _minimal(steps, lambda t, ex: ex.apply(t), lambda ex: ex.keys, evaluator, tensors, ref, before, limit)
         for ex, err_in, err_out in steps:
             report.add(Finding("swap" if ex.second else "transpose",
                                f"{ex.describe()}: max error {_fmt(err_in)} -> {_fmt(err_out)}", keys=ex.keys,
                                data={"error_before": err_in, "error_after": err_out}))
     else:
+        if partial is not None:
+            report.add(partial)
         # a suggestion that does not remove most of the error would mislead: it is not named
         best = min(first_errors.items(), key=lambda kv: kv[1], default=None)
         hint = f" (the best single exchange, {best[0].describe()}, leaves {_fmt(best[1])})" \
@@ -521,6 +603,54 @@ def audit(bundle: Bundle, ckpt: Any, reference: Any = None, inputs: Any = None, 
                                          f"alone cannot place, or a role map or import error)",
                            data={"candidates": len(candidates), "hypotheses": structured.tried}))
     return report
+
+
+def _refinements(candidates: list[Exchange]) -> Callable[[list[str], bool], Iterator[Hypothesis]]:
+    """The single exchanges within the given modules (those a structured hypothesis touches, in the
+    order given), with (``rest``) every other one, nearest keys first (one module's two tensors before
+    two modules'; the given modules first among equally near), as hypotheses: what the structured
+    search checks before taking a step short of agreement."""
+    def refine(modules: list[str], rest: bool) -> Iterator[Hypothesis]:
+        rank = {m: i for i, m in enumerate(modules)}
+
+        def order(ex: Exchange) -> tuple[int, int]:  # nearest keys first; among them, the modules in order
+            return _distance(ex), max(rank.get(k.rpartition(".")[0], len(rank)) for k in ex.keys)
+        tried = [ex for ex in candidates if rest or all(k.rpartition(".")[0] in rank for k in ex.keys)]
+        for ex in sorted(tried, key=order):
+            yield Hypothesis("swap" if ex.second else "transpose", ex.describe(), ex.keys,
+                             lambda t, ex=ex: {k: v for k, v in ex.apply(t).items() if k in ex.keys})
+    return refine
+
+
+Step = tuple[Any, float, float]  # (hypothesis or exchange, error before, error after)
+
+
+def _minimal(steps: list[Step], apply: Callable[[dict[str, np.ndarray], Any], dict[str, np.ndarray]],
+             keys_of: Callable[[Any], Sequence[str]], evaluator: _Evaluator, tensors: dict[str, np.ndarray],
+             ref: list[list[np.ndarray]], before: float, limit: float) -> list[Step]:
+    """A minimal explanation: each step whose undoing keeps agreement without it is dropped (a greedy
+    search can take a step that only helped on the way, e.g. an exchange in every layer that lowered
+    the error before the one real exchange was found), and the errors of the steps kept re-measured."""
+    kept = list(steps)
+    for step in list(steps):
+        if len(kept) > 1 and _chain(evaluator, tensors, ref, before, [s for s in kept if s is not step], apply,
+                                    keys_of)[-1][2] <= limit:
+            kept = [s for s in kept if s is not step]
+    return kept if len(kept) == len(steps) else _chain(evaluator, tensors, ref, before, kept, apply, keys_of)
+
+
+def _chain(evaluator: _Evaluator, tensors: dict[str, np.ndarray], ref: list[list[np.ndarray]], before: float,
+           steps: list[Step], apply: Callable[[dict[str, np.ndarray], Any], dict[str, np.ndarray]],
+           keys_of: Callable[[Any], Sequence[str]]) -> list[Step]:
+    """The steps applied one after another from the checkpoint as given, with their measured errors."""
+    out, current, changed, error = [], dict(tensors), set(), before
+    for step in steps:
+        current = apply(current, step[0])
+        changed |= set(keys_of(step[0]))
+        after = _max_error(evaluator.trial(current, sorted(changed)), ref)
+        out.append((step[0], error, after))
+        error = after
+    return out
 
 
 def _name_shift_signature(report: AuditReport, evaluator: _Evaluator, tensors: dict[str, np.ndarray],
@@ -534,7 +664,7 @@ def _name_shift_signature(report: AuditReport, evaluator: _Evaluator, tensors: d
     for h in shift_signatures(tensors, frozenset(stand_ins)):
         trial = dict(tensors)
         trial.update(h.undo(tensors))
-        after = _max_error(evaluator.outputs(evaluator.payload(trial, sorted(h.keys))), ref)
+        after = _max_error(evaluator.trial(trial, sorted(h.keys)), ref)
         if not after <= before:
             continue
         d, vacated, neighbour, absent = h.data["shift"], h.data["vacated"], h.data["neighbour"], h.data["absent"]
@@ -597,11 +727,11 @@ def _structured_search(evaluator: _Evaluator, screen: _Evaluator, tensors: dict[
     of agreement, on the others alone)."""
     def error_of(trial: dict[str, np.ndarray], changed: list[str], screening: bool) -> float:
         use, against = (screen, ref[:1]) if screening else (evaluator, ref)
-        return _max_error(use.outputs(use.payload(trial, changed)), against)
+        return _max_error(use.trial(trial, changed), against)
     rest = _Evaluator(evaluator.bundle, evaluator.slots, evaluator.cases[1:]) if len(evaluator.cases) > 1 else None
 
     def held_out(trial: dict[str, np.ndarray], changed: list[str]) -> float:
-        return _max_error(rest.outputs(rest.payload(trial, changed)), ref[1:])
+        return _max_error(rest.trial(trial, changed), ref[1:])
     return search(tensors, error_of, before, limit, held_out=held_out if rest else None, **bounds)
 
 
@@ -648,5 +778,5 @@ def _search(evaluator: _Evaluator, tensors: dict[str, np.ndarray], candidates: l
             if ex == best:
                 continue
             trial = ex.apply(current)
-            errors[ex] = _max_error(evaluator.outputs(evaluator.payload(trial, sorted(changed | set(ex.keys)))), ref)
+            errors[ex] = _max_error(evaluator.trial(trial, sorted(changed | set(ex.keys))), ref)
     return steps, error

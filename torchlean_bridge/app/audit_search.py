@@ -11,6 +11,9 @@ the audit tries these hypotheses, each a way to restore the checkpoint:
   skipped residual block) or by what it holds; such a shift cannot restore agreement, so the audit
   reports the error it leaves, and a rotation short of agreement is preferred to it only if it
   halves that error;
+- runs of layers rotated: a contiguous run of 3 or more layers (fewer than all) rotated by one either
+  way (``blocks cycled: layer1.1 <- layer1.2 <- layer1.3 <- layer1.1``), shortest runs first, at most
+  ``MAX_RUN_ROTATIONS`` per stack of layers;
 - one exchange repeated in every layer (gate/up, K/V of the same shape, two norms);
 - fused projections (keys named like ``c_attn``, ``qkv``, ``in_proj``, ``query_key_value``): the five
   other orders of the Q/K/V thirds, per-head interleavings, two heads exchanged in one third;
@@ -18,11 +21,16 @@ the audit tries these hypotheses, each a way to restore the checkpoint:
 - separate Q/K/V projections (``q_proj``, ``k_proj``, ``v_proj``; rows are heads): the per-head rotary
   permute of Llama conversions and its inverse, for every layer at once and for one module; two heads
   exchanged in one module (K/V heads of grouped-query attention included);
-- transposes of square weights, of every layer at once and of one key.
+- transposes of square weights (matrices, and conv weights (C, C, k...) in their first two axes), of
+  every layer at once and of one key.
 
 Each is screened on the first input set and ranked by the error left; the best are confirmed on
-every set. The search is bounded by a count and a time (both reported). Messages are those of the
-weight audit (``audit_weights``), so both audits name a bug the same way.
+every set. A best step short of agreement is first checked against the single exchanges within the
+modules it touches (the module whose part of the step lowers the error most first), and on the first
+step against every other single exchange after them, nearest keys first: an exchange in every layer of
+a stage can remove most of the error one exchange causes, and the one exchange is the explanation.
+The search is bounded by a count and a time (both reported). Messages are those of the weight audit
+(``audit_weights``), so both audits name a bug the same way.
 """
 
 from __future__ import annotations
@@ -31,17 +39,19 @@ import itertools
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from .audit_weights import _index_of, _label, _layer_name, describe_order, projection_part
+from .audit_weights import (_cycles, _index_of, _label, _layer_name, describe_order, is_square, projection_part,
+                            transpose_words, transposed)
 
 __all__ = ["Hypothesis", "hypotheses", "SearchResult", "search", "shift_signatures"]
 
 _FUSED_QKV = re.compile(r"(c_attn|qkv|in_proj|query_key_value)", re.IGNORECASE)
 _FUSED_GATE_UP = re.compile(r"(gate_up|w13|w1_w3)", re.IGNORECASE)
 MAX_HEADS = 64
+MAX_RUN_ROTATIONS = 64  # rotated runs of layers tried per run of layers (a 12-layer stack has 108)
 MIN_HEAD_WIDTH = 4  # narrower heads are not searched: each width multiplies the hypotheses (and chance fits)
 
 
@@ -135,6 +145,34 @@ def _block_hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str]
                                        {"prefix": label, "shift": d,
                                         "refines": (label, 1) if d == 1 else (label, -1) if d == n - 1 else None})
         yield from _absent_layer_shifts(prefix, layers, tensors, missing)
+        if not duplicated:
+            yield from _run_rotations(prefix, layers, tensors, missing)
+
+
+def _run_rotations(prefix: tuple[str, ...], layers: dict[int, dict[str, str]], tensors: Mapping[str, np.ndarray],
+                   missing: frozenset[str]) -> Iterator[Hypothesis]:
+    """A contiguous run of 3 or more layers (not all: that is a rotation of every layer) rotated by one
+    either way, e.g. layer1.1 <- layer1.2 <- layer1.3 <- layer1.1 (a loop over a subset of one stage's
+    blocks off by one). Shortest runs first, at most ``MAX_RUN_ROTATIONS`` per run of layers: their
+    number grows with the square of the layer count."""
+    idx = sorted(layers)
+    label, made = _label(prefix), 0
+    for length in range(3, len(idx)):
+        for start in range(len(idx) - length + 1):
+            run = idx[start:start + length]
+            for step in (1, -1):
+                if made >= MAX_RUN_ROTATIONS:
+                    return
+                held = {run[k]: run[(k + step) % length] for k in range(length)}  # checkpoint layer -> reference's
+                moves = _moves(layers, tensors, {src: dst for dst, src in held.items()})
+                if not moves or _distinct(moves, tensors) < 4 or _touches(moves, missing):
+                    continue
+                (cycle,), _ = _cycles(held)
+                path = " <- ".join(_layer_name(prefix, i) for i in cycle + [cycle[0]])
+                made += 1
+                yield _move_hypothesis("block_cycle", f"blocks cycled: {path} ({_distinct(moves, tensors)} tensors; "
+                                       f"each holds the next one's tensors)", moves,
+                                       {"prefix": label, "map": {str(d): s for d, s in sorted(held.items())}})
 
 
 def _layer_is(layers: dict[int, dict[str, str]], a: int, b: int, tensors: Mapping[str, np.ndarray]) -> bool:
@@ -386,8 +424,8 @@ def _projection_hypotheses(tensors: Mapping[str, np.ndarray], exchanges: bool) -
 
 
 def _transpose_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothesis]:
-    squares = [k for k, t in sorted(tensors.items()) if t.ndim == 2 and t.shape[0] == t.shape[1] > 1
-               and not np.array_equal(t, t.T)]
+    """Square matrices and square conv weights (C, C, k...) transposed in their first two axes."""
+    squares = [k for k, t in sorted(tensors.items()) if is_square(t.shape) and not np.array_equal(t, transposed(t))]
     by_suffix: dict[str, list[str]] = {}
     for prefix, layers in _layer_index(squares).items():
         for i, suffixes in layers.items():
@@ -395,13 +433,14 @@ def _transpose_hypotheses(tensors: Mapping[str, np.ndarray]) -> Iterator[Hypothe
                 by_suffix.setdefault(_layer_name(prefix, "*") + "." + suffix, []).append(key)
 
     def undo_of(keys: list[str]) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-        return lambda t: {k: np.ascontiguousarray(t[k].T) for k in keys}
+        return lambda t: {k: transposed(t[k]) for k in keys}
     for pattern, keys in sorted(by_suffix.items()):
         if len(keys) > 1:
-            yield Hypothesis("transpose", f"transpose every {pattern} ({len(keys)} tensors)", tuple(keys),
+            axes = "" if tensors[keys[0]].ndim == 2 else " in their first two axes (out and in channels)"
+            yield Hypothesis("transpose", f"transpose every {pattern}{axes} ({len(keys)} tensors)", tuple(keys),
                              undo_of(keys))
     for k in squares:
-        yield Hypothesis("transpose", f"transpose {k}", (k,), undo_of([k]))
+        yield Hypothesis("transpose", transpose_words(k, tensors[k].ndim), (k,), undo_of([k]))
 
 
 def hypotheses(tensors: Mapping[str, np.ndarray], missing: frozenset[str] = frozenset()) -> Iterator[Hypothesis]:
@@ -465,14 +504,39 @@ def _prefer_weaker(best: Trial | None, screened: list[tuple[float, int, Hypothes
     return best if base is None or best[0] < base[0] / 2 else base
 
 
+def _module(key: str) -> str:
+    return key.rpartition(".")[0]
+
+
+def _modules_by_share(h: Hypothesis, current: Mapping[str, np.ndarray], changed: set[str],
+                      error_of: Callable[[dict[str, np.ndarray], list[str], bool], float]) -> list[str]:
+    """The modules ``h`` touches, those whose part of it alone lowers the first input set's error most
+    first (one screening each): where a step that spans many layers finds the error."""
+    undone = h.undo(current)
+    modules = sorted({_module(k) for k in undone})
+    if len(modules) < 2:
+        return modules
+    share = {}
+    for m in modules:
+        part = {k: v for k, v in undone.items() if _module(k) == m}
+        share[m] = error_of({**current, **part}, sorted(changed | set(part)), True)
+    return sorted(modules, key=lambda m: (share[m], m))
+
+
 def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndarray], list[str], bool], float],
            error: float, limit: float, *, max_steps: int = 3, max_hypotheses: int = 2000,
            time_limit: float = 60.0, confirm: int = 5, missing: frozenset[str] = frozenset(),
-           held_out: Callable[[dict[str, np.ndarray], list[str]], float] | None = None) -> SearchResult:
+           held_out: Callable[[dict[str, np.ndarray], list[str]], float] | None = None,
+           refine: Callable[[list[str], bool], Iterable[Hypothesis]] | None = None) -> SearchResult:
     """Greedy over structured hypotheses: screen each (``error_of(tensors, changed, screen=True)``,
     the first input set), confirm the ``confirm`` best on every set, take the best if it removes more
     than half of the error left (short of agreement: on the ``held_out`` sets too, those not screened
-    on); stop at agreement, when nothing does, or when the budget is spent."""
+    on); stop at agreement, when nothing does, or when the budget is spent. A best step short of
+    agreement (one the held-out sets confirm) is first checked against ``refine(modules, first)``,
+    smaller hypotheses (single exchanges) within the modules it touches, the modules whose part of the
+    step lowers the error most first, and on the first step (``first``) every other one after them:
+    one restoring agreement is the explanation instead (an exchange in every layer can remove most of
+    the error one exchange in one layer, or in another stage, causes)."""
     start = time.perf_counter()
     tried, bounded = 0, False
     steps: list[tuple[Hypothesis, float, float]] = []
@@ -508,6 +572,19 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
             keys = sorted(changed | set(best[1].keys))
             if not held_out(best[2], keys) < held_out(current, sorted(changed)) / 2:
                 break
+        if best[0] > limit and refine is not None:
+            modules = _modules_by_share(best[1], current, changed, error_of)
+            tried += len(modules) if len(modules) > 1 else 0  # one screening per module (counted in the bound)
+            for h in refine(modules, not steps):
+                if tried >= max_hypotheses or time.perf_counter() - start > time_limit:
+                    bounded = True
+                    break
+                tried += 1
+                trial = _applied(current, h)
+                keys = sorted(changed | set(h.keys))
+                if error_of(trial, keys, True) <= limit and (e := error_of(trial, keys, False)) <= limit:
+                    best = (e, h, trial)
+                    break
         steps.append((best[1], error, best[0]))
         current, error = best[2], best[0]
         changed |= set(best[1].keys)

@@ -9,7 +9,7 @@ transformation that reproduces it exactly:
    layer index are grouped by their index pattern, so a layer-mapping bug reads ``block h.1 <-> h.2``
    or ``every layer of h shifted by +1`` instead of dozens of pairs, and one exchange repeated in
    several layers reads ``gate_proj.weight <-> up_proj.weight exchanged in every layer of layers``;
-2. a transpose (2-D);
+2. a transpose (2-D, or of the first two axes of a square conv weight: (C, C, k...));
 3. a reordering of equal slices along one axis (Q/K/V thirds, gate/up halves, per-head interleave,
    head order): the fewest slices whose permutation reproduces the tensor;
 4. a rounding to float16 or bfloat16, then a scale factor;
@@ -30,7 +30,8 @@ import numpy as np
 
 from ..report import Finding, Report
 
-__all__ = ["WeightReport", "compare_weights", "tensor_hash", "describe_order", "EXPLAINED_KINDS"]
+__all__ = ["WeightReport", "compare_weights", "tensor_hash", "describe_order", "EXPLAINED_KINDS", "transposed",
+           "transpose_words", "is_square"]
 
 # finding kinds that name a transformation: undoing it restores the trusted tensor
 EXPLAINED_KINDS = ("block_swap", "block_cycle", "layer_shift", "swap", "cycle", "moved", "transpose",
@@ -65,6 +66,22 @@ def _canonical(a: np.ndarray) -> np.ndarray:
         c = np.ascontiguousarray(a, dtype=np.float64) + 0.0  # -0.0 -> 0.0
         return np.where(np.isnan(c), np.nan, c) if np.isnan(c).any() else c
     return np.ascontiguousarray(a, dtype=np.int64 if a.dtype.kind in "iub" else a.dtype)
+
+
+def is_square(shape: tuple[int, ...]) -> bool:
+    """A shape a transpose keeps: a square matrix, or a conv weight (C, C, k...) whose out and in
+    channels match (a 1x1 conv is a matrix too)."""
+    return len(shape) >= 2 and shape[0] == shape[1] > 1
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """``a`` with its first two axes exchanged: the matrix transpose, or a conv weight's out and in
+    channels exchanged (its kernel axes kept)."""
+    return np.ascontiguousarray(np.swapaxes(a, 0, 1))
+
+
+def transpose_words(key: str, ndim: int) -> str:
+    return f"transpose {key}" if ndim == 2 else f"transpose {key} in its first two axes (out and in channels)"
 
 
 def tensor_hash(a: np.ndarray) -> bytes:
@@ -463,8 +480,9 @@ def _scale_factor(ours: np.ndarray, ref: np.ndarray) -> float | None:
 def _explain(key: str, ours: np.ndarray, ref: np.ndarray) -> Finding:
     """The one transformation turning ``ref`` into ``ours``, or a "different values" finding."""
     h = tensor_hash(ours)
-    if ours.ndim == 2 and ours.shape == ref.shape[::-1] and h == tensor_hash(ref.T):
-        return Finding("transpose", f"transpose {key}", keys=(key,))
+    if ours.ndim >= 2 and ref.ndim == ours.ndim and ours.shape == ref.shape[1::-1] + ref.shape[2:] \
+            and h == tensor_hash(transposed(ref)):
+        return Finding("transpose", transpose_words(key, ours.ndim), keys=(key,))
     if ours.shape != ref.shape:
         return Finding("shape_differs", f"{key} has shape {list(ours.shape)}, the reference's is {list(ref.shape)}",
                        keys=(key,), data={"shape": list(ours.shape), "reference_shape": list(ref.shape)})

@@ -46,7 +46,8 @@ from ..memory import exceeds_working_memory
 from ..records import PREPARED
 from ..scratch import scratch
 from ..conv import pool_out_spatial
-from .relax import Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
+from .expand import expand
+from .relax import POSITIVE_ONLY, Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
 from .pieces import breakpoints, pwl_lines
 from .patches import PatchMismatch, PatchPass, patchable
 from .rules import _ERR_SAFETY, BACKWARD, err_factor
@@ -105,7 +106,9 @@ class LinearBounds:
 _BATCH_SAFE_ELEMENTWISE = frozenset({
     "relu", "leaky_relu", "prelu", "sigmoid", "tanh", "gelu", "softplus", "exp", "pow", "neg", "add", "sub",
     "mul_elem", "div", "detach", "abs", "sqrt", "log", "sin", "cos", "erf", "silu", "max_elem", "min_elem", "clamp",
+    "inv", "rsqrt",
 })
+_BILINEAR = frozenset({"mul_elem", "matmul"})  # relaxed (McCormick) when both operands are computed
 
 
 def _keeps_batch(g: Graph, node: Node, n: int) -> bool:
@@ -138,6 +141,8 @@ def _keeps_batch(g: Graph, node: Node, n: int) -> bool:
         return len(parents[0]) == len(shape) and parents[0][0] == n
     if k == "matmul":
         return len(parents[0]) >= 2 and len(parents[1]) >= 2
+    if k in ("reduce_sum", "reduce_mean"):
+        return a["axis"] != 0
     return False
 
 
@@ -147,6 +152,14 @@ class Crown:
 
     def __init__(self, g: Graph, payload: Payload | None) -> None:
         check(g)
+        # softmax and layernorm are bounded through their decompositions (``expand``); the caller's
+        # graph keeps its own IBP, whose boxes are intersected into the expanded graph's
+        self.expanded = expand(g, payload)
+        self.source_ibp = None
+        if self.expanded is not None:
+            self.source_ibp = IntervalPropagator(g, payload, products="float64")
+            g, payload = self.expanded.graph, self.expanded.payload
+            check(g)
         self.graph = g
         self.ibp = IntervalPropagator(g, payload, products="float64")  # intermediate boxes as tight as CROWN's own
         nodes = g.nodes
@@ -209,12 +222,12 @@ class Crown:
         if method not in METHODS:
             raise BridgeError(f"linear_bounds: unknown method {method!r} (use one of {', '.join(METHODS)})")
         g = self.graph
-        boxes = self.ibp(lower, upper)
+        boxes = self._boxes(lower, upper)
         if len(g.outputs) != 1 and spec is not None:
             raise BridgeError("linear_bounds: a spec matrix needs a graph with one output")
         if method == "ibp" or not self.float_nodes:
             result = LinearBounds([boxes[o][0] for o in g.outputs], [boxes[o][1] for o in g.outputs], "ibp",
-                                  boxes=boxes if all_nodes else None)
+                                  boxes=self._source_boxes(boxes) if all_nodes else None)
             if spec is not None:
                 result.spec_lower, result.spec_upper = _spec_box(self, boxes[g.outputs[0]], spec)
             return result
@@ -243,13 +256,38 @@ class Crown:
                     shape = lowers[i].shape
                     lowers[i] = np.maximum(lowers[i], got[0].reshape(shape))
                     uppers[i] = np.minimum(uppers[i], got[1].reshape(shape))
-        result = LinearBounds(lowers, uppers, label, fallback=dict(sorted(run.fallback.items())),
-                              boxes=run.boxes if all_nodes else None)
+        fallback = run.fallback
+        if self.expanded is not None:  # in the caller's numbering: the node a sub-chain stands for
+            source = self.expanded.origin
+            kinds = {v: k for v, k in fallback.items()}
+            fallback = {source[v]: self.source_ibp.graph.nodes[source[v]].kind for v in kinds}
+        result = LinearBounds(lowers, uppers, label, fallback=dict(sorted(fallback.items())),
+                              boxes=self._source_boxes(run.boxes) if all_nodes else None)
         if spec_out is not None:
             s_lo, s_hi = _spec_box(self, run.boxes[g.outputs[0]], spec)  # never looser than the output box
             result.spec_lower, result.spec_upper = np.maximum(spec_out[0], s_lo), np.minimum(spec_out[1], s_hi)
             result.spec_coefficients = spec_out[2]
         return result
+
+    def _boxes(self, lower: Any, upper: Any) -> list[Box]:
+        """IBP boxes of the (expanded) graph; with an expansion, each node that stands for a caller's
+        node is intersected with that node's own IBP box (layernorm's and softmax's are tighter than
+        their decompositions')."""
+        boxes = self.ibp(lower, upper)
+        if self.expanded is None:
+            return boxes
+        boxes = list(boxes)
+        for v, (lo, hi) in enumerate(self.source_ibp(lower, upper)):
+            w = self.expanded.new_of[v]
+            b_lo, b_hi = boxes[w]
+            boxes[w] = np.maximum(b_lo, lo), np.minimum(b_hi, hi)
+        return boxes
+
+    def _source_boxes(self, boxes: list[Box]) -> list[Box]:
+        """The boxes of the caller's nodes."""
+        if self.expanded is None:
+            return boxes
+        return [boxes[w] for w in self.expanded.new_of]
 
 
 def _alpha(run: "_Run", t: int, spec: np.ndarray | None) -> Box | None:
@@ -345,6 +383,11 @@ class _Run:
                 if not (g.nodes[p].kind == "input" or self.refined[p]):
                     self.refine(p, self.boxes[p][0] < self.boxes[p][1])
                 self.pools[v] = self._pool(node)
+            if node.kind in _BILINEAR and not any(crown.const[p] for p in node.parents):
+                for p in node.parents:  # McCormick's planes are as tight as both operands' boxes
+                    if not (g.nodes[p].kind == "input" or self.refined[p] or self._first_affine(p)):
+                        lo, hi = self.boxes[p]
+                        self.refine(p, lo < hi)
             if relaxed:
                 p = node.parents[0]
                 if not (crown.const[p] or g.nodes[p].kind == "input" or self.refined[p] or self._first_affine(p)):
@@ -388,6 +431,9 @@ class _Run:
         elif node.kind in _PIECEWISE:
             lines = pwl_lines(node, safe_lo, safe_hi)
         else:
+            if node.kind in POSITIVE_ONLY:  # relaxed on x > 0 only: the other entries keep their box
+                finite &= lo > 0
+                safe_lo, safe_hi = np.where(finite, safe_lo, 1.0), np.where(finite, safe_hi, 1.0)
             lines = smooth_lines(smooth_for(node.kind, node.attrs), safe_lo, safe_hi)
         if np.all(finite):
             return lines

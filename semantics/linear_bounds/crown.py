@@ -40,6 +40,7 @@ from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.ops import FLOAT
 from torchlean_bridge.payload import Payload
 
+from ..domains import node_value
 from ..interval import IntervalPropagator
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
 from ..memory import exceeds_working_memory
@@ -109,6 +110,16 @@ _BATCH_SAFE_ELEMENTWISE = frozenset({
     "inv", "rsqrt",
 })
 _BILINEAR = frozenset({"mul_elem", "matmul"})  # relaxed (McCormick) when both operands are computed
+_VIEWS = frozenset({"reshape", "transpose", "broadcast_to"})  # a box moves through these exactly
+
+
+def _view_of(node: Node, x: np.ndarray) -> np.ndarray:
+    """The value of view node ``node`` applied to its parent's array x (a box end)."""
+    if node.kind == "reshape":
+        return x.reshape(node.out_shape)
+    if node.kind == "transpose":
+        return np.swapaxes(x, node.attrs["axis1"], node.attrs["axis2"])
+    return np.broadcast_to(x, node.out_shape)
 
 
 def _keeps_batch(g: Graph, node: Node, n: int) -> bool:
@@ -347,6 +358,7 @@ class _Run:
         self.pools: dict[int, tuple[np.ndarray, ...]] = {}
         self.fallback: dict[int, str] = {}
         self.refined = [False] * len(boxes)
+        self.tightened: set[int] = set()  # nodes whose box is tighter than IBP's first one
         self._mag: dict[int, np.ndarray] = {}
         self._patchable: dict[int, bool] = {}
 
@@ -367,6 +379,18 @@ class _Run:
     def set_box(self, v: int, box: Box) -> None:
         self.boxes[v] = box
         self._mag.pop(v, None)
+        self.tightened.add(v)
+
+    def _repropagate(self, node: Node) -> None:
+        """The node's IBP box again from its parents' current (refined) boxes, intersected with its
+        own: later relaxations and the choice of unstable units start from the tighter box."""
+        ibp = self.crown.ibp
+        with np.errstate(all="ignore"):
+            lo, hi = node_value(ibp.domain, node, [self.boxes[p] for p in node.parents], ibp.records[node.id])
+        old_lo, old_hi = self.boxes[node.id]
+        new_lo, new_hi = np.maximum(old_lo, lo), np.minimum(old_hi, hi)
+        if not (np.array_equal(new_lo, old_lo) and np.array_equal(new_hi, old_hi)):
+            self.set_box(node.id, (new_lo, new_hi))
 
     def prepare(self, all_nodes: bool) -> None:
         """Intermediate bounds and relaxations, in node order."""
@@ -375,6 +399,8 @@ class _Run:
             v = node.id
             if crown.const[v] or node.kind == "input":
                 continue
+            if not self.refined[v] and any(p in self.tightened for p in node.parents):
+                self._repropagate(node)
             relaxed = node.kind in _RELU_LIKE or node.kind in _PIECEWISE or smooth_for(node.kind, node.attrs) is not None
             if node.kind == "prelu" and not crown.const[node.parents[1]]:
                 relaxed = False
@@ -385,9 +411,7 @@ class _Run:
                 self.pools[v] = self._pool(node)
             if node.kind in _BILINEAR and not any(crown.const[p] for p in node.parents):
                 for p in node.parents:  # McCormick's planes are as tight as both operands' boxes
-                    if not (g.nodes[p].kind == "input" or self.refined[p] or self._first_affine(p)):
-                        lo, hi = self.boxes[p]
-                        self.refine(p, lo < hi)
+                    self._refine_view(p)
             if relaxed:
                 p = node.parents[0]
                 if not (crown.const[p] or g.nodes[p].kind == "input" or self.refined[p] or self._first_affine(p)):
@@ -404,6 +428,26 @@ class _Run:
                 self.lines[v] = self._relax(node)
             if all_nodes:
                 self.refine(v, None)
+
+    def _refine_view(self, v: int) -> None:
+        """Refine v, or when v only moves or copies another node's entries (reshape, transpose,
+        broadcast), that node, and carry its box through the moves: one row per distinct entry."""
+        g, crown = self.graph, self.crown
+        chain = [v]
+        while g.nodes[chain[-1]].kind in _VIEWS and not crown.const[g.nodes[chain[-1]].parents[0]]:
+            chain.append(g.nodes[chain[-1]].parents[0])
+        src = chain[-1]
+        if not (g.nodes[src].kind == "input" or self.refined[src] or self._first_affine(src)):
+            lo, hi = self.boxes[src]
+            self.refine(src, lo < hi)
+        for w in reversed(chain[:-1]):
+            if self.refined[w]:
+                continue
+            node = g.nodes[w]
+            moved = (_view_of(node, x) for x in self.boxes[node.parents[0]])
+            lo, hi = self.boxes[w]
+            self.set_box(w, (np.maximum(lo, next(moved)), np.minimum(hi, next(moved))))
+            self.refined[w] = True
 
     def _first_affine(self, v: int) -> bool:
         """Whether v is a linear layer or convolution of a graph input: its IBP box (center-radius, up

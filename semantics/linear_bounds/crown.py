@@ -48,6 +48,7 @@ from ..records import PREPARED
 from ..scratch import scratch
 from ..conv import pool_out_spatial
 from .expand import expand
+from .softmax_planes import softmax_planes
 from .relax import POSITIVE_ONLY, Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
 from .pieces import breakpoints, pwl_lines
 from .patches import PatchMismatch, PatchPass, patchable
@@ -152,7 +153,7 @@ def _keeps_batch(g: Graph, node: Node, n: int) -> bool:
         return len(parents[0]) == len(shape) and parents[0][0] == n
     if k == "matmul":
         return len(parents[0]) >= 2 and len(parents[1]) >= 2
-    if k in ("reduce_sum", "reduce_mean"):
+    if k in ("reduce_sum", "reduce_mean", "softmax"):
         return a["axis"] != 0
     return False
 
@@ -356,6 +357,7 @@ class _Run:
         self.boxes = list(boxes)
         self.lines: dict[int, Lines] = {}
         self.pools: dict[int, tuple[np.ndarray, ...]] = {}
+        self.planes: dict[int, tuple[np.ndarray, ...]] = {}  # softmax: see softmax_planes
         self.fallback: dict[int, str] = {}
         self.refined = [False] * len(boxes)
         self.tightened: set[int] = set()  # nodes whose box is tighter than IBP's first one
@@ -409,6 +411,13 @@ class _Run:
                 if not (g.nodes[p].kind == "input" or self.refined[p]):
                     self.refine(p, self.boxes[p][0] < self.boxes[p][1])
                 self.pools[v] = self._pool(node)
+            if node.kind == "softmax" and not crown.const[node.parents[0]]:
+                self._refine_view(node.parents[0])
+                self._repropagate(node)  # the upper planes are as tight as the output box
+                shape = crown.ishape(v)
+                lo, hi = (x.reshape(shape) for x in self.boxes[node.parents[0]])
+                out_lo, out_hi = (x.reshape(shape) for x in self.boxes[v])
+                self.planes[v] = softmax_planes(lo, hi, out_lo, out_hi)
             if node.kind in _BILINEAR and not any(crown.const[p] for p in node.parents):
                 for p in node.parents:  # McCormick's planes are as tight as both operands' boxes
                     self._refine_view(p)
@@ -781,6 +790,23 @@ class _Pass:
             self.live[p] = live  # the columns a linear parent must read (the others are exactly 0)
         return [(p, new.reshape(a.shape))]
 
+    def _planar(self, v: int, a: np.ndarray) -> list:
+        """Softmax's planes (``softmax_planes``): the lower plane of each output under nonnegative
+        coefficients, the upper one under negative ones. The new coefficients are 2T-term sums per
+        input, at most gamma <|A|, max(|J_l|, |J_u|) M_x> in effect."""
+        j_l, b_l, j_u, b_u = (self._slice(x) for x in self.run_.planes[v])
+        p = self.graph.nodes[v].parents[0]
+        t = j_l.shape[-1]
+        pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
+        with np.errstate(all="ignore"):
+            new = (pos[..., None, :] @ j_l[:, None])[..., 0, :] + (neg[..., None, :] @ j_u[:, None])[..., 0, :]
+            q = (np.maximum(np.abs(j_l), np.abs(j_u)) @ self.mag(p)[..., None])[..., 0]
+        self.add_abs_err(a, q * (1.0 + err_factor(t + 1)), err_factor(2 * t + 2))
+        numel = self.numel(v) + 1
+        self.add_dot(pos, b_l, None, numel)
+        self.add_dot(neg, b_u, None, numel)
+        return [(p, new)]
+
     def _initial(self) -> np.ndarray:
         """[C; -C] per sample: C the spec, or the identity rows picked by row_ids."""
         n, r, tail = self.n_rows, self.rows, self.tail(self.t)
@@ -981,6 +1007,8 @@ class _Pass:
                 out = self._relaxed(v, a)
             elif v in run.pools:
                 out = self._pooled(v, a)
+            elif v in run.planes:
+                out = self._planar(v, a)
             else:
                 rule = BACKWARD.get(node.kind)
                 out = None if rule is None else rule(self, node, a)

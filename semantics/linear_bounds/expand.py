@@ -106,7 +106,8 @@ def _layernorm(b: _Builder, x: int, shape: tuple[int, ...], axis: int, eps: floa
 
 def expand(g: Graph, payload: Payload | None) -> Expanded | None:
     """The graph with every softmax and layernorm rewritten (None when it has neither)."""
-    if not any(n.kind in EXPANDED_KINDS for n in g.nodes):
+    if not any(n.kind == "layernorm" or (n.kind == "softmax" and n.attrs["axis"] != len(n.out_shape) - 1)
+               for n in g.nodes):
         return None
     b = _Builder()
     new_of: list[int] = []
@@ -114,7 +115,7 @@ def expand(g: Graph, payload: Payload | None) -> Expanded | None:
         b.owner = node.id
         parents = tuple(new_of[p] for p in node.parents)
         shape = tuple(node.out_shape)
-        if node.kind == "softmax":
+        if node.kind == "softmax" and int(node.attrs["axis"]) != len(shape) - 1:  # the last axis: planes
             out = _softmax(b, parents[0], shape, int(node.attrs["axis"]))
         elif node.kind == "layernorm":
             rec = payload.record(node.id) if payload is not None and node.id in payload else {}

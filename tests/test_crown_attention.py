@@ -196,7 +196,7 @@ def _softmax_mp(x):
     return [v / s for v in e]
 
 
-@pytest.mark.parametrize("eps, scale", [(0.05, 1.0), (1.0, 3.0), (0.0, 1.0)])
+@pytest.mark.parametrize("eps, scale", [(0.05, 1.0), (1.0, 3.0), (0.0, 1.0), (400.0, 1.0)])
 def test_softmax_planes_hold_against_mpmath(eps, scale):
     """The planes hold at the box's corners, center and random points, in 40-digit arithmetic, with the
     tight softmax box (as IBP gives it) and with a loose one."""
@@ -210,7 +210,7 @@ def test_softmax_planes_hold_against_mpmath(eps, scale):
              np.minimum(eu / (el.sum(-1, keepdims=True) - el + eu) * (1 + 1e-12), 1.0))
     for out_lo, out_hi in (tight, (np.zeros_like(lo), np.ones_like(hi))):
         j_l, b_l, j_u, b_u = softmax_planes(lo, hi, out_lo, out_hi)
-        assert np.all(np.isfinite(j_l)) and np.all(np.isfinite(b_u))
+        assert np.all(np.isfinite(j_l)) and np.all(np.isfinite(b_u)) and np.all(np.isfinite(b_l))
         for row in range(3):
             corners = [np.where(np.array([(m >> i) & 1 for i in range(4)], dtype=bool), hi[row], lo[row])
                        for m in range(16)]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import interval_arith as ia
-from ..interval_round import Box, down, sum_bounds, up
+from ..interval_round import Box, down, gamma, sum_bounds, up
 
 __all__ = ["softmax_planes", "Planes"]
 
@@ -51,7 +51,9 @@ def _tangent_intercept(g0: Box, grad: Box, slope: np.ndarray, r: np.ndarray, sid
     its enclosed value g0 = f(x0) - slope x0 and the enclosed gradient of f at x0 ([..., T, T])."""
     dev = _abs_hi(ia.sub(grad, ia.point(slope)))
     with np.errstate(all="ignore"):
-        spread = up(up(np.sum(up(dev * r[..., None, :]), axis=-1)) * (1.0 + 4 * 2.0 ** -52) + 2.0 ** -1070)
+        # a float sum of T nonnegative terms is within gamma_(T-1) of the exact one
+        growth = 1.0 + 2.0 * gamma(max(slope.shape[-1], 2))
+        spread = up(up(np.sum(up(dev * r[..., None, :]), axis=-1)) * growth + 2.0 ** -1070)
         return down(g0[0] - spread) if side < 0 else up(g0[1] + spread)
 
 
@@ -110,7 +112,7 @@ def softmax_planes(lo: np.ndarray, hi: np.ndarray, out_lo: np.ndarray, out_hi: n
         j_u = np.where(np.isfinite(j_u), j_u, 0.0)
         hg0 = ia.sub(h0, _dot_box(j_u, x0))
         b_u = _tangent_intercept(hg0, grad_u, j_u, r, 1)
-    ok_l = finite & np.isfinite(b_l)
+    ok_l = finite & np.isfinite(b_l) & (se0[0] > 0)  # ia.div needs a denominator box above 0
     ok_u = usable & np.isfinite(b_u)
     j_l, b_l = np.where(ok_l[..., None], j_l, 0.0), np.where(ok_l, b_l, out_lo)
     j_u, b_u = np.where(ok_u[..., None], j_u, 0.0), np.where(ok_u, b_u, out_hi)

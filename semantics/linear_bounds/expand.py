@@ -1,12 +1,13 @@
 """CROWN's view of softmax and layernorm: the same real function as a chain of ops it can relax.
 
-CROWN has no multivariate relaxation of softmax or layernorm; both are compositions of ops it does
+CROWN has no relaxation of layernorm (nor of softmax over a middle axis); both are compositions of ops it does
 relax (sums, differences, exp, 1/x, x^2, 1/sqrt(x), products of two bounded terms), so ``expand``
 rewrites them once, per graph, into such a sub-chain. Every node of the sub-chain is then an ordinary
 node: IBP gives it a box, CROWN refines the input of each of its nonlinear steps, exactly as for any
 other activation (the auto_LiRPA method, none of its code).
 
-* softmax over axis a: ``y_i = 1 / sum_j exp(x_j - x_i)`` (the real identity; the differences are
+* softmax over an axis a other than the last (the last has its own planes, ``softmax_planes``):
+  ``y_i = 1 / sum_j exp(x_j - x_i)`` (the real identity; the differences are
   taken by broadcasting x against itself, so the diagonal d_ii is refined to 0 by CROWN).
 * layernorm over the trailing axes from a (E entries): ``d = x - mean(x)``, ``var = mean(d^2)``,
   ``y = d * rsqrt(var + eps)``, then ``y * weight + bias``: TorchLean's layernorm in exact arithmetic
@@ -26,9 +27,8 @@ import numpy as np
 from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.payload import Payload
 
-__all__ = ["Expanded", "expand", "EXPANDED_KINDS"]
+__all__ = ["Expanded", "expand"]
 
-EXPANDED_KINDS = frozenset({"softmax", "layernorm"})
 
 
 @dataclass
@@ -105,7 +105,7 @@ def _layernorm(b: _Builder, x: int, shape: tuple[int, ...], axis: int, eps: floa
 
 
 def expand(g: Graph, payload: Payload | None) -> Expanded | None:
-    """The graph with every softmax and layernorm rewritten (None when it has neither)."""
+    """The graph with every layernorm and every softmax over a middle axis rewritten (None when it has none)."""
     if not any(n.kind == "layernorm" or (n.kind == "softmax" and n.attrs["axis"] != len(n.out_shape) - 1)
                for n in g.nodes):
         return None

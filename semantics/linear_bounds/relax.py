@@ -9,7 +9,8 @@ the intercepts are then computed rigorously for the chosen slope:
   (below) f; its intercept is the outward-rounded max (min) over the two ends of f(z) - k z. The
   other side is the line s z through the origin with s between the two slopes, chosen as auto_LiRPA's
   default "adaptive" rule (slope 1 when the chord's slope exceeds 1/2).
-* Smooth functions (sigmoid, tanh, exp, softplus, gelu, silu, integer powers) are described by a point
+* Smooth functions (sigmoid, tanh, exp, softplus, gelu, silu, integer powers; 1/x and 1/sqrt(x) on
+  positive boxes) are described by a point
   enclosure of f and of f', and their convexity pieces. For a slope s the intercept of the lower line
   is a lower bound of min over [l, u] of g(z) = f(z) - s z, taken piece by piece: on a concave piece
   g is concave and its minimum is at an end; on a convex piece g is convex and lies above its tangent

@@ -242,3 +242,20 @@ def test_softmax_over_a_middle_axis_is_expanded_and_sound():
     assert crown.expanded is not None and "inv" in {n.kind for n in crown.graph.nodes}
     for eps in (0.01, 0.2):
         bounds_and_check(b, *_box((2, 3, 6), eps))  # sound, no fallback, inside IBP (here about as tight)
+
+
+def test_layernorm_over_two_axes_is_sound():
+    """Normalized over the trailing (3, 5): the rows are flattened to 15 entries, weight and bias kept."""
+    class Norm2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.n = nn.Linear(6, 5), nn.LayerNorm([3, 5])
+            with torch.no_grad():
+                self.n.weight.uniform_(0.5, 1.5)
+                self.n.bias.uniform_(-0.5, 0.5)
+
+        def forward(self, x):
+            return torch.relu(self.n(self.l(x)))
+    b = bundle(Norm2(), (2, 3, 6))
+    res, ibp = bounds_and_check(b, *_box((2, 3, 6), 0.05))
+    assert np.sum(res[0][1] - res[0][0]) < np.sum(ibp[0][1] - ibp[0][0])

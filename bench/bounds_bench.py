@@ -121,7 +121,10 @@ def silu_mlp() -> nn.Module:
 
 class AttentionBlock(nn.Module):
     """A transformer-ish block on 8 tokens of width 32: layernorm, one softmax attention head with a
-    residual, layernorm, a GELU feed-forward with a residual, then a linear head on the flattened tokens."""
+    residual, layernorm, a ReLU feed-forward with a residual, then a linear head on the flattened tokens.
+    Our CROWN bounds its softmax, layernorms and the two products of computed tensors (Q K^T, att V)
+    through their decompositions (``semantics/linear_bounds/expand.py``, McCormick planes); the
+    auto_LiRPA peer's default softmax relaxation is its direct LSE bound."""
 
     def __init__(self, tokens: int = 8, width: int = 32) -> None:
         super().__init__()

@@ -40,13 +40,16 @@ from torchlean_bridge.graph import Graph, Node
 from torchlean_bridge.ops import FLOAT
 from torchlean_bridge.payload import Payload
 
+from ..domains import node_value
 from ..interval import IntervalPropagator
 from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
 from ..memory import exceeds_working_memory
 from ..records import PREPARED
 from ..scratch import scratch
 from ..conv import pool_out_spatial
-from .relax import Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
+from .expand import expand
+from .softmax_planes import softmax_planes
+from .relax import POSITIVE_ONLY, Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
 from .pieces import breakpoints, pwl_lines
 from .patches import PatchMismatch, PatchPass, patchable
 from .rules import _ERR_SAFETY, BACKWARD, err_factor
@@ -105,7 +108,19 @@ class LinearBounds:
 _BATCH_SAFE_ELEMENTWISE = frozenset({
     "relu", "leaky_relu", "prelu", "sigmoid", "tanh", "gelu", "softplus", "exp", "pow", "neg", "add", "sub",
     "mul_elem", "div", "detach", "abs", "sqrt", "log", "sin", "cos", "erf", "silu", "max_elem", "min_elem", "clamp",
+    "inv", "rsqrt",
 })
+_BILINEAR = frozenset({"mul_elem", "matmul"})  # relaxed (McCormick) when both operands are computed
+_VIEWS = frozenset({"reshape", "transpose", "broadcast_to"})  # a box moves through these exactly
+
+
+def _view_of(node: Node, x: np.ndarray) -> np.ndarray:
+    """The value of view node ``node`` applied to its parent's array x (a box end)."""
+    if node.kind == "reshape":
+        return x.reshape(node.out_shape)
+    if node.kind == "transpose":
+        return np.swapaxes(x, node.attrs["axis1"], node.attrs["axis2"])
+    return np.broadcast_to(x, node.out_shape)
 
 
 def _keeps_batch(g: Graph, node: Node, n: int) -> bool:
@@ -138,6 +153,8 @@ def _keeps_batch(g: Graph, node: Node, n: int) -> bool:
         return len(parents[0]) == len(shape) and parents[0][0] == n
     if k == "matmul":
         return len(parents[0]) >= 2 and len(parents[1]) >= 2
+    if k in ("reduce_sum", "reduce_mean", "softmax"):
+        return a["axis"] != 0
     return False
 
 
@@ -147,6 +164,14 @@ class Crown:
 
     def __init__(self, g: Graph, payload: Payload | None) -> None:
         check(g)
+        # softmax and layernorm are bounded through their decompositions (``expand``); the caller's
+        # graph keeps its own IBP, whose boxes are intersected into the expanded graph's
+        self.expanded = expand(g, payload)
+        self.source_ibp = None
+        if self.expanded is not None:
+            self.source_ibp = IntervalPropagator(g, payload, products="float64")
+            g, payload = self.expanded.graph, self.expanded.payload
+            check(g)
         self.graph = g
         self.ibp = IntervalPropagator(g, payload, products="float64")  # intermediate boxes as tight as CROWN's own
         nodes = g.nodes
@@ -209,12 +234,12 @@ class Crown:
         if method not in METHODS:
             raise BridgeError(f"linear_bounds: unknown method {method!r} (use one of {', '.join(METHODS)})")
         g = self.graph
-        boxes = self.ibp(lower, upper)
+        boxes = self._boxes(lower, upper)
         if len(g.outputs) != 1 and spec is not None:
             raise BridgeError("linear_bounds: a spec matrix needs a graph with one output")
         if method == "ibp" or not self.float_nodes:
             result = LinearBounds([boxes[o][0] for o in g.outputs], [boxes[o][1] for o in g.outputs], "ibp",
-                                  boxes=boxes if all_nodes else None)
+                                  boxes=self._source_boxes(boxes) if all_nodes else None)
             if spec is not None:
                 result.spec_lower, result.spec_upper = _spec_box(self, boxes[g.outputs[0]], spec)
             return result
@@ -243,13 +268,38 @@ class Crown:
                     shape = lowers[i].shape
                     lowers[i] = np.maximum(lowers[i], got[0].reshape(shape))
                     uppers[i] = np.minimum(uppers[i], got[1].reshape(shape))
-        result = LinearBounds(lowers, uppers, label, fallback=dict(sorted(run.fallback.items())),
-                              boxes=run.boxes if all_nodes else None)
+        fallback = run.fallback
+        if self.expanded is not None:  # in the caller's numbering: the node a sub-chain stands for
+            source = self.expanded.origin
+            kinds = {v: k for v, k in fallback.items()}
+            fallback = {source[v]: self.source_ibp.graph.nodes[source[v]].kind for v in kinds}
+        result = LinearBounds(lowers, uppers, label, fallback=dict(sorted(fallback.items())),
+                              boxes=self._source_boxes(run.boxes) if all_nodes else None)
         if spec_out is not None:
             s_lo, s_hi = _spec_box(self, run.boxes[g.outputs[0]], spec)  # never looser than the output box
             result.spec_lower, result.spec_upper = np.maximum(spec_out[0], s_lo), np.minimum(spec_out[1], s_hi)
             result.spec_coefficients = spec_out[2]
         return result
+
+    def _boxes(self, lower: Any, upper: Any) -> list[Box]:
+        """IBP boxes of the (expanded) graph; with an expansion, each node that stands for a caller's
+        node is intersected with that node's own IBP box (layernorm's and softmax's are tighter than
+        their decompositions')."""
+        boxes = self.ibp(lower, upper)
+        if self.expanded is None:
+            return boxes
+        boxes = list(boxes)
+        for v, (lo, hi) in enumerate(self.source_ibp(lower, upper)):
+            w = self.expanded.new_of[v]
+            b_lo, b_hi = boxes[w]
+            boxes[w] = np.maximum(b_lo, lo), np.minimum(b_hi, hi)
+        return boxes
+
+    def _source_boxes(self, boxes: list[Box]) -> list[Box]:
+        """The boxes of the caller's nodes."""
+        if self.expanded is None:
+            return boxes
+        return [boxes[w] for w in self.expanded.new_of]
 
 
 def _alpha(run: "_Run", t: int, spec: np.ndarray | None) -> Box | None:
@@ -307,8 +357,10 @@ class _Run:
         self.boxes = list(boxes)
         self.lines: dict[int, Lines] = {}
         self.pools: dict[int, tuple[np.ndarray, ...]] = {}
+        self.planes: dict[int, tuple[np.ndarray, ...]] = {}  # softmax: see softmax_planes
         self.fallback: dict[int, str] = {}
         self.refined = [False] * len(boxes)
+        self.tightened: set[int] = set()  # nodes whose box is tighter than IBP's first one
         self._mag: dict[int, np.ndarray] = {}
         self._patchable: dict[int, bool] = {}
 
@@ -329,6 +381,18 @@ class _Run:
     def set_box(self, v: int, box: Box) -> None:
         self.boxes[v] = box
         self._mag.pop(v, None)
+        self.tightened.add(v)
+
+    def _repropagate(self, node: Node) -> None:
+        """The node's IBP box again from its parents' current (refined) boxes, intersected with its
+        own: later relaxations and the choice of unstable units start from the tighter box."""
+        ibp = self.crown.ibp
+        with np.errstate(all="ignore"):
+            lo, hi = node_value(ibp.domain, node, [self.boxes[p] for p in node.parents], ibp.records[node.id])
+        old_lo, old_hi = self.boxes[node.id]
+        new_lo, new_hi = np.maximum(old_lo, lo), np.minimum(old_hi, hi)
+        if not (np.array_equal(new_lo, old_lo) and np.array_equal(new_hi, old_hi)):
+            self.set_box(node.id, (new_lo, new_hi))
 
     def prepare(self, all_nodes: bool) -> None:
         """Intermediate bounds and relaxations, in node order."""
@@ -337,6 +401,8 @@ class _Run:
             v = node.id
             if crown.const[v] or node.kind == "input":
                 continue
+            if not self.refined[v] and any(p in self.tightened for p in node.parents):
+                self._repropagate(node)
             relaxed = node.kind in _RELU_LIKE or node.kind in _PIECEWISE or smooth_for(node.kind, node.attrs) is not None
             if node.kind == "prelu" and not crown.const[node.parents[1]]:
                 relaxed = False
@@ -345,6 +411,16 @@ class _Run:
                 if not (g.nodes[p].kind == "input" or self.refined[p]):
                     self.refine(p, self.boxes[p][0] < self.boxes[p][1])
                 self.pools[v] = self._pool(node)
+            if node.kind == "softmax" and not crown.const[node.parents[0]]:
+                self._refine_view(node.parents[0])
+                self._repropagate(node)  # the upper planes are as tight as the output box
+                shape = crown.ishape(v)
+                lo, hi = (x.reshape(shape) for x in self.boxes[node.parents[0]])
+                out_lo, out_hi = (x.reshape(shape) for x in self.boxes[v])
+                self.planes[v] = softmax_planes(lo, hi, out_lo, out_hi)
+            if node.kind in _BILINEAR and not any(crown.const[p] for p in node.parents):
+                for p in node.parents:  # McCormick's planes are as tight as both operands' boxes
+                    self._refine_view(p)
             if relaxed:
                 p = node.parents[0]
                 if not (crown.const[p] or g.nodes[p].kind == "input" or self.refined[p] or self._first_affine(p)):
@@ -361,6 +437,26 @@ class _Run:
                 self.lines[v] = self._relax(node)
             if all_nodes:
                 self.refine(v, None)
+
+    def _refine_view(self, v: int) -> None:
+        """Refine v, or when v only moves or copies another node's entries (reshape, transpose,
+        broadcast), that node, and carry its box through the moves: one row per distinct entry."""
+        g, crown = self.graph, self.crown
+        chain = [v]
+        while g.nodes[chain[-1]].kind in _VIEWS and not crown.const[g.nodes[chain[-1]].parents[0]]:
+            chain.append(g.nodes[chain[-1]].parents[0])
+        src = chain[-1]
+        if not (g.nodes[src].kind == "input" or self.refined[src] or self._first_affine(src)):
+            lo, hi = self.boxes[src]
+            self.refine(src, lo < hi)
+        for w in reversed(chain[:-1]):
+            if self.refined[w]:
+                continue
+            node = g.nodes[w]
+            moved = (_view_of(node, x) for x in self.boxes[node.parents[0]])
+            lo, hi = self.boxes[w]
+            self.set_box(w, (np.maximum(lo, next(moved)), np.minimum(hi, next(moved))))
+            self.refined[w] = True
 
     def _first_affine(self, v: int) -> bool:
         """Whether v is a linear layer or convolution of a graph input: its IBP box (center-radius, up
@@ -388,6 +484,9 @@ class _Run:
         elif node.kind in _PIECEWISE:
             lines = pwl_lines(node, safe_lo, safe_hi)
         else:
+            if node.kind in POSITIVE_ONLY:  # relaxed on x > 0 only: the other entries keep their box
+                finite &= lo > 0
+                safe_lo, safe_hi = np.where(finite, safe_lo, 1.0), np.where(finite, safe_hi, 1.0)
             lines = smooth_lines(smooth_for(node.kind, node.attrs), safe_lo, safe_hi)
         if np.all(finite):
             return lines
@@ -691,6 +790,23 @@ class _Pass:
             self.live[p] = live  # the columns a linear parent must read (the others are exactly 0)
         return [(p, new.reshape(a.shape))]
 
+    def _planar(self, v: int, a: np.ndarray) -> list:
+        """Softmax's planes (``softmax_planes``): the lower plane of each output under nonnegative
+        coefficients, the upper one under negative ones. The new coefficients are 2T-term sums per
+        input, at most gamma <|A|, max(|J_l|, |J_u|) M_x> in effect."""
+        j_l, b_l, j_u, b_u = (self._slice(x) for x in self.run_.planes[v])
+        p = self.graph.nodes[v].parents[0]
+        t = j_l.shape[-1]
+        pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
+        with np.errstate(all="ignore"):
+            new = (pos[..., None, :] @ j_l[:, None])[..., 0, :] + (neg[..., None, :] @ j_u[:, None])[..., 0, :]
+            q = (np.maximum(np.abs(j_l), np.abs(j_u)) @ self.mag(p)[..., None])[..., 0]
+        self.add_abs_err(a, q * (1.0 + err_factor(t + 1)), err_factor(2 * t + 2))
+        numel = self.numel(v) + 1
+        self.add_dot(pos, b_l, None, numel)
+        self.add_dot(neg, b_u, None, numel)
+        return [(p, new)]
+
     def _initial(self) -> np.ndarray:
         """[C; -C] per sample: C the spec, or the identity rows picked by row_ids."""
         n, r, tail = self.n_rows, self.rows, self.tail(self.t)
@@ -891,6 +1007,8 @@ class _Pass:
                 out = self._relaxed(v, a)
             elif v in run.pools:
                 out = self._pooled(v, a)
+            elif v in run.planes:
+                out = self._planar(v, a)
             else:
                 rule = BACKWARD.get(node.kind)
                 out = None if rule is None else rule(self, node, a)

@@ -9,7 +9,8 @@ the intercepts are then computed rigorously for the chosen slope:
   (below) f; its intercept is the outward-rounded max (min) over the two ends of f(z) - k z. The
   other side is the line s z through the origin with s between the two slopes, chosen as auto_LiRPA's
   default "adaptive" rule (slope 1 when the chord's slope exceeds 1/2).
-* Smooth functions (sigmoid, tanh, exp, softplus, gelu, silu, integer powers) are described by a point
+* Smooth functions (sigmoid, tanh, exp, softplus, gelu, silu, integer powers; 1/x and 1/sqrt(x) on
+  positive boxes) are described by a point
   enclosure of f and of f', and their convexity pieces. For a slope s the intercept of the lower line
   is a lower bound of min over [l, u] of g(z) = f(z) - s z, taken piece by piece: on a concave piece
   g is concave and its minimum is at an end; on a convex piece g is convex and lies above its tangent
@@ -38,9 +39,9 @@ from ..float_special import erf
 from ..interval_arith import erf_at, exp_at, tanh_at
 from ..interval_round import Box, down, lib_bounds, up
 from ..rules.activations import INV_SQRT2, _elu_with, _silu_at, gelu_box, sigmoid_at, softplus_at
-from ..rules.elementwise import pow_box
+from ..rules.elementwise import pow_box, rsqrt_box
 
-__all__ = ["Lines", "relu_lines", "Smooth", "smooth_for", "smooth_lines", "SMOOTH_KINDS"]
+__all__ = ["Lines", "relu_lines", "Smooth", "smooth_for", "smooth_lines", "SMOOTH_KINDS", "POSITIVE_ONLY"]
 
 # (a_l, b_l, a_u, b_u): a_l z + b_l <= f(z) <= a_u z + b_u on the node's input box
 Lines = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -238,6 +239,35 @@ SMOOTH: dict[str, Smooth] = {
     "silu": Smooth(_silu_at, _silu_df, (-_SILU_HI, -_SILU_LO, _SILU_LO, _SILU_HI), (-1, 0, 1, 0, -1), 1.1,
                    d2f=_silu_d2f, f_point=_silu_point, df_point=_silu_df_point),
 }
+
+
+def _inv_f(x: np.ndarray) -> Box:
+    return ia.inv(ia.point(x))
+
+
+def _inv_df(x: np.ndarray) -> Box:
+    return ia.neg(ia.inv(ia.square(ia.point(x))))  # -1 / x^2
+
+
+def _rsqrt_f(x: np.ndarray) -> Box:
+    return rsqrt_box(ia.point(x), {})
+
+
+def _rsqrt_df(x: np.ndarray) -> Box:
+    r = _rsqrt_f(x)
+    return ia.scale(ia.mul(r, ia.square(r)), -0.5)  # -x^(-3/2) / 2
+
+
+# 1/x and 1/sqrt(x) are relaxed on x > 0 only, where both are convex and decreasing (CROWN's
+# ``_relax`` keeps the box of an entry whose input reaches 0): softmax's sums (>= 1) and layernorm's
+# variance plus eps. Their tangent of slope s < 0 touches at d = (-s)^(-1/2), d = (-2 s)^(-2/3).
+SMOOTH["inv"] = Smooth(_inv_f, _inv_df, (), (1,), stationary=lambda s, convex: np.where(s < 0, 1.0 / np.sqrt(-s), np.inf),
+                       d2f=lambda x: 2.0 / x ** 3, f_point=lambda x: 1.0 / x, df_point=lambda x: -1.0 / (x * x))
+SMOOTH["rsqrt"] = Smooth(_rsqrt_f, _rsqrt_df, (), (1,),
+                         stationary=lambda s, convex: np.where(s < 0, np.power(-2.0 * s, -2.0 / 3.0), np.inf),
+                         d2f=lambda x: 0.75 * x ** -2.5, f_point=lambda x: 1.0 / np.sqrt(x),
+                         df_point=lambda x: -0.5 * x ** -1.5)
+POSITIVE_ONLY = frozenset({"inv", "rsqrt"})
 SMOOTH_KINDS = frozenset(SMOOTH) | {"pow", "elu"}
 
 

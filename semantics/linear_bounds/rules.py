@@ -209,6 +209,8 @@ def _matmul(ps, node, a):
         q = np.abs(b) @ ps.mag(y)
         ps.add_abs_err(a, q, err_factor(b.shape[1] + 1))
         return [(y, b.T @ a)]
+    if not ps.is_const(x) and not ps.is_const(y):
+        return _mccormick_matmul(ps, node, a)
     return None
 
 
@@ -382,6 +384,8 @@ def _mul(ps, node, a):
         return _scale_rule(ps, node, a, x, ps.box_value(y), None)
     if ps.is_const(x) and not ps.is_const(y):
         return _scale_rule(ps, node, a, y, ps.box_value(x), None)
+    if not ps.is_const(x) and not ps.is_const(y):
+        return _mccormick_mul(ps, node, a)
     return None
 
 
@@ -410,3 +414,80 @@ def _avg_pool(ps, node, a):
     ones = np.ones((1, 1) + tuple(at["kernel"]))
     back = conv_adjoint(flat, ones, at["stride"], at["padding"], dil, 1, in_sp)
     return [(p, back.reshape(a.shape[:2] + ps.tail(p)))]
+
+
+# -- reductions and products of two computed operands ------------------------------------------
+
+
+@rule("reduce_sum", "reduce_mean")
+def _reduce(ps, node, a):
+    """The sum's adjoint copies each coefficient along the removed axis (exact); the mean's divides
+    it by the extent, each entry rounded once: u <|A_p|, M_p> covers that."""
+    p = node.parents[0]
+    if ps.batched and node.attrs["axis"] == 0:
+        return None
+    ax = ps.axis(node.attrs["axis"])
+    tail = ps.tail(p)
+    new = np.ascontiguousarray(np.broadcast_to(np.expand_dims(a, ax), a.shape[:2] + tail))
+    if node.kind == "reduce_mean":
+        new = new / float(tail[ax - 2])
+        ps.add_abs_err(new, ps.mag(p), 2.0 * U * _ERR_SAFETY)
+    return [(p, new)]
+
+
+def _finite_boxes(ps, *nodes: int) -> list[Box] | None:
+    boxes = [ps.box(v) for v in nodes]
+    if all(np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) for lo, hi in boxes):
+        return boxes
+    return None
+
+
+def _mccormick_mul(ps, node, a):
+    """z = x y elementwise, both computed, x in [lx, ux], y in [ly, uy]: McCormick's planes
+    z >= ly x + lx y - lx ly (rows' nonnegative coefficients) and z <= uy x + lx y - lx uy (negative
+    ones), exact for the real product on the box. Each new coefficient is one rounded product
+    (u <|A_p|, M_p>); the constants lx ly, lx uy round once each (u |.|, in add_dot's q)."""
+    x, y = node.parents
+    boxes = _finite_boxes(ps, x, y)
+    if boxes is None or tuple(ps.tail(x)) != tuple(ps.tail(y)):
+        return None
+    (lx, _), (ly, uy) = boxes
+    pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
+    a_x = pos * ly[:, None] + neg * uy[:, None]
+    a_y = a * lx[:, None]
+    ps.add_abs_err(a_x, ps.mag(x), 2.0 * U * _ERR_SAFETY)
+    ps.add_abs_err(a_y, ps.mag(y), 2.0 * U * _ERR_SAFETY)
+    numel = ps.numel(node.id) + 1
+    for part, c in ((pos, lx * ly), (neg, lx * uy)):
+        ps.add_dot(part, -c, np.abs(c) * (2.0 * U), numel)
+    return [(x, a_x), (y, a_y)]
+
+
+def _mccormick_matmul(ps, node, a):
+    """Z = X Y with both operands computed: McCormick's planes on each product X_ij Y_jk, summed over
+    the contraction, are matrix products: the lower bound's rows A take
+    A_X = A+ ly^T + A- uy^T, A_Y = lx^T A and the constant -<A+, lx ly> - <A-, lx uy>.
+    Rounding: A_X's entries are 2K-term sums, A_Y's I-term sums, each at most
+    gamma <|A|, M_X M_Y> in effect; lx ly and lx uy are J-term sums, charged through add_dot's q."""
+    x, y = node.parents
+    tx, ty = ps.tail(x), ps.tail(y)
+    if len(tx) < 2 or len(tx) != len(ty) or tx[:-2] != ty[:-2]:
+        return None
+    boxes = _finite_boxes(ps, x, y)
+    if boxes is None:
+        return None
+    (lx, _), (ly, uy) = boxes
+    i_, j_, k_ = tx[-2], tx[-1], ty[-1]
+    pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
+    sw = lambda m: np.swapaxes(m, -1, -2)[:, None]  # noqa: E731  [n, 1, ..., K, J] (or [.., J, I])
+    with np.errstate(all="ignore"):
+        a_x = pos @ sw(ly) + neg @ sw(uy)
+        a_y = sw(lx) @ a
+        q = (ps.mag(x) @ ps.mag(y)) * (1.0 + err_factor(j_ + 1))
+        ps.add_abs_err(a, q, 2.0 * err_factor(max(2 * k_ + 1, i_) + 1))
+        n = max(j_, ps.numel(node.id)) + 1
+        abs_lx = np.abs(lx)
+        for part, yb in ((pos, ly), (neg, uy)):
+            c = lx @ yb
+            ps.add_dot(part, -c, (abs_lx @ np.abs(yb)) * (1.0 + err_factor(j_ + 1)), n)
+    return [(x, a_x), (y, a_y)]

@@ -5,6 +5,11 @@ CROWN treats the first axis as independent samples when every node keeps samples
 ``[N, ...]`` on every value that depends on the input (shape attributes with the leading 1 follow), then
 checked by the registry's shape rules: any graph the rules reject is refused (None), and the caller
 bounds one subdomain per pass instead. The node ids are unchanged, so the payload serves both graphs.
+
+``with_batch_payload`` also repeats N times the constants of leading axis 1 that only elementwise ops
+combine with input-dependent values (an ONNX model's input normalization, ``(x - mean) / std``: v1's
+elementwise ops take equal shapes, so the constant must have the batch too); it returns the payload
+with those records repeated.
 """
 
 from __future__ import annotations
@@ -14,25 +19,59 @@ import numpy as np
 from torchlean_bridge.check import check
 from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.graph import Graph
+from torchlean_bridge.payload import Payload
 
-__all__ = ["with_batch"]
+__all__ = ["with_batch", "with_batch_payload"]
 
 # attributes that carry a value's full shape, leading (batch) axis included
-_SHAPE_ATTRS = ("in_shape", "out_shape", "shape", "from_shape", "to_shape")
+_SHAPE_ATTRS = ("in_shape", "out_shape", "shape", "from_shape", "to_shape", "value_shape")
 
 
 def with_batch(g: Graph, n: int) -> Graph | None:
     """g with a leading axis of n on every input-dependent value, or None when g's first axis is not a
     batch axis of 1 that the shape rules accept at n."""
+    return _rebatch(g, n, _depends(g), frozenset())
+
+
+def with_batch_payload(g: Graph, payload: Payload | None, n: int) -> tuple[Graph, Payload | None] | None:
+    """``with_batch`` that also batches the constants elementwise ops combine with input-dependent
+    values (see the module docstring), with the payload those constants' records need."""
+    from .crown import _BATCH_SAFE_ELEMENTWISE
+    depends = _depends(g)
+    readers: dict[int, list[int]] = {}
+    for node in g.nodes:
+        for q in node.parents:
+            readers.setdefault(q, []).append(node.id)
+    tile = frozenset(
+        node.id for node in g.nodes
+        if node.kind == "const" and len(node.out_shape) >= 2 and node.out_shape[0] == 1 and readers.get(node.id)
+        and payload is not None and payload.get(node.id, "values") is not None
+        and all(depends[r] and g.nodes[r].kind in _BATCH_SAFE_ELEMENTWISE for r in readers[node.id]))
+    batched = _rebatch(g, n, depends, tile)
+    if batched is None:
+        return None
+    if not tile:
+        return batched, payload
+    out = payload.copy()
+    for v in tile:
+        out.set(v, "values", np.repeat(payload.get(v, "values"), n, axis=0))
+    return batched, out
+
+
+def _depends(g: Graph) -> np.ndarray:
+    depends = np.zeros(len(g.nodes), dtype=bool)
+    for node in g.nodes:
+        depends[node.id] = node.kind == "input" or any(depends[p] for p in node.parents)
+    return depends
+
+
+def _rebatch(g: Graph, n: int, depends: np.ndarray, tile: frozenset[int]) -> Graph | None:
     if n < 1 or len(g.inputs) != 1:
         return None
     nodes = g.nodes
-    depends = np.zeros(len(nodes), dtype=bool)
-    for node in nodes:
-        depends[node.id] = node.kind == "input" or any(depends[p] for p in node.parents)
     out = []
     for node in nodes:
-        if not depends[node.id]:
+        if not depends[node.id] and node.id not in tile:
             out.append(node)
             continue
         shape = tuple(node.out_shape)

@@ -40,7 +40,8 @@ from ..errors import BridgeError
 from ..report import jsonable
 from .vnnlib import Case, Property, load_vnnlib
 
-__all__ = ["verify", "verify_files", "VerifyResult", "load_model", "choose_method", "METHODS", "INPUT_SPLIT_DIMS"]
+__all__ = ["verify", "verify_files", "VerifyResult", "load_model", "choose_method", "METHODS", "INPUT_SPLIT_DIMS",
+           "INPUT_BATCH", "INPUT_BATCH_BYTES", "INPUT_QUEUE_BYTES", "box_cost", "input_batch"]
 
 _MARGIN = 2.0 ** -17
 METHODS = ("auto", "bab-relu", "bab-input", "crown", "alpha-crown", "ibp")
@@ -49,6 +50,12 @@ INPUT_SPLIT_DIMS = 16  # auto: input splitting up to this many input entries
 # sub-box in this many; on the others only the cheap points (centre, bound corners, random) are tried.
 # Every sub-box descending cost 75% of the time on ACAS Xu prop_1 (3x fewer boxes bounded in 30 s).
 DESCEND_EVERY = 16
+# input splitting bounds up to INPUT_BATCH boxes per CROWN pass, fewer when the model's per-box working
+# memory (``box_cost``) times the batch would exceed INPUT_BATCH_BYTES; the open boxes beyond
+# INPUT_QUEUE_BYTES end the search with ``unknown`` (memory cap)
+INPUT_BATCH = 32
+INPUT_BATCH_BYTES = 64 << 20
+INPUT_QUEUE_BYTES = 256 << 20
 _RESULTS = ("unsat", "sat", "unknown")
 
 
@@ -114,6 +121,24 @@ class _Model:
         self.n_outputs = int(np.prod(g.nodes[g.outputs[0]].out_shape))
         self.crown = Crown(g, self.bundle.payload)
         self._session = None
+        self._batched: dict[int, Any] = {}
+
+    def batched_crown(self, n: int):
+        """A Crown over the graph with a batch of n boxes (cached), or None when the graph does not rebatch."""
+        from semantics.linear_bounds import Crown
+        from semantics.linear_bounds.batch_axis import with_batch_payload
+        if n not in self._batched:
+            got = with_batch_payload(self.bundle.graph, self.bundle.payload, n)
+            try:
+                crown = None if got is None else Crown(*got)
+            except BridgeError:  # e.g. a batch the working-memory limit refuses
+                crown = None
+            self._batched[n] = crown if crown is not None and crown.batched and crown.n == n else None
+        return self._batched[n]
+
+    def refuse_batch(self, n: int) -> None:
+        """A pass at batch n failed (the working-memory limit): bound one box per pass from now on."""
+        self._batched[n] = None
 
     def evaluate(self, x: np.ndarray, dtype: str) -> np.ndarray:
         from semantics.evaluate import evaluate
@@ -183,8 +208,11 @@ def _margin(c: np.ndarray, d: np.ndarray, y_mag: float) -> np.ndarray:
 class _Search:
     """Bounds, attacks and input splitting for one property, within a deadline."""
 
-    def __init__(self, model: _Model, prop: Property, method: str, deadline: float, seed: int) -> None:
+    def __init__(self, model: _Model, prop: Property, method: str, deadline: float, seed: int, batch: int = 1,
+                 max_queue_bytes: int = INPUT_QUEUE_BYTES) -> None:
         self.model, self.prop, self.method, self.deadline = model, prop, method, deadline
+        self.batch, self.max_queue_bytes = batch, max_queue_bytes
+        self.attacked = 0  # open boxes attacked (input splitting): one in DESCEND_EVERY descends
         self.rng = np.random.default_rng(seed)
         self.boxes = 0
         self.domains = 0  # ReLU subdomains bounded (bab-relu)
@@ -280,79 +308,130 @@ class _Search:
     # -- the loop -----------------------------------------------------------------------------
 
     def case(self, index: int, case: Case, report: list) -> tuple[str, dict[str, Any] | None]:
-        """'unsat' when every group is refuted on every sub-box; 'sat' with a counterexample; else 'unknown'."""
+        """'unsat' when every group is refuted on every sub-box; 'sat' with a counterexample; else 'unknown'.
+
+        Each round pops up to ``self.batch`` boxes (the most promising first) and bounds them in one
+        batched CROWN pass with every row of the case as the specification; a box keeps the groups its
+        ancestors left open."""
         from semantics.linear_bounds.crown import DeadlineExceeded
         lo0, hi0 = case.lower, case.upper
         # a strict input bound: candidates must lie above (below) it; the bounds cover the closed box
         self.open_bounds = (np.where(case.lower_open, lo0, -np.inf), np.where(case.upper_open, hi0, np.inf))
-        queue: list[tuple[float, int, np.ndarray, np.ndarray, list, float]] = [
-            (0.0, 0, lo0, hi0, list(case.groups), -math.inf)]
+        groups_all = list(case.groups)
+        c = np.concatenate([g[0] for g in groups_all]) if groups_all else np.zeros((0, self.prop.n_outputs))
+        rows_of, start = [], 0
+        for g in groups_all:
+            rows_of.append(slice(start, start + g[0].shape[0]))
+            start += g[0].shape[0]
+        # one queue entry: two float64 boxes, its group indices, the tuple (heapq entries are small objects)
+        per_box = 16 * lo0.size + 8 * len(groups_all) + 200
+        cap = max(1, self.max_queue_bytes // per_box)
+        queue: list[tuple[float, int, np.ndarray, np.ndarray, tuple[int, ...], float]] = [
+            (0.0, 0, lo0, hi0, tuple(range(len(groups_all))), -math.inf)]
         order = 1
         first = True
         while queue:
             if not self.time_left():
                 self._open_lower(min(q[5] for q in queue))
                 return "unknown", None
-            _, _, lo, hi, groups, parent_lower = heapq.heappop(queue)
-            # the box's lower bound until it is bounded: its parent's (sound on the sub-box)
-            self.pending = [q[5] for q in queue] + [parent_lower]
-            c = np.concatenate([g[0] for g in groups]) if groups else np.zeros((0, self.prop.n_outputs))
+            if len(queue) > cap:
+                self._open_lower(min(q[5] for q in queue))
+                self.reason = f"memory cap: {len(queue)} open boxes exceed {self.max_queue_bytes} bytes"
+                return "unknown", None
+            picked = [heapq.heappop(queue) for _ in range(min(1 if first else self.batch, len(queue)))]
+            # a box's lower bound until it is bounded: its parent's (sound on the sub-box)
+            self.pending = [q[5] for q in queue] + [p[5] for p in picked]
+            los, his = np.stack([p[2] for p in picked]), np.stack([p[3] for p in picked])
             try:
-                r, spec_lo, coeffs = self.bound(lo, hi, c)
+                y_lo, y_hi, spec_lo, coeffs, fallback = self.bound_many(los, his, c)
             except DeadlineExceeded:
                 if first:  # report the box's interval bounds (a fraction of one CROWN pass)
-                    r = self.model.crown(lo, hi, method="ibp")
+                    r = self.model.crown(lo0, hi0, method="ibp")
                     report.append({"case": index, "lower": r.lower[0].reshape(-1).tolist(),
                                    "upper": r.upper[0].reshape(-1).tolist(), "method": "ibp"})
                 return "unknown", None
-            y_lo, y_hi = r.lower[0].reshape(-1), r.upper[0].reshape(-1)
             top = first
             if first:
-                report.append({"case": index, "lower": y_lo.tolist(), "upper": y_hi.tolist(),
-                               "fallback": sorted(set(r.fallback.values()))})
+                report.append({"case": index, "lower": y_lo[0].tolist(), "upper": y_hi[0].tolist(),
+                               "fallback": fallback})
                 first = False
-            y_mag = float(np.max(np.maximum(np.abs(y_lo), np.abs(y_hi)), initial=0.0))
-            open_groups, open_rows, start, worst = [], [], 0, []
-            for g in groups:
-                cg, dg, _ = g
-                rows = slice(start, start + cg.shape[0])
-                start += cg.shape[0]
-                gap = spec_lo[0, rows] - dg - _margin(cg, dg, y_mag)
-                if cg.shape[0] and np.any(gap > 0):
-                    self.proved = min(self.proved, float(np.max(gap)))
-                    continue  # some row of the group cannot hold anywhere in the box
-                open_groups.append(g)
-                open_rows.append(rows)
-                worst.append(float(np.max(gap, initial=-np.inf)))
-            if not open_groups:
-                continue
-            sub = None
-            if coeffs is not None:
-                sub = coeffs[0][:, np.r_[tuple(np.arange(s.start, s.stop) for s in open_rows)]]
-            try:
-                found = self.attack(lo, hi, open_groups, sub, budget=8 if top else 2,
-                                    descend=top or self.boxes % DESCEND_EVERY == 0)
-            except DeadlineExceeded:
-                return "unknown", None
-            if found is not None:
-                return "sat", found
-            dim = _split_axis(lo, hi, sub)
-            if dim is None:
-                return "unknown", None
-            mid = lo.reshape(-1)[dim] * 0.5 + hi.reshape(-1)[dim] * 0.5
-            if not lo.reshape(-1)[dim] < mid < hi.reshape(-1)[dim]:
-                return "unknown", None
-            for part in (0, 1):
-                a, b = lo.copy().reshape(-1), hi.copy().reshape(-1)
-                if part == 0:
-                    b[dim] = mid
-                else:
-                    a[dim] = mid
-                heapq.heappush(queue, (-max(worst), order, a.reshape(lo.shape), b.reshape(hi.shape), open_groups,
-                                       max(parent_lower, min(worst))))
-                order += 1
+            for j, (_, _, lo, hi, open_idx, parent_lower) in enumerate(picked):
+                y_mag = float(np.max(np.maximum(np.abs(y_lo[j]), np.abs(y_hi[j])), initial=0.0))
+                still, worst = [], []
+                for gi in open_idx:
+                    cg, dg, _ = groups_all[gi]
+                    gap = spec_lo[j, rows_of[gi]] - dg - _margin(cg, dg, y_mag)
+                    if cg.shape[0] and np.any(gap > 0):
+                        self.proved = min(self.proved, float(np.max(gap)))
+                        continue  # some row of the group cannot hold anywhere in the box
+                    still.append(gi)
+                    worst.append(float(np.max(gap, initial=-np.inf)))
+                if not still:
+                    continue
+                open_groups = [groups_all[gi] for gi in still]
+                sub = None
+                if coeffs is not None:
+                    sub = coeffs[j:j + 1][:, np.concatenate([np.arange(rows_of[gi].start, rows_of[gi].stop)
+                                                             for gi in still])]
+                self.attacked += 1
+                try:
+                    found = self.attack(lo, hi, open_groups, sub, budget=8 if top else 2,
+                                        descend=top or self.attacked % DESCEND_EVERY == 0)
+                except DeadlineExceeded:
+                    return "unknown", None
+                if found is not None:
+                    return "sat", found
+                dim = _split_axis(lo, hi, sub)
+                if dim is None:
+                    return "unknown", None
+                mid = lo.reshape(-1)[dim] * 0.5 + hi.reshape(-1)[dim] * 0.5
+                if not lo.reshape(-1)[dim] < mid < hi.reshape(-1)[dim]:
+                    return "unknown", None
+                for part in (0, 1):
+                    a, b = lo.copy().reshape(-1), hi.copy().reshape(-1)
+                    if part == 0:
+                        b[dim] = mid
+                    else:
+                        a[dim] = mid
+                    heapq.heappush(queue, (-max(worst), order, a.reshape(lo.shape), b.reshape(hi.shape), tuple(still),
+                                           max(parent_lower, min(worst))))
+                    order += 1
         self.pending = []
         return "unsat", None
+
+    def bound_many(self, los: np.ndarray, his: np.ndarray, c: np.ndarray):
+        """Bounds of M boxes ``[M, *input shape]`` against rows ``c``: output lower and upper ``[M, outputs]``,
+        row lower bounds ``[M, K]``, their coefficients ``[M, K, inputs]`` (None without CROWN's) and the
+        first box's fallback kinds. One pass of the graph rebatched to the next power of two (padded
+        with the last box) when it rebatches and the working-memory limit allows, else a pass per box."""
+        m = los.shape[0]
+        size = 1 << max(0, (m - 1).bit_length())
+        crown = self.model.batched_crown(size) if size > 1 else None
+        if crown is not None:
+            pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - m, axis=0)]) if size > m else x  # noqa: E731
+            shape = (size,) + tuple(self.model.input_shape[1:])
+            try:
+                got = self._bound_pass(crown, pad(los).reshape(shape), pad(his).reshape(shape), c, m)
+                self.boxes += m
+                return got
+            except BridgeError:  # a relaxation the memory limit refuses at this batch: one box per pass
+                self.model.refuse_batch(size)
+        parts = []
+        for i in range(m):
+            parts.append(self._bound_pass(self.model.crown, los[i], his[i], c, 1))
+            self.boxes += 1
+        coeffs = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                np.concatenate([p[2] for p in parts]), coeffs, parts[0][4])
+
+    def _bound_pass(self, crown, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, m: int):
+        r = crown(lo, hi, method=self.method, spec=c if c.shape[0] else None, deadline=self.deadline)
+        y_lo, y_hi = r.lower[0].reshape(crown.n, -1)[:m], r.upper[0].reshape(crown.n, -1)[:m]
+        spec_lo = r.spec_lower[:m] if c.shape[0] else np.zeros((m, 0))
+        coeffs = None
+        if c.shape[0] and r.spec_coefficients:
+            coeffs = r.spec_coefficients[0].reshape(crown.n, c.shape[0], -1)[:m]
+        return y_lo, y_hi, spec_lo, coeffs, sorted(set(r.fallback.values()))
 
     def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
         """Multi-restart PGD on each group (DAGs of affine layers, adds, (leaky) ReLUs and max pools
@@ -477,6 +556,21 @@ def _violation(y: np.ndarray, group) -> float:
     return float(np.max(c @ y - d, initial=-np.inf)) if c.shape[0] else -np.inf
 
 
+def box_cost(model: _Model) -> int:
+    """Bytes one box adds to a batched CROWN pass, an upper estimate: a backward pass from a node of
+    width w carries a ``[w, width]`` coefficient matrix per ancestor, so the sum of the per-box widths of
+    the input-dependent values times the largest, in float64, x4 (lower and upper, and the products'
+    temporaries)."""
+    crown = model.crown
+    widths = [math.prod(node.out_shape[1:]) for node in crown.graph.nodes if not crown.const[node.id]]
+    return 32 * sum(widths) * max(widths, default=1)
+
+
+def input_batch(model: _Model, budget: int = INPUT_BATCH_BYTES) -> int:
+    """Boxes per CROWN pass for input splitting: INPUT_BATCH, fewer when their cost exceeds the budget."""
+    return max(1, min(INPUT_BATCH, budget // max(1, box_cost(model))))
+
+
 def choose_method(model: _Model, case: Case) -> str:
     """``auto``: bab-input for at most INPUT_SPLIT_DIMS input entries or no unstable unit of a
     piecewise-linear op (ReLU, leaky ReLU, abs, clamp, max pool) under IBP, else bab-relu (see the
@@ -492,10 +586,13 @@ def choose_method(model: _Model, case: Case) -> str:
 
 
 def verify(model: _Model, prop: Property, method: str = "crown", timeout: float | None = 60.0,
-           seed: int = 0) -> VerifyResult:
-    """Decide the property on the model (see the module docstring)."""
+           seed: int = 0, batch: int | None = None, max_queue_bytes: int = INPUT_QUEUE_BYTES) -> VerifyResult:
+    """Decide the property on the model (see the module docstring). ``batch``: boxes bounded per CROWN
+    pass in input splitting (None: ``input_batch``); ``max_queue_bytes``: its memory cap."""
     if method not in METHODS:
         raise BridgeError(f"verify: unknown method {method!r} (use one of {', '.join(METHODS)})")
+    if batch is not None and not (isinstance(batch, int) and batch >= 1):
+        raise BridgeError(f"verify: batch must be a whole number of boxes >= 1, got {batch!r}")
     if timeout is not None and not (timeout > 0):
         raise BridgeError(f"verify: timeout must be a positive number of seconds, got {timeout}")
     start = time.perf_counter()
@@ -507,7 +604,8 @@ def verify(model: _Model, prop: Property, method: str = "crown", timeout: float 
         method = choose_method(model, prop.cases[0]) if prop.cases else "bab-input"
     bound_method = "crown" if method in ("bab-input", "bab-relu") else method
     deadline = start + (timeout if timeout is not None else float("inf"))
-    search = _Search(model, prop, bound_method, deadline, seed)
+    search = _Search(model, prop, bound_method, deadline, seed, batch=input_batch(model) if batch is None else batch,
+                     max_queue_bytes=max_queue_bytes)
     report: list[dict[str, Any]] = []
     answer, reason = "unsat", ""
 

@@ -541,6 +541,17 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
     tried, bounded = 0, False
     steps: list[tuple[Hypothesis, float, float]] = []
     current, changed = dict(tensors), set()
+
+    def agreement(h: Hypothesis) -> tuple[float, tuple[float, Hypothesis, dict] | None]:
+        """``h``'s error on the first input set, and (error, h, trial) when it agrees on every set
+        (confirmed only after the cheap screen agrees)."""
+        trial = _applied(current, h)
+        keys = sorted(changed | set(h.keys))
+        screen = error_of(trial, keys, True)
+        if screen <= limit and (e := error_of(trial, keys, False)) <= limit:
+            return screen, (e, h, trial)
+        return screen, None
+
     for _ in range(max_steps):
         screened: list[tuple[float, int, Hypothesis]] = []  # trials are rebuilt when confirmed: bounded memory
         best = None
@@ -549,14 +560,10 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
                 bounded = True
                 break
             tried += 1
-            trial = _applied(current, h)
-            keys = sorted(changed | set(h.keys))
-            screen = error_of(trial, keys, True)
-            if screen <= limit:  # agreement on the first set: confirm now, and stop if it holds everywhere
-                e = error_of(trial, keys, False)
-                if e <= limit:
-                    best = (e, h, trial)
-                    break
+            screen, agreed = agreement(h)
+            if agreed is not None:
+                best = agreed
+                break
             screened.append((screen, k, h))
         if best is None:
             screened.sort(key=lambda s: (s[0], s[1]))
@@ -580,10 +587,9 @@ def search(tensors: dict[str, np.ndarray], error_of: Callable[[dict[str, np.ndar
                     bounded = True
                     break
                 tried += 1
-                trial = _applied(current, h)
-                keys = sorted(changed | set(h.keys))
-                if error_of(trial, keys, True) <= limit and (e := error_of(trial, keys, False)) <= limit:
-                    best = (e, h, trial)
+                agreed = agreement(h)[1]
+                if agreed is not None:
+                    best = agreed
                     break
         steps.append((best[1], error, best[0]))
         current, error = best[2], best[0]

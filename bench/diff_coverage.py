@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from pathlib import Path
 
-import torchlean_bridge as tlb
-from tests.diff_routes import routes
-from tests.model_zoo import CASES, REAL
-from tests.torchvision_cpu import define_missing_ops
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's package and tests, from any folder
+
+import torchlean_bridge as tlb  # noqa: E402
+from tests.diff_routes import routes  # noqa: E402
+from tests.model_zoo import CASES, REAL  # noqa: E402
+from tests.torchvision_cpu import define_missing_ops  # noqa: E402
 
 DEFAULT = ("encoder_layer_batch_first", "cnn2d", "residual", "mha_batch_first", "layout", "seed_mlp")
 

@@ -146,3 +146,43 @@ def test_hf_gpt2_k_bias_difference_is_said_to_change_no_output():
     bias[:32] = np.random.default_rng(1).standard_normal(32).astype(np.float32)
     (f,) = audit(bundle, dict(ref, **{key: bias}), reference=model).of_kind("different_values")
     assert ": max error " in f.message and f.message.endswith(" -> 0.000000")
+
+
+def test_hf_gpt2_q_and_k_exchanged_in_c_attn_with_the_module_and_with_golden_outputs_only():
+    """The issue's second case: Q and K exchanged inside one fused ``c_attn`` (weight and bias thirds,
+    the Megatron-vs-Hugging-Face layout bug), Hugging Face's GPT-2 in float64 through torch.export.
+    Both audits name the thirds' order of exactly those tensors and restore agreement; undoing the
+    weight alone (its bias still exchanged) is not said to change no output."""
+    from transformers import GPT2Config, GPT2Model
+
+    import torchlean_bridge as tlb
+    from torchlean_bridge.app.audit import audit
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=4, n_embd=32, n_head=4, n_positions=16, vocab_size=64, use_cache=False,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2Model(config).double().eval()
+    with torch.no_grad():  # nonzero biases, so the bias thirds differ too
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.1)
+    bundle = tlb.import_export(model, (torch.randint(0, 64, (1, 8)),))
+    ref = {k: v.detach().numpy().copy() for k, v in model.state_dict().items() if v.dtype.is_floating_point}
+    w, b = ref["h.1.attn.c_attn.weight"], ref["h.1.attn.c_attn.bias"]
+    (q, k, v), (bq, bk, bv) = np.split(w, 3, axis=1), np.split(b, 3)
+    sd = dict(ref, **{"h.1.attn.c_attn.weight": np.concatenate([k, q, v], axis=1),
+                      "h.1.attn.c_attn.bias": np.concatenate([bk, bq, bv])})
+    order = "Q and K exchanged (stored as [K, Q, V], reference [Q, K, V]; 32 wide)"
+    with_module = audit(bundle, sd, reference=model)
+    assert [(f.kind, f.message.split(": max error")[0].split(": undoing")[0]) for f in with_module.swaps] == [
+        ("reordered", f"h.1.attn.c_attn.weight: thirds along axis 1 reordered: {order}"),
+        ("reordered", f"h.1.attn.c_attn.bias: thirds along axis 0 reordered: {order}")]
+    assert not any("does not change the outputs" in f.message for f in with_module.swaps)
+    assert with_module.error_after < 1e-9
+    xs = [np.random.default_rng(s).integers(0, 64, (1, 8)) for s in range(2)]
+    with torch.no_grad():
+        golden = [[model(torch.tensor(x)).last_hidden_state.numpy()] for x in xs]
+    golden_only = audit(bundle, sd, reference=golden, inputs=[[x] for x in xs])
+    (f,) = golden_only.swaps
+    assert (f.kind, f.message.split(": max error")[0]) == (
+        "reordered", f"h.1.attn.c_attn.bias, h.1.attn.c_attn.weight: thirds reordered: {order}")
+    assert golden_only.error_after < 1e-9 and golden_only.search["time_s"] < 5.0

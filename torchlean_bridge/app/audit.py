@@ -339,11 +339,13 @@ def _graph_outputs(bundle: Bundle, trusted: Any, cases: list[Case]) -> list[list
 def _effect(before: float, after: float, limit: float, cases: int) -> str:
     """What undoing a weight difference does to the output error. A difference the model cancels (a
     K bias: softmax is invariant to adding one constant to every score of a query) changes no output,
-    and "max error 0.000000 -> 0.000000" would read as nonsense, so it is said in words."""
+    and "max error 0.000000 -> 0.000000" would read as nonsense, so it is said in words; while the
+    outputs still disagree, only that undoing this difference alone changed nothing can be said."""
     if abs(after - before) > limit:
         return f"max error {_fmt(before)} -> {_fmt(after)}"
-    still = "" if before <= limit else f"; the max error stays {_fmt(before)}"
-    return f"the difference does not change the outputs on the {cases} input(s) used{still}"
+    if before > limit:  # the outputs still disagree: undoing this one alone is what changed nothing
+        return f"undoing it alone leaves the max error at {_fmt(before)} on the {cases} input(s) used"
+    return f"the difference does not change the outputs on the {cases} input(s) used"
 
 
 def _undo_steps(report: AuditReport, weights: WeightReport, evaluator: "_Evaluator", tensors: dict[str, np.ndarray],

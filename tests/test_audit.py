@@ -427,15 +427,15 @@ def test_unresolved_names_no_exchange_that_leaves_most_of_the_error():
     assert report.swaps == [] and not report.ok
 
 
-def test_unresolved_names_the_best_single_exchange_when_it_removes_most_of_the_error():
-    """Exchanged biases plus a small change of one weight: the exchange removes most of the error, and
-    is named with what it leaves."""
+def test_unresolved_names_the_best_single_exchange_when_it_removes_nearly_all_of_the_error():
+    """Exchanged biases plus a small change of one weight: the exchange removes nearly all of the error
+    (at least 90%), and is named with what it leaves."""
     net, bundle = _three_layer()
     sd = swapped(net.state_dict(), "0.bias", "2.bias")
     sd["2.weight"] = sd["2.weight"] + 0.01
     before, errors = _torch_errors(net, sd)
     best = min(errors, key=errors.get)
-    assert best == "swap 0.bias <-> 2.bias" and errors[best] < before / 2
+    assert best == "swap 0.bias <-> 2.bias" and errors[best] <= before / 10
     (unresolved,) = kinds(_golden_audit(net, bundle, sd), "unresolved")
     tried = unresolved.data["hypotheses"]
     # one round of the 4 hypotheses; when one removes half of the error, its two modules are screened

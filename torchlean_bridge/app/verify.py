@@ -591,7 +591,7 @@ def verify(model: _Model, prop: Property, method: str = "crown", timeout: float 
     pass in input splitting (None: ``input_batch``); ``max_queue_bytes``: its memory cap."""
     if method not in METHODS:
         raise BridgeError(f"verify: unknown method {method!r} (use one of {', '.join(METHODS)})")
-    if batch is not None and not (isinstance(batch, int) and batch >= 1):
+    if batch is not None and not (isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1):
         raise BridgeError(f"verify: batch must be a whole number of boxes >= 1, got {batch!r}")
     if timeout is not None and not (timeout > 0):
         raise BridgeError(f"verify: timeout must be a positive number of seconds, got {timeout}")

@@ -19,13 +19,9 @@ import torchlean_bridge as tlb
 from semantics.evaluate import evaluate
 from semantics.linear_bounds.relax import smooth_for, smooth_lines
 from semantics.sampling import sample_points
+from tests.test_linear_bounds import bundle
 
 mp.mp.dps = 40
-
-
-def bundle(module: nn.Module, shape) -> tlb.Bundle:
-    torch.manual_seed(0)
-    return tlb.import_fx(module.eval(), (torch.zeros(shape),))
 
 
 def bounds_and_check(b: tlb.Bundle, lo: np.ndarray, hi: np.ndarray, samples: int = 40, seed: int = 0):

@@ -119,7 +119,7 @@ def test_graphs_that_do_not_rebatch_are_bounded_one_subdomain_per_pass(monkeypat
     from torchlean_bridge.app.vnnlib import Property
     prop = Property(40, 2, [Case(lo, hi, [(np.array([[1.0, -1.0]]), np.array([t]), np.zeros(1, dtype=bool))])])
     batched = verify(model, prop, method="bab-relu", timeout=20)
-    monkeypatch.setattr(batch_axis, "with_batch", lambda g, n: None)
+    monkeypatch.setattr(batch_axis, "with_batch_payload", lambda g, payload, n: None)
     single = verify(_model(b), prop, method="bab-relu", timeout=20)
     assert batched.result == single.result == "unsat"
     assert batched.domains_visited > 1 and single.domains_visited == batched.domains_visited

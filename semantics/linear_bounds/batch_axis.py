@@ -6,10 +6,11 @@ CROWN treats the first axis as independent samples when every node keeps samples
 checked by the registry's shape rules: any graph the rules reject is refused (None), and the caller
 bounds one subdomain per pass instead. The node ids are unchanged, so the payload serves both graphs.
 
-``with_batch_payload`` also repeats N times the constants of leading axis 1 that only elementwise ops
-combine with input-dependent values (an ONNX model's input normalization, ``(x - mean) / std``: v1's
-elementwise ops take equal shapes, so the constant must have the batch too); it returns the payload
-with those records repeated.
+Elementwise ops take equal shapes, so a constant they combine with an input-dependent value (an ONNX
+model's input normalization, ``(x - mean) / std``) needs the batch too: a ``broadcast_to`` of a
+constant that only such ops read is rebuilt to broadcast to ``[N, ...]`` (its source keeps its
+shape), and ``with_batch_payload`` also repeats N times the constants of leading axis 1 that only such
+ops read directly, returning the payload with those records repeated.
 """
 
 from __future__ import annotations
@@ -36,17 +37,13 @@ def with_batch(g: Graph, n: int) -> Graph | None:
 def with_batch_payload(g: Graph, payload: Payload | None, n: int) -> tuple[Graph, Payload | None] | None:
     """``with_batch`` that also batches the constants elementwise ops combine with input-dependent
     values (see the module docstring), with the payload those constants' records need."""
-    from .crown import _BATCH_SAFE_ELEMENTWISE
     depends = _depends(g)
-    readers: dict[int, list[int]] = {}
-    for node in g.nodes:
-        for q in node.parents:
-            readers.setdefault(q, []).append(node.id)
+    readers = _readers(g)
     tile = frozenset(
         node.id for node in g.nodes
-        if node.kind == "const" and len(node.out_shape) >= 2 and node.out_shape[0] == 1 and readers.get(node.id)
+        if node.kind == "const" and len(node.out_shape) >= 2 and node.out_shape[0] == 1
         and payload is not None and payload.get(node.id, "values") is not None
-        and all(depends[r] and g.nodes[r].kind in _BATCH_SAFE_ELEMENTWISE for r in readers[node.id]))
+        and _only_elementwise_readers(g, node.id, depends, readers))
     batched = _rebatch(g, n, depends, tile)
     if batched is None:
         return None
@@ -65,13 +62,32 @@ def _depends(g: Graph) -> np.ndarray:
     return depends
 
 
+def _readers(g: Graph) -> dict[int, list[int]]:
+    readers: dict[int, list[int]] = {}
+    for node in g.nodes:
+        for q in node.parents:
+            readers.setdefault(q, []).append(node.id)
+    return readers
+
+
+def _only_elementwise_readers(g: Graph, v: int, depends: np.ndarray, readers: dict[int, list[int]]) -> bool:
+    """Whether every reader of v depends on the input and is an elementwise op that keeps samples apart."""
+    from .crown import _BATCH_SAFE_ELEMENTWISE
+    return bool(readers.get(v)) and all(depends[r] and g.nodes[r].kind in _BATCH_SAFE_ELEMENTWISE for r in readers[v])
+
+
 def _rebatch(g: Graph, n: int, depends: np.ndarray, tile: frozenset[int]) -> Graph | None:
     if n < 1 or len(g.inputs) != 1:
         return None
     nodes = g.nodes
+    readers = _readers(g)
     out = []
     for node in nodes:
         if not depends[node.id] and node.id not in tile:
+            shape = tuple(node.out_shape)
+            if (node.kind in ("broadcast_to", "expand") and len(shape) >= 2 and shape[0] == 1
+                    and _only_elementwise_readers(g, node.id, depends, readers)):
+                node = node.with_(out_shape=(n,) + shape[1:], attrs={**node.attrs, "to_shape": (n,) + shape[1:]})
             out.append(node)
             continue
         shape = tuple(node.out_shape)

@@ -6,7 +6,7 @@ On a subdomain a ReLU fixed active has ``z >= 0`` and one fixed inactive ``z <= 
 In the backward pass the term adds ``beta_j sigma_j`` to the coefficient of ``z_j`` (Wang et al.,
 "Beta-CROWN", NeurIPS 2021). Here beta and the free ReLUs' lower slopes (alpha) are optimized per
 subdomain and row by projected Adam steps in plain float64 (the bound's gradient through the DAG of
-affine layers, adds, ReLUs and max pools, ``chain.dag_layers``); only the heuristic runs in plain
+affine layers, elementwise affine maps, adds, ReLUs and max pools, ``chain.dag_layers``); only the heuristic runs in plain
 arithmetic.
 
 The final bound is a sound backward pass of the outward-rounded CROWN (``crown._Pass``) in which the
@@ -56,6 +56,9 @@ def _plain(run: "_Run", layers, inp: int, rows, alphas, betas, sigma, c, r):
         if kind == "affine":
             const = const + a @ bias
             outs = [(parents[0], a @ weight)]
+        elif kind == "scale":
+            const = const + a @ bias
+            outs = [(parents[0], a * weight)]
         elif kind in ("add", "sub"):
             outs = [(parents[0], a), (parents[1], a if kind == "add" else -a)]
         elif kind == "identity":
@@ -88,6 +91,8 @@ def _plain(run: "_Run", layers, inp: int, rows, alphas, betas, sigma, c, r):
         gp = [grads[p] for p in parents]
         if kind == "affine":
             grads[v] = gp[0] @ weight.T + bias
+        elif kind == "scale":
+            grads[v] = gp[0] * weight + bias
         elif kind in ("add", "sub"):
             grads[v] = gp[0] + gp[1] if kind == "add" else gp[0] - gp[1]
         elif kind == "identity":

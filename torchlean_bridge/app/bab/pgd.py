@@ -39,6 +39,8 @@ class Dag:
             z = vals[parents[0]]
             if kind == "affine":
                 vals[v] = z @ w.T + b
+            elif kind == "scale":
+                vals[v] = z * w + b
             elif kind == "identity":
                 vals[v] = z
             elif kind in ("add", "sub"):
@@ -63,6 +65,8 @@ class Dag:
                 continue
             if kind == "affine":
                 outs = [(parents[0], gv @ w)]
+            elif kind == "scale":
+                outs = [(parents[0], gv * w)]
             elif kind == "identity":
                 outs = [(parents[0], gv)]
             elif kind in ("add", "sub"):

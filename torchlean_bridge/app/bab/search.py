@@ -109,7 +109,6 @@ class ReluBab:
         dag = dag_layers(base)
         # without beta (graphs beyond beta's DAGs) splits act only through the intermediate bounds: recompute them
         self.reuse = reuse and dag is not None and any(kind == "relu" for kind, *_ in dag[0])
-        self._crowns: dict[int, Any] = {1: base}
         self.domains = 0
         self.fsb_domains = 0  # children FSB bounded to choose a branch (not counted in ``domains``)
         self.proved = math.inf  # the smallest gap of a refuted (non-empty) subdomain
@@ -118,31 +117,23 @@ class ReluBab:
     # -- bounding --------------------------------------------------------------------------------
 
     def _crown(self, n: int):
-        """A Crown over the graph with batch n (cached), or None when the graph does not rebatch."""
-        from semantics.linear_bounds import Crown
-        from semantics.linear_bounds.batch_axis import with_batch
-        if n not in self._crowns:
-            g = with_batch(self.model.bundle.graph, n)
-            try:
-                self._crowns[n] = None if g is None else Crown(g, self.model.bundle.payload)
-            except BridgeError:  # e.g. a batch the working-memory limit refuses: one subdomain per pass
-                self._crowns[n] = None
-        return self._crowns[n]
+        """A Crown over the graph with batch n (the model's, cached), or None when the graph does not rebatch."""
+        return self.model.crown if n == 1 else self.model.batched_crown(n)
 
     def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, known=None, method: str | None = None):
         """Gaps ``[M, K]``, emptiness ``[M]`` and ReLU input boxes of M subdomains (rows of splits, with
         their input boxes ``[M, inputs]``)."""
         m = splits.shape[0]
         size = 1 << max(0, (m - 1).bit_length())  # powers of two: a few cached graphs serve every round
-        crown = self._crown(size) if size > 1 else self._crowns[1]
+        crown = self._crown(size)
         if crown is not None and crown.batched and crown.n == size:
             try:
                 return self._bound_with(crown, splits, lo, hi, size, known, method)
             except BridgeError:  # a relaxation the memory limit refuses at this batch: one at a time
                 if size == 1:
                     raise
-                self._crowns[size] = None
-        parts = [self._bound_with(self._crowns[1], splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
+                self.model.refuse_batch(size)
+        parts = [self._bound_with(self.model.crown, splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
                                   None if known is None else (known[0][i:i + 1], known[1][i:i + 1]), method)
                  for i in range(m)]
         points = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
@@ -212,6 +203,9 @@ class ReluBab:
             if kind == "affine":
                 a = a @ w
                 continue
+            if kind == "scale":
+                a = a * w
+                continue
             i = index[v]
             sl = slice(self.offsets[i], self.offsets[i + 1])
             l, u, s, un = lo[:, sl], hi[:, sl], splits[:, sl], unstable[:, sl]
@@ -255,7 +249,7 @@ class ReluBab:
         live = np.isfinite(np.take_along_axis(score, top, axis=1))
         rows, slot = np.nonzero(live)
         size = 1 << max(0, (2 * rows.size - 1).bit_length())
-        crown = self._crown(size) if size > 1 else self._crowns[1]
+        crown = self._crown(size)
         if crown is None or not crown.batched or crown.n != size:
             return np.argmax(score, axis=1), None
         units = top[rows, slot]

@@ -1,0 +1,165 @@
+"""ReLU branch and bound on networks that normalize their input first (ERAN's and MNIST ONNX files:
+``(x - mean) / std`` with scalar constants broadcast to the image, then a flatten): the broadcast
+constants are rebatched so many subdomains share one CROWN pass, the elementwise affine maps are
+``scale`` layers of the plain-float DAG (beta-CROWN, PGD and the branching scores go through them),
+the plain DAG is the network, and the bounds beta-CROWN gives on split subdomains enclose every sampled
+output."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from semantics.evaluate import evaluate
+from semantics.linear_bounds import Crown
+from semantics.linear_bounds.batch_axis import with_batch
+from semantics.linear_bounds.chain import chain_layers, dag_layers
+from semantics.linear_bounds.splits import bound_domains, relu_nodes
+from torchlean_bridge.app.bab import Dag, ReluBab
+from torchlean_bridge.app.verify import load_model
+
+SIDE, HIDDEN, N_OUT = 4, 12, 3
+PREFIXES = {
+    # ERAN: (x - mean) / std with scalar constants
+    "normalize": [("Sub", "X", "mean", "a"), ("Div", "a", "std", "b")],
+    # the other affine forms: a product, a constant minus x, a negation, an added constant
+    "affine": [("Mul", "X", "k", "a"), ("Sub", "mean", "a", "t0"), ("Neg", "t0", None, "t1"), ("Add", "t1", "std", "b")],
+}
+
+
+def normalized_mlp(tmp_path, prefix: str, seed: int = 0):
+    """X [1, 1, 4, 4] -> the prefix with [1, 1, 1, 1] constants -> flatten -> Gemm, Relu, Gemm, Relu, Gemm."""
+    rng = np.random.default_rng(seed)
+    n_in = SIDE * SIDE
+    consts = {"mean": np.full((1, 1, 1, 1), 0.1307), "std": np.full((1, 1, 1, 1), 0.3081),
+              "k": np.full((1, 1, 1, 1), -1.75),
+              "w1": rng.standard_normal((HIDDEN, n_in)) / 2, "b1": rng.standard_normal(HIDDEN) * 0.3,
+              "w2": rng.standard_normal((HIDDEN, HIDDEN)) / 3, "b2": rng.standard_normal(HIDDEN) * 0.3,
+              "w3": rng.standard_normal((N_OUT, HIDDEN)) / 3, "b3": rng.standard_normal(N_OUT) * 0.3}
+    nodes = [helper.make_node(op, [x] + ([y] if y else []), [out]) for op, x, y, out in PREFIXES[prefix]]
+    nodes += [helper.make_node("Flatten", ["b"], ["f"]),
+              helper.make_node("Gemm", ["f", "w1", "b1"], ["h1"], transB=1), helper.make_node("Relu", ["h1"], ["r1"]),
+              helper.make_node("Gemm", ["r1", "w2", "b2"], ["h2"], transB=1), helper.make_node("Relu", ["h2"], ["r2"]),
+              helper.make_node("Gemm", ["r2", "w3", "b3"], ["Y"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "normalized_mlp", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, SIDE, SIDE])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, N_OUT])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in consts.items()])
+    path = tmp_path / f"normalized_{prefix}_{seed}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return load_model(path)
+
+
+def _outputs(model, xs: np.ndarray) -> np.ndarray:
+    return np.stack([model.evaluate(x.reshape(model.input_shape), "float64").reshape(-1) for x in xs])
+
+
+@pytest.mark.parametrize("prefix", sorted(PREFIXES))
+def test_the_broadcast_constants_rebatch_and_the_prefix_is_a_chain_of_scale_layers(tmp_path, prefix):
+    model = normalized_mlp(tmp_path, prefix)
+    g = model.bundle.graph
+    assert any(n.kind == "broadcast_to" and not n.parents == () for n in g.nodes)  # the scalar constants
+    gb = with_batch(g, 6)
+    assert gb is not None  # no payload change: the broadcast's target gets the batch
+    xs = np.random.default_rng(1).uniform(0, 1, (6, 1, SIDE, SIDE))
+    batched = np.asarray(evaluate(gb, model.bundle.payload, [xs], dtype="float64")[0])
+    np.testing.assert_allclose(batched, _outputs(model, xs), rtol=1e-12, atol=1e-12)
+    assert model.batched_crown(8) is not None
+    dag, chain = dag_layers(model.crown), chain_layers(model.crown)
+    assert dag is not None and chain is not None
+    want = len(PREFIXES[prefix])
+    assert sum(kind == "scale" for kind, *_ in dag[0]) == want == sum(kind == "scale" for kind, *_ in chain[0])
+
+
+@pytest.mark.parametrize("prefix", sorted(PREFIXES))
+def test_the_plain_dag_is_the_network_and_its_gradient_is_the_derivative(tmp_path, prefix):
+    model = normalized_mlp(tmp_path, prefix)
+    dag = Dag(model.crown, dag_layers(model.crown))
+    xs = np.random.default_rng(2).uniform(0, 1, (7, SIDE * SIDE))
+    y, keep = dag.forward(xs)
+    np.testing.assert_allclose(y, _outputs(model, xs), rtol=1e-5, atol=1e-5)  # the file's float32 weights
+    w = np.random.default_rng(3).standard_normal((7, N_OUT))
+    grad = dag.gradient(keep, w)
+    h = 1e-6
+    for i in range(3):  # central differences along a few coordinates (the pattern is constant nearby)
+        e = np.zeros(SIDE * SIDE)
+        e[5 * i] = h
+        fd = ((dag.forward(xs + e)[0] - dag.forward(xs - e)[0]) * w).sum(axis=1) / (2 * h)
+        np.testing.assert_allclose(grad[:, 5 * i], fd, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("prefix", sorted(PREFIXES))
+def test_beta_crown_on_split_subdomains_encloses_every_sampled_output(tmp_path, prefix):
+    model = normalized_mlp(tmp_path, prefix, seed=4)
+    n = 16
+    crown = Crown(*_batched(model, n))
+    relus = relu_nodes(crown)
+    rng = np.random.default_rng(5)
+    xs = rng.uniform(0.3, 0.4, (4000, SIDE * SIDE))
+    dag = Dag(model.crown, dag_layers(model.crown))
+    pre = _pre_activations(dag, xs, relus)
+    # each subdomain fixes a random third of the units on the side one sample point has: never empty
+    anchor = rng.choice(len(xs), n, replace=False)
+    splits = {v: np.where(rng.random((n, HIDDEN)) < 1 / 3, np.where(pre[v][anchor] >= 0, 1, -1), 0).astype(np.int8)
+              for v in relus}
+    lo = np.full((n, 1, SIDE, SIDE), 0.3)
+    hi = lo + 0.1
+    c = rng.integers(-2, 3, (4, N_OUT)).astype(np.float64)
+    r = bound_domains(crown, lo, hi, splits, c, method="beta-crown")
+    assert r.method == "beta-crown"  # the multipliers apply through the scale layers
+    ys = _outputs(model, xs) @ c.T
+    checked = 0
+    for i in range(n):
+        inside = np.ones(len(xs), dtype=bool)
+        for v in relus:
+            s = splits[v][i]
+            inside &= np.all(np.where(s > 0, pre[v] >= 0, np.where(s < 0, pre[v] <= 0, True)), axis=1)
+        assert inside[anchor[i]] and not r.empty[i], i
+        if inside.any():
+            checked += 1
+            assert np.all(r.lower[i] <= ys[inside].min(axis=0) + 1e-9), i
+            assert np.all(r.upper[i] >= ys[inside].max(axis=0) - 1e-9), i
+    assert checked == n
+
+
+def _batched(model, n: int):
+    from semantics.linear_bounds.batch_axis import with_batch_payload
+    got = with_batch_payload(model.bundle.graph, model.bundle.payload, n)
+    assert got is not None
+    return got
+
+
+def _pre_activations(dag: Dag, xs: np.ndarray, relus: list[int]) -> dict[int, np.ndarray]:
+    """Each ReLU's input at the points, from the plain DAG (whose forward pass keeps them)."""
+    vals = {dag.input: xs}
+    for kind, v, parents, w, b in reversed(dag.layers):
+        z = vals[parents[0]]
+        vals[v] = {"affine": lambda: z @ w.T + b, "scale": lambda: z * w + b, "identity": lambda: z,
+                   "relu": lambda: np.maximum(z, 0.0)}[kind]()
+    return {v: vals[dict((u, p) for _, u, p, *_ in dag.layers)[v][0]] for v in relus}
+
+
+def test_relu_bab_reuses_the_root_boxes_and_decides_both_ways(tmp_path):
+    model = normalized_mlp(tmp_path, "normalize", seed=6)
+    lo, hi = np.full((1, 1, SIDE, SIDE), 0.2), np.full((1, 1, SIDE, SIDE), 0.6)
+    c = np.array([[1.0, -1.0, 0.0]])
+    xs = np.random.default_rng(7).uniform(0.2, 0.6, (3000, SIDE * SIDE))
+    sampled = float((_outputs(model, xs) @ c.T).min())
+    root = float(model.crown(lo, hi, spec=c).spec_lower[0, 0])
+    assert root < sampled
+    below = root + 0.5 * (sampled - root)  # beyond one CROWN pass, below every sample
+    search = ReluBab(model, lo, hi, c, np.array([below]), np.zeros(1), time.perf_counter() + 30, progress=False)
+    assert search.reuse  # beta's DAG: children start from their parents' boxes
+    out = search.run(np.array([root - below]))
+    assert out.result == "unsat" and out.domains > 1, out
+    above = sampled + 0.01 * abs(sampled)
+    found = ReluBab(model, lo, hi, c, np.array([above]), np.zeros(1), time.perf_counter() + 30, progress=False,
+                    check=lambda x: {"x": x} if float((_outputs(model, x.reshape(1, -1)) @ c.T)[0, 0]) <= above
+                    else None).run(np.array([root - above]))
+    assert found.result == "sat", found
+    x = found.counterexample["x"].reshape(-1)
+    assert np.all((x >= 0.2) & (x <= 0.6))

@@ -163,3 +163,64 @@ def test_relu_bab_reuses_the_root_boxes_and_decides_both_ways(tmp_path):
     assert found.result == "sat", found
     x = found.counterexample["x"].reshape(-1)
     assert np.all((x >= 0.2) & (x <= 0.6))
+
+
+class _SmallCnn:
+    """A 1x6x6 image -> conv 3x3 (4 channels, stride 1, pad 1) -> ReLU -> conv 3x3 stride 2 -> ReLU ->
+    flatten -> linear 3, through torch.fx; its two convolutions as DAG layers."""
+
+    @staticmethod
+    def model():
+        import torch
+        import torch.nn as nn
+        import torchlean_bridge as tlb
+        from exporters.onnx import export_onnx
+        from torchlean_bridge.app.verify import _Model
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, stride=2, padding=(1, 0)),
+                            nn.ReLU(), nn.Flatten(), nn.Linear(4 * 3 * 2, 3)).eval()
+        b = tlb.import_fx(net, (torch.zeros(1, 1, 6, 6),))
+        return _Model(b, export_onnx(b).SerializeToString())
+
+
+def test_a_convolution_too_large_to_densify_is_an_operator_with_the_dense_matrix_products(monkeypatch):
+    import semantics.linear_bounds.chain as chain
+    model = _SmallCnn.model()
+    dense = chain.dag_layers.__wrapped__(model.crown, None)  # uncached: the two builds differ
+    monkeypatch.setattr(chain, "MAX_DENSE", 16)
+    ops = chain.dag_layers.__wrapped__(model.crown, None)
+    convs = [(d, o) for d, o in zip(dense[0], ops[0]) if isinstance(o[3], chain.ConvOperator)]
+    assert len(convs) == 2
+    rng = np.random.default_rng(0)
+    for d, o in convs:
+        w = d[3]
+        a = rng.standard_normal((2, 5, w.shape[0]))
+        x = rng.standard_normal((7, w.shape[1]))
+        np.testing.assert_allclose(a @ o[3], a @ w, rtol=1e-12, atol=1e-12)  # the transpose, on coefficient rows
+        np.testing.assert_allclose(x @ o[3].T, x @ w.T, rtol=1e-12, atol=1e-12)  # the convolution, on values
+        np.testing.assert_array_equal(o[4], d[4])
+    xs = rng.uniform(-1, 1, (5, 36))
+    y, _ = Dag(model.crown, ops).forward(xs)
+    np.testing.assert_allclose(y, _outputs(model, xs), rtol=1e-10, atol=1e-10)
+
+
+def test_bab_on_a_cnn_through_conv_operators_is_sound_and_attacks_without_crown_descent(monkeypatch):
+    import semantics.linear_bounds.chain as chain
+    from torchlean_bridge.app.verify import _Search, verify
+    from torchlean_bridge.app.vnnlib import Case, Property
+    monkeypatch.setattr(chain, "MAX_DENSE", 16)  # every convolution an operator
+    model = _SmallCnn.model()
+    # the CROWN-guided descent costs a CROWN pass per step: with a DAG, PGD replaces it
+    monkeypatch.setattr(_Search, "_descend", lambda *a, **k: pytest.fail("CROWN descent with a plain DAG at hand"))
+    lo, hi = np.full(36, -0.4), np.full(36, 0.4)
+    xs = np.random.default_rng(1).uniform(lo, hi, (3000, 36))
+    c = np.array([[1.0, -1.0, 0.0]])
+    m = (_outputs(model, xs) @ c.T)[:, 0]
+    root = float(model.crown(lo.reshape(1, 1, 6, 6), hi.reshape(1, 1, 6, 6), spec=c).spec_lower[0, 0])
+    for t, want in ((root + 0.5 * (m.min() - root), ("unsat",)), (float(np.quantile(m, 0.01)), ("sat",))):
+        prop = Property(36, 3, [Case(lo, hi, [(c, np.array([t]), np.zeros(1, dtype=bool))])])
+        r = verify(model, prop, method="bab-relu", timeout=20)
+        assert r.result in want, (t, r)
+        if r.result == "sat":
+            x = np.asarray(r.counterexample["x"])
+            assert float((_outputs(model, x[None]) @ c.T)[0, 0]) <= t

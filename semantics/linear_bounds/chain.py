@@ -15,9 +15,9 @@ import numpy as np
 from ..records import PREPARED
 from .crown import Crown
 
-__all__ = ["ELEMENTWISE_AFFINE", "MAX_DENSE", "chain_layers", "const_boxes", "dag_layers"]
+__all__ = ["ConvOperator", "ELEMENTWISE_AFFINE", "MAX_DENSE", "chain_layers", "const_boxes", "dag_layers"]
 
-MAX_DENSE = 1 << 22  # entries of a convolution's dense matrix in a chain (32 MiB of float64)
+MAX_DENSE = 1 << 22  # entries of a convolution's dense matrix (32 MiB of float64); larger: a ConvOperator
 ELEMENTWISE_AFFINE = frozenset({"add", "sub", "mul_elem", "div", "neg"})  # with a constant: ``scale`` layers
 
 
@@ -31,13 +31,27 @@ def _target(crown: Crown, t: int | None) -> int | None:
     return t
 
 
+def _cached(build):
+    """Memoized per Crown and target: the layers (dense matrices included) are built once, not per pass."""
+    def wrapper(crown: Crown, t: int | None = None):
+        cache = crown.__dict__.setdefault("_layers_cache", {})
+        key = (build.__name__, t)
+        if key not in cache:
+            cache[key] = build(crown, t)
+        return cache[key]
+    wrapper.__name__, wrapper.__doc__, wrapper.__wrapped__ = build.__name__, build.__doc__, build
+    return wrapper
+
+
+@_cached
 def chain_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, int, Any, Any]], int] | None:
     """t's ancestors (the output by default) as ``([(kind, id, weight, bias)], input id)`` from t down, when
     they are a chain of affine layers (``linear`` on ``[N, features]``, ``conv`` with its channel axis 1,
     as dense ``[out, in]`` matrices over the flattened values; reshapes are skipped: they keep the flat
     order), elementwise affine maps by constants (``("scale", id, scale, shift)``: an input
-    normalization ``(x - mean) / std``, see ``_elementwise_affine``) and ReLUs (``("relu", id, None, None)``); None otherwise or when a dense matrix would exceed
-    MAX_DENSE entries. For plain-float heuristics and optimizations (no soundness claim)."""
+    normalization ``(x - mean) / std``, see ``_elementwise_affine``) and ReLUs (``("relu", id, None, None)``); None
+    otherwise. A convolution whose dense matrix would exceed MAX_DENSE entries is a ``ConvOperator`` (``@``
+    as a matrix's). For plain-float heuristics and optimizations (no soundness claim)."""
     g = crown.graph
     t = _target(crown, t)
     if t is None:
@@ -69,16 +83,16 @@ def chain_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, in
     return out, v
 
 
+@_cached
 def dag_layers(crown: Crown, t: int | None = None
                ) -> tuple[list[tuple[str, int, tuple[int, ...], Any, Any]], int] | None:
     """t's ancestors (the output by default) as a DAG for plain-float passes: ``([(kind, id, parents,
     weight, bias)], input id)`` in decreasing id (a backward pass's order), kinds ``affine`` (linear,
-    or conv as a dense matrix, as ``chain_layers``), ``identity`` (reshape, flatten), ``scale`` (an elementwise
+    or conv as a dense matrix or a ``ConvOperator``, as ``chain_layers``), ``identity`` (reshape, flatten), ``scale`` (an elementwise
     affine map by constants, weight and bias flat per unit), ``add`` / ``sub`` of two input-dependent
     values of one shape, ``relu`` (also a leaky ReLU with slope in [0, 1]: its
     weight is that slope, 0 for a ReLU) and ``max_pool`` (its relaxation is the run's,
-    ``_Run.pools``); None when another op, a second graph input or a dense matrix over MAX_DENSE
-    entries is met. A chain (``chain_layers``) is the case of one parent each. No soundness claim."""
+    ``_Run.pools``); None when another op or a second graph input is met. A chain (``chain_layers``) is the case of one parent each. No soundness claim."""
     g = crown.graph
     t = _target(crown, t)
     if t is None:
@@ -177,18 +191,50 @@ def const_boxes(crown: Crown) -> list:
 
 
 def _affine(crown: Crown, node, v: int):
-    """(dense weight ``[out, in]``, bias ``[out]``) of a linear layer or convolution, or None."""
+    """(weight ``[out, in]``: dense, or a ``ConvOperator`` above MAX_DENSE entries; bias ``[out]``) of a linear
+    layer or convolution, or None."""
     if node.kind == "linear" and len(node.out_shape) == 2:
         p = crown.ibp.records[v][PREPARED]
         return p.weight, p.bias
     if node.kind == "conv" and node.attrs["channel_axis"] == 1:
-        tail_in = crown.ishape(node.parents[0])[1:]
-        n_in, n_out = math.prod(tail_in), math.prod(crown.ishape(v)[1:])
-        if n_in * n_out > MAX_DENSE:
-            return None
-        from ..rules.affine import batched_conv
+        tail_in, tail_out = tuple(crown.ishape(node.parents[0])[1:]), tuple(crown.ishape(v)[1:])
+        n_in, n_out = math.prod(tail_in), math.prod(tail_out)
         p = crown.ibp.records[v][PREPARED]
-        eye = np.eye(n_in).reshape((n_in,) + tuple(tail_in))
+        bias = np.repeat(p.bias, n_out // p.bias.size)
+        if n_in * n_out > MAX_DENSE:
+            return ConvOperator(p.weight, node.attrs, tail_in, tail_out), bias
+        from ..rules.affine import batched_conv
+        eye = np.eye(n_in).reshape((n_in,) + tail_in)
         dense = batched_conv(eye, p.weight, node.attrs).reshape(n_in, n_out).T
-        return np.ascontiguousarray(dense), np.repeat(p.bias, n_out // p.bias.size)
+        return np.ascontiguousarray(dense), bias
     return None
+
+
+class ConvOperator:
+    """A convolution as the ``[out, in]`` matrix of a layer over flat values, never formed: ``a @ op``
+    applies its transpose to coefficient rows ``[..., out]`` (a backward pass), ``x @ op.T`` the
+    convolution to values ``[..., in]`` (a forward pass). numpy defers ``@`` to it (``__array_ufunc__``)."""
+
+    __array_ufunc__ = None
+
+    def __init__(self, weight: np.ndarray, attrs, tail_in: tuple[int, ...], tail_out: tuple[int, ...],
+                 transposed: bool = False) -> None:
+        self.weight, self.attrs, self.tail_in, self.tail_out = weight, attrs, tail_in, tail_out
+        self.transposed = transposed
+
+    @property
+    def T(self) -> "ConvOperator":
+        return ConvOperator(self.weight, self.attrs, self.tail_in, self.tail_out, not self.transposed)
+
+    def __rmatmul__(self, a: np.ndarray) -> np.ndarray:
+        from ..rules.affine import batched_conv
+        from .rules import conv_adjoint
+        lead = a.shape[:-1]
+        if self.transposed:  # x @ W.T: the convolution itself
+            out = batched_conv(np.ascontiguousarray(a, dtype=np.float64).reshape((-1,) + self.tail_in),
+                               self.weight, self.attrs)
+            return out.reshape(lead + (math.prod(self.tail_out),))
+        at = self.attrs
+        back = conv_adjoint(np.asarray(a, dtype=np.float64).reshape((-1,) + self.tail_out), self.weight, at["stride"],
+                            at["padding"], at["dilation"], at["groups"], self.tail_in[1:])
+        return back.reshape(lead + (math.prod(self.tail_in),))

@@ -21,11 +21,11 @@ of them in one batched CROWN pass. The search, in the style of alpha-beta-CROWN'
   best-scored unit;
 * a child's bound is the maximum of its own, FSB's and its parent's (all sound on the child), and a
   child a split makes empty (``DomainBounds.empty``) is refuted; where beta applies (graphs of affine
-  layers, ReLUs, adds and max pools: ``chain.dag_layers``) children start from their parent's
+  layers, input normalizations, ReLUs, adds and max pools: ``chain.dag_layers``) children start from their parent's
   split nodes' input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded
   with ``method="beta-crown"``; elsewhere their intermediate bounds are recomputed with the splits;
-* the caller's attack (verify's, and PGD, ``pgd``) runs before the search and again every ``attack_every`` rounds, so ``sat`` comes
-  fast, and every round the point minimizing the worst row's linear bound on the ``TRY_POINTS`` most
+* the caller's attack (PGD over the plain DAG, ``pgd``; verify's CROWN-guided descent only where there is no
+  DAG) runs before the search and again every ``attack_every`` rounds, so ``sat`` comes fast, and every round the point minimizing the worst row's linear bound on the ``TRY_POINTS`` most
   promising open children (beta-CROWN's plain pass gives it) is re-checked as a counterexample;
 * a subdomain with no splittable unit left that stays open has its input box halved along its widest
   side instead: the final concretization over the whole box ignores the constraints beta does not
@@ -305,8 +305,8 @@ class ReluBab:
         cap = max(1, self.max_queue_bytes // per_domain)
         try:
             gap, empty, pre, _ = self._bound(root, box_lo, box_hi)
-        except DeadlineExceeded:
-            return BabOutcome("unknown", None, self.domains, -math.inf, "timeout")
+        except DeadlineExceeded:  # the caller's bound of the whole box stands
+            return BabOutcome("unknown", None, self.domains, float(np.max(root_gap, initial=-math.inf)), "timeout")
         gap = np.maximum(gap, root_gap[None])
         if empty[0] or gap[0].max() > 0:
             return BabOutcome("unsat", None, self.domains, float(gap[0].max()) if not empty[0] else math.inf)

@@ -25,7 +25,7 @@ from ..records import PREPARED
 if TYPE_CHECKING:
     from .crown import _Run
 
-__all__ = ["ITERATIONS", "LEARNING_RATE", "chain", "optimize_slopes", "with_slopes"]
+__all__ = ["ITERATIONS", "LEARNING_RATE", "chain", "chain_to_input", "optimize_slopes", "with_slopes"]
 
 ITERATIONS = 20
 LEARNING_RATE = 0.5
@@ -33,15 +33,36 @@ _SNAP = 2.0 ** -60
 
 
 def chain(run: "_Run", t: int) -> list[tuple[str, int]] | None:
-    """The nodes from t down to the graph input as ``[("linear" | "relu", id), ...]``, or None when t's
-    ancestors are not such a chain (one parent each, 2-D ``[N, features]`` values, relaxed ReLUs)."""
+    """``chain_to_input``'s layers."""
+    got = chain_to_input(run, t)
+    return None if got is None else got[0]
+
+
+def chain_to_input(run: "_Run", t: int) -> tuple[list[tuple[str, int]], int] | None:
+    """The nodes from t down to the graph input as ``[("linear" | "relu" | "scale", id), ...]``, or None
+    when t's ancestors are not such a chain (one input-dependent parent each, 2-D ``[N, features]`` values
+    for linear layers and relaxed ReLUs, elementwise affine maps by constants anywhere: an input
+    normalization, ``chain.ELEMENTWISE_AFFINE``). Reshapes and flattens are skipped: they keep the flat order."""
+    from .chain import ELEMENTWISE_AFFINE, _elementwise_affine
     crown, g = run.crown, run.graph
     if not crown.batched:
         return None
     out, v = [], t
     while g.nodes[v].kind != "input":
         node = g.nodes[v]
-        if len(node.out_shape) != 2 or crown.const[v]:
+        if crown.const[v]:
+            return None
+        if node.kind in ("reshape", "flatten"):
+            v = node.parents[0]
+            continue
+        if node.kind in ELEMENTWISE_AFFINE:
+            got = _elementwise_affine(crown, node, v)
+            if got is None:
+                return None
+            out.append(("scale", v))
+            v = got[0]
+            continue
+        if len(node.out_shape) != 2:
             return None
         if node.kind == "linear":
             out.append(("linear", v))
@@ -50,7 +71,7 @@ def chain(run: "_Run", t: int) -> list[tuple[str, int]] | None:
         else:
             return None
         v = node.parents[0]
-    return out if any(kind == "relu" for kind, _ in out) else None
+    return (out, v) if any(kind == "relu" for kind, _ in out) else None
 
 
 def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np.ndarray], c: np.ndarray,
@@ -67,6 +88,12 @@ def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np
             const = const + a @ bias
             saved.append(("linear", v, w, bias))
             a = a @ w
+        elif kind == "scale":
+            from .chain import _elementwise_affine
+            _, w, bias = _elementwise_affine(run.crown, run.graph.nodes[v], v)
+            const = const + a @ bias
+            saved.append(("scale", v, w, bias))
+            a = a * w
         else:
             _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
             pos = a >= 0
@@ -81,6 +108,9 @@ def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np
         if item[0] == "linear":
             _, v, w, bias = item
             grad_a = grad_a @ w.T + bias
+        elif item[0] == "scale":
+            _, v, w, bias = item
+            grad_a = grad_a * w + bias
         else:
             _, v, pos, a_in = item
             _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
@@ -94,10 +124,10 @@ def optimize_slopes(run: "_Run", t: int, rows: np.ndarray, iterations: int = ITE
     """Per ReLU on t's chain, lower slopes ``[N, K, units]`` maximizing each row's plain-float bound
     (``rows`` is ``[N, K, outputs of t]``), projected to [0, 1] on unstable units (stable units keep
     their exact slope). None when t is not a supported chain."""
-    layers = chain(run, t)
-    if layers is None:
+    got = chain_to_input(run, t)
+    if got is None:
         return None
-    inp = run.graph.nodes[layers[-1][1]].parents[0]
+    layers, inp = got
     lo, hi = run.boxes[inp]
     n = lo.shape[0]
     lo, hi = lo.reshape(n, -1), hi.reshape(n, -1)

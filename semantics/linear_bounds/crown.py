@@ -174,6 +174,7 @@ class Crown:
             check(g)
         self.graph = g
         self.ibp = IntervalPropagator(g, payload, products="float64")  # intermediate boxes as tight as CROWN's own
+        self.payload = payload  # of ``graph`` (the expanded one where softmax or layernorm were expanded)
         nodes = g.nodes
         depends = [False] * len(nodes)
         for node in nodes:
@@ -596,7 +597,7 @@ class _Pass:
         self.n_rows = n
         self.row_ids = rows if spec is None else None
         self.spec = spec
-        r = rows.size if spec is None else spec.shape[0]
+        r = rows.size if spec is None else spec.shape[-2]  # spec [K, outputs], or [samples, K, outputs]
         self.rows = r
         self.beta = np.zeros((n, 2 * r))
         self.err = np.zeros((n, 2 * r))
@@ -811,7 +812,8 @@ class _Pass:
         """[C; -C] per sample: C the spec, or the identity rows picked by row_ids."""
         n, r, tail = self.n_rows, self.rows, self.tail(self.t)
         if self.spec is not None:
-            a = np.broadcast_to(np.concatenate([self.spec, -self.spec])[None], (n, 2 * r, self.spec.shape[1]))
+            spec = self.spec[None] if self.spec.ndim == 2 else self._slice(self.spec)  # per sample: its own rows
+            a = np.broadcast_to(np.concatenate([spec, -spec], axis=1), (n, 2 * r, spec.shape[-1]))
             return a.reshape((n, 2 * r) + tail)
         a = np.zeros((n, 2 * r, math.prod(tail)))
         a[:, np.arange(r), self.row_ids] = 1.0

@@ -108,9 +108,10 @@ class _SplitRun(_Run):
     """A CROWN run whose split nodes' input boxes are narrowed by the subdomains' constraints."""
 
     def __init__(self, crown: Crown, boxes: list[Box], splits: Splits, deadline: float | None,
-                 known: dict[int, Box] | None = None) -> None:
+                 known: dict[int, Box] | None = None, optimize: bool = False) -> None:
         super().__init__(crown, boxes, deadline)
         self.known = known or {}
+        self.optimize = optimize  # split nodes' inputs by alpha-CROWN (``alpha_intermediate``) after CROWN
         g = crown.graph
         candidates = set(split_nodes(crown))
         self.split_of: dict[int, np.ndarray] = {}
@@ -206,6 +207,9 @@ class _SplitRun(_Run):
             free = ~settled.reshape(self.crown.ishape(v))
             need = free if need is None else need.reshape(free.shape) & free
         super().refine(v, need)
+        if self.optimize:
+            from .alpha_intermediate import tighten_unstable
+            tighten_unstable(self, v)
         self._clip(v)  # the refined box was intersected with the clipped one; clip again for the record
         return self.boxes[v]
 
@@ -228,7 +232,10 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
     o = g.outputs[0]
     c = _spec_matrix(spec, math.prod(crown.ishape(o)[1:]))
     given = {g.nodes[v].parents[0]: box for v, box in (known or {}).items()}
-    run = _SplitRun(crown, crown.ibp(lower, upper), splits, deadline, given)
+    # one subdomain without known boxes (branch and bound's root, which its children reuse): the split
+    # nodes' inputs by alpha-CROWN too, when the method optimizes slopes
+    optimize = method != "crown" and not given and crown.n == 1
+    run = _SplitRun(crown, crown.ibp(lower, upper), splits, deadline, given, optimize)
     run.prepare(False)
     points = None
     low, neg_up = _Pass(run, o, 0, crown.n, spec=c).run()

@@ -503,6 +503,7 @@ class _Search:
             return "unknown", None
         if found is not None:
             return "sat", found
+        root_boxes = None  # the split nodes' input boxes on the whole box, from the first group's root: shared
         for n_done, (g, _, margin, gap) in enumerate(open_groups):
             cg, dg, _ = g
             if not cg.shape[0]:  # an empty conjunction holds everywhere: the attack decides it
@@ -511,8 +512,9 @@ class _Search:
                              attack=lambda: self._pgd(lo, hi, every) or self.attack(lo, hi, every, None, budget=2,
                                                                                      descend=not plain),
                              progress=self.progress,
-                             check=lambda x: self.check(x, lo, hi, every))
+                             check=lambda x: self.check(x, lo, hi, every), root_boxes=root_boxes)
             out = search.run(gap)
+            root_boxes = out.root_boxes
             self.domains += out.domains
             if out.result == "sat":
                 return "sat", out.counterexample

@@ -68,6 +68,7 @@ class BabOutcome:
     domains: int  # subdomains bounded
     best_lower: float  # the smallest gap over the open subdomains (>0 once refuted; -inf when unknown)
     reason: str = ""
+    root_boxes: tuple[np.ndarray, np.ndarray] | None = None  # the split nodes' input boxes on the whole box
 
 
 class ReluBab:
@@ -78,7 +79,7 @@ class ReluBab:
                  attack: Callable[[], dict[str, Any] | None] | None = None, attack_every: int = 8,
                  batch: int = BATCH, max_queue_bytes: int = MAX_QUEUE_BYTES, progress: bool | None = None,
                  reuse: bool = True, check: Callable[[np.ndarray], dict[str, Any] | None] | None = None,
-                 branching: str | None = None) -> None:
+                 branching: str | None = None, root_boxes: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         from semantics.linear_bounds.chain import chain_layers, dag_layers
         from semantics.linear_bounds.pieces import POOLS, pool_geometry
         from semantics.linear_bounds.splits import split_nodes, split_units
@@ -94,6 +95,7 @@ class ReluBab:
         self.attack, self.attack_every = attack, attack_every
         self.batch = batch
         self.check = check  # re-checks a candidate point: the counterexample, or None
+        self.root_boxes = root_boxes  # another group's root ``BabOutcome.root_boxes`` on the same box: reused
         self.max_queue_bytes = max_queue_bytes
         self.progress = sys.stderr.isatty() if progress is None else progress
         base = model.crown
@@ -304,12 +306,13 @@ class ReluBab:
         per_domain += 16 * box_lo.shape[1]
         cap = max(1, self.max_queue_bytes // per_domain)
         try:
-            gap, empty, pre, _ = self._bound(root, box_lo, box_hi)
+            gap, empty, pre, _ = self._bound(root, box_lo, box_hi, self.root_boxes)
         except DeadlineExceeded:  # the caller's bound of the whole box stands
             return BabOutcome("unknown", None, self.domains, float(np.max(root_gap, initial=-math.inf)), "timeout")
+        self.root_boxes = (pre[0], pre[1])
         gap = np.maximum(gap, root_gap[None])
         if empty[0] or gap[0].max() > 0:
-            return BabOutcome("unsat", None, self.domains, float(gap[0].max()) if not empty[0] else math.inf)
+            return self._outcome("unsat", None, float(gap[0].max()) if not empty[0] else math.inf)
         queue: list[tuple[float, int, np.ndarray, np.ndarray, tuple]] = []
         order = 0
         heapq.heappush(queue, (float(gap[0].max()), order, root[0], gap[0], (pre[0][0], pre[1][0]),
@@ -318,18 +321,18 @@ class ReluBab:
         while queue:
             best = min(queue[0][0], self.proved)
             if time.perf_counter() > self.deadline:
-                return BabOutcome("unknown", None, self.domains, best, "timeout")
+                return self._outcome("unknown", None, best, "timeout")
             if len(queue) > cap:
-                return BabOutcome("unknown", None, self.domains, best,
-                                  f"memory cap: {len(queue)} open subdomains exceed {self.max_queue_bytes} bytes")
+                return self._outcome("unknown", None, best,
+                                     f"memory cap: {len(queue)} open subdomains exceed {self.max_queue_bytes} bytes")
             rounds += 1
             if self.attack is not None and rounds % self.attack_every == 0:
                 try:
                     found = self.attack()
                 except DeadlineExceeded:
-                    return BabOutcome("unknown", None, self.domains, best, "timeout")
+                    return self._outcome("unknown", None, best, "timeout")
                 if found is not None:
-                    return BabOutcome("sat", found, self.domains, best)
+                    return self._outcome("sat", found, best)
             picked = [heapq.heappop(queue) for _ in range(min(self.batch, len(queue)))]
             splits = np.stack([p[2] for p in picked])
             gaps = np.stack([p[3] for p in picked])
@@ -345,12 +348,12 @@ class ReluBab:
                 else:
                     unit = np.argmax(score, axis=1)
             except DeadlineExceeded:
-                return BabOutcome("unknown", None, self.domains, best, "timeout")
+                return self._outcome("unknown", None, best, "timeout")
             # no splittable unit left: the splits act only through the relaxations, so halve the input box instead
             dim = np.argmax(his - los, axis=1)
             mid = los[rows, dim] * 0.5 + his[rows, dim] * 0.5
             if np.any(on_input & ~((los[rows, dim] < mid) & (mid < his[rows, dim]))):
-                return BabOutcome("unknown", None, self.domains, best, "a subdomain cannot be split further")
+                return self._outcome("unknown", None, best, "a subdomain cannot be split further")
             relu_rows = rows[~on_input]
             children = self._children(splits, relu_rows, unit[relu_rows], choice[relu_rows, unit[relu_rows]])
             child_lo, child_hi = np.concatenate([los, los]), np.concatenate([his, his])
@@ -361,7 +364,7 @@ class ReluBab:
                 gap, empty, cpre, points = self._bound(children, child_lo, child_hi, (np.concatenate([pre[0], pre[0]]),
                                                                               np.concatenate([pre[1], pre[1]])))
             except DeadlineExceeded:
-                return BabOutcome("unknown", None, self.domains, best, "timeout")
+                return self._outcome("unknown", None, best, "timeout")
             if fsb_gap is not None:  # FSB's cheap bounds of the same children: sound too
                 gap = np.maximum(gap, fsb_gap)
             gap = np.maximum(gap, np.concatenate([gaps, gaps]))
@@ -369,9 +372,9 @@ class ReluBab:
                 try:
                     found = self._try_points(gap, empty, points)
                 except DeadlineExceeded:
-                    return BabOutcome("unknown", None, self.domains, best, "timeout")
+                    return self._outcome("unknown", None, best, "timeout")
                 if found is not None:
-                    return BabOutcome("sat", found, self.domains, best)
+                    return self._outcome("sat", found, best)
             for j in range(children.shape[0]):
                 if empty[j]:
                     continue
@@ -387,4 +390,7 @@ class ReluBab:
                       f"{time.perf_counter() - self.start:.1f} s", end="", file=sys.stderr, flush=True)
         if self.progress:
             print(file=sys.stderr)
-        return BabOutcome("unsat", None, self.domains, self.proved)
+        return self._outcome("unsat", None, self.proved)
+
+    def _outcome(self, result: str, found: dict[str, Any] | None, best: float, reason: str = "") -> BabOutcome:
+        return BabOutcome(result, found, self.domains, best, reason, self.root_boxes)

@@ -1,0 +1,102 @@
+"""alpha-CROWN for intermediate bounds on MLP chains: each unstable unit bounded with slopes of its own.
+
+The boxes of the ReLUs' inputs decide every later relaxation, and CROWN computes them with one rule
+for the lower slopes. Here, as auto_LiRPA's alpha-CROWN does, the lower and upper bound of each
+unstable unit of a ReLU's input get their own slopes for the ReLUs below it, optimized by
+``alpha.optimize_slopes`` (projected Adam in plain float64: a heuristic, no soundness claim). Every
+lower line ``s z`` with ``s`` in [0, 1] is valid for a ReLU, so any slopes give a valid bound; the
+sound bound is the outward-rounded CROWN pass (``crown._Pass``) on a batch in which sample k carries the
+slopes of row k and starts from row k alone (a per-sample spec): one sound pass serves every row. The
+result is intersected with the node's box, so it is never looser than CROWN's.
+
+Used for one subdomain (a batch of 1: branch and bound's root, whose boxes its children reuse) on
+chains of ``linear`` and ``relu`` nodes (``alpha.chain``); anything else keeps CROWN's boxes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from torchlean_bridge.errors import BridgeError
+
+if TYPE_CHECKING:
+    from .crown import _Run
+
+__all__ = ["MAX_ENTRIES", "tighten_unstable"]
+
+MAX_ENTRIES = 1 << 24  # slopes per optimization (rows x units summed over the chain's ReLUs); beyond: CROWN's box
+
+
+def tighten_unstable(run: "_Run", v: int) -> bool:
+    """Tighten the box of v (a ReLU's input on an MLP chain, batch 1) on its unstable units; whether it ran."""
+    from .alpha import chain, optimize_slopes
+    from .crown import _Pass, _Run
+    crown = run.crown
+    if crown.n != 1 or not crown.batched:
+        return False
+    layers = chain(run, v)
+    if layers is None:
+        return False
+    lo, hi = (x.reshape(1, -1) for x in run.boxes[v])
+    cols = np.flatnonzero((lo[0] < 0) & (hi[0] > 0))
+    if cols.size == 0:
+        return False
+    relus = [u for kind, u in layers if kind == "relu"]
+    k = 2 * cols.size
+    if k * sum(math.prod(crown.ishape(u)[1:]) for u in relus) > MAX_ENTRIES:
+        return False
+    width = lo.shape[1]
+    rows = np.zeros((1, k, width))
+    rows[0, np.arange(cols.size), cols] = 1.0  # lower bounds of z
+    rows[0, cols.size + np.arange(cols.size), cols] = -1.0  # lower bounds of -z: upper bounds of z
+    alphas = optimize_slopes(run, v, rows)
+    if alphas is None:
+        return False
+    size = 1 << max(0, (k - 1).bit_length())
+    wide = _row_batch(crown, size)
+    if wide is None:
+        return False
+    pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - x.shape[0], axis=0)]) if size > x.shape[0] else x  # noqa
+    boxes = [_widen(box, tuple(node.out_shape)) for box, node in zip(run.boxes, wide.graph.nodes)]
+    alt = _Run(wide, boxes, run.deadline)
+    alt.refined = list(run.refined)
+    for u in relus:
+        a_l, b_l, a_u, b_u = (x.reshape(1, -1) for x in run.lines[u])
+        shape = wide.ishape(u)
+        slope = np.where(a_l != a_u, np.clip(pad(alphas[u][0]), 0.0, 1.0), a_l)  # stable units keep their line
+        alt.lines[u] = tuple(np.ascontiguousarray(x).reshape(shape) for x in
+                             (slope, np.repeat(b_l, size, 0), np.repeat(a_u, size, 0), np.repeat(b_u, size, 0)))
+    low, _ = _Pass(alt, v, 0, size, spec=pad(rows[0])[:, None, :]).run()
+    low = low[:, 0]
+    new_lo, new_hi = lo.copy(), hi.copy()
+    new_lo[0, cols] = np.maximum(lo[0, cols], low[:cols.size])
+    new_hi[0, cols] = np.minimum(hi[0, cols], -low[cols.size:k])
+    shape = run.boxes[v][0].shape
+    run.set_box(v, (new_lo.reshape(shape), new_hi.reshape(shape)))
+    return True
+
+
+def _widen(box, shape: tuple[int, ...]):
+    """A node's box repeated along the batch axis to ``shape`` (a constant's box as it is)."""
+    lo, hi = box
+    if tuple(lo.shape) == shape:
+        return box
+    return np.ascontiguousarray(np.broadcast_to(lo, shape)), np.ascontiguousarray(np.broadcast_to(hi, shape))
+
+
+def _row_batch(crown, size: int):
+    """The Crown of crown's graph with a batch of ``size`` samples (cached on crown), or None."""
+    from .batch_axis import with_batch_payload
+    from .crown import Crown
+    cache = crown.__dict__.setdefault("_row_batches", {})
+    if size not in cache:
+        got = with_batch_payload(crown.graph, crown.payload, size)
+        try:
+            wide = None if got is None else Crown(*got)
+        except BridgeError:  # a batch the working-memory limit refuses
+            wide = None
+        cache[size] = wide if wide is not None and wide.batched and wide.n == size else None
+    return cache[size]

@@ -15,7 +15,7 @@ from semantics.linear_bounds import Crown
 from semantics.linear_bounds.batch_axis import with_batch
 from semantics.linear_bounds.crown import _Pass, _Run
 from semantics.linear_bounds.splits import bound_domains, relu_nodes
-from tests.test_bab_exact import Exact, _bundle, _net
+from tests.test_bab_exact import Exact, _bundle, _conv_net, _net
 from tests.test_bab_normalized_input import HIDDEN, SIDE, normalized_mlp
 
 
@@ -25,17 +25,25 @@ def _root(crown: Crown, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, method: s
     return relus, bound_domains(crown, lo, hi, splits, c, method=method)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_the_optimized_boxes_enclose_the_exact_pre_activation_ranges(seed):
-    net, params = _net(seed)
-    b = _bundle(net)
+@pytest.mark.parametrize("seed, kind", [(s, "mlp") for s in range(6)] + [(s, "conv") for s in range(3)])
+def test_the_optimized_boxes_enclose_the_exact_pre_activation_ranges(seed, kind):
+    import torch
+    import torchlean_bridge as tlb
+    net, params = _net(seed) if kind == "mlp" else _conv_net(seed)
+    b = _bundle(net) if kind == "mlp" else tlb.import_fx(net, (torch.zeros(1, 1, 1, 2),))
     crown = Crown(b.graph, b.payload)
     rng = np.random.default_rng(300 + seed)
     lo = rng.uniform(-1, 0, 2).astype(np.float32).astype(np.float64)
     hi = lo + rng.uniform(0.5, 2, 2).astype(np.float32)
+    shape = tuple(b.graph.nodes[b.graph.inputs[0]].out_shape)
     c = np.array([[1.0, -1.0]])
-    relus, plain = _root(crown, lo[None], hi[None], c, "crown")
-    _, tight = _root(crown, lo[None], hi[None], c, "beta-crown")
+    relus, plain = _root(crown, lo.reshape(shape), hi.reshape(shape), c, "crown")
+    _, tight = _root(crown, lo.reshape(shape), hi.reshape(shape), c, "beta-crown")
+    if kind == "conv":  # the convolutions are on the chain alpha optimizes
+        from semantics.linear_bounds.alpha import chain_to_input
+        run = _Run(crown, crown.ibp(lo.reshape(shape), hi.reshape(shape)))
+        run.prepare(False)
+        assert chain_to_input(run, crown.graph.outputs[0]) is not None
     z2 = [pre[1] for _, pre in Exact(params, lo, hi).candidates()]  # the second layer's pre-activations
     v = relus[1]
     t_lo, t_hi = tight.pre[v]

@@ -9,8 +9,9 @@ in plain arithmetic. Each row's final bound is then a backward pass of the outwa
 (``crown._Pass``) with that row's slopes, intersected with the CROWN bound, so it is sound and never
 looser than CROWN. The intermediate bounds are CROWN's (auto_LiRPA also optimizes slopes for them).
 
-Optimized: graphs whose outputs are chains of ``linear`` and ``relu`` nodes from the input (MLPs);
-on other graphs the result is the CROWN bound and says so (``method == "crown"``).
+Optimized: graphs whose outputs are chains of linear layers, convolutions and ReLUs from the input
+(MLPs and plain CNNs, input normalizations and reshapes included: ``chain_to_input``); on other graphs
+the result is the CROWN bound and says so (``method == "crown"``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..records import PREPARED
 
 if TYPE_CHECKING:
     from .crown import _Run
@@ -40,9 +40,10 @@ def chain(run: "_Run", t: int) -> list[tuple[str, int]] | None:
 
 def chain_to_input(run: "_Run", t: int) -> tuple[list[tuple[str, int]], int] | None:
     """The nodes from t down to the graph input as ``[("linear" | "relu" | "scale", id), ...]``, or None
-    when t's ancestors are not such a chain (one input-dependent parent each, 2-D ``[N, features]`` values
-    for linear layers and relaxed ReLUs, elementwise affine maps by constants anywhere: an input
-    normalization, ``chain.ELEMENTWISE_AFFINE``). Reshapes and flattens are skipped: they keep the flat order."""
+    when t's ancestors are not such a chain (one input-dependent parent each: linear layers on
+    ``[N, features]`` and convolutions with channel axis 1, as ``chain.affine_of`` gives them, relaxed
+    ReLUs, elementwise affine maps by constants: an input normalization, ``chain.ELEMENTWISE_AFFINE``).
+    Reshapes and flattens are skipped: they keep the flat order."""
     from .chain import ELEMENTWISE_AFFINE, _elementwise_affine
     crown, g = run.crown, run.graph
     if not crown.batched:
@@ -62,9 +63,9 @@ def chain_to_input(run: "_Run", t: int) -> tuple[list[tuple[str, int]], int] | N
             out.append(("scale", v))
             v = got[0]
             continue
-        if len(node.out_shape) != 2:
-            return None
-        if node.kind == "linear":
+        if node.kind in ("linear", "conv"):
+            if any(not crown.const[q] for q in node.parents[1:]) or affine_of(crown, v) is None:
+                return None
             out.append(("linear", v))
         elif node.kind == "relu" and v in run.lines:
             out.append(("relu", v))
@@ -72,6 +73,12 @@ def chain_to_input(run: "_Run", t: int) -> tuple[list[tuple[str, int]], int] | N
             return None
         v = node.parents[0]
     return (out, v) if any(kind == "relu" for kind, _ in out) else None
+
+
+def affine_of(crown, v: int):
+    """``chain.affine_of`` (imported late: chain imports crown, which imports this module)."""
+    from .chain import affine_of as get
+    return get(crown, v)
 
 
 def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np.ndarray], c: np.ndarray,
@@ -83,8 +90,7 @@ def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np
     saved = []
     for kind, v in layers:
         if kind == "linear":
-            prepared = run.crown.ibp.records[v][PREPARED]
-            w, bias = prepared.weight, prepared.bias
+            w, bias = affine_of(run.crown, v)
             const = const + a @ bias
             saved.append(("linear", v, w, bias))
             a = a @ w

@@ -15,7 +15,7 @@ import numpy as np
 from ..records import PREPARED
 from .crown import Crown
 
-__all__ = ["ConvOperator", "ELEMENTWISE_AFFINE", "MAX_DENSE", "chain_layers", "const_boxes", "dag_layers"]
+__all__ = ["ConvOperator", "ELEMENTWISE_AFFINE", "MAX_DENSE", "affine_of", "chain_layers", "const_boxes", "dag_layers"]
 
 MAX_DENSE = 1 << 22  # entries of a convolution's dense matrix (32 MiB of float64); larger: a ConvOperator
 ELEMENTWISE_AFFINE = frozenset({"add", "sub", "mul_elem", "div", "neg"})  # with a constant: ``scale`` layers
@@ -71,7 +71,7 @@ def chain_layers(crown: Crown, t: int | None = None) -> tuple[list[tuple[str, in
         if any(not crown.const[q] for q in node.parents[1:]):
             return None
         if node.kind in ("linear", "conv"):
-            got = _affine(crown, node, v)
+            got = affine_of(crown, v)
             if got is None:
                 return None
             out.append(("affine", v) + got)
@@ -129,7 +129,7 @@ def dag_layers(crown: Crown, t: int | None = None
         elif node.kind in ("reshape", "flatten"):
             out.append(("identity", v, parents, None, None))
         else:
-            got = _affine(crown, node, v)
+            got = affine_of(crown, v)
             if got is None:
                 return None
             out.append(("affine", v, parents) + got)
@@ -188,6 +188,15 @@ def const_boxes(crown: Crown) -> list:
         got = crown.ibp(zero, zero)
         crown._const_boxes = got
     return got
+
+
+def affine_of(crown: Crown, v: int):
+    """``_affine`` of node v, built once per Crown (a convolution's dense matrix costs a convolution of
+    the identity)."""
+    cache = crown.__dict__.setdefault("_affine_cache", {})
+    if v not in cache:
+        cache[v] = _affine(crown, crown.graph.nodes[v], v)
+    return cache[v]
 
 
 def _affine(crown: Crown, node, v: int):

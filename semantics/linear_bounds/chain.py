@@ -18,6 +18,9 @@ from .crown import Crown
 __all__ = ["ConvOperator", "ELEMENTWISE_AFFINE", "MAX_DENSE", "affine_of", "chain_layers", "const_boxes", "dag_layers"]
 
 MAX_DENSE = 1 << 22  # entries of a convolution's dense matrix (32 MiB of float64); larger: a ConvOperator
+# a dense matrix costs n_in products per output against a window's for the operator: dense only when
+# that is at most this many windows (on oval21's second convolution, dense cost 16x the operator)
+DENSE_WINDOWS = 4
 ELEMENTWISE_AFFINE = frozenset({"add", "sub", "mul_elem", "div", "neg"})  # with a constant: ``scale`` layers
 
 
@@ -200,8 +203,8 @@ def affine_of(crown: Crown, v: int):
 
 
 def _affine(crown: Crown, node, v: int):
-    """(weight ``[out, in]``: dense, or a ``ConvOperator`` above MAX_DENSE entries; bias ``[out]``) of a linear
-    layer or convolution, or None."""
+    """(weight ``[out, in]``: dense, or a ``ConvOperator`` above MAX_DENSE entries or DENSE_WINDOWS
+    windows of products per output; bias ``[out]``) of a linear layer or convolution, or None."""
     if node.kind == "linear" and len(node.out_shape) == 2:
         p = crown.ibp.records[v][PREPARED]
         return p.weight, p.bias
@@ -210,7 +213,8 @@ def _affine(crown: Crown, node, v: int):
         n_in, n_out = math.prod(tail_in), math.prod(tail_out)
         p = crown.ibp.records[v][PREPARED]
         bias = np.repeat(p.bias, n_out // p.bias.size)
-        if n_in * n_out > MAX_DENSE:
+        window = node.attrs["in_channels"] // node.attrs["groups"] * math.prod(node.attrs["kernel"])
+        if n_in * n_out > MAX_DENSE or n_in > DENSE_WINDOWS * window:
             return ConvOperator(p.weight, node.attrs, tail_in, tail_out), bias
         from ..rules.affine import batched_conv
         eye = np.eye(n_in).reshape((n_in,) + tail_in)

@@ -8,12 +8,14 @@ CROWN passes). Those passes need each affine layer as one ``[out, in]`` matrix o
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..records import PREPARED
-from .crown import Crown
+
+if TYPE_CHECKING:  # annotations only: crown imports alpha, which reads these layers
+    from .crown import Crown
 
 __all__ = ["ConvOperator", "ELEMENTWISE_AFFINE", "MAX_DENSE", "affine_of", "chain_layers", "const_boxes", "dag_layers"]
 

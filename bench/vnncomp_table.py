@@ -281,8 +281,10 @@ def run_year(year: str, root: Path, reference: dict, benchmarks: Iterable[str], 
         sampled.write_text(buf.getvalue())
         results = work / "results.csv"
         print(f"  {year} {bench}: {len(picked)} instances", file=sys.stderr)
+        before = _rows(results)
         run_verify_campaign(sampled, results, make_engine("local", args.workers), method="auto", seed=args.seed,
                             resume=not args.fresh, quiet=True)
+        args.ran = args.ran or args.fresh or _rows(results) != before
         written = {(str(o), str(v)): (wo, wv, o, v) for wo, wv, o, v in picked}
         with open(results, newline="") as f:
             for rec in csv.reader(f):
@@ -301,6 +303,20 @@ def run_year(year: str, root: Path, reference: dict, benchmarks: Iterable[str], 
                 reason = f" ({rec[7]})" if rec[7] and word != "unsat" else ""
                 print(f"    {wo} {wv}: ours {word} {seconds:.1f}s, theirs {theirs}{reason}", file=sys.stderr)
     return out
+
+
+def _rows(results: Path) -> int:
+    return len(results.read_text().splitlines()) if results.exists() else 0
+
+
+def _footer(args: argparse.Namespace, run_line: str) -> str:
+    """The run's wall time and load: this run's when it bounded instances (kept in the workdir), else the
+    stored one of the run whose results were resumed (a resumed table must not report its own second)."""
+    stored = Path(args.workdir) / "run.txt"
+    if args.ran or not stored.exists():
+        stored.write_text(run_line)
+        return run_line
+    return stored.read_text() + " (Results resumed from that run.)"
 
 
 def _write_doc(body: str) -> None:
@@ -339,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="rerun instances already in the workdir's results")
     p.add_argument("--write", action="store_true", help="replace the table in docs/verification.md")
     args = p.parse_args(argv)
+    args.ran = False  # whether this run bounded any instance (else its results were all resumed)
     if args.per_benchmark < 1:
         p.error("--per-benchmark must be at least 1")
     if not args.timeout > 0:
@@ -372,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     sample = "every instance" if args.all else f"{args.per_benchmark} instances per benchmark (seed {args.seed})"
     foot = (f"Sample: {sample}; `verify --method auto` through the campaign engine, {args.workers} worker(s), "
             f"{args.timeout:g} s per instance (alpha-beta-CROWN: a GPU and the competition's limits, 116-720 s). "
-            f"Wall time {time.monotonic() - start:.0f} s. Load when the run started: `{load_before}`; "
-            f"when it ended: `{_load()}`.")
+            + _footer(args, f"Wall time {time.monotonic() - start:.0f} s. Load when the run started: `{load_before}`; "
+                            f"when it ended: `{_load()}`."))
     body = "\n\n".join(sections) + "\n\n" + foot
     print(body)
     if args.write:

@@ -184,14 +184,18 @@ def _per_unit(crown: Crown, q: int, v: int) -> np.ndarray | None:
     return mid[0].copy()
 
 
-def const_boxes(crown: Crown) -> list:
-    """Every node's interval box at the zero input (exact for the constant ones), once per Crown."""
-    got = getattr(crown, "_const_boxes", None)
+def const_boxes(crown: Crown) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """The boxes of the constants elementwise affine maps read, once per Crown: copies out of one IBP
+    pass at the zero input (its arena's boxes are not held, so the propagator keeps reusing them)."""
+    got = crown.__dict__.get("_const_boxes")
     if got is None:
-        shape = crown.graph.nodes[crown.graph.inputs[0]].out_shape
-        zero = np.zeros(shape)
-        got = crown.ibp(zero, zero)
-        crown._const_boxes = got
+        g = crown.graph
+        wanted = {q for node in g.nodes if node.kind in ELEMENTWISE_AFFINE for q in node.parents if crown.const[q]}
+        zero = np.zeros(g.nodes[g.inputs[0]].out_shape)
+        boxes = crown.ibp(zero, zero)
+        got = {q: (np.array(boxes[q][0]), np.array(boxes[q][1])) for q in wanted}
+        del boxes
+        crown.__dict__["_const_boxes"] = got
     return got
 
 

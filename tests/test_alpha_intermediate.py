@@ -113,7 +113,7 @@ def test_the_root_boxes_are_optimized_once_per_box_and_shared_by_its_groups(tmp_
     groups = [(c, np.array([r + 0.3 * (float((ys @ c.T).min()) - r)]), np.zeros(1, dtype=bool)) for c, r in zip(rows, root)]
     calls = []
     real = alpha_intermediate.tighten_unstable
-    monkeypatch.setattr(alpha_intermediate, "tighten_unstable", lambda run, v: calls.append(v) or real(run, v))
+    monkeypatch.setattr(alpha_intermediate, "tighten_unstable", lambda run, v, *a: calls.append(v) or real(run, v, *a))
     r = verify(model, Property(SIDE * SIDE, 3, [Case(lo, hi, groups)]), method="bab-relu", timeout=30)
     assert r.result == "unsat", r
     assert len(calls) == len(set(calls)) == 2  # each ReLU's input once: the second group reuses the first's

@@ -9,9 +9,14 @@ in plain arithmetic. Each row's final bound is then a backward pass of the outwa
 (``crown._Pass``) with that row's slopes, intersected with the CROWN bound, so it is sound and never
 looser than CROWN. The intermediate bounds are CROWN's (auto_LiRPA also optimizes slopes for them).
 
-Optimized: graphs whose outputs are chains of linear layers, convolutions and ReLUs from the input
-(MLPs and plain CNNs, input normalizations and reshapes included: ``chain_to_input``); on other graphs
-the result is the CROWN bound and says so (``method == "crown"``).
+Sigmoid and tanh are optimized too: any slope s gives a valid lower (upper) line with the rigorous
+intercept min (max) of f(z) - s z over the node's input box (``relax._extremum``), so both slopes are
+free in [0, max f' on the box]; the plain pass uses the plain-float extremum, whose derivative in s is
+minus the point where it is attained.
+
+Optimized: graphs whose outputs are chains of linear layers, convolutions, ReLUs, sigmoids and tanhs
+from the input (MLPs and plain CNNs, input normalizations and reshapes included: ``chain_to_input``);
+on other graphs the result is the CROWN bound and says so (``method == "crown"``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ __all__ = ["ITERATIONS", "LEARNING_RATE", "chain", "chain_to_input", "optimize_s
 
 ITERATIONS = 20
 LEARNING_RATE = 0.5
+# a smooth node's slope moves by up to this share of its useful range per step (on ERAN's sigmoid
+# 6x200 net, 0.02 gave the best bound at 20 steps among 0.01-0.5)
+SMOOTH_STEP = 0.02
+SMOOTH_OPTIMIZED = frozenset({"sigmoid", "tanh"})  # S-shaped, closed-form points where f' = s
 _SNAP = 2.0 ** -60
 
 
@@ -69,10 +78,12 @@ def chain_to_input(run: "_Run", t: int) -> tuple[list[tuple[str, int]], int] | N
             out.append(("linear", v))
         elif node.kind == "relu" and v in run.lines:
             out.append(("relu", v))
+        elif node.kind in SMOOTH_OPTIMIZED and v in run.lines:
+            out.append(("smooth", v))
         else:
             return None
         v = node.parents[0]
-    return (out, v) if any(kind == "relu" for kind, _ in out) else None
+    return (out, v) if any(kind in ("relu", "smooth") for kind, _ in out) else None
 
 
 def affine_of(crown, v: int):
@@ -100,6 +111,16 @@ def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np
             const = const + a @ bias
             saved.append(("scale", v, w, bias))
             a = a * w
+        elif kind == "smooth":
+            s_l, s_u = alphas[v]
+            fn, lo, hi = _smooth_input(run, v)
+            g_l, z_l = _plain_extremum(fn, lo[:, None], hi[:, None], s_l, -1)
+            g_u, z_u = _plain_extremum(fn, lo[:, None], hi[:, None], s_u, 1)
+            pos = a >= 0
+            slopes, icpt = np.where(pos, s_l, s_u), np.where(pos, g_l, g_u)
+            const = const + (a * icpt).sum(axis=-1)
+            saved.append(("smooth", v, pos, a, slopes, icpt, z_l, z_u))
+            a = a * slopes
         else:
             _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
             pos = a >= 0
@@ -117,6 +138,11 @@ def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np
         elif item[0] == "scale":
             _, v, w, bias = item
             grad_a = grad_a * w + bias
+        elif item[0] == "smooth":
+            # bound += a (s z + b(s)) with b(s) = min (max) of f(z) - s z over the box: b'(s) = -z*(s)
+            _, v, pos, a_in, slopes, icpt, z_l, z_u = item
+            grads[v] = (np.where(pos, a_in * (grad_a - z_l), 0.0), np.where(pos, 0.0, a_in * (grad_a - z_u)))
+            grad_a = grad_a * slopes + icpt
         else:
             _, v, pos, a_in = item
             _, _, a_u, b_u = (x.reshape(x.shape[0], -1) for x in run.lines[v])
@@ -141,37 +167,104 @@ def optimize_slopes(run: "_Run", t: int, rows: np.ndarray, iterations: int = ITE
         return None
     c, r = (lo + hi) * 0.5, (hi - lo) * 0.5
     k = rows.shape[1]
-    alphas, free = {}, {}
+    alphas, free, top = {}, {}, {}
     for kind, v in layers:
         if kind == "relu":
             a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
             free[v] = (a_l != a_u)[:, None, :] & np.ones((1, k, 1), dtype=bool)
             alphas[v] = np.broadcast_to(a_l[:, None, :], (n, k, a_l.shape[1])).copy()
-    m = {v: np.zeros_like(x) for v, x in alphas.items()}
-    s = {v: np.zeros_like(x) for v, x in alphas.items()}
+            top[v] = 1.0
+        elif kind == "smooth":
+            fn, s_lo, s_hi = _smooth_input(run, v)
+            if not (np.all(np.isfinite(s_lo)) and np.all(np.isfinite(s_hi))):
+                return None
+            a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
+            free[v] = (s_hi > s_lo)[:, None, :] & np.ones((1, k, 1), dtype=bool)
+            alphas[v] = tuple(np.broadcast_to(x[:, None, :], (n, k, x.shape[1])).copy() for x in (a_l, a_u))
+            # any slope is valid with its own intercept; useful ones lie in [0, max f' on the box]
+            centre = np.clip(0.0, s_lo, s_hi)  # sigmoid and tanh: f' peaks at 0
+            top[v] = np.maximum(np.maximum(fn.df_mid(s_lo), fn.df_mid(s_hi)), fn.df_mid(centre))[:, None, :]
+    keys = [(v, j) for v, x in alphas.items() for j in (range(2) if isinstance(x, tuple) else (None,))]
+    get = lambda v, j: alphas[v] if j is None else alphas[v][j]  # noqa: E731
+    m = {key: np.zeros_like(get(*key)) for key in keys}
+    s = {key: np.zeros_like(get(*key)) for key in keys}
     b1, b2, eps = 0.9, 0.999, 1e-8
     with np.errstate(all="ignore"):
         for step in range(1, iterations + 1):
             run.on_time()
             _, grads = _bound_and_grads(run, layers, rows, alphas, c, r)
-            for v, gr in grads.items():
+            for key in keys:
+                v, j = key
+                gr = grads[v] if j is None else grads[v][j]
                 gr = np.where(free[v] & np.isfinite(gr), gr, 0.0)
-                m[v] = b1 * m[v] + (1 - b1) * gr
-                s[v] = b2 * s[v] + (1 - b2) * gr * gr
-                step_v = lr * (m[v] / (1 - b1 ** step)) / (np.sqrt(s[v] / (1 - b2 ** step)) + eps)
-                new = np.clip(alphas[v] + step_v, 0.0, 1.0)
+                m[key] = b1 * m[key] + (1 - b1) * gr
+                s[key] = b2 * s[key] + (1 - b2) * gr * gr
+                # ReLU slopes move by up to lr per step; smooth ones by SMOOTH_STEP of their useful range
+                scale = lr if j is None else SMOOTH_STEP * top[v]
+                step_v = scale * (m[key] / (1 - b1 ** step)) / (np.sqrt(s[key] / (1 - b2 ** step)) + eps)
+                new = np.clip(get(*key) + step_v, 0.0, top[v])
                 new[new < _SNAP] = 0.0  # any slope in [0, 1] is valid: keep subnormal ones out of the products
-                alphas[v] = np.where(free[v], new, alphas[v])
-                s[v][s[v] < _SNAP ** 2] = 0.0
+                new = np.where(free[v], new, get(*key))
+                if j is None:
+                    alphas[v] = new
+                else:
+                    alphas[v] = (new, alphas[v][1]) if j == 0 else (alphas[v][0], new)
+                s[key][s[key] < _SNAP ** 2] = 0.0
     return alphas
 
 
-def with_slopes(run: "_Run", alphas: dict[int, np.ndarray], row: int) -> "_Run":
-    """A shallow copy of the run whose ReLU lower lines have the slopes ``alphas[v][:, row]``."""
+def with_slopes(run: "_Run", alphas: dict, row: int) -> "_Run":
+    """A shallow copy of the run whose optimized nodes have the lines of row ``row``'s slopes."""
     alt = copy.copy(run)
     alt.lines = dict(run.lines)
     for v, a in alphas.items():
-        a_l, b_l, a_u, b_u = run.lines[v]
-        slope = np.clip(a[:, row], 0.0, 1.0).reshape(a_l.shape)  # b_l is 0 wherever a_l != a_u
-        alt.lines[v] = (slope, b_l, a_u, b_u)
+        pick = tuple(x[:, row] for x in a) if isinstance(a, tuple) else a[:, row]
+        alt.lines[v] = lines_for(run, v, pick, run.lines[v][0].shape[0])
     return alt
+
+
+def lines_for(run: "_Run", v: int, slopes, m: int) -> tuple:
+    """Sound lines of node v for ``m`` samples (the run's box of v's input repeated when the run has one
+    sample) with optimized ``slopes`` ``[m, units]``: a ReLU's lower slope (clipped to [0, 1]; its
+    intercept is 0, stable units keep their exact lines), or a smooth node's ``(lower, upper)`` slopes with
+    rigorous intercepts for them (``relax``'s min and max of f(z) - s z over the box)."""
+    shape = (m,) + tuple(run.lines[v][0].shape[1:])
+    rows = lambda x: np.ascontiguousarray(np.broadcast_to(x.reshape(-1, *shape[1:]), shape))  # noqa: E731
+    a_l, b_l, a_u, b_u = (rows(x) for x in run.lines[v])
+    if not isinstance(slopes, tuple):
+        slope = np.where(a_l != a_u, np.clip(slopes.reshape(shape), 0.0, 1.0), a_l)
+        return slope, b_l, a_u, b_u
+    from .relax import _extremum, _pieces
+    fn, lo, hi = _smooth_input(run, v)
+    lo, hi = (np.ascontiguousarray(np.broadcast_to(x, (m, x.shape[1]))).reshape(-1) for x in (lo, hi))
+    pieces = _pieces(fn, lo, hi)
+    s_l, s_u = (np.ascontiguousarray(np.broadcast_to(x, (m, x.shape[-1]))).reshape(-1) for x in slopes)
+    with np.errstate(all="ignore"):
+        c_l, c_u = _extremum(fn, pieces, lo, s_l, -1), _extremum(fn, pieces, lo, s_u, 1)
+    ok = np.isfinite(c_l) & np.isfinite(c_u)  # else the CROWN line stays
+    pick = lambda new, old: np.where(ok, new, old.reshape(-1)).reshape(shape)  # noqa: E731
+    return pick(s_l, a_l), pick(c_l, b_l), pick(s_u, a_u), pick(c_u, b_u)
+
+
+def _smooth_input(run: "_Run", v: int):
+    """(the function of smooth node v, its input box ``[N, units]`` flat)."""
+    from .relax import smooth_for
+    node = run.graph.nodes[v]
+    n = run.crown.n
+    lo, hi = (np.asarray(x, dtype=np.float64).reshape(n, -1) for x in run.boxes[node.parents[0]])
+    return smooth_for(node.kind, node.attrs), lo, hi
+
+
+def _plain_extremum(fn, lo: np.ndarray, hi: np.ndarray, s: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """Plain-float min (side -1) or max (+1) of f(z) - s z over [lo, hi] and where it is (the ends and the
+    points where f'(z) = s on either convexity side): the intercept and its derivative's negation."""
+    with np.errstate(all="ignore"):
+        cands = [np.broadcast_to(lo, s.shape), np.broadcast_to(hi, s.shape)]
+        for convex in (True, False):
+            d = fn.stationary(s, convex)
+            cands.append(np.clip(np.where(np.isnan(d), lo, d), lo, hi))
+        z = np.stack(cands)
+        g = fn.f_mid(z) - s * z
+        g = np.where(np.isnan(g), np.inf if side < 0 else -np.inf, g)
+        best = (np.argmin(g, axis=0) if side < 0 else np.argmax(g, axis=0))[None]
+    return np.take_along_axis(g, best, 0)[0], np.take_along_axis(z, best, 0)[0]

@@ -31,23 +31,28 @@ __all__ = ["MAX_ENTRIES", "tighten_unstable"]
 MAX_ENTRIES = 1 << 20  # slopes per optimization (rows x units summed over the chain's ReLUs); beyond: CROWN's box
 
 
-def tighten_unstable(run: "_Run", v: int) -> bool:
-    """Tighten the box of v (a ReLU's input on a chain, batch 1) on its unstable units; whether it ran."""
-    from .alpha import chain, optimize_slopes
-    from .crown import _Pass, _Run
+def tighten_unstable(run: "_Run", v: int, make_run: type, make_pass: type) -> bool:
+    """Tighten the box of v (the input of a ReLU, sigmoid or tanh on a chain, batch 1) on the units whose
+    box decides a relaxation (a ReLU's unstable units, every unit of a non-point smooth input); whether it
+    ran. ``make_run`` and ``make_pass`` are crown's ``_Run`` and ``_Pass`` (crown calls this module)."""
+    from .alpha import SMOOTH_OPTIMIZED, chain, lines_for, optimize_slopes
     crown = run.crown
     if crown.n != 1 or not crown.batched:
+        return False
+    kinds = {node.kind for node in run.graph.nodes if v in node.parents}  # relaxed after this refinement
+    if not kinds or not kinds <= ({"relu"} | SMOOTH_OPTIMIZED):
         return False
     layers = chain(run, v)
     if layers is None:
         return False
     lo, hi = (x.reshape(1, -1) for x in run.boxes[v])
-    cols = np.flatnonzero((lo[0] < 0) & (hi[0] > 0))
+    matters = (lo[0] < 0) & (hi[0] > 0) if kinds == {"relu"} else lo[0] < hi[0]
+    cols = np.flatnonzero(matters)
     if cols.size == 0:
         return False
-    relus = [u for kind, u in layers if kind == "relu"]
+    optimized = [u for kind, u in layers if kind in ("relu", "smooth")]
     k = 2 * cols.size
-    if k * sum(math.prod(crown.ishape(u)[1:]) for u in relus) > MAX_ENTRIES:
+    if k * sum(math.prod(crown.ishape(u)[1:]) for u in optimized) > MAX_ENTRIES:
         return False
     width = lo.shape[1]
     rows = np.zeros((1, k, width))
@@ -62,15 +67,12 @@ def tighten_unstable(run: "_Run", v: int) -> bool:
         return False
     pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - x.shape[0], axis=0)]) if size > x.shape[0] else x  # noqa
     boxes = [_widen(box, tuple(node.out_shape)) for box, node in zip(run.boxes, wide.graph.nodes)]
-    alt = _Run(wide, boxes, run.deadline)
+    alt = make_run(wide, boxes, run.deadline)
     alt.refined = list(run.refined)
-    for u in relus:
-        a_l, b_l, a_u, b_u = (x.reshape(1, -1) for x in run.lines[u])
-        shape = wide.ishape(u)
-        slope = np.where(a_l != a_u, np.clip(pad(alphas[u][0]), 0.0, 1.0), a_l)  # stable units keep their line
-        alt.lines[u] = tuple(np.ascontiguousarray(x).reshape(shape) for x in
-                             (slope, np.repeat(b_l, size, 0), np.repeat(a_u, size, 0), np.repeat(b_u, size, 0)))
-    low, _ = _Pass(alt, v, 0, size, spec=pad(rows[0])[:, None, :]).run()
+    for u, a in alphas.items():  # sample j takes row j's slopes
+        rows_of = tuple(pad(x[0]) for x in a) if isinstance(a, tuple) else pad(a[0])
+        alt.lines[u] = tuple(np.ascontiguousarray(x).reshape(wide.ishape(u)) for x in lines_for(run, u, rows_of, size))
+    low, _ = make_pass(alt, v, 0, size, spec=pad(rows[0])[:, None, :]).run()
     low = low[:, 0]
     new_lo, new_hi = lo.copy(), hi.copy()
     new_lo[0, cols] = np.maximum(lo[0, cols], low[:cols.size])
@@ -91,7 +93,7 @@ def _widen(box, shape: tuple[int, ...]):
 def _row_batch(crown, size: int):
     """The Crown of crown's graph with a batch of ``size`` samples (cached on crown), or None."""
     from .batch_axis import with_batch_payload
-    from .crown import Crown
+    Crown = type(crown)  # noqa: N806 (crown's class: this module does not import crown)
     cache = crown.__dict__.setdefault("_row_batches", {})
     if size not in cache:
         got = with_batch_payload(crown.graph, crown.payload, size)

@@ -22,7 +22,14 @@ from torchlean_bridge.errors import BridgeError
 from torchlean_bridge.graph import Graph
 from torchlean_bridge.payload import Payload
 
-__all__ = ["with_batch", "with_batch_payload"]
+__all__ = ["BATCH_SAFE_ELEMENTWISE", "with_batch", "with_batch_payload"]
+
+# elementwise ops that keep the samples of a batch apart (CROWN's ``Crown.batched`` test reads them too)
+BATCH_SAFE_ELEMENTWISE = frozenset({
+    "relu", "leaky_relu", "prelu", "sigmoid", "tanh", "gelu", "softplus", "exp", "pow", "neg", "add", "sub",
+    "mul_elem", "div", "detach", "abs", "sqrt", "log", "sin", "cos", "erf", "silu", "max_elem", "min_elem", "clamp",
+    "inv", "rsqrt",
+})
 
 # attributes that carry a value's full shape, leading (batch) axis included
 _SHAPE_ATTRS = ("in_shape", "out_shape", "shape", "from_shape", "to_shape", "value_shape")
@@ -72,8 +79,7 @@ def _readers(g: Graph) -> dict[int, list[int]]:
 
 def _only_elementwise_readers(g: Graph, v: int, depends: np.ndarray, readers: dict[int, list[int]]) -> bool:
     """Whether every reader of v depends on the input and is an elementwise op that keeps samples apart."""
-    from .crown import _BATCH_SAFE_ELEMENTWISE
-    return bool(readers.get(v)) and all(depends[r] and g.nodes[r].kind in _BATCH_SAFE_ELEMENTWISE for r in readers[v])
+    return bool(readers.get(v)) and all(depends[r] and g.nodes[r].kind in BATCH_SAFE_ELEMENTWISE for r in readers[v])
 
 
 def _rebatch(g: Graph, n: int, depends: np.ndarray, tile: frozenset[int]) -> Graph | None:

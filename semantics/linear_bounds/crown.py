@@ -47,6 +47,7 @@ from ..memory import exceeds_working_memory
 from ..records import PREPARED
 from ..scratch import scratch
 from ..conv import pool_out_spatial
+from .batch_axis import BATCH_SAFE_ELEMENTWISE as _BATCH_SAFE_ELEMENTWISE
 from .expand import expand
 from .softmax_planes import softmax_planes
 from .relax import POSITIVE_ONLY, Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
@@ -105,11 +106,6 @@ class LinearBounds:
                 "fallback": {str(k): v for k, v in sorted(self.fallback.items())}}
 
 
-_BATCH_SAFE_ELEMENTWISE = frozenset({
-    "relu", "leaky_relu", "prelu", "sigmoid", "tanh", "gelu", "softplus", "exp", "pow", "neg", "add", "sub",
-    "mul_elem", "div", "detach", "abs", "sqrt", "log", "sin", "cos", "erf", "silu", "max_elem", "min_elem", "clamp",
-    "inv", "rsqrt",
-})
 _BILINEAR = frozenset({"mul_elem", "matmul"})  # relaxed (McCormick) when both operands are computed
 _VIEWS = frozenset({"reshape", "transpose", "broadcast_to"})  # a box moves through these exactly
 
@@ -245,6 +241,7 @@ class Crown:
                 result.spec_lower, result.spec_upper = _spec_box(self, boxes[g.outputs[0]], spec)
             return result
         run = _Run(self, boxes, deadline)
+        run.optimize = method == "alpha-crown" and self.n == 1  # one box: its intermediate bounds too
         run.prepare(all_nodes)
         lowers, uppers = [], []
         spec_out = None
@@ -361,6 +358,7 @@ class _Run:
         self.planes: dict[int, tuple[np.ndarray, ...]] = {}  # softmax: see softmax_planes
         self.fallback: dict[int, str] = {}
         self.refined = [False] * len(boxes)
+        self.optimize = False  # relaxed nodes' inputs also by alpha-CROWN after CROWN (``alpha_intermediate``)
         self.tightened: set[int] = set()  # nodes whose box is tighter than IBP's first one
         self._mag: dict[int, np.ndarray] = {}
         self._patchable: dict[int, bool] = {}
@@ -536,7 +534,10 @@ class _Run:
         box = lo.reshape(shape), hi.reshape(shape)
         self.set_box(v, box)
         self.refined[v] = True
-        return box
+        if self.optimize:
+            from .alpha_intermediate import tighten_unstable
+            tighten_unstable(self, v, _Run, _Pass)
+        return self.boxes[v]
 
     def _chunks(self, need: np.ndarray | None, width: int, largest: int):
         """(batch start, batch end, rows) pieces with at most _BUDGET coefficient entries each."""

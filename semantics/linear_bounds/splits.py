@@ -111,7 +111,7 @@ class _SplitRun(_Run):
                  known: dict[int, Box] | None = None, optimize: bool = False) -> None:
         super().__init__(crown, boxes, deadline)
         self.known = known or {}
-        self.optimize = optimize  # split nodes' inputs by alpha-CROWN (``alpha_intermediate``) after CROWN
+        self.optimize = optimize
         g = crown.graph
         candidates = set(split_nodes(crown))
         self.split_of: dict[int, np.ndarray] = {}
@@ -207,9 +207,6 @@ class _SplitRun(_Run):
             free = ~settled.reshape(self.crown.ishape(v))
             need = free if need is None else need.reshape(free.shape) & free
         super().refine(v, need)
-        if self.optimize:
-            from .alpha_intermediate import tighten_unstable
-            tighten_unstable(self, v)
         self._clip(v)  # the refined box was intersected with the clipped one; clip again for the record
         return self.boxes[v]
 

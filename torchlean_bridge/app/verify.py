@@ -20,7 +20,9 @@ runs branch and bound over the unstable units of piecewise-linear ops (ReLU, lea
 max pool) for every group left open (``bab.ReluBab``). ``auto`` picks ``bab-input`` when the input has
 at most ``INPUT_SPLIT_DIMS`` entries or IBP leaves no such unit unstable on the box (splitting a few input widths is cheap and complete there; ReLU splitting has
 nothing to split), else ``bab-relu`` (high-dimensional inputs: a split of one input width barely
-moves the bounds, a split of one unstable ReLU removes its relaxation).
+moves the bounds, a split of one unstable ReLU removes its relaxation). When it picks ``bab-input`` for
+a high-dimensional input (a sigmoid or tanh net: nothing piecewise-linear to split), each box is
+bounded with alpha-CROWN instead of CROWN.
 """
 
 from __future__ import annotations
@@ -610,9 +612,13 @@ def verify(model: _Model, prop: Property, method: str = "crown", timeout: float 
         raise BridgeError(f"verify: the property declares {prop.n_outputs} outputs Y_j, the network has "
                           f"{model.n_outputs}")
     prop = prop.shaped(model.input_shape)
+    bound_method = "crown" if method in ("auto", "bab-input", "bab-relu") else method
     if method == "auto":
         method = choose_method(model, prop.cases[0]) if prop.cases else "bab-input"
-    bound_method = "crown" if method in ("bab-input", "bab-relu") else method
+        if method == "bab-input" and int(np.prod(model.input_shape)) > INPUT_SPLIT_DIMS:
+            # nothing to split in a high-dimensional box (a sigmoid or tanh net): input splitting barely
+            # helps, so each box gets alpha-CROWN (its intermediate bounds optimized too)
+            bound_method = "alpha-crown"
     deadline = start + (timeout if timeout is not None else float("inf"))
     search = _Search(model, prop, bound_method, deadline, seed, batch=input_batch(model) if batch is None else batch,
                      max_queue_bytes=max_queue_bytes)

@@ -256,15 +256,16 @@ def _smooth_input(run: "_Run", v: int):
 
 
 def _plain_extremum(fn, lo: np.ndarray, hi: np.ndarray, s: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
-    """Plain-float min (side -1) or max (+1) of f(z) - s z over [lo, hi] and where it is (the ends and the
-    points where f'(z) = s on either convexity side): the intercept and its derivative's negation."""
+    """Plain-float min (side -1) or max (+1) of g(z) = f(z) - s z over [lo, hi] and where it is: the
+    intercept and its derivative's negation. For an S-shaped f the candidates are the ends and the point
+    where f'(z) = s on the convex side for a min (g's local minimum there), the concave side for a max;
+    f at the ends is evaluated once per unit, not per slope."""
     with np.errstate(all="ignore"):
-        cands = [np.broadcast_to(lo, s.shape), np.broadcast_to(hi, s.shape)]
-        for convex in (True, False):
-            d = fn.stationary(s, convex)
-            cands.append(np.clip(np.where(np.isnan(d), lo, d), lo, hi))
-        z = np.stack(cands)
-        g = fn.f_mid(z) - s * z
-        g = np.where(np.isnan(g), np.inf if side < 0 else -np.inf, g)
-        best = (np.argmin(g, axis=0) if side < 0 else np.argmax(g, axis=0))[None]
-    return np.take_along_axis(g, best, 0)[0], np.take_along_axis(z, best, 0)[0]
+        d = fn.stationary(s, side < 0)
+        d = np.clip(np.where(np.isnan(d), lo, d), lo, hi)
+        best_z, best_g = np.broadcast_to(lo, s.shape), fn.f_mid(lo) - s * lo
+        for z, g in ((np.broadcast_to(hi, s.shape), fn.f_mid(hi) - s * hi), (d, fn.f_mid(d) - s * d)):
+            better = g < best_g if side < 0 else g > best_g
+            better |= np.isnan(best_g)
+            best_g, best_z = np.where(better, g, best_g), np.where(better, z, best_z)
+    return best_g, best_z

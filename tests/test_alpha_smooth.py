@@ -119,3 +119,19 @@ def test_auto_bounds_a_high_dimensional_sigmoid_box_with_alpha_crown():
     assert auto.result == "unsat" and auto.method == "bab-input" and auto.boxes_explored == 1, auto
     plain = verify(model, prop, method="bab-input", timeout=30)
     assert plain.boxes_explored > 1  # CROWN alone needs input splits
+
+
+def test_auto_runs_the_optimization_only_when_crown_leaves_the_box_open(monkeypatch):
+    from exporters.onnx import export_onnx
+    from torchlean_bridge.app.verify import INPUT_SPLIT_DIMS, _Model, verify
+    from torchlean_bridge.app.vnnlib import Case, Property
+    d = INPUT_SPLIT_DIMS + 8
+    b = _net(nn.Sigmoid, (d, 24, 24, 3), seed=5, gain=3.0)
+    model = _Model(b, export_onnx(b).SerializeToString())
+    lo, hi = np.full(d, -0.5), np.full(d, 0.5)
+    c = np.array([[1.0, -1.0, 0.0]])
+    crown = tlb.linear_bounds(b.graph, b.payload, lo[None], hi[None], spec=c).spec_lower[0, 0]
+    prop = Property(d, 3, [Case(lo, hi, [(c, np.array([crown - 0.1]), np.zeros(1, dtype=bool))])])
+    monkeypatch.setattr(alpha, "optimize_slopes", lambda *a, **k: pytest.fail("optimized a box CROWN decides"))
+    r = verify(model, prop, method="auto", timeout=30)
+    assert r.result == "unsat" and r.boxes_explored == 1

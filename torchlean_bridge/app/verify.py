@@ -345,7 +345,14 @@ class _Search:
             self.pending = [q[5] for q in queue] + [p[5] for p in picked]
             los, his = np.stack([p[2] for p in picked]), np.stack([p[3] for p in picked])
             try:
-                y_lo, y_hi, spec_lo, coeffs, fallback = self.bound_many(los, his, c)
+                if first and self.method == "alpha-crown":  # CROWN first: alpha-CROWN's optimization only if needed
+                    got = self.bound_many(los, his, c, method="crown")
+                    if not _decides(got[0][0], got[1][0], got[2][0], groups_all, rows_of):
+                        self.boxes -= len(picked)  # the same box again, not another one
+                        got = self.bound_many(los, his, c)
+                else:
+                    got = self.bound_many(los, his, c)
+                y_lo, y_hi, spec_lo, coeffs, fallback = got
             except DeadlineExceeded:
                 if first:  # report the box's interval bounds (a fraction of one CROWN pass)
                     r = self.model.crown(lo0, hi0, method="ibp")
@@ -401,7 +408,7 @@ class _Search:
         self.pending = []
         return "unsat", None
 
-    def bound_many(self, los: np.ndarray, his: np.ndarray, c: np.ndarray):
+    def bound_many(self, los: np.ndarray, his: np.ndarray, c: np.ndarray, method: str | None = None):
         """Bounds of M boxes ``[M, *input shape]`` against rows ``c``: output lower and upper ``[M, outputs]``,
         row lower bounds ``[M, K]``, their coefficients ``[M, K, inputs]`` (None without CROWN's) and the
         first box's fallback kinds. One pass of the graph rebatched to the next power of two (padded
@@ -413,21 +420,21 @@ class _Search:
             pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - m, axis=0)]) if size > m else x  # noqa: E731
             shape = (size,) + tuple(self.model.input_shape[1:])
             try:
-                got = self._bound_pass(crown, pad(los).reshape(shape), pad(his).reshape(shape), c, m)
+                got = self._bound_pass(crown, pad(los).reshape(shape), pad(his).reshape(shape), c, m, method)
                 self.boxes += m
                 return got
             except BridgeError:  # a relaxation the memory limit refuses at this batch: one box per pass
                 self.model.refuse_batch(size)
         parts = []
         for i in range(m):
-            parts.append(self._bound_pass(self.model.crown, los[i], his[i], c, 1))
+            parts.append(self._bound_pass(self.model.crown, los[i], his[i], c, 1, method))
             self.boxes += 1
         coeffs = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                 np.concatenate([p[2] for p in parts]), coeffs, parts[0][4])
 
-    def _bound_pass(self, crown, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, m: int):
-        r = crown(lo, hi, method=self.method, spec=c if c.shape[0] else None, deadline=self.deadline)
+    def _bound_pass(self, crown, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, m: int, method: str | None = None):
+        r = crown(lo, hi, method=method or self.method, spec=c if c.shape[0] else None, deadline=self.deadline)
         y_lo, y_hi = r.lower[0].reshape(crown.n, -1)[:m], r.upper[0].reshape(crown.n, -1)[:m]
         spec_lo = r.spec_lower[:m] if c.shape[0] else np.zeros((m, 0))
         coeffs = None
@@ -527,6 +534,13 @@ class _Search:
                 return "unknown", None
             self.proved = min(self.proved, out.best_lower)
         return "unsat", None
+
+
+def _decides(y_lo: np.ndarray, y_hi: np.ndarray, spec_lo: np.ndarray, groups, rows_of) -> bool:
+    """Whether one box's bounds refute every group (as ``_Search.case`` tests it: some row's gap > 0)."""
+    y_mag = float(np.max(np.maximum(np.abs(y_lo), np.abs(y_hi)), initial=0.0))
+    return all(cg.shape[0] and np.any(spec_lo[rows] - dg - _margin(cg, dg, y_mag) > 0)
+               for (cg, dg, _), rows in zip(groups, rows_of))
 
 
 def _split_axis(lo: np.ndarray, hi: np.ndarray, coeffs: np.ndarray | None) -> int | None:

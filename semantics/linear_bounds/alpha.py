@@ -152,10 +152,11 @@ def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np
 
 
 def optimize_slopes(run: "_Run", t: int, rows: np.ndarray, iterations: int = ITERATIONS,
-                    lr: float = LEARNING_RATE) -> dict[int, np.ndarray] | None:
+                    lr: float = LEARNING_RATE) -> dict | None:
     """Per ReLU on t's chain, lower slopes ``[N, K, units]`` maximizing each row's plain-float bound
     (``rows`` is ``[N, K, outputs of t]``), projected to [0, 1] on unstable units (stable units keep
-    their exact slope). None when t is not a supported chain."""
+    their exact slope); per sigmoid or tanh, the pair (lower, upper) of such slopes, in [0, max f' on
+    the box]. None when t is not a supported chain or a smooth node's box is not finite."""
     got = chain_to_input(run, t)
     if got is None:
         return None

@@ -39,7 +39,7 @@ def tighten_unstable(run: "_Run", v: int, make_run: type, make_pass: type) -> bo
     crown = run.crown
     if crown.n != 1 or not crown.batched:
         return False
-    kinds = {node.kind for node in run.graph.nodes if v in node.parents}  # relaxed after this refinement
+    kinds = _reader_kinds(crown).get(v)  # the nodes relaxed after this refinement
     if not kinds or not kinds <= ({"relu"} | SMOOTH_OPTIMIZED):
         return False
     layers = chain(run, v)
@@ -80,6 +80,18 @@ def tighten_unstable(run: "_Run", v: int, make_run: type, make_pass: type) -> bo
     shape = run.boxes[v][0].shape
     run.set_box(v, (new_lo.reshape(shape), new_hi.reshape(shape)))
     return True
+
+
+def _reader_kinds(crown) -> dict[int, set[str]]:
+    """Per node, the kinds of the nodes reading it (once per Crown: refinements ask node by node)."""
+    got = crown.__dict__.get("_reader_kinds")
+    if got is None:
+        got = {}
+        for node in crown.graph.nodes:
+            for q in node.parents:
+                got.setdefault(q, set()).add(node.kind)
+        crown.__dict__["_reader_kinds"] = got
+    return got
 
 
 def _widen(box, shape: tuple[int, ...]):

@@ -110,7 +110,8 @@ def test_the_root_boxes_are_optimized_once_per_box_and_shared_by_its_groups(tmp_
     root = [float(model.crown(lo.reshape(model.input_shape), hi.reshape(model.input_shape), spec=c).spec_lower[0, 0])
             for c in rows]
     # each group just beyond its CROWN bound, below every sample: both need the search
-    groups = [(c, np.array([r + 0.3 * (float((ys @ c.T).min()) - r)]), np.zeros(1, dtype=bool)) for c, r in zip(rows, root)]
+    groups = [(c, np.array([r + 0.3 * (float((ys @ c.T).min()) - r)]), np.zeros(1, dtype=bool))
+              for c, r in zip(rows, root)]
     calls = []
     real = alpha_intermediate.tighten_unstable
     monkeypatch.setattr(alpha_intermediate, "tighten_unstable", lambda run, v, *a: calls.append(v) or real(run, v, *a))

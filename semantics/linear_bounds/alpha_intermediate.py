@@ -65,7 +65,8 @@ def tighten_unstable(run: "_Run", v: int, make_run: type, make_pass: type) -> bo
     wide = _row_batch(crown, size)
     if wide is None:
         return False
-    pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - x.shape[0], axis=0)]) if size > x.shape[0] else x  # noqa
+    pad = lambda x: (np.concatenate([x, np.repeat(x[-1:], size - x.shape[0], axis=0)])  # noqa: E731
+                     if size > x.shape[0] else x)
     boxes = [_widen(box, tuple(node.out_shape)) for box, node in zip(run.boxes, wide.graph.nodes)]
     alt = make_run(wide, boxes, run.deadline)
     alt.refined = list(run.refined)

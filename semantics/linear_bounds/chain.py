@@ -93,11 +93,12 @@ def dag_layers(crown: Crown, t: int | None = None
                ) -> tuple[list[tuple[str, int, tuple[int, ...], Any, Any]], int] | None:
     """t's ancestors (the output by default) as a DAG for plain-float passes: ``([(kind, id, parents,
     weight, bias)], input id)`` in decreasing id (a backward pass's order), kinds ``affine`` (linear,
-    or conv as a dense matrix or a ``ConvOperator``, as ``chain_layers``), ``identity`` (reshape, flatten), ``scale`` (an elementwise
-    affine map by constants, weight and bias flat per unit), ``add`` / ``sub`` of two input-dependent
-    values of one shape, ``relu`` (also a leaky ReLU with slope in [0, 1]: its
-    weight is that slope, 0 for a ReLU) and ``max_pool`` (its relaxation is the run's,
-    ``_Run.pools``); None when another op or a second graph input is met. A chain (``chain_layers``) is the case of one parent each. No soundness claim."""
+    or conv as a dense matrix or a ``ConvOperator``, as ``chain_layers``), ``identity`` (reshape,
+    flatten), ``scale`` (an elementwise affine map by constants, weight and bias flat per unit),
+    ``add`` / ``sub`` of two input-dependent values of one shape, ``relu`` (also a leaky ReLU with
+    slope in [0, 1]: its weight is that slope, 0 for a ReLU) and ``max_pool`` (its relaxation is the
+    run's, ``_Run.pools``); None when another op or a second graph input is met. A chain
+    (``chain_layers``) is the case of one parent each. No soundness claim."""
     g = crown.graph
     t = _target(crown, t)
     if t is None:

@@ -101,9 +101,11 @@ def test_alpha_bounds_and_boxes_enclose_samples_and_beat_crown(act, seed):
     assert narrower > 0  # the intermediate boxes were optimized too
 
 
-def test_auto_bounds_a_high_dimensional_sigmoid_box_with_alpha_crown():
+def _wide_sigmoid():
+    """A sigmoid net with more input entries than input splitting takes, its box, one row, CROWN's bound of
+    it, and ``prop(threshold)``: the property that the row stays above the threshold."""
     from exporters.onnx import export_onnx
-    from torchlean_bridge.app.verify import INPUT_SPLIT_DIMS, _Model, verify
+    from torchlean_bridge.app.verify import INPUT_SPLIT_DIMS, _Model
     from torchlean_bridge.app.vnnlib import Case, Property
     d = INPUT_SPLIT_DIMS + 8
     b = _net(nn.Sigmoid, (d, 24, 24, 3), seed=5, gain=3.0)
@@ -111,27 +113,25 @@ def test_auto_bounds_a_high_dimensional_sigmoid_box_with_alpha_crown():
     lo, hi = np.full(d, -0.5), np.full(d, 0.5)
     c = np.array([[1.0, -1.0, 0.0]])
     crown = tlb.linear_bounds(b.graph, b.payload, lo[None], hi[None], spec=c).spec_lower[0, 0]
+    prop = lambda t: Property(d, 3, [Case(lo, hi, [(c, np.array([t]), np.zeros(1, dtype=bool))])])  # noqa: E731
+    return b, model, lo, hi, c, crown, prop
+
+
+def test_auto_bounds_a_high_dimensional_sigmoid_box_with_alpha_crown():
+    from torchlean_bridge.app.verify import verify
+    b, model, lo, hi, c, crown, prop = _wide_sigmoid()
     tight = tlb.linear_bounds(b.graph, b.payload, lo[None], hi[None], spec=c, method="alpha-crown").spec_lower[0, 0]
     assert tight > crown
     t = crown + 0.5 * (tight - crown)  # beyond CROWN, within alpha-CROWN's bound
-    prop = Property(d, 3, [Case(lo, hi, [(c, np.array([t]), np.zeros(1, dtype=bool))])])
-    auto = verify(model, prop, method="auto", timeout=30)
+    auto = verify(model, prop(t), method="auto", timeout=30)
     assert auto.result == "unsat" and auto.method == "bab-input" and auto.boxes_explored == 1, auto
-    plain = verify(model, prop, method="bab-input", timeout=30)
+    plain = verify(model, prop(t), method="bab-input", timeout=30)
     assert plain.boxes_explored > 1  # CROWN alone needs input splits
 
 
 def test_auto_runs_the_optimization_only_when_crown_leaves_the_box_open(monkeypatch):
-    from exporters.onnx import export_onnx
-    from torchlean_bridge.app.verify import INPUT_SPLIT_DIMS, _Model, verify
-    from torchlean_bridge.app.vnnlib import Case, Property
-    d = INPUT_SPLIT_DIMS + 8
-    b = _net(nn.Sigmoid, (d, 24, 24, 3), seed=5, gain=3.0)
-    model = _Model(b, export_onnx(b).SerializeToString())
-    lo, hi = np.full(d, -0.5), np.full(d, 0.5)
-    c = np.array([[1.0, -1.0, 0.0]])
-    crown = tlb.linear_bounds(b.graph, b.payload, lo[None], hi[None], spec=c).spec_lower[0, 0]
-    prop = Property(d, 3, [Case(lo, hi, [(c, np.array([crown - 0.1]), np.zeros(1, dtype=bool))])])
+    from torchlean_bridge.app.verify import verify
+    _, model, _, _, _, crown, prop = _wide_sigmoid()
     monkeypatch.setattr(alpha, "optimize_slopes", lambda *a, **k: pytest.fail("optimized a box CROWN decides"))
-    r = verify(model, prop, method="auto", timeout=30)
+    r = verify(model, prop(crown - 0.1), method="auto", timeout=30)
     assert r.result == "unsat" and r.boxes_explored == 1

@@ -7,10 +7,10 @@ are optimized by projected gradient ascent (Adam, as auto_LiRPA: 20 steps, learn
 float64 for every output row and side separately, starting from CROWN's choice; only the heuristic runs
 in plain arithmetic. Each row's final bound is then a backward pass of the outward-rounded CROWN
 (``crown._Pass``) with that row's slopes, intersected with the CROWN bound, so it is sound and never
-looser than CROWN. The intermediate bounds are CROWN's (auto_LiRPA also optimizes slopes for them).
+looser than CROWN. On a single box the intermediate bounds are optimized too (``alpha_intermediate``).
 
 Sigmoid and tanh are optimized too: any slope s gives a valid lower (upper) line with the rigorous
-intercept min (max) of f(z) - s z over the node's input box (``relax._extremum``), so both slopes are
+intercept min (max) of f(z) - s z over the node's input box (``relax.intercepts``), so both slopes are
 free in [0, max f' on the box]; the plain pass uses the plain-float extremum, whose derivative in s is
 minus the point where it is attained.
 
@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+
+from .chain import ELEMENTWISE_AFFINE, _elementwise_affine, affine_of
+from .relax import intercepts, smooth_for
 
 if TYPE_CHECKING:
     from .crown import _Run
@@ -48,12 +51,12 @@ def chain(run: "_Run", t: int) -> list[tuple[str, int]] | None:
 
 
 def chain_to_input(run: "_Run", t: int) -> tuple[list[tuple[str, int]], int] | None:
-    """The nodes from t down to the graph input as ``[("linear" | "relu" | "scale", id), ...]``, or None
-    when t's ancestors are not such a chain (one input-dependent parent each: linear layers on
-    ``[N, features]`` and convolutions with channel axis 1, as ``chain.affine_of`` gives them, relaxed
-    ReLUs, elementwise affine maps by constants: an input normalization, ``chain.ELEMENTWISE_AFFINE``).
+    """The nodes from t down to the graph input as ``[("linear" | "relu" | "smooth" | "scale", id), ...]``
+    and the input's id, or None when t's ancestors are not such a chain (one input-dependent parent each:
+    linear layers on ``[N, features]`` and convolutions with channel axis 1, as ``chain.affine_of`` gives
+    them, relaxed ReLUs, relaxed sigmoids and tanhs (``SMOOTH_OPTIMIZED``), elementwise affine maps by
+    constants: an input normalization, ``chain.ELEMENTWISE_AFFINE``) or has none of those activations.
     Reshapes and flattens are skipped: they keep the flat order."""
-    from .chain import ELEMENTWISE_AFFINE, _elementwise_affine
     crown, g = run.crown, run.graph
     if not crown.batched:
         return None
@@ -86,12 +89,6 @@ def chain_to_input(run: "_Run", t: int) -> tuple[list[tuple[str, int]], int] | N
     return (out, v) if any(kind in ("relu", "smooth") for kind, _ in out) else None
 
 
-def affine_of(crown, v: int):
-    """``chain.affine_of`` (imported late: chain imports crown, which imports this module)."""
-    from .chain import affine_of as get
-    return get(crown, v)
-
-
 def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np.ndarray], c: np.ndarray,
                      r: np.ndarray) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """Plain-float CROWN lower bounds of ``rows`` ([N, K, outputs]) with lower slopes ``alphas``
@@ -106,7 +103,6 @@ def _bound_and_grads(run: "_Run", layers, rows: np.ndarray, alphas: dict[int, np
             saved.append(("linear", v, w, bias))
             a = a @ w
         elif kind == "scale":
-            from .chain import _elementwise_affine
             _, w, bias = _elementwise_affine(run.crown, run.graph.nodes[v], v)
             const = const + a @ bias
             saved.append(("scale", v, w, bias))
@@ -228,20 +224,17 @@ def lines_for(run: "_Run", v: int, slopes, m: int) -> tuple:
     """Sound lines of node v for ``m`` samples (the run's box of v's input repeated when the run has one
     sample) with optimized ``slopes`` ``[m, units]``: a ReLU's lower slope (clipped to [0, 1]; its
     intercept is 0, stable units keep their exact lines), or a smooth node's ``(lower, upper)`` slopes with
-    rigorous intercepts for them (``relax``'s min and max of f(z) - s z over the box)."""
+    rigorous intercepts for them (``relax.intercepts``)."""
     shape = (m,) + tuple(run.lines[v][0].shape[1:])
     rows = lambda x: np.ascontiguousarray(np.broadcast_to(x.reshape(-1, *shape[1:]), shape))  # noqa: E731
     a_l, b_l, a_u, b_u = (rows(x) for x in run.lines[v])
     if not isinstance(slopes, tuple):
         slope = np.where(a_l != a_u, np.clip(slopes.reshape(shape), 0.0, 1.0), a_l)
         return slope, b_l, a_u, b_u
-    from .relax import _extremum, _pieces
     fn, lo, hi = _smooth_input(run, v)
     lo, hi = (np.ascontiguousarray(np.broadcast_to(x, (m, x.shape[1]))).reshape(-1) for x in (lo, hi))
-    pieces = _pieces(fn, lo, hi)
     s_l, s_u = (np.ascontiguousarray(np.broadcast_to(x, (m, x.shape[-1]))).reshape(-1) for x in slopes)
-    with np.errstate(all="ignore"):
-        c_l, c_u = _extremum(fn, pieces, lo, s_l, -1), _extremum(fn, pieces, lo, s_u, 1)
+    c_l, c_u = intercepts(fn, lo, hi, s_l, s_u)
     ok = np.isfinite(c_l) & np.isfinite(c_u)  # else the CROWN line stays
     pick = lambda new, old: np.where(ok, new, old.reshape(-1)).reshape(shape)  # noqa: E731
     return pick(s_l, a_l), pick(c_l, b_l), pick(s_u, a_u), pick(c_u, b_u)
@@ -249,7 +242,6 @@ def lines_for(run: "_Run", v: int, slopes, m: int) -> tuple:
 
 def _smooth_input(run: "_Run", v: int):
     """(the function of smooth node v, its input box ``[N, units]`` flat)."""
-    from .relax import smooth_for
     node = run.graph.nodes[v]
     n = run.crown.n
     lo, hi = (np.asarray(x, dtype=np.float64).reshape(n, -1) for x in run.boxes[node.parents[0]])

@@ -1,17 +1,21 @@
-"""alpha-CROWN for intermediate bounds on chains: each unstable unit bounded with slopes of its own.
+"""alpha-CROWN for intermediate bounds on chains: each unit bounded with slopes of its own.
 
-The boxes of the ReLUs' inputs decide every later relaxation, and CROWN computes them with one rule
-for the lower slopes. Here, as auto_LiRPA's alpha-CROWN does, the lower and upper bound of each
-unstable unit of a ReLU's input get their own slopes for the ReLUs below it, optimized by
-``alpha.optimize_slopes`` (projected Adam in plain float64: a heuristic, no soundness claim). Every
-lower line ``s z`` with ``s`` in [0, 1] is valid for a ReLU, so any slopes give a valid bound; the
-sound bound is the outward-rounded CROWN pass (``crown._Pass``) on a batch in which sample k carries the
-slopes of row k and starts from row k alone (a per-sample spec): one sound pass serves every row. The
-result is intersected with the node's box, so it is never looser than CROWN's.
+The boxes of the inputs of ReLUs, sigmoids and tanhs decide every later relaxation, and CROWN computes
+them with one rule for the slopes. Here, as auto_LiRPA's alpha-CROWN does, the lower and upper bound of
+each unit whose box matters (a ReLU input's unstable units; every unit of a smooth node's input) get
+their own slopes for the activations below it, optimized by ``alpha.optimize_slopes`` (projected Adam in
+plain float64: a heuristic, no soundness claim). Any ReLU lower slope in [0, 1], and any sigmoid or tanh
+slope with its rigorous intercept (``alpha.lines_for``), gives a valid line, so any slopes give a valid
+bound; the sound bound is the outward-rounded CROWN pass (``crown._Pass``) on a batch in which sample k
+carries the slopes of row k and starts from row k alone (a per-sample spec): one sound pass serves
+every row. The result is intersected with the node's box, so it is never looser than CROWN's.
 
-Used for one subdomain (a batch of 1: branch and bound's root, whose boxes its children reuse) on
-chains of linear layers, convolutions and ReLUs (``alpha.chain_to_input``) with at most MAX_ENTRIES
-slopes to optimize (on oval21's CIFAR CNNs 2^20 slopes take about 7 s); anything else keeps CROWN's boxes.
+Used for one box (a batch of 1: branch and bound's root, whose boxes its children reuse, and single-box
+``alpha-crown`` calls) on chains of linear layers, convolutions, ReLUs, sigmoids and tanhs
+(``alpha.chain_to_input``) with at most MAX_ENTRIES slopes and row entries to optimize and
+MAX_BATCH_ENTRIES entries in the sound pass's batch (MNIST and ERAN MLPs fit; oval21's second convolution,
+442 rows over 3,072 units, does not: optimized, it cost 7 s for a root gap of -0.44 against -0.47);
+anything else keeps CROWN's boxes.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from torchlean_bridge.errors import BridgeError
 if TYPE_CHECKING:
     from .crown import _Run
 
-__all__ = ["MAX_ENTRIES", "tighten_unstable"]
+__all__ = ["MAX_BATCH_ENTRIES", "MAX_ENTRIES", "tighten_unstable"]
 
-MAX_ENTRIES = 1 << 20  # slopes per optimization (rows x units summed over the chain's ReLUs); beyond: CROWN's box
+MAX_ENTRIES = 1 << 20  # slopes and row entries per optimization (rows x units); beyond: CROWN's box
+MAX_BATCH_ENTRIES = 1 << 24  # the sound pass's batch: samples x input-dependent entries per sample
 
 
 def tighten_unstable(run: "_Run", v: int, make_run: type, make_pass: type) -> bool:
@@ -52,16 +57,20 @@ def tighten_unstable(run: "_Run", v: int, make_run: type, make_pass: type) -> bo
         return False
     optimized = [u for kind, u in layers if kind in ("relu", "smooth")]
     k = 2 * cols.size
-    if k * sum(math.prod(crown.ishape(u)[1:]) for u in optimized) > MAX_ENTRIES:
-        return False
     width = lo.shape[1]
+    # the slopes and rows to optimize, then the batch of one sample per row: both sized before either exists
+    if k * (width + sum(math.prod(crown.ishape(u)[1:]) for u in optimized)) > MAX_ENTRIES:
+        return False
+    size = 1 << max(0, (k - 1).bit_length())
+    per_sample = sum(math.prod(crown.ishape(node.id)[1:]) for node in run.graph.nodes if not crown.const[node.id])
+    if size * per_sample > MAX_BATCH_ENTRIES:
+        return False
     rows = np.zeros((1, k, width))
     rows[0, np.arange(cols.size), cols] = 1.0  # lower bounds of z
     rows[0, cols.size + np.arange(cols.size), cols] = -1.0  # lower bounds of -z: upper bounds of z
     alphas = optimize_slopes(run, v, rows)
     if alphas is None:
         return False
-    size = 1 << max(0, (k - 1).bit_length())
     wide = _row_batch(crown, size)
     if wide is None:
         return False

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..records import PREPARED
+from ..rules.affine import batched_conv
+from .rules import conv_adjoint
 
 if TYPE_CHECKING:  # annotations only: crown imports alpha, which reads these layers
     from .crown import Crown
@@ -223,7 +225,6 @@ def _affine(crown: Crown, node, v: int):
         window = node.attrs["in_channels"] // node.attrs["groups"] * math.prod(node.attrs["kernel"])
         if n_in * n_out > MAX_DENSE or n_in > DENSE_WINDOWS * window:
             return ConvOperator(p.weight, node.attrs, tail_in, tail_out), bias
-        from ..rules.affine import batched_conv
         eye = np.eye(n_in).reshape((n_in,) + tail_in)
         dense = batched_conv(eye, p.weight, node.attrs).reshape(n_in, n_out).T
         return np.ascontiguousarray(dense), bias
@@ -247,8 +248,6 @@ class ConvOperator:
         return ConvOperator(self.weight, self.attrs, self.tail_in, self.tail_out, not self.transposed)
 
     def __rmatmul__(self, a: np.ndarray) -> np.ndarray:
-        from ..rules.affine import batched_conv
-        from .rules import conv_adjoint
         lead = a.shape[:-1]
         if self.transposed:  # x @ W.T: the convolution itself
             out = batched_conv(np.ascontiguousarray(a, dtype=np.float64).reshape((-1,) + self.tail_in),

@@ -41,7 +41,7 @@ from ..interval_round import Box, down, lib_bounds, up
 from ..rules.activations import INV_SQRT2, _elu_with, _silu_at, gelu_box, sigmoid_at, softplus_at
 from ..rules.elementwise import pow_box, rsqrt_box
 
-__all__ = ["Lines", "relu_lines", "Smooth", "smooth_for", "smooth_lines", "SMOOTH_KINDS", "POSITIVE_ONLY"]
+__all__ = ["Lines", "relu_lines", "Smooth", "intercepts", "smooth_for", "smooth_lines", "SMOOTH_KINDS", "POSITIVE_ONLY"]
 
 # (a_l, b_l, a_u, b_u): a_l z + b_l <= f(z) <= a_u z + b_u on the node's input box
 Lines = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -470,6 +470,15 @@ def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f
 _SMOOTH_CHUNK = 1 << 15
 
 
+def intercepts(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slope_l: np.ndarray, slope_u: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Rigorous intercepts of the lower and upper lines with the given slopes on [lo, hi] (flat arrays of
+    one shape): the outward-rounded min and max of f(z) - s z over the box, as ``smooth_lines`` takes them."""
+    pieces = _pieces(fn, lo, hi)
+    with np.errstate(all="ignore"):
+        return _extremum(fn, pieces, lo, slope_l, -1), _extremum(fn, pieces, lo, slope_u, 1)
+
+
 def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
     """The best of a few candidate lines on each side, with rigorous intercepts (finite lo <= hi):
     all candidates of a chunk of entries in one stacked pass (a handful of numpy calls per step
@@ -500,10 +509,8 @@ def _smooth_lines_flat(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
                                    np.stack((f_l, f_u)))
         slopes = np.concatenate((chord[None], d_lo * 0.5 + d_hi * 0.5, through))
         slopes = np.where(np.isfinite(slopes), slopes, 0.0)
-        pieces = _pieces(fn, lo, hi)
         out = []
-        for side in (-1, 1):
-            c = _extremum(fn, pieces, lo, slopes, side)
+        for side, c in zip((-1, 1), intercepts(fn, lo, hi, slopes, slopes)):
             v = slopes * mid + c
             # the candidate closest to f at the midpoint (the first of equals; a NaN never wins)
             if side < 0:

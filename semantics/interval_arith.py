@@ -16,6 +16,7 @@ import numpy as np
 from .arena import result_array
 from .float_special import erf
 from .interval_round import Box, CleanBox, all_finite, clean, down, down_, lib_bounds, up, up_
+from .scratch import scratch
 
 __all__ = ["point", "add", "sub", "neg", "mul", "scale", "add_const", "div", "inv", "square",
            "abs_box", "max_box", "min_box", "relu_box", "contains_zero", "divide_exact", "DomainError",
@@ -74,13 +75,37 @@ def neg(a: Box) -> Box:
 
 
 def mul(a: Box, b: Box) -> Box:
-    """Product by the four endpoint products (0 * inf counts as 0: operands are real numbers)."""
+    """Product by the four endpoint products (0 * inf counts as 0: operands are real numbers).
+    Float64 arrays take the products in scratch memory and the NaN scan (nan_to_num copies every
+    product: half the time of an attention block's IBP) only when a product is not finite."""
+    ends = (*a, *b)
+    if all(isinstance(e, np.ndarray) and e.dtype == np.float64 for e in ends):
+        shape = np.broadcast_shapes(*(e.shape for e in ends))
+        if shape:
+            return _mul_arrays(a, b, shape)
     with np.errstate(all="ignore"):
-        p = [np.nan_to_num(x * y, nan=0.0, posinf=np.inf, neginf=-np.inf)
-             for x in a for y in b]
-        lo = np.minimum(np.minimum(p[0], p[1]), np.minimum(p[2], p[3]))
-        hi = np.maximum(np.maximum(p[0], p[1]), np.maximum(p[2], p[3]))
-        return down(lo), up(hi)
+        return _mul_corners([x * y for x in a for y in b])
+
+
+def _mul_corners(p: list[np.ndarray]) -> Box:
+    p = [np.nan_to_num(q, nan=0.0, posinf=np.inf, neginf=-np.inf) for q in p]
+    lo = np.minimum(np.minimum(p[0], p[1]), np.minimum(p[2], p[3]))
+    hi = np.maximum(np.maximum(p[0], p[1]), np.maximum(p[2], p[3]))
+    return down(lo), up(hi)
+
+
+def _mul_arrays(a: Box, b: Box, shape: tuple[int, ...]) -> Box:
+    with np.errstate(all="ignore"):
+        p = [np.multiply(x, y, out=scratch(f"ia.mul.{k}", shape)) for k, (x, y) in
+             enumerate((x, y) for x in a for y in b)]
+        if not all(all_finite(q) for q in p):
+            return _mul_corners(p)
+        lo, hi = result_array(shape), result_array(shape)
+        np.minimum(p[0], p[1], out=lo)
+        np.maximum(p[0], p[1], out=hi)
+        np.minimum(lo, np.minimum(p[2], p[3], out=p[0]), out=lo)
+        np.maximum(hi, np.maximum(p[2], p[3], out=p[1]), out=hi)
+        return CleanBox((down_(lo, finite=True), up_(hi, finite=True)))
 
 
 def scale(a: Box, k) -> Box:

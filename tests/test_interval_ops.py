@@ -244,6 +244,32 @@ def test_conv_transpose_grouped_dilated_cropped_any_channel_axis(data):
     assert np.allclose(eval_node(node, [centre], rec), exact, rtol=1e-12, atol=1e-12 * (1 + np.abs(exact).max()))
 
 
+def test_matmul_of_two_boxes_in_chunks_encloses_exact_entries():
+    """Outputs too many for one product tensor split the inner axis into chunks (both layouts: p
+    longer than k and k longer than p); sampled entries are checked in exact rationals."""
+    rng = np.random.default_rng(5)
+    for a_shape, b_shape in [((363, 3), (3, 363)), ((2, 40, 300), (2, 300, 40))]:
+        la, lb = rng.normal(size=a_shape), rng.normal(size=b_shape)
+        a, b = (la - rng.random(a_shape), la), (lb, lb + rng.random(b_shape))
+        out_shape = np.matmul(la, lb).shape
+        lo, hi = INTERVAL_RULES["matmul"](Node(2, [0, 1], "matmul", out_shape), [a, b], {})
+        assert lo.shape == hi.shape == out_shape
+        picks = [tuple(rng.integers(0, d) for d in out_shape) for _ in range(6)]
+        for x, y in [(a[0], b[1]), (a[1], b[0]), (a[0], b[0])] + [(rng.uniform(*a), rng.uniform(*b))]:
+            for idx in picks:
+                row, col = x[idx[:-2] + (idx[-2],)], y[idx[:-2] + (Ellipsis, idx[-1])]
+                exact = sum(Fraction(float(u)) * Fraction(float(v)) for u, v in zip(row, col))
+                assert Fraction(float(lo[idx])) <= exact <= Fraction(float(hi[idx])), (a_shape, idx)
+
+
+def test_matmul_of_boxes_with_infinite_ends_never_returns_nan():
+    a = (np.array([[-np.inf, 0.0, 1.0]]), np.array([[1.0, 0.0, np.inf]]))
+    b = (np.array([[0.0], [-np.inf], [2.0]]), np.array([[0.0], [np.inf], [3.0]]))
+    lo, hi = INTERVAL_RULES["matmul"](Node(2, [0, 1], "matmul", (1, 1)), [a, b], {})
+    assert lo[0, 0] == -np.inf or lo[0, 0] <= 2.0
+    assert hi[0, 0] == np.inf and not np.isnan(lo).any()
+
+
 @SETTINGS
 @given(st.data())
 def test_cumsum_encloses_exact_running_sums(data):

@@ -286,11 +286,15 @@ def _is_point(a: Box) -> bool:
 
 
 def _four_product_matmul(a: Box, b: Box) -> Box:
-    """General interval matmul: per-term exact products (4 endpoint products), then bounded sums.
+    """General interval matmul: per-term exact ranges (the extremes of the 4 endpoint products), then
+    bounded sums.
 
-    Works on [..., m, n] @ [..., n, p] (rank-1 operands promoted like torch.matmul), chunking the
-    inner axis so the [..., m, k, p] product tensors stay small.
-    """
+    Works on [..., m, n] @ [..., n, p] (rank-1 operands promoted like torch.matmul), with the inner
+    axis last and contiguous ([..., m, p, k] products: numpy's inner loops run along k, not along a
+    short p) and chunked so the product tensors stay small. The products are not rounded one by one:
+    a term's end is the rounded extreme product (rounding is monotone), and Higham's dot-product bound
+    gamma_n sum |term| covers the products' and the sum's roundings together (``_term_sums``). When p
+    is longer than k, p runs innermost instead ([..., k, m, p], summed over k)."""
     (alo, ahi), (blo, bhi) = a, b
     squeeze_m, squeeze_p = alo.ndim == 1, blo.ndim == 1
     if squeeze_m:
@@ -299,14 +303,20 @@ def _four_product_matmul(a: Box, b: Box) -> Box:
         blo, bhi = blo[:, None], bhi[:, None]
     m, n, p = alo.shape[-2], alo.shape[-1], blo.shape[-1]
     batch = np.broadcast_shapes(alo.shape[:-2], blo.shape[:-2])
-    chunk = max(1, (1 << 22) // max(1, math.prod(batch) * m * p))
+    inner_k = n >= p  # the longer of k and p runs innermost
+    if inner_k:
+        blo, bhi = (np.ascontiguousarray(np.swapaxes(e, -1, -2)) for e in (blo, bhi))  # [..., p, n]
+    else:
+        alo, ahi = (np.ascontiguousarray(np.swapaxes(e, -1, -2)) for e in (alo, ahi))  # [..., n, m]
+    chunk = max(1, (1 << 18) // max(1, math.prod(batch) * m * p))
     lo = hi = None
     for k0 in range(0, n, chunk):
         sl = slice(k0, min(n, k0 + chunk))
-        x = (alo[..., :, sl, None], ahi[..., :, sl, None])
-        y = (blo[..., None, sl, :], bhi[..., None, sl, :])
-        t_lo, t_hi = ia.mul(x, y)
-        s_lo, s_hi = sum_bounds(t_lo, t_hi, axis=-2)
+        if inner_k:
+            x, y = (alo[..., :, None, sl], ahi[..., :, None, sl]), (blo[..., None, :, sl], bhi[..., None, :, sl])
+        else:
+            x, y = (alo[..., sl, :, None], ahi[..., sl, :, None]), (blo[..., sl, None, :], bhi[..., sl, None, :])
+        s_lo, s_hi = _term_sums(x, y, -1 if inner_k else -3)
         lo, hi = (s_lo, s_hi) if lo is None else ia.add((lo, hi), (s_lo, s_hi))
     if lo is None:
         lo = hi = np.zeros(batch + (m, p))
@@ -316,6 +326,32 @@ def _four_product_matmul(a: Box, b: Box) -> Box:
         row = (Ellipsis, 0) if squeeze_p else (Ellipsis, 0, slice(None))
         lo, hi = lo[row], hi[row]
     return lo, hi
+
+
+def _term_sums(x: Box, y: Box, axis: int) -> Box:
+    """Bounds of sum_k x_k y_k over ``axis`` for boxes x, y (broadcast): each term's range is
+    [min, max] of its 4 rounded endpoint products, which are fl of the exact extremes; the float sums
+    of those ends are within gamma_k sum |end| (1 + u) of the exact ones (Higham, Lemma 3.1 and
+    section 3.1, products included; ``gamma`` covers the 1 + u), and an underflowed product's absolute
+    error (2**-1075 each) is inside the final outward step's 2**-1022. Non-finite products (0 * inf,
+    overflow) take ``ia.mul``'s careful path and ``sum_bounds``."""
+    shape = np.broadcast_shapes(*(e.shape for e in (*x, *y)))
+    with np.errstate(all="ignore"):
+        q = [np.multiply(u, v, out=scratch(f"matmul.q{k}", shape)) for k, (u, v) in
+             enumerate((u, v) for u in x for v in y)]
+        t_hi = np.maximum(q[0], q[1], out=scratch("matmul.hi", shape))
+        np.maximum(t_hi, q[2], out=t_hi)
+        np.maximum(t_hi, q[3], out=t_hi)
+        t_lo = np.minimum(q[0], q[1], out=q[0])
+        np.minimum(t_lo, q[2], out=t_lo)
+        np.minimum(t_lo, q[3], out=t_lo)
+        s_lo, s_hi = t_lo.sum(axis=axis), t_hi.sum(axis=axis)
+        if not (all_finite(s_lo) and all_finite(s_hi)):
+            return sum_bounds(*ia.mul(x, y), axis=axis)
+        g = gamma(shape[axis])
+        e_lo = up(np.abs(t_lo, out=q[1]).sum(axis=axis) * g)
+        e_hi = up(np.abs(t_hi, out=q[2]).sum(axis=axis) * g)
+        return clean(down(s_lo - e_lo), up(s_hi + e_hi))
 
 
 def matmul_box(a: Box, b: Box) -> Box:

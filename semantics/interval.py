@@ -41,8 +41,9 @@ from torchlean_bridge.payload import Payload
 from .arena import ThreadArenas, result_array
 from .domains import DEFAULT_PRODUCTS, PRODUCTS, IntervalDomain, run
 from .evaluate import input_list
-from .interval_round import Box
+from .interval_round import Box, any_nan
 from .records import domain_records, read_payload
+from .scratch import scratch
 from .rules import INTERVAL_RULES, NO_INTERVAL_RULE
 
 __all__ = ["interval_bounds", "IntervalPropagator", "INTERVAL_RULES", "NO_RULE", "input_boxes", "DOMAIN",
@@ -77,9 +78,9 @@ def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
             if arr.dtype.kind not in "fiub":
                 raise _error(node, f"{name} bound has element type {arr.dtype}, expected numbers")
         lo, hi = _float64_copy(lo), _float64_copy(hi)
-        if np.any(np.isnan(lo)) or np.any(np.isnan(hi)):
+        if (any_nan(lo) and np.isnan(lo).any()) or (any_nan(hi) and np.isnan(hi).any()):
             raise _error(node, "bounds contain NaN")
-        if np.any(lo > hi):
+        if np.less(hi, lo, out=scratch("interval.inputs_out_of_order", lo.shape, np.bool_)).any():
             k = int(np.argmax((lo > hi).reshape(-1)))
             raise _error(node, f"lower bound exceeds upper bound at flat index {k}: "
                                f"{float(lo.reshape(-1)[k])!r} > {float(hi.reshape(-1)[k])!r}")

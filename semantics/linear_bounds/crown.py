@@ -1055,8 +1055,12 @@ def _apply_lines_dense(flat: np.ndarray, a_l: np.ndarray, b_l: np.ndarray, a_u: 
     most gamma_{width + 1} (<P, |b_l|> - <N, |b_u|>), in any summation order."""
     width = flat.shape[-1]
     with np.errstate(all="ignore"):
-        pos, neg = np.maximum(flat, 0.0), np.minimum(flat, 0.0)
-        new = pos * a_l[:, None] + neg * a_u[:, None]
-        val = np.matmul(pos, b_l[:, :, None])[..., 0] + np.matmul(neg, b_u[:, :, None])[..., 0]
-        mag = np.matmul(pos, np.abs(b_l)[:, :, None])[..., 0] - np.matmul(neg, np.abs(b_u)[:, :, None])[..., 0]
-    return new, val, mag * err_factor(width + 1)
+        # P and N in scratch and the intercepts' value and magnitude as one [width, 2] product each:
+        # at batch 64 the dense A is 32 MB, and fresh temporaries were page-faulted in on every pass
+        pos = np.maximum(flat, 0.0, out=scratch("crown.lines.pos", flat.shape))
+        neg = np.minimum(flat, 0.0, out=scratch("crown.lines.neg", flat.shape))
+        new = np.multiply(pos, a_l[:, None])
+        new += np.multiply(neg, a_u[:, None], out=scratch("crown.lines.term", flat.shape))
+        both = np.matmul(pos, np.stack([b_l, np.abs(b_l)], axis=-1))
+        both += np.matmul(neg, np.stack([b_u, -np.abs(b_u)], axis=-1))
+    return new, both[..., 0], both[..., 1] * err_factor(width + 1)

@@ -147,10 +147,11 @@ def _has_subnormal(x32: np.ndarray) -> bool:
 def flush_subnormals(x32: np.ndarray) -> np.ndarray:
     """``x32`` (float32, any strides) with every subnormal entry set to zero, in place: a GEMM never
     reads a subnormal (the allowance is in ``float32_weights``' A; see the module docstring)."""
-    tiny = np.less(np.abs(x32, out=scratch("affine32.flush", x32.shape, F32)), _F32_TINIEST_NORMAL,
-                   out=scratch("affine32.flush_mask", x32.shape, np.bool_))
-    np.copyto(x32, 0, where=tiny)
-    return x32
+    keep = np.greater_equal(np.abs(x32, out=scratch("affine32.flush", x32.shape, F32)), _F32_TINIEST_NORMAL,
+                            out=scratch("affine32.flush_mask", x32.shape, np.bool_))
+    # a product by the 0/1 mask, not a masked copy: copyto(where=) branches per entry and ran 5x slower
+    # on ReLU-zeroed inputs (an irregular mask); x * 0 is 0 for a subnormal x, NaN and inf are kept
+    return np.multiply(x32, keep, out=x32)
 
 
 def _spread(c: np.ndarray, r: np.ndarray, w: Float32Weights) -> np.ndarray | None:

@@ -25,7 +25,7 @@ import numpy as np
 from .scratch import scratch
 
 __all__ = ["U", "TINY", "LIB_ULPS", "Box", "down", "up", "down_", "up_", "gamma", "clean", "lib_bounds", "sum_bounds",
-           "sum_nonneg_bounds", "spacings", "center_radius", "dot_radius", "up_exact_zero", "CleanBox", "all_finite", "any_nan"]
+           "sum_nonneg_bounds", "spacings", "widen", "WIDEN_FLOOR", "center_radius", "dot_radius", "up_exact_zero", "CleanBox", "all_finite", "any_nan"]
 
 Box = tuple[np.ndarray, np.ndarray]
 
@@ -145,6 +145,20 @@ def spacings(y: np.ndarray, count: int) -> np.ndarray:
     step = bits.view(np.float64)
     step *= count * 2.0 ** -52  # exact: a power of two times a small integer
     return step
+
+
+# The absolute part of ``widen``: below every composed enclosure's underflow error (each states its own)
+WIDEN_FLOOR = 2.0 ** -1000
+
+
+def widen(v: np.ndarray, rel: float) -> Box:
+    """v -+ (|v| rel + WIDEN_FLOOR) for the flat float64 array v: the enclosure of a value computed
+    within a relative ``rel`` (minus the two roundings of this step, 2**-53 each, which ``rel`` must also
+    cover) plus an absolute error below 2**-1000; the ends are new arrays."""
+    t = np.abs(v)
+    t *= rel
+    t += WIDEN_FLOOR
+    return np.subtract(v, t), np.add(v, t, out=t)
 
 
 def lib_bounds(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> Box:

@@ -1,5 +1,5 @@
-"""The cheap point enclosures of library functions (``lib_bounds``' exact spacings) and of sigmoid and
-silu (one exp, widened once) enclose the 50-digit value everywhere they are used: the whole float
+"""The cheap point enclosures of library functions (``lib_bounds``' exact spacings), of sigmoid and
+silu and of sigmoid's and tanh's derivatives (one library call, widened once) enclose the 50-digit value everywhere they are used: the whole float
 range, sigmoid's underflow below -708, subnormal inputs and results, and infinite box ends."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 
 from semantics.interval_arith import exp_at, tanh_at
 from semantics.interval_round import spacings
+from semantics.linear_bounds.relax import _sigmoid_df, _tanh_df
 from semantics.rules.activations import _silu_at, sigmoid_at
 
 mp.mp.dps = 50
@@ -78,3 +79,13 @@ def test_scalar_points_keep_their_shape():
     assert np.shape(lo) == () and lo <= _sigmoid(0.5) <= hi
     lo, hi = _silu_at(np.array(-2.0))
     assert np.shape(lo) == () and lo <= -2 * _sigmoid(-2.0) <= hi
+
+
+@pytest.mark.parametrize("df, exact", [(_sigmoid_df, lambda x: 1 / (4 * mp.cosh(mp.mpf(x) / 2) ** 2)),
+                                       (_tanh_df, lambda x: 1 / mp.cosh(mp.mpf(x)) ** 2)])
+def test_derivative_enclosures_hold_on_the_float_range_and_stay_tight(df, exact):
+    xs = np.concatenate([_points(), [np.inf, -np.inf, 354.0, -355.8, 710.5, -745.2]])
+    _assert_encloses(df(xs), exact, xs)
+    lo, hi = df(xs)
+    normal = hi > 1e-300
+    assert np.all((hi - lo)[normal] <= 128 * np.spacing(hi[normal]))

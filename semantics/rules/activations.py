@@ -18,7 +18,7 @@ from ..arena import result_array
 from ..float_special import erf
 from ..interval_arith import DomainError, enclose_constant, erf_at, exp_at, expm1_at, log1p_at, log_at, monotone, \
     tanh_at
-from ..interval_round import LIB_ULPS, Box, CleanBox, all_finite, down
+from ..interval_round import LIB_ULPS, WIDEN_FLOOR, Box, CleanBox, all_finite, down, widen
 from ..folds import libm
 from .table import exact_rule, float_rule, float_unary, interval_pointwise, interval_rule, on_ends
 
@@ -133,11 +133,9 @@ def sigmoid(x: np.ndarray, exp=np.exp) -> np.ndarray:
 # 1 + E = (1 + e)(1 + eta) with |eta| <= 2 LIB_ULPS 2**-52 (+ 2**-1071); d = fl(1 + e) and
 # q = fl(1 / d) add 2**-53 each: S = sigmoid(x) = q (1 + theta), |theta| <= (2 LIB_ULPS + 1) 2**-52
 # + O(2**-104) while q is normal, and p = fl(x q) adds 2**-53 more. Where q is subnormal or 0
-# (x < -708.4), |x| |S - q| <= 745 * 2**-1074 + |x| e**x < 4e-306 < 2**-1000. The widening
-# t = fl(fl(|v| REL) + FLOOR), REL = (2 LIB_ULPS + 4) 2**-52, covers that error, t's own rounding and
-# the rounding of v -+ t (2**-53 relative each) with a spacing to spare.
+# (x < -708.4), |x| |S - q| <= 745 * 2**-1074 + |x| e**x < 4e-306 < 2**-1000. ``widen`` by
+# REL = (2 LIB_ULPS + 4) 2**-52 covers that error and its own two roundings with a spacing to spare.
 _POINT_REL = (2 * LIB_ULPS + 4) * 2.0 ** -52
-_POINT_FLOOR = 2.0 ** -1000
 _MAX = float(np.finfo(np.float64).max)
 
 
@@ -150,18 +148,11 @@ def _sigmoid_point(x: np.ndarray) -> np.ndarray:
     return np.divide(1.0, q, out=q)
 
 
-def _widened(v: np.ndarray, shape: tuple[int, ...]) -> Box:
-    """v (flat) -+ (|v| _POINT_REL + _POINT_FLOOR), shaped."""
-    t = np.abs(v)
-    t *= _POINT_REL
-    t += _POINT_FLOOR
-    return np.subtract(v, t).reshape(shape), np.add(v, t, out=t).reshape(shape)
-
-
 def sigmoid_at(x: np.ndarray) -> Box:
     """sigmoid at the points x, enclosed (see ``_POINT_REL``); clipped to [0, 1]."""
-    lo, hi = _widened(_sigmoid_point(x), np.shape(x))
-    return np.maximum(lo, 0.0), np.minimum(hi, 1.0)
+    lo, hi = widen(_sigmoid_point(x), _POINT_REL)
+    shape = np.shape(x)
+    return np.maximum(lo, 0.0).reshape(shape), np.minimum(hi, 1.0).reshape(shape)
 
 
 def softplus(x: np.ndarray, exp=np.exp, log=np.log) -> np.ndarray:
@@ -298,10 +289,10 @@ def _silu_at(x: np.ndarray) -> Box:
     p = _sigmoid_point(x)
     with np.errstate(invalid="ignore"):  # inf * 0
         p *= x.reshape(-1)
-        lo, hi = _widened(p, x.shape)
+        lo, hi = (e.reshape(x.shape) for e in widen(p, _POINT_REL))
     if not all_finite(p):
-        lo = np.where(x == np.inf, _MAX, np.where(x == -np.inf, -_POINT_FLOOR, lo))
-        hi = np.where(x == np.inf, np.inf, np.where(x == -np.inf, _POINT_FLOOR, hi))
+        lo = np.where(x == np.inf, _MAX, np.where(x == -np.inf, -WIDEN_FLOOR, lo))
+        hi = np.where(x == np.inf, np.inf, np.where(x == -np.inf, WIDEN_FLOOR, hi))
     return lo, hi
 
 

@@ -3,7 +3,8 @@
 Interval rules are tight ranges, not codomain shortcuts. Non-monotone functions use their true
 extrema: gelu, silu, mish and hardswish have one global minimum (location and value precomputed with
 mpmath to 20 digits; the location is enclosed with a margin and the value rounded down, so the rule
-stays sound). Point values are enclosed by composing ``interval_arith``'s outward-rounded steps.
+stays sound). Point values are enclosed by composing ``interval_arith``'s outward-rounded steps, or
+(sigmoid, silu) computed in plain floats and widened once by their derived error (``_POINT_REL``).
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ the allowance A = n 2**-126 (2 + 2 max|W|) for one output of n terms:
   halved weights of the conv path, max|W / 2| <= max|W|). The earlier A, n 2**-126 (2 + max|W|),
   needed the max|W| term only for a BLAS that reads subnormal inputs as zero; now it is charged for
   the flush, and the GEMM's own term stays.
-Flushing costs two passes over the float32 operands (a small fraction of the product on any layer of
-``MIN_OUT_FLOAT32`` outputs) and at most 2 n max|W| 2**-126 of width per output.
+Flushing costs three passes over the float32 operands (|x|, the mask, a product by it: a small fraction
+of the product on any layer of ``MIN_OUT_FLOAT32`` outputs) and at most 2 n max|W| 2**-126 of width per
+output.
 
 A radius uniform per sample (an l-inf ball at the first layer): one float32 product for the center,
 rows of more than ``_PIECE_TERMS`` terms cut into pieces summed in float64 (so gamma32 is a piece's),

@@ -184,6 +184,8 @@ def test_an_infinite_input_end_gives_infinite_bounds_not_nan(monkeypatch):
     ((2, 2), (1, 1), (1, 1), 1, (4, 4), (5, 5), (10, 10)),
     ((2, 1), (0, 2), (2, 1), 2, (3, 2), (2, 8), (8, 5)),
     ((1, 1), (0, 0), (1, 1), 1, (3, 3), (3, 3), (5, 5)),  # a patch step: no padding, the full extent
+    ((1, 1), (2, 0), (1, 1), 2, (3, 2), (6, 5), (4, 6)),  # stride 1 through the staged correlation, grouped
+    ((1, 1), (3, 1), (1, 1), 1, (3, 3), (9, 5), (5, 5)),  # a padding beyond k - 1: the strided adds
 ])
 def test_conv_adjoint_is_the_transposed_convolution(stride, padding, dilation, groups, kernel, out_sp, in_sp):
     rng = np.random.default_rng(0)

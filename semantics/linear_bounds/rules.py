@@ -26,6 +26,7 @@ from .. import interval_arith as ia
 from ..conv import avg_pool_divisor, conv_nd, conv_transpose_nd, pool_nd, pool_out_spatial
 from ..interval_round import U, Box, down, gamma, up
 from ..rules.affine import batched_conv
+from ..conv_gemm import conv_plan, conv_products, stage
 from ..scratch import scratch
 
 if TYPE_CHECKING:
@@ -226,6 +227,10 @@ def conv_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, dilation, g
     m, c_out = a.shape[:2]
     out_sp, kernel = tuple(a.shape[2:]), tuple(weight.shape[2:])
     g, cog, cig = groups, c_out // groups, weight.shape[1]
+    if all(s == 1 for s in stride) and all(d == 1 for d in dilation):
+        got = _stride1_adjoint(a, weight, padding, groups, in_spatial)
+        if got is not None:
+            return got
     length = math.prod(out_sp)
     # the rows innermost: every strided add below runs over long contiguous vectors; the temporaries
     # live in scratch buffers (no fresh pages per call, see semantics.scratch)
@@ -253,6 +258,30 @@ def conv_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, dilation, g
     keep = (slice(None),) * 2 + tuple(slice(p, p + i) for p, i in zip(padding, in_spatial))
     out = acc[keep].reshape((g * cig,) + tuple(in_spatial) + (m,))
     return np.moveaxis(out, -1, 0).copy()  # a fresh array, never a view of the scratch buffer
+
+
+def _stride1_adjoint(a: np.ndarray, weight: np.ndarray, padding, groups: int, in_spatial: tuple[int, ...]
+                     ) -> np.ndarray | None:
+    """``conv_adjoint`` of a stride-1, dilation-1 convolution as the forward correlation of ``a`` with the
+    flipped, channel-swapped kernel (padding k - 1 - p before, in - out + p after) through
+    ``conv_gemm``'s staged product: contiguous copies and one GEMM instead of a strided add per kernel
+    offset, about twice as fast. The same terms are summed (a padding cell contributes an exact zero),
+    so the order-independent rounding bound of the callers holds. None when a padding exceeds k - 1."""
+    kernel, out_sp = tuple(weight.shape[2:]), tuple(a.shape[2:])
+    before = tuple(k - 1 - p for k, p in zip(kernel, padding))
+    after = tuple(i - o + p for i, o, p in zip(in_spatial, out_sp, padding))
+    if min(before + after) < 0:
+        return None
+    c_out, cig = weight.shape[0], weight.shape[1]
+    cog = c_out // groups
+    # [C_in, C_out / g, *kernel]: group j's block transposed, every kernel axis reversed
+    flipped = weight[(slice(None), slice(None)) + (slice(None, None, -1),) * len(kernel)]
+    swapped = flipped.reshape((groups, cog, cig) + kernel).swapaxes(1, 2).reshape((groups * cig, cog) + kernel)
+    attrs = {"kernel": kernel, "stride": (1,) * len(kernel), "dilation": (1,) * len(kernel), "padding": before,
+             "padding_after": after}
+    plan = conv_plan(a.shape, attrs)
+    staged = stage(a, plan, np.float64, "adjoint.staged")
+    return conv_products(staged, plan, np.ascontiguousarray(swapped), groups, "adjoint.out").copy()
 
 
 def _geometry(node, out_spatial):

@@ -186,6 +186,8 @@ def test_an_infinite_input_end_gives_infinite_bounds_not_nan(monkeypatch):
     ((1, 1), (0, 0), (1, 1), 1, (3, 3), (3, 3), (5, 5)),  # a patch step: no padding, the full extent
     ((1, 1), (2, 0), (1, 1), 2, (3, 2), (6, 5), (4, 6)),  # stride 1 through the staged correlation, grouped
     ((1, 1), (3, 1), (1, 1), 1, (3, 3), (9, 5), (5, 5)),  # a padding beyond k - 1: the strided adds
+    ((2, 3), (0, 2), (1, 1), 2, (3, 4), (3, 4), (7, 9)),  # strided, grouped, uneven
+    ((2, 2), (0, 1), (1, 1), 1, (3, 2), (3, 4), (8, 6)),  # a trailing cell no window reads
 ])
 def test_conv_adjoint_is_the_transposed_convolution(stride, padding, dilation, groups, kernel, out_sp, in_sp):
     rng = np.random.default_rng(0)
@@ -199,6 +201,27 @@ def test_conv_adjoint_is_the_transposed_convolution(stride, padding, dilation, g
     assert tuple(y.shape[2:]) == out_sp
     (want,) = torch.autograd.grad(y, x, grad_outputs=torch.from_numpy(a))
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_conv_adjoint_matches_autograd_on_random_geometries():
+    """Both paths (the staged correlation at stride 1, the strided adds elsewhere) on random geometries:
+    strides, paddings beyond the kernel, groups, trailing cells no window reads."""
+    rng = np.random.default_rng(3)
+    checked = 0
+    while checked < 60:
+        kernel, stride, padding = (tuple(int(x) for x in rng.integers(lo, hi, 2)) for lo, hi in ((1, 5), (1, 4), (0, 4)))
+        groups = int(rng.integers(1, 3))
+        in_sp = tuple(int(x) for x in rng.integers(1, 9, 2))
+        if any(i + 2 * p < k for i, p, k in zip(in_sp, padding, kernel)):
+            continue
+        w = rng.normal(size=(2 * groups, 2) + kernel)
+        x = torch.zeros((3, 2 * groups) + in_sp, dtype=torch.float64, requires_grad=True)
+        y = nn.functional.conv2d(x, torch.from_numpy(w), stride=stride, padding=padding, groups=groups)
+        a = rng.normal(size=tuple(y.shape))
+        (want,) = torch.autograd.grad(y, x, grad_outputs=torch.from_numpy(a))
+        got = conv_adjoint(a, w, stride, padding, (1, 1), groups, in_sp)
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12, err_msg=str((kernel, stride, padding)))
+        checked += 1
 
 
 def test_conv_adjoint_results_are_not_overwritten_by_the_next_call():

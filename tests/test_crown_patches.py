@@ -209,7 +209,8 @@ def test_conv_adjoint_matches_autograd_on_random_geometries():
     rng = np.random.default_rng(3)
     checked = 0
     while checked < 60:
-        kernel, stride, padding = (tuple(int(x) for x in rng.integers(lo, hi, 2)) for lo, hi in ((1, 5), (1, 4), (0, 4)))
+        kernel, stride, padding = (tuple(int(x) for x in rng.integers(lo, hi, 2))
+                                   for lo, hi in ((1, 5), (1, 4), (0, 4)))
         groups = int(rng.integers(1, 3))
         in_sp = tuple(int(x) for x in rng.integers(1, 9, 2))
         if any(i + 2 * p < k for i, p, k in zip(in_sp, padding, kernel)):

@@ -1,6 +1,7 @@
 """The cheap point enclosures of library functions (``lib_bounds``' exact spacings), of sigmoid and
-silu and of sigmoid's and tanh's derivatives (one library call, widened once) enclose the 50-digit value everywhere they are used: the whole float
-range, sigmoid's underflow below -708, subnormal inputs and results, and infinite box ends."""
+silu and of sigmoid's and tanh's derivatives (one library call, widened once) enclose the 50-digit
+value everywhere they are used: the whole float range, sigmoid's underflow below -708, subnormal
+inputs and results, and infinite box ends."""
 
 from __future__ import annotations
 

@@ -1050,13 +1050,14 @@ def _apply_lines_dense(flat: np.ndarray, a_l: np.ndarray, b_l: np.ndarray, a_u: 
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The lines on every column: the lower line under nonnegative coefficients, the upper one under
     negative ones. With P = max(a, 0) and N = min(a, 0) (one of them is 0 in each entry), P a_l + N a_u
-    is bit for bit the per-entry choice, and the intercepts' sum <P, b_l> + <N, b_u> is two
-    matrix-vector products in place of three temporaries and two reductions; its rounding error is at
-    most gamma_{width + 1} (<P, |b_l|> - <N, |b_u|>), in any summation order."""
+    is bit for bit the per-entry choice, and the intercepts' sum <P, b_l> + <N, b_u> and its magnitude
+    <P, |b_l|> - <N, |b_u|> are two products with [width, 2] matrices in place of three temporaries and
+    two reductions; the sum's rounding error is at most gamma_{width + 1} times that magnitude, in any
+    summation order."""
     width = flat.shape[-1]
     with np.errstate(all="ignore"):
-        # P and N in scratch and the intercepts' value and magnitude as one [width, 2] product each:
-        # at batch 64 the dense A is 32 MB, and fresh temporaries were page-faulted in on every pass
+        # P and N in scratch: at batch 64 the dense A is 32 MB, and fresh temporaries were paged in on
+        # every pass
         pos = np.maximum(flat, 0.0, out=scratch("crown.lines.pos", flat.shape))
         neg = np.minimum(flat, 0.0, out=scratch("crown.lines.neg", flat.shape))
         new = np.multiply(pos, a_l[:, None])

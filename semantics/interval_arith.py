@@ -18,7 +18,7 @@ from .float_special import erf
 from .interval_round import Box, CleanBox, all_finite, clean, down, down_, lib_bounds, up, up_
 from .scratch import scratch
 
-__all__ = ["point", "add", "sub", "neg", "mul", "scale", "add_const", "div", "inv", "square",
+__all__ = ["point", "add", "sub", "neg", "mul", "corner_extremes", "scale", "add_const", "div", "inv", "square",
            "abs_box", "max_box", "min_box", "relu_box", "contains_zero", "divide_exact", "DomainError",
            "enclose_constant", "exp_at", "expm1_at", "log_at", "log1p_at", "tanh_at", "erf_at", "library_at",
            "monotone", "decreasing", "ERF_ABS_ERROR"]
@@ -95,17 +95,28 @@ def _mul_corners(p: list[np.ndarray]) -> Box:
 
 
 def _mul_arrays(a: Box, b: Box, shape: tuple[int, ...]) -> Box:
+    lo, hi = result_array(shape), result_array(shape)
+    if not corner_extremes(a, b, lo, hi):
+        with np.errstate(all="ignore"):
+            return _mul_corners([x * y for x in a for y in b])
+    return CleanBox((down_(lo, finite=True), up_(hi, finite=True)))
+
+
+def corner_extremes(a: Box, b: Box, lo: np.ndarray, hi: np.ndarray) -> bool:
+    """The smallest and largest of the four endpoint products of float64 boxes a and b (broadcast to
+    ``lo``'s shape), unrounded, into ``lo`` and ``hi``: each is the rounded exact extreme (rounding is
+    monotone). False, with ``lo`` and ``hi`` undefined, when a product is not finite (0 * inf, overflow):
+    the caller takes its careful path. The products live in scratch memory."""
     with np.errstate(all="ignore"):
-        p = [np.multiply(x, y, out=scratch(f"ia.mul.{k}", shape)) for k, (x, y) in
+        p = [np.multiply(x, y, out=scratch(f"ia.corner.{k}", lo.shape)) for k, (x, y) in
              enumerate((x, y) for x in a for y in b)]
         if not all(all_finite(q) for q in p):
-            return _mul_corners(p)
-        lo, hi = result_array(shape), result_array(shape)
+            return False
         np.minimum(p[0], p[1], out=lo)
         np.maximum(p[0], p[1], out=hi)
         np.minimum(lo, np.minimum(p[2], p[3], out=p[0]), out=lo)
         np.maximum(hi, np.maximum(p[2], p[3], out=p[1]), out=hi)
-        return CleanBox((down_(lo, finite=True), up_(hi, finite=True)))
+    return True
 
 
 def scale(a: Box, k) -> Box:

@@ -164,12 +164,13 @@ def optimize_slopes(run: "_Run", t: int, rows: np.ndarray, iterations: int = ITE
         return None
     c, r = (lo + hi) * 0.5, (hi - lo) * 0.5
     k = rows.shape[1]
-    alphas, free, top = {}, {}, {}
+    # one slope array per key: (ReLU, None), or (smooth node, 0 for the lower slope / 1 for the upper)
+    slopes, free, top = {}, {}, {}
     for kind, v in layers:
         if kind == "relu":
             a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
             free[v] = (a_l != a_u)[:, None, :] & np.ones((1, k, 1), dtype=bool)
-            alphas[v] = np.broadcast_to(a_l[:, None, :], (n, k, a_l.shape[1])).copy()
+            slopes[(v, None)] = np.broadcast_to(a_l[:, None, :], (n, k, a_l.shape[1])).copy()
             top[v] = 1.0
         elif kind == "smooth":
             fn, s_lo, s_hi = _smooth_input(run, v)
@@ -177,20 +178,19 @@ def optimize_slopes(run: "_Run", t: int, rows: np.ndarray, iterations: int = ITE
                 return None
             a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
             free[v] = (s_hi > s_lo)[:, None, :] & np.ones((1, k, 1), dtype=bool)
-            alphas[v] = tuple(np.broadcast_to(x[:, None, :], (n, k, x.shape[1])).copy() for x in (a_l, a_u))
+            for j, x in enumerate((a_l, a_u)):
+                slopes[(v, j)] = np.broadcast_to(x[:, None, :], (n, k, x.shape[1])).copy()
             # any slope is valid with its own intercept; useful ones lie in [0, max f' on the box]
             centre = np.clip(0.0, s_lo, s_hi)  # sigmoid and tanh: f' peaks at 0
             top[v] = np.maximum(np.maximum(fn.df_mid(s_lo), fn.df_mid(s_hi)), fn.df_mid(centre))[:, None, :]
-    keys = [(v, j) for v, x in alphas.items() for j in (range(2) if isinstance(x, tuple) else (None,))]
-    get = lambda v, j: alphas[v] if j is None else alphas[v][j]  # noqa: E731
-    m = {key: np.zeros_like(get(*key)) for key in keys}
-    s = {key: np.zeros_like(get(*key)) for key in keys}
+    m = {key: np.zeros_like(x) for key, x in slopes.items()}
+    s = {key: np.zeros_like(x) for key, x in slopes.items()}
     b1, b2, eps = 0.9, 0.999, 1e-8
     with np.errstate(all="ignore"):
         for step in range(1, iterations + 1):
             run.on_time()
-            _, grads = _bound_and_grads(run, layers, rows, alphas, c, r)
-            for key in keys:
+            _, grads = _bound_and_grads(run, layers, rows, _grouped(slopes), c, r)
+            for key, value in slopes.items():
                 v, j = key
                 gr = grads[v] if j is None else grads[v][j]
                 gr = np.where(free[v] & np.isfinite(gr), gr, 0.0)
@@ -199,15 +199,19 @@ def optimize_slopes(run: "_Run", t: int, rows: np.ndarray, iterations: int = ITE
                 # ReLU slopes move by up to lr per step; smooth ones by SMOOTH_STEP of their useful range
                 scale = lr if j is None else SMOOTH_STEP * top[v]
                 step_v = scale * (m[key] / (1 - b1 ** step)) / (np.sqrt(s[key] / (1 - b2 ** step)) + eps)
-                new = np.clip(get(*key) + step_v, 0.0, top[v])
-                new[new < _SNAP] = 0.0  # any slope in [0, 1] is valid: keep subnormal ones out of the products
-                new = np.where(free[v], new, get(*key))
-                if j is None:
-                    alphas[v] = new
-                else:
-                    alphas[v] = (new, alphas[v][1]) if j == 0 else (alphas[v][0], new)
+                new = np.clip(value + step_v, 0.0, top[v])
+                new[new < _SNAP] = 0.0  # any slope in [0, top] is valid: keep subnormal ones out of the products
+                slopes[key] = np.where(free[v], new, value)
                 s[key][s[key] < _SNAP ** 2] = 0.0
-    return alphas
+    return _grouped(slopes)
+
+
+def _grouped(slopes: dict) -> dict:
+    """``optimize_slopes``' per-key slopes as its result: a ReLU's array, a smooth node's (lower, upper)."""
+    out: dict = {}
+    for (v, j), x in slopes.items():
+        out[v] = x if j is None else out.get(v, ()) + (x,)
+    return out
 
 
 def with_slopes(run: "_Run", alphas: dict, row: int) -> "_Run":

@@ -44,7 +44,7 @@ def tighten_unstable(run: "_Run", v: int, make_run: type, make_pass: type) -> bo
     crown = run.crown
     if crown.n != 1 or not crown.batched:
         return False
-    kinds = _reader_kinds(crown).get(v)  # the nodes relaxed after this refinement
+    kinds = _reader_kinds(crown)[v]  # the nodes relaxed after this refinement
     if not kinds or not kinds <= ({"relu"} | SMOOTH_OPTIMIZED):
         return False
     layers = chain(run, v)
@@ -92,14 +92,12 @@ def tighten_unstable(run: "_Run", v: int, make_run: type, make_pass: type) -> bo
     return True
 
 
-def _reader_kinds(crown) -> dict[int, set[str]]:
+def _reader_kinds(crown) -> list[set[str]]:
     """Per node, the kinds of the nodes reading it (once per Crown: refinements ask node by node)."""
     got = crown.__dict__.get("_reader_kinds")
     if got is None:
-        got = {}
-        for node in crown.graph.nodes:
-            for q in node.parents:
-                got.setdefault(q, set()).add(node.kind)
+        g = crown.graph
+        got = [{g.nodes[r].kind for r in readers} for readers in g.consumers()]
         crown.__dict__["_reader_kinds"] = got
     return got
 

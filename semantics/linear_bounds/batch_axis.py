@@ -45,7 +45,7 @@ def with_batch_payload(g: Graph, payload: Payload | None, n: int) -> tuple[Graph
     """``with_batch`` that also batches the constants elementwise ops combine with input-dependent
     values (see the module docstring), with the payload those constants' records need."""
     depends = _depends(g)
-    readers = _readers(g)
+    readers = g.consumers()
     tile = frozenset(
         node.id for node in g.nodes
         if node.kind == "const" and len(node.out_shape) >= 2 and node.out_shape[0] == 1
@@ -69,24 +69,17 @@ def _depends(g: Graph) -> np.ndarray:
     return depends
 
 
-def _readers(g: Graph) -> dict[int, list[int]]:
-    readers: dict[int, list[int]] = {}
-    for node in g.nodes:
-        for q in node.parents:
-            readers.setdefault(q, []).append(node.id)
-    return readers
-
-
-def _only_elementwise_readers(g: Graph, v: int, depends: np.ndarray, readers: dict[int, list[int]]) -> bool:
-    """Whether every reader of v depends on the input and is an elementwise op that keeps samples apart."""
-    return bool(readers.get(v)) and all(depends[r] and g.nodes[r].kind in BATCH_SAFE_ELEMENTWISE for r in readers[v])
+def _only_elementwise_readers(g: Graph, v: int, depends: np.ndarray, readers: list[list[int]]) -> bool:
+    """Whether every reader of v (``readers``: ``g.consumers()``) depends on the input and is an
+    elementwise op that keeps samples apart."""
+    return bool(readers[v]) and all(depends[r] and g.nodes[r].kind in BATCH_SAFE_ELEMENTWISE for r in readers[v])
 
 
 def _rebatch(g: Graph, n: int, depends: np.ndarray, tile: frozenset[int]) -> Graph | None:
     if n < 1 or len(g.inputs) != 1:
         return None
     nodes = g.nodes
-    readers = _readers(g)
+    readers = g.consumers()
     out = []
     for node in nodes:
         if not depends[node.id] and node.id not in tile:

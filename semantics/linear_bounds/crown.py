@@ -47,7 +47,7 @@ from ..memory import exceeds_working_memory
 from ..records import PREPARED
 from ..scratch import scratch
 from ..conv import pool_out_spatial
-from .batch_axis import BATCH_SAFE_ELEMENTWISE as _BATCH_SAFE_ELEMENTWISE
+from .batch_axis import BATCH_SAFE_ELEMENTWISE
 from .expand import expand
 from .softmax_planes import softmax_planes
 from .relax import POSITIVE_ONLY, Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
@@ -125,7 +125,7 @@ def _keeps_batch(g: Graph, node: Node, n: int) -> bool:
     if len(shape) < 2 or shape[0] != n:
         return False
     parents = [g.nodes[p].out_shape for p in node.parents]
-    if k in _BATCH_SAFE_ELEMENTWISE:
+    if k in BATCH_SAFE_ELEMENTWISE:
         return all(tuple(s) == tuple(shape) for s in parents)
     if k == "linear":
         return True

@@ -336,21 +336,16 @@ def _term_sums(x: Box, y: Box, axis: int) -> Box:
     error (2**-1075 each) is inside the final outward step's 2**-1022. Non-finite products (0 * inf,
     overflow) take ``ia.mul``'s careful path and ``sum_bounds``."""
     shape = np.broadcast_shapes(*(e.shape for e in (*x, *y)))
+    t_lo, t_hi = scratch("matmul.lo", shape), scratch("matmul.hi", shape)
+    if not ia.corner_extremes(x, y, t_lo, t_hi):
+        return sum_bounds(*ia.mul(x, y), axis=axis)
     with np.errstate(all="ignore"):
-        q = [np.multiply(u, v, out=scratch(f"matmul.q{k}", shape)) for k, (u, v) in
-             enumerate((u, v) for u in x for v in y)]
-        t_hi = np.maximum(q[0], q[1], out=scratch("matmul.hi", shape))
-        np.maximum(t_hi, q[2], out=t_hi)
-        np.maximum(t_hi, q[3], out=t_hi)
-        t_lo = np.minimum(q[0], q[1], out=q[0])
-        np.minimum(t_lo, q[2], out=t_lo)
-        np.minimum(t_lo, q[3], out=t_lo)
         s_lo, s_hi = t_lo.sum(axis=axis), t_hi.sum(axis=axis)
-        if not (all_finite(s_lo) and all_finite(s_hi)):
+        if not (all_finite(s_lo) and all_finite(s_hi)):  # a partial sum overflowed
             return sum_bounds(*ia.mul(x, y), axis=axis)
         g = gamma(shape[axis])
-        e_lo = up(np.abs(t_lo, out=q[1]).sum(axis=axis) * g)
-        e_hi = up(np.abs(t_hi, out=q[2]).sum(axis=axis) * g)
+        e_lo = up(np.abs(t_lo, out=t_lo).sum(axis=axis) * g)
+        e_hi = up(np.abs(t_hi, out=t_hi).sum(axis=axis) * g)
         return clean(down(s_lo - e_lo), up(s_hi + e_hi))
 
 

@@ -18,9 +18,10 @@ Methods: ``crown``, ``alpha-crown`` and ``ibp`` run the input-splitting search a
 ``bab-input`` is the same search with CROWN; ``bab-relu`` bounds the whole box with CROWN, attacks, then
 runs branch and bound over the unstable units of piecewise-linear ops (ReLU, leaky ReLU, abs, clamp,
 max pool) for every group left open (``bab.ReluBab``). ``auto`` picks ``bab-input`` when the input has
-at most ``INPUT_SPLIT_DIMS`` entries or IBP leaves no such unit unstable on the box (splitting a few input widths is cheap and complete there; ReLU splitting has
-nothing to split), else ``bab-relu`` (high-dimensional inputs: a split of one input width barely
-moves the bounds, a split of one unstable ReLU removes its relaxation). When it picks ``bab-input`` for
+at most ``INPUT_SPLIT_DIMS`` entries or IBP leaves no such unit unstable on the box (splitting a few
+input widths is cheap and complete there; ReLU splitting has nothing to split), else ``bab-relu``
+(high-dimensional inputs: a split of one input width barely moves the bounds, a split of one unstable
+ReLU removes its relaxation). When it picks ``bab-input`` for
 a high-dimensional input (a sigmoid or tanh net: nothing piecewise-linear to split), each box is
 bounded with alpha-CROWN instead of CROWN.
 """
@@ -365,12 +366,11 @@ class _Search:
                                "fallback": fallback})
                 first = False
             for j, (_, _, lo, hi, open_idx, parent_lower) in enumerate(picked):
-                y_mag = float(np.max(np.maximum(np.abs(y_lo[j]), np.abs(y_hi[j])), initial=0.0))
+                y_mag = _output_magnitude(y_lo[j], y_hi[j])
                 still, worst = [], []
                 for gi in open_idx:
-                    cg, dg, _ = groups_all[gi]
-                    gap = spec_lo[j, rows_of[gi]] - dg - _margin(cg, dg, y_mag)
-                    if cg.shape[0] and np.any(gap > 0):
+                    refuted, gap = _group_gap(spec_lo[j], groups_all[gi], rows_of[gi], y_mag)
+                    if refuted:
                         self.proved = min(self.proved, float(np.max(gap)))
                         continue  # some row of the group cannot hold anywhere in the box
                     still.append(gi)
@@ -483,18 +483,17 @@ class _Search:
         y_lo, y_hi = r.lower[0].reshape(-1), r.upper[0].reshape(-1)
         report.append({"case": index, "lower": y_lo.tolist(), "upper": y_hi.tolist(),
                        "fallback": sorted(set(r.fallback.values()))})
-        y_mag = float(np.max(np.maximum(np.abs(y_lo), np.abs(y_hi)), initial=0.0))
+        y_mag = _output_magnitude(y_lo, y_hi)
         open_groups, start = [], 0
         for g in groups:
             cg, dg, _ = g
             rows = slice(start, start + cg.shape[0])
             start += cg.shape[0]
-            margin = _margin(cg, dg, y_mag)
-            gap = spec_lo[0, rows] - dg - margin
-            if cg.shape[0] and np.any(gap > 0):
+            refuted, gap = _group_gap(spec_lo[0], g, rows, y_mag)
+            if refuted:
                 self.proved = min(self.proved, float(np.max(gap)))
                 continue
-            open_groups.append((g, rows, margin, gap))
+            open_groups.append((g, rows, _margin(cg, dg, y_mag), gap))
         if not open_groups:
             return "unsat", None
         sub = coeffs[0][:, np.concatenate([np.arange(x[1].start, x[1].stop) for x in open_groups])] \
@@ -536,11 +535,23 @@ class _Search:
         return "unsat", None
 
 
+def _output_magnitude(y_lo: np.ndarray, y_hi: np.ndarray) -> float:
+    """The largest |output| bound of one box, which ``_margin`` scales with."""
+    return float(np.max(np.maximum(np.abs(y_lo), np.abs(y_hi)), initial=0.0))
+
+
+def _group_gap(spec_lo: np.ndarray, group, rows: slice, y_mag: float) -> tuple[bool, np.ndarray]:
+    """One box's gaps ``lower - d - margin`` of a group's rows, and whether they refute the group (some
+    row's gap > 0: that row cannot hold anywhere in the box)."""
+    cg, dg, _ = group
+    gap = spec_lo[rows] - dg - _margin(cg, dg, y_mag)
+    return bool(cg.shape[0] and np.any(gap > 0)), gap
+
+
 def _decides(y_lo: np.ndarray, y_hi: np.ndarray, spec_lo: np.ndarray, groups, rows_of) -> bool:
-    """Whether one box's bounds refute every group (as ``_Search.case`` tests it: some row's gap > 0)."""
-    y_mag = float(np.max(np.maximum(np.abs(y_lo), np.abs(y_hi)), initial=0.0))
-    return all(cg.shape[0] and np.any(spec_lo[rows] - dg - _margin(cg, dg, y_mag) > 0)
-               for (cg, dg, _), rows in zip(groups, rows_of))
+    """Whether one box's bounds refute every group."""
+    y_mag = _output_magnitude(y_lo, y_hi)
+    return all(_group_gap(spec_lo, group, rows, y_mag)[0] for group, rows in zip(groups, rows_of))
 
 
 def _split_axis(lo: np.ndarray, hi: np.ndarray, coeffs: np.ndarray | None) -> int | None:

@@ -24,9 +24,10 @@ of them in one batched CROWN pass. The search, in the style of alpha-beta-CROWN'
   layers, input normalizations, ReLUs, adds and max pools: ``chain.dag_layers``) children start from their parent's
   split nodes' input boxes (``reuse``: no intermediate CROWN passes after the root) and are bounded
   with ``method="beta-crown"``; elsewhere their intermediate bounds are recomputed with the splits;
-* the caller's attack (PGD over the plain DAG, ``pgd``; verify's CROWN-guided descent only where there is no
-  DAG) runs before the search and again every ``attack_every`` rounds, so ``sat`` comes fast, and every
-  round the point minimizing the worst row's linear bound on the ``TRY_POINTS`` most promising open children (beta-CROWN's plain pass gives it) is re-checked as a counterexample;
+* the caller's attack (PGD over the plain DAG, ``pgd``; verify's CROWN-guided descent only where there is
+  no DAG) runs before the search and again every ``attack_every`` rounds, so ``sat`` comes fast, and every
+  round the point minimizing the worst row's linear bound on the ``TRY_POINTS`` most promising open
+  children (beta-CROWN's plain pass gives it) is re-checked as a counterexample;
 * a subdomain with no splittable unit left that stays open has its input box halved along its widest
   side instead: the final concretization over the whole box ignores the constraints beta does not
   carry, so splits alone cannot close such a subdomain;

@@ -194,6 +194,8 @@ def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence
     lead = (Ellipsis,)
     if mode == "max_first" and all(d == 1 for d in dilation) and x.dtype.kind == "f":
         return _max_first(x, kernel, stride, padding, out_spatial)
+    if mode == "max" and math.prod(kernel) <= _OFFSET_LOOP_LIMIT:
+        return _separable_max(x, kernel, stride, padding, dilation, out_spatial)
     if math.prod(kernel) <= _OFFSET_LOOP_LIMIT or sequential or mode == "max_first":
         # fold in, kernel offset by kernel offset (row-major), the cells inside the input; no padding is built
         acc = np.full(out_shape, -np.inf if mode == "max" else 0.0, x.dtype)
@@ -228,28 +230,52 @@ def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence
     return acc
 
 
+def _separable_max(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                   dilation: Sequence[int], out_spatial: Sequence[int]) -> np.ndarray:
+    """The windows' ``np.maximum`` over the cells inside the input, one spatial axis at a time (last
+    axis first): a box's maximum is the maximum of its rows' maxima. ``sum(kernel)`` strided passes
+    over shrinking arrays instead of ``prod(kernel)`` passes over the output: on SqueezeNet's first
+    3x3 pool 0.85 ms instead of 1.28 ms. A NaN cell makes its window NaN and a window with no cell
+    in the input is -inf, as in the offset-by-offset fold; where two equal maxima differ (signed
+    zeros, NaN payloads) either may come out, as there (numpy's SIMD maximum picks either)."""
+    r = len(kernel)
+    acc = x
+    for axis in reversed(range(r)):
+        at = x.ndim - r + axis
+        size, out, step = acc.shape[at], out_spatial[axis], stride[axis]
+        runs = [_inside(f * dilation[axis] - padding[axis], size, step, out) for f in range(kernel[axis])]
+        whole, partial = [], []  # offsets every window reads; offsets some windows read
+        for lo, hi, q in runs:
+            if hi > lo:
+                cells = acc[(slice(None),) * at + (slice(q, q + (hi - lo - 1) * step + 1, step),)]
+                (whole if lo == 0 and hi == out else partial).append((lo, hi, cells))
+        reduced = np.empty(acc.shape[:at] + (out,) + acc.shape[at + 1:], x.dtype)
+        if len(whole) >= 2:
+            np.maximum(whole[0][2], whole[1][2], out=reduced)
+        elif whole:
+            np.copyto(reduced, whole[0][2])
+        else:
+            reduced.fill(-np.inf)
+        for lo, hi, cells in whole[2:] + partial:
+            target = reduced[(slice(None),) * at + (slice(lo, hi),)]
+            np.maximum(target, cells, out=target)
+        acc = reduced
+    return acc
+
+
 def _max_first(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                out_spatial: Sequence[int]) -> np.ndarray:
-    """``pool_nd``'s ``max_first`` (TorchLean's ``maxPoolValue``, dilation 1): a ``np.maximum`` fold of
-    strided slices from -inf, one pass per kernel offset (a ``cell > best`` select per offset costs five
-    times more), then exact repairs where a plain maximum can differ from the sequential rule.
+    """``pool_nd``'s ``max_first`` (TorchLean's ``maxPoolValue``, dilation 1): the windows'
+    ``np.maximum`` (``_separable_max``; a ``cell > best`` select per offset costs five times more),
+    then exact repairs where a plain maximum can differ from the sequential rule.
 
-    Wherever the fold's result is neither NaN nor a zero it is max_first's: with no NaN in a window
+    Wherever the maximum is neither NaN nor a zero it is max_first's: with no NaN in a window
     (``np.maximum`` propagates NaN) both are the window's largest value, and equal non-zero floats have
     the same bits; a window with no cell in the input gives -inf in both. A NaN result (max_first: the
     first in-range cell when it is NaN, later NaNs ignored) is recomputed by the sequential rule on
     those windows alone, gathered. A zero result means a NaN-free window of cells <= 0: max_first
     keeps its first zero, so only an input holding a -0.0 needs those windows recomputed as well."""
-    r = len(kernel)
-    spatial = x.shape[x.ndim - r:]
-    acc = np.full(x.shape[:x.ndim - r] + tuple(out_spatial), -np.inf, x.dtype)
-    for offs in itertools.product(*(range(kk) for kk in kernel)):
-        spans = [_inside(f - pb, n, s, o) for f, pb, n, s, o in zip(offs, padding, spatial, stride, out_spatial)]
-        if all(hi > lo for lo, hi, _ in spans):
-            target = acc[(Ellipsis,) + tuple(slice(lo, hi) for lo, hi, _ in spans)]
-            cells = x[(Ellipsis,) + tuple(slice(q, q + (hi - lo - 1) * s + 1, s)
-                                          for (lo, hi, q), s in zip(spans, stride))]
-            np.maximum(target, cells, out=target)
+    acc = _separable_max(x, kernel, stride, padding, (1,) * len(kernel), out_spatial)
     suspect = np.isnan(acc)
     zeros = acc == 0
     if zeros.any() and _has_negative_zero(x):

@@ -94,3 +94,39 @@ def test_agrees_with_torch_without_nans():
                   dilation=(1, 1), out_spatial=(12, 12))
     want = torch.nn.functional.max_pool2d(torch.from_numpy(x), 3, 2, 1).numpy()
     assert np.array_equal(got, want)
+
+
+def _spec_max(x: np.ndarray, kernel, stride, padding, dilation, out_spatial) -> np.ndarray:
+    """``max_pool_nd``'s rule, one window at a time: NaN when an in-range cell is NaN, else the
+    largest in-range cell; -inf for a window with no cell in the input."""
+    r = len(kernel)
+    lead, spatial = x.shape[:x.ndim - r], x.shape[x.ndim - r:]
+    out = np.empty(lead + tuple(out_spatial), x.dtype)
+    for li in np.ndindex(*lead):
+        for o in np.ndindex(*out_spatial):
+            cells = [x[li + at] for offs in itertools.product(*(range(k) for k in kernel))
+                     for at in [tuple(oo * s - p + f * d for oo, s, p, f, d in zip(o, stride, padding, offs, dilation))]
+                     if all(0 <= a < n for a, n in zip(at, spatial))]
+            out[li + o] = (-np.inf if not cells else np.nan if any(np.isnan(c) for c in cells) else max(cells))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_max_mode_matches_the_window_rule_on_random_geometries(seed):
+    """The axis-by-axis maximum (dilation, padding wider than the kernel, ceil-mode windows past the
+    input, 1 to 3 spatial axes) against the window-by-window rule, NaNs and infinities included
+    (zero signs are not part of max_pool_nd's rule)."""
+    rng = np.random.default_rng(100 + seed)
+    r = int(rng.integers(1, 4))
+    kernel = tuple(int(k) for k in rng.integers(1, 4, r))
+    stride = tuple(int(s) for s in rng.integers(1, 4, r))
+    dilation = tuple(int(d) for d in rng.integers(1, 3, r))
+    padding = tuple(int(p) for p in rng.integers(0, 3, r))
+    spatial = tuple(int(n) for n in rng.integers(1, 8, r))
+    out = tuple(max(1, -(-(n + 2 * p - d * (k - 1) - 1) // s) + 1)
+                for n, k, s, p, d in zip(spatial, kernel, stride, padding, dilation))
+    x = _adversarial(rng, (2, 3) + spatial, np.float32 if seed % 2 else np.float64)
+    got = pool_nd(x, mode="max", kernel=kernel, stride=stride, padding=padding, padding_after=padding,
+                  dilation=dilation, out_spatial=out)
+    want = _spec_max(x, kernel, stride, padding, dilation, out)
+    assert np.array_equal(got, want, equal_nan=True)

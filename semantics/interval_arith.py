@@ -17,6 +17,7 @@ from .arena import result_array
 from .float_special import erf
 from .interval_round import Box, CleanBox, all_finite, clean, down, down_, lib_bounds, up, up_
 from .scratch import scratch
+from .signed_parts import positive_part
 
 __all__ = ["point", "add", "sub", "neg", "mul", "corner_extremes", "scale", "add_const", "div", "inv", "square",
            "abs_box", "max_box", "min_box", "relu_box", "contains_zero", "divide_exact", "DomainError",
@@ -176,7 +177,7 @@ def min_box(a: Box, b: Box) -> Box:
 
 
 def relu_box(a: Box) -> Box:
-    return np.maximum(a[0], 0.0), np.maximum(a[1], 0.0)
+    return positive_part(a[0]), positive_part(a[1])
 
 
 def divide_exact(a: Box, d) -> Box:

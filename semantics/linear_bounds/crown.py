@@ -46,6 +46,7 @@ from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
 from ..memory import exceeds_working_memory
 from ..records import PREPARED
 from ..scratch import scratch
+from ..signed_parts import negative_part, positive_part
 from ..conv import pool_out_spatial
 from .batch_axis import BATCH_SAFE_ELEMENTWISE
 from .expand import expand
@@ -799,7 +800,7 @@ class _Pass:
         j_l, b_l, j_u, b_u = (self._slice(x) for x in self.run_.planes[v])
         p = self.graph.nodes[v].parents[0]
         t = j_l.shape[-1]
-        pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
+        pos, neg = positive_part(a), negative_part(a)
         with np.errstate(all="ignore"):
             new = (pos[..., None, :] @ j_l[:, None])[..., 0, :] + (neg[..., None, :] @ j_u[:, None])[..., 0, :]
             q = (np.maximum(np.abs(j_l), np.abs(j_u)) @ self.mag(p)[..., None])[..., 0]
@@ -948,8 +949,8 @@ class _Pass:
                 # are xp a_l + xn a_u and the upper half's -(xn a_l + xp a_u); their intercept sums and every
                 # error sum (of |coefficient| times a weight) are products of xp and xn with a few vectors
                 xs = np.take(xb, special, axis=1, out=scratch("crown.xs", (r1 - r0, special.size)))[None]
-                xp = np.maximum(xs, 0.0, out=scratch("crown.xp", xs.shape))
-                xn = np.minimum(xs, 0.0, out=scratch("crown.xn", xs.shape))
+                xp = positive_part(xs, out=scratch("crown.xp", xs.shape))
+                xn = negative_part(xs, out=scratch("crown.xn", xs.shape))
                 shape = (n, r1 - r0, special.size)
                 low = np.multiply(xp, sl[:, None], out=scratch("crown.low", shape))
                 tmp = np.multiply(xn, su[:, None], out=scratch("crown.tmp", shape))
@@ -1058,8 +1059,8 @@ def _apply_lines_dense(flat: np.ndarray, a_l: np.ndarray, b_l: np.ndarray, a_u: 
     with np.errstate(all="ignore"):
         # P and N in scratch: at batch 64 the dense A is 32 MB, and fresh temporaries were paged in on
         # every pass
-        pos = np.maximum(flat, 0.0, out=scratch("crown.lines.pos", flat.shape))
-        neg = np.minimum(flat, 0.0, out=scratch("crown.lines.neg", flat.shape))
+        pos = positive_part(flat, out=scratch("crown.lines.pos", flat.shape))
+        neg = negative_part(flat, out=scratch("crown.lines.neg", flat.shape))
         new = np.multiply(pos, a_l[:, None])
         new += np.multiply(neg, a_u[:, None], out=scratch("crown.lines.term", flat.shape))
         both = np.matmul(pos, np.stack([b_l, np.abs(b_l)], axis=-1))

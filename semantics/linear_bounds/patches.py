@@ -26,6 +26,7 @@ from ..interval_round import MIN_NORMAL, U, Box, center_radius, down, up
 from ..records import PREPARED
 from ..rules.affine import batched_conv
 from ..scratch import scratch
+from ..signed_parts import negative_part, positive_part
 from .rules import _ERR_SAFETY, _center, batch_norm_scale_shift, conv_adjoint, err_factor
 
 if TYPE_CHECKING:
@@ -269,8 +270,8 @@ class PatchPass:
         maps = [a_l, a_u, w_l, w_u] + [b_l] * has_l + [b_u] * has_u
         al_u, au_u, wl_u, wu_u, *b_us = self.unfold(maps, item.geo)
         flat = _flat(p)
-        pp = np.maximum(flat, 0.0, out=scratch("patch.pp", flat.shape))
-        pn = np.minimum(flat, 0.0, out=scratch("patch.pn", flat.shape))
+        pp = positive_part(flat, out=scratch("patch.pp", flat.shape))
+        pn = negative_part(flat, out=scratch("patch.pn", flat.shape))
         new = pp * al_u
         new += np.multiply(pn, au_u, out=scratch("patch.tmp", flat.shape))
         with np.errstate(all="ignore"):

@@ -28,6 +28,7 @@ from ..interval_round import U, Box, down, gamma, up
 from ..rules.affine import batched_conv
 from ..conv_gemm import conv_plan, conv_products, stage
 from ..scratch import scratch
+from ..signed_parts import negative_part, positive_part
 
 if TYPE_CHECKING:
     from .crown import Pass
@@ -481,7 +482,7 @@ def _mccormick_mul(ps, node, a):
     if boxes is None or tuple(ps.tail(x)) != tuple(ps.tail(y)):
         return None
     (lx, _), (ly, uy) = boxes
-    pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
+    pos, neg = positive_part(a), negative_part(a)
     a_x = pos * ly[:, None] + neg * uy[:, None]
     a_y = a * lx[:, None]
     ps.add_abs_err(a_x, ps.mag(x), 2.0 * U * _ERR_SAFETY)
@@ -507,7 +508,7 @@ def _mccormick_matmul(ps, node, a):
         return None
     (lx, _), (ly, uy) = boxes
     i_, j_, k_ = tx[-2], tx[-1], ty[-1]
-    pos, neg = np.maximum(a, 0.0), np.minimum(a, 0.0)
+    pos, neg = positive_part(a), negative_part(a)
     sw = lambda m: np.swapaxes(m, -1, -2)[:, None]  # noqa: E731  [n, 1, ..., K, J] (or [.., J, I])
     with np.errstate(all="ignore"):
         a_x = pos @ sw(ly) + neg @ sw(uy)

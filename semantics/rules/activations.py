@@ -17,6 +17,7 @@ import numpy as np
 from .. import interval_arith as ia
 from ..arena import result_array
 from ..float_special import erf
+from ..signed_parts import clip, negative_part, positive_part
 from ..interval_arith import DomainError, enclose_constant, erf_at, exp_at, expm1_at, log1p_at, log_at, monotone, \
     tanh_at
 from ..interval_round import LIB_ULPS, WIDEN_FLOOR, Box, CleanBox, all_finite, down, widen
@@ -39,10 +40,10 @@ SQRT_2_OVER_PI = enclose_constant(_SQRT_2_OVER_PI)
 @float_rule("relu")
 def relu(node, xs, rec, dt):
     """``reluSpec``: ``if x == 0 then 0 else max(x, 0)`` with Lean's max: -0.0 gives +0.0, NaN stays NaN.
-    ``maximum`` keeps NaN and returns either zero; adding +0.0 makes -0.0 +0.0 and changes nothing else
-    (the values of ``where(x <= 0, 0, x)``, bit for bit, in a quarter of its time on small tensors)."""
+    ``positive_part`` keeps NaN and returns either zero; adding +0.0 makes -0.0 +0.0 and changes nothing
+    else (the values of ``where(x <= 0, 0, x)``, bit for bit, in a quarter of its time)."""
     zero = dt.type(0)
-    y = np.asarray(np.maximum(xs[0], zero))
+    y = np.asarray(positive_part(xs[0]))
     y += zero  # in place: one fresh array per call, not two
     return y
 
@@ -51,6 +52,8 @@ def relu(node, xs, rec, dt):
 @float_rule("clamp")
 def clamp(node, xs, rec, dt):
     y, lo, hi = xs[0], node.attrs["min"], node.attrs["max"]
+    if lo is not None and hi is not None and np.result_type(y).kind == "f":
+        return clip(y, lo, hi)  # one vectorized pass (maximum and minimum against a scalar are not)
     if lo is not None:
         y = np.maximum(y, lo)
     if hi is not None:
@@ -66,12 +69,12 @@ def relu_ends(node, ps, rec):
     """max(end, 0) on each end (relu is monotone and exact), into result memory. An end may be -0.0
     where the float rule gives +0.0: the same real number, which is all a box says. The parent's ends
     carry no NaN (the domain cleaned them), so neither do these."""
-    lo, hi = (np.maximum(end, 0.0, out=result_array(np.shape(end))) for end in ps[0])
+    lo, hi = (positive_part(end, out=result_array(np.shape(end))) for end in ps[0])
     return CleanBox((lo, hi))
 
 
 def _neg_part(a: Box) -> Box:
-    return np.minimum(a[0], 0.0), np.minimum(a[1], 0.0)
+    return negative_part(a[0]), negative_part(a[1])
 
 
 def join_at_zero(a: Box, tail: Box) -> Box:

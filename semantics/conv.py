@@ -232,15 +232,15 @@ def pool_nd(x: np.ndarray, *, mode: str, kernel: Sequence[int], stride: Sequence
 
 def _separable_max(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
                    dilation: Sequence[int], out_spatial: Sequence[int]) -> np.ndarray:
-    """The windows' ``np.maximum`` over the cells inside the input, one spatial axis at a time (last
-    axis first): a box's maximum is the maximum of its rows' maxima. ``sum(kernel)`` strided passes
-    over shrinking arrays instead of ``prod(kernel)`` passes over the output: on SqueezeNet's first
-    3x3 pool 0.85 ms instead of 1.28 ms. A NaN cell makes its window NaN and a window with no cell
+    """The windows' ``np.maximum`` over the cells inside the input, one spatial axis at a time (first
+    axis first, so the widest pass reads whole rows): a box's maximum is the maximum of its columns'
+    maxima. ``sum(kernel)`` strided passes over shrinking arrays instead of ``prod(kernel)`` passes
+    over the output: on SqueezeNet's first 3x3 pool 0.71 ms instead of 1.28 ms. A NaN cell makes its window NaN and a window with no cell
     in the input is -inf, as in the offset-by-offset fold; where two equal maxima differ (signed
     zeros, NaN payloads) either may come out, as there (numpy's SIMD maximum picks either)."""
     r = len(kernel)
     acc = x
-    for axis in reversed(range(r)):
+    for axis in range(r):
         at = x.ndim - r + axis
         size, out, step = acc.shape[at], out_spatial[axis], stride[axis]
         runs = [_inside(f * dilation[axis] - padding[axis], size, step, out) for f in range(kernel[axis])]

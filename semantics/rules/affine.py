@@ -394,9 +394,19 @@ def _float_conv_params(node, record, dt) -> FloatConvParams:
 FLOAT_RULES.params["conv"] = _float_conv_params
 
 
+def rows_matmul(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``x @ m`` for a 2-D ``m``: the leading axes of ``x`` folded into one GEMM's rows. numpy's
+    matmul on a stack runs one small GEMM per leading index (ConvNeXt's 1x7x7x768 activations
+    through a 768x3072 linear: 10.9 ms against 3.4 ms as one 49-row GEMM)."""
+    if x.ndim <= 2 or m.ndim != 2:
+        return np.matmul(x, m)
+    lead = x.shape[:-1]
+    return np.matmul(x.reshape(math.prod(lead), x.shape[-1]), m).reshape(lead + m.shape[1:])
+
+
 @float_rule("matmul")
 def matmul(node, xs, rec, dt):
-    return np.matmul(xs[0], xs[1])
+    return rows_matmul(xs[0], xs[1])
 
 
 interval_rule("matmul")(lambda node, ps, rec: matmul_box(ps[0], ps[1]))
@@ -406,7 +416,7 @@ interval_rule("matmul")(lambda node, ps, rec: matmul_box(ps[0], ps[1]))
 def linear(node, xs, rec, dt):
     x = xs[0]
     w, b = float_params(node, rec, x.shape, dt)
-    y = np.matmul(x, w.T)
+    y = rows_matmul(x, w.T)
     y += b
     return y
 

@@ -156,13 +156,27 @@ def test_split_bounds_enclose_the_exact_range_of_every_subdomain(seed, kind):
     assert len(relus) == 2
     splits = {v: rng.choice([-1, 0, 0, 1], size=(n, u)).astype(np.int8) for v, u in zip(relus, (H1, H2))}
     c = rng.integers(-3, 4, (3, 2)).astype(np.float64)
-    tight = {"crown": 0.0, "alpha-crown": 0.0, "beta-crown": 0.0, "reused": 0.0}  # summed gaps to the exact minima
+    tight = dict.fromkeys(("crown", "alpha-crown", "beta-crown", "reused", "warm", "hostile"), 0.0)  # summed gaps
+    # to the exact minima
     shape = (n,) + tuple(b.graph.nodes[b.graph.inputs[0]].out_shape[1:])
     boxes = np.repeat(lo[None], n, 0).reshape(shape), np.repeat(hi[None], n, 0).reshape(shape)
     parent = bound_domains(crown, *boxes, {v: np.zeros_like(x) for v, x in splits.items()}, c)
-    for method in ("crown", "alpha-crown", "beta-crown", "reused"):
+    # warm starts: the unsplit parent's optimized slopes, and hostile ones (any alpha, huge or infinite
+    # beta, NaN holes): the bound must hold whatever the start
+    warm = bound_domains(crown, *boxes, {v: np.zeros_like(x) for v, x in splits.items()}, c, method="beta-crown").slopes
+    assert warm is not None and set(warm) == set(relus)
+    hostile = {}
+    for v, (a, b_) in warm.items():
+        a, b_ = rng.uniform(-5, 5, a.shape), rng.choice([-1.0, 0.0, 1.0, 1e8, np.inf, np.nan], size=b_.shape)
+        a[rng.random(a.shape) < 0.2] = np.nan
+        hostile[v] = (a, b_)
+    for method in ("crown", "alpha-crown", "beta-crown", "reused", "warm", "hostile"):
         if method == "reused":  # the parent's (unsplit) ReLU input boxes instead of new intermediate passes
             r = bound_domains(crown, *boxes, splits, c, method="beta-crown", known=parent.pre)
+        elif method in ("warm", "hostile"):
+            r = bound_domains(crown, *boxes, splits, c, method="beta-crown", known=parent.pre,
+                              warm=warm if method == "warm" else hostile)
+            assert r.method == "beta-crown" and all(a.shape == warm[v][0].shape for v, (a, _) in r.slopes.items())
         else:
             r = bound_domains(crown, *boxes, splits, c, method=method)
         if method == "beta-crown":  # the attack candidates: one point of the box per subdomain and row

@@ -35,6 +35,7 @@ import numpy as np
 from torchlean_bridge.errors import BridgeError
 
 from ..interval_round import Box
+from .beta import Slopes, beta_bounds
 from .crown import Crown, _alpha, _Pass, _Run, _spec_box, _spec_matrix
 from .pieces import (ELEMENTWISE, POOLS, breakpoints, clip_elementwise, clip_pool, constraint_interval,
                      elementwise_scores, pool_geometry, pool_relaxation, pool_scores)
@@ -59,6 +60,7 @@ class DomainBounds:
     pre: dict[int, Box]
     method: str
     points: np.ndarray | None = None  # [N, K, inputs]: each row's plain-bound minimizer (beta-crown only)
+    slopes: Slopes | None = None  # beta-crown's optimized alpha and beta per ReLU node (``beta.Slopes``)
 
 
 def relu_nodes(crown: Crown) -> list[int]:
@@ -213,11 +215,12 @@ class _SplitRun(_Run):
 
 def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Splits, spec: np.ndarray,
                   method: str = "crown", deadline: float | None = None,
-                  known: dict[int, Box] | None = None) -> DomainBounds:
+                  known: dict[int, Box] | None = None, warm: Slopes | None = None) -> DomainBounds:
     """Sound bounds of ``spec @ y`` on each subdomain (sample i of the batch: box ``lower[i], upper[i]``
     with the splits' row i). ``known``: per split node, boxes ``[N, input entries]`` of its input that hold on
     each subdomain (a parent subdomain's ``pre``); they replace the intermediate CROWN passes for that
-    input (the caller vouches for them: a superset of each subdomain keeps them sound).
+    input (the caller vouches for them: a superset of each subdomain keeps them sound). ``warm``:
+    beta-crown's starting slopes (``beta.beta_bounds``; a parent's ``DomainBounds.slopes``).
     ``DeadlineExceeded`` once the deadline has passed."""
     if method not in DOMAIN_METHODS:
         raise BridgeError(f"bound_domains: unknown method {method!r} (use {', '.join(DOMAIN_METHODS)})")
@@ -234,7 +237,7 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
     optimize = method != "crown" and not given and crown.n == 1
     run = _SplitRun(crown, crown.ibp(lower, upper), splits, deadline, given, optimize)
     run.prepare(False)
-    points = None
+    points = slopes = None
     low, neg_up = _Pass(run, o, 0, crown.n, spec=c).run()
     up_ = -neg_up
     label = "crown"
@@ -244,11 +247,10 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
             low, up_ = np.maximum(low, got[0]), np.minimum(up_, got[1])
             label = "alpha-crown"
     elif method == "beta-crown":
-        from .beta import beta_bounds
-        got = beta_bounds(run, o, c, run.split_of)
+        got = beta_bounds(run, o, c, run.split_of, warm=warm)
         if got is not None:
-            low, points = np.maximum(low, got[0]), got[1]
+            low, points, slopes = np.maximum(low, got[0]), got[1], got[2]
             label = "beta-crown"
     s_lo, s_hi = _spec_box(crown, run.boxes[o], c)
     pre = {v: tuple(x.reshape(crown.n, -1) for x in run.boxes[g.nodes[v].parents[0]]) for v in split_nodes(crown)}
-    return DomainBounds(np.maximum(low, s_lo), np.minimum(up_, s_hi), run.empty.copy(), pre, label, points)
+    return DomainBounds(np.maximum(low, s_lo), np.minimum(up_, s_hi), run.empty.copy(), pre, label, points, slopes)

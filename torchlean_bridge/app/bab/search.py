@@ -19,6 +19,9 @@ of them in one batched CROWN pass. The search, in the style of alpha-beta-CROWN'
   each subdomain's ``FSB_CANDIDATES`` best-scored units in one batched CROWN pass reusing the parent's
   intermediate boxes and splits the unit whose worse child has the largest gap; ``babsr`` splits the
   best-scored unit;
+* children start beta-CROWN's optimization from their parent's optimized slopes and multipliers
+  (alpha-beta-CROWN's warm start: ``WARM_START``), kept per open subdomain in float32 within
+  ``MAX_WARM_BYTES`` (past it a child starts cold, as the root does);
 * a child's bound is the maximum of its own, FSB's and its parent's (all sound on the child), and a
   child a split makes empty (``DomainBounds.empty``) is refuted; where beta applies (graphs of affine
   layers, input normalizations, ReLUs, adds and max pools: ``chain.dag_layers``) children start from their parent's
@@ -52,14 +55,21 @@ import numpy as np
 
 from ...errors import BridgeError
 
-__all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "BATCH", "BRANCHING", "BRANCHINGS", "FSB_CANDIDATES"]
+__all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "MAX_WARM_BYTES", "BATCH", "BRANCHING", "BRANCHINGS",
+           "FSB_CANDIDATES", "WARM_START"]
 
 MAX_QUEUE_BYTES = 256 << 20  # the open subdomains' splits and bounds; beyond it the answer is unknown
+MAX_WARM_BYTES = 128 << 20  # the open subdomains' warm-start slopes; beyond it children start cold
+WARM_START = True  # children's beta-CROWN starts from the parent's optimized alpha and beta
 BATCH = 32  # subdomains split per round (64 children per CROWN pass)
 TRY_POINTS = 4  # open children per round whose linear-bound minimizer is checked as a counterexample
 BRANCHINGS = ("fsb", "babsr")
 BRANCHING = "fsb"  # the default branching rule (bench/bab_bench.py compares both)
 FSB_CANDIDATES = 4  # units per subdomain whose children FSB bounds (2 x 4 x 32 = 256 in one pass)
+
+
+def _warm_size(kept) -> int:
+    return 0 if kept is None else sum(a.nbytes + b.nbytes for a, b in kept.values())
 
 
 @dataclass
@@ -112,6 +122,7 @@ class ReluBab:
         dag = dag_layers(base)
         # without beta (graphs beyond beta's DAGs) splits act only through the intermediate bounds: recompute them
         self.reuse = reuse and dag is not None and any(kind == "relu" for kind, *_ in dag[0])
+        self.warm_bytes = 0  # bytes of warm-start slopes held by open subdomains
         self.domains = 0
         self.fsb_domains = 0  # children FSB bounded to choose a branch (not counted in ``domains``)
         self.proved = math.inf  # the smallest gap of a refuted (non-empty) subdomain
@@ -123,28 +134,33 @@ class ReluBab:
         """A Crown over the graph with batch n (the model's, cached), or None when the graph does not rebatch."""
         return self.model.crown if n == 1 else self.model.batched_crown(n)
 
-    def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, known=None, method: str | None = None):
-        """Gaps ``[M, K]``, emptiness ``[M]`` and ReLU input boxes of M subdomains (rows of splits, with
-        their input boxes ``[M, inputs]``)."""
+    def _bound(self, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, known=None, method: str | None = None,
+               warm=None):
+        """Gaps ``[M, K]``, emptiness ``[M]``, ReLU input boxes, attack points and beta-CROWN's slopes
+        (``beta.Slopes`` or None) of M subdomains (rows of splits, with their input boxes ``[M, inputs]``);
+        ``warm``: the slopes to start from (``[M, K, units]`` per ReLU node, NaN where none)."""
         m = splits.shape[0]
         size = 1 << max(0, (m - 1).bit_length())  # powers of two: a few cached graphs serve every round
         crown = self._crown(size)
         if crown is not None and crown.batched and crown.n == size:
             try:
-                return self._bound_with(crown, splits, lo, hi, size, known, method)
+                return self._bound_with(crown, splits, lo, hi, size, known, method, warm)
             except BridgeError:  # a relaxation the memory limit refuses at this batch: one at a time
                 if size == 1:
                     raise
                 self.model.refuse_batch(size)
         parts = [self._bound_with(self.model.crown, splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
-                                  None if known is None else (known[0][i:i + 1], known[1][i:i + 1]), method)
+                                  None if known is None else (known[0][i:i + 1], known[1][i:i + 1]), method,
+                                  None if warm is None else {v: (a[i:i + 1], b[i:i + 1]) for v, (a, b) in warm.items()})
                  for i in range(m)]
         points = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
+        slopes = None if any(p[4] is None for p in parts) else {
+            v: tuple(np.concatenate([p[4][v][j] for p in parts]) for j in range(2)) for v in parts[0][4]}
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                [np.concatenate([p[2][j] for p in parts]) for j in range(2)], points)
+                [np.concatenate([p[2][j] for p in parts]) for j in range(2)], points, slopes)
 
     def _bound_with(self, crown, splits: np.ndarray, lo: np.ndarray, hi: np.ndarray, size: int, known=None,
-                    method: str | None = None):
+                    method: str | None = None, warm=None):
         """``_bound`` on one graph of batch ``size``; ``method`` other than the search's (FSB's cheap
         pass) always reuses ``known``."""
         from semantics.linear_bounds.splits import bound_domains
@@ -158,13 +174,16 @@ class ReluBab:
             k_lo, k_hi = pad(known[0]), pad(known[1])
             io = self.in_offsets
             given = {v: (k_lo[:, io[i]:io[i + 1]], k_hi[:, io[i]:io[i + 1]]) for i, v in enumerate(self.nodes)}
+        if warm is not None:
+            warm = {v: (pad(a), pad(b)) for v, (a, b) in warm.items()}
         r = bound_domains(crown, lo.reshape(shape), hi.reshape(shape), per, self.c,
-                          method=method or self.method, deadline=self.deadline, known=given)
+                          method=method or self.method, deadline=self.deadline, known=given, warm=warm)
         self.domains += m
         gap = r.lower[:m] - self.d[None] - self.margin[None]
         pre_lo = np.concatenate([r.pre[v][0][:m] for v in self.nodes], axis=1)
         pre_hi = np.concatenate([r.pre[v][1][:m] for v in self.nodes], axis=1)
-        return gap, r.empty[:m], (pre_lo, pre_hi), None if r.points is None else r.points[:m]
+        slopes = None if r.slopes is None else {v: (a[:m], b[:m]) for v, (a, b) in r.slopes.items()}
+        return gap, r.empty[:m], (pre_lo, pre_hi), None if r.points is None else r.points[:m], slopes
 
     # -- branching -------------------------------------------------------------------------------
 
@@ -260,7 +279,7 @@ class ReluBab:
         lo2, hi2 = np.concatenate([los[rows], los[rows]]), np.concatenate([his[rows], his[rows]])
         known = (np.concatenate([pre[0][rows], pre[0][rows]]), np.concatenate([pre[1][rows], pre[1][rows]]))
         counted = self.domains
-        gap, empty, _, _ = self._bound(sub, lo2, hi2, known, method="crown")
+        gap, empty, *_ = self._bound(sub, lo2, hi2, known, method="crown")
         self.fsb_domains += self.domains - counted  # candidates' children: not subdomains of the search tree
         self.domains = counted
         # candidates compare by their own cheap bounds (the parent's, often from beta, would tie them all)
@@ -307,7 +326,7 @@ class ReluBab:
         per_domain += 16 * box_lo.shape[1]
         cap = max(1, self.max_queue_bytes // per_domain)
         try:
-            gap, empty, pre, _ = self._bound(root, box_lo, box_hi, self.root_boxes)
+            gap, empty, pre, _, slopes = self._bound(root, box_lo, box_hi, self.root_boxes)
         except DeadlineExceeded:  # the caller's bound of the whole box stands
             return BabOutcome("unknown", None, self.domains, float(np.max(root_gap, initial=-math.inf)), "timeout")
         self.root_boxes = (pre[0], pre[1])
@@ -317,7 +336,7 @@ class ReluBab:
         queue: list[tuple[float, int, np.ndarray, np.ndarray, tuple]] = []
         order = 0
         heapq.heappush(queue, (float(gap[0].max()), order, root[0], gap[0], (pre[0][0], pre[1][0]),
-                               box_lo[0], box_hi[0]))
+                               box_lo[0], box_hi[0], self._keep_warm(slopes, 0)))
         rounds = 0
         while queue:
             best = min(queue[0][0], self.proved)
@@ -335,6 +354,8 @@ class ReluBab:
                 if found is not None:
                     return self._outcome("sat", found, best)
             picked = [heapq.heappop(queue) for _ in range(min(self.batch, len(queue)))]
+            self.warm_bytes -= sum(_warm_size(p[7]) for p in picked)
+            warm = self._warm_children([p[7] for p in picked])
             splits = np.stack([p[2] for p in picked])
             gaps = np.stack([p[3] for p in picked])
             pre = (np.stack([p[4][0] for p in picked]), np.stack([p[4][1] for p in picked]))
@@ -362,8 +383,9 @@ class ReluBab:
             child_hi[in_rows, dim[in_rows]] = mid[in_rows]
             child_lo[len(picked) + in_rows, dim[in_rows]] = mid[in_rows]
             try:
-                gap, empty, cpre, points = self._bound(children, child_lo, child_hi, (np.concatenate([pre[0], pre[0]]),
-                                                                              np.concatenate([pre[1], pre[1]])))
+                gap, empty, cpre, points, slopes = self._bound(
+                    children, child_lo, child_hi, (np.concatenate([pre[0], pre[0]]), np.concatenate([pre[1], pre[1]])),
+                    warm=warm)
             except DeadlineExceeded:
                 return self._outcome("unknown", None, best, "timeout")
             if fsb_gap is not None:  # FSB's cheap bounds of the same children: sound too
@@ -384,7 +406,7 @@ class ReluBab:
                     continue
                 order += 1
                 heapq.heappush(queue, (float(gap[j].max()), order, children[j], gap[j], (cpre[0][j], cpre[1][j]),
-                                       child_lo[j], child_hi[j]))
+                                       child_lo[j], child_hi[j], self._keep_warm(slopes, j)))
             if self.progress:
                 low = queue[0][0] if queue else 0.0
                 print(f"\rbab: {self.domains} domains, {len(queue)} open, worst gap {low:.4g}, "
@@ -392,6 +414,35 @@ class ReluBab:
         if self.progress:
             print(file=sys.stderr)
         return self._outcome("unsat", None, self.proved)
+
+    # -- warm starts ------------------------------------------------------------------------------
+
+    def _keep_warm(self, slopes, j: int):
+        """Subdomain j's optimized slopes as float32 copies, or None (no beta pass, warm starts off, or
+        ``MAX_WARM_BYTES`` reached)."""
+        if slopes is None or not WARM_START:
+            return None
+        size = sum(a[j].size + b[j].size for a, b in slopes.values()) * 4
+        if self.warm_bytes + size > MAX_WARM_BYTES:
+            return None
+        self.warm_bytes += size
+        return {v: (a[j].astype(np.float32), b[j].astype(np.float32)) for v, (a, b) in slopes.items()}
+
+    def _warm_children(self, kept: list):
+        """The starting slopes of the children of ``kept``'s subdomains (each twice, as ``_children``
+        lays them out): ``[2 M, K, units]`` per ReLU node, NaN for a parent without any; None when none has."""
+        have = [w for w in kept if w is not None]
+        if not have:
+            return None
+        out = {}
+        for v, (a0, b0) in have[0].items():
+            alpha = np.full((len(kept),) + a0.shape, np.nan, np.float32)
+            beta = np.full((len(kept),) + b0.shape, np.nan, np.float32)
+            for i, w in enumerate(kept):
+                if w is not None:
+                    alpha[i], beta[i] = w[v]
+            out[v] = (np.concatenate([alpha, alpha]), np.concatenate([beta, beta]))
+        return out
 
     def _outcome(self, result: str, found: dict[str, Any] | None, best: float, reason: str = "") -> BabOutcome:
         return BabOutcome(result, found, self.domains, best, reason, self.root_boxes)

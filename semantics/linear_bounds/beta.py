@@ -47,15 +47,24 @@ LR_BETA = 0.05
 _TINY = 1e-12  # a plain coefficient this small gets no beta term (its slope would be huge)
 _SNAP = 2.0 ** -60
 _MAX_WARM_BETA = 1e6  # a warm start's beta is capped (a stored value may have overflowed to inf)
+# the heuristic's arithmetic: the plain passes and Adam find slopes and multipliers, the sound pass
+# bounds with whatever they found, so float32 (half the memory traffic of the backward and gradient
+# passes) costs only how well they are found
+PLAIN_DTYPE = np.float32
 
 
-def _plain(run: "_Run", layers, inp: int, rows, alphas, betas, sigma, c, r):
+def _plain_array(x):
+    return x.astype(PLAIN_DTYPE) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x
+
+
+def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r):
     """Plain-float lower bounds ``[N, K]`` of ``rows`` through the DAG ``layers`` (``chain.dag_layers``),
     the gradients for alpha and beta (reverse mode over the backward pass: each node's gradient from its
-    parents', in increasing id), and the coefficient at each ReLU's output and at the input."""
+    parents', in increasing id), and the coefficient at each ReLU's output and at the input. ``upper``:
+    per ReLU its upper lines' slopes and intercepts ``[N, units]``; ``pools``: ``_Run.pools``."""
     n, k = rows.shape[:2]
     coeff = {layers[0][1]: rows}
-    const = np.zeros((n, k))
+    const = np.zeros((n, k), rows.dtype)
     seen = []
     for kind, v, parents, weight, bias in layers:
         a = coeff.pop(v, None)
@@ -72,17 +81,17 @@ def _plain(run: "_Run", layers, inp: int, rows, alphas, betas, sigma, c, r):
         elif kind == "identity":
             outs = [(parents[0], a)]
         elif kind == "relu":
-            _, _, a_u, b_u = (x.reshape(n, -1) for x in run.lines[v])
+            a_u, b_u = upper[v]
             pos = a >= 0
             const = const + np.einsum("nku,nu->nk", np.where(pos, 0.0, a), b_u)
             outs = [(parents[0], a * np.where(pos, alphas[v], a_u[:, None]) + betas[v] * sigma[v])]
         else:  # max_pool: max >= x_j*; max <= x_j* where j* decides the window, else <= the largest upper end
-            jstar, decided, umax, cells = run.pools[v]
+            jstar, decided, umax, cells = pools[v]
             lead = jstar.shape[1]
             a4 = a.reshape(n, k, lead, -1)
             to_cell = (a4 >= 0) | decided[:, None]
             const = const + np.where(to_cell, 0.0, a4 * umax[:, None]).reshape(n, k, -1).sum(axis=-1)
-            moved = np.zeros((n, k, lead, int(cells)))
+            moved = np.zeros((n, k, lead, int(cells)), rows.dtype)
             ni, ki, li = np.ix_(np.arange(n), np.arange(k), np.arange(lead))
             np.add.at(moved, (ni[..., None], ki[..., None], li[..., None], jstar[:, None]), np.where(to_cell, a4, 0.0))
             outs = [(parents[0], moved.reshape(n, k, -1))]
@@ -90,7 +99,7 @@ def _plain(run: "_Run", layers, inp: int, rows, alphas, betas, sigma, c, r):
         seen.append((kind, v, parents, weight, bias, a))
         for p, ap in outs:
             coeff[p] = coeff[p] + ap if p in coeff else ap
-    a_in = coeff.get(inp, np.zeros((n, k, c.shape[1])))
+    a_in = coeff.get(inp, np.zeros((n, k, c.shape[1]), rows.dtype))
     bound = const + np.einsum("nki,ni->nk", a_in, c) - np.einsum("nki,ni->nk", np.abs(a_in), r)
     grads = {inp: c[:, None, :] - np.sign(a_in) * r[:, None, :]}
     at_out = {"input": a_in}
@@ -106,14 +115,14 @@ def _plain(run: "_Run", layers, inp: int, rows, alphas, betas, sigma, c, r):
         elif kind == "identity":
             grads[v] = gp[0]
         elif kind == "relu":
-            _, _, a_u, b_u = (x.reshape(n, -1) for x in run.lines[v])
+            a_u, b_u = upper[v]
             pos = a >= 0
             at_out[v] = a
             g_beta[v] = gp[0] * sigma[v]
             g_alpha[v] = np.where(pos, gp[0] * a, 0.0)
             grads[v] = np.where(pos, gp[0] * alphas[v], gp[0] * a_u[:, None] + b_u[:, None])
         else:
-            jstar, decided, umax, _ = run.pools[v]
+            jstar, decided, umax, _ = pools[v]
             a, to_cell = a
             lead = jstar.shape[1]
             g4 = gp[0].reshape(n, k, lead, -1)
@@ -152,9 +161,13 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
     lo, hi = lo.reshape(n, -1), hi.reshape(n, -1)
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         return None
-    cx, rx = (lo + hi) * 0.5, (hi - lo) * 0.5
+    cx, rx = _plain_array((lo + hi) * 0.5), _plain_array((hi - lo) * 0.5)
     k = c.shape[0]
-    rows = np.broadcast_to(c[None], (n, k, c.shape[1]))
+    rows = np.broadcast_to(_plain_array(c)[None], (n, k, c.shape[1]))
+    plain_layers = [(kind, v, parents, _plain_array(w), _plain_array(b)) for kind, v, parents, w, b in layers]
+    upper = {v: tuple(_plain_array(x.reshape(n, -1)) for x in run.lines[v][2:]) for kind, v, *_ in layers
+             if kind == "relu"}
+    pools = {v: (j, decided, _plain_array(umax), cells) for v, (j, decided, umax, cells) in run.pools.items()}
     alphas, free, betas, sigma, fixed, floor = {}, {}, {}, {}, {}, {}
     for kind, v, _, slope_below, _ in layers:
         if kind != "relu":
@@ -163,15 +176,16 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
         a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
         units = a_l.shape[1]
         free[v] = np.broadcast_to(((a_l != a_u))[:, None, :], (n, k, units))
-        alphas[v] = np.broadcast_to(a_l[:, None, :], (n, k, units)).copy()
+        alphas[v] = np.broadcast_to(_plain_array(a_l)[:, None, :], (n, k, units)).copy()
         s = split_of.get(v)
         s = np.zeros((n, units), dtype=np.int8) if s is None else s.reshape(n, units)
-        sigma[v] = np.broadcast_to(np.where(s > 0, -1.0, np.where(s < 0, 1.0, 0.0))[:, None, :], (n, k, units))
+        sigma[v] = np.broadcast_to(np.where(s > 0, -1.0, np.where(s < 0, 1.0, 0.0)).astype(PLAIN_DTYPE)[:, None, :],
+                                   (n, k, units))
         fixed[v] = sigma[v] != 0
-        betas[v] = np.zeros((n, k, units))
+        betas[v] = np.zeros((n, k, units), PLAIN_DTYPE)
         start = None if warm is None else warm.get(v)
         if start is not None:
-            w_alpha, w_beta = (np.asarray(x, dtype=np.float64).reshape(n, k, units) for x in start)
+            w_alpha, w_beta = (np.asarray(x, dtype=PLAIN_DTYPE).reshape(n, k, units) for x in start)
             take = free[v] & np.isfinite(w_alpha)
             alphas[v] = np.where(take, np.clip(np.where(take, w_alpha, 0.0), floor[v], 1.0), alphas[v])
             take = fixed[v] & np.isfinite(w_beta)
@@ -183,7 +197,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
     with np.errstate(all="ignore"):
         for step in range(1, iterations + 1):
             run.on_time()
-            _, g_alpha, g_beta, at_out = _plain(run, layers, inp, rows, alphas, betas, sigma, cx, rx)
+            _, g_alpha, g_beta, at_out = _plain(upper, pools, plain_layers, inp, rows, alphas, betas, sigma, cx, rx)
             for key, grads, values, mask, lr in (("a", g_alpha, alphas, free, LR_ALPHA),
                                                  ("b", g_beta, betas, fixed, LR_BETA)):
                 for v, gr in grads.items():
@@ -198,7 +212,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
                                   *lim)
                     new[(new < _SNAP) & (lim[0] == 0.0)] = 0.0
                     values[v] = np.where(mask[v], new, values[v])
-        _, _, _, at_out = _plain(run, layers, inp, rows, alphas, betas, sigma, cx, rx)
+        _, _, _, at_out = _plain(upper, pools, plain_layers, inp, rows, alphas, betas, sigma, cx, rx)
     points = np.where(at_out["input"] > 0, lo[:, None, :], hi[:, None, :])
     lower = np.empty((n, k))
     for j in range(k):
@@ -218,9 +232,15 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
             new_u = a_u.reshape(n, -1).copy()
             free_j = free[v][:, j]
             new_l = np.where(free_j, np.clip(alphas[v][:, j], floor[v], 1.0), new_l)
-            # the beta line on the side the plain coefficient selects (both sides hold on the subdomain)
-            new_l = np.where(use & (a > 0), slope, new_l)
-            new_u = np.where(use & (a < 0), slope, new_u)
+            # the beta line on the side the plain coefficient selects (both sides hold on the subdomain),
+            # held to the side of the fixed piece's slope p where it is valid whatever the rounding of
+            # plain + beta sigma (for a leaky ReLU fl(q a) + beta can land below q a): on z >= 0 a lower
+            # line needs s <= 1 and an upper one s >= 1, on z <= 0 a lower line s >= q, an upper one s <= q
+            p = np.where(sig < 0, 1.0, floor[v])
+            below = np.where(sig < 0, np.minimum(slope, p), np.maximum(slope, p))
+            above = np.where(sig < 0, np.maximum(slope, p), np.minimum(slope, p))
+            new_l = np.where(use & (a > 0), below, new_l)
+            new_u = np.where(use & (a < 0), above, new_u)
             alt.lines[v] = (new_l.reshape(shape), b_l, new_u.reshape(shape), b_u)
         low, _ = _Pass(alt, t, 0, n, spec=c[j:j + 1]).run()
         lower[:, j] = low[:, 0]

@@ -446,16 +446,17 @@ class _Search:
         from semantics.linear_bounds.chain import dag_layers
         return dag_layers(self.model.crown) is not None
 
-    def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups) -> dict[str, Any] | None:
-        """Multi-restart PGD on each group (DAGs of affine layers, adds, (leaky) ReLUs and max pools
-        only: ``chain.dag_layers``): the best few points re-checked as counterexamples."""
+    def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups, targets=None) -> dict[str, Any] | None:
+        """Multi-restart PGD on each group of ``targets`` (default: every group; DAGs of affine layers,
+        adds, (leaky) ReLUs and max pools only: ``chain.dag_layers``): the best few points re-checked as
+        counterexamples of any of ``groups``."""
         from semantics.linear_bounds.chain import dag_layers
         from .bab import Dag, pgd_candidates
         got = dag_layers(self.model.crown)
         if got is None or not self.time_left():
             return None
         dag = Dag(self.model.crown, got)
-        for c, d, _ in groups:
+        for c, d, _ in groups if targets is None else targets:
             if not c.shape[0]:
                 continue
             for x in pgd_candidates(dag, lo.reshape(-1), hi.reshape(-1), c, d, self.rng)[:4]:
@@ -517,8 +518,8 @@ class _Search:
             if not cg.shape[0]:  # an empty conjunction holds everywhere: the attack decides it
                 return "unknown", None
             search = ReluBab(self.model, lo, hi, cg, dg, margin, self.deadline, method="beta-crown",
-                             attack=lambda: self._pgd(lo, hi, every) or self.attack(lo, hi, every, None, budget=2,
-                                                                                     descend=not plain),
+                             attack=lambda g=g: self._pgd(lo, hi, every, [g]) or self.attack(lo, hi, every, None,
+                                                                                             budget=2, descend=not plain),
                              progress=self.progress,
                              check=lambda x: self.check(x, lo, hi, every), root_boxes=root_boxes)
             out = search.run(gap)

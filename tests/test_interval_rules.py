@@ -267,3 +267,22 @@ def test_inv_on_a_box_containing_zero_is_unbounded_and_contains_the_float_infini
     g = tlb.Graph([Node(0, [], "input", [3]), Node(1, [0], "inv", [3])])
     report = tlb.check_containment(g, None, np.array([-0.0, 0.0, -1.0]), np.array([0.0, 1.0, 1.0]), samples=8)
     assert report.samples >= 8
+
+
+def test_sigmoid_box_ends_are_the_point_enclosures_ends_bit_for_bit():
+    """The sigmoid box rule widens only the end it keeps (``_sigmoid_end``): its ends must be exactly
+    ``monotone(sigmoid_at, box)``'s, NaN where those are NaN, over ordinary values, subnormals, the
+    exp underflow and overflow edges and infinities (their soundness is tested against mpmath above)."""
+    from semantics.interval_arith import monotone
+    from semantics.rules.activations import sigmoid_at
+    rng = np.random.default_rng(3)
+    special = np.array([0.0, -0.0, 5e-324, -5e-324, 1e-300, -708.4, -709.78, -745.2, -746.0, 709.8, 800.0,
+                        -np.inf, np.inf, np.nan, 36.7, -36.7])
+    ends = np.concatenate([rng.normal(0, 5, 4000), rng.uniform(-800, 800, 2000), special])
+    lo = np.sort(rng.choice(ends, (2, 3000)), axis=0)
+    box = (lo[0].reshape(50, 60), lo[1].reshape(50, 60))
+    got = unary_box("sigmoid", *box, {})
+    want = monotone(sigmoid_at, box)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype == np.float64
+        assert np.array_equal(np.isnan(g), np.isnan(w)) and g.tobytes() == w.tobytes()

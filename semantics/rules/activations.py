@@ -17,6 +17,7 @@ import numpy as np
 from .. import interval_arith as ia
 from ..arena import result_array
 from ..float_special import erf
+from ..scratch import scratch
 from ..signed_parts import clip, negative_part, positive_part
 from ..interval_arith import DomainError, enclose_constant, erf_at, exp_at, expm1_at, log1p_at, log_at, monotone, \
     tanh_at
@@ -159,6 +160,22 @@ def sigmoid_at(x: np.ndarray) -> Box:
     return np.maximum(lo, 0.0).reshape(shape), np.minimum(hi, 1.0).reshape(shape)
 
 
+def _sigmoid_end(x: np.ndarray, upper: bool) -> np.ndarray:
+    """One end of ``sigmoid_at(x)``, bit for bit: ``widen``'s arithmetic on that side only, in place
+    (the point q is >= +0 or NaN, so ``|q|`` is q). The box rule needs the lower end at the box's lower
+    ends and the upper end at its upper ends: half the widening and clipping, and no fresh temporary."""
+    q = _sigmoid_point(x)
+    t = np.multiply(q, _POINT_REL, out=scratch("sigmoid.t", q.shape))
+    t += WIDEN_FLOOR
+    if upper:
+        np.add(q, t, out=q)
+        np.minimum(q, 1.0, out=q)
+    else:
+        np.subtract(q, t, out=q)
+        np.maximum(q, 0.0, out=q)
+    return q.reshape(np.shape(x))
+
+
 def softplus(x: np.ndarray, exp=np.exp, log=np.log) -> np.ndarray:
     """Spec, sign-branched: ``x + log(1 + exp(-x))`` if ``x > 0``, else ``log(1 + exp(x))``."""
     return np.where(x > 0, x, 0) + log(1 + exp(-np.abs(x)))
@@ -185,7 +202,7 @@ def softplus_at(x: np.ndarray) -> Box:
 
 float_unary("sigmoid", sigmoid)
 float_unary("softplus", softplus)
-interval_pointwise("sigmoid")(lambda a, attrs: monotone(sigmoid_at, a))
+interval_pointwise("sigmoid")(lambda a, attrs: (_sigmoid_end(a[0], False), _sigmoid_end(a[1], True)))
 interval_pointwise("softplus")(lambda a, attrs: monotone(softplus_at, a))
 
 

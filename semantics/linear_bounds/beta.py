@@ -5,9 +5,10 @@ On a subdomain a ReLU fixed active has ``z >= 0`` and one fixed inactive ``z <= 
 ``f + sum_j beta_j sigma_j z_j`` (``sigma = -1`` active, ``+1`` inactive; each added term is <= 0 there).
 In the backward pass the term adds ``beta_j sigma_j`` to the coefficient of ``z_j`` (Wang et al.,
 "Beta-CROWN", NeurIPS 2021). Here beta and the free ReLUs' lower slopes (alpha) are optimized per
-subdomain and row by projected Adam steps in plain float64 (the bound's gradient through the DAG of
-affine layers, elementwise affine maps, adds, ReLUs and max pools, ``chain.dag_layers``); only the
-heuristic runs in plain arithmetic.
+subdomain and row by projected Adam steps in plain float32 (``PLAIN_DTYPE``: the bound's gradient
+through the DAG of affine layers, elementwise affine maps, adds, ReLUs and max pools,
+``chain.dag_layers``); only the heuristic runs in plain arithmetic. A subdomain's children start from
+its optimized values (``warm``, alpha-beta-CROWN's warm start) and take fewer steps.
 
 The final bound is a sound backward pass of the outward-rounded CROWN (``crown._Pass``) in which the
 beta term is carried by the fixed unit's lines, for the coefficient ``a`` the plain pass found at the

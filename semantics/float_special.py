@@ -23,7 +23,8 @@ both are finite once |x| is clamped to 4, and a NaN stays NaN through either pro
 * 1 <= |x| <= 4: ``1 - t exp(-x^2 + R(t))``, t = 1 / (1 + |x|/2) (Numerical Recipes' erfc form), R a
   degree-7 polynomial in ``t - 1/2``; erfc(4) < 2**-25, so beyond 4 the result rounds to 1.
 Coefficients from ``tools/fit_erf32.py`` (fits within 1.2e-9 and 3.3e-10); measured in float32: at
-most 1.16 ulps (8.1e-8 relative) against mpmath, 3.5x faster than the binary32 table it replaced.
+most 1.16 ulps (8.1e-8 relative) against mpmath; 262K values 6.0 -> 2.2 ms in isolation against the
+binary32 table it replaced, ConvNeXt-T's 18 erf nodes 104 -> 75 ms in evaluation.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import numpy as np
 from .scratch import scratch
 
 __all__ = ["U", "TINY", "LIB_ULPS", "Box", "down", "up", "down_", "up_", "gamma", "clean", "lib_bounds", "sum_bounds",
-           "sum_nonneg_bounds", "spacings", "widen", "WIDEN_FLOOR", "center_radius", "dot_radius", "up_exact_zero",
+           "sum_nonneg_bounds", "spacings", "widen", "widen_end", "WIDEN_FLOOR", "center_radius", "dot_radius", "up_exact_zero",
            "CleanBox", "all_finite", "any_nan"]
 
 Box = tuple[np.ndarray, np.ndarray]
@@ -152,14 +152,27 @@ def spacings(y: np.ndarray, count: int) -> np.ndarray:
 WIDEN_FLOOR = 2.0 ** -1000
 
 
+def _widen_radius(v: np.ndarray, rel: float, out: np.ndarray) -> np.ndarray:
+    t = np.abs(v, out=out)
+    t *= rel
+    t += WIDEN_FLOOR
+    return t
+
+
 def widen(v: np.ndarray, rel: float) -> Box:
     """v -+ (|v| rel + WIDEN_FLOOR) for the flat float64 array v: the enclosure of a value computed
     within a relative ``rel`` (minus the two roundings of this step, 2**-53 each, which ``rel`` must also
     cover) plus an absolute error below 2**-1000; the ends are new arrays."""
-    t = np.abs(v)
-    t *= rel
-    t += WIDEN_FLOOR
+    t = _widen_radius(v, rel, np.empty_like(v))
     return np.subtract(v, t), np.add(v, t, out=t)
+
+
+def widen_end(v: np.ndarray, rel: float, upper: bool) -> np.ndarray:
+    """One end of ``widen(v, rel)``, bit for bit, written over v (which the caller owns): for a box rule
+    that keeps only the lower end at the lower ends and the upper end at the upper ends of a monotone
+    function, half the work and no fresh array."""
+    t = _widen_radius(v, rel, scratch("widen.radius", v.shape))
+    return np.add(v, t, out=v) if upper else np.subtract(v, t, out=v)
 
 
 def lib_bounds(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> Box:

@@ -17,11 +17,10 @@ import numpy as np
 from .. import interval_arith as ia
 from ..arena import result_array
 from ..float_special import erf
-from ..scratch import scratch
 from ..signed_parts import clip, negative_part, positive_part
 from ..interval_arith import DomainError, enclose_constant, erf_at, exp_at, expm1_at, log1p_at, log_at, monotone, \
     tanh_at
-from ..interval_round import LIB_ULPS, WIDEN_FLOOR, Box, CleanBox, all_finite, down, widen
+from ..interval_round import LIB_ULPS, WIDEN_FLOOR, Box, CleanBox, all_finite, down, widen, widen_end
 from ..folds import libm
 from .table import exact_rule, float_rule, float_unary, interval_pointwise, interval_rule, on_ends
 
@@ -161,19 +160,11 @@ def sigmoid_at(x: np.ndarray) -> Box:
 
 
 def _sigmoid_end(x: np.ndarray, upper: bool) -> np.ndarray:
-    """One end of ``sigmoid_at(x)``, bit for bit: ``widen``'s arithmetic on that side only, in place
-    (the point q is >= +0 or NaN, so ``|q|`` is q). The box rule needs the lower end at the box's lower
-    ends and the upper end at its upper ends: half the widening and clipping, and no fresh temporary."""
-    q = _sigmoid_point(x)
-    t = np.multiply(q, _POINT_REL, out=scratch("sigmoid.t", q.shape))
-    t += WIDEN_FLOOR
-    if upper:
-        np.add(q, t, out=q)
-        np.minimum(q, 1.0, out=q)
-    else:
-        np.subtract(q, t, out=q)
-        np.maximum(q, 0.0, out=q)
-    return q.reshape(np.shape(x))
+    """One end of ``sigmoid_at(x)``, bit for bit (``widen_end``): the box rule needs the lower end at the
+    box's lower ends and the upper end at its upper ends."""
+    q = widen_end(_sigmoid_point(x), _POINT_REL, upper)
+    clip_to = np.minimum if upper else np.maximum
+    return clip_to(q, 1.0 if upper else 0.0, out=q).reshape(np.shape(x))
 
 
 def softplus(x: np.ndarray, exp=np.exp, log=np.log) -> np.ndarray:

@@ -25,7 +25,7 @@ from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from torchlean_bridge.ops.contracts import conv_transpose_full_dim
 
-from .conv_depthwise import depthwise_conv, depthwise_serves
+from .conv_depthwise import depthwise_conv, depthwise_extra_columns, depthwise_serves
 from .scratch import scratch
 
 __all__ = ["conv_nd", "conv_transpose_nd", "pool_nd", "pool_out_spatial", "avg_pool_divisor", "EMPTY_WINDOW"]
@@ -63,13 +63,19 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
     out_c, kernel = weight.shape[0], weight.shape[2:]
     g, cg, og = groups, c_in // groups, out_c // groups
     k, length = math.prod(kernel), math.prod(out_spatial)
-    xp = _pad_spatial(x.reshape((n, c_in) + spatial), padding, padding_after, 0.0)
+    xs = x.reshape((n, c_in) + spatial)
     w = weight.reshape(g, og, cg * k)
-    if depthwise_serves(xp, weight, groups, stride, dilation, out_spatial):
+    if depthwise_serves(xs, weight, groups, stride, dilation, out_spatial):
+        width = spatial[-1] + padding[-1] + padding_after[-1]
+        after = tuple(padding_after[:-1]) + (padding_after[-1]
+                                             + depthwise_extra_columns(width, kernel, stride, dilation, out_spatial[-1]),)
+        xp = _pad_spatial(xs, padding, after, 0.0)
         y = depthwise_conv(xp, weight, stride=stride, dilation=dilation, out_spatial=out_spatial, band=band)
-    elif k == 1 and tuple(xp.shape[2:]) == tuple(out_spatial):  # pointwise: the input is its own column matrix
+    elif k == 1 and tuple(map(sum, zip(spatial, padding, padding_after))) == tuple(out_spatial):
+        xp = _pad_spatial(xs, padding, padding_after, 0.0)  # pointwise: the input is its own column matrix
         y = np.matmul(w, xp.reshape(n, g, cg, length))
     else:  # im2col, one cache-sized block of output rows at a time
+        xp = _pad_spatial(xs, padding, padding_after, 0.0)
         y = np.empty((n, g, og, length), dtype=x.dtype)
         rows = out_spatial[0] if out_spatial else 1
         row_length = length // rows if rows else 0

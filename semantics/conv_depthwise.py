@@ -2,17 +2,20 @@
 
 im2col per group copies ``prod(kernel)`` cells per output and then runs one tiny product per channel:
 for a 9x9 depthwise layer that copy is 81 times the output. Here the kernel's last axis is folded
-into a banded (Toeplitz) matrix instead: for kernel row ``i``, ``out[o] += x[row(i), o*s + j*d] * w[i, j]``
-over ``j`` is the product of the input rows (a strided view of the padded input, passed to BLAS as
-is: no copy) with a ``[span, out width]`` matrix holding ``w[i, :]`` on its band: ``kernel[0]`` BLAS
-calls batched over channels. The band matrix multiplies ``span / kernel[-1]`` times more cells than the
-window holds, by exact zeros. For a finite input ``0 * x`` is a zero, so every output is the window's
-dot product with the weights in another association order (a zero result may change sign); an input
-holding an infinity or NaN would leak it into outputs whose window does not hold it (``0 * inf`` is
-NaN), so such inputs keep im2col. The bands are built once with the conv's float parameters.
+into a banded (Toeplitz) matrix instead. A wide output row is cut into tiles of ``TILE`` outputs; for
+kernel row ``i``, ``out[o] += x[row(i), o*s + j*d] * w[i, j]`` over ``j`` is, for every tile at once,
+the product of the input rows under that tile (a strided view of the padded input, passed to BLAS as
+is: no copy) with one ``[span, TILE]`` matrix holding ``w[i, :]`` on its band (a Toeplitz band is the
+same for every tile): ``kernel[0]`` BLAS calls batched over channels and tiles. The band multiplies
+``span / kernel[-1]`` times more cells than the window holds, by exact zeros. For a finite input
+``0 * x`` is a zero, so every output is the window's dot product with the weights in another
+association order (a zero result may change sign); an input holding an infinity or NaN would leak it
+into outputs whose window does not hold it (``0 * inf`` is NaN), so such inputs keep im2col. The bands
+are built once with the conv's float parameters. A row that is not a whole number of tiles reads
+``depthwise_extra_columns`` zero cells past its padding (into outputs that are cut off).
 
-Used for 1-d and 2-d convolution with ``in/groups == 1``, wide kernels, narrow rows and bounded bands (``depthwise_applies``);
-other geometries keep im2col.
+Used for 1-d and 2-d convolution with ``in/groups == 1``, kernels at least 5 wide and bounded bands
+(``depthwise_applies``); other geometries keep im2col.
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ from numpy.lib.stride_tricks import as_strided
 
 from .interval_round import all_finite
 
-__all__ = ["MAX_BAND", "band_shape", "depthwise_applies", "depthwise_serves", "depthwise_band", "depthwise_conv"]
+__all__ = ["MAX_BAND", "ONE_TILE", "TILE", "band_shape", "depthwise_applies", "depthwise_serves", "depthwise_band",
+           "depthwise_conv", "depthwise_extra_columns"]
 
-# the widest output row served: beyond it the band's zeros outnumber the products im2col performs
-MAX_ROW = 32
+# rows of at most ONE_TILE outputs are one band tile; wider rows are cut into tiles of TILE outputs
+# (wider tiles multiply more zeros). One thread, float32, measured inside the ConvMixer and ConvNeXt-T
+# graphs: 32-wide rows as one tile 4.9 ms per 9x9 layer, as two tiles 6.1 ms; 56-wide rows as tiles of
+# 16 4.0 ms per 7x7 layer, by im2col 5.3 ms (one tile of 56: 5.0 ms in isolation)
+ONE_TILE = 32
+TILE = 16
 
 
 # the most entries a band may hold (32 MiB in float64): a large stride or dilation spreads the band
@@ -38,30 +46,42 @@ MAX_BAND = 1 << 22
 
 def band_shape(out_channels: int, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
                out_spatial: Sequence[int]) -> tuple[int, int, int, int]:
-    """``[out channels, kernel rows, span, out width]``: the shape ``depthwise_band`` builds."""
+    """``[out channels, kernel rows, span, tile width]``: the shape ``depthwise_band`` builds."""
     kh, kw = (1,) + tuple(kernel) if len(kernel) == 1 else tuple(kernel)
-    span = (out_spatial[-1] - 1) * stride[-1] + (kw - 1) * dilation[-1] + 1
-    return out_channels, kh, span, out_spatial[-1]
+    width = _tile_width(out_spatial[-1])
+    span = (width - 1) * stride[-1] + (kw - 1) * dilation[-1] + 1
+    return out_channels, kh, span, width
+
+
+def _tile_width(out_width: int) -> int:
+    return out_width if out_width <= ONE_TILE else TILE
+
+
+def depthwise_extra_columns(in_width: int, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+                            out_width: int) -> int:
+    """Zero columns needed past a padded row of ``in_width`` cells so that its last tile's reads stay
+    inside it (0 when the row is a whole number of tiles)."""
+    width = _tile_width(out_width)
+    reach = (-(-out_width // width) * width - 1) * stride[-1] + (kernel[-1] - 1) * dilation[-1] + 1
+    return max(0, reach - in_width)
 
 
 def depthwise_applies(c_in: int, groups: int, kernel: Sequence[int], out_spatial: Sequence[int],
                       dtype: np.dtype, *, out_channels: int | None = None, stride: Sequence[int] = (1,),
                       dilation: Sequence[int] = (1,)) -> bool:
     """Whether ``depthwise_conv`` serves this geometry, and is faster than im2col there: one input
-    channel per group, 1 or 2 spatial axes, a float dtype, a kernel at least 5 wide, output rows
-    of at most ``MAX_ROW`` and a band of at most ``MAX_BAND`` entries. Measured per layer at one
-    thread (band built per call): 9x9 over 256 x 32x32 5.96 ms vs im2col 8.14 ms, 7x7 over
-    768 x 14x14 2.01 vs 6.98 ms; 3x3 kernels (32 x 112x112: 1.58 vs 0.79 ms) and 56-wide rows
-    (96 x 56x56, 7x7: 12.1 vs 9.0 ms) were slower."""
-    if not (groups > 1 and c_in == groups and len(kernel) in (1, 2) and kernel[-1] >= 5
-            and out_spatial[-1] <= MAX_ROW and dtype.kind == "f"):
+    channel per group, 1 or 2 spatial axes, a float dtype, a kernel at least 5 wide and a band of at
+    most ``MAX_BAND`` entries. Measured per layer at one thread, float32, against im2col: 9x9 over
+    256 x 32x32 4.6 vs 6.3 ms, 7x7 over 96 x 56x56 3.9 vs 5.0 ms, 5x5 over 64 x 64x64 1.8 vs 2.1 ms;
+    3x3 kernels were slower (32 x 112x112: 2.3 vs 1.5 ms)."""
+    if not (groups > 1 and c_in == groups and len(kernel) in (1, 2) and kernel[-1] >= 5 and dtype.kind == "f"):
         return False
     return math.prod(band_shape(out_channels or c_in, kernel, stride, dilation, out_spatial)) <= MAX_BAND
 
 
 def depthwise_serves(x: np.ndarray, weight: np.ndarray, groups: int, stride: Sequence[int],
                      dilation: Sequence[int], out_spatial: Sequence[int]) -> bool:
-    """``depthwise_applies`` for input ``x`` ``[n, C, *spatial]`` and ``weight`` ``[C * m, 1, *kernel]``,
+    """``depthwise_applies`` for input ``x`` ``[n, C, *spatial]`` (padded or not) and ``weight`` ``[C * m, 1, *kernel]``,
     and ``x`` finite (see the module note)."""
     return (depthwise_applies(x.shape[1], groups, weight.shape[2:], out_spatial, x.dtype, out_channels=weight.shape[0],
                               stride=stride, dilation=dilation) and all_finite(x))
@@ -69,9 +89,8 @@ def depthwise_serves(x: np.ndarray, weight: np.ndarray, groups: int, stride: Seq
 
 def depthwise_band(weight: np.ndarray, stride: Sequence[int], dilation: Sequence[int], out_spatial: Sequence[int]
                    ) -> np.ndarray:
-    """``[out channels, kernel rows, span, out width]`` for ``weight`` ``[C * m, 1, *kernel]``: entry
-    ``[c, i, o*stride + j*dilation, o] = w[c, 0, i, j]`` (building it costs about as much as the
-    products on a 9x9 layer, hence once per prepared graph)."""
+    """``[out channels, kernel rows, span, tile width]`` for ``weight`` ``[C * m, 1, *kernel]``: entry
+    ``[c, i, o*stride + j*dilation, o] = w[c, 0, i, j]`` (built once per prepared graph)."""
     c_out, kh, span, ow = band_shape(weight.shape[0], weight.shape[2:], stride, dilation, out_spatial)
     kw, sw, dw = weight.shape[-1], stride[-1], dilation[-1]
     rows = weight.reshape(c_out, kh, kw)
@@ -85,9 +104,9 @@ def depthwise_band(weight: np.ndarray, stride: Sequence[int], dilation: Sequence
 
 def depthwise_conv(xp: np.ndarray, weight: np.ndarray, *, stride: Sequence[int], dilation: Sequence[int],
                    out_spatial: Sequence[int], band: np.ndarray | None = None) -> np.ndarray:
-    """``xp`` the zero-padded finite input ``[n, C, *spatial]``, ``weight`` ``[C * m, 1, *kernel]``
-    (``band`` its ``depthwise_band``, built here when not given); the products (no bias)
-    ``[n, C * m, *out_spatial]``."""
+    """``xp`` the zero-padded finite input ``[n, C, *spatial]`` with its rows extended by
+    ``depthwise_extra_columns`` zeros, ``weight`` ``[C * m, 1, *kernel]`` (``band`` its
+    ``depthwise_band``, built here when not given); the products (no bias) ``[n, C * m, *out_spatial]``."""
     if band is None:
         band = depthwise_band(weight, stride, dilation, out_spatial)
     if len(out_spatial) == 1:  # one row: the 2-d path with a height-1 kernel
@@ -95,17 +114,23 @@ def depthwise_conv(xp: np.ndarray, weight: np.ndarray, *, stride: Sequence[int],
                            dilation=(1,) + tuple(dilation), out_spatial=(1,) + tuple(out_spatial), band=band)
         return y[:, :, 0, :]
     n, c = xp.shape[:2]
-    (sh, _), (dh, _), (oh, ow) = stride, dilation, out_spatial
-    kh, span = band.shape[1], band.shape[2]
+    (sh, sw), (dh, _), (oh, ow) = stride, dilation, out_spatial
+    kh, span, width = band.shape[1:]
+    tiles = -(-ow // width)
+    if (tiles - 1) * width * sw + span > xp.shape[-1] or (oh - 1) * sh + (kh - 1) * dh >= xp.shape[-2]:
+        raise ValueError(f"depthwise_conv: rows of {xp.shape[-2:]} cells are too short for {tiles} tiles of {span}")
     og = weight.shape[0] // c
-    bands = band.reshape(c, og, kh, span, ow)
-    acc = np.empty((n, c, og, oh, ow), xp.dtype)
+    bands = band.reshape(c, og, 1, kh, span, width)
+    acc = np.empty((n, c, og, oh, tiles, width), xp.dtype)
     part = np.empty_like(acc)
+    into, part_into = acc.transpose(0, 1, 2, 4, 3, 5), part.transpose(0, 1, 2, 4, 3, 5)  # [.., tiles, oh, width]
+    s_n, s_c, s_h, s_w = xp.strides
     for i in range(kh):
-        rows = xp[:, :, None, i * dh:i * dh + (oh - 1) * sh + 1:sh, :span]  # [n, C, 1, oh, span]: a view
-        if i == 0:
-            np.matmul(rows, bands[:, :, i], out=acc)
-        else:
-            np.matmul(rows, bands[:, :, i], out=part)
+        # [n, C, 1, tiles, oh, span]: tile t of output row r reads columns t*width*sw ... of input row r*sh + i*dh
+        rows = as_strided(xp[:, :, i * dh:], shape=(n, c, 1, tiles, oh, span),
+                          strides=(s_n, s_c, 0, width * sw * s_w, sh * s_h, s_w), writeable=False)
+        np.matmul(rows, bands[:, :, :, i], out=into if i == 0 else part_into)
+        if i:
             acc += part
-    return acc.reshape(n, c * og, oh, ow)
+    y = acc.reshape(n, c * og, oh, tiles * width)
+    return y if tiles * width == ow else y[..., :ow]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import semantics.conv as conv
 from semantics.conv import conv_nd
-from semantics.conv_depthwise import MAX_BAND, MAX_ROW, band_shape, depthwise_applies
+from semantics.conv_depthwise import MAX_BAND, ONE_TILE, TILE, band_shape, depthwise_applies
 
 _CONV = {1: F.conv1d, 2: F.conv2d}
 
@@ -60,11 +60,11 @@ def test_depthwise_path_matches_torch_and_im2col(dtype, monkeypatch):
         checked += 1
 
 
-def test_the_path_is_gated_to_wide_kernels_on_rows_of_one_tile():
+def test_the_path_is_gated_to_wide_kernels():
     f32 = np.dtype(np.float32)
     assert depthwise_applies(256, 256, (9, 9), (32, 32), f32)
+    assert depthwise_applies(96, 96, (7, 7), (56, 56), f32)               # wide rows: tiles of one band
     assert not depthwise_applies(256, 256, (3, 3), (32, 32), f32)         # im2col measured faster
-    assert not depthwise_applies(96, 96, (7, 7), (56, MAX_ROW + 1), f32)  # wide rows: too many zeros
     assert not depthwise_applies(256, 128, (9, 9), (32, 32), f32)         # two channels per group
     assert not depthwise_applies(8, 8, (9, 9, 9), (4, 4, 4), f32)         # 3 spatial axes
     assert not depthwise_applies(8, 8, (9, 9), (4, 4), np.dtype(np.int64))  # integer: narrow semantics
@@ -126,3 +126,24 @@ def test_an_infinite_or_nan_cell_reaches_only_the_windows_holding_it():
     assert np.isfinite(got).sum() == np.isfinite(want).sum() > 0
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride, dilation", [(1, 1), (2, 1), (1, 2), (3, 2)])
+def test_every_row_width_around_whole_tiles_matches_torch(stride, dilation):
+    """Rows of one tile and of 2 and 3 tiles, whole and not: a last tile that is partly past the row reads extra zero
+    columns into outputs that are cut off, never into the ones kept."""
+    rng = np.random.default_rng(stride * 10 + dilation)
+    for out_width in range(1, ONE_TILE + 2 * TILE + 2):
+        kernel, before, after = (3, 5), (1, 2), (0, 1)
+        width = (out_width - 1) * stride + (kernel[1] - 1) * dilation + 1 - before[1] - after[1]
+        x = rng.standard_normal((2, 3, 6, width))
+        w = rng.standard_normal((6, 1) + kernel)
+        b = rng.standard_normal(6)
+        out_spatial = ((6 + 1 - dilation * 2 - 1) // stride + 1, out_width)
+        assert depthwise_applies(3, 3, kernel, out_spatial, np.dtype(np.float64))
+        got = _conv_nd(x, w, b, (stride, stride), (dilation, dilation), before, after, 3, out_spatial)
+        padded = F.pad(torch.from_numpy(x), (before[1], after[1], before[0], after[0]))
+        want = F.conv2d(padded, torch.from_numpy(w), torch.from_numpy(b), stride=stride, dilation=dilation,
+                        groups=3).numpy()
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -210,6 +210,42 @@ def test_batched_domains_agree_with_one_at_a_time():
             np.testing.assert_allclose(single.upper[0], batch.upper[i], rtol=1e-12, atol=1e-12)
 
 
+def test_a_batch_on_one_box_is_propagated_once_and_its_boxes_are_never_changed():
+    """Branch and bound bounds every batch of subdomains on the property's one box: the IBP boxes are
+    computed once per box (``Crown.shared_ibp``), read-only, and bounds from them equal a fresh Crown's;
+    a batch whose samples differ is propagated as it is."""
+    from semantics.linear_bounds import Crown
+    from semantics.linear_bounds.batch_axis import with_batch
+    from semantics.linear_bounds.splits import bound_domains, relu_nodes
+    net, _ = _net(4)
+    b = _bundle(net)
+    n = 8
+    rng = np.random.default_rng(6)
+    many = Crown(with_batch(b.graph, n), b.payload)
+    relus = relu_nodes(many)
+    lo, hi = np.full((n, 2), -0.5), np.full((n, 2), 0.75)
+    c = np.array([[1.0, -1.0], [0.5, 2.0]])
+    boxes = many.shared_ibp(lo, hi)
+    assert many.shared_ibp(lo.copy(), hi.copy()) is boxes
+    for _ in range(3):  # runs on the kept boxes neither change them nor differ from fresh ones
+        splits = {v: rng.choice([-1, 0, 1], size=(n, u)).astype(np.int8) for v, u in zip(relus, (H1, H2))}
+        kept = bound_domains(many, lo, hi, splits, c, method="beta-crown")
+        fresh = bound_domains(Crown(with_batch(b.graph, n), b.payload), lo, hi, splits, c, method="beta-crown")
+        np.testing.assert_array_equal(kept.lower, fresh.lower)
+        np.testing.assert_array_equal(kept.upper, fresh.upper)
+        for (k_lo, k_hi), (f_lo, f_hi) in zip(boxes, many.ibp(lo, hi)):
+            np.testing.assert_array_equal(k_lo, f_lo)
+            np.testing.assert_array_equal(k_hi, f_hi)
+    assert not boxes[relus[0]][0].flags.writeable
+    for moved in ((lo, hi + 0.25), (lo - 0.25, hi)):  # other boxes, then rows that differ: not the kept boxes
+        got = many.shared_ibp(*moved)
+        np.testing.assert_array_equal(got[relus[0]][1], many.ibp(*moved)[relus[0]][1])
+    lo[3] -= 0.25
+    got = many.shared_ibp(lo, hi)
+    np.testing.assert_array_equal(got[relus[0]][0], many.ibp(lo, hi)[relus[0]][0])
+    assert got[relus[0]][0].flags.writeable
+
+
 def _model(b) -> _Model:
     from exporters.onnx import export_onnx
     return _Model(b, export_onnx(b).SerializeToString())

@@ -235,7 +235,7 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
     # one subdomain without known boxes (branch and bound's root, which its children reuse): the split
     # nodes' inputs by alpha-CROWN too, when the method optimizes slopes
     optimize = method != "crown" and not given and crown.n == 1
-    run = _SplitRun(crown, crown.ibp(lower, upper), splits, deadline, given, optimize)
+    run = _SplitRun(crown, crown.shared_ibp(lower, upper), splits, deadline, given, optimize)
     run.prepare(False)
     points = slopes = None
     low, neg_up = _Pass(run, o, 0, crown.n, spec=c).run()

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..rules.affine import rows_matmul
+
 if TYPE_CHECKING:
     from .crown import _Run
 
@@ -72,8 +74,8 @@ def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r):
         if a is None:
             continue
         if kind == "affine":
-            const = const + a @ bias
-            outs = [(parents[0], a @ weight)]
+            const = const + rows_matmul(a, bias)
+            outs = [(parents[0], rows_matmul(a, weight))]
         elif kind == "scale":
             const = const + a @ bias
             outs = [(parents[0], a * weight)]
@@ -108,7 +110,7 @@ def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r):
     for kind, v, parents, weight, bias, a in reversed(seen):
         gp = [grads[p] for p in parents]
         if kind == "affine":
-            grads[v] = gp[0] @ weight.T + bias
+            grads[v] = rows_matmul(gp[0], weight.T) + bias
         elif kind == "scale":
             grads[v] = gp[0] * weight + bias
         elif kind in ("add", "sub"):

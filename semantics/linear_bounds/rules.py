@@ -25,7 +25,7 @@ import numpy as np
 from .. import interval_arith as ia
 from ..conv import avg_pool_divisor, conv_nd, conv_transpose_nd, pool_nd, pool_out_spatial
 from ..interval_round import U, Box, down, gamma, up
-from ..rules.affine import batched_conv
+from ..rules.affine import batched_conv, rows_matmul
 from ..conv_gemm import conv_plan, conv_products, stage
 from ..scratch import scratch
 from ..signed_parts import negative_part, positive_part
@@ -162,7 +162,7 @@ def _linear(ps, node, a):
         live = None
     a_live, w_live = (a, w) if live is None else (a[..., live], w[live])
     paired = _paired_product(ps, a_live, w_live, q if live is None else q[..., live], p, n)
-    return [(p, paired if paired is not None else a_live @ w_live)]
+    return [(p, paired if paired is not None else rows_matmul(a_live, w_live))]
 
 
 def _paired_product(ps, a: np.ndarray, w: np.ndarray, q: np.ndarray, parent: int, n: int) -> np.ndarray | None:
@@ -183,8 +183,8 @@ def _paired_product(ps, a: np.ndarray, w: np.ndarray, q: np.ndarray, parent: int
     cols = np.flatnonzero(np.any(total.reshape(-1, total.shape[-1]) != 0, axis=0))
     if cols.size > 0.6 * a.shape[-1]:
         return None
-    top = x @ w
-    bottom = total[..., cols] @ w[cols] - top
+    top = rows_matmul(x, w)
+    bottom = rows_matmul(total[..., cols], w[cols]) - top
     e = ps.dots(np.abs(x), [q])[..., 0] + ps.dots(np.abs(total[..., cols]), [q[..., cols]])[..., 0]
     ps.add_row_err(slice(r, rows), e * err_factor(n) * (1.0 + err_factor(ps.numel_a(a))))
     m = ps.mag(parent)

@@ -741,7 +741,9 @@ class _Pass:
         k = self.numel_a(a)
         got = self._centers.get((v, n_rows))
         if got is None:
-            lo, hi = self.box(v)
+            lo, hi = (x.reshape(x.shape[0], -1) for x in self.box(v))
+            if lo.shape[0] > 1 and bool(np.all(lo == lo[:1])) and bool(np.all(hi == hi[:1])):
+                lo, hi = lo[:1], hi[:1]  # one box for every sample (branch and bound's subdomains): once
             c, r = center_radius(lo, hi)
             inf = ~np.isfinite(r)
             r_fin = np.where(inf, 0.0, r)

@@ -110,9 +110,11 @@ def test_progress_line_on_request(capsys):
 def test_graphs_that_do_not_rebatch_are_bounded_one_subdomain_per_pass(monkeypatch):
     import semantics.linear_bounds.alpha_intermediate as alpha_intermediate
     import semantics.linear_bounds.batch_axis as batch_axis
-    # the root's alpha-CROWN boxes need a batch of rows, which a graph that does not rebatch lacks: without
-    # them on both sides, the two searches walk the same tree
+    import torchlean_bridge.app.bab.search as search
+    # the root's alpha-CROWN boxes need a batch of rows, which a graph that does not rebatch lacks, and FSB
+    # one batched pass for its candidates: without either on both sides, the two searches walk the same tree
     monkeypatch.setattr(alpha_intermediate, "MAX_ENTRIES", 0)
+    monkeypatch.setattr(search, "BRANCHING", "babsr")
     model = _model(_mlp(40, seed=1))
     lo, hi = np.full(40, -0.5), np.full(40, 0.5)
     b = model.bundle
@@ -127,6 +129,46 @@ def test_graphs_that_do_not_rebatch_are_bounded_one_subdomain_per_pass(monkeypat
     single = verify(_model(b), prop, method="bab-relu", timeout=20)
     assert batched.result == single.result == "unsat"
     assert batched.domains_visited > 1 and single.domains_visited == batched.domains_visited
+
+
+@pytest.mark.parametrize("limit", [8, 1])
+def test_fsb_halves_its_candidates_where_the_memory_limit_refuses_their_batch(monkeypatch, limit):
+    """FSB's candidates' children beyond what one batched pass may hold (a refusal simulated above
+    ``limit`` children) are halved, never bounded one per pass; when not even one candidate fits,
+    the best-scored unit is split. Either way the search decides as without a limit."""
+    import torchlean_bridge.app.bab.search as search
+    from torchlean_bridge.errors import BridgeError
+    model = _model(_mlp(40, seed=1))
+    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
+    b = model.bundle
+    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    c = np.array([[1.0, -1.0]])
+    root = float(model.crown(lo, hi, spec=c).spec_lower[0, 0])
+    d = np.array([root + 0.5 * (float((ys[:, 0] - ys[:, 1]).min()) - root)])
+    free = search.ReluBab(_model(b), lo, hi, c, d, np.zeros(1), time.perf_counter() + 30, progress=False)
+    got = free.run(np.array([-np.inf]))
+    assert got.result == "unsat" and got.domains > 8, got
+    tried = []
+    real = search.ReluBab._bound_with
+
+    def limited(self, crown, splits, lo_, hi_, size, known=None, method=None, warm=None):
+        if method == "crown":  # FSB's pass
+            tried.append(splits.shape[0])
+            if splits.shape[0] > limit:
+                raise BridgeError("simulated: the working-memory limit refuses this batch")
+        return real(self, crown, splits, lo_, hi_, size, known, method, warm)
+
+    monkeypatch.setattr(search.ReluBab, "_bound_with", limited)
+    bab = search.ReluBab(model, lo, hi, c, d, np.zeros(1), time.perf_counter() + 30, progress=False)
+    out = bab.run(np.array([-np.inf]))
+    assert out.result == "unsat"
+    assert tried and max(tried) > limit and min(tried) >= 2  # pairs of children, never one per pass
+    if limit == 8:
+        assert bab.fsb_domains > 0 and any(t <= limit for t in tried)
+        assert all(model.batched_crown(n) is None for n in {1 << max(0, (t - 1).bit_length()) for t in tried if t > limit})
+    else:
+        assert bab.fsb_domains == 0  # every candidate batch refused: the best-scored unit is split
 
 
 class _Residual(nn.Module):

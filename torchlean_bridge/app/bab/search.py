@@ -16,8 +16,9 @@ of them in one batched CROWN pass. The search, in the style of alpha-beta-CROWN'
   the height of the unit's relaxation triangle at its breakpoint (``-u l / (u - l)`` for a ReLU; a
   pool's gap between its upper end and its largest lower end);
 * branching (``BRANCHING``): ``fsb`` (filtered smart branching, the default) bounds both children of
-  each subdomain's ``FSB_CANDIDATES`` best-scored units in one batched CROWN pass reusing the parent's
-  intermediate boxes and splits the unit whose worse child has the largest gap; ``babsr`` splits the
+  each subdomain's ``FSB_CANDIDATES`` best-scored units (fewer where the working-memory limit refuses
+  that batch) in one batched CROWN pass reusing the parent's intermediate boxes and splits the unit
+  whose worse child has the largest gap; ``babsr`` splits the
   best-scored unit;
 * children start beta-CROWN's optimization from their parent's optimized slopes and multipliers
   (alpha-beta-CROWN's warm start: ``WARM_START``), kept per open subdomain in float32 within
@@ -67,7 +68,10 @@ BATCH = 32  # subdomains split per round (64 children per CROWN pass)
 TRY_POINTS = 4  # open children per round whose linear-bound minimizer is checked as a counterexample
 BRANCHINGS = ("fsb", "babsr")
 BRANCHING = "fsb"  # the default branching rule (bench/bab_bench.py compares both)
-FSB_CANDIDATES = 4  # units per subdomain whose children FSB bounds (2 x 4 x 32 = 256 in one pass)
+# units per subdomain whose children FSB bounds (2 x 8 x 32 = 512 in one pass; halved where the working-memory
+# limit refuses that batch). On bench/bab_bench.py 8 decides the same 28 instances as 4 in 4,084 domains against
+# 6,528; on MNIST 256x2 prop_3_0.03 2,652 against 7,834 (7 s against 18 s), 256x4 prop_0_0.03 4,414 against 4,214
+FSB_CANDIDATES = 8
 
 
 def _warm_size(kept) -> int:
@@ -261,29 +265,41 @@ class ReluBab:
         return children
 
     def _fsb(self, splits, gaps, pre, los, his, score, choice) -> tuple[np.ndarray, np.ndarray]:
-        """Filtered smart branching: per subdomain the ``FSB_CANDIDATES`` best units by score, each
-        candidate's two children bounded by one batched CROWN pass reusing the parent's boxes, and the
-        unit whose worse child has the largest gap. Returns the units ``[M]`` and those children's
-        gaps ``[2 M, K]`` (the parent's where a row has no candidate: no unit to split), or the best-scored
-        units and None when the candidates' children cannot be bounded in one batched pass (a graph
-        that does not rebatch, or a batch the working-memory limit refuses): one pass per child would
-        cost more than the choice saves."""
+        """Filtered smart branching: per subdomain the ``FSB_CANDIDATES`` best units by score (halved
+        while the working-memory limit refuses the batch their children make), each candidate's two
+        children bounded by one batched CROWN pass reusing the parent's boxes, and the unit whose worse
+        child has the largest gap. Returns the units ``[M]`` and those children's gaps ``[2 M, K]`` (the
+        parent's where a row has no candidate: no unit to split), or the best-scored units and None
+        when not even one candidate's children can be bounded in one batched pass (a graph that does
+        not rebatch, or a batch the limit refuses): one pass per child would cost more than the
+        choice saves."""
         m, k = splits.shape[0], min(FSB_CANDIDATES, splits.shape[1])
-        top = np.argsort(-score, axis=1, kind="stable")[:, :k]  # [M, k]
-        live = np.isfinite(np.take_along_axis(score, top, axis=1))
-        rows, slot = np.nonzero(live)
-        size = 1 << max(0, (2 * rows.size - 1).bit_length())
-        crown = self._crown(size)
-        if crown is None or not crown.batched or crown.n != size:
-            return np.argmax(score, axis=1), None
-        units = top[rows, slot]
-        sub = self._children(splits[rows], np.arange(rows.size), units, choice[rows, units])
-        lo2, hi2 = np.concatenate([los[rows], los[rows]]), np.concatenate([his[rows], his[rows]])
-        known = (np.concatenate([pre[0][rows], pre[0][rows]]), np.concatenate([pre[1][rows], pre[1][rows]]))
-        counted = self.domains
-        gap, empty, *_ = self._bound(sub, lo2, hi2, known, method="crown")
-        self.fsb_domains += self.domains - counted  # candidates' children: not subdomains of the search tree
-        self.domains = counted
+        order = np.argsort(-score, axis=1, kind="stable")
+        while True:  # as many candidates as one batched pass holds: halved while the memory limit refuses
+            top = order[:, :k]  # [M, k]
+            live = np.isfinite(np.take_along_axis(score, top, axis=1))
+            rows, slot = np.nonzero(live)
+            size = 1 << max(0, (2 * rows.size - 1).bit_length())
+            crown = self._crown(size)
+            if crown is not None and crown.batched and crown.n == size:
+                units = top[rows, slot]
+                sub = self._children(splits[rows], np.arange(rows.size), units, choice[rows, units])
+                lo2, hi2 = np.concatenate([los[rows], los[rows]]), np.concatenate([his[rows], his[rows]])
+                known = (np.concatenate([pre[0][rows], pre[0][rows]]),
+                         np.concatenate([pre[1][rows], pre[1][rows]]))
+                counted = self.domains
+                try:
+                    gap, empty, *_ = self._bound_with(crown, sub, lo2, hi2, size, known, method="crown")
+                except BridgeError:  # a relaxation the memory limit refuses at this batch
+                    self.model.refuse_batch(size)
+                    crown = None
+                self.fsb_domains += self.domains - counted  # candidates' children: not subdomains of the tree
+                self.domains = counted
+                if crown is not None:
+                    break
+            if k == 1:
+                return np.argmax(score, axis=1), None
+            k //= 2
         # candidates compare by their own cheap bounds (the parent's, often from beta, would tie them all)
         value = np.where(empty, np.inf, gap.max(axis=1))
         gap = np.maximum(gap, np.concatenate([gaps[rows], gaps[rows]]))

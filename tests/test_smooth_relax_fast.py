@@ -103,3 +103,29 @@ def _check_silu_breaks(mp) -> None:
     # the Lipschitz constant used on the slivers: silu' peaks at the inflection point, 1.09984 < 1.1
     peak = mp.diff(lambda t: t / (1 + mp.exp(-t)), mp.findroot(h, 2.4))
     assert peak < fn.lipschitz
+
+
+@pytest.mark.parametrize("size", [7, relax._COMPACT_MIN + 5])
+@pytest.mark.parametrize("increasing", [True, False])
+def test_newton_bisect_settles_each_entry_on_its_own(size, increasing):
+    """Roots of monotone h = +-(d**3 + d - r) on [a, b]: inside the bracket within ``_SETTLED`` of its
+    width, exactly the end the root lies beyond when h keeps one sign, and each entry's point the same
+    alone as among others (an entry stops when it settles, whatever its neighbours do)."""
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-3, 1, size)
+    b = a + rng.uniform(0.01, 4, size)
+    root = np.where(rng.random(size) < 0.5, rng.uniform(a, b), rng.uniform(a - 5, b + 5))
+    r = root ** 3 + root
+    sign = 1.0 if increasing else -1.0
+
+    def h_of(rr):
+        return lambda d, at: (sign * (d ** 3 + d - rr[at]), sign * (3 * d ** 2 + 1))
+
+    got = relax._newton_bisect(h_of(r), a, b, increasing)
+    inside = (root > a) & (root < b)
+    assert np.all(np.abs(got[inside] - root[inside]) <= 4 * relax._SETTLED * (b - a)[inside] + 1e-12)
+    np.testing.assert_array_equal(got[root <= a], a[root <= a])
+    np.testing.assert_array_equal(got[root >= b], b[root >= b])
+    for i in range(0, size, max(1, size // 5)):
+        alone = relax._newton_bisect(h_of(r[i:i + 1]), a[i:i + 1], b[i:i + 1], increasing)
+        assert alone[0] == got[i]

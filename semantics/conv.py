@@ -67,9 +67,8 @@ def conv_nd(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, *, channel_axis
     w = weight.reshape(g, og, cg * k)
     if depthwise_serves(xs, weight, groups, stride, dilation, out_spatial):
         width = spatial[-1] + padding[-1] + padding_after[-1]
-        after = tuple(padding_after[:-1]) + (padding_after[-1]
-                                             + depthwise_extra_columns(width, kernel, stride, dilation, out_spatial[-1]),)
-        xp = _pad_spatial(xs, padding, after, 0.0)
+        extra = depthwise_extra_columns(width, kernel, stride, dilation, out_spatial[-1])
+        xp = _pad_spatial(xs, padding, tuple(padding_after[:-1]) + (padding_after[-1] + extra,), 0.0)
         y = depthwise_conv(xp, weight, stride=stride, dilation=dilation, out_spatial=out_spatial, band=band)
     elif k == 1 and tuple(map(sum, zip(spatial, padding, padding_after))) == tuple(out_spatial):
         xp = _pad_spatial(xs, padding, padding_after, 0.0)  # pointwise: the input is its own column matrix

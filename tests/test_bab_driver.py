@@ -166,7 +166,8 @@ def test_fsb_halves_its_candidates_where_the_memory_limit_refuses_their_batch(mo
     assert tried and max(tried) > limit and min(tried) >= 2  # pairs of children, never one per pass
     if limit == 8:
         assert bab.fsb_domains > 0 and any(t <= limit for t in tried)
-        assert all(model.batched_crown(n) is None for n in {1 << max(0, (t - 1).bit_length()) for t in tried if t > limit})
+        refused = {1 << max(0, (t - 1).bit_length()) for t in tried if t > limit}
+        assert all(model.batched_crown(n) is None for n in refused)
     else:
         assert bab.fsb_domains == 0  # every candidate batch refused: the best-scored unit is split
 

@@ -192,7 +192,8 @@ class Crown:
         activations: every subdomain lies on the property's box) is propagated once and its boxes,
         read-only, serve the next batch on the same box (a tenth of an MNIST search went to
         repeating that propagation)."""
-        shared = (self.batched and self.n > 1 and lower.shape[0] == self.n
+        shared = (self.batched and self.n > 1 and isinstance(lower, np.ndarray) and isinstance(upper, np.ndarray)
+                  and lower.shape[0] == self.n
                   and bool(np.all(lower == lower[:1])) and bool(np.all(upper == upper[:1])))
         if not shared:
             return self.ibp(lower, upper)

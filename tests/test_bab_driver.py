@@ -148,7 +148,7 @@ def test_fsb_halves_its_candidates_where_the_memory_limit_refuses_their_batch(mo
     d = np.array([root + 0.5 * (float((ys[:, 0] - ys[:, 1]).min()) - root)])
     free = search.ReluBab(_model(b), lo, hi, c, d, np.zeros(1), time.perf_counter() + 30, progress=False)
     got = free.run(np.array([-np.inf]))
-    assert got.result == "unsat" and got.domains > 8, got
+    assert got.result == "unsat" and got.domains > 2, got  # split at least once (11 domains here)
     tried = []
     real = search.ReluBab._bound_with
 

@@ -25,8 +25,8 @@ import numpy as np
 from .scratch import scratch
 
 __all__ = ["U", "TINY", "LIB_ULPS", "Box", "down", "up", "down_", "up_", "gamma", "clean", "lib_bounds", "sum_bounds",
-           "sum_nonneg_bounds", "spacings", "widen", "widen_end", "WIDEN_FLOOR", "center_radius", "dot_radius", "up_exact_zero",
-           "CleanBox", "all_finite", "any_nan"]
+           "sum_nonneg_bounds", "spacings", "widen", "widen_end", "WIDEN_FLOOR", "center_radius", "dot_radius",
+           "up_exact_zero", "CleanBox", "all_finite", "any_nan"]
 
 Box = tuple[np.ndarray, np.ndarray]
 

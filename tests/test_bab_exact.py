@@ -246,6 +246,25 @@ def test_a_batch_on_one_box_is_propagated_once_and_its_boxes_are_never_changed()
     assert got[relus[0]][0].flags.writeable
 
 
+def test_shared_boxes_beyond_the_memory_cap_are_propagated_each_time(monkeypatch):
+    """Boxes larger than ``MAX_SHARED_IBP_BYTES`` are not kept (a large network's batch would hold
+    gigabytes across the search): each call propagates, and the result equals IBP's."""
+    import semantics.linear_bounds.crown as crown_module
+    from semantics.linear_bounds import Crown
+    from semantics.linear_bounds.batch_axis import with_batch
+    net, _ = _net(4)
+    b = _bundle(net)
+    many = Crown(with_batch(b.graph, 4), b.payload)
+    lo, hi = np.full((4, 2), -0.5), np.full((4, 2), 0.75)
+    monkeypatch.setattr(crown_module, "MAX_SHARED_IBP_BYTES", 0)
+    first = many.shared_ibp(lo, hi)
+    assert many.shared_ibp(lo, hi) is not first and many._shared_ibp is None
+    assert first[-1][0].flags.writeable
+    for (a_lo, a_hi), (b_lo, b_hi) in zip(first, many.ibp(lo, hi)):
+        np.testing.assert_array_equal(a_lo, b_lo)
+        np.testing.assert_array_equal(a_hi, b_hi)
+
+
 def _model(b) -> _Model:
     from exporters.onnx import export_onnx
     return _Model(b, export_onnx(b).SerializeToString())

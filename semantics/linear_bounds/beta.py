@@ -77,7 +77,7 @@ def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r):
             const = const + rows_matmul(a, bias)
             outs = [(parents[0], rows_matmul(a, weight))]
         elif kind == "scale":
-            const = const + a @ bias
+            const = const + rows_matmul(a, bias)
             outs = [(parents[0], a * weight)]
         elif kind in ("add", "sub"):
             outs = [(parents[0], a), (parents[1], a if kind == "add" else -a)]

@@ -63,6 +63,9 @@ _BUDGET = 1 << 22  # coefficient entries per backward chunk (32 MiB of float64)
 _RELU_LIKE = frozenset({"relu", "leaky_relu", "prelu"})
 _MAX_POOLS = frozenset({"max_pool", "max_pool_nd"})
 _PIECEWISE = frozenset({"abs", "clamp"})  # relaxed by pieces.pwl_lines
+# the most bytes of boxes ``Crown.shared_ibp`` keeps per batch size (an MNIST 256x6 network at batch 512
+# takes 29 MiB; a CIFAR ResNet's boxes at that batch would take gigabytes, and are not kept)
+MAX_SHARED_IBP_BYTES = 32 << 20
 _FEW_ROWS = 32  # below this many coefficient rows a pass multiplies whole weights instead of gathering columns
 _BLOCK = 1 << 17  # coefficient entries per row block of a product that is concretized at once (1 MiB, in cache)
 
@@ -200,6 +203,8 @@ class Crown:
         key = (np.ascontiguousarray(lower[:1]).tobytes(), np.ascontiguousarray(upper[:1]).tobytes())
         if self._shared_ibp is None or self._shared_ibp[0] != key:
             boxes = self.ibp(lower, upper)
+            if sum(end.nbytes for box in boxes for end in box) > MAX_SHARED_IBP_BYTES:
+                return boxes  # too large to keep beside the search's own memory: propagated each time
             for v, box in enumerate(boxes):
                 for end in box if not self.const[v] else ():
                     end.setflags(write=False)

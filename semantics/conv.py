@@ -281,19 +281,21 @@ def _max_first(x: np.ndarray, kernel: Sequence[int], stride: Sequence[int], padd
     those windows alone, gathered. A zero result means a NaN-free window of cells <= 0: max_first
     keeps its first zero, so only an input holding a -0.0 needs those windows recomputed as well."""
     acc = _separable_max(x, kernel, stride, padding, (1,) * len(kernel), out_spatial)
-    suspect = np.isnan(acc)
-    zeros = acc == 0
-    if zeros.any() and _has_negative_zero(x):
-        suspect |= zeros
-    if suspect.any():
+    suspect = np.isnan(acc) if math.isnan(np.add.reduce(acc, axis=None)) else None  # a sum is NaN if an entry is
+    if _has_negative_zero(x):
+        zeros = acc == 0
+        suspect = zeros if suspect is None else suspect | zeros
+    if suspect is not None and suspect.any():
         acc[suspect] = _sequential_first_max(x, np.nonzero(suspect), kernel, stride, padding)
     return acc
 
 
 def _has_negative_zero(x: np.ndarray) -> bool:
-    if x.flags.c_contiguous and x.dtype.itemsize in (4, 8):
-        bits = x.view(np.uint32 if x.dtype.itemsize == 4 else np.uint64)
-        return bool(np.any(bits == bits.dtype.type(1 << (8 * x.dtype.itemsize - 1))))
+    """Whether ``x`` holds a -0.0: read as signed integers, -0.0 is the only float whose bits are the
+    most negative integer, so one minimum (no temporary) decides a contiguous float32 or float64 array."""
+    if x.flags.c_contiguous and x.dtype.itemsize in (4, 8) and x.size:
+        bits = x.view(np.int32 if x.dtype.itemsize == 4 else np.int64)
+        return int(bits.min()) == int(np.iinfo(bits.dtype).min)
     return bool(np.any((x == 0) & np.signbit(x)))
 
 

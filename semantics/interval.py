@@ -41,7 +41,7 @@ from torchlean_bridge.payload import Payload
 from .arena import ThreadArenas, result_array
 from .domains import DEFAULT_PRODUCTS, PRODUCTS, IntervalDomain, run
 from .evaluate import input_list
-from .interval_round import Box, any_nan
+from .interval_round import Box
 from .records import domain_records, read_payload
 from .scratch import scratch
 from .rules import INTERVAL_RULES, NO_INTERVAL_RULE
@@ -78,9 +78,10 @@ def input_boxes(g: Graph, lower: Any, upper: Any) -> dict[int, Box]:
             if arr.dtype.kind not in "fiub":
                 raise _error(node, f"{name} bound has element type {arr.dtype}, expected numbers")
         lo, hi = _float64_copy(lo), _float64_copy(hi)
-        if (any_nan(lo) and np.isnan(lo).any()) or (any_nan(hi) and np.isnan(hi).any()):
-            raise _error(node, "bounds contain NaN")
-        if np.less(hi, lo, out=scratch("interval.inputs_out_of_order", lo.shape, np.bool_)).any():
+        # one pass for both checks: lo <= hi is False where either end is NaN or the two are out of order
+        if not np.less_equal(lo, hi, out=scratch("interval.inputs_ordered", lo.shape, np.bool_)).all():
+            if np.isnan(lo).any() or np.isnan(hi).any():
+                raise _error(node, "bounds contain NaN")
             k = int(np.argmax((lo > hi).reshape(-1)))
             raise _error(node, f"lower bound exceeds upper bound at flat index {k}: "
                                f"{float(lo.reshape(-1)[k])!r} > {float(hi.reshape(-1)[k])!r}")

@@ -130,3 +130,21 @@ def test_max_mode_matches_the_window_rule_on_random_geometries(seed):
                   dilation=dilation, out_spatial=out)
     want = _spec_max(x, kernel, stride, padding, dilation, out)
     assert np.array_equal(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_negative_zero_scan_sees_only_negative_zero(dtype):
+    """The scan reads the bits as signed integers: -0.0 alone is the most negative one; the negative
+    subnormal next to it, -inf and NaNs with the sign bit are not -0.0, and a strided view is scanned too."""
+    from semantics.conv import _has_negative_zero
+    tiny = np.finfo(dtype).smallest_subnormal
+    clean = np.array([0.0, -tiny, tiny, -np.inf, np.inf, -1.0, 3.0], dtype)
+    neg_nan = np.array([np.nan], dtype)
+    neg_nan = np.copysign(neg_nan, -1.0).astype(dtype)
+    assert not _has_negative_zero(np.concatenate([clean, neg_nan]))
+    assert not _has_negative_zero(np.zeros(0, dtype))
+    with_zero = np.concatenate([clean, np.array([-0.0], dtype)])
+    assert _has_negative_zero(with_zero)
+    both = np.stack([with_zero, np.concatenate([clean, np.array([1.0], dtype)])])
+    assert _has_negative_zero(both[:, ::-1].T)  # not contiguous
+    assert not _has_negative_zero(both[:, :-1:2])

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import interval_arith as ia
 from ..arena import result_array
-from ..float_special import erf
+from ..float_special import erf, gelu32
 from ..signed_parts import clip, negative_part, positive_part
 from ..interval_arith import DomainError, enclose_constant, erf_at, exp_at, expm1_at, log1p_at, log_at, monotone, \
     tanh_at
@@ -265,6 +265,8 @@ def gelu(node, xs, rec, dt):
     x = xs[0]
     if node.attrs["approximate"] == "tanh":
         return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+    if x.dtype == np.float32:
+        return gelu32(x.reshape(-1)).reshape(x.shape)
     return x * (0.5 * (1 + erf(x * _SQRT_HALF, dt)))
 
 

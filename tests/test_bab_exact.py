@@ -246,6 +246,37 @@ def test_a_batch_on_one_box_is_propagated_once_and_its_boxes_are_never_changed()
     assert got[relus[0]][0].flags.writeable
 
 
+def test_magnitudes_of_the_shared_boxes_are_one_row_broadcast(monkeypatch):
+    """The shared boxes' magnitudes max(|lo|, |hi|) are computed from one row and broadcast read-only
+    (``Crown.shared_mag``: a product with them costs one row); any other box gets none. Bounds with them
+    match the bounds computed from full magnitudes up to the products' summation order."""
+    from semantics.linear_bounds import Crown
+    from semantics.linear_bounds.batch_axis import with_batch
+    from semantics.linear_bounds.splits import bound_domains, relu_nodes
+    net, _ = _net(4)
+    b = _bundle(net)
+    n = 8
+    many = Crown(with_batch(b.graph, n), b.payload)
+    lo, hi = np.full((n, 2), -0.5), np.full((n, 2), 0.75)
+    boxes = many.shared_ibp(lo, hi)
+    for v, (b_lo, b_hi) in enumerate(boxes):
+        m = many.shared_mag(v, b_lo, b_hi)
+        if many.const[v]:
+            continue
+        assert m is not None and not m.flags.writeable and m.strides[0] == 0
+        np.testing.assert_array_equal(m, np.maximum(np.abs(b_lo), np.abs(b_hi)))
+        assert many.shared_mag(v, b_lo.copy(), b_hi) is None
+    relus = relu_nodes(many)
+    rng = np.random.default_rng(8)
+    splits = {v: rng.choice([-1, 0, 1], size=(n, u)).astype(np.int8) for v, u in zip(relus, (H1, H2))}
+    c = np.array([[1.0, -1.0], [0.5, 2.0]])
+    shared = bound_domains(many, lo, hi, splits, c, method="beta-crown")
+    monkeypatch.setattr(Crown, "shared_mag", lambda self, v, lo, hi: None)
+    full = bound_domains(Crown(with_batch(b.graph, n), b.payload), lo, hi, splits, c, method="beta-crown")
+    np.testing.assert_allclose(shared.lower, full.lower, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(shared.upper, full.upper, rtol=1e-12, atol=1e-12)
+
+
 def test_shared_boxes_beyond_the_memory_cap_are_propagated_each_time(monkeypatch):
     """Boxes larger than ``MAX_SHARED_IBP_BYTES`` are not kept (a large network's batch would hold
     gigabytes across the search): each call propagates, and the result equals IBP's."""

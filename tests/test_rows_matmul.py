@@ -3,6 +3,8 @@ stacked matmul."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -35,3 +37,25 @@ def test_stacks_of_matrices_and_operator_objects_keep_numpys_product():
             return ("applied", other.shape)
 
     assert rows_matmul(x, Operator()) == ("applied", (3, 2, 4))
+
+
+@pytest.mark.parametrize("shape", [(6, 7), (6, 3, 7)])
+def test_a_broadcast_row_is_multiplied_once_and_repeated(shape):
+    """A leading axis of stride 0 (the shared IBP's magnitudes in branch and bound): the result equals
+    the product of the full array, is writable and contiguous, and the product sees one sample only."""
+    rng = np.random.default_rng(2)
+    x = np.broadcast_to(rng.standard_normal((1,) + shape[1:]), shape)
+    seen = []
+
+    class Recording(np.ndarray):  # records the left operand of every matmul it takes part in
+        def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+            seen.append(np.shape(inputs[0]))
+            plain = [np.asarray(a) if isinstance(a, Recording) else a for a in inputs]
+            return getattr(ufunc, method)(*plain, **kwargs)
+
+    m_plain = rng.standard_normal((7, 4))
+    got = rows_matmul(x, m_plain.view(Recording))
+    want = np.matmul(np.ascontiguousarray(x), m_plain)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13, atol=1e-13)
+    assert got.shape == want.shape and got.flags.writeable and got.flags.c_contiguous
+    assert seen and sum(math.prod(s[:-1]) for s in seen) == math.prod(shape[1:-1])

@@ -48,6 +48,7 @@ from ..records import PREPARED
 from ..scratch import scratch
 from ..signed_parts import negative_part, positive_part
 from ..conv import pool_out_spatial
+from ..rules.affine import rows_matmul
 from .batch_axis import BATCH_SAFE_ELEMENTWISE
 from .expand import expand
 from .softmax_planes import softmax_planes
@@ -189,6 +190,7 @@ class Crown:
         self._ancestors: dict[int, list[int]] = {}
         self._fusable: dict[tuple[int, int], bool] = {}
         self._shared_ibp: tuple[tuple[bytes, bytes], list[Box]] | None = None
+        self._shared_mags: dict[int, np.ndarray] = {}
 
     def shared_ibp(self, lower: np.ndarray, upper: np.ndarray) -> list[Box]:
         """``ibp(lower, upper)``, where a batch whose samples all share one box (branch and bound over
@@ -209,7 +211,20 @@ class Crown:
                 for end in box if not self.const[v] else ():
                     end.setflags(write=False)
             self._shared_ibp = (key, boxes)
+            self._shared_mags = {}
         return self._shared_ibp[1]
+
+    def shared_mag(self, v: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+        """max(|lo|, |hi|) when (lo, hi) is node v's box of the kept shared IBP (``shared_ibp``): its
+        first row, computed once, broadcast read-only along the batch (every row is the same; a
+        product with it then costs one row: ``rows_matmul``). None for any other box."""
+        shared = self._shared_ibp
+        if shared is None or shared[1][v][0] is not lo or shared[1][v][1] is not hi or lo.ndim == 0 or lo.shape[0] < 2:
+            return None
+        m = self._shared_mags.get(v)
+        if m is None:
+            m = self._shared_mags[v] = np.broadcast_to(np.maximum(np.abs(lo[:1]), np.abs(hi[:1])), lo.shape)
+        return m
 
     def ishape(self, v: int) -> tuple[int, ...]:
         s = tuple(self.graph.nodes[v].out_shape)
@@ -395,11 +410,15 @@ class _Run:
             raise DeadlineExceeded
 
     def mag(self, v: int) -> np.ndarray:
-        """max(|lo|, |hi|) of v's box in the internal layout: bounds |z_v| entrywise."""
+        """max(|lo|, |hi|) of v's box in the internal layout: bounds |z_v| entrywise. A box of the
+        shared IBP (every sample on one box) gives one row, read-only and broadcast along the batch."""
         m = self._mag.get(v)
         if m is None:
             lo, hi = self.boxes[v]
-            m = np.maximum(np.abs(lo), np.abs(hi)).reshape(self.crown.ishape(v))
+            m = self.crown.shared_mag(v, lo, hi)
+            if m is None:
+                m = np.maximum(np.abs(lo), np.abs(hi))
+            m = m.reshape(self.crown.ishape(v))
             self._mag[v] = m
         return m
 
@@ -936,7 +955,7 @@ class _Pass:
         few = n * r < _FEW_ROWS  # a few rows: products over every column beat gathering rows of W
         ends = self.ends_at(w_parent)
         with np.errstate(all="ignore"):
-            q = m_w @ abs_weight.T  # [n, width]: |W| M_w bounds |W z_w| entrywise
+            q = rows_matmul(m_w, abs_weight.T)  # [n, width]: |W| M_w bounds |W z_w| entrywise
             f = err_factor(width + 1)
             err_vec = (np.abs(bias)[None] + q) * f  # per unit of |coefficient| at u
             mask = a_l[:, plain]  # 0 or 1 per sample

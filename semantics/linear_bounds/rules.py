@@ -154,7 +154,7 @@ def _linear(ps, node, a):
     p = node.parents[0]
     w, abs_w, bias = ps.affine(node)
     out = w.shape[0]
-    q = ps.mag(p) @ abs_w.T  # |W| M_p: bounds |W z_p| entrywise
+    q = rows_matmul(ps.mag(p), abs_w.T)  # |W| M_p: bounds |W z_p| entrywise
     n = max(out, ps.numel(node.id)) + 1
     ps.add_dot(a, np.broadcast_to(bias, q.shape), q, n)
     live = ps.live.pop(node.id, None) if ps.live.get(node.id) is not None else _nonzero_columns(a)

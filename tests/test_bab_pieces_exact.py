@@ -383,3 +383,17 @@ def test_auto_branches_on_leaky_relu_nets_with_many_inputs():
     model = _model(tlb.import_fx(net.eval(), (torch.zeros(1, 40),)))
     assert choose_method(model, Case(np.full((1, 40), -1.0), np.full((1, 40), 1.0), [])) == "bab-relu"
     assert choose_method(model, Case(np.zeros((1, 40)), np.zeros((1, 40)), [])) == "bab-input"  # a point
+
+
+@pytest.mark.parametrize("knots", [(0.0,), (-1.0, 2.0)])
+def test_constraint_interval_gathers_each_codes_interval(knots):
+    """Every code of ``_INTERVALS`` (0: free) in a random array maps to its interval's ends."""
+    from semantics.linear_bounds.pieces import _INTERVALS, constraint_interval
+    ends = (-np.inf,) + knots + (np.inf,)
+    codes = np.array(sorted(_INTERVALS[len(knots)]), np.int8)
+    rng = np.random.default_rng(len(knots))
+    grid = rng.choice(codes, size=(5, 7)).astype(np.int8)
+    c_lo, c_hi = constraint_interval(grid, knots)
+    for (r, u), code in np.ndenumerate(grid):
+        i, j = _INTERVALS[len(knots)][int(code)]
+        assert (c_lo[r, u], c_hi[r, u]) == (ends[i], ends[j])

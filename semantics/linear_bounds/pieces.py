@@ -22,6 +22,7 @@ never more, so a bound computed from it holds on the subdomain.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -55,16 +56,26 @@ def breakpoints(node: Any) -> tuple[float, ...]:
 
 
 def constraint_interval(codes: np.ndarray, knots: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The interval ``[c_lo, c_hi]`` each code confines the input to (-inf / inf where free)."""
-    ends = np.array((-np.inf,) + knots + (np.inf,))
-    c_lo, c_hi = np.full(codes.shape, -np.inf), np.full(codes.shape, np.inf)
+    """The interval ``[c_lo, c_hi]`` each code confines the input to (-inf / inf where free): one
+    gather per end from a table indexed by ``code + 2`` (a masked assignment per code ran 3x longer)."""
     if not knots:
-        return c_lo, c_hi
+        return np.full(codes.shape, -np.inf), np.full(codes.shape, np.inf)
+    lo_of, hi_of = _interval_tables(tuple(knots))
+    at = codes.astype(np.intp) + 2
+    return np.take(lo_of, at), np.take(hi_of, at)
+
+
+@functools.lru_cache(maxsize=64)
+def _interval_tables(knots: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per ``code + 2``: the lower and upper end of the code's interval (free: -inf and inf)."""
+    ends = np.array((-np.inf,) + knots + (np.inf,))
+    lo_of, hi_of = np.full(6, -np.inf), np.full(6, np.inf)
     for code, (i, j) in _INTERVALS[len(knots)].items():
         if code:
-            at = codes == code
-            c_lo[at], c_hi[at] = ends[i], ends[j]
-    return c_lo, c_hi
+            lo_of[code + 2], hi_of[code + 2] = ends[i], ends[j]
+    lo_of.setflags(write=False)
+    hi_of.setflags(write=False)
+    return lo_of, hi_of
 
 
 def _tables(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

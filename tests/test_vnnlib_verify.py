@@ -164,6 +164,29 @@ def test_numbers_names_and_nesting_outside_the_subset():
     assert len(parse_vnnlib(fine).cases) == 1
 
 
+def test_numbers_and_arithmetic_beyond_binary64_are_refused_by_line(tmp_path):
+    """1e-400 read as 0 turned ``Y_0 >= 1e-400`` into ``Y_0 >= 0`` (sat at y = 0, where the property has
+    no point); 1e200 * 1e200 became an infinite row; 1e308 + 1e308 an infinite right-hand side."""
+    head = decl(1, 1) + box([0], [0])
+    for body, message in (("(>= Y_0 1e-400)", "line 5: the number 1e-400 is nonzero but rounds to 0"),
+                          ("(>= Y_0 -1e400)", "line 5: the number -1e400 is beyond binary64's range"),
+                          ("(<= (* 1e-200 1e-200 Y_0) 0)", "line 5: the product 1e-200 \\* 1e-200 is nonzero but "
+                                                           "rounds to 0"),
+                          ("(<= (* 1e-200 (* 1e-200 Y_0)) 0)", "line 5: the product .* rounds to 0"),
+                          ("(>= (* 1e200 1e200 Y_0) 1)", "line 5: the product .* beyond binary64's range"),
+                          ("(>= Y_0 (+ 1e308 1e308))", "line 5: a sum is beyond binary64's range"),
+                          ("(>= Y_0 (- -1e308 1e308))", "line 5: a sum is beyond binary64's range"),
+                          ("(<= -1e308 (- 1e308 Y_0))", "line 5: a sum is beyond binary64's range")):
+        with pytest.raises(tlb.BridgeError, match=message):
+            parse_vnnlib(head + f"(assert {body})")
+    with pytest.raises(tlb.BridgeError, match="line 3: the bound .* on X_0 is outside binary64's range"):
+        parse_vnnlib(decl(1, 1) + "(assert (<= (* 1e-300 X_0) 1e10))\n(assert (>= X_0 0))")
+    # zeros stay zeros, and in-range products and subnormals are kept
+    case, = parse_vnnlib(head + "(assert (<= (* 0.0e-400 Y_0) (* 0 1e-300)))\n(assert (>= (* 1e-160 1e-160 Y_0) 1e-310))").cases
+    (c, d, _), = case.groups
+    assert c[0, 0] == -1e-320 and d[0] == -1e-310
+
+
 def test_a_box_beyond_binary32_range_warns_nothing(tmp_path):
     import warnings
     model = _identity_model(tmp_path)

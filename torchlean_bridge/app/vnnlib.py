@@ -18,6 +18,7 @@ and with an optional exponent (``-1.5e-03``); nesting is limited to 256 levels.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,11 +109,16 @@ def _parse_sexprs(tokens: list[tuple[str, int]], where: str) -> list[Any]:
 
 def _number(tok: str) -> float | None:
     """A numeral or decimal (optionally signed, with an exponent), else None: Python's own ``float``
-    would also take ``inf``, ``nan`` and ``1_0``."""
+    would also take ``inf``, ``nan`` and ``1_0``. The value may be non-finite or a nonzero literal
+    rounded to 0 (beyond binary64's range): ``_Parser.term`` refuses those by name."""
     if not _NUMBER.match(tok):
         return None
-    v = float(tok)
-    return v if np.isfinite(v) else None
+    return float(tok)
+
+
+def _nonzero_literal(tok: str) -> bool:
+    """Whether a numeral's digits (before any exponent) are not all zero."""
+    return any(ch in "123456789" for ch in re.split(r"[eE]", tok)[0])
 
 
 class _Linear:
@@ -141,10 +147,17 @@ class _Parser:
         return _Error(f"VNN-LIB {self.where}: line {line}: {message}")
 
     def term(self, expr: Any) -> _Linear:
+        """The linear term of ``expr``; every coefficient and constant is a finite binary64 number, and a
+        product of nonzero numbers is never rounded to 0 (out-of-range values are refused by line)."""
         node, line = expr
         if isinstance(node, str):
             v = _number(node)
             if v is not None:
+                if not math.isfinite(v):
+                    raise self.fail(line, f"the number {node} is beyond binary64's range (about 1.8e308)")
+                if v == 0 and _nonzero_literal(node):
+                    raise self.fail(line, f"the number {node} is nonzero but rounds to 0 in binary64 "
+                                          f"(below about 4.9e-324)")
                 return _Linear(const=v)
             if node not in self.declared:
                 raise self.fail(line, f"{node!r} is neither a number nor a declared X_i / Y_j")
@@ -155,7 +168,7 @@ class _Parser:
         if op == "+":
             total = _Linear()
             for a in args:
-                total = total.plus(self.term(a))
+                total = self.finite(total.plus(self.term(a)), line)
             return total
         if op == "-":
             if len(args) == 1:
@@ -164,16 +177,35 @@ class _Parser:
                 raise self.fail(line, "'-' without operands")
             total = self.term(args[0])
             for a in args[1:]:
-                total = total.plus(self.term(a).scaled(-1.0))
+                total = self.finite(total.plus(self.term(a).scaled(-1.0)), line)
             return total
         if op == "*":
             parts = [self.term(a) for a in args]
             variable = [p for p in parts if p.coef]
             if len(variable) > 1:
                 raise self.fail(line, "a product of two variables is not linear (outside the VNN-LIB subset)")
-            k = float(np.prod([p.const for p in parts if not p.coef]))
-            return variable[0].scaled(k) if variable else _Linear(const=k)
+            k = 1.0
+            for p in parts:
+                if not p.coef:
+                    k = self.product(k, p.const, line)
+            if not variable:
+                return _Linear(const=k)
+            v = variable[0]
+            return _Linear({name: self.product(c, k, line) for name, c in v.coef.items()}, self.product(v.const, k, line))
         raise self.fail(line, f"term operator {op!r} is outside the supported subset (+, -, *)")
+
+    def finite(self, t: _Linear, line: int) -> _Linear:
+        if not (math.isfinite(t.const) and all(math.isfinite(c) for c in t.coef.values())):
+            raise self.fail(line, "a sum is beyond binary64's range (about 1.8e308)")
+        return t
+
+    def product(self, a: float, b: float, line: int) -> float:
+        p = a * b
+        if not math.isfinite(p):
+            raise self.fail(line, f"the product {a!r} * {b!r} is beyond binary64's range (about 1.8e308)")
+        if p == 0 and a != 0 and b != 0:
+            raise self.fail(line, f"the product {a!r} * {b!r} is nonzero but rounds to 0 in binary64")
+        return p
 
     def formula(self, expr: Any) -> list[list[tuple[_Linear, bool, int]]]:
         """DNF: a list of conjunctions of atoms (term <= 0, strict?, line)."""
@@ -203,6 +235,7 @@ class _Parser:
             conj = []
             for left, right in zip(terms, terms[1:]):  # chained comparisons: each adjacent pair
                 diff = left.plus(right.scaled(-1.0)) if op in ("<=", "<") else right.plus(left.scaled(-1.0))
+                self.finite(diff, line)
                 conj.append((diff, op in ("<", ">"), line))
             return [conj]
         raise self.fail(line, f"{op!r} is outside the supported VNN-LIB subset (and, or, <=, >=, <, >)")
@@ -275,6 +308,8 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
                     raise p.fail(line, "input constraints must bound one X_i at a time (a box)")
                 (v, c), = live
                 i, bound = int(v[2:]), -term.const / c
+                if not math.isfinite(bound) or (bound == 0 and term.const != 0):
+                    raise p.fail(line, f"the bound {-term.const!r} / {c!r} on {v} is outside binary64's range")
                 if c > 0:  # c x + k <= 0  ->  x <= -k / c
                     _tighten(hi, hi_open, i, bound, is_strict, np.less)
                 else:

@@ -187,6 +187,23 @@ def test_numbers_and_arithmetic_beyond_binary64_are_refused_by_line(tmp_path):
     assert c[0, 0] == -1e-320 and d[0] == -1e-310
 
 
+def test_an_integer_input_is_refused_by_name(tmp_path):
+    """A Cast(int64 -> float) net: a point box failed inside the evaluator ('element type mismatch'),
+    a wider box inside the interval rules; now load_model names the input and its type."""
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+                               helper.make_node("Relu", ["xf"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "int.onnx")
+    (tmp_path / "p.vnnlib").write_text(decl(2, 2) + box([1, 1], [1, 1]) + "(assert (>= Y_0 0.5))")
+    with pytest.raises(tlb.BridgeError, match="verify: the network input 'x' is int64; .* float input only"):
+        verify(load_model(tmp_path / "int.onnx"), parse_vnnlib((tmp_path / "p.vnnlib").read_text()))
+
+
 def test_a_box_beyond_binary32_range_warns_nothing(tmp_path):
     import warnings
     model = _identity_model(tmp_path)

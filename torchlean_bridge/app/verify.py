@@ -120,7 +120,12 @@ class _Model:
         if len(g.inputs) != 1 or len(g.outputs) != 1:
             raise BridgeError(f"verify: the network must have one input and one output, it has {len(g.inputs)} "
                               f"and {len(g.outputs)}")
-        self.input_shape = tuple(g.nodes[g.inputs[0]].out_shape)
+        inp = g.nodes[g.inputs[0]]
+        if inp.dtype != "float":  # the box, the attack and the three re-checks all take real inputs
+            name = inp.source.tensor or inp.source.name if inp.source is not None else None
+            raise BridgeError(f"verify: the network input{f' {name!r}' if name else ''} is {inp.dtype}; VNN-LIB "
+                              f"boxes are over real inputs, so verify takes a float input only")
+        self.input_shape = tuple(inp.out_shape)
         self.n_outputs = int(np.prod(g.nodes[g.outputs[0]].out_shape))
         self.crown = Crown(g, self.bundle.payload)
         self._session = None

@@ -322,6 +322,19 @@ def test_never_wrong_on_unseen_networks(seed, tmp_path):
             assert r.result == "sat"  # a sampled point satisfies it: the search must find one too
 
 
+def test_timeout_and_seed_of_the_wrong_kind_are_refused():
+    """seed -1 and seed 1.5 failed in numpy's SeedSequence (ValueError, TypeError), timeout '5' in a
+    comparison (TypeError)."""
+    model = load_model(FIX / "acas_like.onnx")
+    prop = tlb.load_vnnlib(FIX / "acas_sat.vnnlib")
+    for kw, message in (({"seed": -1}, "seed must be a whole number >= 0, got -1"),
+                        ({"seed": 1.5}, "seed must be a whole number >= 0, got 1.5"),
+                        ({"seed": True}, "seed must be"), ({"timeout": "5"}, "timeout must be a positive number"),
+                        ({"timeout": True}, "timeout must be"), ({"timeout": 0}, "timeout must be")):
+        with pytest.raises(tlb.BridgeError, match=message):
+            verify(model, prop, **kw)
+
+
 def test_cli_json_and_text(tmp_path):
     cmd = [sys.executable, "-m", "torchlean_bridge", "verify", str(FIX / "acas_like.onnx"),
            str(FIX / "acas_sat.vnnlib"), "--json", "--timeout", "20"]
@@ -335,6 +348,8 @@ def test_cli_json_and_text(tmp_path):
     assert text.returncode == 0 and text.stdout.split()[0] in ("sat", "unknown")
     bad = subprocess.run(cmd[:5] + ["--timeout", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--timeout" in bad.stderr
+    seed = subprocess.run(cmd[:6] + ["--seed", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert seed.returncode == 2 and "--seed must be a whole number >= 0, got -1" in seed.stderr, seed.stderr
     wrong = tmp_path / "p.vnnlib"
     wrong.write_text(decl(4, 5) + box([0] * 4, [1] * 4) + "(assert (<= Y_0 0))\n")
     mismatch = subprocess.run(cmd[:5] + [str(wrong)], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -636,8 +636,11 @@ def verify(model: _Model, prop: Property, method: str = "crown", timeout: float 
         raise BridgeError(f"verify: unknown method {method!r} (use one of {', '.join(METHODS)})")
     if batch is not None and not (isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1):
         raise BridgeError(f"verify: batch must be a whole number of boxes >= 1, got {batch!r}")
-    if timeout is not None and not (timeout > 0):
-        raise BridgeError(f"verify: timeout must be a positive number of seconds, got {timeout}")
+    if timeout is not None and not (isinstance(timeout, (int, float, np.integer, np.floating))
+                                    and not isinstance(timeout, bool) and timeout > 0):
+        raise BridgeError(f"verify: timeout must be a positive number of seconds, got {timeout!r}")
+    if not (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
+        raise BridgeError(f"verify: seed must be a whole number >= 0, got {seed!r}")
     start = time.perf_counter()
     if prop.n_outputs != model.n_outputs:
         raise BridgeError(f"verify: the property declares {prop.n_outputs} outputs Y_j, the network has "

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 import torchlean_bridge as tlb
-from torchlean_bridge.app.verify import load_model, verify
+from torchlean_bridge.app.verify import load_model, verify, verify_files
 from torchlean_bridge.app.vnnlib import parse_vnnlib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -333,6 +333,27 @@ def test_timeout_and_seed_of_the_wrong_kind_are_refused():
                         ({"timeout": True}, "timeout must be"), ({"timeout": 0}, "timeout must be")):
         with pytest.raises(tlb.BridgeError, match=message):
             verify(model, prop, **kw)
+
+
+def test_gzipped_files_a_byte_order_mark_and_a_property_given_as_model(tmp_path):
+    """VNN-COMP ships model.onnx.gz and prop.vnnlib.gz: the command read the model as a bundle ('invalid
+    JSON: utf-8 codec can't decode byte 0x8b') and the property as text; a UTF-8 BOM was 'expected a
+    command' on line 1; a property given as MODEL gave 'invalid JSON' without naming the file."""
+    import gzip
+    model_gz, prop_gz = tmp_path / "net.onnx.gz", tmp_path / "prop.vnnlib.gz"
+    model_gz.write_bytes(gzip.compress((FIX / "acas_like.onnx").read_bytes()))
+    prop_gz.write_bytes(gzip.compress((FIX / "acas_sat.vnnlib").read_bytes()))
+    bom = tmp_path / "bom.vnnlib"
+    bom.write_bytes(b"\xef\xbb\xbf" + (FIX / "acas_sat.vnnlib").read_bytes())
+    for model, prop in ((model_gz, prop_gz), (FIX / "acas_like.onnx", bom)):
+        r = verify_files(model, prop, timeout=20)
+        assert r.result == "sat"
+    bad = tmp_path / "bad.onnx.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(tlb.BridgeError, match="cannot decompress .*bad.onnx.gz"):
+        load_model(bad)
+    with pytest.raises(tlb.BridgeError, match="verify: .*acas_sat.vnnlib is not an .onnx file"):
+        load_model(FIX / "acas_sat.vnnlib")
 
 
 def test_cli_json_and_text(tmp_path):

@@ -173,11 +173,24 @@ class _Model:
 
 
 def load_model(path: str | Path) -> _Model:
-    """An ONNX file (dynamic dimensions fixed to 1) or a bundle folder (exported to ONNX for the runtime)."""
+    """An ONNX file (dynamic dimensions fixed to 1; ``.onnx.gz`` decompressed first) or a bundle folder
+    or graph document (exported to ONNX for the runtime)."""
     p = Path(path)
+    if p.name.endswith(".gz") and p.is_file():  # VNN-COMP ships model.onnx.gz
+        from .campaign.files import local_file
+        plain = local_file(str(p))
+        try:
+            return load_model(plain)
+        except BridgeError as e:
+            raise BridgeError(f"{e} (decompressed from {p})") from None
     if p.is_dir() or p.suffix.lower() != ".onnx":
         from exporters.folder import load
-        bundle = load(p)
+        try:
+            bundle = load(p)
+        except BridgeError as e:
+            if p.is_dir() or not p.exists():
+                raise
+            raise BridgeError(f"verify: {p} is not an .onnx file, and as a graph document: {e}") from None
         try:
             from exporters.onnx import export_onnx
             data, error = export_onnx(bundle).SerializeToString(), ""

@@ -287,6 +287,7 @@ class _Parser:
 def parse_vnnlib(text: str, where: str = "<string>") -> Property:
     """A property from VNN-LIB text (see the module docstring for the subset)."""
     p = _Parser(where)
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark some editors write
     n_in, n_out, dnf = p.run(_parse_sexprs(_tokens(text, where), where))
     cases: dict[bytes, Case] = {}
     for conj in dnf:
@@ -346,10 +347,14 @@ def _tighten(bound: np.ndarray, is_open: np.ndarray, i: int, value: float, stric
 
 def load_vnnlib(path: str | Path, input_shape: Sequence[int] | None = None,
                 n_outputs: int | None = None) -> Property:
-    """Read a VNN-LIB file; with ``input_shape`` the boxes take the network's input shape, with
+    """Read a VNN-LIB file (``.gz`` decompressed); with ``input_shape`` the boxes take the network's input shape, with
     ``n_outputs`` the output count is checked."""
+    plain = path
+    if str(path).endswith(".gz"):  # VNN-COMP ships prop.vnnlib.gz: read its decompressed copy
+        from .campaign.files import local_file
+        plain = local_file(str(path))
     try:
-        text = Path(path).read_text()
+        text = Path(plain).read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise BridgeError(f"VNN-LIB {path}: cannot read: {e}") from None
     prop = parse_vnnlib(text, str(path))

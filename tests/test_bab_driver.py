@@ -232,3 +232,27 @@ def test_bab_relu_on_a_net_with_nothing_to_split_halves_the_input():
         assert r.result in allowed, (thr, r)
         answers.append(r.result)
     assert answers[0] == "unsat"  # 2-D input halving closes it well within the limit
+
+
+def test_pgd_stops_at_the_deadline(monkeypatch):
+    """PGD's 30 steps ignored the deadline: on VNN-COMP's collins_rul_cnn (0.4 s a step) verify --timeout 10
+    answered after 21.5 s. A step here is slowed to 0.1 s; bab-relu at 0.5 s must stop near it."""
+    from torchlean_bridge.app.bab import pgd
+    from torchlean_bridge.app.vnnlib import Property
+    model = _model(_mlp(40, seed=1))
+    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
+    b = model.bundle
+    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (100, 40))
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    c = np.array([[1.0, -1.0]])
+    d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])  # open at the root (as in the memory-cap test)
+    forward = pgd.Dag.forward
+    monkeypatch.setattr(pgd.Dag, "forward", lambda self, x: (time.sleep(0.1), forward(self, x))[1])
+    prop = Property(40, 2, [Case(lo, hi, [(c, d, np.zeros(1, dtype=bool))])])
+    start = time.perf_counter()
+    r = verify(model, prop, method="bab-relu", timeout=0.5)
+    assert time.perf_counter() - start < 1.5, r
+    past = pgd.pgd_candidates(pgd.Dag(model.crown, __import__("semantics.linear_bounds.chain", fromlist=["x"])
+                                      .dag_layers(model.crown)), lo[0], hi[0], c, d, np.random.default_rng(0),
+                              deadline=time.perf_counter() - 1)
+    assert past.shape == (pgd.RESTARTS, 40) and np.all((past >= lo) & (past <= hi))

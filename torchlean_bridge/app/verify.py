@@ -477,7 +477,10 @@ class _Search:
         for c, d, _ in groups if targets is None else targets:
             if not c.shape[0]:
                 continue
-            for x in pgd_candidates(dag, lo.reshape(-1), hi.reshape(-1), c, d, self.rng)[:4]:
+            if not self.time_left():
+                return None
+            for x in pgd_candidates(dag, lo.reshape(-1), hi.reshape(-1), c, d, self.rng,
+                                     deadline=self.deadline)[:4]:
                 found = self.check(x.reshape(lo.shape), lo, hi, groups)
                 if found is not None:
                     return found

@@ -204,6 +204,30 @@ def test_an_integer_input_is_refused_by_name(tmp_path):
         verify(load_model(tmp_path / "int.onnx"), parse_vnnlib((tmp_path / "p.vnnlib").read_text()))
 
 
+@pytest.mark.parametrize("elem", ["DOUBLE", "FLOAT16"])
+def test_a_double_input_is_rechecked_in_double_and_a_half_input_is_refused(elem, tmp_path):
+    """onnxruntime was always fed float32: a Relu net with a double (or float16) input crashed in the
+    re-check with 'INVALID_ARGUMENT: Unexpected input data type'. A double input now takes the binary32
+    point exactly; a narrower float is refused at load (the margin covers binary32 rounding only)."""
+    import onnx
+    from onnx import TensorProto, helper
+    kind = getattr(TensorProto, elem)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", kind, [1, 2])],
+                              [helper.make_tensor_value_info("y", kind, [1, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "net.onnx")
+    prop = parse_vnnlib(decl(2, 2) + box([-1, -1], [1, 1]) + "(assert (>= Y_0 0.5))")
+    if elem == "FLOAT16":
+        with pytest.raises(tlb.BridgeError, match="input 'x' is FLOAT16; verify takes networks with float"):
+            load_model(tmp_path / "net.onnx")
+        return
+    for method in ("crown", "bab-relu"):
+        r = verify(load_model(tmp_path / "net.onnx"), prop, method=method, timeout=10)
+        assert r.result == "sat" and r.counterexample["y_onnxruntime"][0] >= 0.5
+
+
 def test_a_box_beyond_binary32_range_warns_nothing(tmp_path):
     import warnings
     model = _identity_model(tmp_path)

@@ -228,6 +228,23 @@ def test_a_double_input_is_rechecked_in_double_and_a_half_input_is_refused(elem,
         assert r.result == "sat" and r.counterexample["y_onnxruntime"][0] >= 0.5
 
 
+def test_a_fixed_batch_larger_than_one_is_refused_by_name(tmp_path):
+    """An input [3, 1] (or a Gemm net on [2, 2]) keeps axis 0 apart, so the bounds took it as 3 samples with
+    rows of width 1 while the property's rows span all 3 outputs: 'linear_bounds: spec must be a finite
+    [K, 1] matrix, got shape [1, 3]' with no word on the cause."""
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "net.onnx")
+    with pytest.raises(tlb.BridgeError, match=r"verify: the network input \[3, 1\] has a leading axis of 3 samples"):
+        verify(load_model(tmp_path / "net.onnx"), parse_vnnlib(decl(3, 3) + box([-1] * 3, [1] * 3) +
+                                                                "(assert (>= Y_0 0.5))"))
+
+
 def test_a_box_beyond_binary32_range_warns_nothing(tmp_path):
     import warnings
     model = _identity_model(tmp_path)

@@ -128,6 +128,12 @@ class _Model:
         self.input_shape = tuple(inp.out_shape)
         self.n_outputs = int(np.prod(g.nodes[g.outputs[0]].out_shape))
         self.crown = Crown(g, self.bundle.payload)
+        if self.crown.batched and self.crown.n > 1:
+            # the bounds would take axis 0 as n independent samples, each with its own rows, while the
+            # property's X_i and Y_j range over the whole tensors
+            raise BridgeError(f"verify: the network input {list(self.input_shape)} has a leading axis of "
+                              f"{self.crown.n} samples that no op mixes (a fixed batch size); verify bounds one "
+                              f"sample: give the network with batch size 1 (or a dynamic one)")
         self._session = None
         self._batched: dict[int, Any] = {}
 

@@ -154,7 +154,10 @@ def test_numbers_names_and_nesting_outside_the_subset():
         with pytest.raises(tlb.BridgeError, match="neither a number"):
             parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 0)) (assert (<= X_0 {token}))")
     for token, value in (("-1.5e-03", -1.5e-3), ("+2", 2.0), (".5", 0.5), ("5.", 5.0), ("1E2", 100.0)):
-        assert parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 -1e3)) (assert (<= X_0 {token}))").cases[0].upper[0] == value
+        case = parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 -1e3)) (assert (<= X_0 {token}))").cases[0]
+        # binary64's -0.0015 lies below the decimal: the box's side is the next number up, open
+        assert case.upper[0] == (np.nextafter(value, 1) if token == "-1.5e-03" else value)
+        assert case.upper_open[0] == (token == "-1.5e-03")
     with pytest.raises(tlb.BridgeError, match="constant 'X_01'"):
         parse_vnnlib(decl(2, 1) + "(declare-const X_01 Real)")
     deep = decl(1, 1) + box([0], [1]) + "(assert " + "(and " * 300 + "(<= Y_0 0)" + ")" * 301
@@ -243,6 +246,24 @@ def test_a_fixed_batch_larger_than_one_is_refused_by_name(tmp_path):
     with pytest.raises(tlb.BridgeError, match=r"verify: the network input \[3, 1\] has a leading axis of 3 samples"):
         verify(load_model(tmp_path / "net.onnx"), parse_vnnlib(decl(3, 3) + box([-1] * 3, [1] * 3) +
                                                                 "(assert (>= Y_0 0.5))"))
+
+
+def test_an_input_bound_between_binary64_numbers_is_placed_outward_and_opened(tmp_path):
+    """X_0 <= b with b = 0.100000001490116119384765624, 1e-27 below binary32's 0.1: b rounded to that
+    binary32 number, so on y = x with Y_0 >= b the point x = 0.1f, outside the box, was reported as sat
+    (the property has no binary32 point). Now an inexact bound's side is the nearest binary64 number
+    outside, open; exact ones stay closed."""
+    model = _identity_model(tmp_path)
+    b = "0.100000001490116119384765624"
+    prop = parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 0)) (assert (<= X_0 {b})) (assert (>= Y_0 {b}))")
+    assert verify(model, prop, method="crown", timeout=2).result in ("unknown", "unsat")
+    case, = parse_vnnlib(decl(2, 1) + "(assert (<= -0.1 X_0 0.2)) (assert (<= 0 X_1 1)) (assert (<= Y_0 0))").cases
+    assert case.lower[0] == -0.1 and case.upper[0] == 0.2  # binary64's -0.1 and 0.2 lie outside already
+    assert case.lower[1] == 0 and case.upper[1] == 1 and not case.lower_open[1] and not case.upper_open[1]
+    assert case.lower_open[0] and case.upper_open[0]
+    case, = parse_vnnlib(decl(1, 1) + "(assert (>= X_0 0.1)) (assert (<= X_0 0.3)) (assert (<= Y_0 0))").cases
+    assert case.lower[0] == np.nextafter(0.1, -1) and case.upper[0] == np.nextafter(0.3, 1)  # 0.1 is above, 0.3 below
+    assert parse_vnnlib(decl(1, 1) + "(assert (>= X_0 0.1)) (assert (<= X_0 0.1)) (assert (<= Y_0 0))").cases
 
 
 def test_a_box_beyond_binary32_range_warns_nothing(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -124,6 +125,8 @@ def _nonzero_literal(tok: str) -> bool:
 class _Linear:
     """A linear term: {variable: coefficient} + constant."""
 
+    literal: str | None = None  # a constant read from one numeral: its text (its exact value)
+
     def __init__(self, coef: dict[str, float] | None = None, const: float = 0.0) -> None:
         self.coef = coef or {}
         self.const = const
@@ -158,7 +161,9 @@ class _Parser:
                 if v == 0 and _nonzero_literal(node):
                     raise self.fail(line, f"the number {node} is nonzero but rounds to 0 in binary64 "
                                           f"(below about 4.9e-324)")
-                return _Linear(const=v)
+                t = _Linear(const=v)
+                t.literal = node
+                return t
             if node not in self.declared:
                 raise self.fail(line, f"{node!r} is neither a number nor a declared X_i / Y_j")
             return _Linear({node: 1.0})
@@ -236,7 +241,11 @@ class _Parser:
             for left, right in zip(terms, terms[1:]):  # chained comparisons: each adjacent pair
                 diff = left.plus(right.scaled(-1.0)) if op in ("<=", "<") else right.plus(left.scaled(-1.0))
                 self.finite(diff, line)
-                conj.append((diff, op in ("<", ">"), line))
+                # a variable against one numeral (every VNN-COMP input bound): the numeral's exact value
+                # places the bound (see parse_vnnlib)
+                lit = right.literal if not right.coef and _one_variable(left) else \
+                    left.literal if not left.coef and _one_variable(right) else None
+                conj.append((diff, op in ("<", ">"), line, lit))
             return [conj]
         raise self.fail(line, f"{op!r} is outside the supported VNN-LIB subset (and, or, <=, >=, <, >)")
 
@@ -295,7 +304,7 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
         lo_open, hi_open = np.zeros(n_in, dtype=bool), np.zeros(n_in, dtype=bool)
         rows, rhs, strict = [], [], []
         empty = False
-        for term, is_strict, line in conj:
+        for term, is_strict, line, literal in conj:
             kinds = {v[0] for v in term.coef if term.coef[v] != 0}
             if kinds == {"X", "Y"}:
                 raise p.fail(line, "an atom mixes inputs X and outputs Y (outside the VNN-LIB subset)")
@@ -311,6 +320,9 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
                 i, bound = int(v[2:]), -term.const / c
                 if not math.isfinite(bound) or (bound == 0 and term.const != 0):
                     raise p.fail(line, f"the bound {-term.const!r} / {c!r} on {v} is outside binary64's range")
+                if literal is not None and abs(c) == 1.0:
+                    bound, inexact = _outward(bound, literal, upper=c > 0)
+                    is_strict = is_strict or inexact
                 if c > 0:  # c x + k <= 0  ->  x <= -k / c
                     _tighten(hi, hi_open, i, bound, is_strict, np.less)
                 else:
@@ -334,6 +346,27 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
         case.groups.append((np.array(rows).reshape(len(rows), n_out), np.array(rhs, dtype=np.float64),
                             np.array(strict, dtype=bool)))
     return Property(n_in, n_out, list(cases.values()), where)
+
+
+def _one_variable(t: _Linear) -> bool:
+    """Whether t is one variable with coefficient 1 and no constant."""
+    return len(t.coef) == 1 and next(iter(t.coef.values())) == 1.0 and t.const == 0
+
+
+def _outward(value: float, literal: str, upper: bool) -> tuple[float, bool]:
+    """An input bound read from ``literal`` (``value`` its binary64 rounding) as a bound the box may use:
+    where the decimal is not a binary64 number, the nearest binary64 number on the outside (the box then
+    holds every real point of the property's box) and ``True``: that side is open, so a counterexample,
+    a binary32 point, lies strictly inside, hence inside the decimal bound. Before, ``X_0 <= 0.1000000014901
+    16119384765624`` rounded up to binary32's 0.1 and that point, above the bound, was reported as sat."""
+    exact, rounded = Decimal(literal), Decimal(value)  # both exact
+    if rounded == exact:
+        return value, False
+    if upper and rounded < exact:
+        value = math.nextafter(value, math.inf)
+    elif not upper and rounded > exact:
+        value = math.nextafter(value, -math.inf)
+    return value, True
 
 
 def _tighten(bound: np.ndarray, is_open: np.ndarray, i: int, value: float, strict: bool, tighter: Any) -> None:

@@ -204,3 +204,55 @@ def test_pgd_descends_to_points_of_the_box_that_violate_more(kind):
     y, _ = dag.forward(random[:5])  # the plain DAG pass is the network
     want = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in random[:5]])
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bab_relu_on_a_net_with_nothing_to_split_halves_the_input():
+    """--method bab-relu on a sigmoid net whose root bound stays open: the search had no split node,
+    so concatenating their boxes raised 'need at least one array to concatenate' (and, past it, argmax
+    of an empty row). It now halves the input box (as for a subdomain with no unit left): never wrong."""
+    net = nn.Sequential(nn.Linear(2, 4), nn.Sigmoid(), nn.Linear(4, 4), nn.Sigmoid(), nn.Linear(4, 2)).eval()
+    with torch.no_grad():
+        for layer, w, b in ((net[0], [[6, 2], [0, -4], [-3, -8], [-7, -8]], [-3, 3, 1, 4]),
+                            (net[2], [[0, 2, 8, 4], [2, 1, 1, 7], [-4, 5, 3, -8], [-2, 6, 1, -8]], [2, 2, 3, -3]),
+                            (net[4], [[-7, 6, -8, 1], [-7, -3, 0, -1]], [0, 0])):
+            layer.weight.copy_(torch.tensor(w, dtype=torch.float32) / 8)
+            layer.bias.copy_(torch.tensor(b, dtype=torch.float32) / 8)
+    model = _model(tlb.import_fx(net, (torch.zeros(1, 2),)))
+    grid = torch.stack(torch.meshgrid(torch.linspace(-1, 1, 201), torch.linspace(-1, 1, 201), indexing="ij"), -1)
+    with torch.no_grad():
+        y = net(grid.reshape(-1, 2)).double()
+    diff = y[:, 0] - y[:, 1]
+    low, span = float(diff.min()), float(diff.max() - diff.min())
+    head = ("(declare-const X_0 Real)(declare-const X_1 Real)(declare-const Y_0 Real)(declare-const Y_1 Real)"
+            "(assert (>= X_0 -1))(assert (<= X_0 1))(assert (>= X_1 -1))(assert (<= X_1 1))")
+    answers = []
+    for thr, allowed in ((low - 0.005 * span, ("unsat", "unknown")), (low + 0.005 * span, ("sat",))):
+        prop = tlb.app.vnnlib.parse_vnnlib(head + f"(assert (<= (- Y_0 Y_1) {thr!r}))")
+        r = verify(model, prop, method="bab-relu", timeout=5)
+        assert r.result in allowed, (thr, r)
+        answers.append(r.result)
+    assert answers[0] == "unsat"  # 2-D input halving closes it well within the limit
+
+
+def test_pgd_stops_at_the_deadline(monkeypatch):
+    """PGD's 30 steps ignored the deadline: on VNN-COMP's collins_rul_cnn (0.4 s a step) verify --timeout 10
+    answered after 21.5 s. A step here is slowed to 0.1 s; bab-relu at 0.5 s must stop near it."""
+    from torchlean_bridge.app.bab import pgd
+    from torchlean_bridge.app.vnnlib import Property
+    model = _model(_mlp(40, seed=1))
+    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
+    b = model.bundle
+    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (100, 40))
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    c = np.array([[1.0, -1.0]])
+    d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])  # open at the root (as in the memory-cap test)
+    forward = pgd.Dag.forward
+    monkeypatch.setattr(pgd.Dag, "forward", lambda self, x: (time.sleep(0.1), forward(self, x))[1])
+    prop = Property(40, 2, [Case(lo, hi, [(c, d, np.zeros(1, dtype=bool))])])
+    start = time.perf_counter()
+    r = verify(model, prop, method="bab-relu", timeout=0.5)
+    assert time.perf_counter() - start < 1.5, r
+    past = pgd.pgd_candidates(pgd.Dag(model.crown, __import__("semantics.linear_bounds.chain", fromlist=["x"])
+                                      .dag_layers(model.crown)), lo[0], hi[0], c, d, np.random.default_rng(0),
+                              deadline=time.perf_counter() - 1)
+    assert past.shape == (pgd.RESTARTS, 40) and np.all((past >= lo) & (past <= hi))

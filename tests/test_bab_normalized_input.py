@@ -225,3 +225,48 @@ def test_bab_on_a_cnn_through_conv_operators_is_sound_and_attacks_without_crown_
         if r.result == "sat":
             x = np.asarray(r.counterexample["x"])
             assert float((_outputs(model, x[None]) @ c.T)[0, 0]) <= t
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(cin=1, cout=4, spatial=(6, 6), kernel=(3, 3), stride=(1, 1), padding=(1, 1), padding_after=(1, 1), dilation=(1, 1), groups=1),
+    dict(cin=4, cout=6, spatial=(7, 5), kernel=(3, 2), stride=(2, 1), padding=(1, 0), padding_after=(0, 1), dilation=(1, 2), groups=2),
+    dict(cin=3, cout=3, spatial=(5, 4), kernel=(5, 4), stride=(1, 1), padding=(0, 0), padding_after=(0, 0), dilation=(1, 1), groups=3),
+    dict(cin=2, cout=5, spatial=(9,), kernel=(4,), stride=(3,), padding=(2,), padding_after=(1,), dilation=(1,), groups=1),
+    dict(cin=2, cout=2, spatial=(3, 3), kernel=(1, 1), stride=(2, 2), padding=(0, 0), padding_after=(0, 0), dilation=(1, 1), groups=1),
+])
+def test_the_dense_matrix_of_a_convolution_is_its_identity_convolution(cfg):
+    """chain._dense_conv writes the weights where each output's taps read; before, the matrix was the
+    convolution of the identity, which on VNN-COMP 2022 collins_rul_cnn's full_window_40 (a 5x26x20 ->
+    100x1x1 kernel over its whole input) ran for minutes past verify's deadline."""
+    import semantics.linear_bounds.chain as chain
+    from semantics.rules.affine import batched_conv
+    rng = np.random.default_rng(0)
+    r = len(cfg["spatial"])
+    attrs = {"kernel": cfg["kernel"], "stride": cfg["stride"], "padding": cfg["padding"],
+             "padding_after": cfg["padding_after"], "dilation": cfg["dilation"], "groups": cfg["groups"]}
+    weight = rng.standard_normal((cfg["cout"], cfg["cin"] // cfg["groups"]) + cfg["kernel"])
+    tail_in = (cfg["cin"],) + cfg["spatial"]
+    n_in = int(np.prod(tail_in))
+    eye = batched_conv(np.eye(n_in).reshape((n_in,) + tail_in), weight, attrs)
+    tail_out = tuple(eye.shape[1:])
+    assert len(tail_out) == r + 1
+    want = eye.reshape(n_in, -1).T
+    np.testing.assert_array_equal(chain._dense_conv(weight, attrs, tail_in, tail_out), want)
+
+
+def test_a_kernel_as_large_as_its_input_densifies_at_once():
+    """collins_rul_cnn's last convolution shape (5x26x20 -> 100x1x1): the identity convolution took
+    minutes (verify's deadline is not checked while the layers are built); the scatter takes ms."""
+    import torch
+    import torch.nn as nn
+    import semantics.linear_bounds.chain as chain
+    import torchlean_bridge as tlb
+    from torchlean_bridge.app.verify import _Model
+    net = nn.Sequential(nn.Conv2d(5, 100, (26, 20)), nn.ReLU(), nn.Flatten(), nn.Linear(100, 2)).eval()
+    b = tlb.import_fx(net, (torch.zeros(1, 5, 26, 20),))
+    model = _Model(b, None)
+    start = time.perf_counter()
+    layers = chain.dag_layers(model.crown)
+    assert time.perf_counter() - start < 5.0
+    conv = next(entry for entry in layers[0] if entry[0] == "affine" and entry[3].shape == (100, 2600))
+    np.testing.assert_array_equal(conv[3], net[0].weight.detach().double().numpy().reshape(100, 2600))

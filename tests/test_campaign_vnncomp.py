@@ -61,3 +61,24 @@ def test_usage_and_errors_in_process(tmp_path, capsys):
     assert "never closed" in capsys.readouterr().err
     assert main(["prepare", "v1", "b", str(tmp_path / "none.onnx"), str(garbled)]) == 1
     assert "unsupported instance" in capsys.readouterr().err
+
+
+def test_the_time_limit_covers_reading_the_property(tmp_path, monkeypatch):
+    """VNN-COMP 2022 nn4sys's 20 MB properties take about 30 s to read; run_instance gave verify the whole
+    TIMEOUT less a second, measured before the property was read, so the answer came that much late."""
+    import time
+    import torchlean_bridge.app.campaign.verify_task as task
+    import torchlean_bridge.app.verify as verify_module
+    read = task.read_property
+    monkeypatch.setattr(task, "read_property", lambda *a: (time.sleep(1.0), read(*a))[1])
+    given = []
+    real = verify_module.verify
+    monkeypatch.setattr(verify_module, "verify", lambda *a, **k: (given.append(k["timeout"]), real(*a, **k))[1])
+    out = tmp_path / "r.txt"
+    start = time.monotonic()
+    assert main(["run", "v1", "b", str(FIX / "acas_like.onnx"), str(FIX / "acas_robust.vnnlib"), str(out), "6"]) == 0
+    assert out.read_text() == "unsat\n" and given and given[0] <= 6 - 1 - 1.0 + 0.05, given
+    assert time.monotonic() - start < 6
+    monkeypatch.setattr(task, "read_property", lambda *a: (time.sleep(2.5), read(*a))[1])
+    assert main(["run", "v1", "b", str(FIX / "acas_like.onnx"), str(FIX / "acas_robust.vnnlib"), str(out), "3"]) == 0
+    assert out.read_text() == "timeout\n" and len(given) == 1

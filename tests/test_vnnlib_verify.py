@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 import torchlean_bridge as tlb
-from torchlean_bridge.app.verify import load_model, verify
+from torchlean_bridge.app.verify import load_model, verify, verify_files
 from torchlean_bridge.app.vnnlib import parse_vnnlib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,10 @@ def test_numbers_names_and_nesting_outside_the_subset():
         with pytest.raises(tlb.BridgeError, match="neither a number"):
             parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 0)) (assert (<= X_0 {token}))")
     for token, value in (("-1.5e-03", -1.5e-3), ("+2", 2.0), (".5", 0.5), ("5.", 5.0), ("1E2", 100.0)):
-        assert parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 -1e3)) (assert (<= X_0 {token}))").cases[0].upper[0] == value
+        case = parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 -1e3)) (assert (<= X_0 {token}))").cases[0]
+        # binary64's -0.0015 lies below the decimal: the box's side is the next number up, open
+        assert case.upper[0] == (np.nextafter(value, 1) if token == "-1.5e-03" else value)
+        assert case.upper_open[0] == (token == "-1.5e-03")
     with pytest.raises(tlb.BridgeError, match="constant 'X_01'"):
         parse_vnnlib(decl(2, 1) + "(declare-const X_01 Real)")
     deep = decl(1, 1) + box([0], [1]) + "(assert " + "(and " * 300 + "(<= Y_0 0)" + ")" * 301
@@ -162,6 +165,105 @@ def test_numbers_names_and_nesting_outside_the_subset():
         parse_vnnlib(deep)
     fine = decl(1, 1) + box([0], [1]) + "(assert " + "(and " * 200 + "(<= Y_0 0)" + ")" * 201
     assert len(parse_vnnlib(fine).cases) == 1
+
+
+def test_numbers_and_arithmetic_beyond_binary64_are_refused_by_line(tmp_path):
+    """1e-400 read as 0 turned ``Y_0 >= 1e-400`` into ``Y_0 >= 0`` (sat at y = 0, where the property has
+    no point); 1e200 * 1e200 became an infinite row; 1e308 + 1e308 an infinite right-hand side."""
+    head = decl(1, 1) + box([0], [0])
+    for body, message in (("(>= Y_0 1e-400)", "line 5: the number 1e-400 is nonzero but rounds to 0"),
+                          ("(>= Y_0 -1e400)", "line 5: the number -1e400 is beyond binary64's range"),
+                          ("(<= (* 1e-200 1e-200 Y_0) 0)", "line 5: the product 1e-200 \\* 1e-200 is nonzero but "
+                                                           "rounds to 0"),
+                          ("(<= (* 1e-200 (* 1e-200 Y_0)) 0)", "line 5: the product .* rounds to 0"),
+                          ("(>= (* 1e200 1e200 Y_0) 1)", "line 5: the product .* beyond binary64's range"),
+                          ("(>= Y_0 (+ 1e308 1e308))", "line 5: a sum is beyond binary64's range"),
+                          ("(>= Y_0 (- -1e308 1e308))", "line 5: a sum is beyond binary64's range"),
+                          ("(<= -1e308 (- 1e308 Y_0))", "line 5: a sum is beyond binary64's range")):
+        with pytest.raises(tlb.BridgeError, match=message):
+            parse_vnnlib(head + f"(assert {body})")
+    with pytest.raises(tlb.BridgeError, match="line 3: the bound .* on X_0 is outside binary64's range"):
+        parse_vnnlib(decl(1, 1) + "(assert (<= (* 1e-300 X_0) 1e10))\n(assert (>= X_0 0))")
+    # zeros stay zeros, and in-range products and subnormals are kept
+    case, = parse_vnnlib(head + "(assert (<= (* 0.0e-400 Y_0) (* 0 1e-300)))\n(assert (>= (* 1e-160 1e-160 Y_0) 1e-310))").cases
+    (c, d, _), = case.groups
+    assert c[0, 0] == -1e-320 and d[0] == -1e-310
+
+
+def test_an_integer_input_is_refused_by_name(tmp_path):
+    """A Cast(int64 -> float) net: a point box failed inside the evaluator ('element type mismatch'),
+    a wider box inside the interval rules; now load_model names the input and its type."""
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+                               helper.make_node("Relu", ["xf"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "int.onnx")
+    (tmp_path / "p.vnnlib").write_text(decl(2, 2) + box([1, 1], [1, 1]) + "(assert (>= Y_0 0.5))")
+    with pytest.raises(tlb.BridgeError, match="verify: the network input 'x' is int64; .* float input only"):
+        verify(load_model(tmp_path / "int.onnx"), parse_vnnlib((tmp_path / "p.vnnlib").read_text()))
+
+
+@pytest.mark.parametrize("elem", ["DOUBLE", "FLOAT16"])
+def test_a_double_input_is_rechecked_in_double_and_a_half_input_is_refused(elem, tmp_path):
+    """onnxruntime was always fed float32: a Relu net with a double (or float16) input crashed in the
+    re-check with 'INVALID_ARGUMENT: Unexpected input data type'. A double input now takes the binary32
+    point exactly; a narrower float is refused at load (the margin covers binary32 rounding only)."""
+    import onnx
+    from onnx import TensorProto, helper
+    kind = getattr(TensorProto, elem)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", kind, [1, 2])],
+                              [helper.make_tensor_value_info("y", kind, [1, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "net.onnx")
+    prop = parse_vnnlib(decl(2, 2) + box([-1, -1], [1, 1]) + "(assert (>= Y_0 0.5))")
+    if elem == "FLOAT16":
+        with pytest.raises(tlb.BridgeError, match="input 'x' is FLOAT16; verify takes networks with float"):
+            load_model(tmp_path / "net.onnx")
+        return
+    for method in ("crown", "bab-relu"):
+        r = verify(load_model(tmp_path / "net.onnx"), prop, method=method, timeout=10)
+        assert r.result == "sat" and r.counterexample["y_onnxruntime"][0] >= 0.5
+
+
+def test_a_fixed_batch_larger_than_one_is_refused_by_name(tmp_path):
+    """An input [3, 1] (or a Gemm net on [2, 2]) keeps axis 0 apart, so the bounds took it as 3 samples with
+    rows of width 1 while the property's rows span all 3 outputs: 'linear_bounds: spec must be a finite
+    [K, 1] matrix, got shape [1, 3]' with no word on the cause."""
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "net.onnx")
+    with pytest.raises(tlb.BridgeError, match=r"verify: the network input \[3, 1\] has a leading axis of 3 samples"):
+        verify(load_model(tmp_path / "net.onnx"), parse_vnnlib(decl(3, 3) + box([-1] * 3, [1] * 3) +
+                                                                "(assert (>= Y_0 0.5))"))
+
+
+def test_an_input_bound_between_binary64_numbers_is_placed_outward_and_opened(tmp_path):
+    """X_0 <= b with b = 0.100000001490116119384765624, 1e-27 below binary32's 0.1: b rounded to that
+    binary32 number, so on y = x with Y_0 >= b the point x = 0.1f, outside the box, was reported as sat
+    (the property has no binary32 point). Now an inexact bound's side is the nearest binary64 number
+    outside, open; exact ones stay closed."""
+    model = _identity_model(tmp_path)
+    b = "0.100000001490116119384765624"
+    prop = parse_vnnlib(decl(1, 1) + f"(assert (>= X_0 0)) (assert (<= X_0 {b})) (assert (>= Y_0 {b}))")
+    assert verify(model, prop, method="crown", timeout=2).result in ("unknown", "unsat")
+    case, = parse_vnnlib(decl(2, 1) + "(assert (<= -0.1 X_0 0.2)) (assert (<= 0 X_1 1)) (assert (<= Y_0 0))").cases
+    assert case.lower[0] == -0.1 and case.upper[0] == 0.2  # binary64's -0.1 and 0.2 lie outside already
+    assert case.lower[1] == 0 and case.upper[1] == 1 and not case.lower_open[1] and not case.upper_open[1]
+    assert case.lower_open[0] and case.upper_open[0]
+    case, = parse_vnnlib(decl(1, 1) + "(assert (>= X_0 0.1)) (assert (<= X_0 0.3)) (assert (<= Y_0 0))").cases
+    assert case.lower[0] == np.nextafter(0.1, -1) and case.upper[0] == np.nextafter(0.3, 1)  # 0.1 is above, 0.3 below
+    assert parse_vnnlib(decl(1, 1) + "(assert (>= X_0 0.1)) (assert (<= X_0 0.1)) (assert (<= Y_0 0))").cases
 
 
 def test_a_box_beyond_binary32_range_warns_nothing(tmp_path):
@@ -282,6 +384,40 @@ def test_never_wrong_on_unseen_networks(seed, tmp_path):
             assert r.result == "sat"  # a sampled point satisfies it: the search must find one too
 
 
+def test_timeout_and_seed_of_the_wrong_kind_are_refused():
+    """seed -1 and seed 1.5 failed in numpy's SeedSequence (ValueError, TypeError), timeout '5' in a
+    comparison (TypeError)."""
+    model = load_model(FIX / "acas_like.onnx")
+    prop = tlb.load_vnnlib(FIX / "acas_sat.vnnlib")
+    for kw, message in (({"seed": -1}, "seed must be a whole number >= 0, got -1"),
+                        ({"seed": 1.5}, "seed must be a whole number >= 0, got 1.5"),
+                        ({"seed": True}, "seed must be"), ({"timeout": "5"}, "timeout must be a positive number"),
+                        ({"timeout": True}, "timeout must be"), ({"timeout": 0}, "timeout must be")):
+        with pytest.raises(tlb.BridgeError, match=message):
+            verify(model, prop, **kw)
+
+
+def test_gzipped_files_a_byte_order_mark_and_a_property_given_as_model(tmp_path):
+    """VNN-COMP ships model.onnx.gz and prop.vnnlib.gz: the command read the model as a bundle ('invalid
+    JSON: utf-8 codec can't decode byte 0x8b') and the property as text; a UTF-8 BOM was 'expected a
+    command' on line 1; a property given as MODEL gave 'invalid JSON' without naming the file."""
+    import gzip
+    model_gz, prop_gz = tmp_path / "net.onnx.gz", tmp_path / "prop.vnnlib.gz"
+    model_gz.write_bytes(gzip.compress((FIX / "acas_like.onnx").read_bytes()))
+    prop_gz.write_bytes(gzip.compress((FIX / "acas_sat.vnnlib").read_bytes()))
+    bom = tmp_path / "bom.vnnlib"
+    bom.write_bytes(b"\xef\xbb\xbf" + (FIX / "acas_sat.vnnlib").read_bytes())
+    for model, prop in ((model_gz, prop_gz), (FIX / "acas_like.onnx", bom)):
+        r = verify_files(model, prop, timeout=20)
+        assert r.result == "sat"
+    bad = tmp_path / "bad.onnx.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(tlb.BridgeError, match="cannot decompress .*bad.onnx.gz"):
+        load_model(bad)
+    with pytest.raises(tlb.BridgeError, match="verify: .*acas_sat.vnnlib is not an .onnx file"):
+        load_model(FIX / "acas_sat.vnnlib")
+
+
 def test_cli_json_and_text(tmp_path):
     cmd = [sys.executable, "-m", "torchlean_bridge", "verify", str(FIX / "acas_like.onnx"),
            str(FIX / "acas_sat.vnnlib"), "--json", "--timeout", "20"]
@@ -295,6 +431,8 @@ def test_cli_json_and_text(tmp_path):
     assert text.returncode == 0 and text.stdout.split()[0] in ("sat", "unknown")
     bad = subprocess.run(cmd[:5] + ["--timeout", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--timeout" in bad.stderr
+    seed = subprocess.run(cmd[:6] + ["--seed", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert seed.returncode == 2 and "--seed must be a whole number >= 0, got -1" in seed.stderr, seed.stderr
     wrong = tmp_path / "p.vnnlib"
     wrong.write_text(decl(4, 5) + box([0] * 4, [1] * 4) + "(assert (<= Y_0 0))\n")
     mismatch = subprocess.run(cmd[:5] + [str(wrong)], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -225,10 +225,35 @@ def _affine(crown: Crown, node, v: int):
         window = node.attrs["in_channels"] // node.attrs["groups"] * math.prod(node.attrs["kernel"])
         if n_in * n_out > MAX_DENSE or n_in > DENSE_WINDOWS * window:
             return ConvOperator(p.weight, node.attrs, tail_in, tail_out), bias
-        eye = np.eye(n_in).reshape((n_in,) + tail_in)
-        dense = batched_conv(eye, p.weight, node.attrs).reshape(n_in, n_out).T
-        return np.ascontiguousarray(dense), bias
+        return _dense_conv(p.weight, node.attrs, tail_in, tail_out), bias
     return None
+
+
+def _dense_conv(weight: np.ndarray, attrs, tail_in: tuple[int, ...], tail_out: tuple[int, ...]) -> np.ndarray:
+    """A convolution's ``[out, in]`` matrix over flat (channel-major) values, its weights written where
+    each output position's taps read (the same matrix as convolving the identity, exactly: one product
+    by 1 per entry). Convolving the identity cost ``n_in`` convolutions computed on the whole input grid:
+    for a kernel as large as its input (a 1x1 output, as in VNN-COMP's collins_rul_cnn) that was
+    ``n_in x cells`` times the entries, minutes where this takes milliseconds."""
+    cin, sp_in, cout, sp_out = tail_in[0], tuple(tail_in[1:]), tail_out[0], tuple(tail_out[1:])
+    groups = attrs["groups"]
+    cg, og = cin // groups, cout // groups
+    r = len(sp_in)
+    col = lambda v: np.asarray(v, dtype=np.int64).reshape(r, 1, 1)  # noqa: E731
+    out_pos = np.indices(sp_out).reshape(r, -1)  # [r, outputs per channel]
+    taps = np.indices(tuple(attrs["kernel"])).reshape(r, -1)  # [r, taps]
+    at = out_pos[:, :, None] * col(attrs["stride"]) - col(attrs["padding"]) + taps[:, None, :] * col(attrs["dilation"])
+    inside = np.all((at >= 0) & (at < col(sp_in)), axis=0)  # [outputs, taps]: padding cells read nothing
+    pos, tap = np.nonzero(inside)
+    flat_in = np.ravel_multi_index(tuple(at[:, pos, tap]), sp_in) if pos.size else np.zeros(0, np.int64)
+    n_pos, n_cells = math.prod(sp_out), math.prod(sp_in)
+    dense = np.zeros((cout * n_pos, cin * n_cells))
+    o = np.arange(cout)[:, None, None]
+    rows = o * n_pos + pos[None, None, :]
+    cols = ((o // og) * cg + np.arange(cg)[None, :, None]) * n_cells + flat_in[None, None, :]
+    # (output, position, input channel, tap) -> distinct (row, column): plain assignment
+    dense[rows, cols] = np.asarray(weight, dtype=np.float64).reshape(cout, cg, -1)[:, :, tap]
+    return dense
 
 
 class ConvOperator:

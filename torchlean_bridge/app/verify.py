@@ -120,9 +120,20 @@ class _Model:
         if len(g.inputs) != 1 or len(g.outputs) != 1:
             raise BridgeError(f"verify: the network must have one input and one output, it has {len(g.inputs)} "
                               f"and {len(g.outputs)}")
-        self.input_shape = tuple(g.nodes[g.inputs[0]].out_shape)
+        inp = g.nodes[g.inputs[0]]
+        if inp.dtype != "float":  # the box, the attack and the three re-checks all take real inputs
+            name = inp.source.tensor or inp.source.name if inp.source is not None else None
+            raise BridgeError(f"verify: the network input{f' {name!r}' if name else ''} is {inp.dtype}; VNN-LIB "
+                              f"boxes are over real inputs, so verify takes a float input only")
+        self.input_shape = tuple(inp.out_shape)
         self.n_outputs = int(np.prod(g.nodes[g.outputs[0]].out_shape))
         self.crown = Crown(g, self.bundle.payload)
+        if self.crown.batched and self.crown.n > 1:
+            # the bounds would take axis 0 as n independent samples, each with its own rows, while the
+            # property's X_i and Y_j range over the whole tensors
+            raise BridgeError(f"verify: the network input {list(self.input_shape)} has a leading axis of "
+                              f"{self.crown.n} samples that no op mixes (a fixed batch size); verify bounds one "
+                              f"sample: give the network with batch size 1 (or a dynamic one)")
         self._session = None
         self._batched: dict[int, Any] = {}
 
@@ -163,16 +174,33 @@ class _Model:
                 self.onnx_model = None
                 return None
         inp = self._session.get_inputs()[0]
-        out = self._session.run(None, {inp.name: x.astype(np.float32).reshape(self.input_shape)})[0]
+        x32 = x.astype(np.float32).reshape(self.input_shape)  # a double input takes the binary32 point exactly
+        out = self._session.run(None, {inp.name: x32.astype(np.float64) if inp.type == "tensor(double)" else x32})[0]
         return np.asarray(out, dtype=np.float64).reshape(-1)
 
 
+_NARROW_FLOATS = (10, 16, 17, 18, 19, 20)  # ONNX FLOAT16, BFLOAT16 and the FLOAT8 kinds
+
+
 def load_model(path: str | Path) -> _Model:
-    """An ONNX file (dynamic dimensions fixed to 1) or a bundle folder (exported to ONNX for the runtime)."""
+    """An ONNX file (dynamic dimensions fixed to 1; ``.onnx.gz`` decompressed first) or a bundle folder
+    or graph document (exported to ONNX for the runtime)."""
     p = Path(path)
+    if p.name.endswith(".gz") and p.is_file():  # VNN-COMP ships model.onnx.gz
+        from .campaign.files import local_file
+        plain = local_file(str(p))
+        try:
+            return load_model(plain)
+        except BridgeError as e:
+            raise BridgeError(f"{e} (decompressed from {p})") from None
     if p.is_dir() or p.suffix.lower() != ".onnx":
         from exporters.folder import load
-        bundle = load(p)
+        try:
+            bundle = load(p)
+        except BridgeError as e:
+            if p.is_dir() or not p.exists():
+                raise
+            raise BridgeError(f"verify: {p} is not an .onnx file, and as a graph document: {e}") from None
         try:
             from exporters.onnx import export_onnx
             data, error = export_onnx(bundle).SerializeToString(), ""
@@ -197,6 +225,12 @@ def load_model(path: str | Path) -> _Model:
     for vi in proto.graph.input:
         if vi.name in init:
             continue
+        elem = vi.type.tensor_type.elem_type
+        if elem in _NARROW_FLOATS:
+            # the margin of a refutation covers binary32 rounding and counterexamples are binary32 points:
+            # neither holds for a network that computes in a narrower format
+            raise BridgeError(f"verify: {path}: input {vi.name!r} is {onnx.TensorProto.DataType.Name(elem)}; verify "
+                              f"takes networks with float (binary32) or double inputs only")
         dims = vi.type.tensor_type.shape.dim
         shapes.append(tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in dims))
     # with external data both readers take the path, which locates the data files (the importer checks
@@ -459,7 +493,10 @@ class _Search:
         for c, d, _ in groups if targets is None else targets:
             if not c.shape[0]:
                 continue
-            for x in pgd_candidates(dag, lo.reshape(-1), hi.reshape(-1), c, d, self.rng)[:4]:
+            if not self.time_left():
+                return None
+            for x in pgd_candidates(dag, lo.reshape(-1), hi.reshape(-1), c, d, self.rng,
+                                     deadline=self.deadline)[:4]:
                 found = self.check(x.reshape(lo.shape), lo, hi, groups)
                 if found is not None:
                     return found
@@ -631,8 +668,11 @@ def verify(model: _Model, prop: Property, method: str = "crown", timeout: float 
         raise BridgeError(f"verify: unknown method {method!r} (use one of {', '.join(METHODS)})")
     if batch is not None and not (isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1):
         raise BridgeError(f"verify: batch must be a whole number of boxes >= 1, got {batch!r}")
-    if timeout is not None and not (timeout > 0):
-        raise BridgeError(f"verify: timeout must be a positive number of seconds, got {timeout}")
+    if timeout is not None and not (isinstance(timeout, (int, float, np.integer, np.floating))
+                                    and not isinstance(timeout, bool) and timeout > 0):
+        raise BridgeError(f"verify: timeout must be a positive number of seconds, got {timeout!r}")
+    if not (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
+        raise BridgeError(f"verify: seed must be a whole number >= 0, got {seed!r}")
     start = time.perf_counter()
     if prop.n_outputs != model.n_outputs:
         raise BridgeError(f"verify: the property declares {prop.n_outputs} outputs Y_j, the network has "

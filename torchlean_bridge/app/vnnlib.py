@@ -18,8 +18,10 @@ and with an optional exponent (``-1.5e-03``); nesting is limited to 256 levels.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -108,15 +110,22 @@ def _parse_sexprs(tokens: list[tuple[str, int]], where: str) -> list[Any]:
 
 def _number(tok: str) -> float | None:
     """A numeral or decimal (optionally signed, with an exponent), else None: Python's own ``float``
-    would also take ``inf``, ``nan`` and ``1_0``."""
+    would also take ``inf``, ``nan`` and ``1_0``. The value may be non-finite or a nonzero literal
+    rounded to 0 (beyond binary64's range): ``_Parser.term`` refuses those by name."""
     if not _NUMBER.match(tok):
         return None
-    v = float(tok)
-    return v if np.isfinite(v) else None
+    return float(tok)
+
+
+def _nonzero_literal(tok: str) -> bool:
+    """Whether a numeral's digits (before any exponent) are not all zero."""
+    return any(ch in "123456789" for ch in re.split(r"[eE]", tok)[0])
 
 
 class _Linear:
     """A linear term: {variable: coefficient} + constant."""
+
+    literal: str | None = None  # a constant read from one numeral: its text (its exact value)
 
     def __init__(self, coef: dict[str, float] | None = None, const: float = 0.0) -> None:
         self.coef = coef or {}
@@ -141,11 +150,20 @@ class _Parser:
         return _Error(f"VNN-LIB {self.where}: line {line}: {message}")
 
     def term(self, expr: Any) -> _Linear:
+        """The linear term of ``expr``; every coefficient and constant is a finite binary64 number, and a
+        product of nonzero numbers is never rounded to 0 (out-of-range values are refused by line)."""
         node, line = expr
         if isinstance(node, str):
             v = _number(node)
             if v is not None:
-                return _Linear(const=v)
+                if not math.isfinite(v):
+                    raise self.fail(line, f"the number {node} is beyond binary64's range (about 1.8e308)")
+                if v == 0 and _nonzero_literal(node):
+                    raise self.fail(line, f"the number {node} is nonzero but rounds to 0 in binary64 "
+                                          f"(below about 4.9e-324)")
+                t = _Linear(const=v)
+                t.literal = node
+                return t
             if node not in self.declared:
                 raise self.fail(line, f"{node!r} is neither a number nor a declared X_i / Y_j")
             return _Linear({node: 1.0})
@@ -155,7 +173,7 @@ class _Parser:
         if op == "+":
             total = _Linear()
             for a in args:
-                total = total.plus(self.term(a))
+                total = self.finite(total.plus(self.term(a)), line)
             return total
         if op == "-":
             if len(args) == 1:
@@ -164,16 +182,35 @@ class _Parser:
                 raise self.fail(line, "'-' without operands")
             total = self.term(args[0])
             for a in args[1:]:
-                total = total.plus(self.term(a).scaled(-1.0))
+                total = self.finite(total.plus(self.term(a).scaled(-1.0)), line)
             return total
         if op == "*":
             parts = [self.term(a) for a in args]
             variable = [p for p in parts if p.coef]
             if len(variable) > 1:
                 raise self.fail(line, "a product of two variables is not linear (outside the VNN-LIB subset)")
-            k = float(np.prod([p.const for p in parts if not p.coef]))
-            return variable[0].scaled(k) if variable else _Linear(const=k)
+            k = 1.0
+            for p in parts:
+                if not p.coef:
+                    k = self.product(k, p.const, line)
+            if not variable:
+                return _Linear(const=k)
+            v = variable[0]
+            return _Linear({name: self.product(c, k, line) for name, c in v.coef.items()}, self.product(v.const, k, line))
         raise self.fail(line, f"term operator {op!r} is outside the supported subset (+, -, *)")
+
+    def finite(self, t: _Linear, line: int) -> _Linear:
+        if not (math.isfinite(t.const) and all(math.isfinite(c) for c in t.coef.values())):
+            raise self.fail(line, "a sum is beyond binary64's range (about 1.8e308)")
+        return t
+
+    def product(self, a: float, b: float, line: int) -> float:
+        p = a * b
+        if not math.isfinite(p):
+            raise self.fail(line, f"the product {a!r} * {b!r} is beyond binary64's range (about 1.8e308)")
+        if p == 0 and a != 0 and b != 0:
+            raise self.fail(line, f"the product {a!r} * {b!r} is nonzero but rounds to 0 in binary64")
+        return p
 
     def formula(self, expr: Any) -> list[list[tuple[_Linear, bool, int]]]:
         """DNF: a list of conjunctions of atoms (term <= 0, strict?, line)."""
@@ -203,7 +240,12 @@ class _Parser:
             conj = []
             for left, right in zip(terms, terms[1:]):  # chained comparisons: each adjacent pair
                 diff = left.plus(right.scaled(-1.0)) if op in ("<=", "<") else right.plus(left.scaled(-1.0))
-                conj.append((diff, op in ("<", ">"), line))
+                self.finite(diff, line)
+                # a variable against one numeral (every VNN-COMP input bound): the numeral's exact value
+                # places the bound (see parse_vnnlib)
+                lit = right.literal if not right.coef and _one_variable(left) else \
+                    left.literal if not left.coef and _one_variable(right) else None
+                conj.append((diff, op in ("<", ">"), line, lit))
             return [conj]
         raise self.fail(line, f"{op!r} is outside the supported VNN-LIB subset (and, or, <=, >=, <, >)")
 
@@ -254,6 +296,7 @@ class _Parser:
 def parse_vnnlib(text: str, where: str = "<string>") -> Property:
     """A property from VNN-LIB text (see the module docstring for the subset)."""
     p = _Parser(where)
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark some editors write
     n_in, n_out, dnf = p.run(_parse_sexprs(_tokens(text, where), where))
     cases: dict[bytes, Case] = {}
     for conj in dnf:
@@ -261,7 +304,7 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
         lo_open, hi_open = np.zeros(n_in, dtype=bool), np.zeros(n_in, dtype=bool)
         rows, rhs, strict = [], [], []
         empty = False
-        for term, is_strict, line in conj:
+        for term, is_strict, line, literal in conj:
             kinds = {v[0] for v in term.coef if term.coef[v] != 0}
             if kinds == {"X", "Y"}:
                 raise p.fail(line, "an atom mixes inputs X and outputs Y (outside the VNN-LIB subset)")
@@ -275,6 +318,11 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
                     raise p.fail(line, "input constraints must bound one X_i at a time (a box)")
                 (v, c), = live
                 i, bound = int(v[2:]), -term.const / c
+                if not math.isfinite(bound) or (bound == 0 and term.const != 0):
+                    raise p.fail(line, f"the bound {-term.const!r} / {c!r} on {v} is outside binary64's range")
+                if literal is not None and abs(c) == 1.0:
+                    bound, inexact = _outward(bound, literal, upper=c > 0)
+                    is_strict = is_strict or inexact
                 if c > 0:  # c x + k <= 0  ->  x <= -k / c
                     _tighten(hi, hi_open, i, bound, is_strict, np.less)
                 else:
@@ -300,6 +348,27 @@ def parse_vnnlib(text: str, where: str = "<string>") -> Property:
     return Property(n_in, n_out, list(cases.values()), where)
 
 
+def _one_variable(t: _Linear) -> bool:
+    """Whether t is one variable with coefficient 1 and no constant."""
+    return len(t.coef) == 1 and next(iter(t.coef.values())) == 1.0 and t.const == 0
+
+
+def _outward(value: float, literal: str, upper: bool) -> tuple[float, bool]:
+    """An input bound read from ``literal`` (``value`` its binary64 rounding) as a bound the box may use:
+    where the decimal is not a binary64 number, the nearest binary64 number on the outside (the box then
+    holds every real point of the property's box) and ``True``: that side is open, so a counterexample,
+    a binary32 point, lies strictly inside, hence inside the decimal bound. Before, ``X_0 <= 0.1000000014901
+    16119384765624`` rounded up to binary32's 0.1 and that point, above the bound, was reported as sat."""
+    exact, rounded = Decimal(literal), Decimal(value)  # both exact
+    if rounded == exact:
+        return value, False
+    if upper and rounded < exact:
+        value = math.nextafter(value, math.inf)
+    elif not upper and rounded > exact:
+        value = math.nextafter(value, -math.inf)
+    return value, True
+
+
 def _tighten(bound: np.ndarray, is_open: np.ndarray, i: int, value: float, strict: bool, tighter: Any) -> None:
     """Input i's bound moved to ``value`` if that is tighter (``tighter(value, bound[i])``); at an equal
     value a strict comparison makes the bound open."""
@@ -311,10 +380,14 @@ def _tighten(bound: np.ndarray, is_open: np.ndarray, i: int, value: float, stric
 
 def load_vnnlib(path: str | Path, input_shape: Sequence[int] | None = None,
                 n_outputs: int | None = None) -> Property:
-    """Read a VNN-LIB file; with ``input_shape`` the boxes take the network's input shape, with
+    """Read a VNN-LIB file (``.gz`` decompressed); with ``input_shape`` the boxes take the network's input shape, with
     ``n_outputs`` the output count is checked."""
+    plain = path
+    if str(path).endswith(".gz"):  # VNN-COMP ships prop.vnnlib.gz: read its decompressed copy
+        from .campaign.files import local_file
+        plain = local_file(str(path))
     try:
-        text = Path(path).read_text()
+        text = Path(plain).read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise BridgeError(f"VNN-LIB {path}: cannot read: {e}") from None
     prop = parse_vnnlib(text, str(path))

@@ -186,8 +186,9 @@ class ReluBab:
                           method=method or self.method, deadline=self.deadline, known=given, warm=warm)
         self.domains += m
         gap = r.lower[:m] - self.d[None] - self.margin[None]
-        pre_lo = np.concatenate([r.pre[v][0][:m] for v in self.nodes], axis=1)
-        pre_hi = np.concatenate([r.pre[v][1][:m] for v in self.nodes], axis=1)
+        # no split node at all (a sigmoid net under --method bab-relu): no boxes, the search halves the input
+        pre_lo = np.concatenate([np.zeros((m, 0))] + [r.pre[v][0][:m] for v in self.nodes], axis=1)
+        pre_hi = np.concatenate([np.zeros((m, 0))] + [r.pre[v][1][:m] for v in self.nodes], axis=1)
         slopes = None if r.slopes is None else {v: (a[:m], b[:m]) for v, (a, b) in r.slopes.items()}
         return gap, r.empty[:m], (pre_lo, pre_hi), None if r.points is None else r.points[:m], slopes
 
@@ -386,8 +387,8 @@ class ReluBab:
             try:
                 if self.branching == "fsb" and not on_input.all():
                     unit, fsb_gap = self._fsb(splits, gaps, pre, los, his, score, choice)
-                else:
-                    unit = np.argmax(score, axis=1)
+                else:  # (no unit at all: every row splits its input box, the units are not read)
+                    unit = np.argmax(score, axis=1) if score.shape[1] else np.zeros(len(picked), dtype=np.int64)
             except DeadlineExceeded:
                 return self._outcome("unknown", None, best, "timeout")
             # no splittable unit left: the splits act only through the relaxations, so halve the input box instead

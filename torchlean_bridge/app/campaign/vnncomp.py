@@ -5,7 +5,8 @@ else prints why and exits 1, so the harness knows the instance is not supported 
 ``run v1 BENCHMARK ONNX VNNLIB RESULT_FILE TIMEOUT``: answers the instance with the campaign's task
 (the single-instance ``verify``) and writes RESULT_FILE atomically: ``sat`` followed by the
 counterexample, ``unsat``, ``unknown``, ``timeout`` or ``error``. The time limit covers loading too:
-``verify`` gets what remains of TIMEOUT after the network is loaded, less a second for writing out.
+``verify`` gets what remains of TIMEOUT after the network is loaded and the property read, less a second
+for writing out.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def _run(onnx: str, vnnlib: str, result_file: str, timeout: float, start: float)
         if left <= 0:
             text = "timeout\n"
         else:
-            answer = verify_instance(model_path, vnnlib_path, "auto", 0, left, vnnlib)
+            answer = verify_instance(model_path, vnnlib_path, "auto", 0, left, vnnlib,
+                                     deadline=start + timeout - _WRITE_OUT)
             text = answer["counterexample"] or f"{answer['result']}\n"
     except BridgeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from ..verify import verify_files
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise BridgeError(f"verify: --timeout must be a positive number of seconds, got {args.timeout}")
+    if args.seed < 0:
+        raise BridgeError(f"verify: --seed must be a whole number >= 0, got {args.seed}")
     if args.instances is not None or args.model is None or args.property is None:
         from ..campaign.verify_campaign import run_from_args
         return run_from_args(args)

@@ -35,6 +35,11 @@ def test_auto_splits_inputs_when_few_and_relus_when_many():
     assert choose_method(large, box(40, 0.0)) == "bab-input"  # a point: nothing unstable
 
 
+def _outputs(b: tlb.Bundle, xs: np.ndarray) -> np.ndarray:
+    """The network's float64 outputs ``[N, outputs]`` at the sample points ``xs`` ``[N, inputs]``."""
+    return np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+
+
 def _model(b: tlb.Bundle) -> _Model:
     from exporters.onnx import export_onnx
     return _Model(b, export_onnx(b).SerializeToString())
@@ -46,7 +51,7 @@ def test_memory_cap_gives_unknown_with_the_reason():
     lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
     b = model.bundle
     xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
-    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs[:300]])
+    ys = _outputs(b, xs[:300])
     c = np.array([[1.0, -1.0]])
     d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])  # close to the minimum: needs many subdomains
     search = ReluBab(model, lo, hi, c, d, np.zeros(1), time.perf_counter() + 30, max_queue_bytes=1, batch=2,
@@ -98,7 +103,7 @@ def test_progress_line_on_request(capsys):
     lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
     xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
     b = model.bundle
-    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    ys = _outputs(b, xs)
     d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])
     out = ReluBab(model, lo, hi, np.array([[1.0, -1.0]]), d, np.zeros(1), time.perf_counter() + 3, batch=2,
                   progress=True).run(np.array([-np.inf]))
@@ -119,7 +124,7 @@ def test_graphs_that_do_not_rebatch_are_bounded_one_subdomain_per_pass(monkeypat
     lo, hi = np.full(40, -0.5), np.full(40, 0.5)
     b = model.bundle
     xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
-    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    ys = _outputs(b, xs)
     root = float(model.crown(lo[None], hi[None], spec=np.array([[1.0, -1.0]])).spec_lower[0, 0])
     t = root + 0.3 * (float((ys[:, 0] - ys[:, 1]).min()) - root)  # beyond one CROWN pass, below the samples
     from torchlean_bridge.app.vnnlib import Property
@@ -142,7 +147,7 @@ def test_fsb_halves_its_candidates_where_the_memory_limit_refuses_their_batch(mo
     lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
     b = model.bundle
     xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
-    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    ys = _outputs(b, xs)
     c = np.array([[1.0, -1.0]])
     root = float(model.crown(lo, hi, spec=c).spec_lower[0, 0])
     d = np.array([root + 0.5 * (float((ys[:, 0] - ys[:, 1]).min()) - root)])
@@ -243,7 +248,7 @@ def test_pgd_stops_at_the_deadline(monkeypatch):
     lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
     b = model.bundle
     xs = np.random.default_rng(0).uniform(-0.5, 0.5, (100, 40))
-    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    ys = _outputs(b, xs)
     c = np.array([[1.0, -1.0]])
     d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])  # open at the root (as in the memory-cap test)
     forward = pgd.Dag.forward

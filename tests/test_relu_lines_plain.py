@@ -34,9 +34,8 @@ def test_plain_relu_lines_are_the_general_rules_bit_for_bit(shape):
 
 
 def test_plain_relu_lines_enclose_relu():
-    """Soundness on its own terms: a_l z + b_l <= relu(z) <= a_u z + b_u on sampled points of each box
-    (in exact rationals through fractions would be slower; the ends are moderate here, float64 is exact
-    enough for the margin the rule leaves)."""
+    """Soundness on its own terms: a_l z + b_l <= relu(z) <= a_u z + b_u at points of each box, in exact
+    rationals."""
     from fractions import Fraction
     rng = np.random.default_rng(5)
     lo = rng.uniform(-2, 1, 200)

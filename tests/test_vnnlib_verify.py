@@ -130,6 +130,17 @@ def _identity_model(tmp_path):
     return load_model(tmp_path / "identity")
 
 
+def _onnx_file(path: Path, nodes: list, inputs: list, outputs: list) -> Path:
+    """A one-graph ONNX model (opset 13) of ``nodes`` saved at ``path``."""
+    import onnx
+    from onnx import helper
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
 @pytest.mark.parametrize("method", ["ibp", "crown"])
 def test_no_counterexample_on_an_open_bound(method, tmp_path):
     model = _identity_model(tmp_path)
@@ -193,15 +204,11 @@ def test_numbers_and_arithmetic_beyond_binary64_are_refused_by_line(tmp_path):
 def test_an_integer_input_is_refused_by_name(tmp_path):
     """A Cast(int64 -> float) net: a point box failed inside the evaluator ('element type mismatch'),
     a wider box inside the interval rules; now load_model names the input and its type."""
-    import onnx
     from onnx import TensorProto, helper
-    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
-                               helper.make_node("Relu", ["xf"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "int.onnx")
+    _onnx_file(tmp_path / "int.onnx", [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+                                       helper.make_node("Relu", ["xf"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 2])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
     (tmp_path / "p.vnnlib").write_text(decl(2, 2) + box([1, 1], [1, 1]) + "(assert (>= Y_0 0.5))")
     with pytest.raises(tlb.BridgeError, match="verify: the network input 'x' is int64; .* float input only"):
         verify(load_model(tmp_path / "int.onnx"), parse_vnnlib((tmp_path / "p.vnnlib").read_text()))
@@ -212,15 +219,10 @@ def test_a_double_input_is_rechecked_in_double_and_a_half_input_is_refused(elem,
     """onnxruntime was always fed float32: a Relu net with a double (or float16) input crashed in the
     re-check with 'INVALID_ARGUMENT: Unexpected input data type'. A double input now takes the binary32
     point exactly; a narrower float is refused at load (the margin covers binary32 rounding only)."""
-    import onnx
     from onnx import TensorProto, helper
     kind = getattr(TensorProto, elem)
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", kind, [1, 2])],
-                              [helper.make_tensor_value_info("y", kind, [1, 2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "net.onnx")
+    _onnx_file(tmp_path / "net.onnx", [helper.make_node("Relu", ["x"], ["y"])],
+               [helper.make_tensor_value_info("x", kind, [1, 2])], [helper.make_tensor_value_info("y", kind, [1, 2])])
     prop = parse_vnnlib(decl(2, 2) + box([-1, -1], [1, 1]) + "(assert (>= Y_0 0.5))")
     if elem == "FLOAT16":
         with pytest.raises(tlb.BridgeError, match="input 'x' is FLOAT16; verify takes networks with float"):
@@ -235,14 +237,10 @@ def test_a_fixed_batch_larger_than_one_is_refused_by_name(tmp_path):
     """An input [3, 1] (or a Gemm net on [2, 2]) keeps axis 0 apart, so the bounds took it as 3 samples with
     rows of width 1 while the property's rows span all 3 outputs: 'linear_bounds: spec must be a finite
     [K, 1] matrix, got shape [1, 3]' with no word on the cause."""
-    import onnx
     from onnx import TensorProto, helper
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "net.onnx")
+    _onnx_file(tmp_path / "net.onnx", [helper.make_node("Relu", ["x"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 1])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 1])])
     with pytest.raises(tlb.BridgeError, match=r"verify: the network input \[3, 1\] has a leading axis of 3 samples"):
         verify(load_model(tmp_path / "net.onnx"), parse_vnnlib(decl(3, 3) + box([-1] * 3, [1] * 3) +
                                                                 "(assert (>= Y_0 0.5))"))

@@ -22,7 +22,6 @@ never more, so a bound computed from it holds on the subdomain.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -56,26 +55,14 @@ def breakpoints(node: Any) -> tuple[float, ...]:
 
 
 def constraint_interval(codes: np.ndarray, knots: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The interval ``[c_lo, c_hi]`` each code confines the input to (-inf / inf where free): one
-    gather per end from a table indexed by ``code + 2`` (a masked assignment per code ran 3x longer)."""
+    """The interval ``[c_lo, c_hi]`` each code confines the input to (-inf / inf where free): one gather
+    per end through ``_TABLES`` (a masked assignment per code ran 3x longer)."""
     if not knots:
         return np.full(codes.shape, -np.inf), np.full(codes.shape, np.inf)
-    lo_of, hi_of = _interval_tables(tuple(knots))
+    first, last, _ = _TABLES[len(knots)]
+    ends = np.array((-np.inf,) + tuple(knots) + (np.inf,))
     at = codes.astype(np.intp) + 2
-    return np.take(lo_of, at), np.take(hi_of, at)
-
-
-@functools.lru_cache(maxsize=64)
-def _interval_tables(knots: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Per ``code + 2``: the lower and upper end of the code's interval (free: -inf and inf)."""
-    ends = np.array((-np.inf,) + knots + (np.inf,))
-    lo_of, hi_of = np.full(6, -np.inf), np.full(6, np.inf)
-    for code, (i, j) in _INTERVALS[len(knots)].items():
-        if code:
-            lo_of[code + 2], hi_of[code + 2] = ends[i], ends[j]
-    lo_of.setflags(write=False)
-    hi_of.setflags(write=False)
-    return lo_of, hi_of
+    return np.take(ends[first], at), np.take(ends[last], at)
 
 
 def _tables(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -35,9 +35,14 @@ def test_auto_splits_inputs_when_few_and_relus_when_many():
     assert choose_method(large, box(40, 0.0)) == "bab-input"  # a point: nothing unstable
 
 
-def _outputs(b: tlb.Bundle, xs: np.ndarray) -> np.ndarray:
-    """The network's float64 outputs ``[N, outputs]`` at the sample points ``xs`` ``[N, inputs]``."""
-    return np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+def _mlp40(samples: int) -> tuple[_Model, np.ndarray, np.ndarray, float]:
+    """The 40-input MLP (seed 1) on the box [-0.5, 0.5]^40 ``[1, 40]``, and the smallest y0 - y1 over
+    ``samples`` random points of the box (a row [1, -1] refutable only below it)."""
+    model = _model(_mlp(40, seed=1))
+    b = model.bundle
+    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (samples, 40))
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    return model, np.full((1, 40), -0.5), np.full((1, 40), 0.5), float((ys[:, 0] - ys[:, 1]).min())
 
 
 def _model(b: tlb.Bundle) -> _Model:
@@ -47,13 +52,9 @@ def _model(b: tlb.Bundle) -> _Model:
 
 def test_memory_cap_gives_unknown_with_the_reason():
     from torchlean_bridge.app.bab import ReluBab
-    model = _model(_mlp(40, seed=1))
-    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
-    b = model.bundle
-    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
-    ys = _outputs(b, xs[:300])
+    model, lo, hi, smallest = _mlp40(300)
     c = np.array([[1.0, -1.0]])
-    d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])  # close to the minimum: needs many subdomains
+    d = np.array([smallest - 1e-3])  # close to the minimum: needs many subdomains
     search = ReluBab(model, lo, hi, c, d, np.zeros(1), time.perf_counter() + 30, max_queue_bytes=1, batch=2,
                      progress=False)
     out = search.run(np.array([-np.inf]))
@@ -99,12 +100,8 @@ def test_unknown_method_is_refused_by_name():
 
 def test_progress_line_on_request(capsys):
     from torchlean_bridge.app.bab import ReluBab
-    model = _model(_mlp(40, seed=1))
-    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
-    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
-    b = model.bundle
-    ys = _outputs(b, xs)
-    d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])
+    model, lo, hi, smallest = _mlp40(300)
+    d = np.array([smallest - 1e-3])
     out = ReluBab(model, lo, hi, np.array([[1.0, -1.0]]), d, np.zeros(1), time.perf_counter() + 3, batch=2,
                   progress=True).run(np.array([-np.inf]))
     err = capsys.readouterr().err
@@ -120,18 +117,15 @@ def test_graphs_that_do_not_rebatch_are_bounded_one_subdomain_per_pass(monkeypat
     # one batched pass for its candidates: without either on both sides, the two searches walk the same tree
     monkeypatch.setattr(alpha_intermediate, "MAX_ENTRIES", 0)
     monkeypatch.setattr(search, "BRANCHING", "babsr")
-    model = _model(_mlp(40, seed=1))
-    lo, hi = np.full(40, -0.5), np.full(40, 0.5)
-    b = model.bundle
-    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
-    ys = _outputs(b, xs)
+    model, lo, hi, smallest = _mlp40(300)
+    lo, hi = lo[0], hi[0]
     root = float(model.crown(lo[None], hi[None], spec=np.array([[1.0, -1.0]])).spec_lower[0, 0])
-    t = root + 0.3 * (float((ys[:, 0] - ys[:, 1]).min()) - root)  # beyond one CROWN pass, below the samples
+    t = root + 0.3 * (smallest - root)  # beyond one CROWN pass, below the samples
     from torchlean_bridge.app.vnnlib import Property
     prop = Property(40, 2, [Case(lo, hi, [(np.array([[1.0, -1.0]]), np.array([t]), np.zeros(1, dtype=bool))])])
     batched = verify(model, prop, method="bab-relu", timeout=20)
     monkeypatch.setattr(batch_axis, "with_batch_payload", lambda g, payload, n: None)
-    single = verify(_model(b), prop, method="bab-relu", timeout=20)
+    single = verify(_model(model.bundle), prop, method="bab-relu", timeout=20)
     assert batched.result == single.result == "unsat"
     assert batched.domains_visited > 1 and single.domains_visited == batched.domains_visited
 
@@ -143,14 +137,11 @@ def test_fsb_halves_its_candidates_where_the_memory_limit_refuses_their_batch(mo
     the best-scored unit is split. Either way the search decides as without a limit."""
     import torchlean_bridge.app.bab.search as search
     from torchlean_bridge.errors import BridgeError
-    model = _model(_mlp(40, seed=1))
-    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
+    model, lo, hi, smallest = _mlp40(300)
     b = model.bundle
-    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (300, 40))
-    ys = _outputs(b, xs)
     c = np.array([[1.0, -1.0]])
     root = float(model.crown(lo, hi, spec=c).spec_lower[0, 0])
-    d = np.array([root + 0.5 * (float((ys[:, 0] - ys[:, 1]).min()) - root)])
+    d = np.array([root + 0.5 * (smallest - root)])
     free = search.ReluBab(_model(b), lo, hi, c, d, np.zeros(1), time.perf_counter() + 30, progress=False)
     got = free.run(np.array([-np.inf]))
     assert got.result == "unsat" and got.domains > 2, got  # split at least once (11 domains here)
@@ -244,13 +235,9 @@ def test_pgd_stops_at_the_deadline(monkeypatch):
     answered after 21.5 s. A step here is slowed to 0.1 s; bab-relu at 0.5 s must stop near it."""
     from torchlean_bridge.app.bab import pgd
     from torchlean_bridge.app.vnnlib import Property
-    model = _model(_mlp(40, seed=1))
-    lo, hi = np.full((1, 40), -0.5), np.full((1, 40), 0.5)
-    b = model.bundle
-    xs = np.random.default_rng(0).uniform(-0.5, 0.5, (100, 40))
-    ys = _outputs(b, xs)
+    model, lo, hi, smallest = _mlp40(100)
     c = np.array([[1.0, -1.0]])
-    d = np.array([float((ys[:, 0] - ys[:, 1]).min()) - 1e-3])  # open at the root (as in the memory-cap test)
+    d = np.array([smallest - 1e-3])  # open at the root (as in the memory-cap test)
     forward = pgd.Dag.forward
     monkeypatch.setattr(pgd.Dag, "forward", lambda self, x: (time.sleep(0.1), forward(self, x))[1])
     prop = Property(40, 2, [Case(lo, hi, [(c, d, np.zeros(1, dtype=bool))])])

@@ -62,6 +62,21 @@ def test_memory_cap_gives_unknown_with_the_reason():
     assert out.domains >= 3
 
 
+def test_memory_cap_does_not_charge_the_shared_input_box():
+    """ReLU splits keep the property's input box: the open subdomains share it, so a cap of 20 domains'
+    own data (int8 splits, float64 boxes of the 32 split units, one gap, the entry) holds 5 of them, not
+    the 2 it would if each paid for its 40-input box too."""
+    import re
+    from torchlean_bridge.app.bab import ReluBab
+    model, lo, hi, smallest = _mlp40(300)
+    per_domain = 32 + 16 * 32 + 8 + 64
+    search = ReluBab(model, lo, hi, np.array([[1.0, -1.0]]), np.array([smallest - 1e-3]), np.zeros(1),
+                     time.perf_counter() + 30, max_queue_bytes=5 * per_domain, batch=2, progress=False)
+    out = search.run(np.array([-np.inf]))
+    assert out.result == "unknown" and out.reason.startswith("memory cap"), out
+    assert int(re.match(r"memory cap: (\d+) open", out.reason).group(1)) > 5
+
+
 def test_rebatching_refuses_a_graph_without_a_unit_batch_axis():
     from semantics.linear_bounds.batch_axis import with_batch
     torch.manual_seed(0)
@@ -168,6 +183,39 @@ def test_fsb_halves_its_candidates_where_the_memory_limit_refuses_their_batch(mo
         assert all(model.batched_crown(n) is None for n in refused)
     else:
         assert bab.fsb_domains == 0  # every candidate batch refused: the best-scored unit is split
+
+
+def test_a_refused_batch_is_halved_not_bounded_one_box_per_pass(monkeypatch):
+    """Subdomains beyond the batch the working-memory limit takes (a refusal simulated above 8) are
+    bounded in halves of at least 2, with the same gaps as without the limit."""
+    import torchlean_bridge.app.bab.search as search
+    from torchlean_bridge.errors import BridgeError
+    model, lo, hi, _ = _mlp40(10)
+    c = np.array([[1.0, -1.0]])
+    bab = search.ReluBab(model, lo, hi, c, np.zeros(1), np.zeros(1), time.perf_counter() + 30, progress=False)
+    total = int(bab.offsets[-1])
+    _, _, pre, _, _ = bab._bound(np.zeros((1, total), dtype=np.int8), lo, hi)
+    unstable = np.flatnonzero((pre[0][0] < 0) & (pre[1][0] > 0))
+    m = 24
+    splits = np.zeros((m, total), dtype=np.int8)
+    splits[np.arange(m), unstable[np.arange(m) % unstable.size]] = np.where(np.arange(m) % 2, 1, -1)
+    args = (splits, np.repeat(lo, m, axis=0), np.repeat(hi, m, axis=0), (np.repeat(pre[0], m, 0), np.repeat(pre[1], m, 0)))
+    free = bab._bound(*args)
+    sizes, real = [], search.ReluBab._bound_with
+
+    def limited(self, crown, splits_, lo_, hi_, size, known=None, method=None, warm=None):
+        sizes.append(size)
+        if size > 8:
+            raise BridgeError("simulated: the working-memory limit refuses this batch")
+        return real(self, crown, splits_, lo_, hi_, size, known, method, warm)
+
+    monkeypatch.setattr(search.ReluBab, "_bound_with", limited)
+    got = search.ReluBab(_model(model.bundle), lo, hi, c, np.zeros(1), np.zeros(1), time.perf_counter() + 30,
+                         progress=False)._bound(*args)
+    assert sizes[0] == 32 and min(sizes) == 8 and sizes.count(8) == 3, sizes  # 32 -> 16 -> 8, 8, 8
+    # (beta's float32 heuristic rounds differently with the batch's shape; each bound is sound either way)
+    assert np.allclose(got[0], free[0], rtol=1e-5, atol=1e-7) and np.array_equal(got[1], free[1])
+    assert all(np.allclose(a, b, rtol=1e-9) for a, b in zip(got[2], free[2]))
 
 
 class _Residual(nn.Module):

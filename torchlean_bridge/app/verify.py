@@ -151,7 +151,8 @@ class _Model:
         return self._batched[n]
 
     def refuse_batch(self, n: int) -> None:
-        """A pass at batch n failed (the working-memory limit): bound one box per pass from now on."""
+        """A pass at batch n failed (the working-memory limit): that batch is not tried again (branch and
+        bound halves it; input splitting bounds one box per pass)."""
         self._batched[n] = None
 
     def evaluate(self, x: np.ndarray, dtype: str) -> np.ndarray:

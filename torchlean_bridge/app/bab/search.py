@@ -63,14 +63,16 @@ from .fsb_plain import PlainChain
 __all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "MAX_WARM_BYTES", "BATCH", "BRANCHING", "BRANCHINGS",
            "FSB_CANDIDATES", "WARM_START"]
 
-MAX_QUEUE_BYTES = 256 << 20  # the open subdomains' splits and bounds; beyond it the answer is unknown
-MAX_WARM_BYTES = 128 << 20  # the open subdomains' warm-start slopes; beyond it children start cold
+MAX_QUEUE_BYTES = 1 << 30  # the open subdomains' splits and bounds; beyond it the answer is unknown
+MAX_WARM_BYTES = 512 << 20  # the open subdomains' warm-start slopes; beyond it children start cold
 WARM_START = True  # children's beta-CROWN starts from the parent's optimized alpha and beta
-BATCH = 32  # subdomains split per round (64 children per CROWN pass)
+BATCH = 128  # subdomains split per round (256 children per pass; a batch the memory limit refuses is halved).
+# Every subdomain of an unsat search is bounded whatever the order, so the batch only sets the throughput: on MNIST
+# 256x2 prop_1_0.03 (49,634 domains) 39.7 s at 32, 31.3 s at 64, 30.3 s at 128
 TRY_POINTS = 4  # open children per round whose linear-bound minimizer is checked as a counterexample
 BRANCHINGS = ("fsb", "babsr")
 BRANCHING = "fsb"  # the default branching rule (bench/bab_bench.py compares both)
-# units per subdomain whose children FSB bounds (2 x 8 x 32 = 512 in one pass; halved where the working-memory
+# units per subdomain whose children FSB bounds (2 x 8 per subdomain; off ReLU chains halved where the working-memory
 # limit refuses that batch). On bench/bab_bench.py 8 decides the same 28 instances as 4 in 4,084 domains against
 # 6,528; on MNIST 256x2 prop_3_0.03 2,652 against 7,834 (7 s against 18 s), 256x4 prop_0_0.03 4,414 against 4,214
 FSB_CANDIDATES = 8
@@ -148,21 +150,25 @@ class ReluBab:
                warm=None):
         """Gaps ``[M, K]``, emptiness ``[M]``, ReLU input boxes, attack points and beta-CROWN's slopes
         (``beta.Slopes`` or None) of M subdomains (rows of splits, with their input boxes ``[M, inputs]``);
-        ``warm``: the slopes to start from (``[M, K, units]`` per ReLU node, NaN where none)."""
+        ``warm``: the slopes to start from (``[M, K, units]`` per ReLU node, NaN where none). A batch the
+        graph does not take (it does not rebatch, or the working-memory limit refuses it) is halved."""
         m = splits.shape[0]
         size = 1 << max(0, (m - 1).bit_length())  # powers of two: a few cached graphs serve every round
         crown = self._crown(size)
         if crown is not None and crown.batched and crown.n == size:
             try:
                 return self._bound_with(crown, splits, lo, hi, size, known, method, warm)
-            except BridgeError:  # a relaxation the memory limit refuses at this batch: one at a time
+            except BridgeError:  # a relaxation the memory limit refuses at this batch
                 if size == 1:
                     raise
                 self.model.refuse_batch(size)
-        parts = [self._bound_with(self.model.crown, splits[i:i + 1], lo[i:i + 1], hi[i:i + 1], 1,
-                                  None if known is None else (known[0][i:i + 1], known[1][i:i + 1]), method,
-                                  None if warm is None else {v: (a[i:i + 1], b[i:i + 1]) for v, (a, b) in warm.items()})
-                 for i in range(m)]
+        if m == 1:
+            return self._bound_with(self.model.crown, splits, lo, hi, 1, known, method, warm)
+        half = size // 2
+        take = lambda x, s: None if x is None else (x[0][s], x[1][s])  # noqa: E731
+        parts = [self._bound(splits[s], lo[s], hi[s], take(known, s), method,
+                             None if warm is None else {v: take(w, s) for v, w in warm.items()})
+                 for s in (slice(0, half), slice(half, m))]
         points = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
         slopes = None if any(p[4] is None for p in parts) else {
             v: tuple(np.concatenate([p[4][v][j] for p in parts]) for j in range(2)) for v in parts[0][4]}
@@ -365,12 +371,14 @@ class ReluBab:
         """Search from the whole box, whose CROWN gaps ``[K]`` are ``root_gap`` (the caller bounded it)."""
         from semantics.linear_bounds.crown import DeadlineExceeded
         total = int(self.offsets[-1])
-        # per open subdomain: int8 splits, float64 split nodes' input boxes (lo, hi), gaps, input box, the entry
+        # per open subdomain: int8 splits, float64 split nodes' input boxes (lo, hi), gaps, the entry; an input
+        # box of its own (float64 lo, hi) only after an input split: the others share the property's
         per_domain = total + 16 * int(self.in_offsets[-1]) + 8 * self.c.shape[0] + 64
         root = np.zeros((1, total), dtype=np.int8)
         box_lo, box_hi = self.lo.reshape(1, -1).astype(np.float64), self.hi.reshape(1, -1).astype(np.float64)
-        per_domain += 16 * box_lo.shape[1]
-        cap = max(1, self.max_queue_bytes // per_domain)
+        own_box = 16 * box_lo.shape[1]
+        root_lo, root_hi = box_lo[0], box_hi[0]  # one object each, shared by the subdomains that keep the box
+        held = 0  # bytes the open subdomains hold
         try:
             gap, empty, pre, _, slopes = self._bound(root, box_lo, box_hi, self.root_boxes)
         except DeadlineExceeded:  # the caller's bound of the whole box stands
@@ -382,13 +390,14 @@ class ReluBab:
         queue: list[tuple[float, int, np.ndarray, np.ndarray, tuple]] = []
         order = 0
         heapq.heappush(queue, (float(gap[0].max()), order, root[0], gap[0], (pre[0][0], pre[1][0]),
-                               box_lo[0], box_hi[0], self._keep_warm(slopes, 0)))
+                               root_lo, root_hi, self._keep_warm(slopes, 0)))
+        held = per_domain
         rounds, next_attack = 0, self.attack_every
         while queue:
             best = min(queue[0][0], self.proved)
             if time.perf_counter() > self.deadline:
                 return self._outcome("unknown", None, best, "timeout")
-            if len(queue) > cap:
+            if held > self.max_queue_bytes and len(queue) > 1:  # (the whole box is always searched)
                 return self._outcome("unknown", None, best,
                                      f"memory cap: {len(queue)} open subdomains exceed {self.max_queue_bytes} bytes")
             rounds += 1
@@ -401,6 +410,7 @@ class ReluBab:
                 if found is not None:
                     return self._outcome("sat", found, best)
             picked = [heapq.heappop(queue) for _ in range(min(self.batch, len(queue)))]
+            held -= sum(per_domain + (0 if p[5] is root_lo else own_box) for p in picked)
             self.warm_bytes -= sum(_warm_size(p[7]) for p in picked)
             warm = self._warm_children([p[7] for p in picked])
             splits = np.stack([p[2] for p in picked])
@@ -445,6 +455,7 @@ class ReluBab:
                     return self._outcome("unknown", None, best, "timeout")
                 if found is not None:
                     return self._outcome("sat", found, best)
+            shared = np.all(child_lo == box_lo, axis=1) & np.all(child_hi == box_hi, axis=1)
             for j in range(children.shape[0]):
                 if empty[j]:
                     continue
@@ -452,8 +463,13 @@ class ReluBab:
                     self.proved = min(self.proved, float(gap[j].max()))
                     continue
                 order += 1
-                heapq.heappush(queue, (float(gap[j].max()), order, children[j], gap[j], (cpre[0][j], cpre[1][j]),
-                                       child_lo[j], child_hi[j], self._keep_warm(slopes, j)))
+                own = not shared[j]
+                held += per_domain + (own_box if own else 0)
+                # copies, not views: a view would keep its whole round's array alive past what ``held`` counts
+                heapq.heappush(queue, (float(gap[j].max()), order, children[j].copy(), gap[j].copy(),
+                                       (cpre[0][j].copy(), cpre[1][j].copy()),
+                                       child_lo[j].copy() if own else root_lo, child_hi[j].copy() if own else root_hi,
+                                       self._keep_warm(slopes, j)))
             if self.progress:
                 low = queue[0][0] if queue else 0.0
                 print(f"\rbab: {self.domains} domains, {len(queue)} open, worst gap {low:.4g}, "

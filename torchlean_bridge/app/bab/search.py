@@ -61,7 +61,7 @@ from ...errors import BridgeError
 from .fsb_plain import PlainChain
 
 __all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "MAX_WARM_BYTES", "BATCH", "BRANCHING", "BRANCHINGS",
-           "FSB_CANDIDATES", "WARM_START"]
+           "FSB_CANDIDATES", "FSB_SOUND_CANDIDATES", "WARM_START"]
 
 MAX_QUEUE_BYTES = 1 << 30  # the open subdomains' splits and bounds; beyond it the answer is unknown
 MAX_WARM_BYTES = 512 << 20  # the open subdomains' warm-start slopes; beyond it children start cold
@@ -72,10 +72,13 @@ BATCH = 128  # subdomains split per round (256 children per pass; a batch the me
 TRY_POINTS = 4  # open children per round whose linear-bound minimizer is checked as a counterexample
 BRANCHINGS = ("fsb", "babsr")
 BRANCHING = "fsb"  # the default branching rule (bench/bab_bench.py compares both)
-# units per subdomain whose children FSB bounds (2 x 8 per subdomain; off ReLU chains halved where the working-memory
-# limit refuses that batch). On bench/bab_bench.py 8 decides the same 28 instances as 4 in 4,084 domains against
-# 6,528; on MNIST 256x2 prop_3_0.03 2,652 against 7,834 (7 s against 18 s), 256x4 prop_0_0.03 4,414 against 4,214
-FSB_CANDIDATES = 8
+# units per subdomain whose children FSB bounds. On ReLU chains (the plain float32 pass, ``fsb_plain``) 32: MNIST 256x2
+# prop_1_0.03 takes 7,306 domains (10.1 s) against 49,638 (34.3 s) at 8 and 15,846 at 16, 256x4 prop_5_0.03 is decided
+# in 16.1 s (unknown at 30 s with 8), 256x2 prop_3_0.03 1,992 domains against 2,686; 256x4 prop_0_0.03 5,324 against
+# 4,414 (12.9 s against 10.0). Elsewhere (one batched sound CROWN pass, halved where the working-memory limit
+# refuses that batch) 8: on bench/bab_bench.py 8 decides the same 28 instances as 4 in 4,084 domains against 6,528
+FSB_CANDIDATES = 32
+FSB_SOUND_CANDIDATES = 8
 
 
 def _warm_size(kept) -> int:
@@ -276,15 +279,18 @@ class ReluBab:
         return children
 
     def _fsb(self, splits, gaps, pre, los, his, score, choice) -> tuple[np.ndarray, np.ndarray | None]:
-        """Filtered smart branching: per subdomain the ``FSB_CANDIDATES`` best units by score, both
+        """Filtered smart branching: per subdomain the ``FSB_CANDIDATES`` (``FSB_SOUND_CANDIDATES`` off ReLU
+        chains) best units by score, both
         children of each candidate bounded, and the unit whose worse child has the largest gap. On ReLU
         chains the children's bounds are plain float32 CROWN (``fsb_plain``: a ranking, not sound) and
         the units ``[M]`` are returned with None; elsewhere they are one batched sound CROWN pass reusing
         the parent's boxes (``_fsb_sound``), whose children's gaps ``[2 M, K]`` are returned too."""
-        m, k = splits.shape[0], min(FSB_CANDIDATES, splits.shape[1])
+        m = splits.shape[0]
         order = np.argsort(-score, axis=1, kind="stable")
         if self.plain is None:
+            k = min(FSB_SOUND_CANDIDATES, splits.shape[1])
             return self._fsb_sound(splits, gaps, pre, los, his, score, choice, order, k)
+        k = min(FSB_CANDIDATES, splits.shape[1])
         top = order[:, :k]
         live = np.isfinite(np.take_along_axis(score, top, axis=1))
         with np.errstate(all="ignore"):

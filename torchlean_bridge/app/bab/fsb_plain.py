@@ -20,7 +20,6 @@ import math
 
 import numpy as np
 
-from ...errors import BridgeError
 from semantics.rules.affine import rows_matmul
 
 __all__ = ["PlainChain", "MAX_BLOCK_ENTRIES"]
@@ -34,14 +33,12 @@ def _plain(x):
 
 
 class PlainChain:
-    """A ReLU chain (``chain.chain_layers``, from the output down) whose split nodes are its ReLUs,
-    laid out as branch and bound's units (``offsets`` per node of ``nodes``)."""
+    """A ReLU chain (``chain.chain_layers``, from the output down) over branch and bound's units
+    (``offsets`` per split node of ``nodes``: every ReLU of the chain is one; a split node off the
+    output's chain changes no bound here)."""
 
     def __init__(self, layers, nodes: list[int], offsets: np.ndarray) -> None:
         self.layers = [(kind, v, _plain(w), _plain(b)) for kind, v, w, b in layers]
-        relus = [v for kind, v, *_ in layers if kind == "relu"]
-        if sorted(relus) != sorted(nodes):
-            raise BridgeError("fsb: the chain's ReLUs are not the split nodes")  # a caller's bug, named
         self.slices = {v: slice(int(offsets[i]), int(offsets[i + 1])) for i, v in enumerate(nodes)}
         widths = [int(offsets[-1])] + [w.shape[-1] if isinstance(w, np.ndarray) else math.prod(w.tail_in)
                                        for kind, _, w, _ in layers if kind == "affine"]  # dense or ConvOperator

@@ -79,7 +79,6 @@ class PlainChain:
         n = m * 2 * k  # children, in [parent, side, candidate] order
         a = np.broadcast_to(_plain(c)[None], (n, rows, c.shape[1])).reshape(n * rows, c.shape[1])
         const = np.zeros((m, 2 * k * rows), PLAIN)
-        side = np.broadcast_to(np.array([1.0, 0.0], PLAIN)[None, :, None, None], (m, 2, k, rows))
         for kind, v, w, b in self.layers:
             if kind == "affine":
                 const += rows_matmul(a, b).reshape(m, -1)
@@ -102,7 +101,7 @@ class PlainChain:
                 a4, new4 = a3.reshape(m, 2, k, rows, -1), new.reshape(m, 2, k, rows, -1)
                 for t in range(2):  # active, inactive
                     before = a4[i, t, j, :, u]  # [hits, rows]
-                    new4[i, t, j, :, u] = before * side[i, t, j]
+                    new4[i, t, j, :, u] = before if t == 0 else 0.0
                     const.reshape(m, 2, k, rows)[i, t, j] -= np.minimum(before, 0.0) * icpt[i, units[i, j], None]
             a = new.reshape(n * rows, -1)
         a4 = a.reshape(m, 2 * k * rows, -1)

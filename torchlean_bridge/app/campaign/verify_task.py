@@ -68,7 +68,6 @@ def verify_instance(model_path: str, vnnlib_path: str, method: str, seed: int, t
     loading the network, when this worker had not yet; ``counterexample``: text or None). With ``deadline``
     (``time.monotonic``) the search gets at most what loading the network and reading the property left
     of it (VNN-COMP's limit covers both: nn4sys's 20 MB properties take half a minute to read)."""
-    import time
     from ..verify import verify
     model, prepare_s = _model(model_path)
     prop = read_property(vnnlib_path, vnnlib_label)

@@ -73,7 +73,8 @@ _BLOCK = 1 << 17  # coefficient entries per row block of a product that is concr
 
 class DeadlineExceeded(Exception):
     """The caller's deadline (``Crown(...)(..., deadline=t)``, a ``time.perf_counter()`` value) passed;
-    it is looked at before every backward pass and optimization step, so a call overruns it by at most one."""
+    it is looked at before every backward pass, at every node of one and before every optimization step, so
+    a call overruns it by at most one node's step."""
 
 
 @dataclass
@@ -1049,6 +1050,7 @@ class _Pass:
             a = coeffs.pop(v, None)
             if a is None:
                 continue
+            run.on_time()  # per node: one pass through a deep net can take seconds
             node = g.nodes[v]
             if self.crown.const[v] or node.kind == "input":
                 self.concretize(v, a)

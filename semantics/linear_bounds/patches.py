@@ -203,6 +203,7 @@ class PatchPass:
             item = coeffs.pop(v, None)
             if item is None:
                 continue
+            run.on_time()  # per node: one pass through a deep net can take seconds
             node = g.nodes[v]
             if node.kind == "input":
                 self._concretize(v, item)

@@ -257,3 +257,31 @@ def test_rows_at_distinct_positions_out_of_position_order(name):
         for g_half, w_half in zip(got, want):
             scale = 1e-12 * (1 + np.abs(w_half).max())
             np.testing.assert_allclose(g_half, w_half, rtol=0, atol=scale)
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_tiled_rows_read_broadcast_maps_and_equal_the_dense_pass(name):
+    """Rows that are k channels at the same positions (channel-major) read the relaxation maps through a
+    broadcast view instead of a per-row gather; rows without that shape keep the gather. Both must equal
+    the dense pass row for row: whole channels, a few positions in two channels, and an irregular set."""
+    b, lo, hi = _bundle(name)
+    crown = crown_mod.Crown(b.graph, b.payload)
+    run = crown_mod._Run(crown, crown.ibp(lo, hi))
+    run.prepare(False)
+    targets = [v for v in crown.ancestors(b.graph.outputs[0]) if b.graph.nodes[v].kind == "conv"
+               and patches_mod.patchable(run, v)]
+    assert targets
+    for t in targets:
+        c, h, w = b.graph.nodes[t].out_shape[1:]
+        hw = h * w
+        two = min(2, c)
+        cases = [(np.arange(two * hw), two),  # whole channels
+                 (np.array([q * hw + cell for q in range(two) for cell in (1, hw - 1)]), two),  # 2 cells each
+                 (np.array([1, hw - 1, hw + 1]) if c > 1 else np.array([0, 1, 3]), None if c > 1 else 1)]
+        for rows, tile in cases:
+            patch = patches_mod.PatchPass(run, t, 0, crown.n, rows)
+            assert patch.tile == tile, (t, rows, patch.tile)
+            got = patch.run()
+            dense = crown_mod._Pass(run, t, 0, crown.n, rows=rows).run()
+            for g_half, d_half in zip(got, dense):
+                np.testing.assert_allclose(g_half, d_half, rtol=0, atol=1e-12 * (1 + np.abs(d_half).max()))

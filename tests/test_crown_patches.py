@@ -236,11 +236,8 @@ def test_conv_adjoint_results_are_not_overwritten_by_the_next_call():
     np.testing.assert_array_equal(first, kept)
 
 
-@pytest.mark.parametrize("name", sorted(NETS))
-def test_rows_at_distinct_positions_out_of_position_order(name):
-    """Rows are ordered by flat index (channel first), so one row per position need not come in the
-    order of the positions (channel 0 at a late cell, channel 1 at cell 0): each row must still read
-    its own window. The patch pass must equal the dense pass row for row."""
+def _patchable_convs(name: str):
+    """A prepared CROWN run on net ``name`` and its conv nodes that patch passes serve."""
     b, lo, hi = _bundle(name)
     crown = crown_mod.Crown(b.graph, b.payload)
     run = crown_mod._Run(crown, crown.ibp(lo, hi))
@@ -248,12 +245,21 @@ def test_rows_at_distinct_positions_out_of_position_order(name):
     targets = [v for v in crown.ancestors(b.graph.outputs[0]) if b.graph.nodes[v].kind == "conv"
                and patches_mod.patchable(run, v)]
     assert targets
+    return run, targets
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_rows_at_distinct_positions_out_of_position_order(name):
+    """Rows are ordered by flat index (channel first), so one row per position need not come in the
+    order of the positions (channel 0 at a late cell, channel 1 at cell 0): each row must still read
+    its own window. The patch pass must equal the dense pass row for row."""
+    run, targets = _patchable_convs(name)
     for t in targets:
-        c, h, w = b.graph.nodes[t].out_shape[1:]
+        c, h, w = run.graph.nodes[t].out_shape[1:]
         rows = np.array([h * w - 1, h * w + 1, 2 * h * w % (c * h * w)])[:min(3, c)]
         rows = np.unique(rows)
-        got = patches_mod.PatchPass(run, t, 0, crown.n, rows).run()
-        want = crown_mod._Pass(run, t, 0, crown.n, rows=rows).run()
+        got = patches_mod.PatchPass(run, t, 0, run.crown.n, rows).run()
+        want = crown_mod._Pass(run, t, 0, run.crown.n, rows=rows).run()
         for g_half, w_half in zip(got, want):
             scale = 1e-12 * (1 + np.abs(w_half).max())
             np.testing.assert_allclose(g_half, w_half, rtol=0, atol=scale)
@@ -264,24 +270,18 @@ def test_tiled_rows_read_broadcast_maps_and_equal_the_dense_pass(name):
     """Rows that are k channels at the same positions (channel-major) read the relaxation maps through a
     broadcast view instead of a per-row gather; rows without that shape keep the gather. Both must equal
     the dense pass row for row: whole channels, a few positions in two channels, and an irregular set."""
-    b, lo, hi = _bundle(name)
-    crown = crown_mod.Crown(b.graph, b.payload)
-    run = crown_mod._Run(crown, crown.ibp(lo, hi))
-    run.prepare(False)
-    targets = [v for v in crown.ancestors(b.graph.outputs[0]) if b.graph.nodes[v].kind == "conv"
-               and patches_mod.patchable(run, v)]
-    assert targets
+    run, targets = _patchable_convs(name)
     for t in targets:
-        c, h, w = b.graph.nodes[t].out_shape[1:]
+        c, h, w = run.graph.nodes[t].out_shape[1:]
         hw = h * w
         two = min(2, c)
         cases = [(np.arange(two * hw), two),  # whole channels
                  (np.array([q * hw + cell for q in range(two) for cell in (1, hw - 1)]), two),  # 2 cells each
                  (np.array([1, hw - 1, hw + 1]) if c > 1 else np.array([0, 1, 3]), None if c > 1 else 1)]
         for rows, tile in cases:
-            patch = patches_mod.PatchPass(run, t, 0, crown.n, rows)
+            patch = patches_mod.PatchPass(run, t, 0, run.crown.n, rows)
             assert patch.tile == tile, (t, rows, patch.tile)
             got = patch.run()
-            dense = crown_mod._Pass(run, t, 0, crown.n, rows=rows).run()
+            dense = crown_mod._Pass(run, t, 0, run.crown.n, rows=rows).run()
             for g_half, d_half in zip(got, dense):
                 np.testing.assert_allclose(g_half, d_half, rtol=0, atol=1e-12 * (1 + np.abs(d_half).max()))

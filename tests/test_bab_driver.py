@@ -165,12 +165,12 @@ def test_fsb_halves_its_candidates_where_the_memory_limit_refuses_their_batch(mo
     tried = []
     real = search.ReluBab._bound_with
 
-    def limited(self, crown, splits, lo_, hi_, size, known=None, method=None, warm=None):
+    def limited(self, crown, splits, lo_, hi_, size, known=None, method=None, warm=None, seeds=None):
         if method == "crown":  # FSB's pass
             tried.append(splits.shape[0])
             if splits.shape[0] > limit:
                 raise BridgeError("simulated: the working-memory limit refuses this batch")
-        return real(self, crown, splits, lo_, hi_, size, known, method, warm)
+        return real(self, crown, splits, lo_, hi_, size, known, method, warm, seeds)
 
     monkeypatch.setattr(search.ReluBab, "_bound_with", limited)
     bab = search.ReluBab(model, lo, hi, c, d, np.zeros(1), time.perf_counter() + 30, progress=False)
@@ -203,11 +203,11 @@ def test_a_refused_batch_is_halved_not_bounded_one_box_per_pass(monkeypatch):
     free = bab._bound(*args)
     sizes, real = [], search.ReluBab._bound_with
 
-    def limited(self, crown, splits_, lo_, hi_, size, known=None, method=None, warm=None):
+    def limited(self, crown, splits_, lo_, hi_, size, known=None, method=None, warm=None, seeds=None):
         sizes.append(size)
         if size > 8:
             raise BridgeError("simulated: the working-memory limit refuses this batch")
-        return real(self, crown, splits_, lo_, hi_, size, known, method, warm)
+        return real(self, crown, splits_, lo_, hi_, size, known, method, warm, seeds)
 
     monkeypatch.setattr(search.ReluBab, "_bound_with", limited)
     got = search.ReluBab(_model(model.bundle), lo, hi, c, np.zeros(1), np.zeros(1), time.perf_counter() + 30,

@@ -188,6 +188,39 @@ def test_split_bounds_enclose_the_exact_range_of_every_subdomain(seed, kind):
     assert tight["beta-crown"] <= tight["crown"] + 1e-9  # the multipliers only ever tighten
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_root_seeded_by_the_first_crown_pass_skips_its_passes_and_encloses(seed, monkeypatch):
+    """Branch and bound's root starts from the caller's CROWN boxes on the same box (``seeds``) instead of
+    computing them again: no intermediate backward pass runs, alpha- and beta-CROWN still optimize, and
+    the bounds enclose the exact range (enumerated activation patterns) and equal the unseeded root's."""
+    from semantics.linear_bounds import Crown
+    import semantics.linear_bounds.crown as crown_mod
+    from semantics.linear_bounds.splits import bound_domains, relu_nodes
+    net, params = _net(seed)
+    b = _bundle(net)
+    rng = np.random.default_rng(200 + seed)
+    lo = rng.uniform(-1, 0, (1, 2)).astype(np.float32).astype(np.float64)
+    hi = lo + rng.uniform(0.5, 2, (1, 2)).astype(np.float32)
+    inside = [y for _, (_, _, y) in Exact(params, lo[0], hi[0]).candidates()]
+    c = rng.integers(-3, 4, (3, 2)).astype(np.float64)
+    crown = Crown(b.graph, b.payload)
+    first = crown(lo, hi, keep_refined=True)
+    assert first.refined  # the ReLUs' inputs, at least
+    root = {v: np.zeros((1, u), np.int8) for v, u in zip(relu_nodes(crown), (H1, H2))}
+    passes = []
+    chunks = crown_mod._Run._chunks
+    monkeypatch.setattr(crown_mod._Run, "_chunks", lambda self, *a: passes.append(1) or chunks(self, *a))
+    for method in ("crown", "beta-crown"):
+        passes.clear()
+        seeded = bound_domains(crown, lo, hi, root, c, method=method, seeds=first.refined)
+        assert not passes, "a seeded node was bounded again"
+        fresh = bound_domains(crown, lo, hi, root, c, method=method)
+        assert passes
+        enclosure_gap(seeded, 0, c, inside, method)
+        np.testing.assert_allclose(seeded.lower, fresh.lower, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(seeded.upper, fresh.upper, rtol=1e-9, atol=1e-12)
+
+
 def test_batched_domains_agree_with_one_at_a_time():
     from semantics.linear_bounds import Crown
     from semantics.linear_bounds.batch_axis import with_batch

@@ -95,6 +95,9 @@ class LinearBounds:
     spec_lower: np.ndarray | None = None
     spec_upper: np.ndarray | None = None
     spec_coefficients: list[np.ndarray] | None = None
+    # with ``keep_refined=True``: the CROWN-refined boxes of the run, by node of the Crown's own graph, to seed
+    # a later run of the same Crown on the same box (``bound_domains(..., seeds=)``) without its backward passes
+    refined: dict[int, Box] | None = None
 
     # per output (lo, hi), as ``interval_bounds`` gives per node: ``lo, hi = lb[0]``, ``for lo, hi in lb``
     def __len__(self) -> int:
@@ -269,7 +272,7 @@ class Crown:
         return got
 
     def __call__(self, lower: Any, upper: Any, method: str = "crown", spec: np.ndarray | None = None,
-                 all_nodes: bool = False, deadline: float | None = None) -> LinearBounds:
+                 all_nodes: bool = False, deadline: float | None = None, keep_refined: bool = False) -> LinearBounds:
         if method not in METHODS:
             raise BridgeError(f"linear_bounds: unknown method {method!r} (use one of {', '.join(METHODS)})")
         g = self.graph
@@ -315,6 +318,8 @@ class Crown:
             fallback = {source[v]: self.source_ibp.graph.nodes[source[v]].kind for v in kinds}
         result = LinearBounds(lowers, uppers, label, fallback=dict(sorted(fallback.items())),
                               boxes=self._source_boxes(run.boxes) if all_nodes else None)
+        if keep_refined:
+            result.refined = {v: run.boxes[v] for v, done in enumerate(run.refined) if done}
         if spec_out is not None:
             s_lo, s_hi = _spec_box(self, run.boxes[g.outputs[0]], spec)  # never looser than the output box
             result.spec_lower, result.spec_upper = np.maximum(spec_out[0], s_lo), np.minimum(spec_out[1], s_hi)
@@ -400,6 +405,7 @@ class _Run:
         self.planes: dict[int, tuple[np.ndarray, ...]] = {}  # softmax: see softmax_planes
         self.fallback: dict[int, str] = {}
         self.refined = [False] * len(boxes)
+        self.seeds: dict[int, Box] = {}  # sound boxes from an earlier run on the same box: no backward pass
         self.optimize = False  # relaxed nodes' inputs also by alpha-CROWN after CROWN (``alpha_intermediate``)
         self.tightened: set[int] = set()  # nodes whose box is tighter than IBP's first one
         self._mag: dict[int, np.ndarray] = {}
@@ -562,6 +568,11 @@ class _Run:
     def refine(self, v: int, need: np.ndarray | None) -> Box:
         """CROWN bounds of v's entries where ``need`` (all when None), intersected with v's box."""
         crown = self.crown
+        seed = self.seeds.get(v)
+        if seed is not None:
+            lo, hi = self.boxes[v]
+            self.set_box(v, (np.maximum(lo, seed[0].reshape(lo.shape)), np.minimum(hi, seed[1].reshape(hi.shape))))
+            return self._refined(v)
         lo, hi = (x.reshape(crown.ishape(v)).copy() for x in self.boxes[v])
         tail = crown.ishape(v)[1:]
         width = math.prod(tail)
@@ -577,8 +588,11 @@ class _Run:
             hf[:, rows] = np.minimum(hf[:, rows], up_)
             lo[b0:b1], hi[b0:b1] = lf.reshape(lo[b0:b1].shape), hf.reshape(hi[b0:b1].shape)
         shape = self.graph.nodes[v].out_shape
-        box = lo.reshape(shape), hi.reshape(shape)
-        self.set_box(v, box)
+        self.set_box(v, (lo.reshape(shape), hi.reshape(shape)))
+        return self._refined(v)
+
+    def _refined(self, v: int) -> Box:
+        """Mark v's box refined, after alpha-CROWN's tightening when the run optimizes."""
         self.refined[v] = True
         if self.optimize:
             from .alpha_intermediate import tighten_unstable

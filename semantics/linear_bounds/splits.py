@@ -215,12 +215,15 @@ class _SplitRun(_Run):
 
 def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Splits, spec: np.ndarray,
                   method: str = "crown", deadline: float | None = None,
-                  known: dict[int, Box] | None = None, warm: Slopes | None = None) -> DomainBounds:
+                  known: dict[int, Box] | None = None, warm: Slopes | None = None,
+                  seeds: dict[int, Box] | None = None) -> DomainBounds:
     """Sound bounds of ``spec @ y`` on each subdomain (sample i of the batch: box ``lower[i], upper[i]``
     with the splits' row i). ``known``: per split node, boxes ``[N, input entries]`` of its input that hold on
     each subdomain (a parent subdomain's ``pre``); they replace the intermediate CROWN passes for that
     input (the caller vouches for them: a superset of each subdomain keeps them sound). ``warm``:
-    beta-crown's starting slopes (``beta.beta_bounds``; a parent's ``DomainBounds.slopes``).
+    beta-crown's starting slopes (``beta.beta_bounds``; a parent's ``DomainBounds.slopes``). ``seeds``:
+    ``LinearBounds.refined`` of an earlier run of this Crown on this one box (branch and bound's root after the
+    first CROWN pass): those boxes stand in for their CROWN passes, alpha-CROWN still tightens them.
     ``DeadlineExceeded`` once the deadline has passed."""
     if method not in DOMAIN_METHODS:
         raise BridgeError(f"bound_domains: unknown method {method!r} (use {', '.join(DOMAIN_METHODS)})")
@@ -236,6 +239,10 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
     # nodes' inputs by alpha-CROWN too, when the method optimizes slopes
     optimize = method != "crown" and not given and crown.n == 1
     run = _SplitRun(crown, crown.shared_ibp(lower, upper), splits, deadline, given, optimize)
+    if seeds:
+        if crown.n != 1:
+            raise ValueError("bound_domains: seeds are one box's, the batch holds several")
+        run.seeds = dict(seeds)
     run.prepare(False)
     points = slopes = None
     low, neg_up = _Pass(run, o, 0, crown.n, spec=c).run()

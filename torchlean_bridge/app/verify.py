@@ -267,7 +267,8 @@ class _Search:
 
     def bound(self, lo: np.ndarray, hi: np.ndarray, c: np.ndarray):
         """Bounds of the box and of its rows ``c`` (``DeadlineExceeded`` when time runs out first)."""
-        r = self.model.crown(lo, hi, method=self.method, spec=c if c.shape[0] else None, deadline=self.deadline)
+        r = self.model.crown(lo, hi, method=self.method, spec=c if c.shape[0] else None, deadline=self.deadline,
+                             keep_refined=True)
         self.boxes += 1
         if not c.shape[0]:
             return r, np.zeros((1, 0)), None
@@ -559,7 +560,7 @@ class _Search:
                              attack=lambda g=g: self._pgd(lo, hi, every, [g]) or self.attack(lo, hi, every, None,
                                                                                              budget=2, descend=not plain),
                              progress=self.progress,
-                             check=lambda x: self.check(x, lo, hi, every), root_boxes=root_boxes)
+                             check=lambda x: self.check(x, lo, hi, every), root_boxes=root_boxes, seeds=r.refined)
             out = search.run(gap)
             root_boxes = out.root_boxes
             self.domains += out.domains

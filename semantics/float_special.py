@@ -111,8 +111,8 @@ def _erf32(x: np.ndarray) -> np.ndarray:
     n = x.shape
     with np.errstate(over="ignore", invalid="ignore"):  # the small form at entries the large one replaces
         u = np.multiply(x, x, out=scratch("erf.u", n, _F32))
-        # x^2 >= 1 exactly where |x| >= 1 (squaring rounded to nearest is monotone and 1 is its own square;
-        # the largest float32 below 1 squares to 1 - 2**-23); NaN is in neither
+        # x^2 >= s^2 exactly where |x| >= s for the split s, a power of two: squaring rounded to nearest is
+        # monotone, s^2 is exact, and the largest float32 below s squares to s^2 (1 - 2**-23); NaN is in neither
         mask = np.greater_equal(u, _F32(_SPLIT * _SPLIT), out=scratch("erf.mask", n, np.bool_))
         if np.count_nonzero(mask) <= _GATHER_LARGE * x.size:
             y = _erf32_small(x, u, np.empty(n, _F32))

@@ -205,14 +205,14 @@ def test_a_root_seeded_by_the_first_crown_pass_skips_its_passes_and_encloses(see
     c = rng.integers(-3, 4, (3, 2)).astype(np.float64)
     crown = Crown(b.graph, b.payload)
     first = crown(lo, hi, keep_refined=True)
-    assert first.refined  # the ReLUs' inputs, at least
+    assert first.refined_boxes  # the ReLUs' inputs, at least
     root = {v: np.zeros((1, u), np.int8) for v, u in zip(relu_nodes(crown), (H1, H2))}
     passes = []
     chunks = crown_mod._Run._chunks
     monkeypatch.setattr(crown_mod._Run, "_chunks", lambda self, *a: passes.append(1) or chunks(self, *a))
     for method in ("crown", "beta-crown"):
         passes.clear()
-        seeded = bound_domains(crown, lo, hi, root, c, method=method, seeds=first.refined)
+        seeded = bound_domains(crown, lo, hi, root, c, method=method, seeds=first.refined_boxes)
         assert not passes, "a seeded node was bounded again"
         fresh = bound_domains(crown, lo, hi, root, c, method=method)
         assert passes

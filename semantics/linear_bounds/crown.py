@@ -97,7 +97,7 @@ class LinearBounds:
     spec_coefficients: list[np.ndarray] | None = None
     # with ``keep_refined=True``: the CROWN-refined boxes of the run, by node of the Crown's own graph, to seed
     # a later run of the same Crown on the same box (``bound_domains(..., seeds=)``) without its backward passes
-    refined: dict[int, Box] | None = None
+    refined_boxes: dict[int, Box] | None = None
 
     # per output (lo, hi), as ``interval_bounds`` gives per node: ``lo, hi = lb[0]``, ``for lo, hi in lb``
     def __len__(self) -> int:
@@ -319,7 +319,7 @@ class Crown:
         result = LinearBounds(lowers, uppers, label, fallback=dict(sorted(fallback.items())),
                               boxes=self._source_boxes(run.boxes) if all_nodes else None)
         if keep_refined:
-            result.refined = {v: run.boxes[v] for v, done in enumerate(run.refined) if done}
+            result.refined_boxes = {v: run.boxes[v] for v, done in enumerate(run.refined) if done}
         if spec_out is not None:
             s_lo, s_hi = _spec_box(self, run.boxes[g.outputs[0]], spec)  # never looser than the output box
             result.spec_lower, result.spec_upper = np.maximum(spec_out[0], s_lo), np.minimum(spec_out[1], s_hi)
@@ -572,7 +572,7 @@ class _Run:
         if seed is not None:
             lo, hi = self.boxes[v]
             self.set_box(v, (np.maximum(lo, seed[0].reshape(lo.shape)), np.minimum(hi, seed[1].reshape(hi.shape))))
-            return self._refined(v)
+            return self._mark_refined(v)
         lo, hi = (x.reshape(crown.ishape(v)).copy() for x in self.boxes[v])
         tail = crown.ishape(v)[1:]
         width = math.prod(tail)
@@ -589,9 +589,9 @@ class _Run:
             lo[b0:b1], hi[b0:b1] = lf.reshape(lo[b0:b1].shape), hf.reshape(hi[b0:b1].shape)
         shape = self.graph.nodes[v].out_shape
         self.set_box(v, (lo.reshape(shape), hi.reshape(shape)))
-        return self._refined(v)
+        return self._mark_refined(v)
 
-    def _refined(self, v: int) -> Box:
+    def _mark_refined(self, v: int) -> Box:
         """Mark v's box refined, after alpha-CROWN's tightening when the run optimizes."""
         self.refined[v] = True
         if self.optimize:

@@ -222,7 +222,7 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
     each subdomain (a parent subdomain's ``pre``); they replace the intermediate CROWN passes for that
     input (the caller vouches for them: a superset of each subdomain keeps them sound). ``warm``:
     beta-crown's starting slopes (``beta.beta_bounds``; a parent's ``DomainBounds.slopes``). ``seeds``:
-    ``LinearBounds.refined`` of an earlier run of this Crown on this one box (branch and bound's root after the
+    ``LinearBounds.refined_boxes`` of an earlier run of this Crown on this one box (branch and bound's root after the
     first CROWN pass): those boxes stand in for their CROWN passes, alpha-CROWN still tightens them.
     ``DeadlineExceeded`` once the deadline has passed."""
     if method not in DOMAIN_METHODS:

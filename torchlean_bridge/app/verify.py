@@ -559,8 +559,8 @@ class _Search:
             search = ReluBab(self.model, lo, hi, cg, dg, margin, self.deadline, method="beta-crown",
                              attack=lambda g=g: self._pgd(lo, hi, every, [g]) or self.attack(lo, hi, every, None,
                                                                                              budget=2, descend=not plain),
-                             progress=self.progress,
-                             check=lambda x: self.check(x, lo, hi, every), root_boxes=root_boxes, seeds=r.refined)
+                             progress=self.progress, check=lambda x: self.check(x, lo, hi, every),
+                             root_boxes=root_boxes, seeds=r.refined_boxes)
             out = search.run(gap)
             root_boxes = out.root_boxes
             self.domains += out.domains

@@ -121,7 +121,7 @@ class ReluBab:
         self.batch = batch
         self.check = check  # re-checks a candidate point: the counterexample, or None
         self.root_boxes = root_boxes  # another group's root ``BabOutcome.root_boxes`` on the same box: reused
-        # the caller's CROWN pass on the same box (``LinearBounds.refined``): the root's intermediate boxes start
+        # the caller's CROWN pass on the same box (``LinearBounds.refined_boxes``): the root's intermediate boxes start
         # there instead of a second CROWN pass (on a CIFAR ResNet that pass took 16 of 30 s)
         self.seeds = seeds
         self.max_queue_bytes = max_queue_bytes

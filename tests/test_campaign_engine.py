@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 import signal
+import tempfile
 import time
 
 import pytest
@@ -18,7 +19,7 @@ import torchlean_bridge as tlb
 from torchlean_bridge.app.campaign.engine import Dispatcher, Outcome, Task
 from torchlean_bridge.app.campaign.engines import make_engine
 from torchlean_bridge.app.campaign.files import local_file
-from torchlean_bridge.app.campaign.local import _Processes
+from torchlean_bridge.app.campaign.local import InlineEngine, _Processes
 from torchlean_bridge.app.campaign.results import open_results
 
 
@@ -52,6 +53,22 @@ def read_text(path: str) -> str:
         return f.read()
 
 
+def exit_after_reading(path: str) -> None:
+    """The task's file was decompressed; the worker ends the way a pool worker ends: no atexit."""
+    os._exit(0)
+
+
+def where(path: str) -> str:
+    return path
+
+
+def gz_file(folder, text: str = "(declare-const X_0 Real)\n") -> str:
+    f = folder / "prop.vnnlib.gz"
+    with gzip.open(f, "wt") as g:
+        g.write(text)
+    return str(f)
+
+
 def test_every_task_has_one_outcome_whatever_its_worker_does():
     tasks = ([Task(f"q{i}", square, args=(i,)) for i in range(4)]
              + [Task("exit", exit_now, args=(3,)), Task("sigkill", kill_self), Task("bridge", raise_bridge_error),
@@ -73,8 +90,8 @@ def test_every_task_has_one_outcome_whatever_its_worker_does():
     assert by_key["hang"].status == "timeout" and by_key["hang"].elapsed >= 0.8
 
 
-def test_a_worker_killed_from_outside_mid_task_is_an_error_and_the_campaign_goes_on():
-    dispatcher = Dispatcher(_Processes(), 2)
+def test_a_worker_killed_from_outside_mid_task_is_an_error_and_the_campaign_goes_on(tmp_path):
+    dispatcher = Dispatcher(_Processes(str(tmp_path)), 2)
     tasks = [Task("slow", nap, args=(60.0,))] + [Task(f"q{i}", nap, args=(0.2,)) for i in range(6)]
     outcomes: list[Outcome] = []
     killed: list[int] = []
@@ -113,6 +130,24 @@ def test_gz_files_are_decompressed_once_per_worker(tmp_path):
     outcomes: list[Outcome] = []
     make_engine("local", 1).run([Task("t", read_text, files=(str(f),))], outcomes.append)
     assert outcomes[0].value == "(declare-const X_0 Real)\n"
+
+
+@pytest.mark.parametrize("engine", ["local", "inline"])
+def test_a_campaign_leaves_no_files_behind_whatever_its_workers_do(engine, tmp_path, monkeypatch):
+    """Workers that end by os._exit, are killed or hang run no clean-up: the campaign's folder goes."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    gz = gz_file(tmp_path)
+    tasks = [Task("where", where, files=(gz,)), Task("read", read_text, files=(gz,))]
+    if engine == "local":
+        tasks += [Task("exit", exit_after_reading, files=(gz,)), Task("kill", kill_self, files=(gz,)),
+                  Task("hang", nap, files=(gz,), args=(60.0,), timeout=0.3)]
+    outcomes: list[Outcome] = []
+    (make_engine("local", 2, grace=0.5) if engine == "local" else InlineEngine()).run(tasks, outcomes.append)
+    by_key = {o.key: o for o in outcomes}
+    assert by_key["read"].value == "(declare-const X_0 Real)\n" and len(outcomes) == len(tasks)
+    assert by_key["where"].value.startswith(str(tmp_path / "tmp" / "tlb-campaign-"))
+    assert os.listdir(tmp_path / "tmp") == []
 
 
 def test_make_engine_validates_its_options():

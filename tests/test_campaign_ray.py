@@ -7,18 +7,20 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from test_campaign_engine import kill_self, nap, raise_bridge_error, square  # noqa: E402
+from test_campaign_engine import gz_file, kill_self, nap, raise_bridge_error, read_text, square, where  # noqa: E402
 from test_campaign_verify import GOOD, benchmark, read_counterexample, rows_of  # noqa: E402
 
 from torchlean_bridge.app.campaign.engine import Dispatcher, Outcome, Task
 from torchlean_bridge.app.campaign.engines import make_engine  # noqa: E402
-from torchlean_bridge.app.campaign.ray_engine import _Actors  # noqa: E402
+from torchlean_bridge.app.campaign.files import local_file  # noqa: E402
+from torchlean_bridge.app.campaign.ray_engine import _Actors, _Worker  # noqa: E402
 from torchlean_bridge.app.campaign.verify_campaign import run_verify_campaign  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -50,8 +52,8 @@ def test_outcomes_on_ray_match_the_local_pool(cluster):
     assert by_key["hang"].status == "timeout"
 
 
-def test_an_actor_killed_from_outside_mid_task_is_an_error(cluster):
-    dispatcher = Dispatcher(_Actors({}), 2)
+def test_an_actor_killed_from_outside_mid_task_is_an_error(cluster, tmp_path):
+    dispatcher = Dispatcher(_Actors({}, str(tmp_path)), 2)
     tasks = [Task("slow", nap, args=(60.0,))] + [Task(f"q{i}", nap, args=(0.2,)) for i in range(6)]
     outcomes: list[Outcome] = []
     killed: list[int] = []
@@ -90,3 +92,23 @@ def test_verify_campaign_on_ray_equals_the_local_one(cluster, tmp_path):
     assert on_ray.counts == local.counts == {"unsat": 2, "sat": 2, "timeout": 1, "error": 2}
     again = run_verify_campaign(bench / "instances.csv", tmp_path / "ray.csv", make_engine("ray"), quiet=True)
     assert (again.ran, again.skipped) == (0, len(lines))
+
+
+def test_ray_workers_leave_no_files_behind(cluster, tmp_path, monkeypatch):
+    """Shipped files live in the campaign's folder, gone when it ends, and an idle actor told to close
+    removes its own folder (on another node nobody else could)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    gz = gz_file(tmp_path)
+    outcomes: list[Outcome] = []
+    make_engine("ray", 2, grace=0.5).run([Task("where", where, files=(gz,)), Task("kill", kill_self, files=(gz,)),
+                                          Task("read", read_text, files=(gz,))], outcomes.append)
+    by_key = {o.key: o for o in outcomes}
+    assert by_key["read"].value == "(declare-const X_0 Real)\n" and by_key["kill"].status == "error"
+    assert by_key["where"].value.startswith(str(tmp_path / "tmp" / "tlb-campaign-"))
+    assert os.listdir(tmp_path / "tmp") == []
+    worker = _Worker([], str(tmp_path / "node"))
+    path = local_file(gz)
+    assert path.startswith(str(tmp_path / "node")) and os.path.exists(path)
+    worker.close()
+    assert os.listdir(tmp_path / "node") == []

@@ -4,6 +4,10 @@ VNN-COMP benchmarks ship ``model.onnx.gz`` and ``prop.vnnlib.gz``; the single-in
 plain files, so a worker decompresses each into its own temporary folder (same base name without
 ``.gz``, so messages still name the file) and keeps it for the tasks that follow. A Ray worker on
 another machine receives a file's bytes from the object store and writes them the same way.
+
+A campaign owns one scratch folder (``campaign_scratch``) and every worker keeps its folder inside it
+(``use_scratch``): the campaign removes the whole folder when it ends. Workers cannot clean up after
+themselves: a pool worker ends with ``os._exit`` and a hung one is killed, so neither runs ``atexit``.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ import os
 import shutil
 import tempfile
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from ...errors import BridgeError
 from ...fileio import regular_file_size
 
-__all__ = ["local_file", "materialize", "read_plain", "MAX_FILE_BYTES"]
+__all__ = ["local_file", "materialize", "read_plain", "campaign_scratch", "use_scratch", "drop_scratch",
+           "MAX_FILE_BYTES"]
 
 MAX_FILE_BYTES = 8 << 30  # a decompressed model or property larger than this is refused
 _CHUNK = 1 << 20
@@ -29,10 +36,38 @@ _folder: list[Path] = []
 
 
 def _workdir() -> Path:
+    """This process's folder: inside the campaign's scratch folder, or (a lone ``verify`` of a ``.gz``
+    file) a temporary folder removed when the process exits."""
     if not _folder:
         _folder.append(Path(tempfile.mkdtemp(prefix="tlb-campaign-")))
         atexit.register(shutil.rmtree, _folder[0], True)
     return _folder[0]
+
+
+@contextmanager
+def campaign_scratch() -> Iterator[str]:
+    """A folder for the campaign's workers' files, removed with everything in it when the campaign ends."""
+    root = tempfile.mkdtemp(prefix="tlb-campaign-")
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def use_scratch(root: str) -> None:
+    """Keep this process's files in a new folder of ``root`` (made if missing: a Ray node elsewhere)."""
+    os.makedirs(root, exist_ok=True)
+    _local.clear()
+    _folder[:] = [Path(tempfile.mkdtemp(prefix="worker-", dir=root))]
+
+
+def drop_scratch() -> None:
+    """Remove this process's folder and forget the files in it (the campaign process after an inline run,
+    a Ray worker ending normally)."""
+    for folder in _folder:
+        shutil.rmtree(folder, ignore_errors=True)
+    _folder.clear()
+    _local.clear()
 
 
 def _digest_name(key: str, name: str) -> Path:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from ...errors import BridgeError
 from .engine import DEFAULT_GRACE, Dispatcher, Outcome, Task, thread_limits, warm_up
-from .files import local_file
+from .files import campaign_scratch, drop_scratch, local_file, use_scratch
 
 __all__ = ["LocalEngine", "InlineEngine", "run_task"]
 
@@ -37,8 +37,9 @@ def run_task(task: Task, resolve: Callable[[str], str] = local_file) -> Outcome:
                        elapsed=time.perf_counter() - start)
 
 
-def _worker_main(conn: Connection, warm: Sequence[str]) -> None:
+def _worker_main(conn: Connection, warm: Sequence[str], scratch: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    use_scratch(scratch)
     warm_up(warm)
     conn.send(("ready", None))
     while True:
@@ -57,9 +58,9 @@ def _worker_main(conn: Connection, warm: Sequence[str]) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, warm: Sequence[str]) -> None:
+    def __init__(self, ctx: Any, warm: Sequence[str], scratch: str) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, list(warm)), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, list(warm), scratch), daemon=True)
         self.proc.start()
         child.close()
 
@@ -81,10 +82,10 @@ class _Processes:
     """The local transport: processes forked from a fork server (a single-threaded process that has
     imported the task modules once, so a replacement worker starts in milliseconds), and pipes."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: str) -> None:
         method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
         self.ctx = multiprocessing.get_context(method)
-        self.preloaded = False
+        self.preloaded, self.scratch = False, scratch
 
     def start(self, warm: Sequence[str]) -> _Worker:
         if not self.preloaded and self.ctx.get_start_method() == "forkserver":
@@ -93,7 +94,7 @@ class _Processes:
         saved = dict(os.environ)
         os.environ.update(thread_limits(1))  # inherited by the fork server when it starts here
         try:
-            return _Worker(self.ctx, warm)
+            return _Worker(self.ctx, warm, self.scratch)
         finally:
             os.environ.clear()
             os.environ.update(saved)
@@ -145,7 +146,8 @@ class LocalEngine:
         self.workers, self.grace = workers, grace
 
     def run(self, tasks: Sequence[Task], on_outcome: Callable[[Outcome], None]) -> None:
-        Dispatcher(_Processes(), self.workers, grace=self.grace).run(tasks, on_outcome)
+        with campaign_scratch() as scratch:
+            Dispatcher(_Processes(scratch), self.workers, grace=self.grace).run(tasks, on_outcome)
 
 
 class InlineEngine:
@@ -156,5 +158,10 @@ class InlineEngine:
     workers = 1
 
     def run(self, tasks: Sequence[Task], on_outcome: Callable[[Outcome], None]) -> None:
-        for task in tasks:
-            on_outcome(run_task(task))
+        with campaign_scratch() as scratch:
+            use_scratch(scratch)
+            try:
+                for task in tasks:
+                    on_outcome(run_task(task))
+            finally:
+                drop_scratch()

@@ -18,10 +18,12 @@ from typing import Any, Callable, Sequence
 
 from ...errors import BridgeError
 from .engine import DEFAULT_GRACE, Dispatcher, Outcome, Task, thread_limits, warm_up
-from .files import local_file, materialize
+from .files import campaign_scratch, drop_scratch, local_file, materialize, use_scratch
 from .local import run_task
 
 __all__ = ["RayEngine"]
+
+_CLOSE_WAIT = 5.0  # seconds an idle actor gets to remove its files before it is killed
 
 _actor_class: list[Any] = []
 
@@ -37,9 +39,14 @@ def _ray() -> Any:
 class _Worker:
     """A Ray actor: warms up like a local worker, keeps the files shipped to it, runs one task a call."""
 
-    def __init__(self, warm: Sequence[str]) -> None:
+    def __init__(self, warm: Sequence[str], scratch: str) -> None:
+        use_scratch(scratch)
         warm_up(warm)
         self.files: dict[str, str] = {}
+
+    def close(self) -> None:
+        """Remove this actor's files (on a node that is not the campaign's, nobody else will)."""
+        drop_scratch()
 
     def ready(self) -> int:
         return os.getpid()
@@ -74,13 +81,13 @@ class _Handle:
 class _Actors:
     """The Ray transport: actors, object references and ``ray.wait``."""
 
-    def __init__(self, shipped: dict[str, tuple[str, Any]]) -> None:
-        self.ray, self.cls, self.shipped = _ray(), _worker_class(), shipped
+    def __init__(self, shipped: dict[str, tuple[str, Any]], scratch: str) -> None:
+        self.ray, self.cls, self.shipped, self.scratch = _ray(), _worker_class(), shipped, scratch
 
     def start(self, warm: Sequence[str]) -> _Handle:
         limits = thread_limits(1)  # the actor holds one CPU
-        actor = self.cls.options(runtime_env={"env_vars": limits}).remote(list(warm)) if limits else \
-            self.cls.remote(list(warm))
+        cls = self.cls.options(runtime_env={"env_vars": limits}) if limits else self.cls
+        actor = cls.remote(list(warm), self.scratch)
         return _Handle(actor, actor.ready.remote())
 
     def send(self, worker: _Handle, task: Task) -> None:
@@ -116,6 +123,11 @@ class _Actors:
         return events
 
     def stop(self, worker: _Handle, kill: bool) -> None:
+        if not kill:
+            try:
+                self.ray.get(worker.actor.close.remote(), timeout=_CLOSE_WAIT)
+            except Exception:  # noqa: BLE001 - a worker that cannot clean up is killed all the same
+                pass
         try:
             self.ray.kill(worker.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
@@ -167,7 +179,8 @@ class RayEngine:
         try:
             self.workers = self.requested or max(1, int(ray.cluster_resources().get("CPU", 1)))
             shipped = _ship(ray, tasks)
-            Dispatcher(_Actors(shipped), self.workers, grace=self.grace).run(tasks, on_outcome)
+            with campaign_scratch() as scratch:
+                Dispatcher(_Actors(shipped, scratch), self.workers, grace=self.grace).run(tasks, on_outcome)
         finally:
             if started:
                 ray.shutdown()

@@ -19,6 +19,7 @@ import torchlean_bridge as tlb
 import semantics.linear_bounds.crown as crown_mod
 import semantics.linear_bounds.patches as patches_mod
 from semantics.evaluate import evaluate
+import semantics.linear_bounds.rules as rules
 from semantics.linear_bounds.rules import conv_adjoint
 from test_linear_bounds import assert_contains
 
@@ -223,6 +224,30 @@ def test_conv_adjoint_matches_autograd_on_random_geometries():
         got = conv_adjoint(a, w, stride, padding, (1, 1), groups, in_sp)
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12, err_msg=str((kernel, stride, padding)))
         checked += 1
+
+
+@pytest.mark.parametrize("stride, padding, groups, kernel, in_sp", [
+    ((2, 2), (1, 1), 1, (3, 3), (16, 16)),  # a ResNet downsampling conv: phases of 4, 2, 2 and 1 taps
+    ((2, 2), (0, 0), 1, (1, 1), (9, 9)),    # a 1x1 shortcut: one phase reads, three stay zero
+    ((2, 3), (1, 0), 2, (3, 4), (25, 26)),  # uneven strides and kernels, grouped
+    ((3, 3), (2, 1), 1, (5, 2), (35, 23)),  # a phase with no tap on one axis (kernel 2 < stride 3)
+])
+def test_the_phase_split_adjoint_is_the_transposed_convolution(stride, padding, groups, kernel, in_sp, monkeypatch):
+    """Strided convolutions wide enough for the phase split (``_phases_pay``): each phase's stride-1
+    adjoint written into its strided view equals autograd's transposed convolution."""
+    calls = []
+    split = rules._phase_split_adjoint
+    monkeypatch.setattr(rules, "_phase_split_adjoint", lambda *args: calls.append(1) or split(*args))
+    rng = np.random.default_rng(5)
+    c_in, c_out = 16 * groups, 8 * groups
+    w = rng.normal(size=(c_out, c_in // groups) + kernel)
+    x = torch.zeros((3, c_in) + in_sp, dtype=torch.float64, requires_grad=True)
+    y = nn.functional.conv2d(x, torch.from_numpy(w), stride=stride, padding=padding, groups=groups)
+    a = rng.normal(size=tuple(y.shape))
+    (want,) = torch.autograd.grad(y, x, grad_outputs=torch.from_numpy(a))
+    got = conv_adjoint(a, w, stride, padding, (1, 1), groups, in_sp)
+    assert calls, "the phase split did not run"
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
 
 
 def test_conv_adjoint_results_are_not_overwritten_by_the_next_call():

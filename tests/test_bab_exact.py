@@ -361,3 +361,53 @@ def test_bab_relu_is_never_wrong_and_decides(seed):
             assert exact.pre(x)[2][0] - exact.pre(x)[2][1] <= Fraction(t) + Fraction(1, 10 ** 6)
         decided += r.result != "unknown"
     assert decided >= 3  # the search closes thresholds 0.5% of the scale away from the exact minimum
+
+
+@pytest.mark.parametrize("where", ["beta's plain pass", "the relaxations' preparation"])
+def test_bounding_subdomains_stops_at_the_deadline_at_the_next_node(where, monkeypatch):
+    """A deadline that passes while beta-CROWN's plain pass or the preparation of a batch's relaxations runs
+    stops it at its next node: on VNN-COMP's resnet_4b each took seconds for a batch of subdomains, and
+    ``--timeout 30`` answered at 31.5-34 s."""
+    import sys
+    from semantics.linear_bounds import Crown
+    import semantics.linear_bounds.beta as beta_mod
+    import semantics.linear_bounds.crown as crown_mod
+    from semantics.linear_bounds.splits import bound_domains, relu_nodes
+    code = {"beta's plain pass": beta_mod._plain.__code__,
+            "the relaxations' preparation": crown_mod._Run.prepare.__code__}[where]
+    net, _ = _net(4)
+    b = _bundle(net)
+    crown = Crown(b.graph, b.payload)
+    lo, hi = np.full((1, 2), -0.5), np.full((1, 2), 0.75)
+    root = {v: np.zeros((1, u), np.int8) for v, u in zip(relu_nodes(crown), (H1, H2))}
+    stopped = []
+
+    def on_time(self):
+        if sys._getframe(1).f_code is code:
+            stopped.append(1)
+            raise crown_mod.DeadlineExceeded
+
+    monkeypatch.setattr(crown_mod._Run, "on_time", on_time)
+    with pytest.raises(crown_mod.DeadlineExceeded):
+        bound_domains(crown, lo, hi, root, np.array([[1.0, -1.0]]), method="beta-crown")
+    assert stopped == [1]
+
+
+def test_bounding_subdomains_after_the_deadline_does_not_start():
+    """Called once the deadline has passed, ``bound_domains`` raises before the batch's IBP (seconds on a
+    CIFAR ResNet's batch of subdomains)."""
+    import time
+    from semantics.linear_bounds import Crown
+    import semantics.linear_bounds.crown as crown_mod
+    from semantics.linear_bounds.splits import bound_domains, relu_nodes
+    net, _ = _net(4)
+    b = _bundle(net)
+    crown = Crown(b.graph, b.payload)
+    calls = []
+    shared = crown.shared_ibp
+    crown.shared_ibp = lambda *a: calls.append(1) or shared(*a)
+    root = {v: np.zeros((1, u), np.int8) for v, u in zip(relu_nodes(crown), (H1, H2))}
+    with pytest.raises(crown_mod.DeadlineExceeded):
+        bound_domains(crown, np.full((1, 2), -0.5), np.full((1, 2), 0.75), root, np.array([[1.0, -1.0]]),
+                      deadline=time.perf_counter() - 1.0)
+    assert not calls

@@ -26,7 +26,7 @@ so the bound is sound for any beta; it is intersected with CROWN's, never looser
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -60,11 +60,13 @@ def _plain_array(x):
     return x.astype(PLAIN_DTYPE) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x
 
 
-def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r):
+def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r, on_time: Callable[[], None]):
     """Plain-float lower bounds ``[N, K]`` of ``rows`` through the DAG ``layers`` (``chain.dag_layers``),
     the gradients for alpha and beta (reverse mode over the backward pass: each node's gradient from its
     parents', in increasing id), and the coefficient at each ReLU's output and at the input. ``upper``:
-    per ReLU its upper lines' slopes and intercepts ``[N, units]``; ``pools``: ``_Run.pools``."""
+    per ReLU its upper lines' slopes and intercepts ``[N, units]``; ``pools``: ``_Run.pools``. ``on_time``
+    is called at every node of both passes: one of them takes seconds on a CIFAR ResNet's batch of
+    subdomains, and the deadline must not wait for it."""
     n, k = rows.shape[:2]
     coeff = {layers[0][1]: rows}
     const = np.zeros((n, k), rows.dtype)
@@ -73,6 +75,7 @@ def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r):
         a = coeff.pop(v, None)
         if a is None:
             continue
+        on_time()
         if kind == "affine":
             const = const + rows_matmul(a, bias)
             outs = [(parents[0], rows_matmul(a, weight))]
@@ -108,6 +111,7 @@ def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r):
     at_out = {"input": a_in}
     g_alpha, g_beta = {}, {}
     for kind, v, parents, weight, bias, a in reversed(seen):
+        on_time()
         gp = [grads[p] for p in parents]
         if kind == "affine":
             grads[v] = rows_matmul(gp[0], weight.T) + bias
@@ -200,7 +204,8 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
     with np.errstate(all="ignore"):
         for step in range(1, iterations + 1):
             run.on_time()
-            _, g_alpha, g_beta, at_out = _plain(upper, pools, plain_layers, inp, rows, alphas, betas, sigma, cx, rx)
+            _, g_alpha, g_beta, at_out = _plain(upper, pools, plain_layers, inp, rows, alphas, betas, sigma, cx, rx,
+                                                run.on_time)
             for key, grads, values, mask, lr in (("a", g_alpha, alphas, free, LR_ALPHA),
                                                  ("b", g_beta, betas, fixed, LR_BETA)):
                 for v, gr in grads.items():
@@ -215,7 +220,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
                                   *lim)
                     new[(new < _SNAP) & (lim[0] == 0.0)] = 0.0
                     values[v] = np.where(mask[v], new, values[v])
-        _, _, _, at_out = _plain(upper, pools, plain_layers, inp, rows, alphas, betas, sigma, cx, rx)
+        _, _, _, at_out = _plain(upper, pools, plain_layers, inp, rows, alphas, betas, sigma, cx, rx, run.on_time)
     points = np.where(at_out["input"] > 0, lo[:, None, :], hi[:, None, :])
     lower = np.empty((n, k))
     for j in range(k):

@@ -73,8 +73,8 @@ _BLOCK = 1 << 17  # coefficient entries per row block of a product that is concr
 
 class DeadlineExceeded(Exception):
     """The caller's deadline (``Crown(...)(..., deadline=t)``, a ``time.perf_counter()`` value) passed;
-    it is looked at before every backward pass, at every node of one and before every optimization step, so
-    a call overruns it by at most one node's step."""
+    it is looked at before every backward pass, at every node of one, at every node of the relaxations'
+    preparation and before every optimization step, so a call overruns it by at most one node's step."""
 
 
 @dataclass
@@ -452,6 +452,7 @@ class _Run:
             v = node.id
             if crown.const[v] or node.kind == "input":
                 continue
+            self.on_time()  # per node: the relaxations of a batch of subdomains of a CIFAR ResNet take seconds
             if not self.refined[v] and any(p in self.tightened for p in node.parents):
                 self._repropagate(node)
             relaxed = node.kind in _RELU_LIKE or node.kind in _PIECEWISE or smooth_for(node.kind, node.attrs) is not None

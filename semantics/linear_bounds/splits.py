@@ -28,6 +28,7 @@ output box.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ from torchlean_bridge.errors import BridgeError
 
 from ..interval_round import Box
 from .beta import Slopes, beta_bounds
-from .crown import Crown, _alpha, _Pass, _Run, _spec_box, _spec_matrix
+from .crown import Crown, DeadlineExceeded, _alpha, _Pass, _Run, _spec_box, _spec_matrix
 from .pieces import (ELEMENTWISE, POOLS, breakpoints, clip_elementwise, clip_pool, constraint_interval,
                      elementwise_scores, pool_geometry, pool_relaxation, pool_scores)
 
@@ -238,6 +239,8 @@ def bound_domains(crown: Crown, lower: np.ndarray, upper: np.ndarray, splits: Sp
     # one subdomain without known boxes (branch and bound's root, which its children reuse): the split
     # nodes' inputs by alpha-CROWN too, when the method optimizes slopes
     optimize = method != "crown" and not given and crown.n == 1
+    if deadline is not None and time.perf_counter() > deadline:  # before the batch's IBP, which takes seconds
+        raise DeadlineExceeded
     run = _SplitRun(crown, crown.shared_ibp(lower, upper), splits, deadline, given, optimize)
     if seeds:
         if crown.n != 1:

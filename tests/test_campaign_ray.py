@@ -112,3 +112,8 @@ def test_ray_workers_leave_no_files_behind(cluster, tmp_path, monkeypatch):
     assert path.startswith(str(tmp_path / "node")) and os.path.exists(path)
     worker.close()
     assert os.listdir(tmp_path / "node") == []
+    node = tmp_path / "tlb-campaign-elsewhere"  # the campaign's folder as a Ray node elsewhere makes it
+    worker = _Worker([], str(node))
+    local_file(gz)
+    worker.close()
+    assert not node.exists()

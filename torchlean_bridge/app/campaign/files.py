@@ -31,6 +31,7 @@ __all__ = ["local_file", "materialize", "read_plain", "campaign_scratch", "use_s
 
 MAX_FILE_BYTES = 8 << 30  # a decompressed model or property larger than this is refused
 _CHUNK = 1 << 20
+_PREFIX = "tlb-campaign-"
 _local: dict[str, str] = {}
 _folder: list[Path] = []
 
@@ -39,7 +40,7 @@ def _workdir() -> Path:
     """This process's folder: inside the campaign's scratch folder, or (a lone ``verify`` of a ``.gz``
     file) a temporary folder removed when the process exits."""
     if not _folder:
-        _folder.append(Path(tempfile.mkdtemp(prefix="tlb-campaign-")))
+        _folder.append(Path(tempfile.mkdtemp(prefix=_PREFIX)))
         atexit.register(shutil.rmtree, _folder[0], True)
     return _folder[0]
 
@@ -47,7 +48,7 @@ def _workdir() -> Path:
 @contextmanager
 def campaign_scratch() -> Iterator[str]:
     """A folder for the campaign's workers' files, removed with everything in it when the campaign ends."""
-    root = tempfile.mkdtemp(prefix="tlb-campaign-")
+    root = tempfile.mkdtemp(prefix=_PREFIX)
     try:
         yield root
     finally:
@@ -66,6 +67,13 @@ def drop_scratch() -> None:
     a Ray worker ending normally)."""
     for folder in _folder:
         shutil.rmtree(folder, ignore_errors=True)
+        # the campaign's folder as a Ray node elsewhere made it: the last worker out removes it (nothing else
+        # ever starts a worker then: actors are closed only when the campaign ends)
+        if folder.parent.name.startswith(_PREFIX):
+            try:
+                folder.parent.rmdir()
+            except OSError:
+                pass  # other workers' folders are still in it
     _folder.clear()
     _local.clear()
 

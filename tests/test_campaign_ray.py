@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -107,13 +108,19 @@ def test_ray_workers_leave_no_files_behind(cluster, tmp_path, monkeypatch):
     assert by_key["read"].value == "(declare-const X_0 Real)\n" and by_key["kill"].status == "error"
     assert by_key["where"].value.startswith(str(tmp_path / "tmp" / "tlb-campaign-"))
     assert os.listdir(tmp_path / "tmp") == []
-    worker = _Worker([], str(tmp_path / "node"))
+    (tmp_path / "node").mkdir()
+    worker = _Worker([], str(tmp_path / "node"), socket.gethostname())
     path = local_file(gz)
     assert path.startswith(str(tmp_path / "node")) and os.path.exists(path)
     worker.close()
     assert os.listdir(tmp_path / "node") == []
     node = tmp_path / "tlb-campaign-elsewhere"  # the campaign's folder as a Ray node elsewhere makes it
-    worker = _Worker([], str(node))
+    worker = _Worker([], str(node), "another-host")
     local_file(gz)
     worker.close()
     assert not node.exists()
+    # an actor that starts on the campaign's host after the campaign removed its folder makes nothing
+    gone = tmp_path / "tlb-campaign-ended"
+    worker = _Worker([], str(gone), socket.gethostname())
+    assert not gone.exists()
+    worker.close()

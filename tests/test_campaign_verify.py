@@ -170,8 +170,10 @@ def test_cli_campaign_usage_errors_and_json(tmp_path, capsys):
 # -- interruptions (a real CLI process) ------------------------------------------------------------
 
 
-def _cli(*args: str, **kw) -> subprocess.Popen:
+def _cli(*args: str, tmpdir: Path | None = None, **kw) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if tmpdir is not None:  # the campaign's scratch folder goes there
+        env["TMPDIR"] = str(tmpdir)
     return subprocess.Popen([sys.executable, "-m", "torchlean_bridge", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, **kw)
 
@@ -233,8 +235,10 @@ def test_interrupted_campaign_resumes_with_every_instance_once(tmp_path, how):
     bench = benchmark(tmp_path)
     (bench / "instances.csv").write_text("".join(f"{o},{v},{t}\n" for o, v, t in SLOW))
     results = tmp_path / "results.csv"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     proc = _cli("verify", "--instances", str(bench / "instances.csv"), "--results", str(results), "--workers", "1",
-                start_new_session=True)
+                tmpdir=scratch, start_new_session=True)
     try:
         _wait_rows(results, 1, proc)
         time.sleep(1.0)
@@ -249,10 +253,17 @@ def test_interrupted_campaign_resumes_with_every_instance_once(tmp_path, how):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert [r["vnnlib"] for r in rows_of(results)] == ["vnnlib/acas_min.vnnlib"]
+    # Ctrl-C removes the campaign's files; a crash of every process cannot (its folder stays behind)
+    def ours() -> list[str]:  # (multiprocessing leaves folders of its own there too)
+        return sorted(p.name for p in scratch.glob("tlb-campaign-*"))
+    left = ours()
+    assert len(left) == (0 if how == "interrupt" else 1), left
     # the hard row gets a short timeout on the second run (rows are matched by their files, not timeouts)
     (bench / "instances.csv").write_text("".join(f"{o},{v},{1 if 'hard' in v else t}\n" for o, v, t in SLOW))
-    proc = _cli("verify", "--instances", str(bench / "instances.csv"), "--results", str(results), "--workers", "2")
+    proc = _cli("verify", "--instances", str(bench / "instances.csv"), "--results", str(results), "--workers", "2",
+                tmpdir=scratch)
     out, err = proc.communicate(timeout=300)
+    assert ours() == left  # the second run leaves nothing of its own
     assert proc.returncode == 0, err
     rows = rows_of(results)
     assert sorted((r["vnnlib"], r["result"]) for r in rows) == [

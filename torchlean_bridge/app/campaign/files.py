@@ -15,13 +15,16 @@ from __future__ import annotations
 import atexit
 import gzip
 import hashlib
+import io
 import os
 import shutil
+import socket
 import tempfile
+import time
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from ...errors import BridgeError
 from ...fileio import regular_file_size
@@ -32,6 +35,7 @@ __all__ = ["local_file", "materialize", "read_plain", "campaign_scratch", "use_s
 MAX_FILE_BYTES = 8 << 30  # a decompressed model or property larger than this is refused
 _CHUNK = 1 << 20
 _PREFIX = "tlb-campaign-"
+_REMOVE_TRIES = 4
 _local: dict[str, str] = {}
 _folder: list[Path] = []
 
@@ -52,14 +56,30 @@ def campaign_scratch() -> Iterator[str]:
     try:
         yield root
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        # a Ray actor killed as the campaign ends may still be starting (``ray.kill`` does not wait) and make
+        # its folder while the removal runs; once the folder is gone none makes it again (``use_scratch``)
+        for _ in range(_REMOVE_TRIES):
+            shutil.rmtree(root, ignore_errors=True)
+            if not os.path.exists(root):
+                break
+            time.sleep(0.5)
 
 
-def use_scratch(root: str) -> None:
-    """Keep this process's files in a new folder of ``root`` (made if missing: a Ray node elsewhere)."""
-    os.makedirs(root, exist_ok=True)
+def use_scratch(root: str, home: str | None = None) -> None:
+    """Keep this process's files in a new folder of ``root``. A missing ``root`` is made only on a host
+    other than ``home`` (the campaign's, for a Ray actor: that node's copy of the folder); on the
+    campaign's own host it means the campaign has ended (a Ray actor whose start raced its ``ray.kill``),
+    and nothing is made, so nothing outlives the campaign."""
     _local.clear()
-    _folder[:] = [Path(tempfile.mkdtemp(prefix="worker-", dir=root))]
+    _folder.clear()
+    if not os.path.isdir(root):
+        if home is None or home == socket.gethostname():
+            return
+        os.makedirs(root, exist_ok=True)
+    try:
+        _folder.append(Path(tempfile.mkdtemp(prefix="worker-", dir=root)))
+    except FileNotFoundError:  # removed since: the campaign ended as this worker started
+        pass
 
 
 def drop_scratch() -> None:
@@ -84,6 +104,21 @@ def _digest_name(key: str, name: str) -> Path:
     return sub / name
 
 
+def _decompress(path: str, dst: BinaryIO) -> None:
+    """``path``'s decompressed bytes into ``dst``, refused past ``MAX_FILE_BYTES``."""
+    regular_file_size(path, "file")
+    try:
+        with gzip.open(path, "rb") as src:
+            total = 0
+            while chunk := src.read(_CHUNK):
+                total += len(chunk)
+                if total > MAX_FILE_BYTES:
+                    raise BridgeError(f"cannot read {path}: more than {MAX_FILE_BYTES} bytes once decompressed")
+                dst.write(chunk)
+    except (OSError, EOFError, zlib.error) as e:
+        raise BridgeError(f"cannot decompress {path}: {e}") from None
+
+
 def local_file(path: str) -> str:
     """``path`` itself, or for ``X.gz`` the decompressed ``X`` in this process's folder (made once)."""
     if not path.endswith(".gz"):
@@ -93,25 +128,24 @@ def local_file(path: str) -> str:
     regular_file_size(path, "file")
     out = _digest_name(os.path.realpath(path), Path(path).name[:-3])
     try:
-        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
-            total = 0
-            while chunk := src.read(_CHUNK):
-                total += len(chunk)
-                if total > MAX_FILE_BYTES:
-                    raise BridgeError(f"cannot read {path}: more than {MAX_FILE_BYTES} bytes once decompressed")
-                dst.write(chunk)
-    except (OSError, EOFError, zlib.error) as e:
+        with open(out, "wb") as dst:
+            _decompress(path, dst)
+    except BaseException:
         out.unlink(missing_ok=True)
-        raise BridgeError(f"cannot decompress {path}: {e}") from None
+        raise
     _local[path] = str(out)
     return str(out)
 
 
 def read_plain(path: str) -> bytes:
-    """The bytes of ``path`` (decompressed if ``.gz``), for shipping to workers elsewhere."""
+    """The bytes of ``path`` (decompressed in memory if ``.gz``: the campaign process writes no copy), for
+    shipping to workers elsewhere."""
     from ...fileio import read_capped
-    return Path(local_file(path)).read_bytes() if path.endswith(".gz") else read_capped(path, "file",
-                                                                                           MAX_FILE_BYTES)
+    if not path.endswith(".gz"):
+        return read_capped(path, "file", MAX_FILE_BYTES)
+    buf = io.BytesIO()
+    _decompress(path, buf)
+    return buf.getvalue()
 
 
 def materialize(name: str, digest: str, data: bytes) -> str:

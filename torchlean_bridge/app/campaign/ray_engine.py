@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 from typing import Any, Callable, Sequence
 
 from ...errors import BridgeError
@@ -39,8 +40,8 @@ def _ray() -> Any:
 class _Worker:
     """A Ray actor: warms up like a local worker, keeps the files shipped to it, runs one task a call."""
 
-    def __init__(self, warm: Sequence[str], scratch: str) -> None:
-        use_scratch(scratch)
+    def __init__(self, warm: Sequence[str], scratch: str, home: str) -> None:
+        use_scratch(scratch, home)
         warm_up(warm)
         self.files: dict[str, str] = {}
 
@@ -87,7 +88,7 @@ class _Actors:
     def start(self, warm: Sequence[str]) -> _Handle:
         limits = thread_limits(1)  # the actor holds one CPU
         cls = self.cls.options(runtime_env={"env_vars": limits}) if limits else self.cls
-        actor = cls.remote(list(warm), self.scratch)
+        actor = cls.remote(list(warm), self.scratch, socket.gethostname())
         return _Handle(actor, actor.ready.remote())
 
     def send(self, worker: _Handle, task: Task) -> None:

@@ -94,3 +94,39 @@ def test_plain_blocks_give_the_same_bounds(monkeypatch):
     monkeypatch.setattr(fsb_plain, "MAX_BLOCK_ENTRIES", 1)  # one parent per block
     blocked = bab.plain.child_lower(*args)  # float32 products may round differently with the block's shape
     assert np.allclose(blocked, whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
+
+
+def _cnn_chain_model() -> _Model:
+    from exporters.onnx import export_onnx
+    torch.manual_seed(4)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 40),
+                        nn.ReLU(), nn.Linear(40, 3)).eval()
+    b = tlb.import_fx(net, (torch.zeros(1, 1, 8, 8),))
+    return _Model(b, export_onnx(b).SerializeToString())
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_fsb_takes_fewer_candidates_on_chains_with_a_convolution(monkeypatch, conv):
+    """A conv adjoint per child makes the plain pass cost as much per row as the sound one: FSB ranks
+    ``FSB_CONV_CANDIDATES`` units per subdomain there, ``FSB_CANDIDATES`` on dense chains."""
+    from torchlean_bridge.app.bab import fsb_plain
+    model = _cnn_chain_model() if conv else _chain_model(0, False)
+    shape = (1, 1, 8, 8) if conv else (1, 12)
+    lo, hi = np.full(shape, -1.0), np.full(shape, 1.0)
+    c = np.array([[1.0, -1.0, 0.0]])
+    bab = search.ReluBab(model, lo, hi, c, np.zeros(1), np.zeros(1), time.perf_counter() + 60, progress=False)
+    assert bab.plain is not None and bab.plain.has_conv == conv
+    total = int(bab.offsets[-1])
+    assert total > search.FSB_CANDIDATES  # enough units for either count
+    asked = []
+    real = fsb_plain.PlainChain.child_lower
+    monkeypatch.setattr(fsb_plain.PlainChain, "child_lower",
+                        lambda self, c, lines, units, *rest: asked.append(units.shape[1]) or real(self, c, lines, units,
+                                                                                                *rest))
+    splits = np.zeros((2, total), dtype=np.int8)
+    _, _, pre, _, _ = bab._bound(splits[:1], lo.reshape(1, -1), hi.reshape(1, -1))
+    pre = (np.repeat(pre[0], 2, axis=0), np.repeat(pre[1], 2, axis=0))
+    score, choice = bab._scores(np.full((2, 1), -1.0), pre, splits)
+    boxes = np.repeat(lo.reshape(1, -1), 2, axis=0), np.repeat(hi.reshape(1, -1), 2, axis=0)
+    bab._fsb(splits, np.full((2, 1), -1.0), pre, *boxes, score, choice)
+    assert asked == [search.FSB_CONV_CANDIDATES if conv else search.FSB_CANDIDATES]

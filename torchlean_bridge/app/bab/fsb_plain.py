@@ -43,6 +43,7 @@ class PlainChain:
         widths = [int(offsets[-1])] + [w.shape[-1] if isinstance(w, np.ndarray) else math.prod(w.tail_in)
                                        for kind, _, w, _ in layers if kind == "affine"]  # dense or ConvOperator
         self.width = max(widths)
+        self.has_conv = any(kind == "affine" and not isinstance(w, np.ndarray) for kind, _, w, _ in layers)
 
     @staticmethod
     def lines(lo: np.ndarray, hi: np.ndarray, splits: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -16,8 +16,8 @@ of them in one batched CROWN pass. The search, in the style of alpha-beta-CROWN'
   the height of the unit's relaxation triangle at its breakpoint (``-u l / (u - l)`` for a ReLU; a
   pool's gap between its upper end and its largest lower end);
 * branching (``BRANCHING``): ``fsb`` (filtered smart branching, the default) bounds both children of
-  each subdomain's ``FSB_CANDIDATES`` best-scored units reusing the parent's intermediate boxes and
-  splits the unit whose worse child has the largest gap: on ReLU chains by a plain float32 CROWN pass
+  each subdomain's ``FSB_CANDIDATES`` (``FSB_CONV_CANDIDATES`` on chains with a convolution) best-scored
+  units reusing the parent's intermediate boxes and splits the unit whose worse child has the largest gap: on ReLU chains by a plain float32 CROWN pass
   (``fsb_plain``: a ranking only; 51 -> 5 ms for 512 children on MNIST 256x2), elsewhere by one batched sound
   CROWN pass (fewer candidates where the working-memory limit refuses that batch); ``babsr`` splits
   the best-scored unit;
@@ -61,7 +61,7 @@ from ...errors import BridgeError
 from .fsb_plain import PlainChain
 
 __all__ = ["ReluBab", "BabOutcome", "MAX_QUEUE_BYTES", "MAX_WARM_BYTES", "BATCH", "BRANCHING", "BRANCHINGS",
-           "FSB_CANDIDATES", "FSB_SOUND_CANDIDATES", "WARM_START"]
+           "FSB_CANDIDATES", "FSB_CONV_CANDIDATES", "FSB_SOUND_CANDIDATES", "WARM_START"]
 
 MAX_QUEUE_BYTES = 1 << 30  # the open subdomains' splits and bounds; beyond it the answer is unknown
 MAX_WARM_BYTES = 512 << 20  # the open subdomains' warm-start slopes; beyond it children start cold
@@ -78,6 +78,11 @@ BRANCHING = "fsb"  # the default branching rule (bench/bab_bench.py compares bot
 # 4,414 (12.9 s against 10.0). Elsewhere (one batched sound CROWN pass, halved where the working-memory limit
 # refuses that batch) 8: on bench/bab_bench.py 8 decides the same 28 instances as 4 in 4,084 domains against 6,528
 FSB_CANDIDATES = 32
+# on ReLU chains with a convolution: the plain pass's conv adjoints cost as much per row as the sound pass's, and
+# 32 candidates made FSB 55% of the search on oval21 (2022) cifar_base_kw img876. Domains per gap reached with 8
+# match 32's (cifar_wide_kw img9916: the same 865 domains to gap -0.809, in 20.0 s against 27.6 s; cifar_base_kw:
+# 1,929 domains to -0.044 against 2,045 to -0.043) and a round costs about a third less; 4 needs more domains
+FSB_CONV_CANDIDATES = 8
 FSB_SOUND_CANDIDATES = 8
 
 
@@ -285,18 +290,18 @@ class ReluBab:
         return children
 
     def _fsb(self, splits, gaps, pre, los, his, score, choice) -> tuple[np.ndarray, np.ndarray | None]:
-        """Filtered smart branching: per subdomain the ``FSB_CANDIDATES`` (``FSB_SOUND_CANDIDATES`` off ReLU
-        chains) best units by score, both children of each candidate bounded, and the unit whose worse
-        child has the largest gap. On ReLU chains the children's bounds are plain float32 CROWN
-        (``fsb_plain``: a ranking, not sound) and the units ``[M]`` are returned with None; elsewhere
-        they are one batched sound CROWN pass reusing the parent's boxes (``_fsb_sound``), whose
-        children's gaps ``[2 M, K]`` are returned too."""
+        """Filtered smart branching: per subdomain the ``FSB_CANDIDATES`` (``FSB_CONV_CANDIDATES`` on chains
+        with a convolution, ``FSB_SOUND_CANDIDATES`` off ReLU chains) best units by score, both children of
+        each candidate bounded, and the unit whose worse child has the largest gap. On ReLU chains the
+        children's bounds are plain float32 CROWN (``fsb_plain``: a ranking, not sound) and the units ``[M]``
+        are returned with None; elsewhere they are one batched sound CROWN pass reusing the parent's boxes
+        (``_fsb_sound``), whose children's gaps ``[2 M, K]`` are returned too."""
         m = splits.shape[0]
         order = np.argsort(-score, axis=1, kind="stable")
         if self.plain is None:
             k = min(FSB_SOUND_CANDIDATES, splits.shape[1])
             return self._fsb_sound(splits, gaps, pre, los, his, score, choice, order, k)
-        k = min(FSB_CANDIDATES, splits.shape[1])
+        k = min(FSB_CONV_CANDIDATES if self.plain.has_conv else FSB_CANDIDATES, splits.shape[1])
         top = order[:, :k]
         live = np.isfinite(np.take_along_axis(score, top, axis=1))
         with np.errstate(all="ignore"):

@@ -10,6 +10,8 @@ convolution.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -248,6 +250,37 @@ def test_the_phase_split_adjoint_is_the_transposed_convolution(stride, padding, 
     got = conv_adjoint(a, w, stride, padding, (1, 1), groups, in_sp)
     assert calls, "the phase split did not run"
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("stride, padding, c_in, kernel, in_sp", [
+    ((1, 1), (1, 1), 2, (3, 3), (6, 6)),     # stride 1: the staged correlation
+    ((2, 2), (1, 1), 3, (4, 4), (12, 12)),   # strided, few channels: the strided adds
+    ((2, 2), (1, 1), 16, (3, 3), (16, 16)),  # strided, wide: the phase split
+])
+def test_conv_adjoint_and_operator_run_in_float32_for_plain_passes(stride, padding, c_in, kernel, in_sp):
+    """Plain (heuristic) passes hand float32 rows and weights: every path computes and returns float32,
+    equal to the float64 adjoint to float32 rounding; ``ConvOperator.astype`` carries that dtype both ways,
+    and float64 stays float64 (the sound passes)."""
+    from semantics.linear_bounds.beta import plain_array
+    from semantics.linear_bounds.chain import ConvOperator
+    rng = np.random.default_rng(6)
+    w = rng.normal(size=(8, c_in) + kernel)
+    out_sp = tuple((i + 2 * p - k) // s + 1 for i, p, k, s in zip(in_sp, padding, kernel, stride))
+    a = rng.normal(size=(3, 8) + out_sp)
+    want = conv_adjoint(a, w, stride, padding, (1, 1), 1, in_sp)
+    got = conv_adjoint(a.astype(np.float32), w.astype(np.float32), stride, padding, (1, 1), 1, in_sp)
+    assert want.dtype == np.float64 and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    attrs = {"kernel": kernel, "stride": stride, "padding": padding, "padding_after": padding, "dilation": (1, 1),
+             "groups": 1}
+    op = ConvOperator(w, attrs, (c_in,) + in_sp, (8,) + out_sp)
+    assert plain_array(op).weight.dtype == np.float32  # what beta's and FSB's plain passes multiply with
+    for dtype in (np.float64, np.float32):
+        typed = op.astype(dtype)
+        back = a.reshape(3, -1) @ typed
+        forward = rng.normal(size=(3, c_in * math.prod(in_sp))) @ typed.T
+        assert back.dtype == dtype and forward.dtype == dtype
+        np.testing.assert_allclose(back, want.reshape(3, -1), rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 def test_conv_adjoint_results_are_not_overwritten_by_the_next_call():

@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..rules.affine import rows_matmul
+from .chain import ConvOperator
 
 if TYPE_CHECKING:
     from .crown import _Run
 
-__all__ = ["ITERATIONS", "WARM_ITERATIONS", "LR_ALPHA", "LR_BETA", "Slopes", "beta_bounds"]
+__all__ = ["ITERATIONS", "WARM_ITERATIONS", "LR_ALPHA", "LR_BETA", "PLAIN_DTYPE", "Slopes", "beta_bounds",
+           "plain_array"]
 
 # per ReLU node: alpha (lower slopes) and beta (multipliers), each ``[N, K, units]``
 Slopes = dict[int, tuple[np.ndarray, np.ndarray]]
@@ -56,8 +58,11 @@ _MAX_WARM_BETA = 1e6  # a warm start's beta is capped (a stored value may have o
 PLAIN_DTYPE = np.float32
 
 
-def _plain_array(x):
-    return x.astype(PLAIN_DTYPE) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x
+def plain_array(x):
+    """An array or operator (``chain.ConvOperator``) in ``PLAIN_DTYPE``; anything else as it is."""
+    if isinstance(x, np.ndarray):
+        return x.astype(PLAIN_DTYPE) if x.dtype.kind == "f" else x
+    return x.astype(PLAIN_DTYPE) if isinstance(x, ConvOperator) else x
 
 
 def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r, on_time: Callable[[], None]):
@@ -168,13 +173,13 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
     lo, hi = lo.reshape(n, -1), hi.reshape(n, -1)
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         return None
-    cx, rx = _plain_array((lo + hi) * 0.5), _plain_array((hi - lo) * 0.5)
+    cx, rx = plain_array((lo + hi) * 0.5), plain_array((hi - lo) * 0.5)
     k = c.shape[0]
-    rows = np.broadcast_to(_plain_array(c)[None], (n, k, c.shape[1]))
-    plain_layers = [(kind, v, parents, _plain_array(w), _plain_array(b)) for kind, v, parents, w, b in layers]
-    upper = {v: tuple(_plain_array(x.reshape(n, -1)) for x in run.lines[v][2:]) for kind, v, *_ in layers
+    rows = np.broadcast_to(plain_array(c)[None], (n, k, c.shape[1]))
+    plain_layers = [(kind, v, parents, plain_array(w), plain_array(b)) for kind, v, parents, w, b in layers]
+    upper = {v: tuple(plain_array(x.reshape(n, -1)) for x in run.lines[v][2:]) for kind, v, *_ in layers
              if kind == "relu"}
-    pools = {v: (j, decided, _plain_array(umax), cells) for v, (j, decided, umax, cells) in run.pools.items()}
+    pools = {v: (j, decided, plain_array(umax), cells) for v, (j, decided, umax, cells) in run.pools.items()}
     alphas, free, betas, sigma, fixed, floor = {}, {}, {}, {}, {}, {}
     for kind, v, _, slope_below, _ in layers:
         if kind != "relu":
@@ -183,7 +188,7 @@ def beta_bounds(run: "_Run", t: int, c: np.ndarray, split_of: dict[int, np.ndarr
         a_l, _, a_u, _ = (x.reshape(n, -1) for x in run.lines[v])
         units = a_l.shape[1]
         free[v] = np.broadcast_to(((a_l != a_u))[:, None, :], (n, k, units))
-        alphas[v] = np.broadcast_to(_plain_array(a_l)[:, None, :], (n, k, units)).copy()
+        alphas[v] = np.broadcast_to(plain_array(a_l)[:, None, :], (n, k, units)).copy()
         s = split_of.get(v)
         s = np.zeros((n, units), dtype=np.int8) if s is None else s.reshape(n, units)
         sigma[v] = np.broadcast_to(np.where(s > 0, -1.0, np.where(s < 0, 1.0, 0.0)).astype(PLAIN_DTYPE)[:, None, :],

@@ -259,7 +259,9 @@ def _dense_conv(weight: np.ndarray, attrs, tail_in: tuple[int, ...], tail_out: t
 class ConvOperator:
     """A convolution as the ``[out, in]`` matrix of a layer over flat values, never formed: ``a @ op``
     applies its transpose to coefficient rows ``[..., out]`` (a backward pass), ``x @ op.T`` the
-    convolution to values ``[..., in]`` (a forward pass). numpy defers ``@`` to it (``__array_ufunc__``)."""
+    convolution to values ``[..., in]`` (a forward pass). numpy defers ``@`` to it (``__array_ufunc__``).
+    Both run in the weight's dtype: float64 for sound passes, float32 for the plain heuristic ones
+    (``astype``; 0.6x the time of a float64 adjoint on oval21's convolutions)."""
 
     __array_ufunc__ = None
 
@@ -272,13 +274,16 @@ class ConvOperator:
     def T(self) -> "ConvOperator":
         return ConvOperator(self.weight, self.attrs, self.tail_in, self.tail_out, not self.transposed)
 
+    def astype(self, dtype: np.dtype | type) -> "ConvOperator":
+        return ConvOperator(self.weight.astype(dtype), self.attrs, self.tail_in, self.tail_out, self.transposed)
+
     def __rmatmul__(self, a: np.ndarray) -> np.ndarray:
-        lead = a.shape[:-1]
+        lead, dtype = a.shape[:-1], self.weight.dtype
         if self.transposed:  # x @ W.T: the convolution itself
-            out = batched_conv(np.ascontiguousarray(a, dtype=np.float64).reshape((-1,) + self.tail_in),
+            out = batched_conv(np.ascontiguousarray(a, dtype=dtype).reshape((-1,) + self.tail_in),
                                self.weight, self.attrs)
             return out.reshape(lead + (math.prod(self.tail_out),))
         at = self.attrs
-        back = conv_adjoint(np.asarray(a, dtype=np.float64).reshape((-1,) + self.tail_out), self.weight, at["stride"],
+        back = conv_adjoint(np.asarray(a, dtype=dtype).reshape((-1,) + self.tail_out), self.weight, at["stride"],
                             at["padding"], at["dilation"], at["groups"], self.tail_in[1:])
         return back.reshape(lead + (math.prod(self.tail_in),))

@@ -231,6 +231,7 @@ def conv_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, dilation, g
     out_sp, kernel = tuple(a.shape[2:]), tuple(weight.shape[2:])
     g, cog, cig = groups, c_out // groups, weight.shape[1]
     length = math.prod(out_sp)
+    dtype = np.result_type(a, weight)  # float64 in sound passes, float32 in the plain heuristic ones
     if all(d == 1 for d in dilation):
         if all(s == 1 for s in stride):
             got = _stride1_adjoint(a, weight, padding, groups, in_spatial)
@@ -242,12 +243,12 @@ def conv_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, dilation, g
             return got
     # the rows innermost: every strided add below runs over long contiguous vectors; the temporaries
     # live in scratch buffers (no fresh pages per call, see semantics.scratch)
-    x = scratch("adjoint.x", (g, cog, length, m))
+    x = scratch("adjoint.x", (g, cog, length, m), dtype)
     np.copyto(x, a.reshape(m, g, cog, length).transpose(1, 2, 3, 0))
     x = x.reshape(g, cog, length * m)
     full = tuple((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, stride, kernel, dilation))
     ext = tuple(max(f, p + i) for f, p, i in zip(full, padding, in_spatial))
-    acc = scratch("adjoint.acc", (g, cig) + ext + (m,))
+    acc = scratch("adjoint.acc", (g, cig) + ext + (m,), dtype)
     acc.fill(0.0)
     offsets = list(itertools.product(*(range(k) for k in kernel)))
     # W^T for a few kernel offsets at a time (about 8 output rows per GEMM, or all when that is few):
@@ -256,8 +257,8 @@ def conv_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, dilation, g
     group = len(offsets) if cig * len(offsets) <= 32 else max(1, 8 // cig)
     for j0 in range(0, len(offsets), group):
         j1 = min(len(offsets), j0 + group)
-        w_part = np.ascontiguousarray(wt[:, j0:j1]).reshape(g, (j1 - j0) * cig, cog)
-        cols = np.matmul(w_part, x, out=scratch("adjoint.cols", (g, (j1 - j0) * cig, length * m)))
+        w_part = np.ascontiguousarray(wt[:, j0:j1], dtype=dtype).reshape(g, (j1 - j0) * cig, cog)
+        cols = np.matmul(w_part, x, out=scratch("adjoint.cols", (g, (j1 - j0) * cig, length * m), dtype))
         cols = cols.reshape((g, j1 - j0, cig) + out_sp + (m,))
         for j in range(j0, j1):
             target = (slice(None),) * 2 + tuple(slice(f * d, f * d + (o - 1) * s + 1, s)
@@ -290,8 +291,9 @@ def _stride1_adjoint(a: np.ndarray, weight: np.ndarray, padding, groups: int, in
     attrs = {"kernel": kernel, "stride": (1,) * len(kernel), "dilation": (1,) * len(kernel), "padding": before,
              "padding_after": after}
     plan = conv_plan(a.shape, attrs)
-    staged = stage(a, plan, np.float64, "adjoint.staged")
-    products = conv_products(staged, plan, np.ascontiguousarray(swapped), groups, "adjoint.out")
+    dtype = np.result_type(a, weight)
+    staged = stage(a, plan, dtype, "adjoint.staged")
+    products = conv_products(staged, plan, np.ascontiguousarray(swapped, dtype=dtype), groups, "adjoint.out")
     if into is None:
         return products.copy()
     np.copyto(into, products)
@@ -321,7 +323,7 @@ def _phase_split_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, gro
     strided adds and the copy out of their rows-last buffer are gone. None when a phase does not fit
     the stride-1 form (the caller then takes the strided adds)."""
     kernel = tuple(weight.shape[2:])
-    out = np.zeros((a.shape[0], weight.shape[1] * groups) + tuple(in_spatial))
+    out = np.zeros((a.shape[0], weight.shape[1] * groups) + tuple(in_spatial), np.result_type(a, weight))
     for phase in itertools.product(*(range(s) for s in stride)):
         first = tuple((f - p) % s for f, p, s in zip(phase, padding, stride))
         cells = tuple(len(range(i0, n, s)) for i0, n, s in zip(first, in_spatial, stride))

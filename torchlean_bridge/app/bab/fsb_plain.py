@@ -20,16 +20,13 @@ import math
 
 import numpy as np
 
+from semantics.linear_bounds.beta import PLAIN_DTYPE, plain_array
 from semantics.rules.affine import rows_matmul
 
 __all__ = ["PlainChain", "MAX_BLOCK_ENTRIES"]
 
-PLAIN = np.float32
+PLAIN = PLAIN_DTYPE
 MAX_BLOCK_ENTRIES = 1 << 23  # children x rows x the widest layer per block (32 MiB of coefficients)
-
-
-def _plain(x):
-    return x.astype(PLAIN) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x
 
 
 class PlainChain:
@@ -38,7 +35,7 @@ class PlainChain:
     output's chain changes no bound here)."""
 
     def __init__(self, layers, nodes: list[int], offsets: np.ndarray) -> None:
-        self.layers = [(kind, v, _plain(w), _plain(b)) for kind, v, w, b in layers]
+        self.layers = [(kind, v, plain_array(w), plain_array(b)) for kind, v, w, b in layers]
         self.slices = {v: slice(int(offsets[i]), int(offsets[i + 1])) for i, v in enumerate(nodes)}
         widths = [int(offsets[-1])] + [w.shape[-1] if isinstance(w, np.ndarray) else math.prod(w.tail_in)
                                        for kind, _, w, _ in layers if kind == "affine"]  # dense or ConvOperator
@@ -78,7 +75,7 @@ class PlainChain:
         m, k = units.shape
         rows = c.shape[0]
         n = m * 2 * k  # children, in [parent, side, candidate] order
-        a = np.broadcast_to(_plain(c)[None], (n, rows, c.shape[1])).reshape(n * rows, c.shape[1])
+        a = np.broadcast_to(plain_array(c)[None], (n, rows, c.shape[1])).reshape(n * rows, c.shape[1])
         const = np.zeros((m, 2 * k * rows), PLAIN)
         for kind, v, w, b in self.layers:
             if kind == "affine":
@@ -106,6 +103,6 @@ class PlainChain:
                     const.reshape(m, 2, k, rows)[i, t, j] -= np.minimum(before, 0.0) * icpt[i, units[i, j], None]
             a = new.reshape(n * rows, -1)
         a4 = a.reshape(m, 2 * k * rows, -1)
-        center, radius = _plain((in_lo + in_hi) * 0.5), _plain((in_hi - in_lo) * 0.5)
+        center, radius = plain_array((in_lo + in_hi) * 0.5), plain_array((in_hi - in_lo) * 0.5)
         bound = np.matmul(a4, center[:, :, None])[..., 0] - np.matmul(np.abs(a4), radius[:, :, None])[..., 0]
         return (bound + const).astype(np.float64).reshape(m, 2, k, rows)

@@ -11,6 +11,7 @@ import gzip
 import os
 import signal
 import tempfile
+import threading
 import time
 
 import pytest
@@ -130,6 +131,34 @@ def test_gz_files_are_decompressed_once_per_worker(tmp_path):
     outcomes: list[Outcome] = []
     make_engine("local", 1).run([Task("t", read_text, files=(str(f),))], outcomes.append)
     assert outcomes[0].value == "(declare-const X_0 Real)\n"
+
+
+def test_gz_files_are_checked_before_they_are_decompressed(tmp_path):
+    """Both readers of a ``.gz`` (a worker's copy, the bytes shipped to Ray) refuse a missing file and one
+    that is not a regular file (a FIFO would block the read) by name, and the shipped bytes are the plain
+    ones."""
+    from torchlean_bridge.app.campaign.files import read_plain
+    f = tmp_path / "prop.vnnlib.gz"
+    with gzip.open(f, "wt") as g:
+        g.write("(declare-const X_0 Real)\n")
+    assert read_plain(str(f)) == b"(declare-const X_0 Real)\n"
+    fifo = tmp_path / "pipe.gz"
+    os.mkfifo(fifo)
+
+    def unblock() -> None:  # a reader that opened the FIFO ends with EOF (and the test fails) instead of hanging
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # nobody is reading it: the check held
+    for reader in (local_file, read_plain):
+        for bad in (tmp_path / "missing.gz", fifo):
+            timer = threading.Timer(5.0, unblock)
+            timer.start()
+            try:
+                with pytest.raises(tlb.BridgeError, match=f"{bad.name}.*(not a regular file|no such|does not exist)"):
+                    reader(str(bad))
+            finally:
+                timer.cancel()
 
 
 @pytest.mark.parametrize("engine", ["local", "inline"])

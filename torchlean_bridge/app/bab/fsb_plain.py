@@ -25,7 +25,6 @@ from semantics.rules.affine import rows_matmul
 
 __all__ = ["PlainChain", "MAX_BLOCK_ENTRIES"]
 
-PLAIN = PLAIN_DTYPE
 MAX_BLOCK_ENTRIES = 1 << 23  # children x rows x the widest layer per block (32 MiB of coefficients)
 
 
@@ -54,7 +53,7 @@ class PlainChain:
         upper = np.where(active, 1.0, chord)
         lower = np.where(active, 1.0, np.where(unstable & (hi > -lo), 1.0, 0.0))
         intercept = np.where(unstable, -lo * chord, 0.0)
-        return lower.astype(PLAIN), upper.astype(PLAIN), intercept.astype(PLAIN)
+        return lower.astype(PLAIN_DTYPE), upper.astype(PLAIN_DTYPE), intercept.astype(PLAIN_DTYPE)
 
     def child_lower(self, c: np.ndarray, lines: tuple[np.ndarray, ...], units: np.ndarray, in_lo: np.ndarray,
                     in_hi: np.ndarray) -> np.ndarray:
@@ -76,11 +75,11 @@ class PlainChain:
         rows = c.shape[0]
         n = m * 2 * k  # children, in [parent, side, candidate] order
         a = np.broadcast_to(plain_array(c)[None], (n, rows, c.shape[1])).reshape(n * rows, c.shape[1])
-        const = np.zeros((m, 2 * k * rows), PLAIN)
+        const = np.zeros((m, 2 * k * rows), PLAIN_DTYPE)
         for kind, v, w, b in self.layers:
             if kind == "affine":
                 const += rows_matmul(a, b).reshape(m, -1)
-                a = rows_matmul(a, w).astype(PLAIN, copy=False)
+                a = rows_matmul(a, w).astype(PLAIN_DTYPE, copy=False)
                 continue
             if kind == "scale":
                 const += rows_matmul(a, b).reshape(m, -1)

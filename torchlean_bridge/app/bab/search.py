@@ -17,10 +17,10 @@ of them in one batched CROWN pass. The search, in the style of alpha-beta-CROWN'
   pool's gap between its upper end and its largest lower end);
 * branching (``BRANCHING``): ``fsb`` (filtered smart branching, the default) bounds both children of
   each subdomain's ``FSB_CANDIDATES`` (``FSB_CONV_CANDIDATES`` on chains with a convolution) best-scored
-  units reusing the parent's intermediate boxes and splits the unit whose worse child has the largest gap: on ReLU chains by a plain float32 CROWN pass
-  (``fsb_plain``: a ranking only; 51 -> 5 ms for 512 children on MNIST 256x2), elsewhere by one batched sound
-  CROWN pass (fewer candidates where the working-memory limit refuses that batch); ``babsr`` splits
-  the best-scored unit;
+  units reusing the parent's intermediate boxes and splits the unit whose worse child has the largest
+  gap: on ReLU chains by a plain float32 CROWN pass (``fsb_plain``: a ranking only; 51 -> 5 ms for 512
+  children on MNIST 256x2), elsewhere by one batched sound CROWN pass (fewer candidates where the
+  working-memory limit refuses that batch); ``babsr`` splits the best-scored unit;
 * children start beta-CROWN's optimization from their parent's optimized slopes and multipliers
   (alpha-beta-CROWN's warm start: ``WARM_START``), kept per open subdomain in float32 within
   ``MAX_WARM_BYTES`` (past it a child starts cold, as the root does);

@@ -105,8 +105,8 @@ def _digest_name(key: str, name: str) -> Path:
 
 
 def _decompress(path: str, dst: BinaryIO) -> None:
-    """``path``'s decompressed bytes into ``dst``, refused past ``MAX_FILE_BYTES``."""
-    regular_file_size(path, "file")
+    """``path``'s decompressed bytes into ``dst``, refused past ``MAX_FILE_BYTES`` (the caller has checked
+    that ``path`` is a regular file: ``regular_file_size``)."""
     try:
         with gzip.open(path, "rb") as src:
             total = 0
@@ -143,6 +143,7 @@ def read_plain(path: str) -> bytes:
     from ...fileio import read_capped
     if not path.endswith(".gz"):
         return read_capped(path, "file", MAX_FILE_BYTES)
+    regular_file_size(path, "file")
     buf = io.BytesIO()
     _decompress(path, buf)
     return buf.getvalue()

@@ -1,17 +1,19 @@
 """Depthwise convolution (one input channel per group) as banded matrix products, without im2col.
 
 im2col per group copies ``prod(kernel)`` cells per output and then runs one tiny product per channel:
-for a 9x9 depthwise layer that copy is 81 times the output. Here the kernel's last axis is folded
-into a banded (Toeplitz) matrix instead. A wide output row is cut into tiles of ``TILE`` outputs; for
-kernel row ``i``, ``out[o] += x[row(i), o*s + j*d] * w[i, j]`` over ``j`` is, for every tile at once,
-the product of the input rows under that tile (a strided view of the padded input, passed to BLAS as
-is: no copy) with one ``[span, TILE]`` matrix holding ``w[i, :]`` on its band (a Toeplitz band is the
-same for every tile): ``kernel[0]`` BLAS calls batched over channels and tiles. The band multiplies
-``span / kernel[-1]`` times more cells than the window holds, by exact zeros. For a finite input
-``0 * x`` is a zero, so every output is the window's dot product with the weights in another
-association order (a zero result may change sign); an input holding an infinity or NaN would leak it
-into outputs whose window does not hold it (``0 * inf`` is NaN), so such inputs keep im2col. The bands
-are built once with the conv's float parameters. A row that is not a whole number of tiles reads
+for a 9x9 depthwise layer that copy is 81 times the output. Here the kernel is folded into a banded
+(Toeplitz) matrix instead. A wide output row is cut into tiles of ``TILE`` outputs, and the input into
+the matching column strips (``span`` cells wide, a copy unless one tile spans whole rows), so that
+the input rows one output row reads, ``rows`` of them, are one contiguous run of ``rows * span``
+cells. ``out[o] = sum over i, j of x[row(i), o*s + j*d] * w[i, j]`` is then, for every output row of
+every tile at once, the product of that run (a strided view: no copy) with one ``[rows * span, TILE]``
+matrix holding ``w`` on its bands (a Toeplitz band is the same for every tile): one BLAS call batched
+over channels and tiles. The band multiplies ``rows * span / prod(kernel)`` times more cells than the
+window holds, by exact zeros (a row dilation's gaps are zero rows). For a finite input ``0 * x`` is a
+zero, so every output is the window's dot product with the weights in another association order (a
+zero result may change sign); an input holding an infinity or NaN would leak it into outputs whose
+window does not hold it (``0 * inf`` is NaN), so such inputs keep im2col. The bands are built once
+with the conv's float parameters. A row that is not a whole number of tiles reads
 ``depthwise_extra_columns`` zero cells past its padding (into outputs that are cut off).
 
 Used for 1-d and 2-d convolution with ``in/groups == 1``, kernels at least 5 wide and bounded bands
@@ -27,6 +29,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .interval_round import all_finite
+from .scratch import scratch
 
 __all__ = ["MAX_BAND", "ONE_TILE", "TILE", "band_shape", "depthwise_applies", "depthwise_serves", "depthwise_band",
            "depthwise_conv", "depthwise_extra_columns"]
@@ -34,7 +37,10 @@ __all__ = ["MAX_BAND", "ONE_TILE", "TILE", "band_shape", "depthwise_applies", "d
 # rows of at most ONE_TILE outputs are one band tile; wider rows are cut into tiles of TILE outputs
 # (wider tiles multiply more zeros). One thread, float32, measured inside the ConvMixer and ConvNeXt-T
 # graphs: 32-wide rows as one tile 4.9 ms per 9x9 layer, as two tiles 6.1 ms; 56-wide rows as tiles of
-# 16 4.0 ms per 7x7 layer, by im2col 5.3 ms (one tile of 56: 5.0 ms in isolation)
+# 16 4.0 ms per 7x7 layer, by im2col 5.3 ms (one tile of 56: 5.0 ms in isolation). With the kernel rows
+# folded into one product (one run of ``rows * span`` cells per output row instead of a product per
+# kernel row and a sum), tiles of 8 or 16 and one tile of up to 16, 24 or 32 were within 5% of each other
+# on ten depthwise layers of ConvMixer, ConvNeXt-T and MobileNet/EfficientNet shapes.
 ONE_TILE = 32
 TILE = 16
 
@@ -46,11 +52,13 @@ MAX_BAND = 1 << 22
 
 def band_shape(out_channels: int, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
                out_spatial: Sequence[int]) -> tuple[int, int, int, int]:
-    """``[out channels, kernel rows, span, tile width]``: the shape ``depthwise_band`` builds."""
+    """``[out channels, rows, span, tile width]``: the shape ``depthwise_band`` builds, ``rows`` the input
+    rows one output row reads (``(kernel[0] - 1) * dilation[0] + 1``: a row dilation's gaps are zero rows)."""
     kh, kw = (1,) + tuple(kernel) if len(kernel) == 1 else tuple(kernel)
+    dh = 1 if len(kernel) == 1 else dilation[0]
     width = _tile_width(out_spatial[-1])
     span = (width - 1) * stride[-1] + (kw - 1) * dilation[-1] + 1
-    return out_channels, kh, span, width
+    return out_channels, (kh - 1) * dh + 1, span, width
 
 
 def _tile_width(out_width: int) -> int:
@@ -89,17 +97,37 @@ def depthwise_serves(x: np.ndarray, weight: np.ndarray, groups: int, stride: Seq
 
 def depthwise_band(weight: np.ndarray, stride: Sequence[int], dilation: Sequence[int], out_spatial: Sequence[int]
                    ) -> np.ndarray:
-    """``[out channels, kernel rows, span, tile width]`` for ``weight`` ``[C * m, 1, *kernel]``: entry
-    ``[c, i, o*stride + j*dilation, o] = w[c, 0, i, j]`` (built once per prepared graph)."""
-    c_out, kh, span, ow = band_shape(weight.shape[0], weight.shape[2:], stride, dilation, out_spatial)
+    """``[out channels, rows, span, tile width]`` for ``weight`` ``[C * m, 1, *kernel]``: entry
+    ``[c, i * dh, o*stride + j*dilation, o] = w[c, 0, i, j]``, zero elsewhere (built once per prepared graph)."""
+    c_out, rows, span, ow = band_shape(weight.shape[0], weight.shape[2:], stride, dilation, out_spatial)
     kw, sw, dw = weight.shape[-1], stride[-1], dilation[-1]
-    rows = weight.reshape(c_out, kh, kw)
-    band = np.zeros((c_out, kh, span, ow), weight.dtype)
+    kh = weight.shape[2] if weight.ndim == 4 else 1
+    dh = (rows - 1) // (kh - 1) if kh > 1 else 1
+    taps = weight.reshape(c_out, kh, kw)
+    band = np.zeros((c_out, rows, span, ow), weight.dtype)
+    kernel_rows = band[:, ::dh]  # [c_out, kh, span, ow]: the rows a tap reads
     diagonal = band.strides[2] * sw + band.strides[3]
     for j in range(kw):
-        view = as_strided(band[:, :, j * dw:], shape=(c_out, kh, ow), strides=band.strides[:2] + (diagonal,))
-        view[...] = rows[:, :, j, None]
+        view = as_strided(kernel_rows[:, :, j * dw:], shape=(c_out, kh, ow),
+                          strides=kernel_rows.strides[:2] + (diagonal,))
+        view[...] = taps[:, :, j, None]
     return band
+
+
+def _tiled_rows(xp: np.ndarray, tiles: int, width: int, sw: int, span: int) -> np.ndarray:
+    """``xp`` ``[n, C, H, W]`` as ``[n, C, tiles, H, span]`` with each tile's rows contiguous, so that the
+    rows one output row reads are one run of memory: ``xp`` itself when it already is that layout (one
+    tile spanning whole contiguous rows), else a copy (``span / (width * sw)`` times the input)."""
+    n, c, h, w = xp.shape
+    isz = xp.itemsize
+    if tiles == 1 and w == span and xp.strides[2:] == (span * isz, isz):
+        return xp[:, :, None]
+    s_n, s_c, s_h, s_w = xp.strides
+    view = as_strided(xp, shape=(n, c, tiles, h, span), strides=(s_n, s_c, width * sw * s_w, s_h, s_w),
+                      writeable=False)
+    tiled = scratch("depthwise.tiles", view.shape, xp.dtype)
+    np.copyto(tiled, view)
+    return tiled
 
 
 def depthwise_conv(xp: np.ndarray, weight: np.ndarray, *, stride: Sequence[int], dilation: Sequence[int],
@@ -114,23 +142,18 @@ def depthwise_conv(xp: np.ndarray, weight: np.ndarray, *, stride: Sequence[int],
                            dilation=(1,) + tuple(dilation), out_spatial=(1,) + tuple(out_spatial), band=band)
         return y[:, :, 0, :]
     n, c = xp.shape[:2]
-    (sh, sw), (dh, _), (oh, ow) = stride, dilation, out_spatial
-    kh, span, width = band.shape[1:]
+    (sh, sw), (oh, ow) = stride, out_spatial
+    rows, span, width = band.shape[1:]
     tiles = -(-ow // width)
-    if (tiles - 1) * width * sw + span > xp.shape[-1] or (oh - 1) * sh + (kh - 1) * dh >= xp.shape[-2]:
+    if (tiles - 1) * width * sw + span > xp.shape[-1] or (oh - 1) * sh + rows > xp.shape[-2]:
         raise ValueError(f"depthwise_conv: rows of {xp.shape[-2:]} cells are too short for {tiles} tiles of {span}")
     og = weight.shape[0] // c
-    bands = band.reshape(c, og, 1, kh, span, width)
-    acc = np.empty((n, c, og, oh, tiles, width), xp.dtype)
-    part = np.empty_like(acc)
-    into, part_into = acc.transpose(0, 1, 2, 4, 3, 5), part.transpose(0, 1, 2, 4, 3, 5)  # [.., tiles, oh, width]
-    s_n, s_c, s_h, s_w = xp.strides
-    for i in range(kh):
-        # [n, C, 1, tiles, oh, span]: tile t of output row r reads columns t*width*sw ... of input row r*sh + i*dh
-        rows = as_strided(xp[:, :, i * dh:], shape=(n, c, 1, tiles, oh, span),
-                          strides=(s_n, s_c, 0, width * sw * s_w, sh * s_h, s_w), writeable=False)
-        np.matmul(rows, bands[:, :, :, i], out=into if i == 0 else part_into)
-        if i:
-            acc += part
-    y = acc.reshape(n, c * og, oh, tiles * width)
+    xt = _tiled_rows(xp, tiles, width, sw, span)
+    s_n, s_c, s_t, s_h, s_w = xt.strides
+    # [n, C, 1, tiles, oh, rows * span]: output row r of tile t reads tile t's rows r*sh ... r*sh + rows - 1
+    windows = as_strided(xt, shape=(n, c, 1, tiles, oh, rows * span), strides=(s_n, s_c, 0, s_t, sh * s_h, s_w),
+                         writeable=False)
+    y = np.empty((n, c, og, oh, tiles, width), xp.dtype)
+    np.matmul(windows, band.reshape(c, og, 1, rows * span, width), out=y.transpose(0, 1, 2, 4, 3, 5))
+    y = y.reshape(n, c * og, oh, tiles * width)
     return y if tiles * width == ow else y[..., :ow]

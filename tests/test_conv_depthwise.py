@@ -147,3 +147,18 @@ def test_every_row_width_around_whole_tiles_matches_torch(stride, dilation):
                         groups=3).numpy()
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_rows_an_output_row_reads_are_one_run_of_the_tiled_input():
+    """One tile spanning whole contiguous rows reads the padded input in place; wider rows are copied
+    into column strips, tile t holding columns ``t * width * stride`` onward, each strip's rows contiguous."""
+    from semantics.conv_depthwise import _tiled_rows
+
+    xp = np.arange(2 * 3 * 7 * 20, dtype=np.float32).reshape(2, 3, 7, 20)
+    same = _tiled_rows(xp, 1, 16, 1, 20)
+    assert same.shape == (2, 3, 1, 7, 20) and np.shares_memory(same, xp)
+    strips = _tiled_rows(xp, 3, 4, 2, 4)  # the last strip ends at the row's end
+    assert strips.shape == (2, 3, 3, 7, 4) and strips[0, 0].flags.c_contiguous and not np.shares_memory(strips, xp)
+    for t in range(3):
+        np.testing.assert_array_equal(strips[:, :, t], xp[..., t * 8:t * 8 + 4])
+    assert not np.shares_memory(_tiled_rows(xp[..., :18], 1, 16, 1, 18), xp)  # rows not contiguous: copied

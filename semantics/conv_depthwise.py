@@ -31,7 +31,7 @@ from numpy.lib.stride_tricks import as_strided
 from .interval_round import all_finite
 from .scratch import scratch
 
-__all__ = ["MAX_BAND", "ONE_TILE", "TILE", "band_shape", "depthwise_applies", "depthwise_serves", "depthwise_band",
+__all__ = ["MAX_BAND", "MAX_STRIP", "MAX_WASTE", "ONE_TILE", "TILE", "band_shape", "depthwise_applies", "depthwise_serves", "depthwise_band",
            "depthwise_conv", "depthwise_extra_columns"]
 
 # rows of at most ONE_TILE outputs are one band tile; wider rows are cut into tiles of TILE outputs
@@ -48,6 +48,14 @@ TILE = 16
 # the most entries a band may hold (32 MiB in float64): a large stride or dilation spreads the band
 # over a span of mostly zeros, where im2col does less work anyway
 MAX_BAND = 1 << 22
+
+# the most cells of input a band product reads per cell of the window (zeros included): an undilated
+# 5-wide kernel on one tile of 32 outputs reads 7.2, on one of 28 at stride 2 11.8
+MAX_WASTE = 16
+
+# the widest a tile's column strip may be, in the tile's own input columns (width * stride): a strip
+# is copied once per tile, so this bounds that copy against the input
+MAX_STRIP = 4
 
 
 def band_shape(out_channels: int, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
@@ -78,13 +86,21 @@ def depthwise_applies(c_in: int, groups: int, kernel: Sequence[int], out_spatial
                       dtype: np.dtype, *, out_channels: int | None = None, stride: Sequence[int] = (1,),
                       dilation: Sequence[int] = (1,)) -> bool:
     """Whether ``depthwise_conv`` serves this geometry, and is faster than im2col there: one input
-    channel per group, 1 or 2 spatial axes, a float dtype, a kernel at least 5 wide and a band of at
-    most ``MAX_BAND`` entries. Measured per layer at one thread, float32, against im2col: 9x9 over
-    256 x 32x32 (one tile) 5.5 vs 6.3 ms, 7x7 over 96 x 56x56 3.9 vs 5.0 ms, 5x5 over 64 x 64x64 1.8 vs 2.1 ms;
-    3x3 kernels were slower (32 x 112x112: 2.3 vs 1.5 ms)."""
+    channel per group, 1 or 2 spatial axes, a float dtype, a kernel at least 5 wide, a band of at
+    most ``MAX_BAND`` entries that multiplies at most ``MAX_WASTE`` cells per window cell, and (rows
+    of several tiles) column strips at most ``MAX_STRIP`` times the tile's input columns wide, so that
+    the strips' copy holds at most ``2 * MAX_STRIP`` times the padded input (a large dilation spreads
+    the window over mostly zeros, where im2col does less work). Measured per layer at one thread,
+    float32, against im2col: 9x9 over 256 x 32x32 (one tile) 5.5 vs 6.3 ms, 7x7 over 96 x 56x56 3.9 vs
+    5.0 ms, 5x5 over 64 x 64x64 1.8 vs 2.1 ms; 3x3 kernels were slower (32 x 112x112: 2.3 vs 1.5 ms)."""
     if not (groups > 1 and c_in == groups and len(kernel) in (1, 2) and kernel[-1] >= 5 and dtype.kind == "f"):
         return False
-    return math.prod(band_shape(out_channels or c_in, kernel, stride, dilation, out_spatial)) <= MAX_BAND
+    c_out, rows, span, width = band_shape(out_channels or c_in, kernel, stride, dilation, out_spatial)
+    if rows * span > MAX_WASTE * math.prod(kernel):
+        return False
+    if out_spatial[-1] > width and span > MAX_STRIP * width * stride[-1]:
+        return False
+    return c_out * rows * span * width <= MAX_BAND
 
 
 def depthwise_serves(x: np.ndarray, weight: np.ndarray, groups: int, stride: Sequence[int],

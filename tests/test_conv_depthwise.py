@@ -162,3 +162,41 @@ def test_the_rows_an_output_row_reads_are_one_run_of_the_tiled_input():
     for t in range(3):
         np.testing.assert_array_equal(strips[:, :, t], xp[..., t * 8:t * 8 + 4])
     assert not np.shares_memory(_tiled_rows(xp[..., :18], 1, 16, 1, 18), xp)  # rows not contiguous: copied
+
+
+def test_a_wide_dilation_keeps_im2col_and_every_served_geometry_bounds_its_copy_and_zeros():
+    """A large dilation spreads a window over mostly zeros: along rows it would multiply zero band rows,
+    along columns each tile's strip (copied once per tile) would be far wider than the tile. Such
+    geometries keep im2col (and agree with torch); every geometry the path serves copies at most
+    ``2 * MAX_STRIP`` times its padded input and reads at most ``MAX_WASTE`` cells per window cell."""
+    from semantics.conv_depthwise import MAX_STRIP, MAX_WASTE, depthwise_extra_columns
+
+    f32 = np.dtype(np.float32)
+    assert not depthwise_applies(4, 4, (5, 5), (40, 40), f32, stride=(1, 1), dilation=(50, 1))  # zero band rows
+    assert not depthwise_applies(4, 4, (5, 5), (8, 200), f32, stride=(1, 1), dilation=(1, 40))  # zero band columns
+    _, rows, span, width = band_shape(4, (5, 9), (1, 1), (1, 8), (8, 200))  # few zeros, but strips 5x a tile
+    assert rows * span <= MAX_WASTE * 45 and span > MAX_STRIP * width
+    assert not depthwise_applies(4, 4, (5, 9), (8, 200), f32, stride=(1, 1), dilation=(1, 8))
+    assert depthwise_applies(4, 4, (5, 9), (8, 30), f32, stride=(1, 1), dilation=(1, 8))  # one tile: no strips
+    x = torch.randn(1, 2, 12, 400, dtype=torch.float64)
+    w = torch.randn(2, 1, 5, 5, dtype=torch.float64)
+    want = F.conv2d(x, w, dilation=(1, 40), groups=2).numpy()
+    got = conv_nd(x.numpy(), w.numpy(), np.zeros(2), channel_axis=1, stride=(1, 1), padding=(0, 0),
+                  padding_after=(0, 0), dilation=(1, 40), groups=2, out_spatial=want.shape[2:])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    rng = np.random.default_rng(3)
+    served = 0
+    for _ in range(3000):
+        kernel = (int(rng.integers(1, 8)), int(rng.integers(5, 10)))
+        stride, dilation = tuple(int(v) for v in rng.integers(1, 4, 2)), tuple(int(v) for v in rng.integers(1, 30, 2))
+        out_spatial = tuple(int(v) for v in rng.integers(1, 120, 2))
+        if not depthwise_applies(3, 3, kernel, out_spatial, f32, stride=stride, dilation=dilation):
+            continue
+        served += 1
+        _, rows, span, width = band_shape(3, kernel, stride, dilation, out_spatial)
+        tiles = -(-out_spatial[1] // width)
+        in_width = (out_spatial[1] - 1) * stride[1] + (kernel[1] - 1) * dilation[1] + 1
+        padded = in_width + depthwise_extra_columns(in_width, kernel, stride, dilation, out_spatial[1])
+        assert rows * span <= MAX_WASTE * math.prod(kernel)
+        assert tiles == 1 or tiles * span <= 2 * MAX_STRIP * padded
+    assert served > 100

@@ -31,16 +31,16 @@ from numpy.lib.stride_tricks import as_strided
 from .interval_round import all_finite
 from .scratch import scratch
 
-__all__ = ["MAX_BAND", "MAX_STRIP", "MAX_WASTE", "ONE_TILE", "TILE", "band_shape", "depthwise_applies", "depthwise_serves", "depthwise_band",
-           "depthwise_conv", "depthwise_extra_columns"]
+__all__ = ["MAX_BAND", "MAX_STRIP", "MAX_WASTE", "ONE_TILE", "TILE", "band_shape", "depthwise_applies",
+           "depthwise_serves", "depthwise_band", "depthwise_conv", "depthwise_extra_columns"]
 
 # rows of at most ONE_TILE outputs are one band tile; wider rows are cut into tiles of TILE outputs
 # (wider tiles multiply more zeros). One thread, float32, measured inside the ConvMixer and ConvNeXt-T
 # graphs: 32-wide rows as one tile 4.9 ms per 9x9 layer, as two tiles 6.1 ms; 56-wide rows as tiles of
 # 16 4.0 ms per 7x7 layer, by im2col 5.3 ms (one tile of 56: 5.0 ms in isolation). With the kernel rows
 # folded into one product (one run of ``rows * span`` cells per output row instead of a product per
-# kernel row and a sum), tiles of 8 or 16 and one tile of up to 16, 24 or 32 were within 5% of each other
-# on ten depthwise layers of ConvMixer, ConvNeXt-T and MobileNet/EfficientNet shapes.
+# kernel row and a sum), tiles of 8 or 16 and one tile of up to 16, 24 or 32 were within about 10% of each
+# other on eleven depthwise layers of ConvMixer, ConvNeXt-T and MobileNet/EfficientNet shapes.
 ONE_TILE = 32
 TILE = 16
 
@@ -117,8 +117,7 @@ def depthwise_band(weight: np.ndarray, stride: Sequence[int], dilation: Sequence
     ``[c, i * dh, o*stride + j*dilation, o] = w[c, 0, i, j]``, zero elsewhere (built once per prepared graph)."""
     c_out, rows, span, ow = band_shape(weight.shape[0], weight.shape[2:], stride, dilation, out_spatial)
     kw, sw, dw = weight.shape[-1], stride[-1], dilation[-1]
-    kh = weight.shape[2] if weight.ndim == 4 else 1
-    dh = (rows - 1) // (kh - 1) if kh > 1 else 1
+    kh, dh = (weight.shape[2], dilation[0]) if weight.ndim == 4 else (1, 1)
     taps = weight.reshape(c_out, kh, kw)
     band = np.zeros((c_out, rows, span, ow), weight.dtype)
     kernel_rows = band[:, ::dh]  # [c_out, kh, span, ow]: the rows a tap reads

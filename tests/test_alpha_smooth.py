@@ -135,3 +135,16 @@ def test_auto_runs_the_optimization_only_when_crown_leaves_the_box_open(monkeypa
     monkeypatch.setattr(alpha, "optimize_slopes", lambda *a, **k: pytest.fail("optimized a box CROWN decides"))
     r = verify(model, prop(crown - 0.1), method="auto", timeout=30)
     assert r.result == "unsat" and r.boxes_explored == 1
+
+
+def test_auto_tries_the_cheap_points_before_optimizing_a_box_crown_leaves_open(monkeypatch):
+    """A violated property on a box CROWN cannot decide: the attack's cheap points (the centre among them)
+    find the counterexample before alpha-CROWN's optimization runs (seconds on a deep sigmoid net)."""
+    from torchlean_bridge.app.verify import verify
+    b, model, lo, hi, c, crown, prop = _wide_sigmoid()
+    centre = float((c @ tlb.evaluate(b.graph, b.payload, ((lo + hi) / 2)[None])[0].reshape(-1))[0])
+    monkeypatch.setattr(alpha, "optimize_slopes", lambda *a, **k: pytest.fail("optimized before the attack"))
+    r = verify(model, prop(centre + 1e-3), method="auto", timeout=30)
+    assert r.result == "sat" and r.boxes_explored == 1, r
+    x = np.asarray(r.counterexample["x"])
+    assert np.all((lo <= x) & (x <= hi))

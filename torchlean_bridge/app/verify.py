@@ -420,10 +420,7 @@ class _Search:
                 if not still:
                     continue
                 open_groups = [groups_all[gi] for gi in still]
-                sub = None
-                if coeffs is not None:
-                    sub = coeffs[j:j + 1][:, np.concatenate([np.arange(rows_of[gi].start, rows_of[gi].stop)
-                                                             for gi in still])]
+                sub = None if coeffs is None else _group_rows(coeffs[j:j + 1], rows_of, still)
                 self.attacked += 1
                 try:
                     found = self.attack(lo, hi, open_groups, sub, budget=8 if top else 2,
@@ -459,9 +456,7 @@ class _Search:
         y_mag = _output_magnitude(y_lo[0], y_hi[0])
         still = [gi for gi in range(len(groups_all))
                  if not _group_gap(spec_lo[0], groups_all[gi], rows_of[gi], y_mag)[0]]
-        sub = None
-        if coeffs is not None and still:
-            sub = coeffs[:1][:, np.concatenate([np.arange(rows_of[gi].start, rows_of[gi].stop) for gi in still])]
+        sub = None if coeffs is None or not still else _group_rows(coeffs[:1], rows_of, still)
         try:
             return self.attack(lo, hi, [groups_all[gi] for gi in still], sub, budget=budget, descend=descend)
         except DeadlineExceeded:
@@ -609,6 +604,11 @@ def _group_gap(spec_lo: np.ndarray, group, rows: slice, y_mag: float) -> tuple[b
     cg, dg, _ = group
     gap = spec_lo[rows] - dg - _margin(cg, dg, y_mag)
     return bool(cg.shape[0] and np.any(gap > 0)), gap
+
+
+def _group_rows(coeffs: np.ndarray, rows_of: list[slice], groups: list[int]) -> np.ndarray:
+    """The rows of ``coeffs`` ``[1, K, inputs]`` that belong to ``groups`` (indices into ``rows_of``)."""
+    return coeffs[:, np.concatenate([np.arange(rows_of[gi].start, rows_of[gi].stop) for gi in groups])]
 
 
 def _decides(y_lo: np.ndarray, y_hi: np.ndarray, spec_lo: np.ndarray, groups, rows_of) -> bool:

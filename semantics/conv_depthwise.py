@@ -135,8 +135,8 @@ def _tiled_rows(xp: np.ndarray, tiles: int, width: int, sw: int, span: int) -> n
     tile spanning whole contiguous rows), else a copy (``span / (width * sw)`` times the input)."""
     n, c, h, w = xp.shape
     isz = xp.itemsize
-    if tiles == 1 and w == span and xp.strides[2:] == (span * isz, isz):
-        return xp[:, :, None]
+    if tiles == 1 and w == span and xp.strides[3] == isz and (h == 1 or xp.strides[2] == span * isz):
+        return xp[:, :, None]  # (one row, as a 1-d conv's: its row stride is never read)
     s_n, s_c, s_h, s_w = xp.strides
     view = as_strided(xp, shape=(n, c, tiles, h, span), strides=(s_n, s_c, width * sw * s_w, s_h, s_w),
                       writeable=False)

@@ -162,6 +162,8 @@ def test_the_rows_an_output_row_reads_are_one_run_of_the_tiled_input():
     for t in range(3):
         np.testing.assert_array_equal(strips[:, :, t], xp[..., t * 8:t * 8 + 4])
     assert not np.shares_memory(_tiled_rows(xp[..., :18], 1, 16, 1, 18), xp)  # rows not contiguous: copied
+    row = xp[:, :, 0, :][:, :, None, :]  # a 1-d conv's one row (its inserted axis has stride 0)
+    assert np.shares_memory(_tiled_rows(row, 1, 16, 1, 20), xp)
 
 
 def test_a_wide_dilation_keeps_im2col_and_every_served_geometry_bounds_its_copy_and_zeros():

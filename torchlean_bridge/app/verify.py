@@ -386,7 +386,7 @@ class _Search:
                     got = self.bound_many(los, his, c, method="crown")
                     if not _decides(got[0][0], got[1][0], got[2][0], groups_all, rows_of):
                         # the cheap points before the optimization (seconds on a deep sigmoid net): sat comes fast
-                        found = self._attack_box(lo0, hi0, got, groups_all, rows_of, budget=8, descend=False)
+                        found = self._cheap_points(lo0, hi0, got, groups_all, rows_of)
                         if found is not None:
                             report.append({"case": index, "lower": got[0][0].tolist(), "upper": got[1][0].tolist(),
                                            "fallback": got[4]})
@@ -447,20 +447,15 @@ class _Search:
         self.pending = []
         return "unsat", None
 
-    def _attack_box(self, lo: np.ndarray, hi: np.ndarray, got, groups_all, rows_of, budget: int, descend: bool
-                    ) -> dict[str, Any] | None:
-        """``attack`` on one box with the groups its bounds ``got`` (``bound_many``'s, one box) leave open
-        and their rows' coefficients; None when it finds nothing (or time runs out)."""
-        from semantics.linear_bounds.crown import DeadlineExceeded
+    def _cheap_points(self, lo: np.ndarray, hi: np.ndarray, got, groups_all, rows_of) -> dict[str, Any] | None:
+        """``attack``'s cheap points (no projected steps, so no CROWN pass) on one box, against the groups its
+        bounds ``got`` (``bound_many``'s, one box) leave open, with their rows' coefficients."""
         y_lo, y_hi, spec_lo, coeffs, _ = got
         y_mag = _output_magnitude(y_lo[0], y_hi[0])
         still = [gi for gi in range(len(groups_all))
                  if not _group_gap(spec_lo[0], groups_all[gi], rows_of[gi], y_mag)[0]]
-        sub = None if coeffs is None or not still else _group_rows(coeffs[:1], rows_of, still)
-        try:
-            return self.attack(lo, hi, [groups_all[gi] for gi in still], sub, budget=budget, descend=descend)
-        except DeadlineExceeded:
-            return None
+        sub = None if coeffs is None else _group_rows(coeffs[:1], rows_of, still)  # (some group is open)
+        return self.attack(lo, hi, [groups_all[gi] for gi in still], sub, budget=8, descend=False)
 
     def bound_many(self, los: np.ndarray, his: np.ndarray, c: np.ndarray, method: str | None = None):
         """Bounds of M boxes ``[M, *input shape]`` against rows ``c``: output lower and upper ``[M, outputs]``,

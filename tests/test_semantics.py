@@ -136,6 +136,49 @@ def test_pow_nan_division_by_zero_and_gather_range_fail():
         tlb.evaluate(g, None, [np.zeros((3, 2)), np.array([0, 3])])
 
 
+
+@pytest.mark.parametrize("kind,dtype", [("div", "float64"), ("div", "float32"), ("int_div", "int64")])
+def test_division_checks_a_broadcast_divisor_through_its_stored_entries(kind, dtype):
+    """A divisor broadcast from a constant is tested on the constant's entries (``stored_entries``): a zero
+    anywhere in it is still refused, whichever broadcast axis or position holds it."""
+    from semantics.rules.table import stored_entries
+    row = np.array([[3, 0, 5]], dtype=dtype)
+    view = np.broadcast_to(row[:, None, :], (4, 2, 3))
+    assert stored_entries(view).shape == (1, 1, 3) and np.shares_memory(stored_entries(view), row)
+    assert stored_entries(np.ones((2, 3))).shape == (2, 3)  # nothing broadcast: the array itself
+    t = {"dtype": "int64"} if dtype == "int64" else {}
+    g = Graph([Node(0, [], "input", [4, 2, 3], **t), Node(1, [], "const", [1, 1, 3], **t),
+               Node(2, [1], "broadcast_to", [4, 2, 3], {"from_shape": [1, 1, 3], "to_shape": [4, 2, 3]}, **t),
+               Node(3, [0, 2], kind, [4, 2, 3], **t)])
+    x = np.arange(1, 25, dtype=dtype).reshape(4, 2, 3)
+    run = dict(dtype=dtype) if dtype != "int64" else {}
+    with pytest.raises(EvalError, match=rf"^IR eval: node 3: {kind}: (integer )?division by zero"):
+        tlb.evaluate(g, tlb.Payload({1: {"values": row.reshape(1, 1, 3)}}), x, **run)
+    ok = row.reshape(1, 1, 3).copy()
+    ok[0, 0, 1] = 2
+    y = tlb.evaluate(g, tlb.Payload({1: {"values": ok}}), x, **run)[0]
+    assert np.array_equal(y, x / ok if kind == "div" else x // ok)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_batch_norm_eval_in_place_steps_give_the_formulas_bits(dtype):
+    """The rule runs ``(x - mean) / sqrt(max(var, 0) + eps) * gamma + beta`` step by step in place: the
+    same bits as the expression, a negative running variance read as 0."""
+    rng = np.random.default_rng(3)
+    c = 5
+    x = rng.standard_normal((2, c, 3, 4)).astype(dtype)
+    rec = {k: rng.standard_normal(c).astype(dtype) for k in ("running_mean", "weight", "bias")}
+    rec["running_var"] = np.abs(rng.standard_normal(c)).astype(dtype)
+    rec["running_var"][0] = -0.5
+    g = Graph([Node(0, [], "input", [2, c, 3, 4]),
+               Node(1, [0], "batch_norm_eval", [2, c, 3, 4], {"channel_axis": 1, "channels": c, "eps": 1e-5})])
+    y = tlb.evaluate(g, tlb.Payload({1: rec}), x, dtype=dtype)[0]
+    t = np.dtype(dtype).type
+    sh = (c, 1, 1)
+    want = (x - rec["running_mean"].reshape(sh)) / np.sqrt(np.maximum(rec["running_var"], t(0)) + 1e-5).reshape(sh) \
+        * rec["weight"].reshape(sh) + rec["bias"].reshape(sh)
+    assert y.dtype == np.dtype(dtype) and y.tobytes() == want.astype(dtype).tobytes()
+
 def test_eval_node_folds_one_node_in_either_domain():
     node = Node(2, [0, 1], "add", [2])
     y = eval_node(node, [np.array([1.0, 2.0]), np.array([0.5, 0.25])], None)

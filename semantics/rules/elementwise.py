@@ -26,7 +26,7 @@ from ..interval_round import Box, down, lib_bounds, up
 from ..records import fail
 from ..folds import libm
 from .table import domain_error, exact_rule, float_binary, float_rule, float_unary, interval_pointwise, \
-    interval_rule, on_ends
+    interval_rule, on_ends, stored_entries
 
 __all__ = ["LOG_DOMAIN_MESSAGE", "sqrt_box", "inv_box"]
 
@@ -71,7 +71,7 @@ interval_pointwise("neg")(lambda a, attrs: ia.neg(a))
 
 @float_rule("div")
 def div(node, xs, rec, dt):
-    if np.any(xs[1] == 0):
+    if np.any(stored_entries(xs[1]) == 0):
         raise domain_error(node, "division by zero")
     return xs[0] / xs[1]
 

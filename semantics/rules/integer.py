@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import interval_arith as ia
-from .table import domain_error, float_rule, interval_rule
+from .table import domain_error, float_rule, interval_rule, stored_entries
 
 __all__ = ["INTEGER_KINDS", "INT_REDUCTIONS", "INTERVAL_REFUSALS"]
 
@@ -75,7 +75,7 @@ def int_mul(node, xs, rec, dt):
 
 
 def _nonzero_divisor(node, b: np.ndarray) -> None:
-    if np.any(b == 0):
+    if np.any(stored_entries(b) == 0):
         raise domain_error(node, "integer division by zero")
 
 

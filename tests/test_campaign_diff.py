@@ -24,6 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torchlean_bridge as tlb  # noqa: E402
+from tests.conftest import ctrl_c_reaches_it  # noqa: E402
 from tests.test_diff import with_node  # noqa: E402
 from tests.test_diff_dataset import RARE, ClampCNN, dataset  # noqa: E402
 from torchlean_bridge.app.campaign.diff_campaign import batch_bounds, run_diff_campaign  # noqa: E402
@@ -140,7 +141,7 @@ def seeded_reference():
 def cli(*args: str, env: dict | None = None, **kw):
     return subprocess.Popen([sys.executable, "-m", "torchlean_bridge", *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})), **kw)
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})), preexec_fn=ctrl_c_reaches_it, **kw)
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import ctrl_c_reaches_it
 from torchlean_bridge.app.campaign.engines import make_engine
 from torchlean_bridge.app.campaign.verify_campaign import COLUMNS, run_verify_campaign
 from torchlean_bridge.app.campaign.verify_task import vnncomp_word
@@ -175,7 +176,7 @@ def _cli(*args: str, tmpdir: Path | None = None, **kw) -> subprocess.Popen:
     if tmpdir is not None:  # the campaign's scratch folder goes there
         env["TMPDIR"] = str(tmpdir)
     return subprocess.Popen([sys.executable, "-m", "torchlean_bridge", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, **kw)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=ctrl_c_reaches_it, **kw)
 
 
 def _wait_rows(path: Path, n: int, proc: subprocess.Popen, limit: float = 240) -> None:

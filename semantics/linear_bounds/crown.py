@@ -55,6 +55,7 @@ from .softmax_planes import softmax_planes
 from .relax import POSITIVE_ONLY, Lines, max_pool_relaxation, relu_lines, smooth_for, smooth_lines, window_indices
 from .pieces import breakpoints, pwl_lines
 from .patches import PatchMismatch, PatchPass, patchable
+from .radius32 import concretized32, input_step32
 from .rules import _ERR_SAFETY, BACKWARD, err_factor
 
 __all__ = ["linear_bounds", "LinearBounds", "Crown", "METHODS", "DeadlineExceeded"]
@@ -67,6 +68,7 @@ _PIECEWISE = frozenset({"abs", "clamp"})  # relaxed by pieces.pwl_lines
 # the most bytes of boxes ``Crown.shared_ibp`` keeps per batch size (an MNIST 256x6 network at batch 512
 # takes 29 MiB; a CIFAR ResNet's boxes at that batch would take gigabytes, and are not kept)
 MAX_SHARED_IBP_BYTES = 32 << 20
+FLOAT32_INPUT_STEP = True  # the fused ReLU-linear step's rows that end at the input: float32 radius products
 _FEW_ROWS = 32  # below this many coefficient rows a pass multiplies whole weights instead of gathering columns
 _BLOCK = 1 << 17  # coefficient entries per row block of a product that is concretized at once (1 MiB, in cache)
 
@@ -989,6 +991,13 @@ class _Pass:
                 on_plain = np.zeros(width)
                 on_plain[plain] = err_vec[0, plain]
             w_plain, w_s = (None, None) if few else (weight[plain], weight[special])
+            # rows that end at the input: float32 products for their radius terms (``radius32``)
+            step32 = None
+            if ends and not few and FLOAT32_INPUT_STEP:
+                box_lo, box_hi = (z.reshape(z.shape[0], -1) for z in self.box(w_parent))
+                if box_lo.shape[0] > 1 and bool(np.all(box_lo == box_lo[:1])) and bool(np.all(box_hi == box_hi[:1])):
+                    box_lo, box_hi = box_lo[:1], box_hi[:1]
+                step32 = input_step32(self.crown.ibp.records[u][PREPARED], box_lo, box_hi, plain, special)
             sums = {key: np.empty((n, 2 * r)) for key in ("int", "e_int", "bias", "e_bias", "box", "e_box")}
             out = None if ends else np.empty((n, 2 * r, k_out))
             step = r if few else max(32, _BLOCK // max(1, n * k_out))
@@ -1029,6 +1038,10 @@ class _Pass:
                 sums["e_bias"][:, top] = shared_err + on_p[..., 4] - on_n[..., 5] + MIN_NORMAL
                 sums["e_bias"][:, bottom] = shared_err + on_p[..., 5] - on_n[..., 4] + MIN_NORMAL
                 # the rows at u's parent: [P + L W_s; P + H W_s], the second half negated below
+                got = None if step32 is None else concretized32(step32, x_plain, low, high)
+                if got is not None:
+                    sums["box"][:, top], sums["box"][:, bottom], sums["e_box"][:, top], sums["e_box"][:, bottom] = got
+                    continue
                 both = scratch("crown.rows", (n, 2 * (r1 - r0), k_out))
                 if few:
                     full = np.zeros((n, 2 * (r1 - r0), width))

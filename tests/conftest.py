@@ -1,4 +1,3 @@
-import signal
 import sys
 from pathlib import Path
 
@@ -21,10 +20,3 @@ def _seeded_global_randomness():
     if torch is not None:
         torch.manual_seed(0)
     yield
-
-
-def ctrl_c_reaches_it() -> None:
-    """``preexec_fn`` of a CLI process a test interrupts: SIGINT back to its default action. A suite started
-    as a background job of a non-interactive shell (``cmd &``) inherits SIGINT ignored, Python then installs
-    no KeyboardInterrupt handler, and the test's Ctrl-C would never arrive."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torchlean_bridge as tlb  # noqa: E402
-from tests.conftest import ctrl_c_reaches_it  # noqa: E402
+from tests.cli_process import cli_process as cli  # noqa: E402
 from tests.test_diff import with_node  # noqa: E402
 from tests.test_diff_dataset import RARE, ClampCNN, dataset  # noqa: E402
 from torchlean_bridge.app.campaign.diff_campaign import batch_bounds, run_diff_campaign  # noqa: E402
@@ -136,12 +135,6 @@ def test_a_dead_worker_fails_its_batch_and_the_verdict_says_so(case, tmp_path):
 def seeded_reference():
     torch.manual_seed(0)
     return ClampCNN().eval()
-
-
-def cli(*args: str, env: dict | None = None, **kw):
-    return subprocess.Popen([sys.executable, "-m", "torchlean_bridge", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})), preexec_fn=ctrl_c_reaches_it, **kw)
 
 
 @pytest.mark.slow

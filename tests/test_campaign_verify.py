@@ -15,14 +15,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import ctrl_c_reaches_it
+from tests.cli_process import cli_process
 from torchlean_bridge.app.campaign.engines import make_engine
 from torchlean_bridge.app.campaign.verify_campaign import COLUMNS, run_verify_campaign
 from torchlean_bridge.app.campaign.verify_task import vnncomp_word
@@ -172,11 +171,8 @@ def test_cli_campaign_usage_errors_and_json(tmp_path, capsys):
 
 
 def _cli(*args: str, tmpdir: Path | None = None, **kw) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if tmpdir is not None:  # the campaign's scratch folder goes there
-        env["TMPDIR"] = str(tmpdir)
-    return subprocess.Popen([sys.executable, "-m", "torchlean_bridge", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=ctrl_c_reaches_it, **kw)
+    """The CLI as a child process; ``tmpdir``: the campaign's scratch folder goes there."""
+    return cli_process(*args, env=None if tmpdir is None else {"TMPDIR": str(tmpdir)}, **kw)
 
 
 def _wait_rows(path: Path, n: int, proc: subprocess.Popen, limit: float = 240) -> None:

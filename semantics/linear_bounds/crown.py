@@ -775,6 +775,14 @@ class _Pass:
         coefficients kept): a step may then bound its rows directly instead of handing them on."""
         return (self.crown.const[v] or self.graph.nodes[v].kind == "input") and not self.keep_inputs
 
+    def flat_box(self, v: int) -> Box:
+        """v's box as ``[samples, entries]``, one row when every sample has the same box (branch and bound's
+        subdomains sharing the property's input box): their concretizations then read it once."""
+        lo, hi = (x.reshape(x.shape[0], -1) for x in self.box(v))
+        if lo.shape[0] > 1 and bool(np.all(lo == lo[:1])) and bool(np.all(hi == hi[:1])):
+            return lo[:1], hi[:1]
+        return lo, hi
+
     def concretized(self, v: int, a: np.ndarray, abs_a: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """Per row of a (``[n, rows] + tail(v)``): <a, c>, <|a|, r> and the rounding bound of
         <a, c> - <|a|, r>, 2 gamma_(k+1) <|a|, |c| + r> (+ MIN_NORMAL), for [c - r, c + r] covering v's
@@ -784,10 +792,7 @@ class _Pass:
         k = self.numel_a(a)
         got = self._centers.get((v, n_rows))
         if got is None:
-            lo, hi = (x.reshape(x.shape[0], -1) for x in self.box(v))
-            if lo.shape[0] > 1 and bool(np.all(lo == lo[:1])) and bool(np.all(hi == hi[:1])):
-                lo, hi = lo[:1], hi[:1]  # one box for every sample (branch and bound's subdomains): once
-            c, r = center_radius(lo, hi)
+            c, r = center_radius(*self.flat_box(v))
             inf = ~np.isfinite(r)
             r_fin = np.where(inf, 0.0, r)
             vec_c = np.ascontiguousarray(np.broadcast_to(c.reshape(c.shape[0], -1), (n_rows, k)))[:, :, None]
@@ -994,10 +999,7 @@ class _Pass:
             # rows that end at the input: float32 products for their radius terms (``radius32``)
             step32 = None
             if ends and not few and FLOAT32_INPUT_STEP:
-                box_lo, box_hi = (z.reshape(z.shape[0], -1) for z in self.box(w_parent))
-                if box_lo.shape[0] > 1 and bool(np.all(box_lo == box_lo[:1])) and bool(np.all(box_hi == box_hi[:1])):
-                    box_lo, box_hi = box_lo[:1], box_hi[:1]
-                step32 = input_step32(self.crown.ibp.records[u][PREPARED], box_lo, box_hi, plain, special)
+                step32 = input_step32(self.crown.ibp.records[u][PREPARED], *self.flat_box(w_parent), plain, special)
             sums = {key: np.empty((n, 2 * r)) for key in ("int", "e_int", "bias", "e_bias", "box", "e_box")}
             out = None if ends else np.empty((n, 2 * r, k_out))
             step = r if few else max(32, _BLOCK // max(1, n * k_out))

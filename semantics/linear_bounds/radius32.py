@@ -52,21 +52,19 @@ _F32_UNDERFLOW = 2.0 * 2.0 ** -126
 
 @dataclass(frozen=True)
 class InputStep32:
-    """One layer's float32 weights split by unit kind and the input box's vectors (per call)."""
+    """One layer's float32 weights and the input box's vectors, split into plain and split units (per call)."""
 
-    w_plain: np.ndarray  # float32 [plain, k]
-    w_split: np.ndarray  # float32 [special, k]
-    wc: np.ndarray       # [n_box, width]: fl(W c)
-    upper: np.ndarray    # [n_box, width, 2]: |W| |c| and |W| r, rounded up
-    r: np.ndarray        # [n_box, k, 1]
-    sum_wr: np.ndarray   # [n_box, 1]: sum(|W| r), rounded up
-    sum_r: np.ndarray    # [n_box, 1]
-    plain: np.ndarray
-    special: np.ndarray
-    f: float             # F
-    g: float             # gamma32(m + 1)
-    m: int
-    k: int
+    w_plain: np.ndarray    # float32 [plain, k]
+    w_split: np.ndarray    # float32 [special, k]
+    wc_plain: np.ndarray   # [n_box, plain, 1]: fl(W c)
+    wc_split: np.ndarray   # [n_box, special, 1]
+    up_plain: np.ndarray   # [n_box, plain, 2]: |W| |c| and |W| r, rounded up
+    up_split: np.ndarray   # [n_box, special, 2]
+    r: np.ndarray          # [n_box, k, 1]
+    floor: np.ndarray      # [n_box, 1]: the flush's and float32 underflow's part of <|a|, r>'s error
+    f: float               # F
+    g_k: float             # gamma_k (float64, k inputs)
+    g_m: float             # gamma_(m+1) (float64)
 
 
 def input_step32(p, lo: np.ndarray, hi: np.ndarray, plain: np.ndarray, special: np.ndarray
@@ -85,13 +83,15 @@ def input_step32(p, lo: np.ndarray, hi: np.ndarray, plain: np.ndarray, special: 
         if not (all_finite(c) and all_finite(r)):
             return None
         grow = 1.0 + 2.0 * err_factor(k)
-        wc = c @ p.weight.T
+        wc = (c @ p.weight.T)[:, :, None]
         upper = np.stack([up((np.abs(c) @ p.abs_weight.T) * grow), up((r @ p.abs_weight.T) * grow)], axis=-1)
         sum_wr = up(upper[..., 1].sum(axis=1, keepdims=True) * (1.0 + 2.0 * err_factor(width)))
         sum_r = up(r.sum(axis=1, keepdims=True) * (1.0 + 2.0 * err_factor(k)))
     g = gamma32(m + 1)
-    return InputStep32(w.weight[plain], w.weight[special], wc, upper, r[:, :, None], sum_wr, sum_r, plain, special,
-                       (U32 + g * (1.0 + U32)) * (1.0 + 4 * U), g, m, k)
+    floor = _TAU * (1.0 + g) * sum_wr + _F32_UNDERFLOW * (m + 1) * sum_r
+    return InputStep32(w.weight[plain], w.weight[special], wc[:, plain], wc[:, special], upper[:, plain],
+                       upper[:, special], r[:, :, None], floor, (U32 + g * (1.0 + U32)) * (1.0 + 4 * U),
+                       err_factor(k), err_factor(m + 1))
 
 
 def _float32(x: np.ndarray) -> np.ndarray:
@@ -114,19 +114,16 @@ def concretized32(step: InputStep32, x_plain: np.ndarray, low: np.ndarray, high:
                 return None
             np.abs(rows, out=rows)
             halves.append(np.matmul(rows, step.r)[..., 0])  # <|L32|, r>, in float64
-        wc_p, wc_s = step.wc[:, step.plain, None], step.wc[:, step.special, None]
-        up_p, up_s = step.upper[:, step.plain], step.upper[:, step.special]
-        center_plain = np.matmul(x_plain, wc_p)[..., 0]
-        abs_plain = np.matmul(np.abs(x_plain), up_p)
-        grow = 1.0 + 2.0 * err_factor(step.m + 1)
-        g_k, g_m = err_factor(step.k), err_factor(step.m + 1)
+        center_plain = np.matmul(x_plain, step.wc_plain)[..., 0]
+        abs_plain = np.matmul(np.abs(x_plain), step.up_plain)
+        g_k, g_m = step.g_k, step.g_m
         out = []
-        floor = _TAU * (1.0 + step.g) * step.sum_wr + _F32_UNDERFLOW * (step.m + 1) * step.sum_r  # [n_box, 1]
         cost = rounding = 0.0
         for part, ar in zip((low, high), halves):
-            ac = center_plain + np.matmul(part, wc_s)[..., 0]
-            s = (abs_plain + np.matmul(np.abs(part), up_s)) * grow  # <|A|, |W||c|>, <|A|, |W| r>, rounded up
-            radius_err = step.f * s[..., 1] + floor
+            ac = center_plain + np.matmul(part, step.wc_split)[..., 0]
+            # <|A|, |W| |c|> and <|A|, |W| r>, rounded up
+            s = (abs_plain + np.matmul(np.abs(part), step.up_split)) * (1.0 + 2.0 * g_m)
+            radius_err = step.f * s[..., 1] + step.floor
             e_center = (g_k + g_m * (1.0 + g_k)) * s[..., 0]
             bound_ar = ar * (1.0 + g_k) + radius_err
             err = (e_center + g_k * ar + radius_err + U * (np.abs(ac) + bound_ar)) * (1.0 + 8 * U) + MIN_NORMAL

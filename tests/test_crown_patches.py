@@ -21,8 +21,8 @@ import torchlean_bridge as tlb
 import semantics.linear_bounds.crown as crown_mod
 import semantics.linear_bounds.patches as patches_mod
 from semantics.evaluate import evaluate
-import semantics.linear_bounds.rules as rules
-from semantics.linear_bounds.rules import conv_adjoint
+import semantics.linear_bounds.conv_adjoint as adjoint_mod
+from semantics.linear_bounds.conv_adjoint import conv_adjoint
 from test_linear_bounds import assert_contains
 
 
@@ -238,8 +238,8 @@ def test_the_phase_split_adjoint_is_the_transposed_convolution(stride, padding, 
     """Strided convolutions wide enough for the phase split (``_phases_pay``): each phase's stride-1
     adjoint written into its strided view equals autograd's transposed convolution."""
     calls = []
-    split = rules._phase_split_adjoint
-    monkeypatch.setattr(rules, "_phase_split_adjoint", lambda *args: calls.append(1) or split(*args))
+    split = adjoint_mod._phase_split_adjoint
+    monkeypatch.setattr(adjoint_mod, "_phase_split_adjoint", lambda *args: calls.append(1) or split(*args))
     rng = np.random.default_rng(5)
     c_in, c_out = 16 * groups, 8 * groups
     w = rng.normal(size=(c_out, c_in // groups) + kernel)
@@ -250,6 +250,40 @@ def test_the_phase_split_adjoint_is_the_transposed_convolution(stride, padding, 
     got = conv_adjoint(a, w, stride, padding, (1, 1), groups, in_sp)
     assert calls, "the phase split did not run"
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("stride, padding, dilation, groups, c_in, kernel, out_sp, in_sp", [
+    ((2, 2), (0, 0), (1, 1), 1, 3, (4, 4), (4, 4), (10, 10)),  # a 4x4 patch back through a 4x4 stride-2 conv
+    ((1, 1), (0, 0), (1, 1), 1, 8, (3, 3), (3, 3), (5, 5)),    # a 3x3 patch through a 3x3 stride-1 conv
+    ((2, 1), (1, 0), (1, 2), 2, 4, (3, 2), (2, 2), (4, 4)),    # uneven, dilated, grouped, padded
+    ((2, 2), (1, 1), (1, 1), 1, 3, (3, 3), (3, 3), (5, 5)),    # a padded map: border taps read padding
+])
+def test_the_dense_adjoint_is_the_transposed_convolution(stride, padding, dilation, groups, c_in, kernel, out_sp,
+                                                         in_sp, monkeypatch):
+    """Small maps with many rows take the transposed convolution's dense matrix (``_dense_pays``): equal to
+    autograd's adjoint in float64, to float32 rounding in float32 (and float32 out), a fresh writable
+    result, and a weight changed in place gives a new matrix (the cache is keyed by the weight's bytes)."""
+    calls = []
+    dense = adjoint_mod._dense_adjoint
+    monkeypatch.setattr(adjoint_mod, "_dense_adjoint", lambda *args: calls.append(1) or dense(*args))
+    rng = np.random.default_rng(11)
+    c_out, m = 4 * groups, 2 * adjoint_mod._DENSE_MIN_ROWS
+    w = rng.normal(size=(c_out, c_in // groups) + kernel)
+    for _ in range(2):
+        a = rng.normal(size=(m, c_out) + out_sp)
+        x = torch.zeros((m, c_in) + in_sp, dtype=torch.float64, requires_grad=True)
+        y = nn.functional.conv2d(x, torch.from_numpy(w), stride=stride, padding=padding, dilation=dilation,
+                                 groups=groups)
+        assert tuple(y.shape[2:]) == out_sp
+        (want,) = torch.autograd.grad(y, x, grad_outputs=torch.from_numpy(a))
+        got = conv_adjoint(a, w, stride, padding, dilation, groups, in_sp)
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+        assert got.flags.writeable and got.dtype == np.float64
+        got32 = conv_adjoint(a.astype(np.float32), w.astype(np.float32), stride, padding, dilation, groups, in_sp)
+        assert got32.dtype == np.float32
+        np.testing.assert_allclose(got32, want.numpy(), rtol=0, atol=1e-5 * np.abs(want.numpy()).max())
+        w *= -0.5  # in place: the same array object, other values
+    assert len(calls) == 4, "the dense matrix did not run"
 
 
 @pytest.mark.parametrize("stride, padding, c_in, kernel, in_sp", [

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..records import PREPARED
 from ..rules.affine import batched_conv
-from .rules import conv_adjoint
+from .conv_adjoint import conv_adjoint
 
 if TYPE_CHECKING:  # annotations only: crown imports alpha, which reads these layers
     from .crown import Crown

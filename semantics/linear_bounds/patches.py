@@ -27,7 +27,8 @@ from ..records import PREPARED
 from ..rules.affine import batched_conv
 from ..scratch import scratch
 from ..signed_parts import negative_part, positive_part
-from .rules import _ERR_SAFETY, _center, batch_norm_scale_shift, conv_adjoint, err_factor
+from .conv_adjoint import conv_adjoint
+from .rules import _ERR_SAFETY, _center, batch_norm_scale_shift, err_factor
 
 if TYPE_CHECKING:
     from .crown import _Run

@@ -16,7 +16,6 @@ constant term and rounding error through ``Pass.add``.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import TYPE_CHECKING, Callable
 
@@ -26,9 +25,8 @@ from .. import interval_arith as ia
 from ..conv import avg_pool_divisor, conv_nd, conv_transpose_nd, pool_nd, pool_out_spatial
 from ..interval_round import U, Box, down, gamma, up
 from ..rules.affine import batched_conv, rows_matmul
-from ..conv_gemm import conv_plan, conv_products, stage
-from ..scratch import scratch
 from ..signed_parts import negative_part, positive_part
+from .conv_adjoint import conv_adjoint
 
 if TYPE_CHECKING:
     from .crown import Pass
@@ -214,128 +212,6 @@ def _matmul(ps, node, a):
     if not ps.is_const(x) and not ps.is_const(y):
         return _mccormick_matmul(ps, node, a)
     return None
-
-
-def conv_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, dilation, groups: int,
-                 in_spatial: tuple[int, ...]) -> np.ndarray:
-    """The transpose of a convolution applied to many coefficient rows at once.
-
-    ``a`` is ``[M, C_out, *out_spatial]`` (M = samples x rows), ``weight`` ``[C_out, C_in/g, *kernel]``;
-    the result is ``[M, C_in, *in_spatial]``. One GEMM per group over all rows and output cells
-    (``W^T`` times the rows), then each kernel offset's contributions are added into the uncropped
-    input in one strided slice: a loop over kernel offsets, never over cells or rows. Stride 1 takes
-    the staged correlation instead (``_stride1_adjoint``), a strided convolution the phase split where
-    it pays (``_phases_pay``).
-    """
-    m, c_out = a.shape[:2]
-    out_sp, kernel = tuple(a.shape[2:]), tuple(weight.shape[2:])
-    g, cog, cig = groups, c_out // groups, weight.shape[1]
-    length = math.prod(out_sp)
-    dtype = np.result_type(a, weight)  # float64 in sound passes, float32 in the plain heuristic ones
-    if all(d == 1 for d in dilation):
-        if all(s == 1 for s in stride):
-            got = _stride1_adjoint(a, weight, padding, groups, in_spatial)
-        elif _phases_pay(kernel, stride, cig, length):
-            got = _phase_split_adjoint(a, weight, stride, padding, groups, in_spatial)
-        else:
-            got = None
-        if got is not None:
-            return got
-    # the rows innermost: every strided add below runs over long contiguous vectors; the temporaries
-    # live in scratch buffers (no fresh pages per call, see semantics.scratch)
-    x = scratch("adjoint.x", (g, cog, length, m), dtype)
-    np.copyto(x, a.reshape(m, g, cog, length).transpose(1, 2, 3, 0))
-    x = x.reshape(g, cog, length * m)
-    full = tuple((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out_sp, stride, kernel, dilation))
-    ext = tuple(max(f, p + i) for f, p, i in zip(full, padding, in_spatial))
-    acc = scratch("adjoint.acc", (g, cig) + ext + (m,), dtype)
-    acc.fill(0.0)
-    offsets = list(itertools.product(*(range(k) for k in kernel)))
-    # W^T for a few kernel offsets at a time (about 8 output rows per GEMM, or all when that is few):
-    # each product's result stays in cache for its strided adds
-    wt = weight.reshape(g, cog, cig, len(offsets)).transpose(0, 3, 2, 1)  # [g, offset, C_in/g, C_out/g]
-    group = len(offsets) if cig * len(offsets) <= 32 else max(1, 8 // cig)
-    for j0 in range(0, len(offsets), group):
-        j1 = min(len(offsets), j0 + group)
-        w_part = np.ascontiguousarray(wt[:, j0:j1], dtype=dtype).reshape(g, (j1 - j0) * cig, cog)
-        cols = np.matmul(w_part, x, out=scratch("adjoint.cols", (g, (j1 - j0) * cig, length * m), dtype))
-        cols = cols.reshape((g, j1 - j0, cig) + out_sp + (m,))
-        for j in range(j0, j1):
-            target = (slice(None),) * 2 + tuple(slice(f * d, f * d + (o - 1) * s + 1, s)
-                                                for f, d, o, s in zip(offsets[j], dilation, out_sp, stride))
-            acc[target] += cols[:, j - j0]
-    keep = (slice(None),) * 2 + tuple(slice(p, p + i) for p, i in zip(padding, in_spatial))
-    out = acc[keep].reshape((g * cig,) + tuple(in_spatial) + (m,))
-    return np.moveaxis(out, -1, 0).copy()  # a fresh array, never a view of the scratch buffer
-
-
-def _stride1_adjoint(a: np.ndarray, weight: np.ndarray, padding, groups: int, in_spatial: tuple[int, ...],
-                     into: np.ndarray | None = None) -> np.ndarray | None:
-    """``conv_adjoint`` of a stride-1, dilation-1 convolution as the forward correlation of ``a`` with the
-    flipped, channel-swapped kernel (padding k - 1 - p before, in - out + p after) through
-    ``conv_gemm``'s staged product: contiguous copies and one GEMM instead of a strided add per kernel
-    offset, about twice as fast. The same terms are summed (a padding cell contributes an exact zero),
-    so the order-independent rounding bound of the callers holds. Written into ``into`` when given (a
-    view of the caller's result). None when a padding exceeds k - 1, or the input ends before the last
-    window does."""
-    kernel, out_sp = tuple(weight.shape[2:]), tuple(a.shape[2:])
-    before = tuple(k - 1 - p for k, p in zip(kernel, padding))
-    after = tuple(i - o + p for i, o, p in zip(in_spatial, out_sp, padding))
-    if min(before + after) < 0:
-        return None
-    c_out, cig = weight.shape[0], weight.shape[1]
-    cog = c_out // groups
-    # [C_in, C_out / g, *kernel]: group j's block transposed, every kernel axis reversed
-    flipped = weight[(slice(None), slice(None)) + (slice(None, None, -1),) * len(kernel)]
-    swapped = flipped.reshape((groups, cog, cig) + kernel).swapaxes(1, 2).reshape((groups * cig, cog) + kernel)
-    attrs = {"kernel": kernel, "stride": (1,) * len(kernel), "dilation": (1,) * len(kernel), "padding": before,
-             "padding_after": after}
-    plan = conv_plan(a.shape, attrs)
-    dtype = np.result_type(a, weight)
-    staged = stage(a, plan, dtype, "adjoint.staged")
-    products = conv_products(staged, plan, np.ascontiguousarray(swapped, dtype=dtype), groups, "adjoint.out")
-    if into is None:
-        return products.copy()
-    np.copyto(into, products)
-    return into
-
-
-def _phases_pay(kernel: tuple[int, ...], stride, cig: int, length: int) -> bool:
-    """Whether the phase split beats the strided adds, measured on CIFAR ResNet patch passes (one
-    thread): always when no phase reads two taps (a 1x1 or 2x2 kernel at stride 2: 0.3-0.6x the time,
-    the strided adds clearing and copying an input four times the size of what they add), else for
-    at least 16 input channels a group and 1024 channel-cells (0.6-0.8x), the staged copies costing
-    more than they save below that (up to 4x on 3 channels)."""
-    if all(k <= s for k, s in zip(kernel, stride)):
-        return True
-    return cig >= 16 and cig * length >= 1024
-
-
-def _phase_split_adjoint(a: np.ndarray, weight: np.ndarray, stride, padding, groups: int,
-                         in_spatial: tuple[int, ...]) -> np.ndarray | None:
-    """``conv_adjoint`` of a strided, dilation-1 convolution, one stride phase of the input at a time.
-
-    Input cell i receives a[o] W[k] for o s + k = i + p, so the cells of one phase, (i + p) mod s = f,
-    read only the taps k = f + s t: on that phase's sub-grid the adjoint is the stride-1 adjoint of the
-    sub-kernel W[f::s] (``_stride1_adjoint``, with padding j0 = (i0 + p - f) / s for the phase's first
-    cell i0), written straight into its strided view of the result. The same terms are summed as by the
-    strided adds (an exact zero for a cell no tap reaches), so the callers' rounding bound holds; the
-    strided adds and the copy out of their rows-last buffer are gone. None when a phase does not fit
-    the stride-1 form (the caller then takes the strided adds)."""
-    kernel = tuple(weight.shape[2:])
-    out = np.zeros((a.shape[0], weight.shape[1] * groups) + tuple(in_spatial), np.result_type(a, weight))
-    for phase in itertools.product(*(range(s) for s in stride)):
-        first = tuple((f - p) % s for f, p, s in zip(phase, padding, stride))
-        cells = tuple(len(range(i0, n, s)) for i0, n, s in zip(first, in_spatial, stride))
-        taps = tuple(len(range(f, k, s)) for f, k, s in zip(phase, kernel, stride))
-        if 0 in cells or 0 in taps:
-            continue  # no cell of this phase, or no tap reaches it (a stride beyond the kernel): zeros
-        sub = weight[(slice(None), slice(None)) + tuple(slice(f, None, s) for f, s in zip(phase, stride))]
-        pad = tuple((i0 + p - f) // s for i0, p, f, s in zip(first, padding, phase, stride))
-        view = out[(slice(None), slice(None)) + tuple(slice(i0, None, s) for i0, s in zip(first, stride))]
-        if _stride1_adjoint(a, sub, pad, groups, cells, into=view) is None:
-            return None
-    return out
 
 
 def _geometry(node, out_spatial):

@@ -317,6 +317,25 @@ def test_conv_adjoint_and_operator_run_in_float32_for_plain_passes(stride, paddi
         np.testing.assert_allclose(back, want.reshape(3, -1), rtol=0, atol=1e-5 * np.abs(want).max())
 
 
+def test_refine_pieces_are_whole_channels():
+    """A conv map refined in several pieces is cut at channel boundaries (rows channel-major), so each piece
+    is whole channels at every position, which a patch pass reads through a broadcast view (``tile``)
+    instead of a gather; every row is bounded exactly once, within the coefficient budget."""
+    from types import SimpleNamespace
+    run = SimpleNamespace(crown=SimpleNamespace(n=1))
+    width, cells, largest = 16 * 8 * 8, 8 * 8, 3 * 32 * 32
+    pieces = list(crown_mod._Run._chunks(run, None, width, largest, cells))
+    assert len(pieces) > 1
+    np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in pieces]), np.arange(width))
+    for b0, b1, rows in pieces:
+        assert (b0, b1) == (0, 1) and rows.size % cells == 0 and rows[0] % cells == 0
+        assert 2 * rows.size * largest <= crown_mod._BUDGET
+    need = np.zeros((1, width), bool)
+    need[0, ::3] = True  # a subset: pieces of the needed rows only, each once
+    got = np.concatenate([rows for _, _, rows in crown_mod._Run._chunks(run, need, width, largest, cells)])
+    np.testing.assert_array_equal(got, np.flatnonzero(need[0]))
+
+
 def test_conv_adjoint_results_are_not_overwritten_by_the_next_call():
     """Its temporaries live in reusable buffers; what it returns must not be one of them (one row and
     no padding: the cropped buffer would be contiguous already)."""

@@ -584,7 +584,7 @@ class _Run:
             self.refined[v] = True
             return self.boxes[v]
         largest = max(math.prod(crown.ishape(p)[1:]) for p in crown.ancestors(v))
-        for b0, b1, rows in self._chunks(flat_need, width, largest):
+        for b0, b1, rows in self._chunks(flat_need, width, largest, math.prod(tail[1:])):
             low, up_ = self.bound(v, rows, batch=(b0, b1))[:2]
             lf, hf = lo[b0:b1].reshape(b1 - b0, width), hi[b0:b1].reshape(b1 - b0, width)
             lf[:, rows] = np.maximum(lf[:, rows], low)
@@ -602,8 +602,10 @@ class _Run:
             tighten_unstable(self, v, _Run, _Pass)
         return self.boxes[v]
 
-    def _chunks(self, need: np.ndarray | None, width: int, largest: int):
-        """(batch start, batch end, rows) pieces with at most _BUDGET coefficient entries each."""
+    def _chunks(self, need: np.ndarray | None, width: int, largest: int, cells: int):
+        """(batch start, batch end, rows) pieces with at most _BUDGET coefficient entries each; a piece
+        longer than a channel's ``cells`` is whole channels, so that a map's rows (channel-major) stay whole
+        channels at every position, which patch passes read through a broadcast view instead of a gather."""
         n = self.crown.n
         per_sample = width if need is None else int(need.sum(axis=1).max())
         group = 1 if 2 * per_sample * largest >= 1 << 16 else max(1, _BUDGET // max(1, 2 * per_sample * largest))
@@ -613,6 +615,7 @@ class _Run:
             if rows.size == 0:
                 continue
             step = max(1, _BUDGET // max(1, 2 * (b1 - b0) * largest))
+            step = step // cells * cells if step > cells else step
             for r0 in range(0, rows.size, step):
                 yield b0, b1, rows[r0:r0 + step]
 

@@ -160,7 +160,9 @@ def test_a_constant_mask_where_is_exact_after_softmax_and_states_the_lowest_floa
     bundle = b.finish([b.add("softmax", [scores], {"axis": 2})], canonical=False)
     data = _x((2, 4, 4))
     theirs, doc = exported_values(bundle, data)
-    np.testing.assert_array_equal(theirs, tlb.evaluate(bundle.graph, bundle.payload, [data])[0])
+    # both in the exact mode: the rewrite is what is compared (the default mode's softmax may round
+    # differently by an ulp, on about a third of random inputs, whichever graph it runs)
+    np.testing.assert_array_equal(theirs, tlb.evaluate(bundle.graph, bundle.payload, [data], exact=True)[0])
     assert "-1.797e308" in doc["torchlean_bridge"]["rewrites"][0]["deviation"]
     kinds = {n["kind"] for n in doc["nodes"]}
     assert "where" not in kinds and all(n.get("kind") != "const" or -np.inf not in n.get("values", [])

@@ -728,17 +728,22 @@ class _Pass:
     def _flat(self, a: np.ndarray) -> np.ndarray:
         return a.reshape(a.shape[0], a.shape[1], -1)
 
-    def dots(self, a: np.ndarray, vecs: list[np.ndarray]) -> np.ndarray:
-        """<a_row, vec> for each row and each vector: [n, rows, len(vecs)]."""
+    def dot(self, a: np.ndarray, vec: np.ndarray) -> np.ndarray:
+        """<a_row, vec> for each row: [n, rows] (vec broadcasts against a sample's tail)."""
         n = a.shape[0]
-        stack = np.stack([np.broadcast_to(v, (n,) + a.shape[2:]).reshape(n, -1) for v in vecs], axis=-1)
+        v = np.broadcast_to(vec, (n,) + a.shape[2:]).reshape(n, -1, 1)
         with np.errstate(all="ignore"):
-            return np.matmul(self._flat(a), stack)
+            return np.matmul(self._flat(a), v)[..., 0]
 
     def _acc(self, value: np.ndarray, error: np.ndarray) -> None:
         with np.errstate(all="ignore"):
             self.beta = self.beta + value
             self.err = up(up(self.err + error) + up(np.abs(self.beta) * (2 * U)) + MIN_NORMAL)
+
+    def _acc_err(self, error: np.ndarray) -> None:
+        """err += error, beta unchanged (so no rounding of beta to charge)."""
+        with np.errstate(all="ignore"):
+            self.err = up(up(self.err + error) + MIN_NORMAL)
 
     def add_dot(self, a: np.ndarray, vec: np.ndarray, q: np.ndarray | None, n: int,
                 radius: np.ndarray | None = None) -> None:
@@ -748,8 +753,8 @@ class _Pass:
         w = w * f
         if radius is not None:
             w = w + radius * _ERR_SAFETY
-        val = self.dots(a, [vec])[..., 0]
-        e = self.dots(np.abs(a), [w])[..., 0]
+        val = self.dot(a, vec)
+        e = self.dot(np.abs(a), w)
         self._acc(clean(val, val)[0], e * (1.0 + err_factor(self.numel_a(a))) + MIN_NORMAL)
 
     def add_row_err(self, rows: slice, error: np.ndarray) -> None:
@@ -762,8 +767,8 @@ class _Pass:
 
     def add_abs_err(self, a: np.ndarray, m: np.ndarray, factor: float) -> None:
         """err += factor <|a|, m> (m >= 0)."""
-        e = self.dots(np.abs(a), [m])[..., 0]
-        self._acc(np.zeros_like(self.beta), e * (factor * (1.0 + err_factor(self.numel_a(a)))) + MIN_NORMAL)
+        e = self.dot(np.abs(a), m)
+        self._acc_err(e * (factor * (1.0 + err_factor(self.numel_a(a)))) + MIN_NORMAL)
 
     def concretize(self, v: int, a: np.ndarray) -> None:
         """min over v's box of <a, z_v>: <a, c> - <|a|, r> for [c - r, c + r] covering the box."""
@@ -918,7 +923,7 @@ class _Pass:
         m_at = np.take_along_axis(np.broadcast_to(m, (n, 1) + m.shape[2:]), jstar[:, None], axis=-1)
         k = int(np.bincount(jstar.reshape(-1)).max()) if jstar.size else 1
         err = (np.abs(to_cell) * m_at).reshape(n, rows, -1).sum(axis=-1) * err_factor(k + 1)
-        self._acc(np.zeros_like(val), err)
+        self._acc_err(err)
         return [(p, out.reshape((n, rows) + self.tail(p)))]
 
     def _start(self) -> dict[int, np.ndarray]:

@@ -183,10 +183,10 @@ def _paired_product(ps, a: np.ndarray, w: np.ndarray, q: np.ndarray, parent: int
         return None
     top = rows_matmul(x, w)
     bottom = rows_matmul(total[..., cols], w[cols]) - top
-    e = ps.dots(np.abs(x), [q])[..., 0] + ps.dots(np.abs(total[..., cols]), [q[..., cols]])[..., 0]
+    e = ps.dot(np.abs(x), q) + ps.dot(np.abs(total[..., cols]), q[..., cols])
     ps.add_row_err(slice(r, rows), e * err_factor(n) * (1.0 + err_factor(ps.numel_a(a))))
     m = ps.mag(parent)
-    e2 = ps.dots(np.abs(bottom), [m])[..., 0] * (2.0 * U * _ERR_SAFETY * (1.0 + err_factor(ps.numel_a(bottom))))
+    e2 = ps.dot(np.abs(bottom), m) * (2.0 * U * _ERR_SAFETY * (1.0 + err_factor(ps.numel_a(bottom))))
     ps.add_row_err(slice(r, rows), e2)
     return np.concatenate([top, bottom], axis=1)
 

@@ -103,15 +103,17 @@ def _mul_arrays(a: Box, b: Box, shape: tuple[int, ...]) -> Box:
     return CleanBox((down_(lo, finite=True), up_(hi, finite=True)))
 
 
-def corner_extremes(a: Box, b: Box, lo: np.ndarray, hi: np.ndarray) -> bool:
+def corner_extremes(a: Box, b: Box, lo: np.ndarray, hi: np.ndarray, check: bool = True) -> bool:
     """The smallest and largest of the four endpoint products of float64 boxes a and b (broadcast to
     ``lo``'s shape), unrounded, into ``lo`` and ``hi``: each is the rounded exact extreme (rounding is
     monotone). False, with ``lo`` and ``hi`` undefined, when a product is not finite (0 * inf, overflow):
-    the caller takes its careful path. The products live in scratch memory."""
+    the caller takes its careful path. The products live in scratch memory. ``check=False`` leaves that
+    test to the caller: a NaN or infinite product then reaches ``lo`` or ``hi`` (minimum and maximum
+    propagate NaN; +inf is a largest, -inf a smallest product)."""
     with np.errstate(all="ignore"):
         p = [np.multiply(x, y, out=scratch(f"ia.corner.{k}", lo.shape)) for k, (x, y) in
              enumerate((x, y) for x in a for y in b)]
-        if not all(all_finite(q) for q in p):
+        if check and not all(all_finite(q) for q in p):
             return False
         np.minimum(p[0], p[1], out=lo)
         np.maximum(p[0], p[1], out=hi)

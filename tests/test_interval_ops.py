@@ -262,6 +262,37 @@ def test_matmul_of_two_boxes_in_chunks_encloses_exact_entries():
                 assert Fraction(float(lo[idx])) <= exact <= Fraction(float(hi[idx])), (a_shape, idx)
 
 
+@pytest.mark.parametrize("a_shape, b_shape", [((64, 8, 32), (64, 32, 8)), ((8, 32), (64, 32, 8)),
+                                              ((1, 8, 32), (64, 32, 8)), ((64, 3, 8, 32), (3, 32, 8)),
+                                              ((64, 8, 3), (64, 3, 40))], ids=str)
+def test_matmul_of_two_boxes_in_leading_pieces_is_the_same_bits(a_shape, b_shape, monkeypatch):
+    """Batched products cut along the leading axis (so their buffers stay in cache) give the very bits of
+    one piece, broadcast operands (missing or length-1 leading axes) included, and an infinite end in one
+    piece still takes the careful path there only."""
+    import semantics.rules.affine as affine
+    rng = np.random.default_rng(9)
+    la, lb = rng.normal(size=a_shape), rng.normal(size=b_shape)
+    a, b = (la - rng.random(a_shape), la), (lb, lb + rng.random(b_shape))
+    node = Node(2, [0, 1], "matmul", np.matmul(la, lb).shape)
+    monkeypatch.setattr(affine, "_PRODUCTS_CHUNK", 1 << 30)
+    monkeypatch.setattr(affine, "_K_CHUNK", 1 << 30)  # one piece, whole k (k pieces round their sums)
+    whole = INTERVAL_RULES["matmul"](node, [a, b], {})
+    pieces = []
+    sums = affine._k_chunked_sums
+    monkeypatch.setattr(affine, "_k_chunked_sums", lambda *args: pieces.append(1) or sums(*args))
+    monkeypatch.setattr(affine, "_PRODUCTS_CHUNK", 2 * np.prod(node.out_shape[1:]) * a_shape[-1])
+    cut = INTERVAL_RULES["matmul"](node, [a, b], {})
+    assert len(pieces) > 1
+    np.testing.assert_array_equal(cut[0], whole[0])
+    np.testing.assert_array_equal(cut[1], whole[1])
+    led = a if len(a_shape) == len(node.out_shape) and a_shape[0] > 1 else b  # an operand with the leading axis
+    led[1][(-1,) * led[1].ndim] = np.inf
+    lo, hi = INTERVAL_RULES["matmul"](node, [a, b], {})
+    assert not np.isnan(lo).any() and not np.isnan(hi).any() and np.isinf(hi[-1]).any()
+    np.testing.assert_array_equal(lo[:-2], whole[0][:-2])  # the pieces (of two leading indices) before it
+    np.testing.assert_array_equal(hi[:-2], whole[1][:-2])
+
+
 def test_matmul_of_boxes_with_infinite_ends_never_returns_nan():
     a = (np.array([[-np.inf, 0.0, 1.0]]), np.array([[1.0, 0.0, np.inf]]))
     b = (np.array([[0.0], [-np.inf], [2.0]]), np.array([[0.0], [np.inf], [3.0]]))

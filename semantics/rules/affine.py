@@ -308,7 +308,40 @@ def _four_product_matmul(a: Box, b: Box) -> Box:
         blo, bhi = (np.ascontiguousarray(np.swapaxes(e, -1, -2)) for e in (blo, bhi))  # [..., p, n]
     else:
         alo, ahi = (np.ascontiguousarray(np.swapaxes(e, -1, -2)) for e in (alo, ahi))  # [..., n, m]
-    chunk = max(1, (1 << 18) // max(1, math.prod(batch) * m * p))
+    lead = batch[0] if batch else 1
+    step = max(1, _PRODUCTS_CHUNK // max(1, math.prod(batch[1:]) * m * p * n))  # leading indices per piece
+    if not batch or step >= lead:
+        lo, hi = _k_chunked_sums((alo, ahi), (blo, bhi), inner_k, batch, n)
+    else:  # pieces of the leading axis (broadcast operands keep their length-1 axis): the same sums
+        lo, hi = np.empty(batch + (m, p)), np.empty(batch + (m, p))
+        for i0 in range(0, lead, step):
+            pick = slice(i0, min(lead, i0 + step))
+            part = [tuple(e[pick] if e.ndim == len(batch) + 2 and e.shape[0] != 1 else e for e in box)
+                    for box in ((alo, ahi), (blo, bhi))]
+            lo[pick], hi[pick] = _k_chunked_sums(part[0], part[1], inner_k, (pick.stop - i0,) + batch[1:], n)
+    if squeeze_p:
+        lo, hi = lo[..., 0], hi[..., 0]
+    if squeeze_m:
+        row = (Ellipsis, 0) if squeeze_p else (Ellipsis, 0, slice(None))
+        lo, hi = lo[row], hi[row]
+    return lo, hi
+
+
+# the leading axis is cut into pieces of at most this many products (their six buffers stay in a core's
+# L2 cache: 0.8x the time of one 2**18 piece on batch-64 attention products); k is cut into pieces of at
+# most _K_CHUNK products (each piece's sums are added with outward rounding: fewer, larger pieces)
+_PRODUCTS_CHUNK = 1 << 15
+_K_CHUNK = 1 << 18
+
+
+def _k_chunked_sums(a: Box, b: Box, inner_k: bool, batch: tuple[int, ...], n: int) -> Box:
+    """``_four_product_matmul``'s sums for operands already laid out (``inner_k``: a ``[..., m, k]`` and b
+    ``[..., p, k]``; else a ``[..., k, m]`` and b ``[..., k, p]``), over pieces of k whose products stay
+    within ``_K_CHUNK`` terms, each piece's sums added with outward rounding."""
+    (alo, ahi), (blo, bhi) = a, b
+    m = alo.shape[-2] if inner_k else alo.shape[-1]
+    p = blo.shape[-2] if inner_k else blo.shape[-1]
+    chunk = max(1, _K_CHUNK // max(1, math.prod(batch) * m * p))
     lo = hi = None
     for k0 in range(0, n, chunk):
         sl = slice(k0, min(n, k0 + chunk))
@@ -320,11 +353,6 @@ def _four_product_matmul(a: Box, b: Box) -> Box:
         lo, hi = (s_lo, s_hi) if lo is None else ia.add((lo, hi), (s_lo, s_hi))
     if lo is None:
         lo = hi = np.zeros(batch + (m, p))
-    if squeeze_p:
-        lo, hi = lo[..., 0], hi[..., 0]
-    if squeeze_m:
-        row = (Ellipsis, 0) if squeeze_p else (Ellipsis, 0, slice(None))
-        lo, hi = lo[row], hi[row]
     return lo, hi
 
 
@@ -337,11 +365,10 @@ def _term_sums(x: Box, y: Box, axis: int) -> Box:
     overflow) take ``ia.mul``'s careful path and ``sum_bounds``."""
     shape = np.broadcast_shapes(*(e.shape for e in (*x, *y)))
     t_lo, t_hi = scratch("matmul.lo", shape), scratch("matmul.hi", shape)
-    if not ia.corner_extremes(x, y, t_lo, t_hi):
-        return sum_bounds(*ia.mul(x, y), axis=axis)
+    ia.corner_extremes(x, y, t_lo, t_hi, check=False)
     with np.errstate(all="ignore"):
         s_lo, s_hi = t_lo.sum(axis=axis), t_hi.sum(axis=axis)
-        if not (all_finite(s_lo) and all_finite(s_hi)):  # a partial sum overflowed
+        if not (all_finite(s_lo) and all_finite(s_hi)):  # a product was not finite, or a partial sum overflowed
             return sum_bounds(*ia.mul(x, y), axis=axis)
         g = gamma(shape[axis])
         e_lo = up(np.abs(t_lo, out=t_lo).sum(axis=axis) * g)

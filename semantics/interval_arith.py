@@ -9,6 +9,7 @@ evaluator turns into an ``IntervalError`` naming the node.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -19,7 +20,7 @@ from .interval_round import Box, CleanBox, all_finite, clean, down, down_, lib_b
 from .scratch import scratch
 from .signed_parts import positive_part
 
-__all__ = ["point", "add", "sub", "neg", "mul", "corner_extremes", "scale", "add_const", "div", "inv", "square",
+__all__ = ["point", "add", "sub", "neg", "mul", "corner_extremes", "scale", "add_const", "div", "div_positive", "inv", "square",
            "abs_box", "max_box", "min_box", "relu_box", "contains_zero", "divide_exact", "DomainError",
            "enclose_constant", "exp_at", "expm1_at", "log_at", "log1p_at", "tanh_at", "erf_at", "library_at",
            "monotone", "decreasing", "ERF_ABS_ERROR"]
@@ -124,6 +125,9 @@ def corner_extremes(a: Box, b: Box, lo: np.ndarray, hi: np.ndarray, check: bool 
 
 def scale(a: Box, k) -> Box:
     """Multiplication by exact float constants k (broadcastable)."""
+    if isinstance(k, float) and k > 0 and math.isfinite(k):  # order kept; 0 * inf cannot occur
+        with np.errstate(all="ignore"):
+            return down(a[0] * k), up(a[1] * k)
     k = np.asarray(k, dtype=np.float64)
     with np.errstate(all="ignore"):
         x, y = a[0] * k, a[1] * k
@@ -154,6 +158,15 @@ def div(a: Box, b: Box) -> Box:
         q = [x / y for x in a for y in b]
         lo = np.minimum(np.minimum(q[0], q[1]), np.minimum(q[2], q[3]))
         hi = np.maximum(np.maximum(q[0], q[1]), np.maximum(q[2], q[3]))
+        return clean(down(lo), up(hi))
+
+
+def div_positive(a: Box, b: Box) -> Box:
+    """a / b for b with a positive lower end: the quotient grows with a's value, so its smallest is
+    a_lo over one of b's ends and its largest a_hi over one of them (two quotients per end, not four)."""
+    with np.errstate(all="ignore"):
+        lo = np.minimum(a[0] / b[0], a[0] / b[1])
+        hi = np.maximum(a[1] / b[0], a[1] / b[1])
         return clean(down(lo), up(hi))
 
 

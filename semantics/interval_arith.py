@@ -20,7 +20,7 @@ from .interval_round import Box, CleanBox, all_finite, clean, down, down_, lib_b
 from .scratch import scratch
 from .signed_parts import positive_part
 
-__all__ = ["point", "add", "sub", "neg", "mul", "corner_extremes", "scale", "add_const", "div", "div_positive", "inv", "square",
+__all__ = ["point", "add", "sub", "neg", "mul", "corner_extremes", "scale", "add_const", "div", "inv", "square",
            "abs_box", "max_box", "min_box", "relu_box", "contains_zero", "divide_exact", "DomainError",
            "enclose_constant", "exp_at", "expm1_at", "log_at", "log1p_at", "tanh_at", "erf_at", "library_at",
            "monotone", "decreasing", "ERF_ABS_ERROR"]
@@ -153,20 +153,18 @@ def inv(a: Box) -> Box:
 
 
 def div(a: Box, b: Box) -> Box:
-    """a / b by the four endpoint quotients, for b not containing 0 (callers check and raise)."""
+    """a / b by the endpoint quotients, for b not containing 0 (callers check and raise). Where every
+    divisor is positive the quotient grows with a (negative: shrinks), so each end needs the quotients
+    of one end of a only, two of the four, and their extreme is that of the four (rounding is monotone)."""
     with np.errstate(all="ignore"):
-        q = [x / y for x in a for y in b]
-        lo = np.minimum(np.minimum(q[0], q[1]), np.minimum(q[2], q[3]))
-        hi = np.maximum(np.maximum(q[0], q[1]), np.maximum(q[2], q[3]))
-        return clean(down(lo), up(hi))
-
-
-def div_positive(a: Box, b: Box) -> Box:
-    """a / b for b with a positive lower end: the quotient grows with a's value, so its smallest is
-    a_lo over one of b's ends and its largest a_hi over one of them (two quotients per end, not four)."""
-    with np.errstate(all="ignore"):
-        lo = np.minimum(a[0] / b[0], a[0] / b[1])
-        hi = np.maximum(a[1] / b[0], a[1] / b[1])
+        if np.all(b[0] > 0):
+            lo, hi = np.minimum(a[0] / b[0], a[0] / b[1]), np.maximum(a[1] / b[0], a[1] / b[1])
+        elif np.all(b[1] < 0):
+            lo, hi = np.minimum(a[1] / b[0], a[1] / b[1]), np.maximum(a[0] / b[0], a[0] / b[1])
+        else:
+            q = [x / y for x in a for y in b]
+            lo = np.minimum(np.minimum(q[0], q[1]), np.minimum(q[2], q[3]))
+            hi = np.maximum(np.maximum(q[0], q[1]), np.maximum(q[2], q[3]))
         return clean(down(lo), up(hi))
 
 

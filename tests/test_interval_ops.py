@@ -725,25 +725,31 @@ def test_a_nan_pad_value_or_clamp_bound_never_leaves_a_nan_end():
         assert not np.any(np.isnan(lo)) and not np.any(np.isnan(hi)), kind
 
 
-def test_division_by_a_positive_box_and_scaling_by_a_positive_float_take_fewer_steps_for_the_same_bits():
-    """``div_positive`` (two quotients per end) and ``scale`` by a positive float (no sign cases) give the
-    bits of the general rules, infinite and zero ends included, and enclose the exact quotients."""
+def test_division_by_a_one_signed_box_and_scaling_by_a_positive_float_take_fewer_steps_for_the_same_bits():
+    """``ia.div`` by divisors of one sign (two quotients per end) gives the bits of the four-quotient
+    formula, infinite and zero ends included, and encloses the exact quotients; ``scale`` by a positive
+    float (no sign cases) gives the bits of its general path."""
     from semantics import interval_arith as ia
+    from semantics.interval_round import down, up
     rng = np.random.default_rng(12)
     a_lo = rng.normal(size=(6, 40)) * 10.0 ** rng.integers(-3, 4, (6, 40))
     a_hi = a_lo + rng.random((6, 40))
     a_lo[0, :3], a_hi[1, :3], a_lo[2, :3], a_hi[2, :3] = -np.inf, np.inf, 0.0, 0.0
     b_lo = rng.random((6, 1)) + 1e-3
-    b = (b_lo, b_lo + rng.random((6, 1)))
-    b[1][3] = np.inf
-    got, want = ia.div_positive((a_lo, a_hi), b), ia.div((a_lo, a_hi), b)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
-    for i, j in itertools.product(range(6), range(0, 40, 7)):
-        if not (np.isfinite(a_lo[i, j]) and np.isfinite(a_hi[i, j]) and np.isfinite(b[1][i, 0])):
-            continue
-        ends = [Fraction(float(x)) / Fraction(float(y)) for x in (a_lo[i, j], a_hi[i, j]) for y in (b[0][i, 0], b[1][i, 0])]
-        assert Fraction(float(got[0][i, j])) <= min(ends) and max(ends) <= Fraction(float(got[1][i, j]))
+    positive = (b_lo, b_lo + rng.random((6, 1)))
+    positive[1][3] = np.inf
+    for b in (positive, (-positive[1], -positive[0])):
+        got = ia.div((a_lo, a_hi), b)
+        with np.errstate(all="ignore"):
+            q = [x / y for x in (a_lo, a_hi) for y in b]
+        np.testing.assert_array_equal(got[0], down(np.minimum.reduce(q)))
+        np.testing.assert_array_equal(got[1], up(np.maximum.reduce(q)))
+        for i, j in itertools.product(range(6), range(0, 40, 7)):
+            if not (np.isfinite(a_lo[i, j]) and np.isfinite(a_hi[i, j]) and np.isfinite(b[0][i, 0] * b[1][i, 0])):
+                continue
+            ends = [Fraction(float(x)) / Fraction(float(y)) for x in (a_lo[i, j], a_hi[i, j])
+                    for y in (b[0][i, 0], b[1][i, 0])]
+            assert Fraction(float(got[0][i, j])) <= min(ends) and max(ends) <= Fraction(float(got[1][i, j]))
     for k in (3.0, 0.1, 2.0 ** -1070, 1e300):
         fast, general = ia.scale((a_lo, a_hi), k), ia.scale((a_lo, a_hi), np.array([k]))
         np.testing.assert_array_equal(fast[0], general[0])

@@ -740,11 +740,6 @@ class _Pass:
             self.beta = self.beta + value
             self.err = up(up(self.err + error) + up(np.abs(self.beta) * (2 * U)) + MIN_NORMAL)
 
-    def _acc_err(self, error: np.ndarray) -> None:
-        """err += error, beta unchanged (so no rounding of beta to charge)."""
-        with np.errstate(all="ignore"):
-            self.err = up(up(self.err + error) + MIN_NORMAL)
-
     def add_dot(self, a: np.ndarray, vec: np.ndarray, q: np.ndarray | None, n: int,
                 radius: np.ndarray | None = None) -> None:
         """beta += <a, vec>; err += gamma_n <|a|, |vec| + q> (+ <|a|, radius>)."""
@@ -758,7 +753,7 @@ class _Pass:
         self._acc(clean(val, val)[0], e * (1.0 + err_factor(self.numel_a(a))) + MIN_NORMAL)
 
     def add_row_err(self, rows: slice, error: np.ndarray) -> None:
-        """err[:, rows] += error (an error bound that concerns only some rows)."""
+        """err[:, rows] += error, beta unchanged (an error bound of some rows, or of all with ``slice(None)``)."""
         with np.errstate(all="ignore"):
             self.err[:, rows] = up(up(self.err[:, rows] + error) + MIN_NORMAL)
 
@@ -768,7 +763,7 @@ class _Pass:
     def add_abs_err(self, a: np.ndarray, m: np.ndarray, factor: float) -> None:
         """err += factor <|a|, m> (m >= 0)."""
         e = self.dot(np.abs(a), m)
-        self._acc_err(e * (factor * (1.0 + err_factor(self.numel_a(a)))) + MIN_NORMAL)
+        self.add_row_err(slice(None), e * (factor * (1.0 + err_factor(self.numel_a(a)))) + MIN_NORMAL)
 
     def concretize(self, v: int, a: np.ndarray) -> None:
         """min over v's box of <a, z_v>: <a, c> - <|a|, r> for [c - r, c + r] covering the box."""
@@ -923,7 +918,7 @@ class _Pass:
         m_at = np.take_along_axis(np.broadcast_to(m, (n, 1) + m.shape[2:]), jstar[:, None], axis=-1)
         k = int(np.bincount(jstar.reshape(-1)).max()) if jstar.size else 1
         err = (np.abs(to_cell) * m_at).reshape(n, rows, -1).sum(axis=-1) * err_factor(k + 1)
-        self._acc_err(err)
+        self.add_row_err(slice(None), err)
         return [(p, out.reshape((n, rows) + self.tail(p)))]
 
     def _start(self) -> dict[int, np.ndarray]:

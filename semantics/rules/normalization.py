@@ -99,7 +99,7 @@ def layernorm_box(a: Box, axis: int, eps: float, gamma: np.ndarray | None, beta:
         den = np.maximum(den[0], 0.0), den[1]
         y = _safe_quotient(d, den)
     else:
-        y = ia.div_positive(d, den)
+        y = ia.div(d, den)
     limit = up(np.sqrt(np.float64(e - 1)))
     y = np.clip(y[0], -limit, limit), np.clip(y[1], -limit, limit)
     if gamma is not None:

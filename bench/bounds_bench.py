@@ -51,7 +51,8 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--eps", type=float, default=0.01)
-    parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads for both sides")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="BLAS/OpenMP threads for both sides (0: each library's own default)")
     parser.add_argument("--only", default="mlp,cnn,res,tanh,sigmoid,gelu,silu,attn",
                         help="comma-separated cases: mlp, cnn, res, tanh, sigmoid, gelu, silu, attn")
     parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
@@ -61,7 +62,7 @@ def _parse_args() -> argparse.Namespace:
 
 
 ARGS = _parse_args() if __name__ == "__main__" else None
-if ARGS is not None:  # thread counts must be fixed before numpy and torch load their BLAS
+if ARGS is not None and ARGS.threads:  # thread counts must be fixed before numpy and torch load their BLAS
     for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[_var] = str(ARGS.threads)
 
@@ -356,10 +357,11 @@ def _gemm_line() -> str:
 
 
 def main(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     peer = load_peer()
-    print(f"l-inf radius {args.eps}, median of {args.repeat} interleaved runs, {args.threads} thread(s) each")
+    print(f"l-inf radius {args.eps}, median of {args.repeat} interleaved runs, {args.threads or 'default'} thread(s) each")
     print(_gemm_line())
     models = {"mlp": ("MLP 784-1024-1024-10", mlp(), (784,)), "cnn": ("CNN 1x28x28", cnn(), (1, 28, 28)),
               "res": ("residual CNN 1x28x28", Residual(), (1, 28, 28)),

@@ -6,10 +6,11 @@ Each model of ``tests.model_zoo.REAL`` (torchvision, timm, transformers; random 
 imported with ``torch.export`` (fx where export refuses it), prepared once (``tlb.prepare``: validation,
 weight conversion, depthwise bands, as torch holds its weights ready), and timed against the module's
 own forward under ``torch.no_grad()``, runners interleaved round by round, median of ``--runs``. Both
-sides get ``--threads`` threads (default 1: BLAS and torch's intra-op pool). Printed per model: ours,
-torch, the ratio ours/torch, the largest relative difference from torch's output, and the ``--ops``
-op kinds that take most of our time (one extra evaluation with per-node timers). The last line gives
-the median and the worst ratio. Target (issue 33): at most 1.5x torch on every model.
+sides get ``--threads`` threads (default 1: BLAS and torch's intra-op pool; 0: each library's own
+default). Printed per model: ours, torch, the ratio ours/torch, the largest relative difference from
+torch's output, and the ``--ops`` op kinds that take most of our time (one extra evaluation with
+per-node timers). The last line gives the median and the worst ratio. Target (issue 33): at most 1.5x
+torch on every model.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ sys.path.insert(0, str(ROOT))
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=7)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1,
+                   help="BLAS and torch intra-op threads (default 1; 0 = each library's own default)")
     p.add_argument("--models", default="", help="comma-separated REAL zoo names (default: all)")
     p.add_argument("--ops", type=int, default=3, help="op kinds listed per model")
     return p.parse_args()
 
 
 ARGS = _args() if __name__ == "__main__" else None
-if ARGS is not None:  # before numpy and torch load their thread pools
+if ARGS is not None and ARGS.threads:  # before numpy and torch load their thread pools
     for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[_var] = str(ARGS.threads)
 
@@ -110,13 +112,14 @@ def bench_model(name: str, runs: int, ops: int) -> float:
 
 
 def main() -> None:
-    torch.set_num_threads(max(ARGS.threads, 1))
+    if ARGS.threads:
+        torch.set_num_threads(ARGS.threads)
     names = [n for n in ARGS.models.split(",") if n] or sorted(REAL)
     unknown = [n for n in names if n not in REAL]
     if unknown:
         raise SystemExit(f"unknown zoo models: {', '.join(unknown)} (known: {', '.join(sorted(REAL))})")
     print(f"{'model':18s} {'nodes':>6s} {'ours f32':>11s} {'torch':>11s} {'ratio':>7s} {'rel err':>9s}  "
-          f"top ops (ms)  [threads: {ARGS.threads}]")
+          f"top ops (ms)  [threads: {ARGS.threads or 'default'}]")
     ratios = {}
     for name in names:
         try:

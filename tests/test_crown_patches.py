@@ -252,20 +252,20 @@ def test_the_phase_split_adjoint_is_the_transposed_convolution(stride, padding, 
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("stride, padding, dilation, groups, kernel, in_sp, budget", [
+@pytest.mark.parametrize("stride, padding, dilation, groups, kernel, in_sp, block_rows", [
     ((2, 2), (1, 1), (1, 1), 1, (4, 4), (14, 14), 1),        # one output row per block
-    ((2, 2), (1, 1), (1, 1), 1, (4, 4), (14, 14), 9000),     # 3 rows per block, the last block shorter
-    ((2, 3), (0, 2), (2, 1), 2, (3, 2), (15, 11), 5000),     # strided, dilated, grouped, uneven
-    ((1, 1), (3, 1), (1, 1), 1, (3, 3), (7, 6), 4000),       # padding beyond the kernel
-    ((2,), (1,), (2,), 2, (3,), (19,), 3000),                # 1-D
-    ((2, 2, 1), (1, 0, 1), (1, 2, 1), 2, (3, 2, 2), (11, 13, 5), 20000),  # 3-D
+    ((2, 2), (1, 1), (1, 1), 1, (4, 4), (14, 14), 3),        # 3 rows per block, the last block shorter
+    ((2, 3), (0, 2), (2, 1), 2, (3, 2), (15, 11), 2),        # strided, dilated, grouped, uneven
+    ((1, 1), (3, 1), (1, 1), 1, (3, 3), (7, 6), 4),          # padding beyond the kernel
+    ((2,), (1,), (2,), 2, (3,), (19,), 2),                   # 1-D
+    ((2, 2, 1), (1, 0, 1), (1, 2, 1), 2, (3, 2, 2), (11, 13, 5), 2),  # 3-D
 ])
 def test_the_strided_adds_in_row_blocks_are_the_transposed_convolution(stride, padding, dilation, groups, kernel,
-                                                                        in_sp, budget, monkeypatch):
+                                                                        in_sp, block_rows, monkeypatch):
     """Products too large for the cache go through ``_strided_adds`` in blocks of output rows, every
-    offset per GEMM (the budget is shrunk so that these small maps take several blocks): each block's
-    adds land at its own rows of the input, the same transposed convolution as autograd's."""
-    monkeypatch.setattr(adjoint_mod, "_COLS_BYTES", budget)
+    offset per GEMM (the budget is shrunk to ``block_rows`` rows' products so that these small maps take
+    several blocks): each block's adds land at its own rows of the input, the same transposed
+    convolution as autograd's, and the same as the whole map in one block."""
     rng = np.random.default_rng(7)
     c_in, c_out, m = 3 * groups, 4 * groups, 6
     w = rng.normal(size=(c_out, c_in // groups) + kernel)
@@ -274,15 +274,26 @@ def test_the_strided_adds_in_row_blocks_are_the_transposed_convolution(stride, p
     y = conv(x, torch.from_numpy(w), stride=stride, padding=padding, dilation=dilation, groups=groups)
     a = rng.normal(size=tuple(y.shape))
     (want,) = torch.autograd.grad(y, x, grad_outputs=torch.from_numpy(a))
-    out_sp = tuple(y.shape[2:])
+    out_sp, taps = tuple(y.shape[2:]), math.prod(kernel)
     tap_row_bytes = groups * (c_in // groups) * math.prod(out_sp[1:]) * m * 8
-    rows_per_block, group = adjoint_mod._adds_schedule(tap_row_bytes, out_sp[0], math.prod(kernel), c_in // groups)
-    assert rows_per_block < out_sp[0] and group == math.prod(kernel), "the geometry must take several row blocks"
+    monkeypatch.setattr(adjoint_mod, "_COLS_BYTES", block_rows * tap_row_bytes * taps)
+    schedule = adjoint_mod._adds_schedule(tap_row_bytes, out_sp[0], taps, c_in // groups)
+    assert schedule == (block_rows, taps) and block_rows < out_sp[0], "the geometry must take several row blocks"
     got = adjoint_mod._strided_adds(a, w, stride, padding, dilation, groups, in_sp)
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
     monkeypatch.setattr(adjoint_mod, "_COLS_BYTES", 1 << 40)  # one block, offsets grouped: the same sums
     np.testing.assert_allclose(adjoint_mod._strided_adds(a, w, stride, padding, dilation, groups, in_sp), got,
                                rtol=1e-13, atol=1e-13)
+
+
+def test_the_strided_adds_blocks_stay_small():
+    """A block of the strided adds holds at most 4 MiB of products: a map whose single output row would
+    hold more keeps the offset groups over the whole map; small products stay one block."""
+    mib = 1 << 20
+    assert adjoint_mod._adds_schedule(mib // 16, 7, 16, 8) == (1, 16)        # 1 MiB a row: one-row blocks
+    assert adjoint_mod._adds_schedule(mib // 64, 20, 16, 8) == (4, 16)      # 256 KiB a row: 4 rows a block
+    assert adjoint_mod._adds_schedule(mib, 7, 16, 8) == (7, 1)              # 16 MiB a row: offsets grouped
+    assert adjoint_mod._adds_schedule(1024, 7, 16, 1) == (7, 16)            # 112 KiB in all: one block
 
 
 @pytest.mark.parametrize("stride, padding, dilation, groups, c_in, kernel, out_sp, in_sp", [

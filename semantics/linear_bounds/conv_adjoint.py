@@ -101,9 +101,10 @@ def _adds_schedule(tap_row_bytes: int, rows: int, taps: int, cig: int) -> tuple[
     """(output rows per block, kernel offsets per GEMM) of ``_strided_adds``; ``tap_row_bytes`` is one
     offset's products for one output row. Small products: the whole map, offsets for about 8 GEMM rows
     (offsets x input channels) at a time, all when that is few; large ones: every offset, in blocks of
-    output rows whose products fit ``_COLS_BYTES``."""
+    output rows whose products fit ``_COLS_BYTES`` (one row at least). A single row's products above 4
+    times that keep the first schedule, so that a block never holds more than 4 MiB of products."""
     row_bytes = tap_row_bytes * taps
-    if row_bytes * rows <= 2 * _COLS_BYTES:
+    if row_bytes * rows <= 2 * _COLS_BYTES or row_bytes > 4 * _COLS_BYTES:
         return rows, taps if cig * taps <= 32 else max(1, 8 // cig)
     return max(1, _COLS_BYTES // row_bytes), taps
 

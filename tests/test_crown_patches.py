@@ -294,6 +294,9 @@ def test_the_strided_adds_blocks_stay_small():
     assert adjoint_mod._adds_schedule(mib // 64, 20, 16, 8) == (4, 16)      # 256 KiB a row: 4 rows a block
     assert adjoint_mod._adds_schedule(mib, 7, 16, 8) == (7, 1)              # 16 MiB a row: offsets grouped
     assert adjoint_mod._adds_schedule(1024, 7, 16, 1) == (7, 16)            # 112 KiB in all: one block
+    a = np.ones((2, 4, 0, 3))  # no output row: nothing reaches the input
+    got = adjoint_mod._strided_adds(a, np.ones((4, 2, 3, 3)), (1, 1), (0, 0), (1, 1), 1, (5, 5))
+    assert got.shape == (2, 2, 5, 5) and not got.any()
 
 
 @pytest.mark.parametrize("stride, padding, dilation, groups, c_in, kernel, out_sp, in_sp", [

@@ -105,7 +105,7 @@ def _adds_schedule(tap_row_bytes: int, rows: int, taps: int, cig: int) -> tuple[
     times that keep the first schedule, so that a block never holds more than 4 MiB of products."""
     row_bytes = tap_row_bytes * taps
     if row_bytes * rows <= 2 * _COLS_BYTES or row_bytes > 4 * _COLS_BYTES:
-        return rows, taps if cig * taps <= 32 else max(1, 8 // cig)
+        return max(rows, 1), taps if cig * taps <= 32 else max(1, 8 // cig)  # (an empty map: no block)
     return max(1, _COLS_BYTES // row_bytes), taps
 
 

@@ -361,7 +361,8 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     peer = load_peer()
-    print(f"l-inf radius {args.eps}, median of {args.repeat} interleaved runs, {args.threads or 'default'} thread(s) each")
+    threads = args.threads or "default"
+    print(f"l-inf radius {args.eps}, median of {args.repeat} interleaved runs, {threads} thread(s) each")
     print(_gemm_line())
     models = {"mlp": ("MLP 784-1024-1024-10", mlp(), (784,)), "cnn": ("CNN 1x28x28", cnn(), (1, 28, 28)),
               "res": ("residual CNN 1x28x28", Residual(), (1, 28, 28)),

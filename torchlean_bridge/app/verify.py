@@ -136,6 +136,7 @@ class _Model:
                               f"sample: give the network with batch size 1 (or a dynamic one)")
         self._session = None
         self._batched: dict[int, Any] = {}
+        self._prepared = None  # the graph checked and its weights converted once for the re-checks (hundreds a search)
 
     def batched_crown(self, n: int):
         """A Crown over the graph with a batch of n boxes (cached), or None when the graph does not rebatch."""
@@ -156,10 +157,11 @@ class _Model:
         self._batched[n] = None
 
     def evaluate(self, x: np.ndarray, dtype: str) -> np.ndarray:
-        from semantics.evaluate import evaluate
+        from semantics.prepared import prepare
+        if self._prepared is None:
+            self._prepared = prepare(self.bundle.graph, self.bundle.payload)
         x = x.astype(np.float32 if dtype == "float32" else np.float64)
-        return np.asarray(evaluate(self.bundle.graph, self.bundle.payload, [x], dtype=dtype)[0],
-                          dtype=np.float64).reshape(-1)
+        return np.asarray(self._prepared.evaluate([x], dtype=dtype)[0], dtype=np.float64).reshape(-1)
 
     def onnxruntime(self, x: np.ndarray) -> np.ndarray | None:
         if self._session is None:

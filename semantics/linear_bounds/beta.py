@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..rules.affine import rows_matmul
+from ..signed_parts import negative_part, positive_part
 from .chain import ConvOperator
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r, on_
             upper_side = 1.0 - lower_side
             slope = alphas[v] * lower_side
             slope += a_u[:, None] * upper_side
-            const = const + np.einsum("nku,nu->nk", np.minimum(a, 0.0), b_u)
+            const = const + np.einsum("nku,nu->nk", negative_part(a), b_u)
             outs = [(parents[0], a * slope + betas[v] * sigma[v])]
             a = (a, slope, b_u[:, None] * upper_side)
         else:  # max_pool: max >= x_j*; max <= x_j* where j* decides the window, else <= the largest upper end
@@ -136,7 +137,7 @@ def _plain(upper, pools, layers, inp: int, rows, alphas, betas, sigma, c, r, on_
             a, slope, shift = a
             at_out[v] = a
             g_beta[v] = gp[0] * sigma[v]
-            g_alpha[v] = gp[0] * np.maximum(a, 0.0)  # 0 where a < 0 (NaN where gp is not finite: Adam drops it)
+            g_alpha[v] = gp[0] * positive_part(a)  # 0 where a < 0 (NaN where gp is not finite: Adam drops it)
             grads[v] = gp[0] * slope + shift
         else:
             jstar, decided, umax, _ = pools[v]

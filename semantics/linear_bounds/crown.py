@@ -46,7 +46,7 @@ from ..interval_round import MIN_NORMAL, U, Box, center_radius, clean, down, up
 from ..memory import exceeds_working_memory
 from ..records import PREPARED
 from ..scratch import scratch
-from ..signed_parts import negative_part, positive_part
+from ..signed_parts import by_sign, negative_part, positive_part
 from ..conv import pool_out_spatial
 from ..rules.affine import rows_matmul
 from .batch_axis import BATCH_SAFE_ELEMENTWISE
@@ -847,12 +847,16 @@ class _Pass:
             new = flat * a_l[:, None]
         if special.size and not dense:  # the gathered special columns only
             part = flat[:, :, special]
-            pos = part >= 0
             sl, su = a_l[:, None, special], a_u[:, None, special]
-            new_part = np.where(pos, part * sl, part * su)
-            new[:, :, special] = new_part
+            il, iu = b_l[:, None, special], b_u[:, None, special]
             with np.errstate(all="ignore"):
-                prod = np.where(pos, part * b_l[:, None, special], part * b_u[:, None, special])
+                if all(np.isfinite(f).all() for f in (sl, su, il, iu)):  # by_sign's values are np.where's
+                    pos, neg = positive_part(part), negative_part(part)
+                    new_part, prod = by_sign(pos, neg, sl, su), by_sign(pos, neg, il, iu)
+                else:
+                    pos = part >= 0
+                    new_part, prod = np.where(pos, part * sl, part * su), np.where(pos, part * il, part * iu)
+                new[:, :, special] = new_part
                 val = prod.sum(axis=-1)
                 e = np.abs(prod).sum(axis=-1) * err_factor(width + 1)
         if special.size:

@@ -84,5 +84,8 @@ def test_by_sign_is_the_where_of_two_products_for_finite_factors(dtype):
     with np.errstate(all="ignore"):
         want = np.where(x >= 0, x * f, x * g)
         got = by_sign(positive_part(x), negative_part(x), f, g)
-    assert got.dtype == want.dtype
+        pos = positive_part(x)  # the buffers' form: the result over pos, the second product in a work array
+        in_place = by_sign(pos, negative_part(x), f, g, out=pos, work=np.empty_like(x))
+    assert got.dtype == want.dtype and in_place is pos
     np.testing.assert_array_equal(got + dtype(0.0), want + dtype(0.0))  # + 0 makes every zero +0
+    np.testing.assert_array_equal(in_place + dtype(0.0), want + dtype(0.0))

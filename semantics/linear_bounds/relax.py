@@ -17,10 +17,11 @@ the intercepts are then computed rigorously for the chosen slope:
   at any point d (d ~ argmin: where f'(d) = s, in closed form for sigmoid, tanh, exp and softplus,
   else by Newton steps inside a bisection bracket), so min g >= g(d) - |g'(d)| max(d - a, b - d)
   with g'(d) enclosed: wherever d lands the bound holds, its accuracy only buys tightness. Upper lines
-  are symmetric. A few candidate slopes (chord, tangents at the ends, the midpoint and the quartiles,
-  and the tangents through an end) are tried, all stacked in one pass over the entries, and the one
-  closest to f at the midpoint is kept. Candidate points use plain floating-point f, f' and f''; the
-  enclosures of f and f' at each convexity piece's ends are computed once for every candidate.
+  are symmetric. A few candidate slopes (chord, tangents at the midpoint and the quartiles, and the
+  tangents through an end) are ranked, all stacked in one pass over the entries, by plain floating-point
+  estimates of their intercepts (g at the box's ends, breaks and tangent points), and the one closest to
+  f at the midpoint is kept; only its intercept is computed rigorously. Candidate points use plain
+  floating-point f, f' and f''.
 
 This is where auto_LiRPA's CROWN is unsound for x**2 on [2, 5] (upper line below 25 at z = 5): here
 the upper intercept is the max of f(z) - s z over the two ends, so the line is above f at both ends,
@@ -552,39 +553,67 @@ def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
     return a_l, b_l, a_u, b_u
 
 
+def _screened(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slopes: np.ndarray, side: int) -> np.ndarray:
+    """Plain floating-point estimates of the min (side -1) or max (+1) of f(z) - s z over [lo, hi] for
+    each candidate slope (rows of ``slopes``): g at the box's ends, at the convexity breaks inside it and,
+    on each piece where g is convex (for a min; concave for a max), at the point where f' = s, clipped into
+    the piece and the box. Every point lies in the box, so no entry needs a mask (a random mask costs numpy
+    a mispredicted branch an entry, several times a plain pass). Without enclosures or outward rounding:
+    they only rank the candidates, and the kept slope's intercept is then computed rigorously
+    (``intercepts``), so the rigorous pass runs once a side, not once a candidate."""
+    pick = np.fmin if side < 0 else np.fmax  # a NaN estimate (a point where f' never reaches s) is ignored
+    best = pick(fn.f_mid(lo) - slopes * lo, fn.f_mid(hi) - slopes * hi)
+    for e in fn.breaks:
+        z = np.clip(e, lo, hi)
+        best = pick(best, fn.f_mid(z) - slopes * z)
+    edges = (-np.inf,) + fn.breaks + (np.inf,)
+    for p, curv in enumerate(fn.curvature):
+        if curv != -side:  # g concave for a min (convex for a max) or of unknown curvature: its ends suffice
+            continue
+        a = np.broadcast_to(np.clip(np.clip(lo, edges[p], edges[p + 1]), lo, hi), slopes.shape)
+        b = np.broadcast_to(np.clip(np.clip(hi, edges[p], edges[p + 1]), lo, hi), slopes.shape)
+        d = _stationary(fn, a, b, slopes, curv > 0)
+        best = pick(best, fn.f_mid(d) - slopes * d)
+    return best
+
+
+def _candidate_slopes(fn: Smooth, lo: np.ndarray, hi: np.ndarray, f_lo: Box, f_hi: Box) -> tuple[np.ndarray, np.ndarray]:
+    """``[candidates, entries]`` slopes for the lower and the upper line (any slope is sound): the chord,
+    the tangents at the midpoint and the quartiles, and the tangent through one end of the box."""
+    width = hi - lo
+    mid = lo * 0.5 + hi * 0.5
+    chord = np.where(width > 0, ((f_hi[0] + f_hi[1]) - (f_lo[0] + f_lo[1])) * 0.5 / np.where(width > 0, width, 1.0), 0.0)
+    d_lo, d_hi = fn.df(np.stack((mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75)))
+    f_l, f_u = (f_lo[0] + f_lo[1]) * 0.5, (f_hi[0] + f_hi[1]) * 0.5
+    # the upper line of an S-shape from (l, f(l)), the lower line through (u, f(u))
+    up_through, low_through = _tangent_through(fn, np.stack((mid, lo)), np.stack((hi, mid)), np.stack((lo, hi)),
+                                               np.stack((f_l, f_u)))
+    both = np.concatenate((chord[None], d_lo * 0.5 + d_hi * 0.5))
+    # per side, the candidates that can be closest to f at the midpoint (on 20,000 random silu,
+    # sigmoid and tanh boxes the tangents at the ends never were, nor a through-tangent on its
+    # other side): 5 slopes a side, not the same 8 on both
+    slopes_l, slopes_u = (np.where(np.isfinite(x), x, 0.0) for x in
+                          (np.concatenate((both, low_through[None])), np.concatenate((both, up_through[None]))))
+    return slopes_l, slopes_u
+
+
 def _smooth_lines_flat(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
     with np.errstate(all="ignore"):
-        width = hi - lo
-        f_lo_l, f_hi_l = fn.f(lo)
-        f_lo_u, f_hi_u = fn.f(hi)
+        f_lo, f_hi = fn.f(lo), fn.f(hi)
         mid = lo * 0.5 + hi * 0.5
-        chord = np.where(width > 0, ((f_lo_u + f_hi_u) - (f_lo_l + f_hi_l)) * 0.5 / np.where(width > 0, width, 1.0),
-                         0.0)
-        d_lo, d_hi = fn.df(np.stack((mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75)))
-        f_l, f_u = (f_lo_l + f_hi_l) * 0.5, (f_lo_u + f_hi_u) * 0.5
-        # the upper line of an S-shape from (l, f(l)), the lower line through (u, f(u))
-        up_through, low_through = _tangent_through(fn, np.stack((mid, lo)), np.stack((hi, mid)), np.stack((lo, hi)),
-                                                   np.stack((f_l, f_u)))
-        both = np.concatenate((chord[None], d_lo * 0.5 + d_hi * 0.5))
-        # per side, the candidates that can be closest to f at the midpoint (on 20,000 random silu,
-        # sigmoid and tanh boxes the tangents at the ends never were, nor a through-tangent on its
-        # other side): 5 slopes a side, not the same 8 on both
-        slopes_l, slopes_u = (np.where(np.isfinite(x), x, 0.0) for x in
-                              (np.concatenate((both, low_through[None])), np.concatenate((both, up_through[None]))))
-        out = []
-        for side, slopes, c in zip((-1, 1), (slopes_l, slopes_u), intercepts(fn, lo, hi, slopes_l, slopes_u)):
-            v = slopes * mid + c
+        kept = []
+        for side, slopes in zip((-1, 1), _candidate_slopes(fn, lo, hi, f_lo, f_hi)):
+            v = slopes * mid + _screened(fn, lo, hi, slopes, side)
             # the candidate closest to f at the midpoint (the first of equals; a NaN never wins)
             if side < 0:
                 best = np.argmax(np.where(np.isnan(v), -np.inf, v), axis=0)[None]
             else:
                 best = np.argmin(np.where(np.isnan(v), np.inf, v), axis=0)[None]
-            out += [np.take_along_axis(slopes, best, 0)[0], np.take_along_axis(c, best, 0)[0]]
-        point = width == 0  # a point box: the constant enclosure of f there
-        out[0], out[2] = np.where(point, 0.0, out[0]), np.where(point, 0.0, out[2])
-        out[1] = np.where(point, f_lo_l, out[1])
-        out[3] = np.where(point, f_hi_l, out[3])
-    return out[0], out[1], out[2], out[3]
+            kept.append(np.take_along_axis(slopes, best, 0)[0])
+        c_l, c_u = intercepts(fn, lo, hi, kept[0], kept[1])
+        point = hi == lo  # a point box: the constant enclosure of f there
+        return (np.where(point, 0.0, kept[0]), np.where(point, f_lo[0], c_l), np.where(point, 0.0, kept[1]),
+                np.where(point, f_lo[1], c_u))
 
 
 def window_indices(spatial: tuple[int, ...], out_spatial: tuple[int, ...], kernel, stride, padding, dilation

@@ -129,3 +129,33 @@ def test_dense_lines_step_is_exact_choice_and_bounds_its_rounding():
                         for x, bl, bu in zip(flat[i, r], b_l[i], b_u[i]))
             assert abs(Fraction(float(val[i, r])) - exact) <= Fraction(float(err[i, r]))
             assert err[i, r] > 0
+
+
+def test_box_vectors_are_each_samples_own_and_follow_set_box():
+    """A run rounds the concretization vectors (center, radius, |c| + r) of a box once for every sample,
+    and a pass over samples b0:b1 reads their rows: the values ``center_radius`` gives that slice alone
+    (a sample's vectors do not depend on the others'). Samples sharing one box give one row. A box
+    replaced by ``set_box`` gets new vectors (stale ones would concretize over the old box)."""
+    from semantics.interval_round import center_radius
+    net, bundle = _mlp(5, 4)
+    crown = crown_mod.Crown(bundle.graph, bundle.payload)
+    rng = np.random.default_rng(5)
+    lo = rng.standard_normal((4, 6))
+    hi = lo + rng.random((4, 6))
+    hi[1, 2] = np.inf
+    run = crown_mod._Run(crown, crown.ibp(lo, hi))
+    v = bundle.graph.inputs[0]
+    c, stack, has_inf = run.box_vectors(v)
+    assert has_inf and c.shape == (4, 6) and stack.shape == (4, 6, 3)
+    for b0, b1 in ((0, 1), (1, 3), (0, 4)):
+        c_s, r_s = center_radius(lo[b0:b1], hi[b0:b1])
+        finite = np.isfinite(r_s)
+        assert np.array_equal(c[b0:b1], c_s)
+        assert np.array_equal(stack[b0:b1, :, 0], np.where(finite, r_s, 0.0))
+        assert np.array_equal(stack[b0:b1, :, 1], np.abs(c_s) + np.where(finite, r_s, 0.0))
+        assert np.array_equal(stack[b0:b1, :, 2], (~finite).astype(float))
+    shared = np.repeat(lo[:1], 4, 0), np.repeat(lo[:1] + 0.5, 4, 0)
+    run.set_box(v, shared)
+    c, stack, has_inf = run.box_vectors(v)
+    assert not has_inf and c.shape == (1, 6) and stack.shape == (1, 6, 2)
+    assert np.array_equal(c, center_radius(shared[0][:1], shared[1][:1])[0])

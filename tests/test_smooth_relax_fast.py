@@ -26,11 +26,20 @@ def _pieces(fn: relax.Smooth):
     return [(edges[p], edges[p + 1], c > 0) for p, c in enumerate(fn.curvature) if c != 0]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_stationary_points_solve_f_prime_equals_s(kind):
+# integer powers (Newton steps on their plain f, f', f'') and elu (closed form; they bisected 44 steps before)
+WITH_ATTRS = tuple((k, {}) for k in KINDS) + (("pow", {"exponent": 2.0}), ("pow", {"exponent": 3.0}),
+                                              ("elu", {"alpha": 1.0}))
+# elu with alpha < 1 has a kink at 0 (f' jumps from alpha to 1): for a slope between them the point is the
+# kink, where f' = s has no solution, and the rigorous bound there carries the slack of f''s enclosure
+# [alpha, 1] (as with bisection's point): only the lines' tightness against bisection's applies
+KINKED = (("elu", {"alpha": 0.3}),)
+
+
+@pytest.mark.parametrize("kind,attrs", WITH_ATTRS)
+def test_stationary_points_solve_f_prime_equals_s(kind, attrs):
     """Slopes inside f'(piece): |f'(d) - s| at rounding level (bisection's 44 steps leave about 1e-13);
     slopes outside (closed forms): d is the piece's end that bisection converges to."""
-    fn = smooth_for(kind, {})
+    fn = smooth_for(kind, attrs)
     assert fn.stationary is not None or fn.d2f is not None
     rng = np.random.default_rng(0)
     for a0, b0, convex in _pieces(fn):
@@ -48,8 +57,8 @@ def test_stationary_points_solve_f_prime_equals_s(kind):
         assert np.allclose(got, want, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("kind,size", [(k, 600) for k in KINDS] + [("silu", 2500)])
-def test_lines_as_tight_as_with_bisection(kind, size):
+@pytest.mark.parametrize("kind,attrs,size", [(k, a, 600) for k, a in WITH_ATTRS + KINKED] + [("silu", {}, 2500)])
+def test_lines_as_tight_as_with_bisection(kind, attrs, size):
     """The area between the upper and lower lines over [l, u]: the same as with bisection's points up to
     rounding (1e-13 of the function's magnitude on the box, or absolute below 1). The candidates are
     stacked [slopes, entries], so Newton's steps meet both regimes: below ``_COMPACT_MIN`` points and from
@@ -59,7 +68,7 @@ def test_lines_as_tight_as_with_bisection(kind, size):
     rng = np.random.default_rng(1)
     lo = rng.standard_normal(size) * 3
     hi = lo + rng.random(size) * np.where(rng.random(size) < 0.5, 0.1, 6.0)
-    fn = smooth_for(kind, {})
+    fn = smooth_for(kind, attrs)
     area = []
     for f in (fn, _slow(fn)):
         a_l, b_l, a_u, b_u = smooth_lines(f, lo, hi)
@@ -131,8 +140,8 @@ def test_newton_bisect_settles_each_entry_on_its_own(size, increasing):
         assert alone[0] == got[i]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_screened_choice_is_as_tight_as_ranking_rigorous_intercepts(kind):
+@pytest.mark.parametrize("kind,attrs", WITH_ATTRS)
+def test_screened_choice_is_as_tight_as_ranking_rigorous_intercepts(kind, attrs):
     """The kept slope is ranked by plain floating-point estimates of each candidate's intercept, and only its
     intercept is computed rigorously. Each estimate is a value g takes in the box, so it lies on the far side
     of the rigorous bound, and within 1e-9 of it (relative to f's magnitude and the box's width); and the
@@ -142,7 +151,7 @@ def test_screened_choice_is_as_tight_as_ranking_rigorous_intercepts(kind):
     lo = rng.standard_normal(3000) * 3
     hi = lo + rng.random(3000) * np.where(rng.random(3000) < 0.5, 0.05, 8.0)
     hi[:20] = lo[:20]
-    fn = smooth_for(kind, {})
+    fn = smooth_for(kind, attrs)
     f_lo, f_hi = fn.f(lo), fn.f(hi)
     scale = np.maximum(1.0, np.maximum(np.abs(f_lo[0]), np.abs(f_hi[1])))
     with np.errstate(all="ignore"):

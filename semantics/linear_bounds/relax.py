@@ -14,7 +14,7 @@ the intercepts are then computed rigorously for the chosen slope:
   enclosure of f and of f', and their convexity pieces. For a slope s the intercept of the lower line
   is a lower bound of min over [l, u] of g(z) = f(z) - s z, taken piece by piece: on a concave piece
   g is concave and its minimum is at an end; on a convex piece g is convex and lies above its tangent
-  at any point d (d ~ argmin: where f'(d) = s, in closed form for sigmoid, tanh, exp and softplus,
+  at any point d (d ~ argmin: where f'(d) = s, in closed form for sigmoid, tanh, exp, softplus and elu,
   else by Newton steps inside a bisection bracket), so min g >= g(d) - |g'(d)| max(d - a, b - d)
   with g'(d) enclosed: wherever d lands the bound holds, its accuracy only buys tightness. Upper lines
   are symmetric. A few candidate slopes (chord, tangents at the midpoint and the quartiles, and the
@@ -320,7 +320,9 @@ def _power(p: int) -> Smooth:
     f = lambda x: pow_box(ia.point(x), {"exponent": float(p)})  # noqa: E731
     fm = lambda x: pow_box(ia.point(x), {"exponent": float(p - 1)})  # noqa: E731
     df = lambda x: ia.scale(fm(x), float(p))  # noqa: E731
-    return Smooth(f, df, (), (1,)) if p % 2 == 0 else Smooth(f, df, (0.0,), (-1, 1))
+    # plain f, f', f'' for the candidate points (Newton steps, not bisection's 44)
+    points = dict(f_point=lambda x: x ** p, df_point=lambda x: p * x ** (p - 1), d2f=lambda x: p * (p - 1) * x ** (p - 2))
+    return Smooth(f, df, (), (1,), **points) if p % 2 == 0 else Smooth(f, df, (0.0,), (-1, 1), **points)
 
 
 def _elu(alpha: float) -> Smooth:
@@ -328,7 +330,16 @@ def _elu(alpha: float) -> Smooth:
     def df(x: np.ndarray) -> Box:
         e_lo, e_hi = ia.scale(exp_at(np.minimum(x, 0.0)), alpha)
         return np.where(x > 0, 1.0, e_lo), np.where(x >= 0, 1.0, e_hi)  # at 0: the subgradients [alpha, 1]
-    return Smooth(lambda x: _elu_with(ia.point(x), alpha), df, (), (1,))
+    def stationary(s: np.ndarray, convex: bool) -> np.ndarray:
+        # f' = alpha e^x below 0 (up to alpha), 1 above: log(s / alpha), or the kink 0 for s in [alpha, 1)
+        # (Newton's steps crawl there: from the left they overshoot onto the flat side, which only bisects)
+        with np.errstate(divide="ignore"):
+            return np.where(s >= 1.0, np.inf, np.where(s <= 0.0, -np.inf, np.minimum(np.log(s / alpha), 0.0)))
+    # plain f, f', f'' for the candidate points (Newton steps for the tangents through an end)
+    return Smooth(lambda x: _elu_with(ia.point(x), alpha), df, (), (1,), stationary=stationary,
+                  f_point=lambda x: np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0.0))),
+                  df_point=lambda x: np.where(x > 0, 1.0, alpha * np.exp(np.minimum(x, 0.0))),
+                  d2f=lambda x: np.where(x > 0, 0.0, alpha * np.exp(np.minimum(x, 0.0))))
 
 
 def smooth_for(kind: str, attrs: Mapping[str, Any]) -> Smooth | None:
@@ -570,8 +581,18 @@ def _screened(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slopes: np.ndarray, si
     for p, curv in enumerate(fn.curvature):
         if curv != -side:  # g concave for a min (convex for a max) or of unknown curvature: its ends suffice
             continue
-        a = np.broadcast_to(np.clip(np.clip(lo, edges[p], edges[p + 1]), lo, hi), slopes.shape)
-        b = np.broadcast_to(np.clip(np.clip(hi, edges[p], edges[p + 1]), lo, hi), slopes.shape)
+        a = np.clip(np.clip(lo, edges[p], edges[p + 1]), lo, hi)
+        b = np.clip(np.clip(hi, edges[p], edges[p + 1]), lo, hi)
+        if fn.stationary is None and fn.d2f is None:
+            # bisection's 44 steps: only where f' = s inside the piece (elsewhere g is monotone on it and its
+            # extremum is an end of the piece, already taken)
+            da, db = fn.df_mid(a), fn.df_mid(b)
+            at = np.nonzero((slopes > da) & (slopes < db) if curv > 0 else (slopes < da) & (slopes > db))
+            s_at = slopes[at]
+            d = _stationary(fn, a[at[1]], b[at[1]], s_at, curv > 0)
+            best[at] = pick(best[at], fn.f_mid(d) - s_at * d)
+            continue
+        a, b = np.broadcast_to(a, slopes.shape), np.broadcast_to(b, slopes.shape)
         d = _stationary(fn, a, b, slopes, curv > 0)
         best = pick(best, fn.f_mid(d) - slopes * d)
     return best

@@ -399,8 +399,16 @@ class _Piece:
     dfb: Box | None
 
 
-def _pieces(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> list[_Piece]:
+def _pieces(fn: Smooth, lo: np.ndarray, hi: np.ndarray, f_ends: tuple[Box, Box] | None = None) -> list[_Piece]:
+    """The convexity pieces the boxes meet. Every end of a piece is a box end or a break, so the enclosures
+    there are the ones at lo and hi (``f_ends`` when the caller has them) and at each break, picked per
+    entry: two or four enclosures of the entries' length whatever the number of pieces (GELU and SiLU
+    have five), not two or four a piece."""
     edges = (-np.inf,) + fn.breaks + (np.inf,)
+    f_lo, f_hi = f_ends if f_ends is not None else (fn.f(lo), fn.f(hi))
+    curved = any(fn.curvature)
+    df_lo, df_hi = (fn.df(lo), fn.df(hi)) if curved else (None, None)
+    at_break = {e: (fn.f(np.array([e])), fn.df(np.array([e])) if curved else None) for e in fn.breaks}
     out = []
     with np.errstate(all="ignore"):
         for p, curv in enumerate(fn.curvature):
@@ -409,9 +417,24 @@ def _pieces(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> list[_Piece]:
             if not np.any(there):
                 continue
             a, b = np.where(there, a, lo), np.where(there, b, lo)
-            out.append(_Piece(a, b, there, curv, fn.f(a), fn.f(b), fn.df(a) if curv else None,
-                              fn.df(b) if curv else None))
+            at_a, at_b = at_break.get(edges[p]), at_break.get(edges[p + 1])
+            ends = [_picked(a, lo, hi, f_lo, f_hi, at_a and at_a[0]), _picked(b, lo, hi, f_lo, f_hi, at_b and at_b[0])]
+            if curv:
+                ends += [_picked(a, lo, hi, df_lo, df_hi, at_a and at_a[1]),
+                         _picked(b, lo, hi, df_lo, df_hi, at_b and at_b[1])]
+            else:
+                ends += [None, None]
+            out.append(_Piece(a, b, there, curv, *ends))
     return out
+
+
+def _picked(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, at_lo: Box, at_hi: Box, at_break: Box | None) -> Box:
+    """The enclosure at x, each entry lo, hi or the break (``at_break``, one entry; None for an infinite
+    edge, which no entry equals): the enclosure at equal floats is the same."""
+    on_lo, on_hi = x == lo, x == hi
+    if at_break is None:
+        return tuple(np.where(on_lo, l_, h_) for l_, h_ in zip(at_lo, at_hi))
+    return tuple(np.where(on_lo, l_, np.where(on_hi, h_, e[0])) for l_, h_, e in zip(at_lo, at_hi, at_break))
 
 
 def _g_at(fz: Box, z: np.ndarray, s: np.ndarray, side: int) -> np.ndarray:
@@ -540,11 +563,12 @@ def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f
 _SMOOTH_CHUNK = 1 << 15
 
 
-def intercepts(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slope_l: np.ndarray, slope_u: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+def intercepts(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slope_l: np.ndarray, slope_u: np.ndarray,
+               f_ends: tuple[Box, Box] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Rigorous intercepts of the lower and upper lines with the given slopes on [lo, hi] (flat arrays of
-    one shape): the outward-rounded min and max of f(z) - s z over the box, as ``smooth_lines`` takes them."""
-    pieces = _pieces(fn, lo, hi)
+    one shape): the outward-rounded min and max of f(z) - s z over the box, as ``smooth_lines`` takes them.
+    ``f_ends``: the enclosures of f at lo and hi, when the caller has them."""
+    pieces = _pieces(fn, lo, hi, f_ends)
     with np.errstate(all="ignore"):
         return _extremum(fn, pieces, lo, slope_l, -1), _extremum(fn, pieces, lo, slope_u, 1)
 
@@ -583,9 +607,9 @@ def _screened(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slopes: np.ndarray, si
             continue
         a = np.clip(np.clip(lo, edges[p], edges[p + 1]), lo, hi)
         b = np.clip(np.clip(hi, edges[p], edges[p + 1]), lo, hi)
-        if fn.stationary is None and fn.d2f is None:
-            # bisection's 44 steps: only where f' = s inside the piece (elsewhere g is monotone on it and its
-            # extremum is an end of the piece, already taken)
+        if fn.stationary is None:
+            # Newton's or bisection's steps: only where f' = s inside the piece (elsewhere g is monotone on it
+            # and its extremum is an end of the piece, already taken)
             da, db = fn.df_mid(a), fn.df_mid(b)
             at = np.nonzero((slopes > da) & (slopes < db) if curv > 0 else (slopes < da) & (slopes > db))
             s_at = slopes[at]
@@ -631,7 +655,7 @@ def _smooth_lines_flat(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
             else:
                 best = np.argmin(np.where(np.isnan(v), np.inf, v), axis=0)[None]
             kept.append(np.take_along_axis(slopes, best, 0)[0])
-        c_l, c_u = intercepts(fn, lo, hi, kept[0], kept[1])
+        c_l, c_u = intercepts(fn, lo, hi, kept[0], kept[1], (f_lo, f_hi))
         point = hi == lo  # a point box: the constant enclosure of f there
         return (np.where(point, 0.0, kept[0]), np.where(point, f_lo[0], c_l), np.where(point, 0.0, kept[1]),
                 np.where(point, f_lo[1], c_u))

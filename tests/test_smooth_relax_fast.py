@@ -155,9 +155,9 @@ def test_screened_choice_is_as_tight_as_ranking_rigorous_intercepts(kind, attrs)
     f_lo, f_hi = fn.f(lo), fn.f(hi)
     scale = np.maximum(1.0, np.maximum(np.abs(f_lo[0]), np.abs(f_hi[1])))
     with np.errstate(all="ignore"):
-        slopes_l, slopes_u = relax._candidate_slopes(fn, lo, hi, f_lo, f_hi)
+        slopes_l, slopes_u, points_l, points_u = relax._candidate_slopes(fn, lo, hi, f_lo, f_hi)
         rigorous = relax.intercepts(fn, lo, hi, slopes_l, slopes_u)
-        estimates = relax._screened(fn, lo, hi, slopes_l, -1), relax._screened(fn, lo, hi, slopes_u, 1)
+        estimates = (relax._screened(fn, lo, hi, slopes_l, -1, points_l), relax._screened(fn, lo, hi, slopes_u, 1, points_u))
     allowance = 1e-9 * scale * np.maximum(1.0, (hi - lo) ** 2)
     for side, est, exact in zip((-1, 1), estimates, rigorous):
         gap = (est - exact) * -side  # >= 0: the estimate is at or inside the rigorous bound

@@ -539,8 +539,9 @@ def _newton_bisect(h: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.nd
     return np.clip(d.reshape(np.shape(a)), a, b)
 
 
-def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f0: np.ndarray) -> np.ndarray:
-    """The slope f'(d) of a tangent at d in [a, b] that passes through (z0, f0): a sign change of
+def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f0: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The slope f'(d) of a tangent at d in [a, b] that passes through (z0, f0), and d: a sign change of
     h(d) = f(d) + f'(d)(z0 - d) - f0, h'(d) = f''(d)(z0 - d) (Newton steps inside the bracket where f''
     is known, else bisection). Only a candidate slope: its intercept is computed rigorously afterwards."""
     if fn.d2f is not None:
@@ -549,13 +550,15 @@ def _tangent_through(fn: Smooth, a: np.ndarray, b: np.ndarray, z0: np.ndarray, f
         def h(d: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             gap = z0_flat[at] - d
             return fn.f_mid(d) + fn.df_mid(d) * gap - f0_flat[at], fn.d2f(d) * gap
-        return fn.df_mid(_newton_bisect(h, a, b, True))
+        d = _newton_bisect(h, a, b, True)
+        return fn.df_mid(d), d
     left, right = a.copy(), b.copy()
     for _ in range(_BISECT_STEPS):
         d = left * 0.5 + right * 0.5
         h = fn.f_mid(d) + fn.df_mid(d) * (z0 - d) - f0
         left, right = np.where(h < 0, d, left), np.where(h < 0, right, d)
-    return fn.df_mid(left * 0.5 + right * 0.5)
+    d = left * 0.5 + right * 0.5
+    return fn.df_mid(d), d
 
 
 # entries relaxed at once: the candidate slopes are stacked ``[slopes, entries]`` and every temporary has
@@ -588,14 +591,18 @@ def smooth_lines(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
     return a_l, b_l, a_u, b_u
 
 
-def _screened(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slopes: np.ndarray, side: int) -> np.ndarray:
+def _screened(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slopes: np.ndarray, side: int,
+              points: np.ndarray | None = None) -> np.ndarray:
     """Plain floating-point estimates of the min (side -1) or max (+1) of f(z) - s z over [lo, hi] for
     each candidate slope (rows of ``slopes``): g at the box's ends, at the convexity breaks inside it and,
     on each piece where g is convex (for a min; concave for a max), at the point where f' = s, clipped into
     the piece and the box. Every point lies in the box, so no entry needs a mask (a random mask costs numpy
     a mispredicted branch an entry, several times a plain pass). Without enclosures or outward rounding:
     they only rank the candidates, and the kept slope's intercept is then computed rigorously
-    (``intercepts``), so the rigorous pass runs once a side, not once a candidate."""
+    (``intercepts``), so the rigorous pass runs once a side, not once a candidate. ``points``: where a
+    candidate is the tangent at a known point (NaN elsewhere), that point, which is where f' = s on its
+    piece: only the other entries are solved for (Newton's or bisection's steps; closed forms are cheaper
+    than the masks)."""
     pick = np.fmin if side < 0 else np.fmax  # a NaN estimate (a point where f' never reaches s) is ignored
     best = pick(fn.f_mid(lo) - slopes * lo, fn.f_mid(hi) - slopes * hi)
     for e in fn.breaks:
@@ -611,7 +618,13 @@ def _screened(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slopes: np.ndarray, si
             # Newton's or bisection's steps: only where f' = s inside the piece (elsewhere g is monotone on it
             # and its extremum is an end of the piece, already taken)
             da, db = fn.df_mid(a), fn.df_mid(b)
-            at = np.nonzero((slopes > da) & (slopes < db) if curv > 0 else (slopes < da) & (slopes > db))
+            inside = (slopes > da) & (slopes < db) if curv > 0 else (slopes < da) & (slopes > db)
+            if points is not None:
+                known = np.nonzero(inside & (points >= a) & (points <= b))  # NaN compares false
+                z = points[known]
+                best[known] = pick(best[known], fn.f_mid(z) - slopes[known] * z)
+                inside[known] = False
+            at = np.nonzero(inside)
             s_at = slopes[at]
             d = _stationary(fn, a[at[1]], b[at[1]], s_at, curv > 0)
             best[at] = pick(best[at], fn.f_mid(d) - s_at * d)
@@ -622,24 +635,35 @@ def _screened(fn: Smooth, lo: np.ndarray, hi: np.ndarray, slopes: np.ndarray, si
     return best
 
 
-def _candidate_slopes(fn: Smooth, lo: np.ndarray, hi: np.ndarray, f_lo: Box, f_hi: Box) -> tuple[np.ndarray, np.ndarray]:
+def _candidate_slopes(fn: Smooth, lo: np.ndarray, hi: np.ndarray, f_lo: Box, f_hi: Box
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``[candidates, entries]`` slopes for the lower and the upper line (any slope is sound): the chord,
-    the tangents at the midpoint and the quartiles, and the tangent through one end of the box."""
+    the tangents at the midpoint and the quartiles, and the tangent through one end of the box; and the
+    tangent points of each (NaN for the chord and where a slope is not finite; None for a function whose
+    tangent points have a closed form)."""
     width = hi - lo
     mid = lo * 0.5 + hi * 0.5
     chord = np.where(width > 0, ((f_hi[0] + f_hi[1]) - (f_lo[0] + f_lo[1])) * 0.5 / np.where(width > 0, width, 1.0), 0.0)
-    d_lo, d_hi = fn.df(np.stack((mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75)))
+    at = np.stack((mid, lo * 0.75 + hi * 0.25, lo * 0.25 + hi * 0.75))
+    d_lo, d_hi = fn.df(at)
     f_l, f_u = (f_lo[0] + f_lo[1]) * 0.5, (f_hi[0] + f_hi[1]) * 0.5
     # the upper line of an S-shape from (l, f(l)), the lower line through (u, f(u))
-    up_through, low_through = _tangent_through(fn, np.stack((mid, lo)), np.stack((hi, mid)), np.stack((lo, hi)),
-                                               np.stack((f_l, f_u)))
+    (up_through, low_through), (up_point, low_point) = _tangent_through(
+        fn, np.stack((mid, lo)), np.stack((hi, mid)), np.stack((lo, hi)), np.stack((f_l, f_u)))
     both = np.concatenate((chord[None], d_lo * 0.5 + d_hi * 0.5))
+    shared = None if fn.stationary is not None else np.concatenate((np.full((1,) + mid.shape, np.nan), at))
     # per side, the candidates that can be closest to f at the midpoint (on 20,000 random silu,
     # sigmoid and tanh boxes the tangents at the ends never were, nor a through-tangent on its
     # other side): 5 slopes a side, not the same 8 on both
-    slopes_l, slopes_u = (np.where(np.isfinite(x), x, 0.0) for x in
-                          (np.concatenate((both, low_through[None])), np.concatenate((both, up_through[None]))))
-    return slopes_l, slopes_u
+    out = []
+    for through, point in ((low_through, low_point), (up_through, up_point)):
+        slopes = np.concatenate((both, through[None]))
+        finite = np.isfinite(slopes)
+        # the points serve only the screen's solves (a closed form needs none)
+        points = None if fn.stationary is not None else np.where(finite, np.concatenate((shared, point[None])), np.nan)
+        out.append((np.where(finite, slopes, 0.0), points))
+    (slopes_l, points_l), (slopes_u, points_u) = out
+    return slopes_l, slopes_u, points_l, points_u
 
 
 def _smooth_lines_flat(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
@@ -647,8 +671,9 @@ def _smooth_lines_flat(fn: Smooth, lo: np.ndarray, hi: np.ndarray) -> Lines:
         f_lo, f_hi = fn.f(lo), fn.f(hi)
         mid = lo * 0.5 + hi * 0.5
         kept = []
-        for side, slopes in zip((-1, 1), _candidate_slopes(fn, lo, hi, f_lo, f_hi)):
-            v = slopes * mid + _screened(fn, lo, hi, slopes, side)
+        slopes_l, slopes_u, points_l, points_u = _candidate_slopes(fn, lo, hi, f_lo, f_hi)
+        for side, slopes, points in ((-1, slopes_l, points_l), (1, slopes_u, points_u)):
+            v = slopes * mid + _screened(fn, lo, hi, slopes, side, points)
             # the candidate closest to f at the midpoint (the first of equals; a NaN never wins)
             if side < 0:
                 best = np.argmax(np.where(np.isnan(v), -np.inf, v), axis=0)[None]

@@ -177,7 +177,9 @@ def test_square_is_sound_where_auto_lirpa_is_not(lo, hi, true_lo, true_hi):
 
 _MP = {"sigmoid": lambda z: 1 / (1 + mp.exp(-z)), "tanh": mp.tanh, "exp": mp.exp,
        "softplus": lambda z: mp.log1p(mp.exp(z)), "gelu": lambda z: z * (1 + mp.erf(z / mp.sqrt(2))) / 2,
-       "silu": lambda z: z / (1 + mp.exp(-z)), "pow3": lambda z: z ** 3, "pow2": lambda z: z ** 2, "elu": lambda z: z if z > 0 else mp.expm1(z)}
+       "silu": lambda z: z / (1 + mp.exp(-z)), "pow3": lambda z: z ** 3, "pow2": lambda z: z ** 2, "elu": lambda z: z if z > 0 else mp.expm1(z),
+       # alpha < 1: f' jumps from alpha to 1 at 0, where the tangent point of a slope between them sits
+       "elu0.3": lambda z: z if z > 0 else mp.mpf("0.3") * mp.expm1(z)}
 
 
 @pytest.mark.parametrize("kind", sorted(_MP))
@@ -186,8 +188,12 @@ def test_smooth_lines_enclose_the_function(kind):
     centers = rng.uniform(-4, 4, 60)
     radii = np.concatenate([rng.uniform(0, 3, 50), [1e-9, 0.0, 5.0, 1e-3, 2.0, 0.5, 1.4, 1.5, 0.1, 4.0]])
     lo, hi = centers - radii, centers + radii
-    fn = smooth_for(kind[:3] if kind.startswith("pow") else kind,
-                    {"exponent": float(kind[3:])} if kind.startswith("pow") else {"alpha": 1.0})
+    if kind.startswith("pow"):
+        fn = smooth_for("pow", {"exponent": float(kind[3:])})
+    elif kind.startswith("elu"):
+        fn = smooth_for("elu", {"alpha": float(kind[3:] or 1.0)})
+    else:
+        fn = smooth_for(kind, {})
     a_l, b_l, a_u, b_u = smooth_lines(fn, lo, hi)
     f = _MP[kind]
     for i in range(lo.size):

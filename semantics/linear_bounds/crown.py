@@ -394,6 +394,15 @@ def _spec_box(crown: Crown, box: Box, spec: Any) -> Box:
     return linear_box((lo, hi), AffineParams.of(c, np.zeros(c.shape[0])))
 
 
+def _one_row_if_shared(lo: np.ndarray, hi: np.ndarray) -> Box:
+    """A box as ``[samples, entries]``, one row when every sample has the same box (branch and bound's
+    subdomains sharing the property's input box): their concretizations then read it once."""
+    lo, hi = lo.reshape(lo.shape[0], -1), hi.reshape(hi.shape[0], -1)
+    if lo.shape[0] > 1 and bool(np.all(lo == lo[:1])) and bool(np.all(hi == hi[:1])):
+        return lo[:1], hi[:1]
+    return lo, hi
+
+
 class _Run:
     """One call: the node boxes (refined as intermediate bounds are computed), relaxations, fallbacks."""
 
@@ -441,10 +450,7 @@ class _Run:
         got = self._vectors.get(v)
         if got is None:
             shape = self.crown.ishape(v)
-            lo, hi = (x.reshape(shape).reshape(shape[0], -1) for x in self.boxes[v])
-            if lo.shape[0] > 1 and bool(np.all(lo == lo[:1])) and bool(np.all(hi == hi[:1])):
-                lo, hi = lo[:1], hi[:1]
-            c, r = center_radius(lo, hi)
+            c, r = center_radius(*_one_row_if_shared(*(x.reshape(shape) for x in self.boxes[v])))
             inf = ~np.isfinite(r)
             has_inf = bool(inf.any())
             r_fin = np.where(inf, 0.0, r)
@@ -801,12 +807,8 @@ class _Pass:
         return (self.crown.const[v] or self.graph.nodes[v].kind == "input") and not self.keep_inputs
 
     def flat_box(self, v: int) -> Box:
-        """v's box as ``[samples, entries]``, one row when every sample has the same box (branch and bound's
-        subdomains sharing the property's input box): their concretizations then read it once."""
-        lo, hi = (x.reshape(x.shape[0], -1) for x in self.box(v))
-        if lo.shape[0] > 1 and bool(np.all(lo == lo[:1])) and bool(np.all(hi == hi[:1])):
-            return lo[:1], hi[:1]
-        return lo, hi
+        """This pass's slice of v's box as ``[samples, entries]`` (``_one_row_if_shared``)."""
+        return _one_row_if_shared(*self.box(v))
 
     def concretized(self, v: int, a: np.ndarray, abs_a: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """Per row of a (``[n, rows] + tail(v)``): <a, c>, <|a|, r> and the rounding bound of

@@ -408,7 +408,8 @@ def _pieces(fn: Smooth, lo: np.ndarray, hi: np.ndarray, f_ends: tuple[Box, Box] 
     f_lo, f_hi = f_ends if f_ends is not None else (fn.f(lo), fn.f(hi))
     curved = any(fn.curvature)
     df_lo, df_hi = (fn.df(lo), fn.df(hi)) if curved else (None, None)
-    at_break = {e: (fn.f(np.array([e])), fn.df(np.array([e])) if curved else None) for e in fn.breaks}
+    f_at = {e: fn.f(np.array([e])) for e in fn.breaks}
+    df_at = {e: fn.df(np.array([e])) for e in fn.breaks} if curved else {}
     out = []
     with np.errstate(all="ignore"):
         for p, curv in enumerate(fn.curvature):
@@ -417,14 +418,11 @@ def _pieces(fn: Smooth, lo: np.ndarray, hi: np.ndarray, f_ends: tuple[Box, Box] 
             if not np.any(there):
                 continue
             a, b = np.where(there, a, lo), np.where(there, b, lo)
-            at_a, at_b = at_break.get(edges[p]), at_break.get(edges[p + 1])
-            ends = [_picked(a, lo, hi, f_lo, f_hi, at_a and at_a[0]), _picked(b, lo, hi, f_lo, f_hi, at_b and at_b[0])]
-            if curv:
-                ends += [_picked(a, lo, hi, df_lo, df_hi, at_a and at_a[1]),
-                         _picked(b, lo, hi, df_lo, df_hi, at_b and at_b[1])]
-            else:
-                ends += [None, None]
-            out.append(_Piece(a, b, there, curv, *ends))
+            e_a, e_b = edges[p], edges[p + 1]
+            fa, fb = _picked(a, lo, hi, f_lo, f_hi, f_at.get(e_a)), _picked(b, lo, hi, f_lo, f_hi, f_at.get(e_b))
+            dfa = _picked(a, lo, hi, df_lo, df_hi, df_at.get(e_a)) if curv else None
+            dfb = _picked(b, lo, hi, df_lo, df_hi, df_at.get(e_b)) if curv else None
+            out.append(_Piece(a, b, there, curv, fa, fb, dfa, dfb))
     return out
 
 
@@ -651,7 +649,8 @@ def _candidate_slopes(fn: Smooth, lo: np.ndarray, hi: np.ndarray, f_lo: Box, f_h
     (up_through, low_through), (up_point, low_point) = _tangent_through(
         fn, np.stack((mid, lo)), np.stack((hi, mid)), np.stack((lo, hi)), np.stack((f_l, f_u)))
     both = np.concatenate((chord[None], d_lo * 0.5 + d_hi * 0.5))
-    shared = None if fn.stationary is not None else np.concatenate((np.full((1,) + mid.shape, np.nan), at))
+    # the points serve only the screen's solves (a closed form needs none)
+    shared = np.concatenate((np.full((1,) + mid.shape, np.nan), at)) if fn.stationary is None else None
     # per side, the candidates that can be closest to f at the midpoint (on 20,000 random silu,
     # sigmoid and tanh boxes the tangents at the ends never were, nor a through-tangent on its
     # other side): 5 slopes a side, not the same 8 on both
@@ -659,8 +658,7 @@ def _candidate_slopes(fn: Smooth, lo: np.ndarray, hi: np.ndarray, f_lo: Box, f_h
     for through, point in ((low_through, low_point), (up_through, up_point)):
         slopes = np.concatenate((both, through[None]))
         finite = np.isfinite(slopes)
-        # the points serve only the screen's solves (a closed form needs none)
-        points = None if fn.stationary is not None else np.where(finite, np.concatenate((shared, point[None])), np.nan)
+        points = None if shared is None else np.where(finite, np.concatenate((shared, point[None])), np.nan)
         out.append((np.where(finite, slopes, 0.0), points))
     (slopes_l, points_l), (slopes_u, points_u) = out
     return slopes_l, slopes_u, points_l, points_u

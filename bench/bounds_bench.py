@@ -271,23 +271,22 @@ def run_case(name: str, model: nn.Module, x: torch.Tensor, eps: float, repeat: i
 
 
 def _subnormal_lines(bundle: Bundle, boxes: list, repeat: int) -> list[str]:
-    """Per linear layer after the first whose float32 spread would hold subnormals (ReLU-pinned units:
-    spread 2**-147): how many, and the spread product |W| v32 on those operands against the same product
+    """Per linear layer after the first whose float32 spread (``_doubled_spread``, rounded to float32)
+    holds subnormals: how many, and the spread product |W| v32 on those operands against the same product
     on the flushed operands that the float32 rule hands BLAS. The ratio is this host's subnormal
     penalty: about 40x on x86 cores that take microcode assists, near 1 on cores that do not."""
-    from semantics.rules.affine import AffineParams, box_halves
-    from semantics.rules.affine32 import _spread, float32_weights, flush_subnormals
+    from semantics.rules.affine import AffineParams
+    from semantics.rules.affine32 import _doubled, _doubled_spread, float32_weights, flush_subnormals
     lines = []
     for node in bundle.graph.nodes:
         if node.kind != "linear" or node.parents[0] in bundle.graph.inputs:
             continue
         weight = np.asarray(bundle.payload.get(node.id, "weight"), np.float64)
         w32 = float32_weights(AffineParams.of(weight, np.zeros(weight.shape[0])), weight.shape[1])
-        c, r, _ = box_halves(*boxes[node.parents[0]])
-        v = _spread(c, r, w32) if w32 is not None else None
-        if v is None:
+        spread = _doubled_spread(*_doubled(*boxes[node.parents[0]]), w32) if w32 is not None else None
+        if spread is None:
             continue
-        raw = v.astype(np.float32)
+        raw = spread[0].astype(np.float32)
         subnormal = int(np.count_nonzero((raw > 0) & (raw < np.float32(2.0 ** -126))))
         if not subnormal:
             continue

@@ -287,6 +287,32 @@ def test_conv_float32_falls_back_where_halving_the_weights_or_float32_range_fail
                               conv_box(box, params, attrs, (2, 3, 4, 4))[0])  # the float32 path otherwise
 
 
+@pytest.mark.parametrize("uniform", [False, True])
+def test_float32_falls_back_where_a_weight_cannot_be_halved_exactly(uniform):
+    """Both float32 paths of linear and conv run on 2c and 2r against W / 2: a float32-normal weight whose half
+    is a float32 subnormal (1.5e-38) gives the float64 rule's box, for an l-inf ball and a varying radius."""
+    from semantics.rules.affine import conv_box, linear_box
+    rng = np.random.default_rng(9)
+    w = _f32(rng, (64, 18))
+    w[3, 4] = np.float32(1.5e-38)
+    p = AffineParams.of(w, _f32(rng, (64,)))
+    assert float32_weights(p, 18) is not None
+    c = rng.standard_normal((4, 18))
+    r = np.full(c.shape, 0.01) if uniform else np.abs(rng.standard_normal(c.shape)) * 0.01
+    for a, b in zip(linear_box32((c - r, c + r), p), linear_box((c - r, c + r), p)):
+        assert np.array_equal(a, b)
+    p.weight[3, 4] = 0.5  # a weight that halves exactly: the float32 path runs
+    p = AffineParams.of(p.weight, p.bias)
+    assert not np.array_equal(linear_box32((c - r, c + r), p)[0], linear_box((c - r, c + r), p)[0])
+    cw = _f32(rng, (3, 2, 3, 3))
+    cw[1, 1, 2, 0] = np.float32(1.5e-38)
+    box, params, attrs = _conv_case(rng, cw, 1.0)
+    if uniform:
+        box = (box[0], box[0] + 0.02)
+    for a, b in zip(conv_box32(box, params, attrs, (2, 3, 4, 4)), conv_box(box, params, attrs, (2, 3, 4, 4))):
+        assert np.array_equal(a, b)
+
+
 def test_subnormal_float32_weights_are_read_exactly_and_flush_to_zero_mode_is_refused():
     """1e-39 weights (float32 subnormals) over a box around 1e30: the exact minimum is 7.9e-9. With IEEE
     gradual underflow both product settings enclose it; under FTZ/DAZ (``torch.set_flush_denormal``)
@@ -443,9 +469,10 @@ def test_conv_with_subnormal_operands_encloses_the_exact_image(uniform, float32_
 
 
 def test_pinned_relus_feed_no_subnormal_to_the_next_products(gemm_operands):
-    """The stall's origin: a ReLU-pinned unit (lo = hi = 0) has spread 2**-147, a float32 subnormal. A net
-    whose ReLUs pin many units (conv and linear layers after them): no GEMM operand is subnormal, and the boxes
-    still hold the float64 and float32 values at samples and corners, within 1e-3 of the float64 rule's widths."""
+    """The stall's origin: a ReLU-pinned unit (lo = hi = 0) has spread 2**-147 when rounded up, a float32
+    subnormal. A net whose ReLUs pin many units (conv and linear layers after them): no GEMM operand is
+    subnormal, and the boxes still hold the float64 and float32 values at samples and corners, within 1e-3
+    of the float64 rule's widths."""
     torch.manual_seed(14)
     net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
                         nn.Flatten(), nn.Linear(8 * 36, 96), nn.ReLU(), nn.Linear(96, 64)).eval()

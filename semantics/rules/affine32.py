@@ -17,13 +17,16 @@ A radius that varies (every layer after the first):
 - in float64, s = fl(mid32 + b) and the ends fl(s -+ T) with T = K t32 + kappa: K and the per-channel
   kappa cover the two float64 roundings, using |s| <= (|W| v) (1 + g) / g + |b| (every |c32| term
   is at most |W| v / g), so no further pass over the output is needed.
-- conv runs this on 2c and 2r against W / 2 and |W| / 2 (exact scalings, the same roundings), and
-  rounds v to nearest instead of up: 2v <= K1 fl32(2v') + 2**-149 for the v' computed without v's
-  last two steps (K1 the factor those steps apply), so T uses K K1 and A + n max|W| 2**-144.
+- linear and conv run this on 2c = fl(lo + hi) and 2r = fl(hi - lo) against W / 2 and |W| / 2 (exact
+  scalings, the same roundings; a weight whose half would be a float32 subnormal keeps the float64
+  rule), without two halving passes over the input, and round v to nearest instead of up:
+  2v <= K1 fl32(2v') + 2**-149 for the v' computed without v's last two steps (K1 the factor those
+  steps apply), so T uses K K1 and A + n max|W| 2**-144.
 
 No subnormal reaches a GEMM. x86 BLAS kernels slow down about 40x on subnormal float32 operands, and
-IBP makes them: a unit pinned by a ReLU has c = r = 0, so its spread is the tiny term alone (2**-147,
-a float32 subnormal; a third of a layer's inputs on a trained MLP). So every float32 operand is
+IBP makes them: a unit pinned by a ReLU has c = r = 0, so a spread rounded up is the tiny term alone
+(2**-147, a float32 subnormal; a third of a layer's inputs on a trained MLP; the doubled spread rounded
+to nearest leaves it 0, but tiny centers and radii still round to float32 subnormals). So every float32 operand is
 flushed: x' = 0 where |x| < 2**-126, else x' = x (c32' from c32, v32' from v32, and the staged conv
 inputs the same way), and a weight with a float32 subnormal entry keeps the float64 rule. Proof of
 the allowance A = n 2**-126 (2 + 2 max|W|) for one output of n terms:
@@ -43,8 +46,10 @@ Flushing costs three passes over the float32 operands (|x|, the mask, a product 
 of the product on any layer of ``MIN_OUT_FLOAT32`` outputs) and at most 2 n max|W| 2**-126 of width per
 output.
 
-A radius uniform per sample (an l-inf ball at the first layer): one float32 product for the center,
-rows of more than ``_PIECE_TERMS`` terms cut into pieces summed in float64 (so gamma32 is a piece's),
+A radius uniform per sample (an l-inf ball at the first layer): one float32 product for the center
+(2c against W / 2, as above; the maxima of |2c| and 2r halved exactly, a subnormal's rounding covered
+by the 2**-1022 floor of ``affine._affine_ends``), rows of more than ``_PIECE_TERMS`` terms cut into
+pieces summed in float64 (so gamma32 is a piece's),
 |W| r = max(r) |W| 1, and the center's rounding bounded by gamma max|c| |W| 1; the float64 rule's
 finishing step (``affine._affine_ends``) with that gamma.
 
@@ -68,7 +73,7 @@ from ..arena import result_array
 from ..conv_gemm import conv_plan, conv_products, stage
 from ..interval_round import MIN_NORMAL, U, Box, CleanBox, all_finite, gamma
 from ..scratch import scratch
-from .affine import (_NEAR_UNIFORM, AffineParams, Halves, _abs_max, _affine_ends, _uniform_radius, box_halves, conv_box,
+from .affine import (AffineParams, _abs_max, _affine_ends, _uniform_radius, conv_box,
                      in_bounds_abs_sums, linear_box)
 from .table import INTERVAL_RULES, read_params
 
@@ -155,19 +160,12 @@ def flush_subnormals(x32: np.ndarray) -> np.ndarray:
     return np.multiply(x32, keep, out=x32)
 
 
-def _spread(c: np.ndarray, r: np.ndarray, w: Float32Weights) -> np.ndarray | None:
-    """The spread v of the box [c -+ r] (``box_halves``): at least the radius plus the center's float32
-    rounding, and safe to round to float32 (see the module docstring); in a scratch buffer. None when
-    that rounding would cost more than ``_WIDTH_COST`` of the width (summed over the box: a radius
-    tiny next to the center, where float64 products are the right choice)."""
-    v = np.abs(c, out=scratch("affine32.v", c.shape))
-    if w.g_center * float(np.sum(v)) > _WIDTH_COST * float(np.sum(r)):
-        return None
-    v *= w.g_center
-    v += r
-    v *= _TO_F32_UP * (1.0 + 3 * U)  # r's own float64 rounding (3u), then up to float32
-    v += _TO_F32_TINY + 2.0 ** -1072
-    return v
+def _doubled(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """2c = fl(lo + hi) and 2r = fl(hi - lo) in scratch buffers: the float32 rules run on them against the
+    halved weights (exact), without ``box_halves``' two halving passes. Not checked here: each path's
+    own reductions of them are finite only if every entry is (a NaN or an infinity reaches a sum or a
+    maximum), and a path that finds one returns None for the float64 rule."""
+    return (np.add(lo, hi, out=scratch("affine.c", lo.shape)), np.subtract(hi, lo, out=scratch("affine.r", lo.shape)))
 
 
 def _halved_weights(p: AffineParams, w: Float32Weights) -> tuple[np.ndarray, np.ndarray] | None:
@@ -198,13 +196,6 @@ def _doubled_spread(c2: np.ndarray, r2: np.ndarray, w: Float32Weights) -> tuple[
     return v, safe
 
 
-def _first_sample_uniform(lo: np.ndarray, hi: np.ndarray, samples: int) -> bool:
-    """Whether the first sample's radius is uniform up to rounding (an l-inf ball at the first layer);
-    it decides ``_uniform_radius`` unless the samples differ, for 1/samples of its work."""
-    gap = np.subtract(hi.reshape(samples, -1)[0], lo.reshape(samples, -1)[0])
-    return bool(gap.size) and bool(gap.min() >= gap.max() * _NEAR_UNIFORM)
-
-
 # float32 products are used when their rounding costs at most this much of the width (gamma |W| |c|
 # against |W| r); for a uniform radius, a longer row is cut into pieces of at most _PIECE_TERMS terms, each
 # summed in float32 and the pieces in float64, so that gamma is that of a piece
@@ -220,42 +211,45 @@ def _center_gamma(terms: int, pieces: int) -> float:
 
 
 def _uniform_pays(g: float, c_max: np.ndarray, r_max: np.ndarray) -> bool:
+    """Whether the center's float32 rounding costs at most ``_WIDTH_COST`` of the width, with every
+    per-sample maximum finite (False for a NaN: its comparisons are False)."""
     e_c = (g + 4 * U) * (1.0 + g)
-    return bool(np.all(c_max < _F32_SAFE) and np.all(e_c * c_max <= _WIDTH_COST * r_max))
+    return bool(np.all(c_max < _F32_SAFE) and np.all(r_max < np.inf) and np.all(e_c * c_max <= _WIDTH_COST * r_max))
 
 
-def _weight_pieces(p: AffineParams, w: Float32Weights, pieces: int, terms: int) -> np.ndarray:
-    """``W.T`` in float32, zero-padded to ``pieces * terms`` rows and cut into ``[pieces, terms, out]``."""
+def _weight_pieces(p: AffineParams, half_w: np.ndarray, pieces: int, terms: int) -> np.ndarray:
+    """``W.T / 2`` in float32, zero-padded to ``pieces * terms`` rows and cut into ``[pieces, terms, out]``."""
     key = ("float32.pieces", pieces, terms)
     got = p.cache.get(key)
     if got is None:
         n, out = p.weight.shape[1], p.weight.shape[0]
         got = np.zeros((pieces * terms, out), F32)
-        got[:n] = w.weight.T
+        got[:n] = half_w.T
         got = p.cache[key] = got.reshape(pieces, terms, out)
     return got
 
 
-def _uniform_linear32(halves: Halves, p: AffineParams, w: Float32Weights, r_max: np.ndarray,
+def _uniform_linear32(c2: np.ndarray, r2_max: np.ndarray, p: AffineParams, w: Float32Weights, half_w: np.ndarray,
                       shape: tuple[int, ...]) -> Box | None:
-    """``linear_box`` for a radius uniform per sample with the center product in float32 pieces, or
-    None when its rounding would cost more than ``_WIDTH_COST`` of the width."""
-    c = halves[0]
+    """``linear_box`` for a radius uniform per sample (``r2_max``: each row's largest 2r), the center
+    product (2c against W / 2) in float32 pieces; None when its rounding would cost more than
+    ``_WIDTH_COST`` of the width or a maximum is not finite. Halving c's and r's maxima is exact (a
+    subnormal's rounding is covered by ``_affine_ends``' 2**-1022 floor, as in ``linear_box``)."""
     n = p.weight.shape[1]
     pieces = -(-n // _PIECE_TERMS)
     terms = -(-n // pieces)
     g = _center_gamma(terms, pieces)
-    lead = c.shape[:-1] + (1,)
-    c_max = _abs_max(c, axis=-1, keepdims=True)
-    r_max = r_max.reshape(lead)
+    lead = c2.shape[:-1] + (1,)
+    c_max = _abs_max(c2, axis=-1, keepdims=True) * 0.5
+    r_max = r2_max.reshape(lead) * 0.5
     if not _uniform_pays(g, c_max, r_max):
         return None
-    rows = math.prod(c.shape[:-1])
+    rows = math.prod(c2.shape[:-1])
     c32 = scratch("affine32.c", (rows, pieces * terms), F32)
     c32[:, n:] = 0.0
-    np.copyto(c32[:, :n], c.reshape(rows, n), casting="same_kind")
+    np.copyto(c32[:, :n], c2.reshape(rows, n), casting="same_kind")
     flush_subnormals(c32[:, :n])
-    parts = np.matmul(c32.reshape(rows, pieces, terms).transpose(1, 0, 2), _weight_pieces(p, w, pieces, terms),
+    parts = np.matmul(c32.reshape(rows, pieces, terms).transpose(1, 0, 2), _weight_pieces(p, half_w, pieces, terms),
                       out=scratch("affine32.parts", (pieces, rows, p.weight.shape[0]), F32))
     mid = np.sum(parts, axis=0, dtype=np.float64, out=scratch("affine.mid", (rows, p.weight.shape[0])))
     mid += p.bias
@@ -264,25 +258,25 @@ def _uniform_linear32(halves: Halves, p: AffineParams, w: Float32Weights, r_max:
                         gamma(pieces + 2))
 
 
-def _uniform_conv32(halves: Halves, p: AffineParams, w: Float32Weights, attrs: Mapping[str, Any], r_max: np.ndarray,
-                    x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Box | None:
-    """``conv_box`` for a radius uniform per sample with the center product in float32 (at most
-    ``_PIECE_TERMS`` terms per output), or None where it does not pay (see ``_uniform_linear32``)."""
+def _uniform_conv32(c2: np.ndarray, r2_max: np.ndarray, p: AffineParams, w: Float32Weights, half_w: np.ndarray,
+                    attrs: Mapping[str, Any], out_shape: tuple[int, ...]) -> Box | None:
+    """``conv_box`` for a radius uniform per sample with the center product (2c against W / 2) in
+    float32 (at most ``_PIECE_TERMS`` terms per output), or None where it does not pay (see
+    ``_uniform_linear32``)."""
     terms = attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"])
     if terms > _PIECE_TERMS:
         return None
-    n = x_shape[0]
-    ones = (1,) * (len(x_shape) - 2)
-    c = halves[0].reshape(x_shape)
+    n = c2.shape[0]
+    ones = (1,) * (c2.ndim - 2)
     g = _center_gamma(terms, 1)
-    c_max = _abs_max(c.reshape(n, -1), axis=1).reshape((n, 1) + ones)
-    r_max = r_max.reshape((n, 1) + ones)
+    c_max = (_abs_max(c2.reshape(n, -1), axis=1) * 0.5).reshape((n, 1) + ones)
+    r_max = (r2_max * 0.5).reshape((n, 1) + ones)
     if not _uniform_pays(g, c_max, r_max):
         return None
-    plan = conv_plan(x_shape, attrs)
-    sums = in_bounds_abs_sums(p, attrs, x_shape[1:])
+    plan = conv_plan(c2.shape, attrs)
+    sums = in_bounds_abs_sums(p, attrs, c2.shape[1:])
     bias = p.bias.reshape((-1,) + ones)
-    mid = conv_products(flush_subnormals(stage(c, plan, F32, "affine32.staged")), plan, w.weight, attrs["groups"],
+    mid = conv_products(flush_subnormals(stage(c2, plan, F32, "affine32.staged")), plan, half_w, attrs["groups"],
                         "affine32.mid")
     mid = _widened(mid, "affine.mid", (n,) + sums.shape)
     mid += bias
@@ -314,74 +308,71 @@ def _ends32(mid32: np.ndarray, t32: np.ndarray, bias: np.ndarray, w: Float32Weig
 
 
 def linear_box32(a: Box, p: AffineParams) -> Box:
-    """``linear_box`` with float32 products, or ``linear_box`` itself where float32 is not used."""
+    """``linear_box`` with float32 products, or ``linear_box`` itself where float32 is not used. Both
+    paths run on 2c and 2r against the halved float32 weights (``_doubled``)."""
     lo, hi = a
     w = float32_weights(p, p.weight.shape[1])
-    halves = box_halves(lo, hi)
-    c, r, finite = halves
-    if w is not None and lo.ndim and finite and r.size:
+    halved = _halved_weights(p, w) if w is not None and lo.ndim and lo.size else None
+    if halved is not None:
         shape = lo.shape[:-1] + p.weight.shape[:1]
         with np.errstate(all="ignore"):
-            r_max = _uniform_radius(r.reshape(-1, r.shape[-1]))
-            if r_max is not None:
-                got = _uniform_linear32(halves, p, w, r_max, shape)
+            c2, r2 = _doubled(lo, hi)
+            r2_max = _uniform_radius(r2.reshape(-1, r2.shape[-1]))
+            if r2_max is not None:
+                got = _uniform_linear32(c2, r2_max, p, w, halved[0], shape)
             else:
                 got = None
-                v = _spread(c, r, w)
-                if v is not None:
-                    c32 = scratch("affine32.c", lo.shape, F32)
-                    v32 = scratch("affine32.v32", lo.shape, F32)
-                    np.copyto(c32, c, casting="same_kind")
-                    np.copyto(v32, v, casting="same_kind")
-                    flush_subnormals(c32)
-                    flush_subnormals(v32)
-                    mid32 = np.matmul(c32, w.weight.T, out=scratch("affine32.mid", shape, F32))
-                    t32 = np.matmul(v32, w.abs_weight.T, out=scratch("affine32.t", shape, F32))
-                    got = _ends32(mid32, t32, p.bias, w, shape)
+                spread = _doubled_spread(c2, r2, w)
+                if spread is not None:
+                    c32 = flush_subnormals(_narrowed(c2, "affine32.c"))
+                    v32 = flush_subnormals(_narrowed(spread[0], "affine32.v32"))
+                    mid32 = np.matmul(c32, halved[0].T, out=scratch("affine32.mid", shape, F32))
+                    t32 = np.matmul(v32, halved[1].T, out=scratch("affine32.t", shape, F32))
+                    got = _ends32(mid32, t32, p.bias, w, shape, check=not spread[1], nearest=True)
             if got is not None:
                 return got
-    return linear_box(a, p, halves)
+    return linear_box(a, p)
+
+
+def _narrowed(x: np.ndarray, name: str) -> np.ndarray:
+    """``x`` rounded to float32 (to nearest) in the scratch buffer ``name``."""
+    out = scratch(name, x.shape, F32)
+    np.copyto(out, x, casting="same_kind")
+    return out
 
 
 def conv_box32(a: Box, p: AffineParams, attrs: Mapping[str, Any], out_shape: Sequence[int]) -> Box:
     """``conv_box`` (not transposed) with float32 products, or ``conv_box`` where float32 is not used.
-
-    A varying radius runs on 2c and 2r against the halved float32 weights (exact): the same products,
-    without two halving passes over the input."""
+    Both paths run on 2c and 2r against the halved float32 weights (``_doubled``)."""
     ca = attrs["channel_axis"]
     lo, hi = a
     lead, in_tail = lo.shape[:ca], lo.shape[ca:]
     n = math.prod(lead)
     w = float32_weights(p, attrs["in_channels"] // attrs["groups"] * math.prod(attrs["kernel"]))
-    if w is None or not n or not lo.size:
+    halved = _halved_weights(p, w) if w is not None and n and lo.size else None
+    if halved is None:
         return conv_box(a, p, attrs, out_shape)
     x_shape = (n,) + in_tail
-    lo, hi = lo.reshape(x_shape), hi.reshape(x_shape)
     with np.errstate(all="ignore"):
-        if _first_sample_uniform(lo, hi, n):
-            halves = box_halves(lo, hi)
-            r_max = _uniform_radius(halves[1].reshape(n, -1)) if halves[2] else None
-            if r_max is not None:
-                got = _uniform_conv32(halves, p, w, attrs, r_max, x_shape, tuple(out_shape))
-                return got if got is not None else conv_box(a, p, attrs, out_shape, halves=halves)
-        halved = _halved_weights(p, w)
-        if halved is not None:
-            c2 = np.add(lo, hi, out=scratch("affine.c", x_shape))
-            r2 = np.subtract(hi, lo, out=scratch("affine.r", x_shape))
+        c2, r2 = _doubled(lo.reshape(x_shape), hi.reshape(x_shape))
+        r2_max = _uniform_radius(r2.reshape(n, -1))
+        if r2_max is not None:
+            got = _uniform_conv32(c2, r2_max, p, w, halved[0], attrs, tuple(out_shape))
+        else:
+            got = None
             spread = _doubled_spread(c2, r2, w)
             if spread is not None:
                 plan = conv_plan(x_shape, attrs)
                 groups = attrs["groups"]
-                half_w, half_abs = halved
-                t32 = conv_products(flush_subnormals(stage(spread[0], plan, F32, "affine32.staged")), plan, half_abs,
+                t32 = conv_products(flush_subnormals(stage(spread[0], plan, F32, "affine32.staged")), plan, halved[1],
                                     groups, "affine32.t")
-                mid32 = conv_products(flush_subnormals(stage(c2, plan, F32, "affine32.staged")), plan, half_w, groups,
-                                      "affine32.mid")
+                mid32 = conv_products(flush_subnormals(stage(c2, plan, F32, "affine32.staged")), plan, halved[0],
+                                      groups, "affine32.mid")
                 bias = p.bias.reshape((-1,) + (1,) * (len(in_tail) - 1))
                 got = _ends32(mid32, t32, bias, w, (n,) + tuple(out_shape[ca:]), check=not spread[1], nearest=True)
                 if got is not None:
-                    return CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
-    return conv_box(a, p, attrs, out_shape)
+                    got = CleanBox((got[0].reshape(tuple(out_shape)), got[1].reshape(tuple(out_shape))))
+    return got if got is not None else conv_box(a, p, attrs, out_shape)
 
 
 def _linear_rule32(node, ps, rec):

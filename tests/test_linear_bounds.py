@@ -269,6 +269,39 @@ def test_batch_axis_matches_one_sample_at_a_time():
         np.testing.assert_allclose(res.upper[0][i], one.upper[0][0], rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("budget", [None, 40])
+def test_spec_rows_of_a_batch_match_one_sample_at_a_time(budget, monkeypatch):
+    """The spec rows of a batch of samples are bounded in one pass (or in groups of samples when the
+    coefficients would exceed the pass budget: 40 entries here, one sample a group): each sample's bounds
+    and input coefficients equal a one-sample graph's, and they hold at sampled points, as does the linear
+    lower bound the coefficients a give, spec_line_lower + a.x - min over the box of a.x (input splitting's
+    clipping rests on it; spec_lower may be tighter than spec_line_lower, never looser)."""
+    import semantics.linear_bounds.crown as crown_mod
+    if budget is not None:
+        monkeypatch.setattr(crown_mod, "_BUDGET", budget)
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(4, 12), nn.ReLU(), nn.Linear(12, 12), nn.ReLU(), nn.Linear(12, 3))
+    xs = np.random.default_rng(1).uniform(-1, 1, (5, 4))
+    spec = np.array([[1.0, -1.0, 0.0], [0.0, 2.0, -0.5]])
+    batched, single = bundle(net, (5, 4)), bundle(net, (1, 4))
+    res = tlb.linear_bounds(batched.graph, batched.payload, xs - 0.2, xs + 0.2, spec=spec)
+    assert res.spec_lower.shape == (5, 2) and res.spec_coefficients[0].shape == (5, 2, 4)
+    for i in range(5):
+        one = tlb.linear_bounds(single.graph, single.payload, xs[i:i + 1] - 0.2, xs[i:i + 1] + 0.2, spec=spec)
+        np.testing.assert_allclose(res.spec_lower[i], one.spec_lower[0], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(res.spec_upper[i], one.spec_upper[0], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(res.spec_coefficients[0][i], one.spec_coefficients[0][0], rtol=1e-12, atol=1e-14)
+        lo, hi = xs[i] - 0.2, xs[i] + 0.2
+        a = res.spec_coefficients[0][i]
+        a_min = np.minimum(a * lo, a * hi).sum(axis=1)
+        points, _ = sample_points([(lo[None], hi[None])], 40, i)
+        for (x,) in points:
+            v = spec @ np.asarray(tlb.evaluate(single.graph, single.payload, [x])[0]).reshape(-1)
+            assert np.all(v >= res.spec_lower[i] - 1e-12) and np.all(v <= res.spec_upper[i] + 1e-12)
+            assert np.all(v >= res.spec_line_lower[i] + a @ x.reshape(-1) - a_min - 1e-12)
+        assert np.all(res.spec_line_lower[i] <= res.spec_lower[i])
+
+
 def test_spec_rows_bound_linear_combinations():
     b = bundle(nn.Sequential(nn.Linear(3, 10), nn.ReLU(), nn.Linear(10, 4)), (1, 3))
     c = np.array([[0.1, 0.2, -0.3]])

@@ -97,6 +97,10 @@ class LinearBounds:
     spec_lower: np.ndarray | None = None
     spec_upper: np.ndarray | None = None
     spec_coefficients: list[np.ndarray] | None = None
+    # the lower bound ``[N, K]`` of the linear function whose input coefficients are ``spec_coefficients``
+    # (``spec_lower`` may be tighter: it also takes the output box and alpha-CROWN): for x in the box,
+    # row(x) >= spec_line_lower + a.x - min over the box of a.x
+    spec_line_lower: np.ndarray | None = None
     # with ``keep_refined=True``: the CROWN-refined boxes of the run, by node of the Crown's own graph, to seed
     # a later run of the same Crown on the same box (``bound_domains(..., seeds=)``) without its backward passes
     refined_boxes: dict[int, Box] | None = None
@@ -295,6 +299,7 @@ class Crown:
         for o in g.outputs:
             if spec is not None:
                 spec_out = run.bound(o, None, spec=_spec_matrix(spec, math.prod(self.ishape(o)[1:])))
+                line_lower = spec_out[0]
                 lo, hi = run.boxes[o]
             else:
                 lo, hi = run.refine(o, None)
@@ -325,7 +330,7 @@ class Crown:
         if spec_out is not None:
             s_lo, s_hi = _spec_box(self, run.boxes[g.outputs[0]], spec)  # never looser than the output box
             result.spec_lower, result.spec_upper = np.maximum(spec_out[0], s_lo), np.minimum(spec_out[1], s_hi)
-            result.spec_coefficients = spec_out[2]
+            result.spec_coefficients, result.spec_line_lower = spec_out[2], line_lower
         return result
 
     def _boxes(self, lower: Any, upper: Any) -> list[Box]:
@@ -662,20 +667,24 @@ class _Run:
                     self._patchable[t] = False
             low, neg_up = _Pass(self, t, b0, b1, rows=rows).run()
             return low, -neg_up
-        best_lo = best_hi = None
-        coeffs = None
-        for s0 in range(0, crown.n, 1):
+        # samples in groups of at most _BUDGET coefficient entries (2K rows over the widest node), one pass each
+        k = spec.shape[-2]
+        largest = max(math.prod(crown.ishape(p)[1:]) for p in crown.ancestors(t))
+        group = max(1, _BUDGET // max(1, 2 * k * largest))
+        lows, ups, parts = [], [], []
+        for s0 in range(0, crown.n, group):
             self.on_time()
-            ps = _Pass(self, t, s0, s0 + 1, spec=spec, keep_inputs=True)
+            s1 = min(crown.n, s0 + group)
+            ps = _Pass(self, t, s0, s1, spec=spec, keep_inputs=True)
             low, neg_up = ps.run()
-            best_lo = low if best_lo is None else np.concatenate([best_lo, low])
-            best_hi = -neg_up if best_hi is None else np.concatenate([best_hi, -neg_up])
-            part = [ps.input_coeffs.get(i, np.zeros((1, 2 * spec.shape[0]) + crown.ishape(i)[1:]))[:, :spec.shape[0]]
-                    for i in self.graph.inputs]
-            coeffs = part if coeffs is None else [np.concatenate([c, q]) for c, q in zip(coeffs, part)]
+            lows.append(low)
+            ups.append(-neg_up)
+            parts.append([ps.input_coeffs.get(i, np.zeros((s1 - s0, 2 * k) + crown.ishape(i)[1:]))[:, :k]
+                          for i in self.graph.inputs])
+        coeffs = [np.concatenate(per_input) for per_input in zip(*parts)]
         # also the plain output bounds, for the report
         self.refine(t, None)
-        return best_lo, best_hi, coeffs
+        return np.concatenate(lows), np.concatenate(ups), coeffs
 
 
 class _Pass:

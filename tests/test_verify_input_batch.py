@@ -80,15 +80,16 @@ def test_one_batched_pass_bounds_each_box_as_its_own_pass_does(tmp_path):
     c = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
     prop = parse_vnnlib(prop_text(los[0].reshape(-1), his[0].reshape(-1), 0.0))
     search = _Search(model, prop, "crown", deadline=float("inf"), seed=0, batch=8)
-    y_lo, y_hi, spec_lo, coeffs, _ = search.bound_many(los, his, c)
+    y_lo, y_hi, spec_lo, coeffs, _, line_lo = search.bound_many(los, his, c)
     assert search.boxes == 5 and model.batched_crown(8) is not None  # one pass at batch 8 (padded), not 5
     for j in range(5):
         one = _Search(model, prop, "crown", deadline=float("inf"), seed=0, batch=1)
-        a_lo, a_hi, a_spec, a_coeffs, _ = one.bound_many(los[j:j + 1], his[j:j + 1], c)
+        a_lo, a_hi, a_spec, a_coeffs, _, a_line = one.bound_many(los[j:j + 1], his[j:j + 1], c)
         np.testing.assert_allclose(y_lo[j], a_lo[0], rtol=1e-9, atol=1e-9)
         np.testing.assert_allclose(y_hi[j], a_hi[0], rtol=1e-9, atol=1e-9)
         np.testing.assert_allclose(spec_lo[j], a_spec[0], rtol=1e-9, atol=1e-9)
         np.testing.assert_allclose(coeffs[j], a_coeffs[0], rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(line_lo[j], a_line[0], rtol=1e-9, atol=1e-9)
     # and the bounds are sound on samples of each box
     for j in range(5):
         xs = los[j] + rng.random((200,) + los[j].shape) * (his[j] - los[j])

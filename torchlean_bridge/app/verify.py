@@ -41,6 +41,7 @@ import numpy as np
 from ..bundle import Bundle
 from ..errors import BridgeError
 from ..report import jsonable
+from .input_clip import clipped_box
 from .vnnlib import Case, Property, load_vnnlib
 
 __all__ = ["verify", "verify_files", "VerifyResult", "load_model", "choose_method", "METHODS", "INPUT_SPLIT_DIMS",
@@ -263,6 +264,7 @@ class _Search:
         self.progress = sys.stderr.isatty()
         self.rejected = 0  # candidates that passed float64 but failed a re-check
         self.open_bounds: tuple[np.ndarray, np.ndarray] = (np.array(-np.inf), np.array(np.inf))
+        self._dag: Any = False  # ``_plain_dag``: not looked at yet
 
     def time_left(self) -> bool:
         return time.perf_counter() < self.deadline
@@ -298,8 +300,9 @@ class _Search:
 
     def attack(self, lo: np.ndarray, hi: np.ndarray, groups, coeffs, budget: int,
                descend: bool = True) -> dict[str, Any] | None:
-        """Centre, corners of each row's linear lower bound, random points, then (with ``descend``)
-        projected steps, which cost up to 24 CROWN passes."""
+        """Centre, corners of each row's linear lower bound, random points, then (with ``descend``) PGD
+        over the plain DAG (``_pgd``), or where there is none projected steps from the best point, which
+        cost up to 24 CROWN passes."""
         pts = [lo * 0.5 + hi * 0.5]
         if coeffs is not None:
             for k in range(coeffs.shape[1]):
@@ -307,6 +310,22 @@ class _Search:
         for _ in range(budget):
             pts.append(np.where(self.rng.random(lo.shape) < 0.5, lo, hi))
             pts.append(lo + self.rng.random(lo.shape) * (hi - lo))
+        dag = self._plain_dag()
+        if dag is not None:
+            # one batched forward of the plain DAG ranks the points; only those it finds violating are
+            # re-checked (a point's own evaluations, float32 and onnxruntime), then PGD (a few milliseconds)
+            with np.errstate(all="ignore"):
+                y = dag.forward(np.stack(pts).reshape(len(pts), -1))[0]
+            score = np.min([_violations(y, g) for g in groups], axis=0)
+            for i in np.argsort(score, kind="stable"):
+                if not self.time_left():
+                    return None
+                if not (score[i] <= 0 or i == 0):  # the centre is always re-checked
+                    break
+                found = self.check(pts[i], lo, hi, groups)
+                if found is not None:
+                    return found
+            return self._pgd(lo, hi, groups) if descend else None
         best, best_x = np.inf, None
         for x in pts:
             if not self.time_left():
@@ -397,7 +416,7 @@ class _Search:
                         got = self.bound_many(los, his, c)
                 else:
                     got = self.bound_many(los, his, c)
-                y_lo, y_hi, spec_lo, coeffs, fallback = got
+                y_lo, y_hi, spec_lo, coeffs, fallback, line_lo = got
             except DeadlineExceeded:
                 if first:  # report the box's interval bounds (a fraction of one CROWN pass)
                     r = self.model.crown(lo0, hi0, method="ibp")
@@ -421,6 +440,14 @@ class _Search:
                     worst.append(float(np.max(gap, initial=-np.inf)))
                 if not still:
                     continue
+                if line_lo is not None:  # the part of the box where a counterexample can lie (``input_clip``)
+                    levels = [(rows_of[gi], groups_all[gi][1] + _margin(groups_all[gi][0], groups_all[gi][1], y_mag))
+                              for gi in still]
+                    clip = clipped_box(lo, hi, coeffs[j], line_lo[j], levels)
+                    if clip is None:
+                        continue  # every open group's rows exclude the whole box together
+                    lo, hi, kept = clip
+                    still, worst = [still[i] for i in kept], [worst[i] for i in kept]
                 open_groups = [groups_all[gi] for gi in still]
                 sub = None if coeffs is None else _group_rows(coeffs[j:j + 1], rows_of, still)
                 self.attacked += 1
@@ -452,7 +479,7 @@ class _Search:
     def _cheap_points(self, lo: np.ndarray, hi: np.ndarray, got, groups_all, rows_of) -> dict[str, Any] | None:
         """``attack``'s cheap points (no projected steps, so no CROWN pass) on one box, against the groups its
         bounds ``got`` (``bound_many``'s, one box) leave open, with their rows' coefficients."""
-        y_lo, y_hi, spec_lo, coeffs, _ = got
+        y_lo, y_hi, spec_lo, coeffs, _, _ = got
         y_mag = _output_magnitude(y_lo[0], y_hi[0])
         still = [gi for gi in range(len(groups_all))
                  if not _group_gap(spec_lo[0], groups_all[gi], rows_of[gi], y_mag)[0]]
@@ -461,8 +488,9 @@ class _Search:
 
     def bound_many(self, los: np.ndarray, his: np.ndarray, c: np.ndarray, method: str | None = None):
         """Bounds of M boxes ``[M, *input shape]`` against rows ``c``: output lower and upper ``[M, outputs]``,
-        row lower bounds ``[M, K]``, their coefficients ``[M, K, inputs]`` (None without CROWN's) and the
-        first box's fallback kinds. One pass of the graph rebatched to the next power of two (padded
+        row lower bounds ``[M, K]``, the input coefficients ``[M, K, inputs]`` of their linear lower bounds
+        (None without CROWN's), the first box's fallback kinds, and those linear bounds' own lower bounds
+        ``[M, K]`` (``LinearBounds.spec_line_lower``; None without CROWN's). One pass of the graph rebatched to the next power of two (padded
         with the last box) when it rebatches and the working-memory limit allows, else a pass per box."""
         m = los.shape[0]
         size = 1 << max(0, (m - 1).bit_length())
@@ -480,33 +508,42 @@ class _Search:
         for i in range(m):
             parts.append(self._bound_pass(self.model.crown, los[i], his[i], c, 1, method))
             self.boxes += 1
-        coeffs = None if any(p[3] is None for p in parts) else np.concatenate([p[3] for p in parts])
+        coeffs, line_lo = (None if any(p[k] is None for p in parts) else np.concatenate([p[k] for p in parts])
+                           for k in (3, 5))
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                np.concatenate([p[2] for p in parts]), coeffs, parts[0][4])
+                np.concatenate([p[2] for p in parts]), coeffs, parts[0][4], line_lo)
 
     def _bound_pass(self, crown, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, m: int, method: str | None = None):
         r = crown(lo, hi, method=method or self.method, spec=c if c.shape[0] else None, deadline=self.deadline)
         y_lo, y_hi = r.lower[0].reshape(crown.n, -1)[:m], r.upper[0].reshape(crown.n, -1)[:m]
         spec_lo = r.spec_lower[:m] if c.shape[0] else np.zeros((m, 0))
-        coeffs = None
+        coeffs = line_lo = None
         if c.shape[0] and r.spec_coefficients:
             coeffs = r.spec_coefficients[0].reshape(crown.n, c.shape[0], -1)[:m]
-        return y_lo, y_hi, spec_lo, coeffs, sorted(set(r.fallback.values()))
+            line_lo = r.spec_line_lower[:m]
+        return y_lo, y_hi, spec_lo, coeffs, sorted(set(r.fallback.values())), line_lo
 
     def _has_dag(self) -> bool:
-        from semantics.linear_bounds.chain import dag_layers
-        return dag_layers(self.model.crown) is not None
+        return self._plain_dag() is not None
+
+    def _plain_dag(self):
+        """The network as a ``bab.Dag`` for PGD (built once), or None when it is not a DAG of affine layers,
+        adds, (leaky) ReLUs and max pools (``chain.dag_layers``)."""
+        if self._dag is False:
+            from semantics.linear_bounds.chain import dag_layers
+            from .bab import Dag
+            got = dag_layers(self.model.crown)
+            self._dag = None if got is None else Dag(self.model.crown, got)
+        return self._dag
 
     def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups, targets=None) -> dict[str, Any] | None:
         """Multi-restart PGD on each group of ``targets`` (default: every group; DAGs of affine layers,
         adds, (leaky) ReLUs and max pools only: ``chain.dag_layers``): the best few points re-checked as
         counterexamples of any of ``groups``."""
-        from semantics.linear_bounds.chain import dag_layers
-        from .bab import Dag, pgd_candidates
-        got = dag_layers(self.model.crown)
-        if got is None or not self.time_left():
+        from .bab import pgd_candidates
+        dag = self._plain_dag()
+        if dag is None or not self.time_left():
             return None
-        dag = Dag(self.model.crown, got)
         for c, d, _ in groups if targets is None else targets:
             if not c.shape[0]:
                 continue
@@ -651,6 +688,15 @@ def _satisfies(y: np.ndarray, group) -> bool:
 def _violation(y: np.ndarray, group) -> float:
     c, d, _ = group
     return float(np.max(c @ y - d, initial=-np.inf)) if c.shape[0] else -np.inf
+
+
+def _violations(y: np.ndarray, group) -> np.ndarray:
+    """``_violation`` of each row of outputs ``y`` ``[P, outputs]`` (NaN outputs: +inf, never a candidate)."""
+    c, d, _ = group
+    if not c.shape[0]:
+        return np.full(y.shape[0], -np.inf)
+    v = np.max(y @ c.T - d, axis=1)
+    return np.where(np.isnan(v), np.inf, v)
 
 
 def box_cost(model: _Model) -> int:

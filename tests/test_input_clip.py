@@ -83,10 +83,11 @@ def test_new_ends_are_rounded_outward():
     """a = 3, shortfall 1: the exact end is lo + 1/3 (not a float); the clipped end is at or above it, and a
     coefficient of 0 or a bound of -inf clips nothing."""
     lo, hi = np.array([0.0, 0.0]), np.array([1.0, 1.0])
-    new_lo, new_hi, kept = clipped_box(lo, hi, np.array([[3.0, 0.0]]), np.array([-1.0]), [(slice(0, 1), np.array([0.0]))])
+    level = [(slice(0, 1), np.array([0.0]))]
+    new_lo, new_hi, kept = clipped_box(lo, hi, np.array([[3.0, 0.0]]), np.array([-1.0]), level)
     assert Fraction(float(new_hi[0])) >= Fraction(1, 3) and new_hi[0] < 0.34 and new_hi[1] == 1.0
     assert np.array_equal(new_lo, lo) and kept == [0]
-    same = clipped_box(lo, hi, np.array([[3.0, -2.0]]), np.array([-np.inf]), [(slice(0, 1), np.array([0.0]))])
+    same = clipped_box(lo, hi, np.array([[3.0, -2.0]]), np.array([-np.inf]), level)
     assert np.array_equal(same[0], lo) and np.array_equal(same[1], hi)
 
 
@@ -119,8 +120,8 @@ def test_verify_clips_each_box_with_a_bound_that_holds_on_it(tmp_path, monkeypat
     torch.onnx.export(net.eval(), (torch.zeros(1, 2),), str(onnx_path), input_names=["x"], output_names=["y"],
                       dynamo=False)
     prop_path.write_text("(declare-const X_0 Real)\n(declare-const X_1 Real)\n(declare-const Y_0 Real)\n"
-                         "(assert (>= X_0 -0.3))\n(assert (<= X_0 0.3))\n(assert (>= X_1 -0.3))\n(assert (<= X_1 0.3))\n"
-                         "(assert (< Y_0 0))\n")
+                         "(assert (>= X_0 -0.3))\n(assert (<= X_0 0.3))\n"
+                         "(assert (>= X_1 -0.3))\n(assert (<= X_1 0.3))\n(assert (< Y_0 0))\n")
     real, calls = verify_mod.clipped_box, []
     rng = np.random.default_rng(0)
 

@@ -26,10 +26,10 @@ A radius that varies (every layer after the first):
 No subnormal reaches a GEMM. x86 BLAS kernels slow down about 40x on subnormal float32 operands, and
 IBP makes them: a unit pinned by a ReLU has c = r = 0, so a spread rounded up is the tiny term alone
 (2**-147, a float32 subnormal; a third of a layer's inputs on a trained MLP; the doubled spread rounded
-to nearest leaves it 0, but tiny centers and radii still round to float32 subnormals). So every float32 operand is
-flushed: x' = 0 where |x| < 2**-126, else x' = x (c32' from c32, v32' from v32, and the staged conv
-inputs the same way), and a weight with a float32 subnormal entry keeps the float64 rule. Proof of
-the allowance A = n 2**-126 (2 + 2 max|W|) for one output of n terms:
+to nearest leaves it 0, but tiny centers and radii still round to float32 subnormals). So every
+float32 operand is flushed: x' = 0 where |x| < 2**-126, else x' = x (c32' from c32, v32' from v32, and
+the staged conv inputs the same way), and a weight with a float32 subnormal entry keeps the float64
+rule. Proof of the allowance A = n 2**-126 (2 + 2 max|W|) for one output of n terms:
 - the flush moves each operand entry by less than 2**-126, so |W x - W x'| < n max|W| 2**-126, and
   |W| x' <= |W| x for x >= 0 (the spread), |W| |x'| <= |W| |x|;
 - the GEMM itself, in any order, with gradual underflow or with flush-to-zero of its results and
@@ -49,9 +49,9 @@ output.
 A radius uniform per sample (an l-inf ball at the first layer): one float32 product for the center
 (2c against W / 2, as above; the maxima of |2c| and 2r halved exactly, a subnormal's rounding covered
 by the 2**-1022 floor of ``affine._affine_ends``), rows of more than ``_PIECE_TERMS`` terms cut into
-pieces summed in float64 (so gamma32 is a piece's),
-|W| r = max(r) |W| 1, and the center's rounding bounded by gamma max|c| |W| 1; the float64 rule's
-finishing step (``affine._affine_ends``) with that gamma.
+pieces summed in float64 (so gamma32 is a piece's), |W| r = max(r) |W| 1, and the center's rounding
+bounded by gamma max|c| |W| 1; the float64 rule's finishing step (``affine._affine_ends``) with that
+gamma.
 
 Float32 is used only where its rounding costs at most ``_WIDTH_COST`` (2**-9) of the width; the bounds
 are then wider than the float64 rules' by a relative 1e-4 to 2e-3 on the bench models, the price of

@@ -321,7 +321,7 @@ class _Search:
             for i in np.argsort(score, kind="stable"):
                 if not self.time_left():
                     return None
-                if not (score[i] <= 0 or i == 0):  # the centre is always re-checked
+                if not score[i] <= 0:
                     break
                 found = self.check(pts[i], lo, hi, groups)
                 if found is not None:
@@ -491,8 +491,9 @@ class _Search:
         """Bounds of M boxes ``[M, *input shape]`` against rows ``c``: output lower and upper ``[M, outputs]``,
         row lower bounds ``[M, K]``, the input coefficients ``[M, K, inputs]`` of their linear lower bounds
         (None without CROWN's), the first box's fallback kinds, and those linear bounds' own lower bounds
-        ``[M, K]`` (``LinearBounds.spec_line_lower``; None without CROWN's). One pass of the graph rebatched to the next power of two (padded
-        with the last box) when it rebatches and the working-memory limit allows, else a pass per box."""
+        ``[M, K]`` (``LinearBounds.spec_line_lower``; None without CROWN's). One pass of the graph rebatched
+        to the next power of two (padded with the last box) when it rebatches and the working-memory limit
+        allows, else a pass per box."""
         m = los.shape[0]
         size = 1 << max(0, (m - 1).bit_length())
         crown = self.model.batched_crown(size) if size > 1 else None

@@ -24,6 +24,17 @@ def _outputs(b, xs: np.ndarray) -> np.ndarray:
     return np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
 
 
+def _diagonal_distance() -> nn.Module:
+    """|x0 - x1| as relu(x0 - x1) + relu(x1 - x0)."""
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[1.0, -1.0], [-1.0, 1.0]]))
+        net[0].bias.zero_()
+        net[2].weight.copy_(torch.tensor([[1.0, 1.0]]))
+        net[2].bias.zero_()
+    return net
+
+
 def test_every_point_where_a_group_can_hold_stays_in_the_clipped_box():
     """Random MLPs and boxes, two groups (one row, and two rows that must hold together) at levels that some
     of the box's points meet: each such point lies in the clipped box, which is smaller than the box in some
@@ -61,12 +72,7 @@ def test_the_clip_uses_the_lines_own_bound_not_the_output_boxs():
     """|x0 - x1| as relu(t) + relu(-t): on [-0.3, 0] x [-0.3, 0.3] CROWN's line for y is below 0 somewhere while
     the output box says y >= 0, so spec_lower exceeds spec_line_lower. The point (-0.3, -0.3), where y = 0
     meets the level 1e-6, must stay: it does with the line's bound, and would not with spec_lower."""
-    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
-    with torch.no_grad():
-        net[0].weight.copy_(torch.tensor([[1.0, -1.0], [-1.0, 1.0]]))
-        net[0].bias.zero_()
-        net[2].weight.copy_(torch.tensor([[1.0, 1.0]]))
-        net[2].bias.zero_()
+    net = _diagonal_distance()
     crown, _ = _crown(net, 2)
     lo, hi = np.array([-0.3, -0.3]), np.array([0.0, 0.3])
     res = crown(lo[None], hi[None], spec=np.array([[1.0]]))
@@ -110,12 +116,7 @@ def test_verify_clips_each_box_with_a_bound_that_holds_on_it(tmp_path, monkeypat
     box's bound, y >= 0, would not: CROWN's line is below 0 on boxes that straddle the diagonal)."""
     import torchlean_bridge.app.verify as verify_mod
     from torchlean_bridge.app.vnnlib import load_vnnlib
-    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
-    with torch.no_grad():
-        net[0].weight.copy_(torch.tensor([[1.0, -1.0], [-1.0, 1.0]]))
-        net[0].bias.zero_()
-        net[2].weight.copy_(torch.tensor([[1.0, 1.0]]))
-        net[2].bias.zero_()
+    net = _diagonal_distance()
     onnx_path, prop_path = tmp_path / "diagonal.onnx", tmp_path / "below.vnnlib"
     torch.onnx.export(net.eval(), (torch.zeros(1, 2),), str(onnx_path), input_names=["x"], output_names=["y"],
                       dynamo=False)

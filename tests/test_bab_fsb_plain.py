@@ -14,14 +14,14 @@ from torchlean_bridge.app.bab import search
 from torchlean_bridge.app.verify import _Model
 
 
-def _chain_model(seed: int, normalize: bool) -> _Model:
+def _chain_model(seed: int, normalize: bool, last_relu: bool = False) -> _Model:
     from exporters.onnx import export_onnx
 
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.body = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.ReLU(), nn.Linear(24, 20),
-                                      nn.ReLU(), nn.Linear(20, 3))
+                                      nn.ReLU(), nn.Linear(20, 3), *([nn.ReLU()] if last_relu else []))
 
         def forward(self, x):
             return self.body((x - 0.25) / 2.0 if normalize else x)
@@ -31,12 +31,17 @@ def _chain_model(seed: int, normalize: bool) -> _Model:
     return _Model(b, export_onnx(b).SerializeToString())
 
 
-@pytest.mark.parametrize("seed,normalize", [(0, False), (1, True), (2, False)])
-def test_plain_children_bounds_equal_the_sound_crown_bounds(seed, normalize):
-    model = _chain_model(seed, normalize)
+@pytest.mark.parametrize("seed,normalize,last_relu", [(0, False, False), (1, True, False), (2, False, False),
+                                                     (3, False, True)])
+def test_plain_children_bounds_equal_the_sound_crown_bounds(seed, normalize, last_relu):
+    """Also a network that ends in a ReLU against a one-row group (ERAN's mnist_relu_9_200: the first step
+    back is that ReLU's, on the spec's broadcast coefficients)."""
+    model = _chain_model(seed, normalize, last_relu)
     lo, hi = np.full((1, 12), -1.0), np.full((1, 12), 1.0)
-    c = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
-    bab = search.ReluBab(model, lo, hi, c, np.zeros(2), np.zeros(2), time.perf_counter() + 60, progress=False)
+    c = np.array([[1.0, -1.0, 0.0]]) if last_relu else np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
+    n_rows = c.shape[0]
+    bab = search.ReluBab(model, lo, hi, c, np.zeros(n_rows), np.zeros(n_rows), time.perf_counter() + 60,
+                         progress=False)
     assert bab.plain is not None
     total = int(bab.offsets[-1])
     root = np.zeros((1, total), dtype=np.int8)
@@ -57,8 +62,8 @@ def test_plain_children_bounds_equal_the_sound_crown_bounds(seed, normalize):
     k = 5
     units = np.argsort(-score, axis=1, kind="stable")[:, :k]
     assert np.isfinite(np.take_along_axis(score, units, axis=1)).all()
-    plain = bab.plain.child_lower(c, bab.plain.lines(ppre[0], ppre[1], parents), units, los, his)  # [4, 2, k, 2]
-    assert plain.shape == (4, 2, k, 2)
+    plain = bab.plain.child_lower(c, bab.plain.lines(ppre[0], ppre[1], parents), units, los, his)  # [4, 2, k, rows]
+    assert plain.shape == (4, 2, k, n_rows)
     rows = np.repeat(np.arange(4), k)
     flat_units = units.reshape(-1)
     children = bab._children(parents[rows], np.arange(rows.size), flat_units, choice[rows, flat_units])
@@ -69,7 +74,7 @@ def test_plain_children_bounds_equal_the_sound_crown_bounds(seed, normalize):
     # _children: the first half takes the unit's first code; plain's side 0 is active (+1), 1 inactive (-1)
     codes = children[np.arange(2 * rows.size), np.concatenate([flat_units] * 2)].reshape(2, 4, k)
     assert (codes[0] == -codes[1]).all() and (np.abs(codes) == 1).all()
-    sound = sound.reshape(2, 4, k, 2)
+    sound = sound.reshape(2, 4, k, n_rows)
     sound = np.stack([np.where((codes[0] > 0)[..., None], sound[0], sound[1]),
                       np.where((codes[0] > 0)[..., None], sound[1], sound[0])], axis=1)
     scale = np.abs(sound).max() + 1.0

@@ -107,7 +107,9 @@ class PlainChain:
             neg = negative_part(a3, out=scratch("fsb.negative", a3.shape, PLAIN_DTYPE))
             new = positive_part(a3, out=scratch(f"fsb.products{slot}", a3.shape, PLAIN_DTYPE))
             slot = 1 - slot
-            new = by_sign(new, neg, lower[:, None, sl], upper[:, None, sl], out=new, work=a3)
+            # (a3 is the spec's read-only broadcast when this ReLU is the first step back and a group has one row)
+            new = by_sign(new, neg, lower[:, None, sl], upper[:, None, sl], out=new,
+                          work=a3 if a3.flags.writeable else None)
             const += np.matmul(neg, icpt[:, sl, None])[..., 0]
             if i.size:
                 new4, u = new.reshape(m, 2, k, rows, -1), local[i, j]

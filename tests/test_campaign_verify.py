@@ -35,8 +35,7 @@ X0 = [0.1, -0.2, 0.3, 0.05, -0.1]
 
 
 def robustness(radius: float) -> str:
-    """acas_like around X0: unsafe if output 3 is not above the others. CROWN proves radius 0.15 at
-    once and cannot decide radius 0.3 within seconds."""
+    """acas_like around X0: unsafe if output 3 is not above the others (CROWN proves radius 0.15 at once)."""
     lines = [f"(declare-const X_{i} Real)" for i in range(5)] + [f"(declare-const Y_{j} Real)" for j in range(5)]
     for i, c in enumerate(X0):
         lines += [f"(assert (>= X_{i} {c - radius!r}))", f"(assert (<= X_{i} {c + radius!r}))"]

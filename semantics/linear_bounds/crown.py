@@ -616,7 +616,7 @@ class _Run:
         if flat_need is not None and not flat_need.any():
             self.refined[v] = True
             return self.boxes[v]
-        largest = max(math.prod(crown.ishape(p)[1:]) for p in crown.ancestors(v))
+        largest = self._widest(v)
         for b0, b1, rows in self._chunks(flat_need, width, largest, math.prod(tail[1:])):
             low, up_ = self.bound(v, rows, batch=(b0, b1))[:2]
             lf, hf = lo[b0:b1].reshape(b1 - b0, width), hi[b0:b1].reshape(b1 - b0, width)
@@ -634,6 +634,10 @@ class _Run:
             from .alpha_intermediate import tighten_unstable
             tighten_unstable(self, v, _Run, _Pass)
         return self.boxes[v]
+
+    def _widest(self, t: int) -> int:
+        """The most entries per sample of a node a backward pass from t carries coefficients over."""
+        return max(math.prod(self.crown.ishape(p)[1:]) for p in self.crown.ancestors(t))
 
     def _chunks(self, need: np.ndarray | None, width: int, largest: int, cells: int):
         """(batch start, batch end, rows) pieces with at most _BUDGET coefficient entries each; a piece
@@ -669,7 +673,7 @@ class _Run:
             return low, -neg_up
         # samples in groups of at most _BUDGET coefficient entries (2K rows over the widest node), one pass each
         k = spec.shape[-2]
-        largest = max(math.prod(crown.ishape(p)[1:]) for p in crown.ancestors(t))
+        largest = self._widest(t)
         group = max(1, _BUDGET // max(1, 2 * k * largest))
         lows, ups, parts = [], [], []
         for s0 in range(0, crown.n, group):

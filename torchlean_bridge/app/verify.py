@@ -687,18 +687,19 @@ def _satisfies(y: np.ndarray, group) -> bool:
     return bool(np.all(np.where(strict, v < d, v <= d)))
 
 
-def _violation(y: np.ndarray, group) -> float:
-    c, d, _ = group
-    return float(np.max(c @ y - d, initial=-np.inf)) if c.shape[0] else -np.inf
-
-
 def _violations(y: np.ndarray, group) -> np.ndarray:
-    """``_violation`` of each row of outputs ``y`` ``[P, outputs]`` (NaN outputs: +inf, never a candidate)."""
+    """max_k (c_k . y - d_k) of a group for each row of outputs ``y`` ``[P, outputs]`` (<= 0: the group holds;
+    -inf for a group without rows; NaN outputs give +inf, never a candidate)."""
     c, d, _ = group
     if not c.shape[0]:
         return np.full(y.shape[0], -np.inf)
     v = np.max(y @ c.T - d, axis=1)
     return np.where(np.isnan(v), np.inf, v)
+
+
+def _violation(y: np.ndarray, group) -> float:
+    """``_violations`` of one output vector."""
+    return float(_violations(y.reshape(1, -1), group)[0])
 
 
 def box_cost(model: _Model) -> int:

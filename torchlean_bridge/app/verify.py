@@ -6,7 +6,8 @@ row's lower bound exceeds its right-hand side by a margin that covers binary32 e
 is ``2**-17 (|C_k|_1 max|y| + |d_k|)``: a float32 counterexample within rounding of the boundary
 would not be refuted). Groups left open are attacked (the box centre, random points, the corners
 that minimize each row's linear lower bound, then projected steps along the local linear bounds'
-coefficients) and the box is split along the input with the largest |coefficient| x width, until
+coefficients) and the box is split along one input entry (``split_axis``: for a few entries the one
+that spreads the first nonlinear layer most, else the largest |coefficient| x width), until
 every group is refuted (``unsat``), a counterexample reproduces (``sat``) or the time is up
 (``unknown``).
 
@@ -42,6 +43,7 @@ from ..bundle import Bundle
 from ..errors import BridgeError
 from ..report import jsonable
 from .input_clip import clipped_box
+from .split_axis import input_sensitivity, split_axis
 from .vnnlib import Case, Property, load_vnnlib
 
 __all__ = ["verify", "verify_files", "VerifyResult", "load_model", "choose_method", "METHODS", "INPUT_SPLIT_DIMS",
@@ -387,6 +389,8 @@ class _Search:
         # one queue entry: two float64 boxes, its group indices, the tuple (heapq entries are small objects)
         per_box = 16 * lo0.size + 8 * len(groups_all) + 200
         cap = max(1, self.max_queue_bytes // per_box)
+        # few input entries: split the one that spreads the first nonlinear layer most (``split_axis``)
+        sensitivity = input_sensitivity(self.model.crown, lo0, hi0) if lo0.size <= INPUT_SPLIT_DIMS else None
         queue: list[tuple[float, int, np.ndarray, np.ndarray, tuple[int, ...], float]] = [
             (0.0, 0, lo0, hi0, tuple(range(len(groups_all))), -math.inf)]
         order = 1
@@ -459,7 +463,7 @@ class _Search:
                     return "unknown", None
                 if found is not None:
                     return "sat", found
-                dim = _split_axis(lo, hi, sub)
+                dim = split_axis(lo, hi, sub, sensitivity)
                 if dim is None:
                     return "unknown", None
                 mid = lo.reshape(-1)[dim] * 0.5 + hi.reshape(-1)[dim] * 0.5
@@ -651,16 +655,6 @@ def _decides(y_lo: np.ndarray, y_hi: np.ndarray, spec_lo: np.ndarray, groups, ro
     """Whether one box's bounds refute every group."""
     y_mag = _output_magnitude(y_lo, y_hi)
     return all(_group_gap(spec_lo, group, rows, y_mag)[0] for group, rows in zip(groups, rows_of))
-
-
-def _split_axis(lo: np.ndarray, hi: np.ndarray, coeffs: np.ndarray | None) -> int | None:
-    width = (hi - lo).reshape(-1)
-    if not np.any(width > 0):
-        return None
-    if coeffs is None or not coeffs.size:
-        return int(np.argmax(width))
-    score = (np.abs(coeffs.reshape(coeffs.shape[1], -1)).max(axis=0) + 1e-12) * width
-    return int(np.argmax(score))
 
 
 def _float32_inside(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, above: np.ndarray, below: np.ndarray

@@ -21,27 +21,59 @@ def _column_sums(layer: nn.Linear) -> np.ndarray:
     return np.abs(layer.weight.detach().double().numpy()).sum(axis=0)
 
 
-def test_sensitivity_is_the_first_layers_absolute_column_sums():
-    """Affine up to the first ReLU: entry k alone spreads the ReLU's input by sum_j |W_jk| per unit of
-    its width (IBP is exact on one wide entry through one affine map); an entry of width 0 scores 0."""
+def test_one_split_layer_gives_each_entry_its_share_of_the_absolute_column_sums():
+    """Affine up to the only ReLU: entry k alone spreads the ReLU's input by sum_j |W_jk| width_k (IBP is
+    exact on one wide entry through one affine map), so its share is that over the sum of all entries'
+    spreads, per unit of its width; an entry of width 0 scores 0."""
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     lo = np.array([[0.0, -1.0, 2.0, 0.5]])
     hi = np.array([[0.5, 3.0, 2.0, 0.75]])
     got = input_sensitivity(_crown(net, 4), lo, hi)
-    want = _column_sums(net[0])
-    want[2] = 0.0
-    np.testing.assert_allclose(got, want, rtol=1e-12)
+    width = (hi - lo).reshape(-1)
+    spread = _column_sums(net[0]) * width
+    np.testing.assert_allclose(got * width, spread / spread.sum(), rtol=1e-12)
+    assert got[2] == 0.0
+
+
+class _Bypass(nn.Module):
+    """x1 enters only at the second ReLU layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.d, self.out = nn.Linear(1, 6), nn.Linear(6, 6), nn.Linear(1, 6), nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x[:, :1]))
+        return self.out(torch.relu(self.b(h) + self.d(x[:, 1:])))
+
+
+def test_an_entry_that_only_reaches_a_later_layer_is_still_split():
+    torch.manual_seed(3)
+    crown = _crown(_Bypass(), 2)
+    lo, hi = np.array([[-1.0, -1.0]]), np.array([[1.0, 1.0]])
+    sens = input_sensitivity(crown, lo, hi)
+    assert np.all(sens > 0)
+    # halving x0 alone (the only entry the first layer sees) would never end: x1's turn comes
+    for _ in range(8):
+        k = split_axis(lo, hi, None, sens)
+        hi = hi.copy()
+        hi[0, k] = (lo[0, k] + hi[0, k]) / 2
+        if k == 1:
+            break
+    assert k == 1
 
 
 def test_without_a_split_node_the_output_is_measured():
+    """Two affine layers: entry k alone spreads the output by sum |W2| |W1[:, k]| width_k under IBP."""
     torch.manual_seed(1)
-    net = nn.Sequential(nn.Linear(3, 5), nn.Sigmoid(), nn.Linear(5, 2))
-    got = input_sensitivity(_crown(net, 3), np.zeros((1, 3)), np.full((1, 3), 1e-3))
-    assert got.shape == (3,) and np.all(got > 0)
-    # the output's width per unit input width: at most sum_j |W2| sigmoid' |W1|, sigmoid' <= 1/4
-    bound = np.abs(net[2].weight.detach().double().numpy()).sum(axis=0) @ np.abs(net[0].weight.detach().double().numpy())
-    assert np.all(got <= bound / 4 * (1 + 1e-6))
+    net = nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2))
+    lo, hi = np.zeros((1, 3)), np.array([[1e-3, 2.0, 0.5]])
+    got = input_sensitivity(_crown(net, 3), lo, hi)
+    width = (hi - lo).reshape(-1)
+    spread = np.abs(net[1].weight.detach().double().numpy()).sum(axis=0) @ np.abs(
+        net[0].weight.detach().double().numpy()) * width
+    np.testing.assert_allclose(got * width, spread / spread.sum(), rtol=1e-9)  # IBP's outward rounding, against widths of 1e-3
 
 
 def test_the_choice_does_not_depend_on_an_entrys_units():

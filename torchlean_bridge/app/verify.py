@@ -389,8 +389,9 @@ class _Search:
         # one queue entry: two float64 boxes, its group indices, the tuple (heapq entries are small objects)
         per_box = 16 * lo0.size + 8 * len(groups_all) + 200
         cap = max(1, self.max_queue_bytes // per_box)
-        # few input entries: split the one that spreads the first nonlinear layer most (``split_axis``)
-        sensitivity = input_sensitivity(self.model.crown, lo0, hi0) if lo0.size <= INPUT_SPLIT_DIMS else None
+        # few input entries: split the one that spreads the split nodes' inputs most (``split_axis``; measured at
+        # the first split, so a case decided on its whole box costs no IBP pass)
+        measure, sensitivity = lo0.size <= INPUT_SPLIT_DIMS, None
         queue: list[tuple[float, int, np.ndarray, np.ndarray, tuple[int, ...], float]] = [
             (0.0, 0, lo0, hi0, tuple(range(len(groups_all))), -math.inf)]
         order = 1
@@ -463,6 +464,8 @@ class _Search:
                     return "unknown", None
                 if found is not None:
                     return "sat", found
+                if measure:
+                    measure, sensitivity = False, input_sensitivity(self.model.crown, lo0, hi0)
                 dim = split_axis(lo, hi, sub, sensitivity)
                 if dim is None:
                     return "unknown", None

@@ -4,7 +4,7 @@ Two scores, one per regime:
 
 - **Few input entries** (``verify.INPUT_SPLIT_DIMS`` or fewer, ACAS Xu's 5): split the entry that
   spreads the split nodes' inputs most, ``sensitivity_k * width_k``. ``sensitivity_k`` is measured once
-  on the property's box (``input_sensitivity``): at each split node (a ReLU layer, say; the output when
+  per box of the property, at its first split (``input_sensitivity``): at each split node (a ReLU layer, say; the output when
   there is none), entry k's share of the IBP width of its input when only one entry at a time spans its
   width, summed over the split nodes, per unit of entry k's width. The bounds' looseness comes from
   units whose input straddles a breakpoint, and narrowing the entry that drives their inputs most

@@ -7,7 +7,7 @@ is ``2**-17 (|C_k|_1 max|y| + |d_k|)``: a float32 counterexample within rounding
 would not be refuted). Groups left open are attacked (the box centre, random points, the corners
 that minimize each row's linear lower bound, then projected steps along the local linear bounds'
 coefficients) and the box is split along one input entry (``split_axis``: for a few entries the one
-that spreads the first nonlinear layer most, else the largest |coefficient| x width), until
+that spreads the split nodes' inputs most, else the largest |coefficient| x width), until
 every group is refuted (``unsat``), a counterexample reproduces (``sat``) or the time is up
 (``unknown``).
 

@@ -252,6 +252,69 @@ def test_pgd_descends_to_points_of_the_box_that_violate_more(kind):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_restart_pinned_in_a_corner_is_redrawn_and_its_best_point_kept():
+    """y = x0 + x1 on [0, 1]^2: every restart walks into the corner (0, 0), stops moving there and is
+    redrawn at random; the corner, each restart's best point, is still what PGD returns first."""
+    from semantics.linear_bounds.chain import dag_layers
+    from torchlean_bridge.app.bab import Dag, pgd_candidates
+    net = nn.Linear(2, 1)
+    with torch.no_grad():
+        net.weight.copy_(torch.tensor([[1.0, 1.0]]))
+        net.bias.zero_()
+    model = _model(tlb.import_fx(net.eval(), (torch.zeros(1, 2),)))
+    dag = Dag(model.crown, dag_layers(model.crown))
+    redrawn = []
+    real_random = np.random.Generator.random
+
+    class Spy(np.random.Generator):
+        def random(self, size=None, *a, **k):
+            redrawn.append(size)
+            return real_random(self, size, *a, **k)
+
+    pts = pgd_candidates(dag, np.zeros(2), np.ones(2), np.array([[1.0]]), np.zeros(1),
+                         Spy(np.random.PCG64(0)), restarts=8, steps=60)
+    assert len(redrawn) > 1  # restarts were redrawn after the first draw
+    np.testing.assert_array_equal(pts[0], [0.0, 0.0])
+
+
+def test_root_restarts_fill_the_work_budget_within_the_memory_one():
+    from torchlean_bridge.app.bab import pgd
+    from semantics.linear_bounds.chain import dag_layers
+    small = pgd.Dag(_model(_mlp(4)).crown, dag_layers(_model(_mlp(4)).crown))
+    big = _model(tlb.import_fx(nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 10)).eval(),
+                               (torch.zeros(1, 784),)))
+    big = pgd.Dag(big.crown, dag_layers(big.crown))
+    assert small.macs == 4 * 16 + 16 * 16 + 16 * 2
+    assert small.restarts() == pgd.MAX_RESTARTS  # a tiny network: the cap
+    assert big.macs == 784 * 1024 + 1024 * 10
+    want = pgd.ROOT_MACS // (2 * pgd.STEPS * big.macs)
+    assert big.restarts() == max(pgd.RESTARTS, want) and pgd.RESTARTS <= want < pgd.MAX_RESTARTS
+    assert small.restarts(values=small.values * 100) == 100  # the kept values bind
+    assert big.restarts(macs=0) == pgd.RESTARTS  # never fewer than the sub-box attack's
+
+
+@pytest.mark.parametrize("cases", [1, 64])
+def test_the_property_s_whole_boxes_share_the_root_attack_budget(monkeypatch, cases):
+    """The attack on a whole box gets Dag.restarts() restarts; a property of many boxes splits that budget
+    (64 boxes: each gets a 64th of its multiply-adds), so its first attacks never cost 64 times the budget."""
+    from torchlean_bridge.app import bab
+    from torchlean_bridge.app.vnnlib import Property
+    model = _model(_mlp(4))
+    seen, real = [], bab.pgd_candidates
+    monkeypatch.setattr(bab, "pgd_candidates", lambda *a, **k: (seen.append(k["restarts"]), real(*a, **k))[1])
+    b = model.bundle
+    corners = np.array(np.meshgrid(*[[-1.0, 1.0]] * 4)).reshape(4, -1).T
+    xs = np.concatenate([corners, np.random.default_rng(0).uniform(-1, 1, (500, 4))])
+    ys = np.stack([np.asarray(tlb.evaluate(b.graph, b.payload, [x[None]])[0]).reshape(-1) for x in xs])
+    smallest = float((ys[:, 0] - ys[:, 1]).min())  # a row below it: open on the whole box, no cheap point
+    box = Case(np.full((1, 4), -1.0), np.full((1, 4), 1.0), [(np.array([[1.0, -1.0]]), np.array([smallest - 0.02]),
+                                                              np.zeros(1, dtype=bool))])
+    verify(model, Property(4, 2, [box] * cases), method="bab-input", timeout=2)
+    dag = bab.Dag(model.crown, __import__("semantics.linear_bounds.chain", fromlist=["x"]).dag_layers(model.crown))
+    assert seen and max(seen) == dag.restarts(macs=bab.ROOT_MACS // cases)
+    assert cases == 1 or max(seen) < dag.restarts()
+
+
 def test_bab_relu_on_a_net_with_nothing_to_split_halves_the_input():
     """--method bab-relu on a sigmoid net whose root bound stays open: the search had no split node,
     so concatenating their boxes raised 'need at least one array to concatenate' (and, past it, argmax

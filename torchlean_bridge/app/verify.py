@@ -302,10 +302,10 @@ class _Search:
         return None
 
     def attack(self, lo: np.ndarray, hi: np.ndarray, groups, coeffs, budget: int,
-               descend: bool = True) -> dict[str, Any] | None:
+               descend: bool = True, whole: bool = False) -> dict[str, Any] | None:
         """Centre, corners of each row's linear lower bound, random points, then (with ``descend``) PGD
-        over the plain DAG (``_pgd``), or where there is none projected steps from the best point, which
-        cost up to 24 CROWN passes."""
+        over the plain DAG (``_pgd``; ``whole``: on a property's whole box, with ``Dag.restarts``), or where
+        there is none projected steps from the best point, which cost up to 24 CROWN passes."""
         pts = [lo * 0.5 + hi * 0.5]
         if coeffs is not None:
             for k in range(coeffs.shape[1]):
@@ -328,7 +328,7 @@ class _Search:
                 found = self.check(pts[i], lo, hi, groups)
                 if found is not None:
                     return found
-            return self._pgd(lo, hi, groups) if descend else None
+            return self._pgd(lo, hi, groups, whole=whole) if descend else None
         best, best_x = np.inf, None
         for x in pts:
             if not self.time_left():
@@ -459,7 +459,7 @@ class _Search:
                 self.attacked += 1
                 try:
                     found = self.attack(lo, hi, open_groups, sub, budget=8 if top else 2,
-                                        descend=top or self.attacked % DESCEND_EVERY == 0)
+                                        descend=top or self.attacked % DESCEND_EVERY == 0, whole=top)
                 except DeadlineExceeded:
                     return "unknown", None
                 if found is not None:
@@ -545,21 +545,26 @@ class _Search:
             self._dag = None if got is None else Dag(self.model.crown, got)
         return self._dag
 
-    def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups, targets=None) -> dict[str, Any] | None:
+    def _pgd(self, lo: np.ndarray, hi: np.ndarray, groups, targets=None, whole: bool = False
+             ) -> dict[str, Any] | None:
         """Multi-restart PGD on each group of ``targets`` (default: every group; DAGs of affine layers,
         adds, (leaky) ReLUs and max pools only: ``chain.dag_layers``): the best few points re-checked as
-        counterexamples of any of ``groups``."""
-        from .bab import pgd_candidates
+        counterexamples of any of ``groups``. ``whole``: one of the property's whole boxes, where the restarts
+        fill a budget of work (``Dag.restarts``: thousands on a small network; the property's boxes share it)
+        instead of ``pgd.RESTARTS``."""
+        from .bab import RESTARTS, ROOT_MACS, pgd_candidates
         dag = self._plain_dag()
         if dag is None or not self.time_left():
             return None
+        # the whole boxes of a property share one budget: a property of thousands of boxes stays at RESTARTS
+        restarts = dag.restarts(macs=ROOT_MACS // max(1, len(self.prop.cases))) if whole else RESTARTS
         for c, d, _ in groups if targets is None else targets:
             if not c.shape[0]:
                 continue
             if not self.time_left():
                 return None
             for x in pgd_candidates(dag, lo.reshape(-1), hi.reshape(-1), c, d, self.rng,
-                                     deadline=self.deadline)[:4]:
+                                     restarts=restarts, deadline=self.deadline)[:4]:
                 found = self.check(x.reshape(lo.shape), lo, hi, groups)
                 if found is not None:
                     return found
@@ -604,7 +609,7 @@ class _Search:
         # where there is not: on a CIFAR ResNet its 24 passes cost minutes
         plain = self._has_dag()
         try:
-            found = self._pgd(lo, hi, every) if plain else None
+            found = self._pgd(lo, hi, every, whole=True) if plain else None
             if found is None:
                 found = self.attack(lo, hi, every, sub, budget=8, descend=not plain)
         except DeadlineExceeded:

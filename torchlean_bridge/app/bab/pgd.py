@@ -42,9 +42,11 @@ class Dag:
         self.output = self.layers[0][1]
         g = crown.graph
         self.pools = {v: pool_geometry(crown, g.nodes[v]) for kind, v, *_ in self.layers if kind == "max_pool"}
-        # per point: multiply-adds of a forward pass, and the values it keeps for the backward one
+        # per point: multiply-adds of a forward pass, and the values it keeps for the backward one (with the
+        # point itself and its Adam moments)
         self.macs = sum(w.size for kind, _, _, w, _ in self.layers if kind == "affine")
-        self.values = sum(math.prod(g.nodes[v].out_shape[1:]) for _, v, *_ in self.layers)
+        self.values = (sum(math.prod(g.nodes[v].out_shape[1:]) for _, v, *_ in self.layers)
+                       + 4 * math.prod(g.nodes[self.input].out_shape[1:]))
 
     def restarts(self, macs: int = ROOT_MACS, values: int = ROOT_VALUES, steps: int = STEPS) -> int:
         """Restarts that spend about ``macs`` multiply-adds in ``steps`` forward and backward passes and
@@ -109,9 +111,8 @@ def pgd_candidates(dag: Dag, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, d: n
                    rng: np.random.Generator, restarts: int = RESTARTS, steps: int = STEPS,
                    deadline: float | None = None) -> np.ndarray:
     """Each restart's best point ``[R, inputs]`` of the box (flat ``lo``, ``hi``), best first by the worst
-    row's violation; the steps stop past ``deadline``
-    (``time.perf_counter``; on VNN-COMP's collins_rul_cnn a step takes 0.4 s: 30 of them ran 12 s past a
-    10 s limit)."""
+    row's violation; the steps stop past ``deadline`` (``time.perf_counter``; on VNN-COMP's collins_rul_cnn
+    a step takes 0.4 s: 30 of them ran 12 s past a 10 s limit)."""
     width = hi - lo
     x = lo + rng.random((restarts, lo.size)) * width
     x[0] = 0.5 * (lo + hi)

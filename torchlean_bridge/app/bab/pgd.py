@@ -44,7 +44,7 @@ class Dag:
         self.pools = {v: pool_geometry(crown, g.nodes[v]) for kind, v, *_ in self.layers if kind == "max_pool"}
         # per point: multiply-adds of a forward pass, and the values it keeps for the backward one (with the
         # point itself and its Adam moments)
-        self.macs = sum(w.size for kind, _, _, w, _ in self.layers if kind == "affine")
+        self.macs = sum(_macs(w) for kind, _, _, w, _ in self.layers if kind == "affine")
         self.values = (sum(math.prod(g.nodes[v].out_shape[1:]) for _, v, *_ in self.layers)
                        + 4 * math.prod(g.nodes[self.input].out_shape[1:]))
 
@@ -105,6 +105,14 @@ class Dag:
             for p, gp in outs:
                 grads[p] = grads[p] + gp if p in grads else gp
         return grads.get(self.input, np.zeros((g.shape[0], 0)))
+
+
+def _macs(weight: Any) -> int:
+    """Multiply-adds of one point through an affine layer: a dense matrix's entries, or a ``ConvOperator``'s
+    kernel entries at each position of its larger side (an upper estimate)."""
+    if isinstance(weight, np.ndarray):
+        return weight.size
+    return weight.weight.size * max(math.prod(weight.tail_in[1:]), math.prod(weight.tail_out[1:]))
 
 
 def pgd_candidates(dag: Dag, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, d: np.ndarray,

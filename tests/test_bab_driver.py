@@ -278,17 +278,19 @@ def test_a_restart_pinned_in_a_corner_is_redrawn_and_its_best_point_kept():
 
 
 def test_root_restarts_fill_the_work_budget_within_the_memory_one():
-    from torchlean_bridge.app.bab import pgd
+    """Dag.restarts: as many restarts as fit ROOT_MACS multiply-adds in STEPS forward and backward passes
+    (one more would not), capped at MAX_RESTARTS, bounded by the kept values, never below RESTARTS."""
     from semantics.linear_bounds.chain import dag_layers
-    small = pgd.Dag(_model(_mlp(4)).crown, dag_layers(_model(_mlp(4)).crown))
-    big = _model(tlb.import_fx(nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 10)).eval(),
-                               (torch.zeros(1, 784),)))
-    big = pgd.Dag(big.crown, dag_layers(big.crown))
-    assert small.macs == 4 * 16 + 16 * 16 + 16 * 2
+    from torchlean_bridge.app.bab import pgd
+    small_crown = _model(_mlp(4)).crown
+    small = pgd.Dag(small_crown, dag_layers(small_crown))
+    big_crown = _model(tlb.import_fx(nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 10)).eval(),
+                                     (torch.zeros(1, 784),))).crown
+    big = pgd.Dag(big_crown, dag_layers(big_crown))
+    assert small.macs == 4 * 16 + 16 * 16 + 16 * 2 and big.macs == 784 * 1024 + 1024 * 10
     assert small.restarts() == pgd.MAX_RESTARTS  # a tiny network: the cap
-    assert big.macs == 784 * 1024 + 1024 * 10
-    want = pgd.ROOT_MACS // (2 * pgd.STEPS * big.macs)
-    assert big.restarts() == max(pgd.RESTARTS, want) and pgd.RESTARTS <= want < pgd.MAX_RESTARTS
+    r, per_restart = big.restarts(), 2 * pgd.STEPS * big.macs
+    assert pgd.RESTARTS < r < pgd.MAX_RESTARTS and r * per_restart <= pgd.ROOT_MACS < (r + 1) * per_restart
     assert small.restarts(values=small.values * 100) == 100  # the kept values bind
     assert big.restarts(macs=0) == pgd.RESTARTS  # never fewer than the sub-box attack's
 
@@ -297,6 +299,7 @@ def test_root_restarts_fill_the_work_budget_within_the_memory_one():
 def test_the_property_s_whole_boxes_share_the_root_attack_budget(monkeypatch, cases):
     """The attack on a whole box gets Dag.restarts() restarts; a property of many boxes splits that budget
     (64 boxes: each gets a 64th of its multiply-adds), so its first attacks never cost 64 times the budget."""
+    from semantics.linear_bounds.chain import dag_layers
     from torchlean_bridge.app import bab
     from torchlean_bridge.app.vnnlib import Property
     model = _model(_mlp(4))
@@ -310,7 +313,7 @@ def test_the_property_s_whole_boxes_share_the_root_attack_budget(monkeypatch, ca
     box = Case(np.full((1, 4), -1.0), np.full((1, 4), 1.0), [(np.array([[1.0, -1.0]]), np.array([smallest - 0.02]),
                                                               np.zeros(1, dtype=bool))])
     verify(model, Property(4, 2, [box] * cases), method="bab-input", timeout=2)
-    dag = bab.Dag(model.crown, __import__("semantics.linear_bounds.chain", fromlist=["x"]).dag_layers(model.crown))
+    dag = bab.Dag(model.crown, dag_layers(model.crown))
     assert seen and max(seen) == dag.restarts(macs=bab.ROOT_MACS // cases)
     assert cases == 1 or max(seen) < dag.restarts()
 

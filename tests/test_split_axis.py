@@ -73,7 +73,8 @@ def test_without_a_split_node_the_output_is_measured():
     width = (hi - lo).reshape(-1)
     spread = np.abs(net[1].weight.detach().double().numpy()).sum(axis=0) @ np.abs(
         net[0].weight.detach().double().numpy()) * width
-    np.testing.assert_allclose(got * width, spread / spread.sum(), rtol=1e-9)  # IBP's outward rounding, against widths of 1e-3
+    # rtol: IBP's outward rounding against widths of 1e-3
+    np.testing.assert_allclose(got * width, spread / spread.sum(), rtol=1e-9)
 
 
 def test_the_choice_does_not_depend_on_an_entrys_units():

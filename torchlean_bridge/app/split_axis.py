@@ -3,17 +3,17 @@
 Two scores, one per regime:
 
 - **Few input entries** (``verify.INPUT_SPLIT_DIMS`` or fewer, ACAS Xu's 5): split the entry that
-  spreads the split nodes' inputs most, ``sensitivity_k * width_k``. ``sensitivity_k`` is measured once
-  per box of the property, at its first split (``input_sensitivity``): at each split node (a ReLU layer, say; the output when
-  there is none), entry k's share of the IBP width of its input when only one entry at a time spans its
-  width, summed over the split nodes, per unit of entry k's width. The bounds' looseness comes from
-  units whose input straddles a breakpoint, and narrowing the entry that drives their inputs most
-  stabilizes the most units. The score does not depend on the units an entry is measured in: scaling
-  entry k by s scales its width by s and its sensitivity by 1/s. (The linear bound's |coefficient| x
-  width measures how far the bound's linear part moves along k, not its relaxation: on ACAS Xu
-  ``prop_1`` it kept halving the entries the output is most sensitive to while the relaxation's slack,
-  1,400 against a true margin of 4, came from the two wide angles; 155,573 boxes left it open, this
-  score proves it in under 100.)
+  spreads the split nodes' inputs most, ``sensitivity_k * width_k``. ``sensitivity_k`` is measured
+  once per box of the property, at its first split (``input_sensitivity``): at each split node (a ReLU
+  layer, say; the output when there is none), entry k's share of the IBP width of its input when only
+  one entry at a time spans its width, summed over the split nodes, per unit of entry k's width. The
+  bounds' looseness comes from units whose input straddles a breakpoint, and narrowing the entry that
+  drives their inputs most stabilizes the most units. The score does not depend on the units an entry
+  is measured in: scaling entry k by s scales its width by s and its sensitivity by 1/s. (The linear
+  bound's |coefficient| x width measures how far the bound's linear part moves along k, not its
+  relaxation: on ACAS Xu ``prop_1`` it kept halving the entries the output is most sensitive to while
+  the relaxation's slack, 1,400 against a true margin of 4, came from the two wide angles; 155,573
+  boxes left it open, this score proves it in under 100.)
 - **Many entries** (a sigmoid net on an image): one IBP pass per entry would cost more than the split
   saves, and no single entry dominates the first layer; split the entry with the largest
   |coefficient| x width of the boxes' linear lower bounds, the widest when there are none.
